@@ -1,0 +1,62 @@
+/**
+ * Condition helpers in the manner of Cluster API's `util/conditions` (SPEC §16,
+ * `metav1.Condition`): set one condition by type, keep `lastTransitionTime` unless the
+ * status flips, and compare before writing. Pure.
+ */
+import type { Condition } from './api.ts';
+
+/** A condition as a decision states it; the helper fills in `lastTransitionTime`. */
+export type ConditionInput = Omit<Condition, 'lastTransitionTime'>;
+
+/** The condition types this project owns on consumers (SPEC §16). */
+export const CONSUMER_CONDITION_TYPES = ['IdentityAllowed', 'CredentialsMirrored', 'ApplyJobSucceeded'] as const;
+
+/** RFC 3339 at second precision, as `metav1.Time` serialises. */
+export function rfc3339(now: Date): string {
+  return now.toISOString().replace(/\.\d{3}Z$/, 'Z');
+}
+
+/** The condition of `type`, or undefined. */
+export function getCondition(conditions: readonly Condition[] | undefined, type: string): Condition | undefined {
+  return conditions?.find((c) => c.type === type);
+}
+
+/**
+ * Sets one condition by type.
+ * @param conditions current list (not modified).
+ * @param next the desired type/status/reason/message/observedGeneration.
+ * @param now clock used for `lastTransitionTime` when the status flips or the type is new.
+ * @returns a new list; other types keep their order and values; `lastTransitionTime` is
+ *   kept when the status did not change.
+ */
+export function setCondition(conditions: readonly Condition[] | undefined, next: ConditionInput, now: Date): Condition[] {
+  const list = [...(conditions ?? [])];
+  const i = list.findIndex((c) => c.type === next.type);
+  const prev = i >= 0 ? list[i] : undefined;
+  const lastTransitionTime = prev && prev.status === next.status ? prev.lastTransitionTime : rfc3339(now);
+  const cond: Condition = { ...next, lastTransitionTime };
+  if (next.observedGeneration === undefined) delete cond.observedGeneration;
+  if (i >= 0) list[i] = cond;
+  else list.push(cond);
+  return list;
+}
+
+/** Removes the condition of `type`; returns a new list. */
+export function removeCondition(conditions: readonly Condition[] | undefined, type: string): Condition[] {
+  return (conditions ?? []).filter((c) => c.type !== type);
+}
+
+/**
+ * Would setting `next` change anything a reader sees (status, reason, message or
+ * observedGeneration)? Used to skip writes when nothing changed.
+ */
+export function conditionChanged(conditions: readonly Condition[] | undefined, next: ConditionInput): boolean {
+  const prev = getCondition(conditions, next.type);
+  return (
+    !prev ||
+    prev.status !== next.status ||
+    prev.reason !== next.reason ||
+    prev.message !== next.message ||
+    (prev.observedGeneration ?? undefined) !== (next.observedGeneration ?? undefined)
+  );
+}

@@ -1,0 +1,133 @@
+/**
+ * Kubernetes API plumbing shared by every function: clients from a kubeconfig or the
+ * in-cluster config, API-call counting, error classification and bounded conflict retry.
+ * Nothing here caches API objects: handlers always re-read (SPEC §0).
+ */
+import {
+  AuthorizationV1Api,
+  CoreV1Api,
+  CustomObjectsApi,
+  EventsV1Api,
+  KubeConfig,
+  ServerConfiguration,
+  createConfiguration,
+  type Configuration,
+} from '@kubernetes/client-node';
+
+/**
+ * Loads the kubeconfig the way a function does at start-up: an explicit path, else
+ * `$KUBECONFIG`, else the in-cluster service account (Knative).
+ * @throws Error when none of them is usable.
+ */
+export function loadKubeConfig(path?: string): KubeConfig {
+  const kc = new KubeConfig();
+  const file = path ?? process.env.KUBECONFIG;
+  if (file) kc.loadFromFile(file);
+  else if (process.env.KUBERNETES_SERVICE_HOST) kc.loadFromCluster();
+  else throw new Error('no Kubernetes configuration: set KUBECONFIG or run in a cluster');
+  if (!kc.getCurrentCluster()) throw new Error('kubeconfig has no current cluster');
+  return kc;
+}
+
+/** Counts API requests made through a {@link Clients} set (for per-reconcile logs). */
+export interface CallCounter {
+  calls: number;
+}
+
+/** The typed API clients the functions use, all sharing one counter. */
+export interface Clients {
+  kc: KubeConfig;
+  core: CoreV1Api;
+  custom: CustomObjectsApi;
+  authz: AuthorizationV1Api;
+  events: EventsV1Api;
+  counter: CallCounter;
+}
+
+/**
+ * Builds the API clients on `kc`, counting every request in `counter`.
+ * @param counter shared counter (a fresh one when omitted); reset it per reconcile.
+ * @throws Error when the kubeconfig has no current cluster.
+ */
+export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 }): Clients {
+  const cluster = kc.getCurrentCluster();
+  if (!cluster) throw new Error('kubeconfig has no current cluster');
+  const config: Configuration = createConfiguration({
+    baseServer: new ServerConfiguration(cluster.server, {}),
+    authMethods: { default: kc },
+    promiseMiddleware: [
+      {
+        pre: async (ctx) => {
+          counter.calls++;
+          return ctx;
+        },
+        post: async (ctx) => ctx,
+      },
+    ],
+  });
+  return {
+    kc,
+    core: new CoreV1Api(config),
+    custom: new CustomObjectsApi(config),
+    authz: new AuthorizationV1Api(config),
+    events: new EventsV1Api(config),
+    counter,
+  };
+}
+
+/** HTTP status of an API error (`ApiException.code`, or a `statusCode`), else undefined. */
+export function apiStatus(err: unknown): number | undefined {
+  if (typeof err !== 'object' || err === null) return undefined;
+  const e = err as { code?: unknown; statusCode?: unknown };
+  if (typeof e.code === 'number') return e.code;
+  if (typeof e.statusCode === 'number') return e.statusCode;
+  return undefined;
+}
+
+/** The API answered 404. */
+export const isNotFound = (err: unknown): boolean => apiStatus(err) === 404;
+/** The API answered 409 (resourceVersion precondition failed, or already exists). */
+export const isConflict = (err: unknown): boolean => apiStatus(err) === 409;
+/** The API answered 403. */
+export const isForbidden = (err: unknown): boolean => apiStatus(err) === 403;
+
+/**
+ * A short, safe description of an API error: status code, reason and the Status message.
+ * Never includes request bodies, so no Secret data can leak through it.
+ */
+export function describeError(err: unknown): string {
+  const code = apiStatus(err);
+  const body = (err as { body?: unknown })?.body;
+  let status: { reason?: string; message?: string } | undefined;
+  if (typeof body === 'string') {
+    try {
+      status = JSON.parse(body) as typeof status;
+    } catch {
+      status = undefined;
+    }
+  } else if (typeof body === 'object' && body !== null) {
+    status = body as typeof status;
+  }
+  if (code !== undefined) {
+    return `HTTP ${code}${status?.reason ? ` ${status.reason}` : ''}${status?.message ? `: ${status.message.slice(0, 300)}` : ''}`;
+  }
+  const msg = err instanceof Error ? err.message : String(err);
+  return msg.split('\n')[0]!.slice(0, 300);
+}
+
+/**
+ * Runs `fn` until it does not throw a 409, at most `attempts` times (re-reading state is
+ * `fn`'s job, as in client-go's `retry.RetryOnConflict`).
+ * @throws the last error when it is not a conflict or attempts run out.
+ */
+export async function retryOnConflict<T>(fn: (attempt: number) => Promise<T>, attempts = 8): Promise<T> {
+  for (let i = 1; ; i++) {
+    try {
+      return await fn(i);
+    } catch (err) {
+      if (!isConflict(err) || i >= attempts) throw err;
+      // Small jittered pause so concurrent writers of one mirror do not collide in lockstep.
+      await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 20 * i)));
+    }
+  }
+}

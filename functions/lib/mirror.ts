@@ -1,0 +1,180 @@
+/**
+ * SPEC §3: the per-namespace credential mirror — its name, the canonical source hash, what
+ * makes a Secret "ours", when it is current, and the owner references it carries. Pure.
+ */
+import { createHash } from 'node:crypto';
+import type { Consumer, OwnerReference } from './api.ts';
+
+/** Name prefix of every mirror Secret. */
+export const MIRROR_PREFIX = 'captf-creds-';
+/** Label that marks a Secret as a mirror (SPEC §3). */
+export const LABEL_MIRRORED = 'captf.io/mirrored';
+/** Label that marks a Secret as managed by this project (SPEC §3). */
+export const LABEL_MANAGED = 'captf.io/managed';
+/** Annotation holding the source hash the mirror was copied from (64 lower-case hex). */
+export const ANNOTATION_SOURCE_HASH = 'captf.io/source-hash';
+/** Annotation naming the identity the mirror belongs to. */
+export const ANNOTATION_IDENTITY = 'captf.io/identity';
+/** Longest object name Kubernetes accepts for a Secret (DNS-1123 subdomain). */
+export const MAX_NAME_LENGTH = 253;
+
+/** Secret data as the API returns it: key → base64-encoded bytes. */
+export type SecretData = Record<string, string>;
+
+/** The parts of a `v1.Secret` these decisions read. */
+export interface SecretLike {
+  metadata?: {
+    name?: string;
+    namespace?: string;
+    resourceVersion?: string;
+    labels?: Record<string, string>;
+    annotations?: Record<string, string>;
+    ownerReferences?: OwnerReference[];
+  };
+  type?: string;
+  data?: SecretData;
+}
+
+/**
+ * SPEC §3: the mirror's name for an identity: `captf-creds-<identity>`, or, when that would
+ * exceed 253 characters, `captf-creds-` plus the first 16 hex characters of SHA-256 of the
+ * identity name.
+ * @param identityName the identity's `metadata.name`.
+ */
+export function mirrorName(identityName: string): string {
+  const plain = MIRROR_PREFIX + identityName;
+  if (plain.length <= MAX_NAME_LENGTH) return plain;
+  return MIRROR_PREFIX + createHash('sha256').update(identityName, 'utf8').digest('hex').slice(0, 16);
+}
+
+function u32be(n: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt32BE(n);
+  return b;
+}
+
+/**
+ * SPEC §3: canonical SHA-256 of a Secret's data. Keys sorted by UTF-8 byte order; for each
+ * key: 4-byte big-endian key length, key bytes, 4-byte big-endian value length, value bytes.
+ * @param data key → base64 value as the API returns `Secret.data`; absent or empty hashes
+ *   the empty input.
+ * @returns 64 lower-case hex characters.
+ */
+export function sourceHash(data: SecretData | undefined | null): string {
+  const entries = Object.entries(data ?? {}).map(
+    ([k, v]) => [Buffer.from(k, 'utf8'), Buffer.from(v ?? '', 'base64')] as const,
+  );
+  entries.sort((a, b) => Buffer.compare(a[0], b[0]));
+  const h = createHash('sha256');
+  for (const [k, v] of entries) {
+    h.update(u32be(k.length)).update(k).update(u32be(v.length)).update(v);
+  }
+  return h.digest('hex');
+}
+
+/**
+ * SPEC §3: is this Secret a mirror of `identityName`? Only if it carries label
+ * `captf.io/mirrored=true` and annotation `captf.io/identity=<identityName>`. A Secret that
+ * is not ours is never written, patched or deleted.
+ */
+export function isOurs(secret: SecretLike | undefined, identityName: string): boolean {
+  return (
+    secret?.metadata?.labels?.[LABEL_MIRRORED] === 'true' &&
+    secret.metadata.annotations?.[ANNOTATION_IDENTITY] === identityName
+  );
+}
+
+/**
+ * SPEC §3: is the mirror current? The source hash must equal both the mirror's
+ * `captf.io/source-hash` annotation and the hash of the mirror's own data, so a hand-edited
+ * mirror whose annotation was kept is still repaired.
+ * @param hash the source's {@link sourceHash}.
+ */
+export function isCurrent(mirror: SecretLike, hash: string): boolean {
+  return mirror.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] === hash && sourceHash(mirror.data) === hash;
+}
+
+/** API group of an `apiVersion` string (`''` for the core group). */
+export function groupOf(apiVersion: string): string {
+  const i = apiVersion.indexOf('/');
+  return i < 0 ? '' : apiVersion.slice(0, i);
+}
+
+/**
+ * SPEC §3: the owner reference a consumer puts on its mirror: `{apiVersion, kind, name, uid}`
+ * with `controller` and `blockOwnerDeletion` unset.
+ * @throws Error when the consumer lacks apiVersion, kind, name or uid (a caller bug).
+ */
+export function ownerReferenceFor(consumer: Consumer): OwnerReference {
+  const { apiVersion, kind } = consumer;
+  const { name, uid } = consumer.metadata;
+  if (!apiVersion || !kind || !name || !uid) throw new Error('consumer needs apiVersion, kind, metadata.name and metadata.uid');
+  return { apiVersion, kind, name, uid };
+}
+
+/** Same owner (group, kind and name), whatever the version or UID. */
+export function sameOwner(a: OwnerReference, b: OwnerReference): boolean {
+  return groupOf(a.apiVersion) === groupOf(b.apiVersion) && a.kind === b.kind && a.name === b.name;
+}
+
+/**
+ * SPEC §3: owner references with `ref` present and current. A reference with the same group,
+ * kind and name but another UID (the object was recreated) is replaced; references to other
+ * objects are kept in order.
+ * @returns `{ refs, changed }`; `changed` is false when `refs` already held exactly `ref`.
+ */
+export function withOwnerReference(
+  refs: readonly OwnerReference[] | undefined,
+  ref: OwnerReference,
+): { refs: OwnerReference[]; changed: boolean } {
+  const current = refs ?? [];
+  const exact = current.filter((r) => sameOwner(r, ref) && r.uid === ref.uid);
+  const others = current.filter((r) => !sameOwner(r, ref));
+  const isExact = exact.length === 1 && exact[0]!.apiVersion === ref.apiVersion && !exact[0]!.controller && !exact[0]!.blockOwnerDeletion;
+  if (isExact && others.length === current.length - 1) return { refs: [...current], changed: false };
+  return { refs: [...others, { ...ref }], changed: true };
+}
+
+/**
+ * SPEC §6: owner references without the given owner (matched by group, kind and name; when
+ * `uid` is given, only that UID is removed so a newer object of the same name keeps its
+ * reference).
+ * @returns `{ refs, changed }`.
+ */
+export function withoutOwnerReference(
+  refs: readonly OwnerReference[] | undefined,
+  owner: Pick<OwnerReference, 'apiVersion' | 'kind' | 'name'> & { uid?: string | undefined },
+): { refs: OwnerReference[]; changed: boolean } {
+  const current = refs ?? [];
+  const kept = current.filter(
+    (r) => !(sameOwner(r, { ...owner, uid: '' }) && (owner.uid === undefined || r.uid === owner.uid)),
+  );
+  return { refs: kept, changed: kept.length !== current.length };
+}
+
+/**
+ * The mirror Secret to create for an identity in a namespace (SPEC §3): type Opaque, the
+ * source's data unchanged, the two labels, the two annotations and one owner reference.
+ * @param identityName identity's name; @param namespace consumer's namespace;
+ * @param sourceData the source Secret's data (base64 values); @param owner the consumer's reference.
+ */
+export function desiredMirror(
+  identityName: string,
+  namespace: string,
+  sourceData: SecretData | undefined,
+  owner: OwnerReference,
+): Required<Pick<SecretLike, 'metadata' | 'type' | 'data'>> & { apiVersion: 'v1'; kind: 'Secret' } {
+  return {
+    apiVersion: 'v1',
+    kind: 'Secret',
+    metadata: {
+      name: mirrorName(identityName),
+      namespace,
+      labels: { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true' },
+      annotations: { [ANNOTATION_SOURCE_HASH]: sourceHash(sourceData), [ANNOTATION_IDENTITY]: identityName },
+      ownerReferences: [{ ...owner }],
+    },
+    type: 'Opaque',
+    data: { ...(sourceData ?? {}) },
+  };
+}

@@ -1,0 +1,271 @@
+/**
+ * Starts and stops a real local control plane — etcd, kube-apiserver and
+ * kube-controller-manager on free loopback ports — for tests and the local mode (SPEC §14,
+ * §15). Users authenticate with client certificates signed by `<dir>/pki/client-ca.*`
+ * (CN = user, O = groups); authorization is Node,RBAC; the controller-manager runs the
+ * garbage-collector, namespace, job and service-account controllers.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { request } from 'node:https';
+import { createServer } from 'node:net';
+import { join, resolve } from 'node:path';
+import { KubeConfig, dumpYaml } from '@kubernetes/client-node';
+import { ensureControlPlaneBinaries, type ControlPlaneBinaries } from './build.ts';
+import { createCA, createLeaf, createServiceAccountKeys, type CertPair } from './pki.ts';
+
+/** Controllers the controller-manager runs (garbage collection proves owner references work). */
+export const CONTROLLERS = ['garbagecollector', 'namespace', 'job', 'serviceaccount', 'serviceaccount-token'];
+
+/** Options of {@link startControlPlane}. */
+export interface StartOptions {
+  /** State folder (wiped on start): pki/, etcd data, logs/, kubeconfigs. */
+  dir: string;
+  /** Progress lines (build, start); defaults to stderr. */
+  log?: (line: string) => void;
+  /** Time to wait for /readyz, in ms (default 120 000). */
+  readyTimeoutMs?: number;
+}
+
+/** A running control plane. */
+export interface ControlPlane {
+  dir: string;
+  /** `https://127.0.0.1:<port>` */
+  server: string;
+  /** Kubeconfig of `admin` in group `system:masters`. */
+  kubeconfigPath: string;
+  /** PEM of the CA that signed the API server's serving certificate. */
+  caPem: string;
+  /** Client CA: anything it signs is a user (CN) with groups (O). */
+  clientCA: CertPair;
+  /** Serving CA, also usable for test webhooks the API server must trust. */
+  servingCA: CertPair;
+  binaries: ControlPlaneBinaries;
+  /** True when kube-controller-manager runs (not with envtest assets lacking it). */
+  hasControllerManager: boolean;
+  /** Mints a client certificate for `name` in `groups` and writes a kubeconfig; returns its path. */
+  userKubeConfig(name: string, groups?: readonly string[]): Promise<string>;
+  /** Stops every process (SIGTERM, then SIGKILL after 10 s); idempotent. */
+  stop(): Promise<void>;
+}
+
+/** Returns a free TCP port on 127.0.0.1 (the OS picks it; a tiny race is accepted). */
+export function freePort(): Promise<number> {
+  return new Promise((res, rej) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', rej);
+    srv.listen(0, '127.0.0.1', () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === 'object' && addr ? res(addr.port) : rej(new Error('no port'))));
+    });
+  });
+}
+
+/**
+ * Writes a kubeconfig for a client-certificate user (data embedded, so the file stands alone).
+ * @returns the path written.
+ */
+export function writeKubeConfig(path: string, server: string, caPem: string, user: string, cert: CertPair): string {
+  const b64 = (p: string) => readFileSync(p).toString('base64');
+  const config = {
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [{ name: 'captf-local', cluster: { server, 'certificate-authority-data': Buffer.from(caPem).toString('base64') } }],
+    users: [{ name: user, user: { 'client-certificate-data': b64(cert.cert), 'client-key-data': b64(cert.key) } }],
+    contexts: [{ name: `${user}@captf-local`, context: { cluster: 'captf-local', user } }],
+    'current-context': `${user}@captf-local`,
+  };
+  writeFileSync(path, dumpYaml(config), { mode: 0o600 });
+  return path;
+}
+
+function get(url: string, caPem: string, cert: CertPair): Promise<{ status: number; body: string }> {
+  return new Promise((res, rej) => {
+    const req = request(url, { ca: caPem, cert: readFileSync(cert.cert), key: readFileSync(cert.key), timeout: 5000 }, (r) => {
+      let body = '';
+      r.on('data', (d: Buffer) => (body += d.toString()));
+      r.on('end', () => res({ status: r.statusCode ?? 0, body }));
+    });
+    req.on('error', rej);
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.end();
+  });
+}
+
+const live = new Set<ChildProcess>();
+// Last resort: a crashing parent must not leave etcd or the API server behind.
+process.on('exit', () => {
+  for (const c of live) c.kill('SIGKILL');
+});
+
+/**
+ * Starts etcd, kube-apiserver and (when available) kube-controller-manager in `opts.dir`,
+ * building the binaries first if needed, and resolves once `/readyz` answers 200.
+ * @throws Error naming the component and the tail of its log when a process exits early or
+ *   readiness times out; everything started so far is stopped first.
+ */
+export async function startControlPlane(opts: StartOptions): Promise<ControlPlane> {
+  const log = opts.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const dir = resolve(opts.dir);
+  const binaries = await ensureControlPlaneBinaries(log);
+  rmSync(dir, { recursive: true, force: true });
+  const pkiDir = join(dir, 'pki');
+  const logDir = join(dir, 'logs');
+  mkdirSync(logDir, { recursive: true });
+
+  const [servingCA, clientCA, sa] = await Promise.all([
+    createCA(pkiDir, 'ca', 'captf-local-ca'),
+    createCA(pkiDir, 'client-ca', 'captf-local-client-ca'),
+    createServiceAccountKeys(pkiDir),
+  ]);
+  const [serving, admin] = await Promise.all([
+    createLeaf({ ca: servingCA, dir: pkiDir, name: 'apiserver', cn: 'kube-apiserver', sans: ['IP:127.0.0.1', 'DNS:localhost'], usage: 'server' }),
+    createLeaf({ ca: clientCA, dir: pkiDir, name: 'admin', cn: 'admin', orgs: ['system:masters'], usage: 'client' }),
+  ]);
+  const caPem = readFileSync(servingCA.cert, 'utf8');
+  const [etcdPort, peerPort, apiPort] = [await freePort(), await freePort(), await freePort()];
+  const server = `https://127.0.0.1:${apiPort}`;
+  const kubeconfigPath = writeKubeConfig(join(dir, 'admin.kubeconfig'), server, caPem, 'admin', admin);
+  writeFileSync(
+    join(dir, 'audit-policy.yaml'),
+    dumpYaml({ apiVersion: 'audit.k8s.io/v1', kind: 'Policy', omitStages: ['RequestReceived'], rules: [{ level: 'Metadata' }] }),
+  );
+
+  const procs: { name: string; child: ChildProcess; logPath: string }[] = [];
+  let stopping = false;
+  const startProc = (name: string, bin: string, args: string[]) => {
+    const logPath = join(logDir, `${name}.log`);
+    const fd = openSync(logPath, 'a');
+    const child = spawn(bin, args, { stdio: ['ignore', fd, fd] });
+    closeSync(fd);
+    live.add(child);
+    child.on('exit', () => live.delete(child));
+    procs.push({ name, child, logPath });
+    return child;
+  };
+  const tail = (p: string) => {
+    try {
+      return readFileSync(p, 'utf8').split('\n').slice(-25).join('\n');
+    } catch {
+      return '';
+    }
+  };
+
+  const stop = async () => {
+    if (stopping) return;
+    stopping = true;
+    // Reverse order: controller-manager and API server before etcd.
+    for (const { child } of [...procs].reverse()) {
+      if (child.exitCode !== null || child.signalCode !== null) continue;
+      const exited = new Promise<void>((r) => child.once('exit', () => r()));
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+      await exited;
+      clearTimeout(timer);
+    }
+  };
+
+  try {
+    startProc('etcd', binaries.etcd, [
+      '--name=captf', `--data-dir=${join(dir, 'etcd')}`,
+      `--listen-client-urls=http://127.0.0.1:${etcdPort}`, `--advertise-client-urls=http://127.0.0.1:${etcdPort}`,
+      `--listen-peer-urls=http://127.0.0.1:${peerPort}`, `--initial-advertise-peer-urls=http://127.0.0.1:${peerPort}`,
+      `--initial-cluster=captf=http://127.0.0.1:${peerPort}`,
+      '--unsafe-no-fsync=true', '--log-level=warn',
+    ]);
+    startProc('kube-apiserver', binaries.kubeApiserver, [
+      `--etcd-servers=http://127.0.0.1:${etcdPort}`,
+      '--bind-address=127.0.0.1', '--advertise-address=127.0.0.1', `--secure-port=${apiPort}`,
+      `--tls-cert-file=${serving.cert}`, `--tls-private-key-file=${serving.key}`,
+      `--client-ca-file=${clientCA.cert}`,
+      '--authorization-mode=Node,RBAC',
+      '--service-cluster-ip-range=10.0.0.0/24', '--allow-privileged=true',
+      '--service-account-issuer=https://kubernetes.default.svc.cluster.local',
+      `--service-account-key-file=${sa.pub}`, `--service-account-signing-key-file=${sa.key}`,
+      `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`, `--audit-log-path=${join(logDir, 'audit.log')}`,
+      '--audit-log-maxsize=200',
+    ]);
+    await waitReady(server, caPem, admin, procs, opts.readyTimeoutMs ?? 120_000, tail);
+    if (binaries.kubeControllerManager) {
+      startProc('kube-controller-manager', binaries.kubeControllerManager, [
+        `--kubeconfig=${kubeconfigPath}`, `--controllers=${CONTROLLERS.join(',')}`,
+        `--service-account-private-key-file=${sa.key}`, `--root-ca-file=${servingCA.cert}`,
+        '--leader-elect=false', '--secure-port=0', '--use-service-account-credentials=false',
+      ]);
+    } else {
+      log('[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run');
+    }
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+
+  return {
+    dir,
+    server,
+    kubeconfigPath,
+    caPem,
+    clientCA,
+    servingCA,
+    binaries,
+    hasControllerManager: Boolean(binaries.kubeControllerManager),
+    userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
+    stop,
+  };
+}
+
+async function waitReady(
+  server: string,
+  caPem: string,
+  admin: CertPair,
+  procs: { name: string; child: ChildProcess; logPath: string }[],
+  timeoutMs: number,
+  tail: (p: string) => string,
+): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < deadline) {
+    for (const p of procs) {
+      if (p.child.exitCode !== null || p.child.signalCode !== null) {
+        throw new Error(`${p.name} exited (${p.child.exitCode ?? p.child.signalCode}) before the control plane was ready:\n${tail(p.logPath)}`);
+      }
+    }
+    try {
+      const r = await get(`${server}/readyz`, caPem, admin);
+      if (r.status === 200) return;
+      last = `${r.status} ${r.body.slice(0, 500)}`;
+    } catch (e) {
+      last = String(e);
+    }
+    await new Promise((r) => setTimeout(r, 250));
+  }
+  throw new Error(`kube-apiserver not ready after ${timeoutMs} ms: ${last}\n${tail(procs[1]?.logPath ?? '')}`);
+}
+
+/**
+ * Mints a user of a running control plane in `dir`: a client certificate with CN = `name`
+ * and O = each group, signed by `<dir>/pki/client-ca.*`, and a kubeconfig for it.
+ * Equivalent to `openssl req … -subj /CN=name/O=group` + `openssl x509 -req -CA client-ca.crt`.
+ * @returns the kubeconfig path (`<dir>/users/<name>-<groups>.kubeconfig`).
+ * @throws Error when `dir` holds no control plane or openssl fails.
+ */
+export async function userKubeConfig(dir: string, name: string, groups: readonly string[] = []): Promise<string> {
+  const { server, caPem } = readAdminKubeConfig(dir);
+  const clientCA = { cert: join(dir, 'pki', 'client-ca.crt'), key: join(dir, 'pki', 'client-ca.key') };
+  const usersDir = join(dir, 'users');
+  const base = `${name}-${groups.join('+')}-${randomBytes(3).toString('hex')}`.replace(/[^A-Za-z0-9_.+-]/g, '_');
+  const cert = await createLeaf({ ca: clientCA, dir: usersDir, name: base, cn: name, orgs: groups, usage: 'client' });
+  return writeKubeConfig(join(usersDir, `${base}.kubeconfig`), server, caPem, name, cert);
+}
+
+/** Server URL and CA PEM from `<dir>/admin.kubeconfig`. @throws Error when absent. */
+export function readAdminKubeConfig(dir: string): { server: string; caPem: string; kubeconfigPath: string } {
+  const kubeconfigPath = join(resolve(dir), 'admin.kubeconfig');
+  const kc = new KubeConfig();
+  kc.loadFromFile(kubeconfigPath);
+  const cluster = kc.getCurrentCluster();
+  if (!cluster?.caData) throw new Error(`${kubeconfigPath} has no cluster with certificate-authority-data`);
+  return { server: cluster.server, caPem: Buffer.from(cluster.caData, 'base64').toString('utf8'), kubeconfigPath };
+}

@@ -1,0 +1,52 @@
+/**
+ * `npm test`: type-checks nothing (that is `npm run typecheck`), then
+ * 1. builds the control plane if its pinned binaries are not cached (with progress),
+ * 2. starts ONE control plane for the whole run in `.local/test-controlplane` and installs
+ *    the CRDs,
+ * 3. runs every unit and integration test file with node:test, each integration file in its
+ *    own namespaces, the control plane's folder passed as `CAPTF_TEST_CONTROLPLANE`,
+ * 4. stops the control plane even when tests fail or the run is interrupted.
+ * Extra arguments are passed to `node --test` (e.g. `npm test -- --test-name-pattern=mirror`).
+ * Exit code: node --test's.
+ */
+import { spawn } from 'node:child_process';
+import { globSync } from 'node:fs';
+import { join } from 'node:path';
+import { KubeConfig } from '@kubernetes/client-node';
+import { REPO_ROOT } from './controlplane/build.ts';
+import { startControlPlane } from './controlplane/controlplane.ts';
+import { installCRDs } from './controlplane/crds.ts';
+
+const dir = join(REPO_ROOT, '.local', 'test-controlplane');
+const extra = process.argv.slice(2);
+const files = extra.some((a) => !a.startsWith('-'))
+  ? extra.filter((a) => !a.startsWith('-'))
+  : globSync(['test/unit/**/*.test.ts', 'test/integration/**/*.test.ts'], { cwd: REPO_ROOT }).sort();
+const flags = extra.filter((a) => a.startsWith('-'));
+
+const t0 = Date.now();
+const cp = await startControlPlane({ dir, log: (l) => console.error(l) });
+let code = 1;
+const onSignal = (sig: NodeJS.Signals) => {
+  console.error(`${sig}: stopping the control plane`);
+  void cp.stop().then(() => process.exit(130));
+};
+process.on('SIGINT', onSignal);
+process.on('SIGTERM', onSignal);
+try {
+  const kc = new KubeConfig();
+  kc.loadFromFile(cp.kubeconfigPath);
+  await installCRDs(kc);
+  console.error(`[test] control plane ready in ${Math.round((Date.now() - t0) / 1000)}s (${cp.binaries.origin}): ${cp.server}`);
+  code = await new Promise<number>((res) => {
+    const child = spawn(
+      process.execPath,
+      ['--test', '--test-reporter=spec', '--test-concurrency=3', '--test-timeout=600000', ...flags, ...files],
+      { cwd: REPO_ROOT, stdio: 'inherit', env: { ...process.env, CAPTF_TEST_CONTROLPLANE: dir, KUBECONFIG: cp.kubeconfigPath } },
+    );
+    child.on('close', (c) => res(c ?? 1));
+  });
+} finally {
+  await cp.stop();
+}
+process.exit(code);

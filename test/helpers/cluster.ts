@@ -1,0 +1,83 @@
+/**
+ * Test access to the one control plane `npm test` started (scripts/test.ts): admin and
+ * minted-user clients, and per-file namespaces that are deleted after the file's tests,
+ * pass or fail.
+ */
+import { randomBytes } from 'node:crypto';
+import { after } from 'node:test';
+import { KubeConfig } from '@kubernetes/client-node';
+import { makeClients, type Clients } from '../../functions/lib/kube.ts';
+import { userKubeConfig } from '../../scripts/controlplane/controlplane.ts';
+
+/** Folder of the running test control plane; throws when tests run outside `npm test`. */
+export function controlPlaneDir(): string {
+  const dir = process.env.CAPTF_TEST_CONTROLPLANE;
+  if (!dir) throw new Error('CAPTF_TEST_CONTROLPLANE is not set: run integration tests through `npm test`');
+  return dir;
+}
+
+/** Admin (system:masters) clients. */
+export function admin(): Clients {
+  const kc = new KubeConfig();
+  kc.loadFromFile(`${controlPlaneDir()}/admin.kubeconfig`);
+  return makeClients(kc);
+}
+
+/** Clients for a freshly minted client-certificate user. */
+export async function asUser(name: string, groups: readonly string[] = []): Promise<Clients & { kubeconfigPath: string }> {
+  const kubeconfigPath = await userKubeConfig(controlPlaneDir(), name, groups);
+  const kc = new KubeConfig();
+  kc.loadFromFile(kubeconfigPath);
+  return { ...makeClients(kc), kubeconfigPath };
+}
+
+/** A short random suffix for names unique to this run. */
+export const suffix = (): string => randomBytes(3).toString('hex');
+
+/**
+ * Returns a creator of namespaces named `<prefix>-<random>`; all of them (and any
+ * cluster-scoped cleanup registered with `onCleanup`) are deleted after the file's tests.
+ */
+export function namespaces(prefix: string): {
+  create(labels?: Record<string, string>): Promise<string>;
+  onCleanup(fn: () => Promise<unknown>): void;
+} {
+  const created: string[] = [];
+  const cleanups: (() => Promise<unknown>)[] = [];
+  const { core } = admin();
+  after(async () => {
+    for (const fn of cleanups.reverse()) await fn().catch(() => undefined);
+    await Promise.all(created.map((name) => core.deleteNamespace({ name }).catch(() => undefined)));
+  });
+  return {
+    async create(labels = {}) {
+      const name = `${prefix}-${suffix()}`;
+      await core.createNamespace({ body: { metadata: { name, labels } } });
+      created.push(name);
+      return name;
+    },
+    onCleanup(fn) {
+      cleanups.push(fn);
+    },
+  };
+}
+
+/**
+ * Polls `fn` until it returns a truthy value or `timeoutMs` passes (a generous bound, not a
+ * timing assertion).
+ * @throws Error with `what` when time runs out.
+ */
+export async function eventually<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let lastErr: unknown;
+  while (Date.now() < deadline) {
+    try {
+      const v = await fn();
+      if (v) return v;
+    } catch (e) {
+      lastErr = e;
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error(`timed out waiting for ${what}${lastErr ? `: ${String(lastErr).split('\n')[0]}` : ''}`);
+}
