@@ -1,7 +1,7 @@
 /**
  * `npm test`: type-checks nothing (that is `npm run typecheck`), then
  * 1. builds the control plane if its pinned binaries are not cached (with progress),
- * 2. starts ONE control plane for the whole run in `.local/test-controlplane` and installs
+ * 2. starts ONE control plane for the whole run in `.local/test-controlplane-<pid>` and installs
  *    the CRDs,
  * 3. runs every unit and integration test file with node:test, each integration file in its
  *    own namespaces, the control plane's folder passed as `CAPTF_TEST_CONTROLPLANE`,
@@ -10,14 +10,15 @@
  * Exit code: node --test's.
  */
 import { spawn } from 'node:child_process';
-import { globSync } from 'node:fs';
+import { globSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { KubeConfig } from '@kubernetes/client-node';
 import { REPO_ROOT } from './controlplane/build.ts';
 import { startControlPlane } from './controlplane/controlplane.ts';
 import { installCRDs } from './controlplane/crds.ts';
 
-const dir = join(REPO_ROOT, '.local', 'test-controlplane');
+// One folder per run, so two runs on one machine never share etcd or certificates.
+const dir = join(REPO_ROOT, '.local', `test-controlplane-${process.pid}`);
 const extra = process.argv.slice(2);
 const files = extra.some((a) => !a.startsWith('-'))
   ? extra.filter((a) => !a.startsWith('-'))
@@ -48,5 +49,6 @@ try {
   });
 } finally {
   await cp.stop();
+  rmSync(dir, { recursive: true, force: true });
 }
 process.exit(code);

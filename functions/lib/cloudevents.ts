@@ -1,0 +1,157 @@
+/**
+ * Incoming CloudEvents (SPEC §12) → typed requests. Accepts CloudEvents 1.0 in binary,
+ * structured and batch HTTP mode (the `cloudevents` SDK parses; this module validates and
+ * classifies). The payload only names what to reconcile; handlers re-read state.
+ *
+ * Event shapes (Knative ApiServerSource, PingSource):
+ * - `dev.knative.apiserver.resource.{add,update,delete}`: data = the object (last state on delete)
+ * - `dev.knative.apiserver.ref.{add,update,delete}`: data = `{apiVersion, kind, name, namespace}`
+ * - `dev.knative.sources.ping`: a periodic tick (resync / refresh)
+ */
+import { CloudEvent, HTTP, ValidationError } from 'cloudevents';
+import { API_VERSION, IDENTITY_KIND, type ConsumerKind } from './api.ts';
+
+/** CloudEvent type prefix of ApiServerSource Resource mode. */
+export const RESOURCE_EVENT_PREFIX = 'dev.knative.apiserver.resource.';
+/** CloudEvent type prefix of ApiServerSource Reference mode. */
+export const REF_EVENT_PREFIX = 'dev.knative.apiserver.ref.';
+/** CloudEvent type of a PingSource tick. */
+export const PING_EVENT_TYPE = 'dev.knative.sources.ping';
+/** Every ApiServerSource event type, both modes. */
+export const APISERVER_EVENT_TYPES: readonly string[] = ['add', 'update', 'delete'].flatMap((v) => [
+  `${RESOURCE_EVENT_PREFIX}${v}`,
+  `${REF_EVENT_PREFIX}${v}`,
+]);
+
+/** Which object an ApiServerSource event is about. */
+export interface ObjectRef {
+  apiVersion: string;
+  kind: string;
+  name: string;
+  namespace?: string | undefined;
+  /** Known in Resource mode (data carries metadata.uid); absent in Reference mode. */
+  uid?: string | undefined;
+}
+
+/** What one CloudEvent asks for. */
+export type EventRequest =
+  | { type: 'ping'; id: string }
+  | {
+      type: 'object';
+      id: string;
+      /** add / update / delete, from the event type. */
+      verb: 'add' | 'update' | 'delete';
+      mode: 'resource' | 'ref';
+      target: 'consumer' | 'identity' | 'namespace' | 'secret' | 'other';
+      ref: ObjectRef;
+      /** The object's labels in Resource mode (used by the Secret fast path). */
+      labels?: Record<string, string> | undefined;
+    };
+
+/** A CloudEvent the function cannot use; answered with 4xx. */
+export class BadEventError extends Error {}
+
+/**
+ * Parses an HTTP request into CloudEvents (binary, structured or batch).
+ * @param headers request headers (any case).
+ * @param body raw request body as text.
+ * @returns one event per CloudEvent (a batch yields several).
+ * @throws BadEventError naming what is wrong (no CloudEvent, invalid JSON, missing
+ *   required attributes).
+ */
+export function parseCloudEvents(headers: Record<string, string | string[] | undefined>, body: string): CloudEvent<unknown>[] {
+  const flat: Record<string, string> = {};
+  for (const [k, v] of Object.entries(headers)) if (v !== undefined) flat[k.toLowerCase()] = Array.isArray(v) ? v.join(',') : v;
+  let parsed: CloudEvent<unknown> | CloudEvent<unknown>[];
+  try {
+    parsed = HTTP.toEvent({ headers: flat, body }) as CloudEvent<unknown> | CloudEvent<unknown>[];
+  } catch (err) {
+    throw new BadEventError(`not a CloudEvent: ${eventErrorText(err)}`);
+  }
+  const events = Array.isArray(parsed) ? parsed : [parsed];
+  if (events.length === 0) throw new BadEventError('empty CloudEvents batch');
+  for (const e of events) {
+    try {
+      // The SDK builds events without validating them; enforce CloudEvents 1.0 here.
+      e.validate();
+    } catch (err) {
+      throw new BadEventError(`invalid CloudEvent: ${eventErrorText(err)}`);
+    }
+    if (e.specversion !== '1.0') throw new BadEventError(`CloudEvents specversion ${e.specversion} is not supported (use 1.0)`);
+  }
+  return events;
+}
+
+function eventErrorText(err: unknown): string {
+  if (err instanceof ValidationError) return [err.message, ...(err.errors ?? []).map((x) => (typeof x === 'string' ? x : JSON.stringify(x)))].join('; ').slice(0, 300);
+  if (err instanceof SyntaxError) return 'body is not valid JSON';
+  return (err instanceof Error ? err.message : String(err)).split('\n')[0]!.slice(0, 300);
+}
+
+function dataObject(event: CloudEvent<unknown>): Record<string, unknown> {
+  let data: unknown = event.data;
+  if (data === undefined && typeof event.data_base64 === 'string') data = Buffer.from(event.data_base64, 'base64').toString('utf8');
+  if (typeof data === 'string' || Buffer.isBuffer(data)) {
+    try {
+      data = JSON.parse(data.toString());
+    } catch {
+      throw new BadEventError(`event ${event.type}: data is not JSON`);
+    }
+  }
+  if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new BadEventError(`event ${event.type}: data must be a JSON object`);
+  return data as Record<string, unknown>;
+}
+
+const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== '' ? v : undefined);
+
+/**
+ * Classifies one CloudEvent.
+ * @param consumerKinds configured consumer kinds (SPEC §1).
+ * @returns a ping, or an object event naming its target (consumer, identity, namespace,
+ *   secret, or other).
+ * @throws BadEventError for unknown event types or data that names no object.
+ */
+export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonly ConsumerKind[]): EventRequest {
+  if (event.type === PING_EVENT_TYPE) return { type: 'ping', id: event.id };
+  let mode: 'resource' | 'ref';
+  let verb: string;
+  if (event.type.startsWith(RESOURCE_EVENT_PREFIX)) {
+    mode = 'resource';
+    verb = event.type.slice(RESOURCE_EVENT_PREFIX.length);
+  } else if (event.type.startsWith(REF_EVENT_PREFIX)) {
+    mode = 'ref';
+    verb = event.type.slice(REF_EVENT_PREFIX.length);
+  } else {
+    throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)} (expected ${PING_EVENT_TYPE} or dev.knative.apiserver.{resource,ref}.{add,update,delete})`);
+  }
+  if (verb !== 'add' && verb !== 'update' && verb !== 'delete') throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)}`);
+  const data = dataObject(event);
+  let ref: ObjectRef;
+  let labels: Record<string, string> | undefined;
+  if (mode === 'resource') {
+    const md = (data.metadata ?? {}) as Record<string, unknown>;
+    ref = { apiVersion: str(data.apiVersion) ?? '', kind: str(data.kind) ?? '', name: str(md.name) ?? '', namespace: str(md.namespace), uid: str(md.uid) };
+    if (typeof md.labels === 'object' && md.labels !== null) labels = md.labels as Record<string, string>;
+  } else {
+    ref = { apiVersion: str(data.apiVersion) ?? '', kind: str(data.kind) ?? '', name: str(data.name) ?? '', namespace: str(data.namespace), uid: str(data.uid) };
+  }
+  // ApiServerSource also carries kind/name/namespace as extensions; fill gaps from them.
+  const ext = event as unknown as Record<string, unknown>;
+  ref.kind ||= str(ext.kind) ?? '';
+  ref.name ||= str(ext.name) ?? '';
+  ref.apiVersion ||= str(ext.apiversion) ?? '';
+  ref.namespace ??= str(ext.namespace);
+  if (!ref.apiVersion || !ref.kind || !ref.name) {
+    throw new BadEventError(`event ${event.type}: data must name the object (apiVersion, kind, name${mode === 'resource' ? ' under metadata' : ''})`);
+  }
+  return { type: 'object', id: event.id, verb, mode, target: targetOf(ref, consumerKinds), ref, labels };
+}
+
+/** Which kind of object a reference names. */
+export function targetOf(ref: Pick<ObjectRef, 'apiVersion' | 'kind'>, consumerKinds: readonly ConsumerKind[]): 'consumer' | 'identity' | 'namespace' | 'secret' | 'other' {
+  if (ref.apiVersion === 'v1' && ref.kind === 'Namespace') return 'namespace';
+  if (ref.apiVersion === 'v1' && ref.kind === 'Secret') return 'secret';
+  if (ref.apiVersion === API_VERSION && ref.kind === IDENTITY_KIND) return 'identity';
+  if (consumerKinds.some((k) => `${k.group}/${k.version}` === ref.apiVersion && k.kind === ref.kind)) return 'consumer';
+  return 'other';
+}

@@ -1,0 +1,85 @@
+/**
+ * Consumer kinds from configuration and the API lookups every function shares: an
+ * identity's consumers (field selector on `spec.identityRef.name`, SPEC §1/§7/§10) and
+ * paginated lists of every consumer (resync, SPEC §12). Reads only; never cached.
+ */
+import { DEFAULT_CONSUMER_KINDS, IDENTITY_REF_FIELD, type Consumer, type ConsumerKind } from './api.ts';
+import type { Clients } from './kube.ts';
+
+/** Environment variable listing consumer kinds: `group/version/Kind[/plural]`, comma-separated. */
+export const CONSUMER_KINDS_ENV = 'CAPTF_CONSUMER_KINDS';
+
+/** Page size of list calls (SPEC §12: paginated). */
+export const PAGE_SIZE = 250;
+
+/**
+ * Parses consumer kinds from `$CAPTF_CONSUMER_KINDS` (e.g.
+ * `infrastructure.cluster.x-k8s.io/v1beta2/TerraformCluster`); the plural defaults to the
+ * lower-cased kind + "s". Unset or empty → the two shipped kinds.
+ * @throws Error naming the malformed entry.
+ */
+export function consumerKindsFromEnv(env: NodeJS.ProcessEnv = process.env): ConsumerKind[] {
+  const raw = env[CONSUMER_KINDS_ENV]?.trim();
+  if (!raw) return DEFAULT_CONSUMER_KINDS.map((k) => ({ ...k }));
+  return raw.split(',').map((entry) => {
+    const parts = entry.trim().split('/');
+    if (parts.length < 3 || parts.length > 4 || parts.some((p) => !p)) {
+      throw new Error(`${CONSUMER_KINDS_ENV}: ${JSON.stringify(entry)} is not group/version/Kind[/plural]`);
+    }
+    const [group, version, kind, plural] = parts as [string, string, string, string | undefined];
+    return { group, version, kind, plural: plural ?? `${kind.toLowerCase()}s` };
+  });
+}
+
+/** The configured kind matching an `apiVersion` and `kind`, if any. */
+export function findConsumerKind(kinds: readonly ConsumerKind[], apiVersion: string, kind: string): ConsumerKind | undefined {
+  return kinds.find((k) => `${k.group}/${k.version}` === apiVersion && k.kind === kind);
+}
+
+interface ListPage {
+  items?: Consumer[];
+  metadata?: { continue?: string };
+}
+
+/**
+ * Lists every object of one consumer kind in all namespaces (or one), page by page.
+ * Items get `apiVersion` and `kind` filled in (list items may omit them).
+ * @param opts.fieldSelector e.g. `spec.identityRef.name=aws-prod`.
+ * @throws the API error of a failed page.
+ */
+export async function* listConsumers(
+  clients: Clients,
+  kind: ConsumerKind,
+  opts: { namespace?: string; fieldSelector?: string } = {},
+): AsyncGenerator<Consumer> {
+  let cont: string | undefined;
+  do {
+    const common = { group: kind.group, version: kind.version, plural: kind.plural, limit: PAGE_SIZE, _continue: cont, fieldSelector: opts.fieldSelector };
+    const page = (opts.namespace
+      ? await clients.custom.listNamespacedCustomObject({ ...common, namespace: opts.namespace })
+      : await clients.custom.listClusterCustomObject(common)) as ListPage;
+    for (const item of page.items ?? []) {
+      yield { ...item, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind };
+    }
+    cont = page.metadata?.continue || undefined;
+  } while (cont);
+}
+
+/**
+ * Every consumer (of every configured kind) whose `spec.identityRef.name` is `identityName`,
+ * deleting ones included.
+ * @param opts.namespace restricts the lookup to one namespace.
+ * @throws the API error of a failed list.
+ */
+export async function consumersOfIdentity(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  identityName: string,
+  opts: { namespace?: string } = {},
+): Promise<Consumer[]> {
+  const out: Consumer[] = [];
+  for (const kind of kinds) {
+    for await (const c of listConsumers(clients, kind, { ...opts, fieldSelector: `${IDENTITY_REF_FIELD}=${identityName}` })) out.push(c);
+  }
+  return out;
+}

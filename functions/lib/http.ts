@@ -1,0 +1,149 @@
+/**
+ * The HTTP shell shared by every function (express 5): raw bodies with a size limit,
+ * `GET /healthz`, JSON error answers that never echo request bodies, and a graceful stop on
+ * SIGTERM that finishes in-flight requests (Knative sends SIGTERM before scaling down).
+ */
+import type { Server } from 'node:http';
+import express, { type ErrorRequestHandler, type Express } from 'express';
+import type { Logger } from './log.ts';
+
+/** Largest request body accepted, in bytes (Kubernetes objects are at most ~1.5 MiB). */
+export const DEFAULT_BODY_LIMIT = 3 * 1024 * 1024;
+
+/** A JSON error answer: `{ error, reason? }` with an HTTP status. */
+export class HttpError extends Error {
+  readonly status: number;
+  readonly reason: string | undefined;
+  /** @param status HTTP status (4xx for the caller's fault, 5xx to ask for a retry). */
+  constructor(status: number, message: string, reason?: string) {
+    super(message);
+    this.status = status;
+    this.reason = reason;
+  }
+}
+
+/**
+ * Creates an express app with `GET /healthz` and a raw-text body parser for every content
+ * type (CloudEvents and AdmissionReviews are parsed by the handlers, so a malformed body is
+ * the handler's 4xx, not a crash).
+ * @param opts.bodyLimit bytes (default {@link DEFAULT_BODY_LIMIT}); larger bodies get 413.
+ */
+export function createApp(opts: { bodyLimit?: number } = {}): Express {
+  const app = express();
+  app.disable('x-powered-by');
+  app.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' });
+  });
+  app.use(express.text({ type: () => true, limit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT }));
+  return app;
+}
+
+/**
+ * The last middleware: turns thrown errors into JSON answers. Body-parser errors keep their
+ * status (400 malformed, 413 too large); {@link HttpError} keeps its status and message;
+ * anything else is a 500 whose message is logged, not returned.
+ */
+export function errorHandler(logger: Logger): ErrorRequestHandler {
+  return (err, req, res, _next) => {
+    const e = err as { status?: number; statusCode?: number; type?: string; message?: string };
+    if (err instanceof HttpError) {
+      res.status(err.status).json({ error: err.message, ...(err.reason ? { reason: err.reason } : {}) });
+      return;
+    }
+    const status = e.status ?? e.statusCode;
+    if (status && status >= 400 && status < 500) {
+      const message = e.type === 'entity.too.large' ? 'request body too large' : e.type === 'entity.parse.failed' ? 'request body is not valid' : (e.message ?? 'bad request');
+      res.status(status).json({ error: message });
+      return;
+    }
+    logger.error('request failed', { path: req.path, error: e.message?.split('\n')[0] });
+    res.status(500).json({ error: 'internal error; see the function log' });
+  };
+}
+
+/**
+ * Stops on SIGTERM/SIGINT: stops accepting connections, lets in-flight requests finish
+ * (at most `graceMs`, default 30 s), then exits 0.
+ * @param onStop optional extra cleanup (e.g. closing file watchers) run after the server closes.
+ */
+export function stopGracefully(server: Server, logger: Logger, opts: { graceMs?: number; onStop?: () => void } = {}): void {
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    logger.info('stopping', { signal });
+    const force = setTimeout(() => {
+      logger.warn('in-flight requests did not finish in time; exiting', { graceMs: opts.graceMs ?? 30_000 });
+      process.exit(1);
+    }, opts.graceMs ?? 30_000);
+    force.unref();
+    server.close(() => {
+      opts.onStop?.();
+      logger.info('stopped');
+      process.exit(0);
+    });
+    server.closeIdleConnections();
+  };
+  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT'));
+}
+
+/** The port to listen on: `$PORT` (Knative sets it) or `fallback`. @throws Error on a bad value. */
+export function portFromEnv(fallback = 8080): number {
+  const raw = process.env.PORT;
+  if (raw === undefined || raw === '') return fallback;
+  const port = Number(raw);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`PORT=${raw} is not a port number`);
+  return port;
+}
+
+/** What every function's `start()` accepts (tests pass a kubeconfig, port 0 and a logger). */
+export interface StartOptions {
+  /** Port to listen on; 0 picks a free one. Default `$PORT` or 8080. */
+  port?: number;
+  /** Address to bind; default all interfaces (`0.0.0.0`, as in a container). */
+  host?: string;
+  /** API access; default {@link loadKubeConfig} (`$KUBECONFIG` or in-cluster). */
+  kubeconfig?: import('@kubernetes/client-node').KubeConfig;
+  logger?: Logger;
+  /** Environment to read configuration from; default `process.env`. */
+  env?: NodeJS.ProcessEnv;
+}
+
+/** A running function. */
+export interface FunctionHandle {
+  server: Server;
+  /** The port actually bound. */
+  port: number;
+  /** `http` or `https`. */
+  scheme: 'http' | 'https';
+  logger: Logger;
+  /** Closes the server (waits for in-flight requests) and releases watchers. */
+  close(): Promise<void>;
+  /** Extra cleanup for {@link stopGracefully}. */
+  onStop?: () => void;
+}
+
+/**
+ * Listens and resolves once bound.
+ * @returns the bound port.
+ * @throws the listen error (e.g. EADDRINUSE).
+ */
+export function listen(server: Server, port: number, host = '0.0.0.0'): Promise<number> {
+  return new Promise((res, rej) => {
+    server.once('error', rej);
+    server.listen(port, host, () => {
+      server.off('error', rej);
+      const addr = server.address();
+      res(typeof addr === 'object' && addr ? addr.port : port);
+    });
+  });
+}
+
+/** Closes a server, waiting for in-flight requests. */
+export function closeServer(server: Server): Promise<void> {
+  return new Promise((res) => {
+    server.close(() => res());
+    server.closeIdleConnections();
+  });
+}

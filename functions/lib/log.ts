@@ -1,0 +1,45 @@
+/**
+ * Structured JSON logs (winston), one object per line, for every function. A redaction
+ * format drops Secret-shaped fields (`data`, `stringData`, `binaryData`) wherever they
+ * appear, as a second line of defence: callers never pass Secret data in the first place
+ * (SPEC §15).
+ */
+import winston from 'winston';
+
+/** Field names whose values are never written to a log line. */
+export const REDACTED_KEYS: ReadonlySet<string> = new Set(['data', 'stringData', 'binaryData']);
+
+function redactValue(value: unknown, depth: number): unknown {
+  if (depth > 6 || typeof value !== 'object' || value === null) return value;
+  if (Array.isArray(value)) return value.map((v) => redactValue(v, depth + 1));
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) out[k] = REDACTED_KEYS.has(k) ? '[redacted]' : redactValue(v, depth + 1);
+  return out;
+}
+
+const redact = winston.format((info) => {
+  for (const key of Object.keys(info)) {
+    if (REDACTED_KEYS.has(key)) info[key] = '[redacted]';
+    else info[key] = redactValue(info[key], 0);
+  }
+  return info;
+});
+
+/** The logger type every function receives (a winston Logger). */
+export type Logger = winston.Logger;
+
+/**
+ * Creates the JSON logger of one function.
+ * @param component function name, written as `component` on every line.
+ * @param opts.level winston level (default `$LOG_LEVEL` or `info`); opts.stream overrides
+ *   stdout (tests capture lines this way).
+ * @returns a winston Logger writing `{"level","message","component","time",…}` lines.
+ */
+export function createLogger(component: string, opts: { level?: string; stream?: NodeJS.WritableStream } = {}): Logger {
+  return winston.createLogger({
+    level: opts.level ?? process.env.LOG_LEVEL ?? 'info',
+    defaultMeta: { component },
+    format: winston.format.combine(redact(), winston.format.timestamp({ alias: 'time' }), winston.format.json()),
+    transports: [opts.stream ? new winston.transports.Stream({ stream: opts.stream }) : new winston.transports.Console()],
+  });
+}

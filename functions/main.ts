@@ -1,0 +1,28 @@
+/**
+ * Entry point of every function, in the container and locally:
+ * `node functions/main.ts <function>` (or `npm run function -- <function>`), where
+ * <function> is `admission`, `mirror-sync` or `identity-status`. Configuration comes from
+ * the environment (README "Configuration"); exits 2 on an unknown function name or bad
+ * configuration. SIGTERM finishes in-flight requests, then exits.
+ */
+import { portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } from './lib/http.ts';
+
+// Static imports per name so a bundler includes every function, and importing one function
+// loads none of the others' code.
+const FUNCTIONS: Record<string, () => Promise<{ start(opts: StartOptions): Promise<FunctionHandle> }>> = {
+};
+
+const name = process.argv[2] ?? '';
+const load = FUNCTIONS[name];
+if (!load) {
+  process.stderr.write(`usage: main.ts <${Object.keys(FUNCTIONS).join('|')}> (got ${JSON.stringify(name)})\n`);
+  process.exit(2);
+}
+try {
+  const fn = await (await load()).start({ port: portFromEnv() });
+  fn.logger.info('listening', { function: name, port: fn.port, scheme: fn.scheme, startupMs: Math.round(performance.now()) });
+  stopGracefully(fn.server, fn.logger, fn.onStop ? { onStop: fn.onStop } : {});
+} catch (err) {
+  process.stderr.write(`${name}: cannot start: ${err instanceof Error ? err.message.split('\n')[0] : String(err)}\n`);
+  process.exit(2);
+}

@@ -1,0 +1,36 @@
+/**
+ * Captures a function's JSON log lines in memory so tests can assert on them and scan them
+ * for planted Secret values.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { PassThrough } from 'node:stream';
+import { createLogger, type Logger } from '../../functions/lib/log.ts';
+
+/** A logger whose lines are kept in `lines` (raw JSON text) and `entries` (parsed). */
+export function captureLogger(component: string): { logger: Logger; lines: string[]; entries: () => Record<string, unknown>[] } {
+  const stream = new PassThrough();
+  const lines: string[] = [];
+  let partial = '';
+  stream.on('data', (d: Buffer) => {
+    const parts = (partial + d.toString()).split('\n');
+    partial = parts.pop() ?? '';
+    lines.push(...parts.filter(Boolean));
+  });
+  const logger = createLogger(component, { stream, level: 'debug' });
+  return { logger, lines, entries: () => lines.map((l) => JSON.parse(l) as Record<string, unknown>) };
+}
+
+/** A unique sentinel value to plant in a Secret, e.g. `SENTINEL-3f9a…`. */
+export const sentinel = (): string => `SENTINEL-${randomBytes(8).toString('hex')}`;
+
+/**
+ * Asserts that none of `values` (and none of their base64 forms) appears in `text`.
+ * @param where names the output scanned, for the failure message.
+ */
+export function assertNoSecret(text: string, values: readonly string[], where: string): void {
+  for (const v of values) {
+    const forms = [v, Buffer.from(v).toString('base64')];
+    for (const f of forms) assert.ok(!text.includes(f), `${where} contains a planted Secret value`);
+  }
+}
