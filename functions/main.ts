@@ -10,6 +10,7 @@ import { portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } f
 // Static imports per name so a bundler includes every function, and importing one function
 // loads none of the others' code.
 const FUNCTIONS: Record<string, () => Promise<{ start(opts: StartOptions): Promise<FunctionHandle> }>> = {
+  admission: () => import('./admission/index.ts'),
 };
 
 const name = process.argv[2] ?? '';

@@ -1,0 +1,96 @@
+/**
+ * The imperative part of one review: runs what {@link planReview} asks for — a
+ * SubjectAccessReview (`authorization.k8s.io/v1`) for the requesting user, or the live
+ * in-use lookup of an identity's consumers — and returns the decision. No HTTP here; never
+ * reads a Secret (admission needs no Secret RBAC, only `create subjectaccessreviews` and
+ * `list` on the consumer kinds).
+ */
+import type { ConsumerKind } from '../lib/api.ts';
+import { consumersOfIdentity } from '../lib/consumers.ts';
+import { describeError, type Clients } from '../lib/kube.ts';
+import type { Logger } from '../lib/log.ts';
+import { deleteDecision, planReview, secretAccessDecision, type Decision, type IdentityRequest, type SarOutcome, type SecretKey, type UserInfo } from './decide.ts';
+
+/** What a review needs from outside. */
+export interface ReviewDeps {
+  clients: Clients;
+  consumerKinds: readonly ConsumerKind[];
+  logger: Logger;
+}
+
+/**
+ * Asks the API server whether `user` may `get` the Secret (SubjectAccessReview with `user`,
+ * `groups`, `uid` and `extra` copied from the request's userInfo).
+ * @returns the SAR status, or `{ error }` with a safe description when the call fails.
+ */
+export async function checkSecretAccess(clients: Clients, user: UserInfo, secret: SecretKey): Promise<SarOutcome> {
+  try {
+    const sar = await clients.authz.createSubjectAccessReview({
+      body: {
+        apiVersion: 'authorization.k8s.io/v1',
+        kind: 'SubjectAccessReview',
+        spec: {
+          user: user.username,
+          ...(user.groups ? { groups: user.groups } : {}),
+          ...(user.uid ? { uid: user.uid } : {}),
+          ...(user.extra ? { extra: user.extra } : {}),
+          resourceAttributes: { group: '', version: 'v1', resource: 'secrets', verb: 'get', namespace: secret.namespace, name: secret.name },
+        },
+      },
+    });
+    const s = sar.status;
+    if (!s) return { error: 'SubjectAccessReview returned no status' };
+    return { status: { allowed: s.allowed, ...(s.denied !== undefined ? { denied: s.denied } : {}), ...(s.reason ? { reason: s.reason } : {}), ...(s.evaluationError ? { evaluationError: s.evaluationError } : {}) } };
+  } catch (err) {
+    return { error: describeError(err) };
+  }
+}
+
+/**
+ * Reviews one parsed request (SPEC §10) and logs one line about it (uid, operation, name,
+ * user, dry run, whether a SubjectAccessReview was made, the outcome) — never the object.
+ * @returns the decision; never throws (an unexpected error denies).
+ */
+export async function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Promise<Decision> {
+  const plan = planReview(req);
+  const user = req.userInfo.username;
+  let decision: Decision;
+  let sar = false;
+  let lookup = false;
+  switch (plan.action) {
+    case 'allow':
+      decision = { allowed: true, why: plan.why };
+      break;
+    case 'deny':
+      decision = plan.decision;
+      break;
+    case 'check-secret-access':
+      sar = true;
+      decision = secretAccessDecision(user, plan.secret, plan.rule, await checkSecretAccess(deps.clients, req.userInfo, plan.secret));
+      break;
+    case 'check-in-use': {
+      lookup = true;
+      let found: string[] | { error: string };
+      try {
+        found = (await consumersOfIdentity(deps.clients, deps.consumerKinds, plan.identity)).map((c) => c.metadata.namespace ?? '').filter(Boolean);
+      } catch (err) {
+        found = { error: describeError(err) };
+      }
+      decision = deleteDecision(plan.identity, user, plan.statusNamespaces, found);
+      break;
+    }
+  }
+  deps.logger.info('reviewed', {
+    uid: req.uid,
+    operation: req.operation,
+    ...(req.subResource ? { subResource: req.subResource } : {}),
+    name: req.name,
+    user,
+    dryRun: Boolean(req.dryRun),
+    subjectAccessReview: sar,
+    consumerLookup: lookup,
+    allowed: decision.allowed,
+    ...(decision.allowed ? { why: decision.why } : { code: decision.code, message: decision.message }),
+  });
+  return decision;
+}

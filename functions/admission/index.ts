@@ -1,0 +1,157 @@
+/**
+ * The `admission` function (SPEC §10): a validating webhook for TerraformClusterIdentity.
+ * `POST /validate` takes an AdmissionReview `admission.k8s.io/v1` and answers one;
+ * `GET /healthz`. Served over HTTPS with the certificate and key from
+ * `$CAPTF_TLS_CERT_FILE`/`$CAPTF_TLS_KEY_FILE` (cert-manager's `tls.crt`/`tls.key`), reloaded
+ * without a restart when the files change; or plain HTTP behind Knative's TLS-terminating
+ * ingress with `CAPTF_ADMISSION_PLAIN_HTTP=true`. Nothing is done at import time.
+ */
+import { createServer as createHttpServer, type Server } from 'node:http';
+import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https';
+import { readFileSync } from 'node:fs';
+import { closeServer, createApp, errorHandler, listen, type FunctionHandle, type StartOptions } from '../lib/http.ts';
+import { consumerKindsFromEnv } from '../lib/consumers.ts';
+import { loadKubeConfig, makeClients } from '../lib/kube.ts';
+import { createLogger, type Logger } from '../lib/log.ts';
+import { reviewIdentity } from './handler.ts';
+import { parseReview, reviewResponse } from './review.ts';
+
+/** Where cert-manager's Secret volume puts the serving pair by default. */
+export const DEFAULT_TLS_DIR = '/var/run/captf/tls';
+
+/** Configuration read from the environment (README "Configuration"). */
+export interface AdmissionConfig {
+  plainHttp: boolean;
+  certFile: string;
+  keyFile: string;
+  /** How often the certificate files are checked for a new pair, in milliseconds. */
+  reloadMs: number;
+}
+
+/**
+ * Reads the admission configuration.
+ * @param env `CAPTF_ADMISSION_PLAIN_HTTP` (`true`/`false`, default false),
+ *   `CAPTF_TLS_CERT_FILE` (default `/var/run/captf/tls/tls.crt`), `CAPTF_TLS_KEY_FILE`
+ *   (default `/var/run/captf/tls/tls.key`), `CAPTF_TLS_RELOAD_MS` (default 10000).
+ * @throws Error naming the variable with a bad value.
+ */
+export function admissionConfigFromEnv(env: NodeJS.ProcessEnv): AdmissionConfig {
+  const plain = (env.CAPTF_ADMISSION_PLAIN_HTTP ?? '').trim().toLowerCase();
+  if (!['', 'true', 'false'].includes(plain)) throw new Error(`CAPTF_ADMISSION_PLAIN_HTTP=${plain} must be true or false`);
+  const reloadRaw = env.CAPTF_TLS_RELOAD_MS?.trim() || '10000';
+  const reloadMs = Number(reloadRaw);
+  if (!Number.isFinite(reloadMs) || reloadMs < 50) throw new Error(`CAPTF_TLS_RELOAD_MS=${reloadRaw} must be a number of milliseconds ≥ 50`);
+  return {
+    plainHttp: plain === 'true',
+    certFile: env.CAPTF_TLS_CERT_FILE?.trim() || `${DEFAULT_TLS_DIR}/tls.crt`,
+    keyFile: env.CAPTF_TLS_KEY_FILE?.trim() || `${DEFAULT_TLS_DIR}/tls.key`,
+    reloadMs,
+  };
+}
+
+/** Reads the PEM pair; throws a message naming the file that could not be read. */
+function readPair(cfg: AdmissionConfig): { cert: string; key: string } {
+  const read = (path: string, what: string) => {
+    try {
+      return readFileSync(path, 'utf8');
+    } catch (err) {
+      throw new Error(`cannot read the TLS ${what} ${path}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
+    }
+  };
+  return { cert: read(cfg.certFile, 'certificate'), key: read(cfg.keyFile, 'key') };
+}
+
+/**
+ * Polls the certificate and key files and installs a new pair for new connections when
+ * their contents change and form a valid pair (a half-written rotation is skipped and
+ * retried on the next tick). Polling, not fs.watch, because Kubernetes Secret volumes
+ * replace files through a symlink swap that watchers miss on some platforms.
+ * @returns a function that stops polling.
+ */
+function watchPair(server: HttpsServer, cfg: AdmissionConfig, loaded: { cert: string; key: string }, logger: Logger): () => void {
+  let current = loaded;
+  let lastFailure = '';
+  const timer = setInterval(() => {
+    let next: { cert: string; key: string };
+    try {
+      next = readPair(cfg);
+    } catch (err) {
+      const msg = (err as Error).message;
+      if (msg !== lastFailure) logger.warn('TLS pair not reloaded; keeping the current one', { error: msg });
+      lastFailure = msg;
+      return;
+    }
+    if (next.cert === current.cert && next.key === current.key) return;
+    try {
+      // Throws on a mismatched or malformed pair before anything is replaced.
+      server.setSecureContext({ cert: next.cert, key: next.key });
+      current = next;
+      lastFailure = '';
+      logger.info('TLS certificate reloaded', { certFile: cfg.certFile });
+    } catch (err) {
+      const msg = (err as Error).message.split('\n')[0]!;
+      if (msg !== lastFailure) logger.warn('new TLS pair is not usable yet; keeping the current one', { error: msg });
+      lastFailure = msg;
+    }
+  }, cfg.reloadMs);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
+/**
+ * Starts the admission webhook.
+ * @param opts port/host, kubeconfig (default `$KUBECONFIG` or in-cluster), logger, env.
+ * @returns the running function; `scheme` tells whether it serves HTTPS or plain HTTP.
+ * @throws Error on bad configuration or an unreadable/invalid TLS pair (main.ts exits 2).
+ */
+export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
+  const env = opts.env ?? process.env;
+  const logger = opts.logger ?? createLogger('admission');
+  const cfg = admissionConfigFromEnv(env);
+  const clients = makeClients(opts.kubeconfig ?? loadKubeConfig(env.KUBECONFIG || undefined));
+  const consumerKinds = consumerKindsFromEnv(env);
+
+  const app = createApp();
+  app.post('/validate', async (req, res) => {
+    const parsed = parseReview(req.body);
+    if (!parsed.ok) {
+      if ('httpStatus' in parsed) {
+        logger.warn('malformed AdmissionReview', { error: parsed.error });
+        res.status(parsed.httpStatus).json({ error: parsed.error });
+        return;
+      }
+      logger.warn('AdmissionReview denied as malformed', { uid: parsed.uid, message: parsed.decision.message });
+      res.json(reviewResponse(parsed.uid, parsed.decision));
+      return;
+    }
+    const decision = await reviewIdentity(parsed.request, { clients, consumerKinds, logger });
+    res.json(reviewResponse(parsed.request.uid, decision));
+  });
+  app.use(errorHandler(logger));
+
+  let server: Server;
+  let stopWatching = () => {};
+  if (cfg.plainHttp) {
+    server = createHttpServer(app);
+  } else {
+    const pair = readPair(cfg);
+    const https = createHttpsServer({ cert: pair.cert, key: pair.key }, app);
+    stopWatching = watchPair(https, cfg, pair, logger);
+    server = https;
+  }
+  // The API server's webhook client keeps connections alive; do not let one idle socket
+  // hold a graceful stop open.
+  server.keepAliveTimeout = 5_000;
+  const port = await listen(server, opts.port ?? 8080, opts.host);
+  return {
+    server,
+    port,
+    scheme: cfg.plainHttp ? 'http' : 'https',
+    logger,
+    onStop: stopWatching,
+    async close() {
+      stopWatching();
+      await closeServer(server);
+    },
+  };
+}
