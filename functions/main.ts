@@ -10,7 +10,9 @@ import { portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } f
 // Static imports per name so a bundler includes every function, and importing one function
 // loads none of the others' code.
 const FUNCTIONS: Record<string, () => Promise<{ start(opts: StartOptions): Promise<FunctionHandle> }>> = {
+  'mirror-sync': () => import('./mirror-sync/index.ts'),
   admission: () => import('./admission/index.ts'),
+  'identity-status': () => import('./identity-status/index.ts'),
 };
 
 const name = process.argv[2] ?? '';

@@ -1,0 +1,115 @@
+/**
+ * SPEC §9: what an identity's status should say, and whether writing it would change
+ * anything. Pure: the refresh (refresh.ts) gathers the facts from the API server and hands
+ * them here; nothing in this file does I/O.
+ */
+import { API_VERSION, IDENTITY_KIND, type Condition, type TerraformClusterIdentity } from '../lib/api.ts';
+import { conditionChanged, getCondition, setCondition, type ConditionInput } from '../lib/conditions.ts';
+
+/** Condition type this function owns on identities (SPEC §9). */
+export const READY = 'Ready';
+
+/** Reasons of the `Ready` condition (SPEC §9); the README explains each. */
+export const REASON_SECRET_FOUND = 'SecretFound';
+export const REASON_SECRET_NOT_FOUND = 'SecretNotFound';
+export const REASON_SECRET_UNREADABLE = 'SecretUnreadable';
+
+/**
+ * What a direct GET of the source Secret said: it exists, the API answered 404, or it
+ * answered 403 to this function's user. Any other answer is an error the caller retries.
+ */
+export type SourceState = 'found' | 'not-found' | 'forbidden';
+
+/** Where an identity is in use: namespaces of consumers that reference it and of its mirrors. */
+export interface Usage {
+  /** Namespaces holding a consumer whose `spec.identityRef.name` is the identity (deleting ones included). */
+  consumerNamespaces: Iterable<string>;
+  /** Namespaces holding the identity's mirror (a Secret that `isOurs`). */
+  mirrorNamespaces: Iterable<string>;
+}
+
+/** The desired status and what differs from the current one. */
+export interface StatusDecision {
+  /** The `Ready` condition to apply, `lastTransitionTime` kept unless the status flips. */
+  ready: Condition;
+  /** Sorted, unique namespaces where the identity is in use. */
+  namespaces: string[];
+  /** What would change: `'Ready'` and/or `'namespaces'`; empty means write nothing. */
+  changed: ('Ready' | 'namespaces')[];
+}
+
+/**
+ * SPEC §9: the `Ready` condition for a source Secret state.
+ * @param identity the identity as read (its `spec.secretRef` and `metadata.generation`).
+ * @param source the direct GET's outcome.
+ * @returns type `Ready`: True/SecretFound, False/SecretNotFound or False/SecretUnreadable,
+ *   with `observedGeneration` = the identity's generation. Messages name the Secret, never data.
+ */
+export function readyCondition(identity: TerraformClusterIdentity, source: SourceState): ConditionInput {
+  const ref = identity.spec?.secretRef;
+  const where = `${ref?.namespace ?? '?'}/${ref?.name ?? '?'}`;
+  const observedGeneration = identity.metadata.generation;
+  const base = { type: READY, ...(observedGeneration === undefined ? {} : { observedGeneration }) };
+  switch (source) {
+    case 'found':
+      return { ...base, status: 'True', reason: REASON_SECRET_FOUND, message: `source Secret ${where} exists` };
+    case 'not-found':
+      return { ...base, status: 'False', reason: REASON_SECRET_NOT_FOUND, message: `source Secret ${where} does not exist; create it or correct spec.secretRef` };
+    case 'forbidden':
+      return {
+        ...base,
+        status: 'False',
+        reason: REASON_SECRET_UNREADABLE,
+        message: `identity-status is not allowed to get source Secret ${where} (403); grant its service account get on that Secret`,
+      };
+  }
+}
+
+/**
+ * SPEC §9: `status.namespaces` = the union of consumer and mirror namespaces, unique, sorted
+ * by code unit (stable across locales), without the empty name (a cluster-scoped object is
+ * in no namespace).
+ */
+export function namespacesInUse(usage: Usage): string[] {
+  const all = new Set<string>([...usage.consumerNamespaces, ...usage.mirrorNamespaces]);
+  all.delete('');
+  return [...all].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+}
+
+/**
+ * Decides an identity's status.
+ * @param identity as read from the API server (current `status` included).
+ * @param source outcome of the direct GET of its source Secret.
+ * @param usage where it is in use.
+ * @param now clock for `lastTransitionTime` when `Ready` flips.
+ * @returns the desired `Ready` condition and namespaces, and `changed`: `Ready` when status,
+ *   reason, message or observedGeneration differ; `namespaces` when the sorted list differs
+ *   (an absent list equals an empty one, so a fresh identity with no users needs no write
+ *   for that field alone).
+ */
+export function decideStatus(identity: TerraformClusterIdentity, source: SourceState, usage: Usage, now: Date): StatusDecision {
+  const conditions = identity.status?.conditions;
+  const next = readyCondition(identity, source);
+  const ready = getCondition(setCondition(conditions, next, now), READY)!;
+  const namespaces = namespacesInUse(usage);
+  const current = identity.status?.namespaces ?? [];
+  const changed: StatusDecision['changed'] = [];
+  if (conditionChanged(conditions, next)) changed.push('Ready');
+  if (current.length !== namespaces.length || current.some((n, i) => n !== namespaces[i])) changed.push('namespaces');
+  return { ready, namespaces, changed };
+}
+
+/**
+ * The server-side apply body for the status subresource: only the fields this function owns
+ * (`Ready` in the list-map keyed by `type`, so other writers' condition types stay, and
+ * `namespaces`), plus `metadata.resourceVersion` as an optimistic-concurrency precondition
+ * (the write fails with 409 if the identity changed since it was read).
+ */
+export function statusApplyBody(identity: TerraformClusterIdentity, decision: StatusDecision): Record<string, unknown> {
+  return {
+    apiVersion: API_VERSION,
+    kind: IDENTITY_KIND,
+    metadata: { name: identity.metadata.name, ...(identity.metadata.resourceVersion ? { resourceVersion: identity.metadata.resourceVersion } : {}) },
+    status: { conditions: [decision.ready], namespaces: decision.namespaces },
+  };
+}
