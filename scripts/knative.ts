@@ -1,0 +1,261 @@
+/**
+ * Knative and cert-manager pieces for tests, built or fetched through the Go module proxy
+ * with the control-plane tools (scripts/controlplane/build.ts):
+ * - Knative Eventing's ApiServerSource receive adapter, built from
+ *   `knative.dev/eventing/cmd/apiserver_receive_adapter` (wrapper module
+ *   scripts/controlplane/go/knative, cached in `.cache/knative/…`), and a helper that runs
+ *   it against a kubeconfig so tests see the CloudEvents a real cluster would send;
+ * - the real CRDs of Knative Serving/Eventing and cert-manager, read from the module cache
+ *   at the versions pinned in scripts/controlplane/go/crds/go.mod, and installed into a
+ *   control plane so manifests can be server-side dry-run against them (SPEC §13).
+ *
+ * `npm run knative:build` builds the adapter ahead of time.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { ApiextensionsV1Api, KubernetesObjectApi, PatchStrategy, loadAllYaml, type KubeConfig, type KubernetesObject, type V1CustomResourceDefinition } from '@kubernetes/client-node';
+import { FIELD_MANAGER } from '../functions/lib/api.ts';
+import { REPO_ROOT, buildGoTools, cacheDir, pinnedVersion, type GoTool } from './controlplane/build.ts';
+import { freePort } from './controlplane/controlplane.ts';
+
+const execFileP = promisify(execFile);
+
+/** The receive adapter's wrapper module (Knative Eventing 1.22 = knative.dev/eventing v0.49.x). */
+export const KNATIVE_TOOLS: readonly GoTool[] = [
+  { module: 'knative', versionOf: 'knative.dev/eventing', packages: ['knative.dev/eventing/cmd/apiserver_receive_adapter'] },
+];
+
+/**
+ * Finds or builds the ApiServerSource receive adapter (about 4 minutes on two cores with an
+ * empty Go cache; cached afterwards until the wrapper go.mod/go.sum change).
+ * @param log progress lines (default stderr).
+ * @returns the absolute path of the `apiserver_receive_adapter` binary.
+ * @throws Error with the tail of the `go` output when the download or build fails.
+ */
+export async function ensureApiServerSourceAdapter(log?: (line: string) => void): Promise<string> {
+  const { binDir } = await buildGoTools(KNATIVE_TOOLS, cacheDir(KNATIVE_TOOLS, 'knative'), log);
+  return join(binDir, 'apiserver_receive_adapter');
+}
+
+/** One watched resource of an ApiServerSource (`K_SOURCE_CONFIG.resources[]`). */
+export interface SourceResource {
+  /** Group, version and plural resource; `Group: ''` for the core group. */
+  gvr: { Group: string; Version: string; Resource: string };
+  /** Optional label selector, e.g. `captf.io/identity-source=true`. */
+  selector?: string;
+}
+
+/**
+ * `K_SOURCE_CONFIG` of the adapter (knative.dev/eventing pkg/adapter/apiserver Config).
+ * `namespaces` is ignored for cluster-scoped resources; `allNamespaces` watches every namespace.
+ */
+export interface SourceConfig {
+  namespaces: string[];
+  allNamespaces: boolean;
+  resources: SourceResource[];
+  /** `Reference` (data = object reference) or `Resource` (data = the object). */
+  mode: 'Reference' | 'Resource';
+}
+
+/** Options of {@link startApiServerSourceAdapter}. */
+export interface AdapterOptions {
+  /** Kubeconfig the adapter lists and watches with (its RBAC is what it can see). */
+  kubeconfigPath: string;
+  /** Where CloudEvents go (HTTP URL, binary mode). */
+  sink: string;
+  source: SourceConfig;
+  /** `NAME` of the ApiServerSource (default `captf-test`). */
+  name?: string;
+  /** `NAMESPACE` of the ApiServerSource (default `captf-system`). */
+  namespace?: string;
+  /** Receives each adapter log line (JSON, from zap). */
+  onLog?: (line: string) => void;
+  /** Time to wait for the adapter to start its watches, in ms (default 60 000). */
+  timeoutMs?: number;
+}
+
+/** A running adapter. */
+export interface RunningAdapter {
+  process: ChildProcess;
+  /** Every log line so far. */
+  logs: string[];
+  /** SIGTERM, then SIGKILL after 5 s; resolves when it exited. Idempotent. */
+  stop(): Promise<void>;
+}
+
+/**
+ * The environment the pinned adapter reads (knative.dev/eventing v0.49 pkg/adapter/v2
+ * EnvConfig + pkg/adapter/apiserver): `K_SOURCE_CONFIG`, `K_SINK`, `NAME`, `NAMESPACE`,
+ * `K_LOGGING_CONFIG`, `K_OBSERVABILITY_CONFIG` (v0.46+; replaces `K_METRICS_CONFIG`),
+ * `SYSTEM_NAMESPACE`, `KUBECONFIG`, and `PROFILING_PORT` (its pprof server, default 8008,
+ * moved to a free port so several adapters can run on one machine).
+ */
+export function adapterEnv(opts: AdapterOptions, profilingPort: number): NodeJS.ProcessEnv {
+  return {
+    PATH: process.env.PATH,
+    HOME: process.env.HOME,
+    KUBECONFIG: opts.kubeconfigPath,
+    K_SOURCE_CONFIG: JSON.stringify(opts.source),
+    K_SINK: opts.sink,
+    NAME: opts.name ?? 'captf-test',
+    NAMESPACE: opts.namespace ?? 'captf-system',
+    K_LOGGING_CONFIG: '{}',
+    K_OBSERVABILITY_CONFIG: '{}',
+    SYSTEM_NAMESPACE: 'knative-eventing',
+    PROFILING_PORT: String(profilingPort),
+  };
+}
+
+/**
+ * Starts the ApiServerSource receive adapter against a kubeconfig, outside any cluster, and
+ * resolves once it logged that its watches are starting (`STARTING -- …`).
+ *
+ * What to know when using it:
+ * - Its health probes listen on :8080, hard-coded upstream; when the port is taken the probe
+ *   server fails quietly and the adapter still works, so several can run at once.
+ * - It is at-most-once: objects that exist when it starts produce no event, and an event
+ *   whose delivery fails is logged and dropped. Its first list/watch may still be in flight
+ *   when this resolves, so a test should change an object until its event arrives rather
+ *   than expect the very first change to be seen.
+ * - Leader election is off (the adapter only enables it when told to).
+ * @returns the running adapter; call `stop()` when done.
+ * @throws Error with the adapter's last log lines when it exits or does not start in time.
+ */
+export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise<RunningAdapter> {
+  const bin = await ensureApiServerSourceAdapter();
+  const env = adapterEnv(opts, await freePort());
+  const child = spawn(bin, [], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const logs: string[] = [];
+  let started!: () => void;
+  const startedP = new Promise<void>((r) => (started = r));
+  const onData = (() => {
+    let partial = '';
+    return (d: Buffer) => {
+      const lines = (partial + d.toString()).split('\n');
+      partial = lines.pop() ?? '';
+      for (const l of lines) {
+        logs.push(l);
+        opts.onLog?.(l);
+        if (l.includes('STARTING -- ')) started();
+      }
+    };
+  })();
+  child.stdout.on('data', onData);
+  child.stderr.on('data', onData);
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  const stop = async () => {
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    child.kill('SIGTERM');
+    const t = setTimeout(() => child.kill('SIGKILL'), 5000);
+    await exited;
+    clearTimeout(t);
+  };
+  process.once('exit', () => child.kill('SIGKILL'));
+  const timeoutMs = opts.timeoutMs ?? 60_000;
+  let timer: NodeJS.Timeout | undefined;
+  const outcome = await Promise.race([
+    startedP.then(() => 'started' as const),
+    exited.then(() => 'exited' as const),
+    new Promise<'timeout'>((r) => (timer = setTimeout(() => r('timeout'), timeoutMs))),
+  ]);
+  clearTimeout(timer);
+  if (outcome !== 'started') {
+    await stop();
+    throw new Error(`apiserver_receive_adapter ${outcome === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : `did not start in ${timeoutMs} ms`}:\n${logs.slice(-20).join('\n')}`);
+  }
+  return { process: child, logs, stop };
+}
+
+/** A third-party CRD file and the pinned module it comes from. */
+interface CrdSource {
+  module: string;
+  files: string[];
+}
+
+/**
+ * The CRDs the manifests use, by module (paths inside the module). Knative Serving's
+ * Service; Eventing's ApiServerSource, PingSource, Broker, Trigger; cert-manager's Issuer
+ * and Certificate.
+ */
+export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
+  { module: 'knative.dev/serving', files: ['config/core/300-resources/service.yaml'] },
+  {
+    module: 'knative.dev/eventing',
+    files: ['apiserversource', 'pingsource', 'broker', 'trigger'].map((n) => `config/core/resources/${n}.yaml`),
+  },
+  {
+    module: 'github.com/cert-manager/cert-manager',
+    files: ['cert-manager.io_issuers.yaml', 'cert-manager.io_certificates.yaml'].map((n) => `deploy/crds/${n}`),
+  },
+];
+
+const CRDS_MODULE_DIR = join(REPO_ROOT, 'scripts', 'controlplane', 'go', 'crds');
+
+/**
+ * Pinned version of a module in scripts/controlplane/go/crds/go.mod.
+ * @throws Error when it is not required there.
+ */
+export function pinnedCrdModuleVersion(module: string): string {
+  return pinnedVersion({ module: 'crds', versionOf: module, packages: [] });
+}
+
+/**
+ * Downloads (or finds in the module cache) each pinned module and parses its CRD files.
+ * @returns the CRDs, each with the module@version it came from.
+ * @throws Error when `go mod download` fails (the module proxy does not serve a version).
+ */
+export async function loadThirdPartyCRDs(): Promise<{ source: string; crd: V1CustomResourceDefinition }[]> {
+  const out: { source: string; crd: V1CustomResourceDefinition }[] = [];
+  for (const src of THIRD_PARTY_CRDS) {
+    const { stdout } = await execFileP('go', ['mod', 'download', '-json', src.module], {
+      cwd: CRDS_MODULE_DIR,
+      env: { ...process.env, GOFLAGS: '-mod=readonly' },
+      maxBuffer: 1 << 20,
+    }).catch((err: { stdout?: string; message: string }) => {
+      throw new Error(`go mod download ${src.module} (in ${CRDS_MODULE_DIR}): ${err.stdout || err.message}`);
+    });
+    const info = JSON.parse(stdout) as { Dir?: string; Version: string; Error?: string };
+    if (!info.Dir) throw new Error(`go mod download ${src.module}: ${info.Error ?? 'no Dir'}`);
+    for (const f of src.files) {
+      for (const doc of loadAllYaml(readFileSync(join(info.Dir, f), 'utf8')) as V1CustomResourceDefinition[]) {
+        if (doc?.kind === 'CustomResourceDefinition') out.push({ source: `${src.module}@${info.Version}/${f}`, crd: doc });
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * Installs the third-party CRDs (server-side apply, forced, field manager
+ * `captf-credentials`) and waits until each is Established.
+ * @returns the CRD names installed.
+ * @throws Error when the API server rejects one or it is not Established in `timeoutMs`.
+ */
+export async function installThirdPartyCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
+  const objects = KubernetesObjectApi.makeApiClient(kc);
+  const ext = kc.makeApiClient(ApiextensionsV1Api);
+  const crds = await loadThirdPartyCRDs();
+  for (const { crd } of crds) {
+    // Upstream files carry a `status` or helm-less labels at most; apply them as they are.
+    await objects.patch(crd as KubernetesObject, undefined, undefined, FIELD_MANAGER, true, PatchStrategy.ServerSideApply);
+  }
+  const names = crds.map((c) => c.crd.metadata!.name!);
+  const deadline = Date.now() + timeoutMs;
+  for (const name of names) {
+    for (;;) {
+      const crd = await ext.readCustomResourceDefinition({ name });
+      if (crd.status?.conditions?.some((c) => c.type === 'Established' && c.status === 'True')) break;
+      if (Date.now() > deadline) throw new Error(`CRD ${name} not Established after ${timeoutMs} ms`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+  return names;
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  console.log(`apiserver_receive_adapter: ${await ensureApiServerSourceAdapter()}`);
+  for (const { source } of await loadThirdPartyCRDs()) console.log(`CRD: ${source}`);
+}
