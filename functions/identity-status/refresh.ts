@@ -45,10 +45,14 @@ export interface RefreshResult {
   durationMs: number;
 }
 
-// Ask for metadata only (Kubernetes "PartialObjectMetadata"): RBAC is the same as a normal
-// get/list, but the API server never sends the Secret's data.
-const METADATA: ConfigurationOptions = setHeaderOptions('Accept', 'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1');
-const METADATA_LIST: ConfigurationOptions = setHeaderOptions('Accept', 'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1');
+/**
+ * Request options asking the API server for metadata only (`PartialObjectMetadata`, see
+ * Kubernetes "API concepts: receiving resources as tables/metadata"): RBAC is the same as a
+ * normal get, but no Secret data is ever sent to this function.
+ */
+export const METADATA: ConfigurationOptions = setHeaderOptions('Accept', 'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1');
+/** {@link METADATA} for list calls (`PartialObjectMetadataList`). */
+export const METADATA_LIST: ConfigurationOptions = setHeaderOptions('Accept', 'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1');
 const APPLY: ConfigurationOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
 
 interface IdentityList {

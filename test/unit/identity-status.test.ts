@@ -1,0 +1,122 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { CloudEvent } from 'cloudevents';
+import { API_VERSION, DEFAULT_CONSUMER_KINDS, IDENTITY_KIND, type Condition, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import { classifyEvent } from '../../functions/lib/cloudevents.ts';
+import { HttpError } from '../../functions/lib/http.ts';
+import { planFor } from '../../functions/identity-status/handler.ts';
+import { statusConfigFromEnv } from '../../functions/identity-status/index.ts';
+import { decideStatus, namespacesInUse, readyCondition, statusApplyBody, type SourceState } from '../../functions/identity-status/status.ts';
+
+const t1 = new Date('2026-03-01T10:00:00.500Z');
+const t2 = new Date('2026-03-02T10:00:00Z');
+const identity = (status?: TerraformClusterIdentity['status'], generation = 3): TerraformClusterIdentity => ({
+  apiVersion: API_VERSION,
+  kind: IDENTITY_KIND,
+  metadata: { name: 'aws-prod', generation, resourceVersion: '42' },
+  spec: { secretRef: { name: 'aws-creds', namespace: 'captf-system' } },
+  ...(status ? { status } : {}),
+});
+const cond = (c: Partial<Condition>): Condition => ({ type: 'Ready', status: 'True', reason: 'SecretFound', message: 'source Secret captf-system/aws-creds exists', lastTransitionTime: '2026-01-01T00:00:00Z', observedGeneration: 3, ...c });
+const noUse = { consumerNamespaces: [], mirrorNamespaces: [] };
+
+describe('identity-status: Ready condition (SPEC §9)', () => {
+  const table: [SourceState, 'True' | 'False', string, RegExp][] = [
+    ['found', 'True', 'SecretFound', /captf-system\/aws-creds exists/],
+    ['not-found', 'False', 'SecretNotFound', /captf-system\/aws-creds does not exist/],
+    ['forbidden', 'False', 'SecretUnreadable', /not allowed to get source Secret captf-system\/aws-creds \(403\)/],
+  ];
+  for (const [source, status, reason, message] of table) {
+    it(`source ${source} → Ready=${status}/${reason} with observedGeneration`, () => {
+      const c = readyCondition(identity(), source);
+      assert.equal(c.type, 'Ready');
+      assert.equal(c.status, status);
+      assert.equal(c.reason, reason);
+      assert.match(c.message, message);
+      assert.equal(c.observedGeneration, 3);
+    });
+  }
+});
+
+describe('identity-status: status.namespaces (SPEC §9)', () => {
+  const table: [string, string[], string[], string[]][] = [
+    ['nothing in use', [], [], []],
+    ['consumers only, duplicates collapse', ['b', 'a', 'b'], [], ['a', 'b']],
+    ['mirrors only (users gone, mirror left)', [], ['z'], ['z']],
+    ['union, sorted by code unit', ['team-b', 'Team-A'], ['team-b', 'a'], ['Team-A', 'a', 'team-b']],
+    ['the empty name is dropped', [''], ['x'], ['x']],
+  ];
+  for (const [what, consumerNamespaces, mirrorNamespaces, want] of table) {
+    it(what, () => assert.deepEqual(namespacesInUse({ consumerNamespaces, mirrorNamespaces }), want));
+  }
+});
+
+describe('identity-status: change detection', () => {
+  const table: [string, TerraformClusterIdentity['status'] | undefined, SourceState, string[], string[]][] = [
+    ['fresh identity, no users: Ready only', undefined, 'found', [], ['Ready']],
+    ['fresh identity with a user: both', undefined, 'found', ['a'], ['Ready', 'namespaces']],
+    ['nothing changed', { conditions: [cond({})], namespaces: ['a'] }, 'found', ['a'], []],
+    ['absent namespaces equal an empty list', { conditions: [cond({})] }, 'found', [], []],
+    ['status flips', { conditions: [cond({})], namespaces: [] }, 'not-found', [], ['Ready']],
+    ['reason changes, status does not', { conditions: [cond({ status: 'False', reason: 'SecretNotFound', message: 'x' })], namespaces: [] }, 'forbidden', [], ['Ready']],
+    ['message changes only', { conditions: [cond({ message: 'old words' })], namespaces: [] }, 'found', [], ['Ready']],
+    ['generation moved on', { conditions: [cond({ observedGeneration: 2 })], namespaces: [] }, 'found', [], ['Ready']],
+    ['namespace added', { conditions: [cond({})], namespaces: ['a'] }, 'found', ['a', 'b'], ['namespaces']],
+    ['namespace removed', { conditions: [cond({})], namespaces: ['a', 'b'] }, 'found', ['b'], ['namespaces']],
+    ['other condition types are not ours to compare', { conditions: [cond({}), cond({ type: 'Audited', status: 'False' })], namespaces: [] }, 'found', [], []],
+  ];
+  for (const [what, status, source, used, changed] of table) {
+    it(what, () => {
+      const d = decideStatus(identity(status), source, { consumerNamespaces: used, mirrorNamespaces: [] }, t2);
+      assert.deepEqual(d.changed, changed);
+    });
+  }
+
+  it('keeps lastTransitionTime unless the status flips', () => {
+    const kept = decideStatus(identity({ conditions: [cond({ message: 'old' })] }), 'found', noUse, t2);
+    assert.equal(kept.ready.lastTransitionTime, '2026-01-01T00:00:00Z');
+    const flipped = decideStatus(identity({ conditions: [cond({})] }), 'not-found', noUse, t2);
+    assert.equal(flipped.ready.lastTransitionTime, '2026-03-02T10:00:00Z');
+    const fresh = decideStatus(identity(), 'found', noUse, t1);
+    assert.equal(fresh.ready.lastTransitionTime, '2026-03-01T10:00:00Z');
+  });
+
+  it('the apply body carries only Ready, namespaces and the resourceVersion precondition', () => {
+    const id = identity({ conditions: [cond({ type: 'Audited' })], namespaces: ['old'] });
+    const d = decideStatus(id, 'found', { consumerNamespaces: ['a'], mirrorNamespaces: [] }, t1);
+    assert.deepEqual(statusApplyBody(id, d), {
+      apiVersion: API_VERSION,
+      kind: IDENTITY_KIND,
+      metadata: { name: 'aws-prod', resourceVersion: '42' },
+      status: { conditions: [d.ready], namespaces: ['a'] },
+    });
+  });
+});
+
+describe('identity-status: which events refresh what', () => {
+  const ev = (type: string, data: unknown) => new CloudEvent<unknown>({ specversion: '1.0', id: 'x', source: '/s', type, datacontenttype: 'application/json', data });
+  const classify = (e: CloudEvent<unknown>) => classifyEvent(e, DEFAULT_CONSUMER_KINDS);
+  const idRef = (name: string) => ev('dev.knative.apiserver.ref.update', { apiVersion: API_VERSION, kind: IDENTITY_KIND, name });
+  const idObj = (name: string) => ev('dev.knative.apiserver.resource.delete', { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name } });
+
+  it('identity events in either mode name identities, once each, in order', () => {
+    assert.deepEqual(planFor([idRef('b'), idObj('a'), idRef('b')].map(classify)), { kind: 'named', names: ['b', 'a'] });
+  });
+  it('any ping makes it a full refresh', () => {
+    assert.deepEqual(planFor([idRef('b'), ev('dev.knative.sources.ping', {})].map(classify)), { kind: 'all' });
+  });
+  it('an event about another kind is refused with 422 naming it', () => {
+    const consumer = ev('dev.knative.apiserver.ref.add', { apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'c', namespace: 'team-a' });
+    assert.throws(() => planFor([idRef('a'), consumer].map(classify)), (e: unknown) => e instanceof HttpError && e.status === 422 && /TerraformCluster team-a\/c/.test(e.message));
+    const ns = ev('dev.knative.apiserver.resource.update', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'team-a' } });
+    assert.throws(() => planFor([classify(ns)]), (e: unknown) => e instanceof HttpError && e.status === 422);
+  });
+});
+
+describe('identity-status: configuration', () => {
+  it('defaults to concurrency 8 and every identity', () => assert.deepEqual(statusConfigFromEnv({}), { concurrency: 8, identitySelector: undefined }));
+  it('reads both variables', () =>
+    assert.deepEqual(statusConfigFromEnv({ CAPTF_STATUS_CONCURRENCY: '3', CAPTF_STATUS_IDENTITY_SELECTOR: ' team=a ' }), { concurrency: 3, identitySelector: 'team=a' }));
+  for (const bad of ['0', '65', '2.5', 'many'])
+    it(`refuses CAPTF_STATUS_CONCURRENCY=${bad}`, () => assert.throws(() => statusConfigFromEnv({ CAPTF_STATUS_CONCURRENCY: bad }), /CAPTF_STATUS_CONCURRENCY/));
+});
