@@ -61,3 +61,28 @@ export async function render(dir: string): Promise<KubernetesObject[]> {
 if (import.meta.url === `file://${process.argv[1]}`) {
   process.stdout.write(await renderYaml(process.argv[2] ?? 'manifests'));
 }
+
+/** Kinds in the rendered manifests that are cluster-scoped (everything else is namespaced). */
+export const CLUSTER_SCOPED_KINDS: ReadonlySet<string> = new Set([
+  'Namespace', 'ClusterRole', 'ClusterRoleBinding', 'CustomResourceDefinition', 'ValidatingWebhookConfiguration',
+]);
+
+/**
+ * Moves rendered objects from `captf-system` into `namespace` (tests install them into their
+ * own namespace): namespaced objects' `metadata.namespace`, binding subjects, the webhook's
+ * service reference and the cainjector annotation. Returns new objects; the input is unchanged.
+ */
+export function relocate<T extends KubernetesObject>(objects: readonly T[], namespace: string, from = 'captf-system'): T[] {
+  return objects.map((o) => {
+    const c = structuredClone(o) as T & {
+      subjects?: { namespace?: string }[];
+      webhooks?: { clientConfig?: { service?: { namespace?: string } } }[];
+    };
+    if (!CLUSTER_SCOPED_KINDS.has(c.kind!) && c.metadata) c.metadata.namespace = namespace;
+    for (const s of c.subjects ?? []) if (s.namespace === from) s.namespace = namespace;
+    for (const w of c.webhooks ?? []) if (w.clientConfig?.service?.namespace === from) w.clientConfig.service.namespace = namespace;
+    const ann = c.metadata?.annotations;
+    if (ann?.['cert-manager.io/inject-ca-from']?.startsWith(`${from}/`)) ann['cert-manager.io/inject-ca-from'] = ann['cert-manager.io/inject-ca-from'].replace(`${from}/`, `${namespace}/`);
+    return c;
+  });
+}
