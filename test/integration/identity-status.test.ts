@@ -5,6 +5,7 @@
  * with CAPTF_STATUS_IDENTITY_SELECTOR so other test files' identities are never touched.
  */
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions } from '@kubernetes/client-node';
 import { CloudEvent } from 'cloudevents';
@@ -29,7 +30,7 @@ const cap = captureLogger('identity-status');
 const planted: string[] = [];
 const responses: string[] = [];
 const fnUserName = `idst-fn-${run}`;
-let fnUser: Clients;
+let fnUser: Clients & { kubeconfigPath: string };
 let fn: FunctionHandle;
 let url: string;
 let src: string; // namespace of readable source Secrets
@@ -383,6 +384,38 @@ describe('identity-status (SPEC §9)', () => {
     }
     // Still serving after all of that.
     assert.equal((await identityEvent(name)).status, 200);
+  });
+
+  it('runs as a process (npm run function -- identity-status): PORT, JSON logs, and SIGTERM lets an in-flight ping finish', async () => {
+    const name = idName('process');
+    await createSource(src, `${name}-src`);
+    await createIdentity(name, { name: `${name}-src`, namespace: src });
+    const child = spawn(process.execPath, ['functions/main.ts', 'identity-status'], {
+      env: { ...process.env, KUBECONFIG: fnUser.kubeconfigPath, PORT: '0', CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`, LOG_LEVEL: 'info' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
+    try {
+      const port = await eventually('the process to listen', async () => {
+        const line = out.split('\n').find((l) => l.includes('"listening"'));
+        return line ? (JSON.parse(line) as { port: number }).port : undefined;
+      }, 30_000);
+      const pending = postEvents(`http://127.0.0.1:${port}/`, pingEvent('identity-status'));
+      await eventually('the ping to be in flight', async () => out.includes('"identity refreshed"'), 30_000);
+      child.kill('SIGTERM');
+      const r = await pending;
+      responses.push(r.text);
+      assert.equal(r.status, 200, r.text);
+      assert.equal(await exited, 0, out);
+      assert.match(out, /"message":"stopped"/);
+      assert.equal(ready(await getIdentity(name))?.reason, 'SecretFound');
+      cap.lines.push(...out.split('\n').filter(Boolean)); // scanned for planted values in after()
+    } finally {
+      if (child.exitCode === null) child.kill('SIGKILL');
+    }
   });
 
   it('refreshes 200 identities in one ping with bounded concurrency', async (t) => {
