@@ -26,6 +26,7 @@ export interface ObjectMeta {
   labels?: Record<string, string>;
   annotations?: Record<string, string>;
   deletionTimestamp?: string | Date;
+  finalizers?: string[];
   ownerReferences?: OwnerReference[];
 }
 

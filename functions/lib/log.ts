@@ -33,13 +33,13 @@ export type Logger = winston.Logger;
  * @param component function name, written as `component` on every line.
  * @param opts.level winston level (default `$LOG_LEVEL` or `info`); opts.stream overrides
  *   stdout (tests capture lines this way).
- * @returns a winston Logger writing `{"level","message","component","time",…}` lines.
+ * @returns a winston Logger writing `{"level","message","component","timestamp",…}` lines.
  */
 export function createLogger(component: string, opts: { level?: string; stream?: NodeJS.WritableStream } = {}): Logger {
   return winston.createLogger({
     level: opts.level ?? process.env.LOG_LEVEL ?? 'info',
     defaultMeta: { component },
-    format: winston.format.combine(redact(), winston.format.timestamp({ alias: 'time' }), winston.format.json()),
+    format: winston.format.combine(redact(), winston.format.timestamp(), winston.format.json()),
     transports: [opts.stream ? new winston.transports.Stream({ stream: opts.stream }) : new winston.transports.Console()],
   });
 }

@@ -1,0 +1,52 @@
+/**
+ * mirror-sync: the per-object credential mirror (SPEC §3–§8, §12). `POST /` takes
+ * CloudEvents (ApiServerSource, PingSource), `POST /prepare` answers the provider's
+ * manager before a Job starts, `GET /healthz`. Started by `functions/main.ts mirror-sync`.
+ */
+import { createServer } from 'node:http';
+import { consumerKindsFromEnv } from '../lib/consumers.ts';
+import { closeServer, createApp, errorHandler, listen, type FunctionHandle, type StartOptions } from '../lib/http.ts';
+import { loadKubeConfig } from '../lib/kube.ts';
+import { createLogger } from '../lib/log.ts';
+import { eventsHandler, type EventConfig } from './handler.ts';
+import { prepare } from './prepare.ts';
+import type { ReconcileDeps } from './reconcile.ts';
+
+/** Default reconciles in flight per request. */
+export const DEFAULT_CONCURRENCY = 8;
+
+/**
+ * Reads mirror-sync's configuration from the environment.
+ * @throws Error naming the bad variable.
+ */
+export function configFromEnv(env: NodeJS.ProcessEnv): EventConfig {
+  const raw = env.CAPTF_CONCURRENCY ?? String(DEFAULT_CONCURRENCY);
+  const concurrency = Number(raw);
+  if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 256) throw new Error(`CAPTF_CONCURRENCY=${raw} must be an integer from 1 to 256`);
+  const flag = env.CAPTF_SOURCE_SECRET_EVENTS ?? 'false';
+  if (flag !== 'true' && flag !== 'false') throw new Error(`CAPTF_SOURCE_SECRET_EVENTS=${flag} must be true or false`);
+  const sink = env.K_SINK || undefined;
+  if (sink) new URL(sink);
+  return { concurrency, sink, sourceSecretEvents: flag === 'true' };
+}
+
+/**
+ * Starts mirror-sync's HTTP server.
+ * @returns the running function. @throws Error on bad configuration or a failed listen.
+ */
+export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
+  const env = opts.env ?? process.env;
+  const logger = opts.logger ?? createLogger('mirror-sync');
+  const deps: ReconcileDeps = { kc: opts.kubeconfig ?? loadKubeConfig(), kinds: consumerKindsFromEnv(env), logger };
+  const cfg = configFromEnv(env);
+  const app = createApp();
+  app.post('/', eventsHandler(deps, cfg));
+  app.post('/prepare', async (req, res) => {
+    const answer = await prepare(deps, typeof req.body === 'string' ? req.body : '');
+    res.status(answer.status).json(answer.body);
+  });
+  app.use(errorHandler(logger));
+  const server = createServer(app);
+  const port = await listen(server, opts.port ?? 8080, opts.host);
+  return { server, port, scheme: 'http', logger, close: () => closeServer(server) };
+}

@@ -1,0 +1,89 @@
+/**
+ * SPEC §5: the synchronous `POST /prepare` the provider's manager calls before it creates a
+ * Terraform Job. Runs the reconcile now and answers 200 `{mirror, sourceHash}` only when the
+ * mirror is current and carries this object's owner reference; otherwise a non-2xx JSON
+ * body with the reason, so a destroy never starts with stale or missing credentials.
+ */
+import type { ConsumerKind } from '../lib/api.ts';
+import { findConsumerKind } from '../lib/consumers.ts';
+import { HttpError } from '../lib/http.ts';
+import { makeClients } from '../lib/kube.ts';
+import { reconcileConsumer, mirrorReadyFor, type ReconcileDeps, type ReconcileResult } from './reconcile.ts';
+
+/** A prepare request: the consumer the Job is for. */
+export interface PrepareRequest {
+  apiVersion: string;
+  kind: string;
+  namespace: string;
+  name: string;
+}
+
+/** The JSON answer of prepare. */
+export interface PrepareAnswer {
+  status: number;
+  body: { mirror?: string; sourceHash?: string; namespace?: string; reason?: string; error?: string };
+}
+
+/**
+ * Parses and validates the body of `POST /prepare`.
+ * @throws HttpError 400 naming the missing or bad field, or the unknown kind.
+ */
+export function parsePrepareRequest(raw: string, kinds: readonly ConsumerKind[]): { req: PrepareRequest; kind: ConsumerKind } {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw);
+  } catch {
+    throw new HttpError(400, 'body must be JSON: {"apiVersion","kind","namespace","name"}', 'BadRequest');
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'body must be a JSON object', 'BadRequest');
+  const b = body as Record<string, unknown>;
+  for (const f of ['apiVersion', 'kind', 'namespace', 'name']) {
+    if (typeof b[f] !== 'string' || b[f] === '') throw new HttpError(400, `field ${f} must be a non-empty string`, 'BadRequest');
+  }
+  const req = { apiVersion: b.apiVersion as string, kind: b.kind as string, namespace: b.namespace as string, name: b.name as string };
+  const kind = findConsumerKind(kinds, req.apiVersion, req.kind);
+  if (!kind) {
+    throw new HttpError(400, `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map((k) => `${k.group}/${k.version}/${k.kind}`).join(', ')})`, 'UnknownKind');
+  }
+  return { req, kind };
+}
+
+/** Maps a reconcile result to prepare's HTTP answer (reasons as in SPEC §5/§16). */
+export function prepareAnswer(r: ReconcileResult, ready: boolean): PrepareAnswer {
+  switch (r.outcome) {
+    case 'mirrored':
+      return ready
+        ? { status: 200, body: { mirror: r.mirror!, sourceHash: r.sourceHash!, namespace: r.object.split('/')[0]! } }
+        : { status: 503, body: { reason: 'MirrorFailed', error: 'the mirror changed while preparing; call prepare again' } };
+    case 'not-allowed':
+      return { status: 403, body: { reason: 'IdentityNotAllowed', error: r.message } };
+    case 'mirror-failed':
+      return { status: 409, body: { reason: 'MirrorFailed', error: r.message } };
+    case 'source-not-found':
+      return { status: 503, body: { reason: 'SourceNotFound', error: r.message } };
+    case 'identity-not-found':
+      return { status: 503, body: { reason: 'IdentityNotFound', error: r.message } };
+    case 'gone':
+      return { status: 404, body: { reason: 'ObjectNotFound', error: `${r.kind} ${r.object} does not exist` } };
+    case 'no-identity-ref':
+      return { status: 422, body: { reason: 'NoIdentityRef', error: r.message } };
+    default:
+      return { status: 503, body: { reason: r.reason, error: r.message } };
+  }
+}
+
+/**
+ * Runs prepare for one request: reconcile, then re-read the mirror to confirm it is current
+ * and carries this object's owner reference (exact UID).
+ */
+export async function prepare(deps: ReconcileDeps, raw: string): Promise<PrepareAnswer> {
+  const { req, kind } = parsePrepareRequest(raw, deps.kinds);
+  const result = await reconcileConsumer(deps, { kind, namespace: req.namespace, name: req.name });
+  let ready = false;
+  if (result.outcome === 'mirrored') {
+    const clients = makeClients(deps.kc);
+    const obj = (await clients.custom.getNamespacedCustomObject({ group: kind.group, version: kind.version, plural: kind.plural, namespace: req.namespace, name: req.name })) as { metadata: { uid: string } };
+    ready = await mirrorReadyFor(clients, req.namespace, result.identity!, result.sourceHash!, { apiVersion: req.apiVersion, kind: req.kind, name: req.name, uid: obj.metadata.uid });
+  }
+  return prepareAnswer(result, ready);
+}

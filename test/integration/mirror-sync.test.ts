@@ -1,0 +1,408 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { API_VERSION, GROUP, VERSION } from '../../functions/lib/api.ts';
+import { isOurs, mirrorName, sourceHash, ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MANAGED, LABEL_MIRRORED } from '../../functions/lib/mirror.ts';
+import { start } from '../../functions/mirror-sync/index.ts';
+import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { admin, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { apiServerEvent } from '../helpers/events.ts';
+import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import {
+  conditionOf, consumerEvent, createConsumer, deleteConsumer, deleteIdentity, deliver, getConsumer, getMirror, putIdentity,
+} from '../helpers/mirror-sync.ts';
+
+const a = admin();
+const ns = namespaces('ms');
+const log = captureLogger('mirror-sync');
+const SECRET_VALUES = [sentinel(), sentinel()];
+const responses: string[] = [];
+let fn: FunctionHandle;
+let url: string;
+let sourceNs: string;
+const source = { name: 'cloud-creds', namespace: '' };
+
+const b64 = (s: string) => Buffer.from(s).toString('base64');
+/** Sends an event and remembers the response text for the leak scan. */
+async function send(...args: Parameters<typeof deliver>) {
+  const r = await deliver(...args);
+  responses.push(r.text);
+  return r;
+}
+async function newIdentity(allowed: Parameters<typeof putIdentity>[3]) {
+  const name = `id-${suffix()}`;
+  ns.onCleanup(() => deleteIdentity(a, name));
+  await putIdentity(a, name, source, allowed);
+  return name;
+}
+
+before(async () => {
+  sourceNs = await ns.create();
+  source.namespace = sourceNs;
+  await a.core.createNamespacedSecret({ namespace: sourceNs, body: { metadata: { name: source.name }, data: { AWS_ACCESS_KEY_ID: b64(SECRET_VALUES[0]!), AWS_SECRET_ACCESS_KEY: b64(SECRET_VALUES[1]!) } } });
+  fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
+  url = `http://127.0.0.1:${fn.port}`;
+});
+after(async () => {
+  await fn?.close();
+});
+
+describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
+  it('creating a consumer makes a mirror with exact labels, annotations, data and one owner reference', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'cluster-1', id);
+    const r = await send(`${url}/`, consumerEvent(c, 'ref', 'add'));
+    assert.equal(r.status, 200, r.text);
+    const m = (await getMirror(a, n, id))!;
+    assert.equal(m.metadata!.name, `captf-creds-${id}`);
+    assert.equal(m.type, 'Opaque');
+    assert.deepEqual(m.metadata!.labels, { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true' });
+    const src = await a.core.readNamespacedSecret({ name: source.name, namespace: sourceNs });
+    assert.deepEqual(m.metadata!.annotations, { [ANNOTATION_SOURCE_HASH]: sourceHash(src.data), [ANNOTATION_IDENTITY]: id });
+    assert.deepEqual(m.data, src.data);
+    assert.equal(m.metadata!.ownerReferences!.length, 1);
+    const ref = m.metadata!.ownerReferences![0]!;
+    assert.deepEqual({ apiVersion: ref.apiVersion, kind: ref.kind, name: ref.name, uid: ref.uid }, { apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'cluster-1', uid: c.metadata.uid });
+    assert.equal(ref.controller, undefined);
+    assert.equal(ref.blockOwnerDeletion, undefined);
+    const obj = await getConsumer(a, n, 'cluster-1');
+    assert.deepEqual(conditionOf(obj, 'IdentityAllowed')?.reason, 'NamespaceAllowed');
+    assert.equal(conditionOf(obj, 'IdentityAllowed')?.status, 'True');
+    assert.equal(conditionOf(obj, 'CredentialsMirrored')?.status, 'True');
+    assert.equal(conditionOf(obj, 'CredentialsMirrored')?.reason, 'Mirrored');
+    assert.equal((obj.status!.conditions!.find((x) => x.type === 'CredentialsMirrored') as { observedGeneration?: number }).observedGeneration, obj.metadata.generation);
+    const events = { items: (await a.events.listNamespacedEvent({ namespace: n })).items.filter((e) => e.regarding?.name === 'cluster-1') };
+    assert.deepEqual(events.items.map((e) => e.reason).sort(), ['Mirrored', 'NamespaceAllowed']);
+    assert.ok(events.items.every((e) => e.reportingController === 'captf.io/mirror-sync'));
+  });
+
+  it('repeated no-op reconciles write nothing: mirror and object resourceVersions stay the same', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'steady', id);
+    assert.equal((await send(`${url}/`, consumerEvent(c))).status, 200);
+    const m1 = (await getMirror(a, n, id))!;
+    const o1 = await getConsumer(a, n, 'steady');
+    for (let i = 0; i < 3; i++) {
+      assert.equal((await send(`${url}/`, consumerEvent(c, i % 2 ? 'resource' : 'ref'))).status, 200);
+    }
+    assert.equal((await getMirror(a, n, id))!.metadata!.resourceVersion, m1.metadata!.resourceVersion);
+    assert.equal((await getConsumer(a, n, 'steady')).metadata.resourceVersion, o1.metadata.resourceVersion);
+    const lines = log.entries().filter((e) => e.message === 'reconcile' && e.object === `${n}/steady`);
+    assert.ok(lines.length >= 4);
+    const last = lines.at(-1)!;
+    assert.equal(last.outcome, 'mirrored');
+    assert.equal(last.identity, id);
+    assert.equal(typeof last.durationMs, 'number');
+    assert.equal(typeof last.apiCalls, 'number');
+    assert.ok((last.apiCalls as number) >= 5, 'object, list of mirrors, identity, namespace, source, mirror');
+  });
+
+  it('a rotated source reaches the mirror on the next reconcile', async () => {
+    const n = await ns.create();
+    const srcName = `rot-${suffix()}`;
+    await a.core.createNamespacedSecret({ namespace: sourceNs, body: { metadata: { name: srcName }, data: { k: b64('v1') } } });
+    const id = `id-${suffix()}`;
+    ns.onCleanup(() => deleteIdentity(a, id));
+    await putIdentity(a, id, { name: srcName, namespace: sourceNs }, { list: [n] });
+    const c = await createConsumer(a, n, 'rot', id);
+    await send(`${url}/`, consumerEvent(c));
+    assert.equal((await getMirror(a, n, id))!.data!.k, b64('v1'));
+    await a.core.replaceNamespacedSecret({ name: srcName, namespace: sourceNs, body: { metadata: { name: srcName }, data: { k: b64('v2'), extra: b64('x') } } });
+    await send(`${url}/`, consumerEvent(c));
+    const m = (await getMirror(a, n, id))!;
+    assert.deepEqual(m.data, { k: b64('v2'), extra: b64('x') });
+    assert.equal(m.metadata!.annotations![ANNOTATION_SOURCE_HASH], sourceHash(m.data));
+  });
+
+  it('narrowing the list revokes: the mirror is deleted and conditions say why', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n, 'elsewhere'] });
+    const c = await createConsumer(a, n, 'narrowed', id);
+    await send(`${url}/`, consumerEvent(c));
+    assert.ok(await getMirror(a, n, id));
+    const ident = await putIdentity(a, id, source, { list: ['elsewhere'] });
+    const r = await send(`${url}/`, apiServerEvent(ident as never, 'ref', 'update', 'terraformclusteridentities'));
+    assert.equal(r.status, 200, r.text);
+    assert.equal(await getMirror(a, n, id), undefined);
+    const obj = await getConsumer(a, n, 'narrowed');
+    assert.equal(conditionOf(obj, 'IdentityAllowed')?.status, 'False');
+    assert.equal(conditionOf(obj, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
+    assert.equal(conditionOf(obj, 'CredentialsMirrored'), undefined, 'no stale Mirrored=True after revocation');
+    const events = { items: (await a.events.listNamespacedEvent({ namespace: n })).items.filter((e) => e.regarding?.name === 'narrowed') };
+    assert.ok(events.items.some((e) => e.reason === 'NamespaceNotAllowed' && e.type === 'Warning'));
+  });
+
+  it('relabelling the namespace revokes a selector identity (namespace event fans out)', async () => {
+    const label = `tenant-${suffix()}`;
+    const n = await ns.create({ 'captf.io/tenant': label });
+    const id = await newIdentity({ selector: { matchLabels: { 'captf.io/tenant': label } } });
+    const c = await createConsumer(a, n, 'relabel', id);
+    await send(`${url}/`, consumerEvent(c));
+    assert.ok(await getMirror(a, n, id));
+    const nsObj = await a.core.readNamespace({ name: n });
+    nsObj.metadata!.labels = { 'captf.io/tenant': 'someone-else' };
+    const updated = await a.core.replaceNamespace({ name: n, body: nsObj });
+    const r = await send(`${url}/`, apiServerEvent(updated as never, 'resource', 'update', 'namespaces'));
+    assert.equal(r.status, 200, r.text);
+    assert.equal(await getMirror(a, n, id), undefined);
+    assert.equal(conditionOf(await getConsumer(a, n, 'relabel'), 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
+  });
+
+  it('deleting the identity revokes: mirror deleted, IdentityNotFound, and the event asks for a retry', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'orphaned', id);
+    await send(`${url}/`, consumerEvent(c));
+    assert.ok(await getMirror(a, n, id));
+    await deleteIdentity(a, id);
+    const r = await send(`${url}/`, apiServerEvent({ apiVersion: API_VERSION, kind: 'TerraformClusterIdentity', metadata: { name: id } }, 'ref', 'delete', 'terraformclusteridentities'), { retries: 0 });
+    assert.equal(r.status, 503, 'IdentityNotFound is retryable');
+    assert.equal(await getMirror(a, n, id), undefined);
+    const cond = conditionOf(await getConsumer(a, n, 'orphaned'), 'IdentityAllowed');
+    assert.equal(cond?.status, 'False');
+    assert.equal(cond?.reason, 'IdentityNotFound');
+  });
+
+  it('an object deleted and recreated under the same name gets its stale owner reference replaced', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const keep = await createConsumer(a, n, 'keeper', id, 'TerraformMachine');
+    const c1 = await createConsumer(a, n, 'phoenix', id);
+    await send(`${url}/`, [consumerEvent(keep), consumerEvent(c1)], { mode: 'batch' });
+    await deleteConsumer(a, n, 'phoenix');
+    const c2 = await createConsumer(a, n, 'phoenix', id);
+    assert.notEqual(c1.metadata.uid, c2.metadata.uid);
+    await send(`${url}/`, consumerEvent(c2, 'resource', 'add'));
+    const refs = (await getMirror(a, n, id))!.metadata!.ownerReferences!;
+    const phoenix = refs.filter((r) => r.name === 'phoenix');
+    assert.deepEqual(phoenix.map((r) => r.uid), [c2.metadata.uid]);
+    assert.ok(refs.some((r) => r.name === 'keeper' && r.kind === 'TerraformMachine'));
+  });
+
+  it('a mirror deleted by hand is recreated; one edited by hand (annotation kept) is repaired', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'repair', id);
+    await send(`${url}/`, consumerEvent(c));
+    const good = (await getMirror(a, n, id))!;
+    await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n });
+    await send(`${url}/`, consumerEvent(c));
+    assert.deepEqual((await getMirror(a, n, id))!.data, good.data);
+    const m = (await getMirror(a, n, id))!;
+    m.data = { ...m.data, AWS_SECRET_ACCESS_KEY: b64('tampered') };
+    await a.core.replaceNamespacedSecret({ name: mirrorName(id), namespace: n, body: m });
+    assert.equal((await getMirror(a, n, id))!.metadata!.annotations![ANNOTATION_SOURCE_HASH], good.metadata!.annotations![ANNOTATION_SOURCE_HASH]);
+    await send(`${url}/`, consumerEvent(c));
+    assert.deepEqual((await getMirror(a, n, id))!.data, good.data);
+  });
+
+  it('a blocking non-mirror Secret is never written; MirrorFailed until it is removed, then the mirror appears', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const blocker = await a.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: mirrorName(id), labels: { [LABEL_MIRRORED]: 'true' }, annotations: { [ANNOTATION_IDENTITY]: 'some-other-identity' } }, data: { mine: b64('hands off') } } });
+    const c = await createConsumer(a, n, 'blocked', id);
+    const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
+    assert.equal(r.status, 200, 'a blocking Secret needs a human, not a retry storm');
+    const still = (await getMirror(a, n, id))!;
+    assert.equal(still.metadata!.resourceVersion, blocker.metadata!.resourceVersion);
+    assert.ok(!isOurs(still, id));
+    const cond = conditionOf(await getConsumer(a, n, 'blocked'), 'CredentialsMirrored');
+    assert.equal(cond?.status, 'False');
+    assert.equal(cond?.reason, 'MirrorFailed');
+    assert.match(cond!.message, new RegExp(`Secret ${n}/${mirrorName(id)} exists and is not a mirror`));
+    // Deleting the consumer must not delete someone else's Secret either.
+    await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n });
+    await send(`${url}/`, consumerEvent(c));
+    assert.ok(isOurs(await getMirror(a, n, id), id));
+    assert.equal(conditionOf(await getConsumer(a, n, 'blocked'), 'CredentialsMirrored')?.reason, 'Mirrored');
+  });
+
+  it('a missing source Secret gives SourceNotFound and a retry', async () => {
+    const n = await ns.create();
+    const id = `id-${suffix()}`;
+    ns.onCleanup(() => deleteIdentity(a, id));
+    await putIdentity(a, id, { name: 'does-not-exist', namespace: sourceNs }, { list: [n] });
+    const c = await createConsumer(a, n, 'nosource', id);
+    const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
+    assert.equal(r.status, 503);
+    const cond = conditionOf(await getConsumer(a, n, 'nosource'), 'CredentialsMirrored');
+    assert.equal(cond?.reason, 'SourceNotFound');
+    assert.match(cond!.message, /does-not-exist/);
+    assert.equal(await getMirror(a, n, id), undefined);
+  });
+
+  it('the last user\'s deletion deletes the mirror, but not while another user exists', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c1 = await createConsumer(a, n, 'first', id);
+    const c2 = await createConsumer(a, n, 'second', id, 'TerraformMachine');
+    await send(`${url}/`, [consumerEvent(c1), consumerEvent(c2)], { mode: 'batch' });
+    assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 2);
+    await deleteConsumer(a, n, 'first');
+    await send(`${url}/`, consumerEvent(c1, 'resource', 'delete'));
+    const m = await getMirror(a, n, id);
+    assert.ok(m, 'still used by the second consumer');
+    assert.deepEqual(m.metadata!.ownerReferences!.map((r) => r.name), ['second']);
+    await deleteConsumer(a, n, 'second', 'TerraformMachine');
+    await send(`${url}/`, consumerEvent(c2, 'ref', 'delete'));
+    // Our delete, or the garbage collector's: either way the credentials are gone.
+    await eventually('mirror deleted after the last user', async () => (await getMirror(a, n, id)) === undefined);
+  });
+
+  it('removing identityRef releases the mirror and clears our conditions, keeping other writers\' conditions', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'quitter', id);
+    await send(`${url}/`, consumerEvent(c));
+    // Another controller owns a condition type of its own on the same object.
+    await a.custom.patchNamespacedCustomObjectStatus(
+      { group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'quitter', fieldManager: 'provider-manager', force: true,
+        body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'quitter', namespace: n }, status: { conditions: [{ type: 'Provisioned', status: 'True', reason: 'Applied', message: 'done', lastTransitionTime: '2026-01-01T00:00:00Z' }] } } },
+      (await import('@kubernetes/client-node')).setHeaderOptions('Content-Type', 'application/apply-patch+yaml'),
+    );
+    await send(`${url}/`, consumerEvent(c));
+    assert.equal(conditionOf(await getConsumer(a, n, 'quitter'), 'Provisioned')?.reason, 'Applied', 'other writers\' types survive our apply');
+    const obj = await getConsumer(a, n, 'quitter');
+    obj.spec = {};
+    await a.custom.replaceNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'quitter', body: obj });
+    await send(`${url}/`, consumerEvent(c));
+    const after = await getConsumer(a, n, 'quitter');
+    assert.equal(conditionOf(after, 'CredentialsMirrored'), undefined);
+    assert.equal(conditionOf(after, 'IdentityAllowed'), undefined);
+    assert.equal(conditionOf(after, 'Provisioned')?.reason, 'Applied');
+    assert.equal(await getMirror(a, n, id), undefined, 'it was the only user');
+  });
+
+  it('a consumer that switches identity lets go of the old mirror', async () => {
+    const n = await ns.create();
+    const id1 = await newIdentity({ list: [n] });
+    const id2 = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'switcher', id1);
+    await send(`${url}/`, consumerEvent(c));
+    const obj = await getConsumer(a, n, 'switcher');
+    obj.spec = { identityRef: { name: id2 } };
+    await a.custom.replaceNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'switcher', body: obj });
+    await send(`${url}/`, consumerEvent(c));
+    assert.equal(await getMirror(a, n, id1), undefined);
+    assert.ok(await getMirror(a, n, id2));
+  });
+
+  it('structured mode works too', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ selector: {} });
+    const c = await createConsumer(a, n, 'structured', id);
+    const r = await send(`${url}/`, consumerEvent(c, 'resource', 'add'), { mode: 'structured' });
+    assert.equal(r.status, 200, r.text);
+    assert.ok(await getMirror(a, n, id));
+  });
+});
+
+describe('prepare (SPEC §5)', () => {
+  const prepare = async (body: unknown) => {
+    const res = await fetch(`${url}/prepare`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+    const text = await res.text();
+    responses.push(text);
+    return { status: res.status, body: JSON.parse(text) as Record<string, string> };
+  };
+
+  it('answers 200 {mirror, sourceHash} on an allowed namespace, with the mirror current and owned', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'prep', id);
+    const r = await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'prep' });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    const m = (await getMirror(a, n, id))!;
+    assert.equal(r.body.mirror, m.metadata!.name);
+    assert.equal(r.body.sourceHash, sourceHash(m.data));
+    assert.ok(m.metadata!.ownerReferences!.some((o) => o.uid === c.metadata.uid));
+  });
+
+  it('refuses a namespace that is not allowed; a deleting object shows ApplyJobSucceeded=False/IdentityNotAllowed and stays retryable', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'doomed', id, 'TerraformCluster', { finalizers: ['captf.io/test-destroy'] });
+    ns.onCleanup(async () => {
+      const o = await getConsumer(a, n, 'doomed').catch(() => undefined);
+      if (o) {
+        o.metadata.finalizers = [];
+        await a.custom.replaceNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'doomed', body: o });
+      }
+    });
+    assert.equal((await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' })).status, 200);
+    await putIdentity(a, id, source, { list: [] });
+    await deleteConsumer(a, n, 'doomed');
+    const r = await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' });
+    assert.equal(r.status, 403);
+    assert.equal(r.body.reason, 'IdentityNotAllowed');
+    assert.equal(await getMirror(a, n, id), undefined);
+    const obj = await getConsumer(a, n, 'doomed');
+    assert.ok(obj.metadata.deletionTimestamp);
+    assert.equal(conditionOf(obj, 'ApplyJobSucceeded')?.status, 'False');
+    assert.equal(conditionOf(obj, 'ApplyJobSucceeded')?.reason, 'IdentityNotAllowed');
+    const ev = await send(`${url}/`, consumerEvent(c), { retries: 0 });
+    assert.equal(ev.status, 503, 'a deleting object in a disallowed namespace keeps being retried');
+    // The way out: allow the namespace again.
+    await putIdentity(a, id, source, { list: [n] });
+    assert.equal((await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' })).status, 200);
+    assert.equal(conditionOf(await getConsumer(a, n, 'doomed'), 'ApplyJobSucceeded'), undefined);
+  });
+
+  it('answers the other reasons with non-2xx JSON', async () => {
+    const n = await ns.create();
+    assert.equal((await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'nope' })).body.reason, 'ObjectNotFound');
+    const missing = `id-missing-${suffix()}`;
+    await createConsumer(a, n, 'lost', missing);
+    const r = await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'lost' });
+    assert.equal(r.status, 503);
+    assert.equal(r.body.reason, 'IdentityNotFound');
+    for (const bad of ['not json', '[]', { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n }, { apiVersion: 'v1', kind: 'Pod', namespace: n, name: 'x' }]) {
+      const b = await prepare(bad);
+      assert.equal(b.status, 400, JSON.stringify(bad));
+      assert.ok(b.body.error);
+    }
+  });
+});
+
+describe('bad input (SPEC §15)', () => {
+  it('malformed and unknown events get 4xx with a reason, and the server keeps serving', async () => {
+    const post = async (headers: Record<string, string>, body: string) => {
+      const r = await fetch(`${url}/`, { method: 'POST', headers, body });
+      const text = await r.text();
+      responses.push(text);
+      return { status: r.status, body: JSON.parse(text) as { error: string } };
+    };
+    const cases: [string, Record<string, string>, string, RegExp][] = [
+      ['no CloudEvent at all', { 'content-type': 'application/json' }, '{}', /not a CloudEvent/],
+      ['structured, not JSON', { 'content-type': 'application/cloudevents+json' }, '{nope', /not a CloudEvent/],
+      ['missing type', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'content-type': 'application/json' }, '{}', /invalid CloudEvent/],
+      ['unknown type', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'com.example.other', 'content-type': 'application/json' }, '{}', /unsupported event type/],
+      ['ref event naming nothing', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.add', 'content-type': 'application/json' }, '{}', /must name the object/],
+      ['unknown kind', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.add', 'content-type': 'application/json' }, '{"apiVersion":"v1","kind":"Pod","name":"p","namespace":"x"}', /does not handle/],
+      ['source Secret event while the fast path is off', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.update', 'content-type': 'application/json' }, '{"apiVersion":"v1","kind":"Secret","name":"p","namespace":"x"}', /fast path is off/],
+      ['empty batch', { 'content-type': 'application/cloudevents-batch+json' }, '[]', /empty CloudEvents batch|not a CloudEvent/],
+    ];
+    for (const [what, headers, body, re] of cases) {
+      const r = await post(headers, body);
+      assert.ok(r.status >= 400 && r.status < 500, `${what}: ${r.status}`);
+      assert.match(r.body.error, re, what);
+    }
+    const big = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: 'x'.repeat(5 * 1024 * 1024) });
+    assert.equal(big.status, 413);
+    assert.equal((await fetch(`${url}/healthz`)).status, 200);
+  });
+});
+
+describe('never leak a secret (SPEC §15)', () => {
+  it('planted values appear in no log line, response, Event or condition', async () => {
+    assertNoSecret(log.lines.join('\n'), SECRET_VALUES, 'mirror-sync logs');
+    assertNoSecret(responses.join('\n'), SECRET_VALUES, 'HTTP responses');
+    const events = await a.events.listEventForAllNamespaces({});
+    assertNoSecret(JSON.stringify(events.items), SECRET_VALUES, 'Events');
+    for (const plural of ['terraformclusters', 'terraformmachines']) {
+      const all = await a.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural });
+      assertNoSecret(JSON.stringify(all), SECRET_VALUES, `${plural} status`);
+    }
+    assert.ok(log.lines.length > 10, 'the scan saw the logs of the tests above');
+  });
+});
