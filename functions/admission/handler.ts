@@ -7,7 +7,7 @@
  */
 import type { ConsumerKind } from '../lib/api.ts';
 import { consumersOfIdentity } from '../lib/consumers.ts';
-import { describeError, type Clients } from '../lib/kube.ts';
+import { apiStatus, describeError, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { deleteDecision, planReview, secretAccessDecision, type Decision, type IdentityRequest, type SarOutcome, type SecretKey, type UserInfo } from './decide.ts';
 
@@ -18,6 +18,26 @@ export interface ReviewDeps {
   logger: Logger;
 }
 
+/** Attempts of one API read that the server answered 429 (e.g. "storage is (re)initializing"). */
+const ATTEMPTS_ON_429 = 4;
+
+/**
+ * Runs `call`, retrying a 429 Too Many Requests a few times with a short pause (as client-go
+ * does), so a watch cache that is still warming up does not deny a request. The total wait
+ * stays well under the webhook timeout.
+ * @throws the last error when it is not a 429 or attempts run out.
+ */
+async function retryTooManyRequests<T>(call: () => Promise<T>): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await call();
+    } catch (err) {
+      if (apiStatus(err) !== 429 || attempt >= ATTEMPTS_ON_429) throw err;
+      await new Promise((r) => setTimeout(r, 250 * attempt));
+    }
+  }
+}
+
 /**
  * Asks the API server whether `user` may `get` the Secret (SubjectAccessReview with `user`,
  * `groups`, `uid` and `extra` copied from the request's userInfo).
@@ -25,7 +45,7 @@ export interface ReviewDeps {
  */
 export async function checkSecretAccess(clients: Clients, user: UserInfo, secret: SecretKey): Promise<SarOutcome> {
   try {
-    const sar = await clients.authz.createSubjectAccessReview({
+    const sar = await retryTooManyRequests(() => clients.authz.createSubjectAccessReview({
       body: {
         apiVersion: 'authorization.k8s.io/v1',
         kind: 'SubjectAccessReview',
@@ -37,7 +57,7 @@ export async function checkSecretAccess(clients: Clients, user: UserInfo, secret
           resourceAttributes: { group: '', version: 'v1', resource: 'secrets', verb: 'get', namespace: secret.namespace, name: secret.name },
         },
       },
-    });
+    }));
     const s = sar.status;
     if (!s) return { error: 'SubjectAccessReview returned no status' };
     return { status: { allowed: s.allowed, ...(s.denied !== undefined ? { denied: s.denied } : {}), ...(s.reason ? { reason: s.reason } : {}), ...(s.evaluationError ? { evaluationError: s.evaluationError } : {}) } };
@@ -72,7 +92,7 @@ export async function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Pr
       lookup = true;
       let found: string[] | { error: string };
       try {
-        found = (await consumersOfIdentity(deps.clients, deps.consumerKinds, plan.identity)).map((c) => c.metadata.namespace ?? '').filter(Boolean);
+        found = (await retryTooManyRequests(() => consumersOfIdentity(deps.clients, deps.consumerKinds, plan.identity))).map((c) => c.metadata.namespace ?? '').filter(Boolean);
       } catch (err) {
         found = { error: describeError(err) };
       }
@@ -90,7 +110,7 @@ export async function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Pr
     subjectAccessReview: sar,
     consumerLookup: lookup,
     allowed: decision.allowed,
-    ...(decision.allowed ? { why: decision.why } : { code: decision.code, message: decision.message }),
+    ...(decision.allowed ? { why: decision.why } : { code: decision.code, denial: decision.message }),
   });
   return decision;
 }

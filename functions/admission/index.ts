@@ -120,7 +120,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
         res.status(parsed.httpStatus).json({ error: parsed.error });
         return;
       }
-      logger.warn('AdmissionReview denied as malformed', { uid: parsed.uid, message: parsed.decision.message });
+      logger.warn('AdmissionReview denied as malformed', { uid: parsed.uid, denial: parsed.decision.message });
       res.json(reviewResponse(parsed.uid, parsed.decision));
       return;
     }
