@@ -21,7 +21,7 @@ export const REMOVED_PREFIXES: readonly string[] = ['TF_', 'KUBE_'];
 /** Names kept although they match a prefix: the Job sets these itself (exact, case-sensitive). */
 export const KEPT_NAMES: ReadonlySet<string> = new Set(['TF_IN_AUTOMATION', 'TF_INPUT', 'KUBE_NAMESPACE']);
 
-// Non-unicode /i folds ASCII letters only, so no exotic character (e.g. U+017F) can match `S`.
+// Without the `u` flag, /i folds ASCII letters only: the Kelvin sign (U+212A) does not match `K`.
 const REMOVED = /^(?:TF|KUBE)_/i;
 
 /**

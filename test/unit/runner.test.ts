@@ -35,7 +35,7 @@ describe('which variables captf-runner removes (SPEC §11)', () => {
     ['aws.key', false, 'not a POSIX identifier, no prefix'],
     ['1token', false, 'starts with a digit, no prefix'],
     ['my-key', false, 'dash, no prefix'],
-    ['\u017Ff_x', false, 'long s (U+017F) is not an ASCII t: no prefix'],
+    ['\u212AUBE_CONFIG', false, 'Kelvin sign (U+212A) folds to k only under Unicode rules: no ASCII prefix'],
     ['', false, 'empty name'],
   ];
   for (const [name, removed, why] of table) {
