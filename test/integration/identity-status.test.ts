@@ -6,6 +6,8 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions } from '@kubernetes/client-node';
 import { CloudEvent } from 'cloudevents';
@@ -17,7 +19,7 @@ import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/identity-status/index.ts';
 import { METADATA, METADATA_LIST, refreshIdentity } from '../../functions/identity-status/refresh.ts';
-import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, postEvents } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 
@@ -96,6 +98,34 @@ async function identityEvent(name: string, mode: 'resource' | 'ref' = 'ref', ver
 }
 
 const ready = (i: TerraformClusterIdentity) => getCondition(i.status?.conditions, 'Ready');
+
+/** Microseconds since the epoch of an audit timestamp (`…:05.123456Z`). */
+const micros = (ts: string): number => {
+  const m = /^(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?Z$/.exec(ts)!;
+  return Date.parse(`${m[1]}Z`) * 1000 + Number((m[2] ?? '').padEnd(6, '0').slice(0, 6));
+};
+
+/** [received, completed] of every completed `get` of the named Secrets by `user`, from the audit log. */
+function sourceGets(user: string, names: readonly string[]): [number, number][] {
+  const out: [number, number][] = [];
+  for (const line of readFileSync(join(controlPlaneDir(), 'logs', 'audit.log'), 'utf8').split('\n')) {
+    if (!line.includes(user)) continue;
+    const e = JSON.parse(line) as { stage?: string; verb?: string; user?: { username?: string }; objectRef?: { resource?: string; name?: string }; requestReceivedTimestamp: string; stageTimestamp: string };
+    if (e.stage === 'ResponseComplete' && e.verb === 'get' && e.user?.username === user && e.objectRef?.resource === 'secrets' && names.includes(e.objectRef.name ?? '')) {
+      out.push([micros(e.requestReceivedTimestamp), micros(e.stageTimestamp)]);
+    }
+  }
+  return out;
+}
+
+/** Most intervals open at one instant (an interval ending when another starts does not overlap it). */
+function maxOverlap(intervals: readonly [number, number][]): number {
+  const points = intervals.flatMap(([s, e]) => [[s, 1], [e, -1]] as const).sort((x, y) => x[0] - y[0] || x[1] - y[1]);
+  let open = 0;
+  let max = 0;
+  for (const [, d] of points) max = Math.max(max, (open += d));
+  return max;
+}
 
 describe('identity-status (SPEC §9)', () => {
   before(async () => {
@@ -455,8 +485,17 @@ describe('identity-status (SPEC §9)', () => {
       assert.equal(ready(id)?.reason, want.reason, id.metadata.name);
       assert.deepEqual(id.status?.namespaces, want.namespaces, id.metadata.name);
     }
-    // Bounded concurrency: a ping's API calls are a few lists plus ~2 per identity, not a list per identity.
+    // A ping's API calls are a few lists plus one GET (and maybe one PATCH) per identity, not a list per identity.
     assert.ok((r.body.apiCalls as number) < 3 * (r.body.refreshed as number), `apiCalls ${String(r.body.apiCalls)}`);
+    // Bounded concurrency, seen by the API server: the audit log's source-Secret GETs of this
+    // ping never overlap more than CAPTF_STATUS_CONCURRENCY (8) at a time.
+    const gets = await eventually('the 200 source GETs in the audit log', async () => {
+      const found = sourceGets(fnUserName, [`${bulk}-src`, `${bulk}-missing`]);
+      return found.length >= 200 ? found : undefined;
+    }, 30_000);
+    const overlap = maxOverlap(gets);
+    t.diagnostic(`at most ${overlap} source GETs were in flight at once (limit 8)`);
+    assert.ok(overlap >= 1 && overlap <= 8, `overlap ${overlap}`);
     const again = await ping();
     assert.equal(again.body.written, 0, 'nothing changed, nothing written');
     t.diagnostic(`a second ping with no change: ${String(again.body.written)} written, ${String(again.body.apiCalls)} API calls`);
