@@ -142,6 +142,15 @@ describe('captf-runner passes the command through', () => {
     assert.deepEqual(r.stdout, input, 'stdout holds exactly the command output');
   });
 
+  it('writes its JSON line before the command starts, so the shared stderr reads in order', async () => {
+    const r = await runRunner(['--', NODE, '-e', `process.stderr.write('from the command\\n')`], baseEnv());
+    assert.equal(r.code, 0);
+    const [first, second, ...rest] = r.stderr.split('\n');
+    assert.equal((JSON.parse(first!) as { message: string }).message, 'environment filtered');
+    assert.equal(second, 'from the command');
+    assert.deepEqual(rest, ['']);
+  });
+
   // The command announces it is ready, traps the signal, and exits with its own status.
   const TRAP = (sig: string, status: number) =>
     `process.on('${sig}',()=>{process.stdout.write('got ${sig}\\n');process.exit(${status})});process.stdout.write('ready\\n');setInterval(()=>{},1000)`;
