@@ -10,7 +10,7 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import type { RequestHandler } from 'express';
 import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
-import { BadEventError, classifyEvent, parseCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
+import { BadEventError, PING_EVENT_TYPE, classifyEvent, parseCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
 import { HttpError } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
@@ -40,7 +40,7 @@ export function planFor(requests: readonly EventRequest[]): RefreshPlan {
     if (r.target !== 'identity') {
       throw new HttpError(
         422,
-        `identity-status handles ${'dev.knative.sources.ping'} and events about TerraformClusterIdentity objects; this event is about ${r.ref.apiVersion} ${r.ref.kind} ${r.ref.namespace ? `${r.ref.namespace}/` : ''}${r.ref.name} (route it to mirror-sync)`,
+        `identity-status handles ${PING_EVENT_TYPE} and events about TerraformClusterIdentity objects; this event is about ${r.ref.apiVersion} ${r.ref.kind} ${r.ref.namespace ? `${r.ref.namespace}/` : ''}${r.ref.name} (route it to mirror-sync)`,
         'UnsupportedObject',
       );
     }

@@ -9,9 +9,11 @@ import { conditionChanged, getCondition, setCondition, type ConditionInput } fro
 /** Condition type this function owns on identities (SPEC §9). */
 export const READY = 'Ready';
 
-/** Reasons of the `Ready` condition (SPEC §9); the README explains each. */
+/** `Ready=True`: the source Secret exists (SPEC §9; README "Troubleshooting"). */
 export const REASON_SECRET_FOUND = 'SecretFound';
+/** `Ready=False`: the source Secret's GET answered 404 (SPEC §9). */
 export const REASON_SECRET_NOT_FOUND = 'SecretNotFound';
+/** `Ready=False`: the source Secret's GET answered 403 to this function's user (SPEC §9). */
 export const REASON_SECRET_UNREADABLE = 'SecretUnreadable';
 
 /**
