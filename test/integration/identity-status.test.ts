@@ -5,7 +5,6 @@
  * with CAPTF_STATUS_IDENTITY_SELECTOR so other test files' identities are never touched.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -21,6 +20,7 @@ import { start } from '../../functions/identity-status/index.ts';
 import { METADATA, METADATA_LIST, refreshIdentity } from '../../functions/identity-status/refresh.ts';
 import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, postEvents } from '../helpers/events.ts';
+import { spawnFunction } from '../helpers/process.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 
 const a = admin();
@@ -420,31 +420,21 @@ describe('identity-status (SPEC §9)', () => {
     const name = idName('process');
     await createSource(src, `${name}-src`);
     await createIdentity(name, { name: `${name}-src`, namespace: src });
-    const child = spawn(process.execPath, ['functions/main.ts', 'identity-status'], {
-      env: { ...process.env, KUBECONFIG: fnUser.kubeconfigPath, PORT: '0', CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`, LOG_LEVEL: 'info' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => (out += d.toString()));
-    const exited = new Promise<number | null>((res) => child.on('exit', (code) => res(code)));
+    const fn = await spawnFunction('identity-status', { KUBECONFIG: fnUser.kubeconfigPath, CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`, LOG_LEVEL: 'info' });
+    const { port, exited } = fn;
     try {
-      const port = await eventually('the process to listen', async () => {
-        const line = out.split('\n').find((l) => l.includes('"listening"'));
-        return line ? (JSON.parse(line) as { port: number }).port : undefined;
-      }, 30_000);
       const pending = postEvents(`http://127.0.0.1:${port}/`, pingEvent('identity-status'));
-      await eventually('the ping to be in flight', async () => out.includes('"identity refreshed"'), 30_000);
-      child.kill('SIGTERM');
+      await eventually('the ping to be in flight', async () => fn.output().includes('"identity refreshed"'), 30_000);
+      fn.child.kill('SIGTERM');
       const r = await pending;
       responses.push(r.text);
       assert.equal(r.status, 200, r.text);
-      assert.equal(await exited, 0, out);
-      assert.match(out, /"message":"stopped"/);
+      assert.equal(await exited, 0, fn.output());
+      assert.match(fn.output(), /"message":"stopped"/);
       assert.equal(ready(await getIdentity(name))?.reason, 'SecretFound');
-      cap.lines.push(...out.split('\n').filter(Boolean)); // scanned for planted values in after()
+      cap.lines.push(...fn.output().split('\n').filter(Boolean)); // scanned for planted values in after()
     } finally {
-      if (child.exitCode === null) child.kill('SIGKILL');
+      fn.kill();
     }
   });
 

@@ -5,7 +5,8 @@ import { API_VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { desiredMirror } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
-import { admin, namespaces, suffix } from '../helpers/cluster.ts';
+import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { spawnFunction } from '../helpers/process.ts';
 import { apiServerEvent, pingEvent } from '../helpers/events.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import {
@@ -200,3 +201,26 @@ describe('configuration', () => {
   });
 });
 
+
+describe('the real process (functions/main.ts mirror-sync)', () => {
+  it('listens on PORT, logs JSON, and on SIGTERM finishes an in-flight resync before exiting 0', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    await Promise.all(Array.from({ length: 15 }, (_, i) => createConsumer(a, n, `p-${i}`, id)));
+    const proc = await spawnFunction('mirror-sync', { KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`, CAPTF_CONCURRENCY: '2' });
+    try {
+      assert.equal((await fetch(`http://127.0.0.1:${proc.port}/healthz`)).status, 200);
+      const pending = deliver(`http://127.0.0.1:${proc.port}/`, pingEvent(), { retries: 0 });
+      await eventually('the resync to be in flight', async () => proc.output().includes('"reconcile"'), 30_000);
+      proc.child.kill('SIGTERM');
+      const r = await pending;
+      assert.equal(r.status, 200, r.text);
+      assert.equal(await proc.exited, 0, proc.output());
+      assert.match(proc.output(), /"message":"stopped"/);
+      assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 15, 'the resync ran to the end');
+      for (const line of proc.output().split('\n').filter(Boolean)) JSON.parse(line);
+    } finally {
+      proc.kill();
+    }
+  });
+});
