@@ -9,7 +9,7 @@
  *   at the versions pinned in scripts/controlplane/go/crds/go.mod, and installed into a
  *   control plane so manifests can be server-side dry-run against them (SPEC §13).
  *
- * `npm run knative:build` builds the adapter ahead of time.
+ * `npm run knative:build` builds kustomize and the adapter ahead of time and fetches the CRDs.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
@@ -256,6 +256,8 @@ export async function installThirdPartyCRDs(kc: KubeConfig, timeoutMs = 60_000):
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
+  const { ensureKustomize } = await import('./kustomize.ts');
+  console.log(`kustomize: ${await ensureKustomize()}`);
   console.log(`apiserver_receive_adapter: ${await ensureApiServerSourceAdapter()}`);
   for (const { source } of await loadThirdPartyCRDs()) console.log(`CRD: ${source}`);
 }
