@@ -8,7 +8,11 @@
 import { execFile } from 'node:child_process';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { loadAllYaml, type KubernetesObject } from '@kubernetes/client-node';
+import type { KubernetesObject } from '@kubernetes/client-node';
+// Plain YAML parsing (client-node's own dependency): client-node's loadAllYaml turns built-in
+// kinds into typed models and silently drops fields they do not know, which would hide a
+// misspelled field from the strict server-side validation.
+import { loadAll } from 'js-yaml';
 import { REPO_ROOT, buildGoTools, cacheDir, type GoTool } from './controlplane/build.ts';
 
 const execFileP = promisify(execFile);
@@ -53,9 +57,9 @@ export async function renderYaml(dir: string): Promise<string> {
   return stdout;
 }
 
-/** {@link renderYaml}, parsed into objects (one per YAML document). */
+/** {@link renderYaml}, parsed into plain objects (one per YAML document, every field kept). */
 export async function render(dir: string): Promise<KubernetesObject[]> {
-  return (loadAllYaml(await renderYaml(dir)) as KubernetesObject[]).filter(Boolean);
+  return (loadAll(await renderYaml(dir)) as KubernetesObject[]).filter(Boolean);
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
