@@ -85,6 +85,8 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
   ['captf-mirror-sync', 'create', 'events', 'events.k8s.io', '', true],
   ['captf-mirror-sync', 'create', 'configmaps', '', '', false],
   ['captf-identity-status', 'list', IDENTITY_PLURAL, INFRA, '', true],
+  ['captf-identity-status', 'get', IDENTITY_PLURAL, INFRA, '', false],
+  ['captf-identity-status', 'watch', IDENTITY_PLURAL, INFRA, '', false],
   ['captf-identity-status', 'patch', IDENTITY_PLURAL, INFRA, 'status', true],
   ['captf-identity-status', 'update', IDENTITY_PLURAL, INFRA, '', false],
   ['captf-identity-status', 'list', 'terraformclusters', INFRA, '', true],
