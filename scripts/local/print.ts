@@ -1,0 +1,137 @@
+/**
+ * Turns the functions' JSON log lines into one readable line per thing that happened, for
+ * `npm start` (SPEC §14): a consumer's outcome changed, an identity's status was written,
+ * a request was denied, something went wrong. Repeats (a reconcile that found everything
+ * as it was) become debug lines. Only named fields are printed, never whole log objects, so
+ * nothing the functions did not choose to say can appear.
+ */
+
+/** One printable line; `debug` lines are shown only with `--debug`. */
+export interface Printed {
+  debug: boolean;
+  /** Column 2: the function or part (`mirror-sync`, `admission`, `mirror`, …). */
+  component: string;
+  /** Column 3: the object, e.g. `team-a/prod` or an identity name. */
+  subject: string;
+  text: string;
+}
+
+/** Formats a {@link Printed} as `HH:MM:SS  component  subject  text`. */
+export function formatLine(p: Printed, now = new Date()): string {
+  const t = now.toISOString().slice(11, 19);
+  return `${t}  ${p.component.padEnd(15)} ${p.subject.padEnd(30)} ${p.text}`.trimEnd();
+}
+
+type Json = Record<string, unknown>;
+const str = (v: unknown): string => (typeof v === 'string' ? v : v === undefined || v === null ? '' : JSON.stringify(v));
+
+/**
+ * Reads the log lines of the functions and remembers, per consumer, the last outcome seen,
+ * so a line is printed only when it changed.
+ */
+export class LogPrinter {
+  private readonly outcomes = new Map<string, string>();
+
+  /**
+   * @param component the function whose stdout/stderr the line came from.
+   * @param raw one line (JSON from winston, or plain text such as a crash message).
+   * @returns the line to print, or undefined for an empty line.
+   */
+  line(component: string, raw: string): Printed | undefined {
+    const trimmed = raw.trim();
+    if (!trimmed) return undefined;
+    let j: Json;
+    try {
+      const parsed: unknown = JSON.parse(trimmed);
+      if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error('not an object');
+      j = parsed as Json;
+    } catch {
+      return { debug: false, component, subject: '', text: trimmed };
+    }
+    const level = str(j.level);
+    const message = str(j.message);
+    switch (message) {
+      case 'reconcile':
+        return this.reconcile(component, j, level);
+      case 'identity refreshed': {
+        const changed = Array.isArray(j.changed) ? (j.changed as unknown[]).map(str) : [];
+        const ns = Array.isArray(j.namespaces) ? (j.namespaces as unknown[]).map(str).join(',') : '';
+        return { debug: changed.length === 0, component, subject: `identity ${str(j.identity)}`, text: `Ready=${str(j.ready)} (${str(j.reason)}), in use in [${ns}]${changed.length ? `; wrote ${changed.join(' and ')}` : ''}` };
+      }
+      case 'reviewed': {
+        const who = `${str(j.operation).toLowerCase()} by ${str(j.user)}${j.dryRun ? ' (dry run)' : ''}`;
+        if (j.allowed === false) return { debug: false, component, subject: `identity ${str(j.name)}`, text: `DENIED ${who}: ${str(j.denial)}` };
+        return { debug: true, component, subject: `identity ${str(j.name)}`, text: `allowed ${who} (${str(j.why)})` };
+      }
+      case 'resync':
+        return { debug: true, component, subject: 'resync', text: summary(j, ['consumers', 'reconciled', 'sent', 'failed', 'needRetry', 'orphanedMirrorsDeleted', 'durationMs']) };
+      case 'refresh done':
+        return { debug: true, component, subject: 'refresh', text: summary(j, ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs']) };
+      default: {
+        const warn = level === 'warn' || level === 'error';
+        const extra = ['error', 'errors', 'object', 'identity', 'denial', 'reason'].filter((k) => j[k] !== undefined).map((k) => `${k}=${str(j[k])}`);
+        return { debug: !warn, component, subject: '', text: `${warn ? `${level}: ` : ''}${message}${extra.length ? ` (${extra.join(', ')})` : ''}` };
+      }
+    }
+  }
+
+  private reconcile(component: string, j: Json, level: string): Printed {
+    const object = str(j.object);
+    const key = `${str(j.kind)} ${object}`;
+    const outcome = str(j.outcome);
+    const signature = [outcome, str(j.reason), str(j.identity), str(j.mirror)].join('|');
+    const repeated = this.outcomes.get(key) === signature;
+    if (outcome === 'gone') this.outcomes.delete(key);
+    else this.outcomes.set(key, signature);
+    const subject = `${str(j.kind)} ${object}`;
+    const detail = str(j.detail);
+    let text: string;
+    switch (outcome) {
+      case 'mirrored':
+        text = `mirrored (${str(j.mirror)} of identity ${str(j.identity)})`;
+        break;
+      case 'gone':
+        text = `deleted; ${detail.replace(/^object is gone; /, '')}`;
+        break;
+      case 'no-identity-ref':
+        text = 'no identityRef: nothing mirrored';
+        break;
+      default:
+        text = `${str(j.reason)}: ${detail}${j.retry ? ' (will retry)' : ''}`;
+    }
+    return { debug: repeated && level !== 'warn', component, subject, text };
+  }
+}
+
+function summary(j: Json, keys: string[]): string {
+  return keys.filter((k) => j[k] !== undefined).map((k) => `${k}=${str(j[k])}`).join(' ');
+}
+
+/** What a mirror watch saw, for {@link describeMirrorChange}. */
+export interface MirrorView {
+  namespace: string;
+  name: string;
+  identity: string;
+  /** `<Kind>/<name>` of each owner reference. */
+  owners: string[];
+  /** The source-hash annotation; compared, never printed. */
+  hash: string;
+}
+
+/**
+ * One line about a mirror Secret that was created, updated or deleted (from a metadata
+ * watch of Secrets labelled `captf.io/mirrored=true`). Says what changed: owners, or the
+ * data (by a different source-hash annotation, which is compared but never shown).
+ * @returns undefined when nothing a reader cares about changed.
+ */
+export function describeMirrorChange(verb: 'add' | 'update' | 'delete', now: MirrorView, before?: MirrorView): Printed | undefined {
+  const subject = `${now.namespace}/${now.name}`;
+  const owners = now.owners.length ? now.owners.join(', ') : 'none';
+  if (verb === 'add') return { debug: false, component: 'mirror', subject, text: `created for identity ${now.identity}; owners: ${owners}` };
+  if (verb === 'delete') return { debug: false, component: 'mirror', subject, text: `deleted (identity ${now.identity})` };
+  const what: string[] = [];
+  if (before && before.hash !== now.hash) what.push('data replaced from the rotated source');
+  if (!before || before.owners.join(',') !== now.owners.join(',')) what.push(`owners: ${owners}`);
+  if (!what.length) return undefined;
+  return { debug: false, component: 'mirror', subject, text: `updated; ${what.join('; ')}` };
+}
