@@ -13,13 +13,14 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { ApiextensionsV1Api, KubernetesObjectApi, PatchStrategy, loadAllYaml, type KubeConfig, type KubernetesObject, type V1CustomResourceDefinition } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../functions/lib/api.ts';
 import { REPO_ROOT, buildGoTools, cacheDir, pinnedVersion, type GoTool } from './controlplane/build.ts';
 import { freePort } from './controlplane/controlplane.ts';
+import { withBuildLock } from './build-lock.ts';
 
 const execFileP = promisify(execFile);
 
@@ -36,8 +37,11 @@ export const KNATIVE_TOOLS: readonly GoTool[] = [
  * @throws Error with the tail of the `go` output when the download or build fails.
  */
 export async function ensureApiServerSourceAdapter(log?: (line: string) => void): Promise<string> {
-  const { binDir } = await buildGoTools(KNATIVE_TOOLS, cacheDir(KNATIVE_TOOLS, 'knative'), log);
-  return join(binDir, 'apiserver_receive_adapter');
+  const dir = cacheDir(KNATIVE_TOOLS, 'knative');
+  const bin = join(dir, 'bin', 'apiserver_receive_adapter');
+  if (existsSync(bin)) return bin;
+  await withBuildLock('knative', () => buildGoTools(KNATIVE_TOOLS, dir, log));
+  return bin;
 }
 
 /** One watched resource of an ApiServerSource (`K_SOURCE_CONFIG.resources[]`). */

@@ -6,6 +6,7 @@
  * `npm run manifests -- [DIR]` prints the rendered YAML of DIR (default `manifests`).
  */
 import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import type { KubernetesObject } from '@kubernetes/client-node';
@@ -14,6 +15,7 @@ import type { KubernetesObject } from '@kubernetes/client-node';
 // misspelled field from the strict server-side validation.
 import { loadAll } from 'js-yaml';
 import { REPO_ROOT, buildGoTools, cacheDir, type GoTool } from './controlplane/build.ts';
+import { withBuildLock } from './build-lock.ts';
 
 const execFileP = promisify(execFile);
 
@@ -33,8 +35,11 @@ export const KUSTOMIZE_TOOLS: readonly GoTool[] = [
  * @throws Error with the tail of the `go` output when the build fails.
  */
 export async function ensureKustomize(log?: (line: string) => void): Promise<string> {
-  const { binDir } = await buildGoTools(KUSTOMIZE_TOOLS, cacheDir(KUSTOMIZE_TOOLS, 'kustomize'), log);
-  return join(binDir, 'kustomize');
+  const dir = cacheDir(KUSTOMIZE_TOOLS, 'kustomize');
+  const bin = join(dir, 'bin', 'kustomize');
+  if (existsSync(bin)) return bin;
+  await withBuildLock('kustomize', () => buildGoTools(KUSTOMIZE_TOOLS, dir, log));
+  return bin;
 }
 
 /**

@@ -1,0 +1,41 @@
+/**
+ * A cross-process lock around a Go tool build: `npm test` runs test files in parallel
+ * processes, and two of them finding the same tool missing must not build it twice at once
+ * (buildGoTools replaces the whole bin folder when it finishes, which would pull a binary
+ * from under the other process).
+ */
+import { mkdirSync, rmSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { REPO_ROOT } from './controlplane/build.ts';
+
+/** A lock older than this is taken to be left by a killed process (ms). */
+const STALE_MS = 30 * 60_000;
+
+/**
+ * Runs `fn` while holding the lock folder `.cache/<name>.lock` (mkdir is atomic), waiting
+ * for another holder to finish first.
+ * @returns what `fn` returns. @throws what `fn` throws (the lock is released either way).
+ */
+export async function withBuildLock<T>(name: string, fn: () => Promise<T>): Promise<T> {
+  const lock = join(REPO_ROOT, '.cache', `${name}.lock`);
+  mkdirSync(join(REPO_ROOT, '.cache'), { recursive: true });
+  for (;;) {
+    try {
+      mkdirSync(lock);
+      break;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      try {
+        if (Date.now() - statSync(lock).mtimeMs > STALE_MS) rmSync(lock, { recursive: true, force: true });
+      } catch {
+        // released meanwhile
+      }
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    rmSync(lock, { recursive: true, force: true });
+  }
+}
