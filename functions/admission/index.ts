@@ -19,6 +19,13 @@ import { parseReview, reviewResponse } from './review.ts';
 /** Where cert-manager's Secret volume puts the serving pair by default. */
 export const DEFAULT_TLS_DIR = '/var/run/captf/tls';
 
+/**
+ * Largest AdmissionReview accepted, in bytes: an UPDATE carries the object twice (new and
+ * old, each at most ~1.5 MiB in etcd) plus the envelope; anything bigger is not a real review
+ * and gets 413.
+ */
+export const ADMISSION_BODY_LIMIT = 4 * 1024 * 1024;
+
 /** Configuration read from the environment (README "Configuration"). */
 export interface AdmissionConfig {
   plainHttp: boolean;
@@ -111,7 +118,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const clients = makeClients(opts.kubeconfig ?? loadKubeConfig(env.KUBECONFIG || undefined));
   const consumerKinds = consumerKindsFromEnv(env);
 
-  const app = createApp();
+  const app = createApp({ bodyLimit: ADMISSION_BODY_LIMIT });
   app.post('/validate', async (req, res) => {
     const parsed = parseReview(req.body);
     if (!parsed.ok) {

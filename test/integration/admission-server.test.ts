@@ -126,6 +126,19 @@ describe('malformed AdmissionReviews posted directly get a clear 400 or denial, 
     await stillServing();
   });
 
+  it('allowedNamespaces: {} is denied by the webhook itself (the CRD rule stops it earlier through the API server)', async () => {
+    for (const [uid, operation] of [['empty-create', 'CREATE'], ['empty-update', 'UPDATE']] as const) {
+      const g = goodRequest(uid);
+      const object = { ...g.object, spec: { ...g.object.spec, allowedNamespaces: {} } };
+      const r = await call(`${url}/validate`, { ca, body: review({ ...g, operation, object, ...(operation === 'CREATE' ? { oldObject: undefined } : {}) }) });
+      const resp = r.json().response as { uid: string; allowed: boolean; status: { code: number; message: string } };
+      assert.equal(resp.uid, uid);
+      assert.equal(resp.allowed, false);
+      assert.equal(resp.status.code, 422);
+      assert.match(resp.status.message, /spec\.allowedNamespaces: \{\} is ambiguous/);
+    }
+  });
+
   it('a failing SubjectAccessReview or consumer lookup denies (fail closed): the API user may do neither', async () => {
     const kc = new KubeConfig();
     kc.loadFromFile((await asUser(`no-rbac-${suffix()}`)).kubeconfigPath);
