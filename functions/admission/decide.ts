@@ -135,6 +135,38 @@ export function statusNamespacesOf(oldObject: unknown): string[] {
   return Array.isArray(status?.namespaces) ? status.namespaces.filter((n): n is string => typeof n === 'string' && n !== '') : [];
 }
 
+/** The body of an `authorization.k8s.io/v1` SubjectAccessReview. */
+export interface SubjectAccessReviewBody {
+  apiVersion: 'authorization.k8s.io/v1';
+  kind: 'SubjectAccessReview';
+  spec: {
+    user: string;
+    groups?: string[];
+    uid?: string;
+    extra?: Record<string, string[]>;
+    resourceAttributes: { group: ''; version: 'v1'; resource: 'secrets'; verb: 'get'; namespace: string; name: string };
+  };
+}
+
+/**
+ * SPEC §10: the SubjectAccessReview to ask "may this user get this Secret?", with `user`,
+ * `groups`, `uid` and `extra` copied from the request's userInfo (so every authorizer sees
+ * the same identity the API server authenticated; empty ones are left out).
+ */
+export function secretAccessReview(user: UserInfo, secret: SecretKey): SubjectAccessReviewBody {
+  return {
+    apiVersion: 'authorization.k8s.io/v1',
+    kind: 'SubjectAccessReview',
+    spec: {
+      user: user.username,
+      ...(user.groups?.length ? { groups: [...user.groups] } : {}),
+      ...(user.uid ? { uid: user.uid } : {}),
+      ...(user.extra && Object.keys(user.extra).length > 0 ? { extra: structuredClone(user.extra) } : {}),
+      resourceAttributes: { group: '', version: 'v1', resource: 'secrets', verb: 'get', namespace: secret.namespace, name: secret.name },
+    },
+  };
+}
+
 /** The outcome of a SubjectAccessReview call: its status, or the error it failed with. */
 export type SarOutcome = { status: { allowed?: boolean; denied?: boolean; reason?: string; evaluationError?: string } } | { error: string };
 

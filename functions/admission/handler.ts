@@ -9,7 +9,7 @@ import type { ConsumerKind } from '../lib/api.ts';
 import { consumersOfIdentity } from '../lib/consumers.ts';
 import { apiStatus, describeError, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { deleteDecision, planReview, secretAccessDecision, type Decision, type IdentityRequest, type SarOutcome, type SecretKey, type UserInfo } from './decide.ts';
+import { deleteDecision, planReview, secretAccessDecision, secretAccessReview, type Decision, type IdentityRequest, type SarOutcome, type SecretKey, type UserInfo } from './decide.ts';
 
 /** What a review needs from outside. */
 export interface ReviewDeps {
@@ -45,19 +45,7 @@ async function retryTooManyRequests<T>(call: () => Promise<T>): Promise<T> {
  */
 export async function checkSecretAccess(clients: Clients, user: UserInfo, secret: SecretKey): Promise<SarOutcome> {
   try {
-    const sar = await retryTooManyRequests(() => clients.authz.createSubjectAccessReview({
-      body: {
-        apiVersion: 'authorization.k8s.io/v1',
-        kind: 'SubjectAccessReview',
-        spec: {
-          user: user.username,
-          ...(user.groups ? { groups: user.groups } : {}),
-          ...(user.uid ? { uid: user.uid } : {}),
-          ...(user.extra ? { extra: user.extra } : {}),
-          resourceAttributes: { group: '', version: 'v1', resource: 'secrets', verb: 'get', namespace: secret.namespace, name: secret.name },
-        },
-      },
-    }));
+    const sar = await retryTooManyRequests(() => clients.authz.createSubjectAccessReview({ body: secretAccessReview(user, secret) }));
     const s = sar.status;
     if (!s) return { error: 'SubjectAccessReview returned no status' };
     return { status: { allowed: s.allowed, ...(s.denied !== undefined ? { denied: s.denied } : {}), ...(s.reason ? { reason: s.reason } : {}), ...(s.evaluationError ? { evaluationError: s.evaluationError } : {}) } };

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { validateIdentitySpec } from '../../functions/lib/identity-spec.ts';
-import { deleteDecision, planReview, secretAccessDecision, statusNamespacesOf, type IdentityRequest } from '../../functions/admission/decide.ts';
+import { deleteDecision, planReview, secretAccessDecision, secretAccessReview, statusNamespacesOf, type IdentityRequest } from '../../functions/admission/decide.ts';
 
 const ref = { name: 'creds', namespace: 'captf-system' };
 const identity = (spec: Record<string, unknown>, status?: Record<string, unknown>, labels?: Record<string, string>) => ({
@@ -158,5 +158,22 @@ describe('deleteDecision (SPEC §10)', () => {
   it('a failed lookup denies (fail closed)', () => {
     const d = deleteDecision('aws', 'bob', [], { error: 'HTTP 403 Forbidden' });
     assert.ok(!d.allowed && d.code === 500 && /consumer lookup failed: HTTP 403/.test(d.message));
+  });
+});
+
+describe('secretAccessReview: the SubjectAccessReview copies the requesting user', () => {
+  const secret = { namespace: 'captf-system', name: 'creds' };
+  it('copies user, groups, uid and extra, and asks for get on the named Secret', () => {
+    assert.deepEqual(secretAccessReview({ username: 'alice', uid: 'u-1', groups: ['a', 'system:authenticated'], extra: { scopes: ['x', 'y'] } }, secret), {
+      apiVersion: 'authorization.k8s.io/v1',
+      kind: 'SubjectAccessReview',
+      spec: {
+        user: 'alice', uid: 'u-1', groups: ['a', 'system:authenticated'], extra: { scopes: ['x', 'y'] },
+        resourceAttributes: { group: '', version: 'v1', resource: 'secrets', verb: 'get', namespace: 'captf-system', name: 'creds' },
+      },
+    });
+  });
+  it('leaves out what the user does not have', () => {
+    assert.deepEqual(Object.keys(secretAccessReview({ username: 'bob', groups: [], extra: {} }, secret).spec), ['user', 'resourceAttributes']);
   });
 });
