@@ -146,10 +146,13 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     stopWatching = watchPair(https, cfg, pair, logger);
     server = https;
   }
-  // The API server's webhook client keeps connections alive; do not let one idle socket
-  // hold a graceful stop open.
-  server.keepAliveTimeout = 5_000;
-  const port = await listen(server, opts.port ?? 8080, opts.host);
+  let port: number;
+  try {
+    port = await listen(server, opts.port ?? 8080, opts.host);
+  } catch (err) {
+    stopWatching();
+    throw err;
+  }
   return {
     server,
     port,
