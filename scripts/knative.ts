@@ -64,6 +64,51 @@ export interface SourceConfig {
   mode: 'Reference' | 'Resource';
 }
 
+/** The part of an ApiServerSource (sources.knative.dev/v1) the adapter's configuration comes from. */
+export interface ApiServerSourceSpec {
+  metadata?: { namespace?: string };
+  spec: {
+    mode?: string;
+    namespaceSelector?: { matchLabels?: Record<string, string>; matchExpressions?: unknown[] };
+    resources: { apiVersion: string; kind: string; selector?: { matchLabels?: Record<string, string> } }[];
+  };
+}
+
+/** Exposes client-node's discovery (kind → plural resource) for {@link sourceConfigFor}. */
+class Discovery extends KubernetesObjectApi {
+  plural(apiVersion: string, kind: string): Promise<{ name: string } | undefined> {
+    return this.resource(apiVersion, kind);
+  }
+}
+
+/**
+ * Builds the adapter's `K_SOURCE_CONFIG` from an ApiServerSource the way Knative's
+ * controller does (knative.dev/eventing pkg/reconciler/apiserversource): resources become
+ * GVRs (plural from discovery), `matchLabels` become label selectors, an empty
+ * `namespaceSelector` watches every namespace and no selector watches the source's own.
+ * @throws Error when discovery does not know a kind, or for selectors it cannot express
+ *   (matchExpressions; only what the manifests use is supported).
+ */
+export async function sourceConfigFor(kc: KubeConfig, source: ApiServerSourceSpec): Promise<SourceConfig> {
+  const disco = kc.makeApiClient(Discovery);
+  const labels = (s?: { matchLabels?: Record<string, string>; matchExpressions?: unknown[] }) => {
+    if (s?.matchExpressions?.length) throw new Error('matchExpressions are not supported here');
+    return Object.entries(s?.matchLabels ?? {}).map(([k, v]) => `${k}=${v}`).join(',');
+  };
+  const resources: SourceResource[] = [];
+  for (const r of source.spec.resources) {
+    const res = await disco.plural(r.apiVersion, r.kind);
+    if (!res) throw new Error(`the API server does not serve ${r.apiVersion} ${r.kind}`);
+    const [group, version] = r.apiVersion.includes('/') ? r.apiVersion.split('/') as [string, string] : ['', r.apiVersion];
+    const selector = labels(r.selector);
+    resources.push({ gvr: { Group: group, Version: version, Resource: res.name }, ...(selector ? { selector } : {}) });
+  }
+  const ns = source.spec.namespaceSelector;
+  const all = ns !== undefined && !labels(ns);
+  if (ns && !all) throw new Error('namespaceSelector with labels is not supported here');
+  return { namespaces: all ? [] : [source.metadata?.namespace ?? 'default'], allNamespaces: all, resources, mode: source.spec.mode === 'Resource' ? 'Resource' : 'Reference' };
+}
+
 /** Options of {@link startApiServerSourceAdapter}. */
 export interface AdapterOptions {
   /** Kubeconfig the adapter lists and watches with (its RBAC is what it can see). */

@@ -11,7 +11,10 @@ import { after, before, describe, it } from 'node:test';
 import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import { ensureApiServerSourceAdapter, startApiServerSourceAdapter, type RunningAdapter, type SourceConfig } from '../../scripts/knative.ts';
+import type { KubernetesObject } from '@kubernetes/client-node';
+import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { mirrorName } from '../../functions/lib/mirror.ts';
+import { ensureApiServerSourceAdapter, sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec, type RunningAdapter } from '../../scripts/knative.ts';
 import { render } from '../../scripts/kustomize.ts';
 import { installRbac, serviceAccountKubeConfig } from '../../scripts/serviceaccount.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
@@ -48,20 +51,24 @@ let sink: Awaited<ReturnType<typeof startSink>>;
 let kubeconfigPath: string;
 let target: string;
 let cleanupRbac: () => Promise<void>;
+let rendered: KubernetesObject[];
 const adapters: RunningAdapter[] = [];
+const functions: FunctionHandle[] = [];
 
 before(async () => {
   await ensureApiServerSourceAdapter();
   sink = await startSink();
   target = await ns.create();
   // The adapter runs as the manifests' event-source ServiceAccount with its rendered RBAC.
-  const rbac = await installRbac(a.kc, await render('manifests/overlays/without-crds'), { namespace: target, suffix: suffix() });
+  rendered = await render('manifests/overlays/without-crds');
+  const rbac = await installRbac(a.kc, rendered, { namespace: target, suffix: suffix() });
   cleanupRbac = rbac.cleanup;
   kubeconfigPath = (await serviceAccountKubeConfig(a.kc, target, 'captf-event-sources', `${controlPlaneDir()}/users`)).path;
 });
 
 after(async () => {
   for (const ad of adapters) await ad.stop();
+  for (const f of functions) await f.close();
   sink?.server.close();
   await cleanupRbac?.();
 });
@@ -78,17 +85,17 @@ async function awaitEvent(what: string, match: (r: Received) => boolean, touch: 
 }
 
 describe('the real ApiServerSource adapter, as the event-source ServiceAccount', () => {
-  it('Reference mode: consumer, identity and namespace events reach the sink and parse as the functions expect', async (t) => {
-    const source: SourceConfig = {
-      namespaces: [],
-      allNamespaces: true,
-      mode: 'Reference',
+  it('Reference mode, configured as the manifests configure it: consumer, identity and namespace events reach the sink and parse as the functions expect', async (t) => {
+    const manifest = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects') as unknown as ApiServerSourceSpec;
+    const source = await sourceConfigFor(a.kc, manifest);
+    assert.deepEqual(source, {
+      namespaces: [], allNamespaces: true, mode: 'Reference',
       resources: [
         ...kinds.map((k) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } })),
         { gvr: { Group: GROUP, Version: VERSION, Resource: IDENTITY_PLURAL } },
         { gvr: { Group: '', Version: 'v1', Resource: 'namespaces' } },
       ],
-    };
+    });
     const adapter = await startApiServerSourceAdapter({ kubeconfigPath, sink: sink.url, source, name: 'captf-objects', namespace: target });
     adapters.push(adapter);
 
@@ -126,7 +133,10 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
     ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }));
     await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL,
       body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: idName }, spec: { secretRef: { name: 'creds', namespace: 'captf-system' } } } });
-    const idEv = await eventually('the identity event', async () => sink.received.find((r) => r.headers['ce-name'] === idName));
+    // Each resource has its own watch, which may start a moment after the consumers' one.
+    let idTouches = 0;
+    const idEv = await awaitEvent('the identity event', (r) => r.headers['ce-name'] === idName, () =>
+      a.custom.patchClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName, body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++idTouches) } }] }));
     t.diagnostic(`identity event headers: ${JSON.stringify(ceHeaders(idEv.headers))}`);
     // Upstream quirk (v0.49): a cluster-scoped object's subject keeps an empty namespace
     // segment and the `namespace` extension is present but empty.
@@ -137,7 +147,9 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
 
     // A namespace.
     const n2 = await ns.create({ 'captf.io/tenant': 'true' });
-    const nsEv = await eventually('the namespace event', async () => sink.received.find((r) => r.headers['ce-kind'] === 'Namespace' && r.headers['ce-name'] === n2));
+    let nsTouches = 0;
+    const nsEv = await awaitEvent('the namespace event', (r) => r.headers['ce-kind'] === 'Namespace' && r.headers['ce-name'] === n2, () =>
+      a.core.patchNamespace({ name: n2, body: [{ op: 'replace', path: '/metadata/labels/captf.io~1tenant', value: `t${++nsTouches}` }] }));
     t.diagnostic(`namespace event headers: ${JSON.stringify(ceHeaders(nsEv.headers))} body: ${nsEv.body}`);
     const nsReq = classifyEvent(parseCloudEvents(nsEv.headers as Record<string, string>, nsEv.body)[0]!, kinds);
     assert.ok(nsReq.type === 'object' && nsReq.target === 'namespace' && nsReq.ref.name === n2);
@@ -168,5 +180,38 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
     assert.deepEqual(data.spec, { identityRef: { name: 'aws' } });
     const req = classifyEvent(parseCloudEvents(ev.headers as Record<string, string>, ev.body)[0]!, kinds);
     assert.ok(req.type === 'object' && req.mode === 'resource' && req.target === 'consumer' && req.ref.uid === data.metadata.uid);
+  });
+
+  it('end to end: the adapter drives mirror-sync (both as their ServiceAccounts): a new consumer gets its mirror, and it goes when the consumer goes', async () => {
+    const operator = await ns.create();
+    const tenant = await ns.create();
+    const idName = `e2e-${suffix()}`;
+    await a.core.createNamespacedSecret({ namespace: operator, body: { metadata: { name: 'creds' }, stringData: { token: 'x' } } });
+    ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }));
+    await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL,
+      body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: idName }, spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } } } });
+    const { kc } = await serviceAccountKubeConfig(a.kc, target, 'captf-mirror-sync', `${controlPlaneDir()}/users`);
+    const fn = await (await import('../../functions/mirror-sync/index.ts')).start({ port: 0, host: '127.0.0.1', kubeconfig: kc, env: {}, logger: (await import('../helpers/logs.ts')).captureLogger('mirror-sync').logger });
+    functions.push(fn);
+    // Only this test's namespace: a mirror-sync acting on other test files' objects would disturb them.
+    adapters.push(await startApiServerSourceAdapter({
+      kubeconfigPath, sink: `http://127.0.0.1:${fn.port}/`, name: 'captf-e2e', namespace: target,
+      source: { namespaces: [tenant], allNamespaces: false, mode: 'Reference', resources: kinds.map((k) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } })) },
+    }));
+    const name = `tc-${suffix()}`;
+    await a.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters',
+      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name, labels: { touch: '0' } }, spec: { identityRef: { name: idName } } } });
+    let touches = 0;
+    const mirror = await eventually('the mirror made from the adapter\'s event', async () => {
+      const m = await a.core.readNamespacedSecret({ name: mirrorName(idName), namespace: tenant }).catch(() => undefined);
+      if (m) return m;
+      // The adapter's first watch may start after the create: a change makes a new event.
+      if (++touches % 10 === 0) await a.custom.patchNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters', name, body: [{ op: 'replace', path: '/metadata/labels/touch', value: String(touches) }] });
+      return undefined;
+    });
+    assert.deepEqual(mirror.metadata?.ownerReferences?.map((r) => r.name), [name]);
+    await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters', name });
+    await eventually('the mirror deleted after the consumer', async () =>
+      a.core.readNamespacedSecret({ name: mirrorName(idName), namespace: tenant }).then(() => false, (e: unknown) => (e as { code?: number }).code === 404));
   });
 });
