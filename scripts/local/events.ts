@@ -47,11 +47,13 @@ export interface RefTarget {
  * empty namespace segment for cluster-scoped objects: upstream quirks, kept), extensions
  * `kind`, `apiversion`, `name`, `namespace` (present and empty for cluster-scoped objects),
  * data = a core/v1 ObjectReference serialised in Go's field order (`kind`, `namespace`,
- * `name`, `apiVersion`; empty fields omitted), binary HTTP mode, `ce-time` = now.
+ * `name`, `apiVersion`; empty fields omitted), binary HTTP mode, `ce-time` = now, and the
+ * `Kn-Namespace` header Knative's adapters (and Broker filters) add: the source's namespace.
  * @param server API server URL, e.g. `https://127.0.0.1:6443`.
+ * @param sourceNamespace namespace of the ApiServerSource (default `captf-system`).
  * @returns headers and body to POST.
  */
-export function refEvent(verb: 'add' | 'update' | 'delete', obj: RefTarget, server: string): EventMessage {
+export function refEvent(verb: 'add' | 'update' | 'delete', obj: RefTarget, server: string, sourceNamespace = 'captf-system'): EventMessage {
   const ns = obj.namespace ?? '';
   const data = { kind: obj.kind, ...(ns ? { namespace: ns } : {}), name: obj.name, apiVersion: obj.apiVersion };
   const ev = new CloudEvent<unknown>({
@@ -67,12 +69,13 @@ export function refEvent(verb: 'add' | 'update' | 'delete', obj: RefTarget, serv
     name: obj.name,
     namespace: ns,
   });
-  return toMessage(ev);
+  return toMessage(ev, sourceNamespace);
 }
 
 /**
  * A PingSource tick as the manifests' PingSources send it: type `dev.knative.sources.ping`,
- * source `/apis/v1/namespaces/<namespace>/pingsources/<name>`, data `{}` (application/json).
+ * source `/apis/v1/namespaces/<namespace>/pingsources/<name>`, data `{}` (application/json),
+ * and the `Kn-Namespace` header.
  */
 export function pingMessage(name: string, namespace = 'captf-system'): EventMessage {
   return toMessage(new CloudEvent<unknown>({
@@ -82,12 +85,15 @@ export function pingMessage(name: string, namespace = 'captf-system'): EventMess
     time: new Date().toISOString(),
     datacontenttype: 'application/json',
     data: {},
-  }));
+  }), namespace);
 }
 
-function toMessage(ev: CloudEvent<unknown>): EventMessage {
+function toMessage(ev: CloudEvent<unknown>, knNamespace: string): EventMessage {
   const msg = HTTP.binary(ev);
-  return { headers: msg.headers as Record<string, string>, body: typeof msg.body === 'string' ? msg.body : JSON.stringify(msg.body) };
+  return {
+    headers: { ...(msg.headers as Record<string, string>), 'kn-namespace': knNamespace },
+    body: typeof msg.body === 'string' ? msg.body : JSON.stringify(msg.body),
+  };
 }
 
 /** Outcome of one delivery, for debug lines. */
@@ -256,12 +262,13 @@ export function watchedResources(kc: KubeConfig, kinds: readonly ConsumerKind[],
  * Right after a CRD is installed its watch cache is still initialising and such watches fail
  * (429); client-go's reflectors (the adapter's) then back off for a second, and an object
  * created in that second would never produce an event.
- * @throws Error naming the path when it is not watchable within `timeoutMs`.
+ * @throws Error naming the path when it is not served (404: CRD missing) or not watchable within `timeoutMs`.
  */
 export async function waitForWatchCaches(kc: KubeConfig, paths: readonly string[], timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (const path of paths) {
     let last = '';
+    let notServed = false;
     for (;;) {
       const ok = await new Promise<boolean>((resolve) => {
         let controller: AbortController | undefined;
@@ -281,6 +288,7 @@ export async function waitForWatchCaches(kc: KubeConfig, paths: readonly string[
             },
             (err: unknown) => {
               clearTimeout(timer);
+              if ((err as { statusCode?: number } | null)?.statusCode === 404) notServed = true;
               finish(false, err ? String((err as Error).message ?? err) : 'watch closed');
             })
           .then((c) => (controller = c), (err: unknown) => {
@@ -289,6 +297,7 @@ export async function waitForWatchCaches(kc: KubeConfig, paths: readonly string[
           });
       });
       if (ok) break;
+      if (notServed) throw new Error(`${path} is not served by this API server: are the CRDs installed? (npm start installs them on a named cluster only with --install)`);
       if (Date.now() > deadline) throw new Error(`${path} is not watchable after ${timeoutMs} ms: ${last}`);
       await new Promise((r) => setTimeout(r, 200));
     }
