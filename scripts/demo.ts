@@ -9,7 +9,7 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { CoreV1Api, CustomObjectsApi, KubeConfig, PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions, type V1Secret } from '@kubernetes/client-node';
+import { CoreV1Api, CustomObjectsApi, KubeConfig, PatchStrategy, setHeaderOptions, type V1Secret } from '@kubernetes/client-node';
 import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION, type Consumer, type TerraformClusterIdentity } from '../functions/lib/api.ts';
 import { isNotFound } from '../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, isCurrent, mirrorName, sourceHash, type SecretLike } from '../functions/lib/mirror.ts';
@@ -130,7 +130,7 @@ async function run(): Promise<void> {
   const steps: [string, () => Promise<string | void>][] = [
     ['apply examples/ (server-side, as `kubectl apply` would)', async () => {
       const applied = await applyExamples(kc);
-      return `${applied.length} objects: namespaces, 2 source Secrets, 2 identities, ${consumers.length} consumers`;
+      return `${applied.length} objects: namespaces, 2 source Secrets, 2 identities, ${consumers.length} consumers, tenant RBAC`;
     }],
 
     ['each namespace gets its mirror, owned by exactly the objects that use it, with the source\'s data', async () => {
@@ -237,12 +237,12 @@ async function run(): Promise<void> {
     }],
 
     ['an unprivileged user who may create identities but not read the Secret is denied by the webhook', async () => {
-      const rbac = kc.makeApiClient(RbacAuthorizationV1Api);
-      await rbac.createClusterRole({ body: { metadata: { name: 'captf-demo-identity-editor' }, rules: [{ apiGroups: [GROUP], resources: [IDENTITY_PLURAL], verbs: ['create', 'get', 'list', 'delete'] }] } });
-      await rbac.createClusterRoleBinding({ body: { metadata: { name: 'captf-demo-identity-editor' }, roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: 'captf-demo-identity-editor' }, subjects: [{ apiGroup: 'rbac.authorization.k8s.io', kind: 'Group', name: 'tenants' }] } });
+      // examples/40-tenant-rbac.yaml lets the group "tenants" create identities.
       const aliceKc = new KubeConfig();
       aliceKc.loadFromFile(await cp.userKubeConfig('alice', ['tenants']));
       const alice = aliceKc.makeApiClient(CustomObjectsApi);
+      const canRead = await aliceKc.makeApiClient(CoreV1Api).readNamespacedSecret({ namespace: 'captf-system', name: 'aws-prod-credentials' }).then(() => true, () => false);
+      if (canRead) throw new Error('alice can read the source Secret; the step would prove nothing');
       const body = { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: 'alice-borrows-aws' }, spec: { secretRef: { namespace: 'captf-system', name: 'aws-prod-credentials' }, allowedNamespaces: { list: ['team-b'] } } };
       const denial = await waitFor('the webhook to deny alice', async () => {
         try {

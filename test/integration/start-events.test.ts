@@ -11,6 +11,7 @@ import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
+import { RbacAuthorizationV1Api } from '@kubernetes/client-node';
 import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { startApiServerSourceAdapter, type RunningAdapter } from '../../scripts/knative.ts';
@@ -207,7 +208,7 @@ describe('examples/', () => {
     // shared test control plane keeps other files' objects apart.
     const sfx = suffix();
     const dir = mkdtempSync(join(tmpdir(), 'captf-examples-'));
-    const renamed = /\b(captf-system|team-a|team-b|team-c|aws-prod|gcp-dev)\b/g;
+    const renamed = /\b(captf-system|team-a|team-b|team-c|aws-prod|gcp-dev|captf-example-terraform-objects|captf-example-identity-author|tenants-identity-author)\b/g;
     for (const f of readdirSync(EXAMPLES_DIR).filter((x) => x.endsWith('.yaml'))) {
       writeFileSync(join(dir, f), readFileSync(join(EXAMPLES_DIR, f), 'utf8').replace(renamed, `$1-${sfx}`));
     }
@@ -215,11 +216,14 @@ describe('examples/', () => {
     ns.onCleanup(async () => {
       for (const id of ['aws-prod', 'gcp-dev']) await a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: `${id}-${sfx}` }).catch(() => undefined);
       for (const name of nsNames) await a.core.deleteNamespace({ name }).catch(() => undefined);
+      const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
+      for (const name of ['captf-example-terraform-objects', 'captf-example-identity-author']) await rbac.deleteClusterRole({ name: `${name}-${sfx}` }).catch(() => undefined);
+      await rbac.deleteClusterRoleBinding({ name: `tenants-identity-author-${sfx}` }).catch(() => undefined);
       rmSync(dir, { recursive: true, force: true });
     });
     const applied = await applyExamples(a.kc, dir);
     assert.equal(applied[0], `Namespace captf-system-${sfx}`, 'namespaces come first');
-    assert.deepEqual(applied.map((x) => x.split(' ')[0]), ['Namespace', 'Namespace', 'Namespace', 'Namespace', 'Secret', 'Secret', 'TerraformClusterIdentity', 'TerraformClusterIdentity', 'TerraformCluster', 'TerraformMachine', 'TerraformCluster', 'TerraformCluster', 'TerraformMachine']);
+    assert.deepEqual(applied.map((x) => x.split(' ')[0]), ['Namespace', 'Namespace', 'Namespace', 'Namespace', 'Secret', 'Secret', 'TerraformClusterIdentity', 'TerraformClusterIdentity', 'TerraformCluster', 'TerraformMachine', 'TerraformCluster', 'TerraformCluster', 'TerraformMachine', 'ClusterRole', 'RoleBinding', 'ClusterRole', 'ClusterRoleBinding']);
     const byList = (await a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: `aws-prod-${sfx}` })) as TerraformClusterIdentity;
     assert.deepEqual(byList.spec.allowedNamespaces, { list: [`team-a-${sfx}`, `team-b-${sfx}`] });
     const bySelector = (await a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: `gcp-dev-${sfx}` })) as TerraformClusterIdentity;
