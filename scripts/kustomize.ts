@@ -19,7 +19,7 @@ import { withBuildLock } from './build-lock.ts';
 
 const execFileP = promisify(execFile);
 
-/** kustomize's wrapper module (v5.8.1: the newest whose dependencies build with Go 1.26). */
+/** kustomize's wrapper module (v5.8.2: the newest whose go.mod accepts Go 1.26; v5.8.3 needs 1.27). */
 export const KUSTOMIZE_TOOLS: readonly GoTool[] = [
   {
     module: 'kustomize',
