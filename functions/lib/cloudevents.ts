@@ -9,6 +9,7 @@
  * - `dev.knative.sources.ping`: a periodic tick (resync / refresh)
  */
 import { CloudEvent, HTTP, ValidationError } from 'cloudevents';
+import { isDns1123Label, isDns1123Subdomain } from './allowed-namespaces.ts';
 import { API_VERSION, IDENTITY_KIND, type ConsumerKind } from './api.ts';
 
 /** CloudEvent type prefix of ApiServerSource Resource mode. */
@@ -51,39 +52,91 @@ export type EventRequest =
 /** A CloudEvent the function cannot use; answered with 4xx. */
 export class BadEventError extends Error {}
 
-/**
- * Parses an HTTP request into CloudEvents (binary, structured or batch).
- * @param headers request headers (any case).
- * @param body raw request body as text.
- * @returns one event per CloudEvent (a batch yields several).
- * @throws BadEventError naming what is wrong (no CloudEvent, invalid JSON, missing
- *   required attributes).
- */
-export function parseCloudEvents(headers: Record<string, string | string[] | undefined>, body: string): CloudEvent<unknown>[] {
+/** Most events one batch request may carry (a bigger batch is refused whole, SPEC §15). */
+export const MAX_BATCH = 100;
+
+const BATCH_CONTENT_TYPE = 'application/cloudevents-batch+json';
+
+function flatHeaders(headers: Record<string, string | string[] | undefined>): Record<string, string> {
   const flat: Record<string, string> = {};
   for (const [k, v] of Object.entries(headers)) if (v !== undefined) flat[k.toLowerCase()] = Array.isArray(v) ? v.join(',') : v;
-  let parsed: CloudEvent<unknown> | CloudEvent<unknown>[];
+  return flat;
+}
+
+function checked(e: CloudEvent<unknown>): CloudEvent<unknown> {
   try {
-    parsed = HTTP.toEvent({ headers: flat, body }) as CloudEvent<unknown> | CloudEvent<unknown>[];
+    // The SDK builds events without validating them; enforce CloudEvents 1.0 here.
+    e.validate();
+  } catch (err) {
+    throw new BadEventError(`invalid CloudEvent: ${eventErrorText(err)}`);
+  }
+  if (e.specversion !== '1.0') throw new BadEventError(`CloudEvents specversion ${e.specversion} is not supported (use 1.0)`);
+  return e;
+}
+
+/**
+ * Reads every CloudEvent of an HTTP request (binary, structured or batch mode), keeping the
+ * good events of a batch when some are bad.
+ * @param headers request headers (any case); @param body raw request body as text.
+ * @returns the valid events and one message per invalid batch element.
+ * @throws BadEventError when the request as a whole is unusable: no CloudEvent, invalid
+ *   JSON, a batch that is not a JSON array or holds more than {@link MAX_BATCH} events.
+ */
+export function readCloudEvents(headers: Record<string, string | string[] | undefined>, body: string): { events: CloudEvent<unknown>[]; errors: string[] } {
+  const flat = flatHeaders(headers);
+  if ((flat['content-type'] ?? '').startsWith(BATCH_CONTENT_TYPE)) {
+    let list: unknown;
+    try {
+      list = JSON.parse(body);
+    } catch {
+      throw new BadEventError('not a CloudEvent: batch body is not valid JSON');
+    }
+    if (!Array.isArray(list)) throw new BadEventError('not a CloudEvent: a batch must be a JSON array of events');
+    if (list.length === 0) throw new BadEventError('empty CloudEvents batch');
+    if (list.length > MAX_BATCH) throw new BadEventError(`batch holds ${list.length} events; at most ${MAX_BATCH} are accepted per request`);
+    const events: CloudEvent<unknown>[] = [];
+    const errors: string[] = [];
+    list.forEach((item: unknown, i: number) => {
+      try {
+        if (typeof item !== 'object' || item === null || Array.isArray(item)) throw new BadEventError('invalid CloudEvent: not a JSON object');
+        events.push(checked(new CloudEvent<unknown>(item as CloudEvent<unknown>, false)));
+      } catch (err) {
+        errors.push(`batch[${i}]: ${err instanceof BadEventError ? err.message : eventErrorText(err)}`);
+      }
+    });
+    return { events, errors };
+  }
+  let parsed: CloudEvent<unknown>;
+  try {
+    parsed = HTTP.toEvent({ headers: flat, body }) as CloudEvent<unknown>;
   } catch (err) {
     throw new BadEventError(`not a CloudEvent: ${eventErrorText(err)}`);
   }
-  const events = Array.isArray(parsed) ? parsed : [parsed];
-  if (events.length === 0) throw new BadEventError('empty CloudEvents batch');
-  for (const e of events) {
-    try {
-      // The SDK builds events without validating them; enforce CloudEvents 1.0 here.
-      e.validate();
-    } catch (err) {
-      throw new BadEventError(`invalid CloudEvent: ${eventErrorText(err)}`);
-    }
-    if (e.specversion !== '1.0') throw new BadEventError(`CloudEvents specversion ${e.specversion} is not supported (use 1.0)`);
-  }
+  return { events: [checked(parsed)], errors: [] };
+}
+
+/**
+ * Parses an HTTP request into CloudEvents (binary, structured or batch), strictly.
+ * @returns one event per CloudEvent (a batch yields several).
+ * @throws BadEventError naming what is wrong (no CloudEvent, invalid JSON, missing required
+ *   attributes — in any element of a batch — or an oversized batch).
+ */
+export function parseCloudEvents(headers: Record<string, string | string[] | undefined>, body: string): CloudEvent<unknown>[] {
+  const { events, errors } = readCloudEvents(headers, body);
+  if (errors.length > 0) throw new BadEventError(errors.join('; '));
   return events;
 }
 
 function eventErrorText(err: unknown): string {
-  if (err instanceof ValidationError) return [err.message, ...(err.errors ?? []).map((x) => (typeof x === 'string' ? x : JSON.stringify(x)))].join('; ').slice(0, 300);
+  if (err instanceof ValidationError) {
+    // ajv errors → "type: must have required property" style, never raw JSON.
+    const details = (err.errors ?? []).map((x) => {
+      if (typeof x === 'string') return x.split('\n')[0];
+      const e = x as { instancePath?: string; message?: string; params?: { missingProperty?: string } };
+      return e.params?.missingProperty ? `missing required attribute ${e.params.missingProperty}` : `${e.instancePath || 'event'} ${e.message ?? 'is invalid'}`;
+    });
+    return [err.message.split('\n')[0], ...details].join('; ').slice(0, 300);
+  }
   if (err instanceof SyntaxError) return 'body is not valid JSON';
   return (err instanceof Error ? err.message : String(err)).split('\n')[0]!.slice(0, 300);
 }
@@ -144,6 +197,10 @@ export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonl
   if (!ref.apiVersion || !ref.kind || !ref.name) {
     throw new BadEventError(`event ${event.type}: data must name the object (apiVersion, kind, name${mode === 'resource' ? ' under metadata' : ''})`);
   }
+  // Names end up in API paths and field selectors: only valid Kubernetes names get through
+  // (".." would otherwise turn a namespaced call into a cluster-wide one).
+  if (!isDns1123Subdomain(ref.name)) throw new BadEventError(`event ${event.type}: name ${JSON.stringify(ref.name).slice(0, 80)} is not a valid Kubernetes object name`);
+  if (ref.namespace !== undefined && !isDns1123Label(ref.namespace)) throw new BadEventError(`event ${event.type}: namespace ${JSON.stringify(ref.namespace).slice(0, 80)} is not a valid namespace name`);
   return { type: 'object', id: event.id, verb, mode, target: targetOf(ref, consumerKinds), ref, labels };
 }
 

@@ -96,6 +96,7 @@ export const isForbidden = (err: unknown): boolean => apiStatus(err) === 403;
  * Never includes request bodies, so no Secret data can leak through it.
  */
 export function describeError(err: unknown): string {
+  if (err instanceof RedactedApiError) return err.message;
   const code = apiStatus(err);
   const body = (err as { body?: unknown })?.body;
   let status: { reason?: string; message?: string } | undefined;
@@ -130,4 +131,36 @@ export async function retryOnConflict<T>(fn: (attempt: number) => Promise<T>, at
       await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 20 * i)));
     }
   }
+}
+
+/** An API error stripped of everything the server echoed back: code, reason, field names. */
+export class RedactedApiError extends Error {
+  readonly code: number | undefined;
+  /** @param code HTTP status kept so `isConflict`/`isNotFound` still work. */
+  constructor(code: number | undefined, message: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
+/**
+ * For errors of requests whose body held Secret data (mirror create/update): the API
+ * server's message may quote the rejected values (an admission policy or validation can
+ * echo them), so only the status code, the reason and the names of offending fields
+ * survive. SPEC §15: no Secret data in errors.
+ * @returns a {@link RedactedApiError} (the input unchanged when it is not an API error).
+ */
+export function redactApiError(err: unknown): unknown {
+  const code = apiStatus(err);
+  if (code === undefined) return err;
+  const body = (err as { body?: unknown }).body;
+  let status: { reason?: string; details?: { causes?: { field?: string }[] } } | undefined;
+  try {
+    status = (typeof body === 'string' ? JSON.parse(body) : body) as typeof status;
+  } catch {
+    status = undefined;
+  }
+  const fields = [...new Set((status?.details?.causes ?? []).map((c) => c.field).filter((f): f is string => typeof f === 'string'))];
+  const reason = typeof status?.reason === 'string' ? ` ${status.reason}` : '';
+  return new RedactedApiError(code, `HTTP ${code}${reason}${fields.length ? ` (fields: ${fields.join(', ').slice(0, 200)})` : ''}; the API server's message is withheld because the request carried Secret data`);
 }

@@ -5,7 +5,7 @@
  */
 import type { V1Secret } from '@kubernetes/client-node';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName, sameOwner } from '../lib/mirror.ts';
-import { isConflict, isNotFound, retryOnConflict, type Clients } from '../lib/kube.ts';
+import { isConflict, isNotFound, redactApiError, retryOnConflict, type Clients } from '../lib/kube.ts';
 import { planRelease, type IsConsumerRef } from './plan.ts';
 
 /** An owner to release: uid optional (absent = any object of that group, kind and name). */
@@ -59,7 +59,11 @@ export async function releaseMirror(clients: Clients, namespace: string, name: s
       return 'deleted';
     }
     mirror.metadata!.ownerReferences = plan.ownerReferences;
-    await clients.core.replaceNamespacedSecret({ name, namespace, body: mirror });
+    try {
+      await clients.core.replaceNamespacedSecret({ name, namespace, body: mirror });
+    } catch (err) {
+      throw redactApiError(err); // the body carried the mirror's data
+    }
     return 'released';
   }, 20);
 }

@@ -5,7 +5,7 @@
  * retries), 400 for events this function cannot use (with a JSON body saying why).
  */
 import type { Request, Response } from 'express';
-import { BadEventError, classifyEvent, parseCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
+import { BadEventError, classifyEvent, readCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import { consumersFor, reconcileAll, type ObjectEvent } from './fanout.ts';
 import type { ReconcileDeps, ReconcileResult } from './reconcile.ts';
@@ -23,8 +23,32 @@ export interface EventConfig {
 
 type Done = { id: string; results?: Pick<ReconcileResult, 'object' | 'outcome' | 'reason' | 'retry'>[]; resync?: ResyncSummary; ignored?: string };
 
+// One resync at a time per instance: a ping that arrives while one runs joins it, so a
+// flood of pings (or a batch of them) costs one resync, not one each.
+let running: Promise<ResyncSummary> | undefined;
+function resyncOnce(deps: ReconcileDeps, cfg: EventConfig): Promise<ResyncSummary> {
+  running ??= resync(deps, { sink: cfg.sink, concurrency: cfg.concurrency }).finally(() => {
+    running = undefined;
+  });
+  return running;
+}
+
+/**
+ * Drops repeated work from one request: pings beyond the first, and object events naming the
+ * same object as an earlier one (each reconcile re-reads everything, so once is enough).
+ */
+export function coalesce(requests: readonly EventRequest[]): EventRequest[] {
+  const seen = new Set<string>();
+  return requests.filter((r) => {
+    const key = r.type === 'ping' ? 'ping' : JSON.stringify([r.target, r.ref.apiVersion, r.ref.kind, r.ref.namespace ?? '', r.ref.name]);
+    if (seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
+}
+
 async function handleOne(deps: ReconcileDeps, cfg: EventConfig, ev: EventRequest): Promise<Done> {
-  if (ev.type === 'ping') return { id: ev.id, resync: await resync(deps, { sink: cfg.sink, concurrency: cfg.concurrency }) };
+  if (ev.type === 'ping') return { id: ev.id, resync: await resyncOnce(deps, cfg) };
   if (ev.target === 'other') throw new BadEventError(`event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`);
   if (ev.target === 'secret' && !cfg.sourceSecretEvents) {
     throw new BadEventError(`event ${ev.id} is about a Secret, but the source-Secret fast path is off (set CAPTF_SOURCE_SECRET_EVENTS=true)`);
@@ -37,17 +61,19 @@ async function handleOne(deps: ReconcileDeps, cfg: EventConfig, ev: EventRequest
 /**
  * Express handler for `POST /`.
  * Answers: 200 `{events: [...]}`; 400 `{error}` for a malformed or unusable event (valid
- * events of a batch are still processed); 503 `{error, events}` when a reconcile asks for a
- * retry or an API call failed.
+ * events of a batch are still processed) or a batch over `MAX_BATCH`; 503 `{error, events}`
+ * when a reconcile asks for a retry or an API call failed. Pings in one request, and pings
+ * arriving while a resync runs, share that one resync.
  */
 export function eventsHandler(deps: ReconcileDeps, cfg: EventConfig) {
   return async (req: Request, res: Response): Promise<void> => {
     const body = typeof req.body === 'string' ? req.body : '';
-    let requests: EventRequest[];
+    let requests: EventRequest[] = [];
     const bad: string[] = [];
     try {
-      requests = [];
-      for (const e of parseCloudEvents(req.headers, body)) {
+      const read = readCloudEvents(req.headers, body);
+      bad.push(...read.errors);
+      for (const e of read.events) {
         try {
           requests.push(classifyEvent(e, deps.kinds));
         } catch (err) {
@@ -65,7 +91,7 @@ export function eventsHandler(deps: ReconcileDeps, cfg: EventConfig) {
     }
     const done: Done[] = [];
     let retry = false;
-    for (const r of requests) {
+    for (const r of coalesce(requests)) {
       try {
         const d = await handleOne(deps, cfg, r);
         if (d.results?.some((x) => x.retry)) retry = true;

@@ -4,6 +4,7 @@
  * mirror is current and carries this object's owner reference; otherwise a non-2xx JSON
  * body with the reason, so a destroy never starts with stale or missing credentials.
  */
+import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import type { ConsumerKind } from '../lib/api.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import { HttpError } from '../lib/http.ts';
@@ -41,6 +42,8 @@ export function parsePrepareRequest(raw: string, kinds: readonly ConsumerKind[])
     if (typeof b[f] !== 'string' || b[f] === '') throw new HttpError(400, `field ${f} must be a non-empty string`, 'BadRequest');
   }
   const req = { apiVersion: b.apiVersion as string, kind: b.kind as string, namespace: b.namespace as string, name: b.name as string };
+  if (!isDns1123Label(req.namespace)) throw new HttpError(400, `namespace ${JSON.stringify(req.namespace).slice(0, 80)} is not a valid namespace name`, 'BadRequest');
+  if (!isDns1123Subdomain(req.name)) throw new HttpError(400, `name ${JSON.stringify(req.name).slice(0, 80)} is not a valid object name`, 'BadRequest');
   const kind = findConsumerKind(kinds, req.apiVersion, req.kind);
   if (!kind) {
     throw new HttpError(400, `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map((k) => `${k.group}/${k.version}/${k.kind}`).join(', ')})`, 'UnknownKind');

@@ -6,10 +6,10 @@
  * calls; the same code serves events, resync and prepare.
  */
 import type { KubeConfig, V1Secret } from '@kubernetes/client-node';
-import { isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
+import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
 import { GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
-import { describeError, isForbidden, isNotFound, makeClients, retryOnConflict, type Clients } from '../lib/kube.ts';
+import { describeError, isForbidden, isNotFound, makeClients, redactApiError, retryOnConflict, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { isCurrent, isOurs, mirrorName, ownerReferenceFor, sourceHash, type SecretLike } from '../lib/mirror.ts';
 import { releaseOwnerEverywhere, revokeMirror } from './cleanup.ts';
@@ -135,7 +135,13 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
     return { outcome: 'no-identity-ref', retry: false, reason: 'NoIdentityRef', message: 'spec.identityRef is not set; no credentials are mirrored' };
   }
 
-  // 3. The identity.
+  // 3. The identity. A name that is not a valid object name cannot exist (and must not be
+  // put into a URL, where "." or ".." would change the request).
+  if (!isDns1123Subdomain(identityName)) {
+    const message = `spec.identityRef.name ${JSON.stringify(identityName).slice(0, 80)} is not a valid TerraformClusterIdentity name`;
+    await writeConditions(clients, kind, consumer, [cond({ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message })], now, deps.logger);
+    return { identity: undefined, outcome: 'identity-not-found', retry: false, reason: 'IdentityNotFound', message };
+  }
   const identity = (await getOrUndefined(
     clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: identityName }),
   )) as TerraformClusterIdentity | undefined;
@@ -180,13 +186,19 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
 
   // 6. The mirror: create, or one resourceVersion-guarded update, or nothing at all.
   let failure: { message: string; retry: boolean } | undefined;
+  let wrote = false;
   try {
     failure = await retryOnConflict(async () => {
       const existing = await getOrUndefined(clients.core.readNamespacedSecret({ name: name_, namespace }));
       const plan = planMirror(existing as SecretLike | undefined, identityName, namespace, source.data, hash, owner);
       if (plan.action === 'blocked') return { message: plan.message, retry: false };
-      if (plan.action === 'create') await clients.core.createNamespacedSecret({ namespace, body: plan.body as V1Secret });
-      else if (plan.action === 'update') await clients.core.replaceNamespacedSecret({ name: name_, namespace, body: plan.body as V1Secret });
+      try {
+        if (plan.action === 'create') await clients.core.createNamespacedSecret({ namespace, body: plan.body as V1Secret });
+        else if (plan.action === 'update') await clients.core.replaceNamespacedSecret({ name: name_, namespace, body: plan.body as V1Secret });
+      } catch (err) {
+        throw redactApiError(err);
+      }
+      wrote = plan.action !== 'none';
       return undefined;
     }, 20);
   } catch (err) {
@@ -197,11 +209,30 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
     return { identity: identityName, outcome: 'mirror-failed', retry: failure.retry, reason: 'MirrorFailed', message: failure.message };
   }
 
+  // A revocation (narrowed list, relabelled namespace, deleted identity) may have landed
+  // between step 4 and our write and found no mirror to delete. Re-check after writing so a
+  // mirror never outlives its permission by a resync period.
+  if (wrote && !(await stillAllowed(clients, identityName, namespace))) {
+    await revokeMirror(clients, namespace, identityName);
+    const message = `namespace ${namespace} stopped being allowed by TerraformClusterIdentity ${identityName} while the mirror was written; the mirror was deleted`;
+    await writeConditions(clients, kind, consumer, [cond({ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message })], now, deps.logger);
+    return { identity: identityName, outcome: 'not-allowed', retry: true, reason: 'NamespaceNotAllowed', message };
+  }
+
   // 7. Mirrored. The message names the mirror, never data or hash.
   const message = `mirror ${namespace}/${name_} is current and owned by this object`;
   const desired = [allowedCond, cond({ type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message })];
   await writeConditions(clients, kind, consumer, desired, now, deps.logger);
   return { identity: identityName, outcome: 'mirrored', retry: false, reason: 'Mirrored', message, mirror: name_, sourceHash: hash };
+}
+
+/** Fresh reads of the identity and namespace: is `namespace` still allowed (SPEC §2)? */
+async function stillAllowed(clients: Clients, identityName: string, namespace: string): Promise<boolean> {
+  const identity = (await getOrUndefined(
+    clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: identityName }),
+  )) as TerraformClusterIdentity | undefined;
+  const ns = identity ? await getOrUndefined(clients.core.readNamespace({ name: namespace })) : undefined;
+  return Boolean(identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: namespace, labels: ns.metadata?.labels }));
 }
 
 /**

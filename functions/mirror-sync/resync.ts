@@ -100,6 +100,7 @@ async function sendToSink(sink: string, req: ConsumerRequest, deps: ReconcileDep
 /**
  * SPEC §6: deletes mirrors none of whose consumer owner references points at an existing
  * object (same UID), and removes dangling references from mirrors that still have users.
+ * Mirrors with an owner reference of a kind not configured here are left alone.
  * Every write is resourceVersion-guarded via {@link releaseMirror}.
  */
 async function collectOrphans(clients: Clients, deps: ReconcileDeps): Promise<{ deleted: number; released: number }> {
@@ -114,6 +115,9 @@ async function collectOrphans(clients: Clients, deps: ReconcileDeps): Promise<{ 
       if (!identity || !isOurs(m, identity)) continue;
       const namespace = m.metadata!.namespace!;
       const refs = (m.metadata?.ownerReferences ?? []) as OwnerReference[];
+      // An owner of a kind this instance does not know (another instance's configuration,
+      // a rollout in progress) may be a live user: never collect such a mirror here.
+      if (refs.some((r) => !isConsumerRef(r))) continue;
       const consumerRefs = refs.filter(isConsumerRef);
       const dangling: OwnerReference[] = [];
       for (const r of consumerRefs) if (!(await ownerExists(clients, deps, namespace, r))) dangling.push(r);

@@ -59,7 +59,7 @@ async function recordEvent(clients: Clients, kind: ConsumerKind, obj: Consumer, 
       namespace: namespace!,
       body: {
         // client-go's naming: <object>.<unique hex> (generateName may not end in '.').
-        metadata: { name: `${name}.${Date.now().toString(16)}${randomBytes(3).toString('hex')}` },
+        metadata: { name: `${name!.slice(0, 220)}.${Date.now().toString(16)}${randomBytes(3).toString('hex')}` },
         // metav1.MicroTime needs six fractional digits; a Date would serialise with three.
         eventTime: now.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z') as unknown as Date,
         reportingController: REPORTING_CONTROLLER,

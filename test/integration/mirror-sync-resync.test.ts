@@ -108,6 +108,20 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     assert.ok(resyncLine && typeof resyncLine.durationMs === 'number');
   });
 
+  it('never collects a mirror owned by a kind this instance is not configured for', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const m = await createConsumer(a, n, 'machine-owner', id, 'TerraformMachine');
+    await deliver(url, consumerEvent(m));
+    const narrow = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: captureLogger('mirror-sync').logger, env: { CAPTF_CONSUMER_KINDS: 'infrastructure.cluster.x-k8s.io/v1beta2/TerraformCluster' } });
+    try {
+      assert.equal((await deliver(`http://127.0.0.1:${narrow.port}/`, pingEvent())).status, 200);
+      assert.ok(await getMirror(a, n, id), 'still used by a TerraformMachine the narrow instance does not know');
+    } finally {
+      await narrow.close();
+    }
+  });
+
   it('with K_SINK set, sends one CloudEvent per consumer to the sink instead of reconciling', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });

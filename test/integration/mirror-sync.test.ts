@@ -393,6 +393,96 @@ describe('bad input (SPEC §15)', () => {
   });
 });
 
+describe('names and batches (SPEC §12, §15)', () => {
+  const ce = (type: string, data: object) => ({ 'ce-id': String(Math.random()), 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': type, 'content-type': 'application/json', _body: JSON.stringify(data) });
+  const post = async (h: ReturnType<typeof ce>) => {
+    const { _body, ...headers } = h;
+    const r = await fetch(`${url}/`, { method: 'POST', headers, body: _body });
+    const text = await r.text();
+    responses.push(text);
+    return { status: r.status, body: JSON.parse(text) as { error: string } };
+  };
+  it('refuses names that are not Kubernetes names ("..", ".", selector syntax) with 400', async () => {
+    const cases: [object, RegExp][] = [
+      [{ apiVersion: 'v1', kind: 'Namespace', name: '..' }, /not a valid Kubernetes object name/],
+      [{ apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'x', namespace: '..' }, /not a valid namespace name/],
+      [{ apiVersion: API_VERSION, kind: 'TerraformClusterIdentity', name: 'aws,metadata.namespace=x' }, /not a valid Kubernetes object name/],
+    ];
+    for (const [data, re] of cases) {
+      const r = await post(ce('dev.knative.apiserver.ref.update', data));
+      assert.equal(r.status, 400, JSON.stringify(data));
+      assert.match(r.body.error, re);
+    }
+    const p = await fetch(`${url}/prepare`, { method: 'POST', body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team', name: '.' }) });
+    assert.equal(p.status, 400);
+    assert.match(((await p.json()) as { error: string }).error, /not a valid object name/);
+  });
+
+  it('a mixed batch still processes its good events, and says which elements were bad', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'batched', id);
+    const body = JSON.stringify([consumerEvent(c).toJSON(), { specversion: '1.0', id: 'x' }, 'not an object']);
+    const r = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body });
+    const text = await r.text();
+    responses.push(text);
+    assert.equal(r.status, 400);
+    const err = (JSON.parse(text) as { error: string }).error;
+    assert.match(err, /batch\[1\]: invalid CloudEvent: .*missing required attribute/);
+    assert.match(err, /batch\[2\]: invalid CloudEvent: not a JSON object/);
+    assert.doesNotMatch(err, /instancePath|\n/);
+    assert.ok(await getMirror(a, n, id), 'the valid event was processed');
+  });
+
+  it('refuses a batch over 100 events whole, and a batch that is not an array', async () => {
+    const big = JSON.stringify(Array.from({ length: 101 }, () => ({ specversion: '1.0', id: '1', source: 's', type: 'dev.knative.sources.ping' })));
+    const r = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body: big });
+    assert.equal(r.status, 400);
+    assert.match(((await r.json()) as { error: string }).error, /batch holds 101 events; at most 100/);
+    const obj = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body: '{"specversion":"1.0"}' });
+    assert.match(((await obj.json()) as { error: string }).error, /a batch must be a JSON array/);
+  });
+
+  it('a batch of 40 pings runs one resync, not 40', async () => {
+    const before = log.entries().filter((e) => e.message === 'resync').length;
+    const body = JSON.stringify(Array.from({ length: 40 }, (_, i) => ({ specversion: '1.0', id: `p${i}`, source: 's', type: 'dev.knative.sources.ping' })));
+    const r = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body });
+    responses.push(await r.text());
+    assert.equal(r.status, 200);
+    assert.equal(log.entries().filter((e) => e.message === 'resync').length - before, 1);
+  });
+});
+
+describe('errors never carry Secret data (SPEC §15)', () => {
+  it('a mirror write refused by a policy that quotes the data yields MirrorFailed without the values', async () => {
+    const label = `captf-test-vap-${suffix()}`;
+    const n = await ns.create({ [label]: 'true' });
+    const id = await newIdentity({ list: [n] });
+    const admReg = await import('@kubernetes/client-node');
+    const vap = a.kc.makeApiClient(admReg.AdmissionregistrationV1Api);
+    // A careless policy whose message echoes the Secret's data back to the writer.
+    await vap.createValidatingAdmissionPolicy({ body: { metadata: { name: label }, spec: { failurePolicy: 'Fail', matchConstraints: { resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE', 'UPDATE'], resources: ['secrets'] }] }, validations: [{ expression: 'false', messageExpression: "'rejected data: ' + string(object.data)" }] } } });
+    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicy({ name: label }));
+    await vap.createValidatingAdmissionPolicyBinding({ body: { metadata: { name: label }, spec: { policyName: label, validationActions: ['Deny'], matchResources: { namespaceSelector: { matchLabels: { [label]: 'true' } } } } } });
+    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicyBinding({ name: label }));
+    const c = await createConsumer(a, n, 'refused', id);
+    // The policy takes a moment to be enforced; until then the write may succeed.
+    await eventually('the policy to refuse the mirror write', async () => {
+      await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n }).catch(() => undefined);
+      const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
+      return r.status === 503 && conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored')?.reason === 'MirrorFailed';
+    }, 60_000);
+    const cond = conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored')!;
+    assert.match(cond.message, /HTTP \d{3}.*withheld because the request carried Secret data/);
+    const prep = await fetch(`${url}/prepare`, { method: 'POST', body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'refused' }) });
+    const prepText = await prep.text();
+    responses.push(prepText);
+    assert.equal(prep.status, 409);
+    assert.equal((JSON.parse(prepText) as { reason: string }).reason, 'MirrorFailed');
+    assertNoSecret(JSON.stringify(cond) + prepText, SECRET_VALUES, 'condition and prepare answer');
+  });
+});
+
 describe('never leak a secret (SPEC §15)', () => {
   it('planted values appear in no log line, response, Event or condition', async () => {
     assertNoSecret(log.lines.join('\n'), SECRET_VALUES, 'mirror-sync logs');
