@@ -16,10 +16,10 @@ import { execFile } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { ApiextensionsV1Api, KubernetesObjectApi, PatchStrategy, loadAllYaml, type KubeConfig, type KubernetesObject, type V1CustomResourceDefinition } from '@kubernetes/client-node';
-import { FIELD_MANAGER } from '../functions/lib/api.ts';
+import { KubernetesObjectApi, loadAllYaml, type KubeConfig, type V1CustomResourceDefinition } from '@kubernetes/client-node';
 import { REPO_ROOT, buildGoTools, cacheDir, pinnedVersion, type GoTool } from './controlplane/build.ts';
 import { freePort } from './controlplane/controlplane.ts';
+import { applyCRDs } from './controlplane/crds.ts';
 import { withBuildLock } from './build-lock.ts';
 
 const execFileP = promisify(execFile);
@@ -278,30 +278,13 @@ export async function loadThirdPartyCRDs(): Promise<{ source: string; crd: V1Cus
 }
 
 /**
- * Installs the third-party CRDs (server-side apply, forced, field manager
- * `captf-credentials`) and waits until each is Established.
+ * Installs the third-party CRDs with the project's {@link applyCRDs} (server-side apply,
+ * then Established and serving lists).
  * @returns the CRD names installed.
- * @throws Error when the API server rejects one or it is not Established in `timeoutMs`.
+ * @throws Error when the API server rejects one or it is not ready in `timeoutMs`.
  */
 export async function installThirdPartyCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
-  const objects = KubernetesObjectApi.makeApiClient(kc);
-  const ext = kc.makeApiClient(ApiextensionsV1Api);
-  const crds = await loadThirdPartyCRDs();
-  for (const { crd } of crds) {
-    // Upstream files carry a `status` or helm-less labels at most; apply them as they are.
-    await objects.patch(crd as KubernetesObject, undefined, undefined, FIELD_MANAGER, true, PatchStrategy.ServerSideApply);
-  }
-  const names = crds.map((c) => c.crd.metadata!.name!);
-  const deadline = Date.now() + timeoutMs;
-  for (const name of names) {
-    for (;;) {
-      const crd = await ext.readCustomResourceDefinition({ name });
-      if (crd.status?.conditions?.some((c) => c.type === 'Established' && c.status === 'True')) break;
-      if (Date.now() > deadline) throw new Error(`CRD ${name} not Established after ${timeoutMs} ms`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  }
-  return names;
+  return applyCRDs(kc, (await loadThirdPartyCRDs()).map((c) => c.crd), timeoutMs);
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

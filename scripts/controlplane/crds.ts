@@ -17,26 +17,46 @@ export function loadCRDs(): V1CustomResourceDefinition[] {
 }
 
 /**
- * Applies the CRDs (server-side apply, field manager `captf-credentials`, forced) and waits
- * for `Established=True` on each.
- * @throws Error when the API server rejects a CRD or one is not established within `timeoutMs`.
+ * Applies CRDs (server-side apply, field manager `captf-credentials`, forced), waits for
+ * `Established=True` on each, then until each resource answers a list (right after
+ * Established, lists may still get 429 while its storage initialises).
+ * @returns the CRD names.
+ * @throws Error when the API server rejects a CRD or one is not ready within `timeoutMs`.
  */
-export async function installCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
+export async function applyCRDs(kc: KubeConfig, crds: readonly V1CustomResourceDefinition[], timeoutMs = 60_000): Promise<string[]> {
   const objects = KubernetesObjectApi.makeApiClient(kc);
   const ext = kc.makeApiClient(ApiextensionsV1Api);
-  const crds = loadCRDs();
   for (const crd of crds) {
     await objects.patch(crd as KubernetesObject, undefined, undefined, FIELD_MANAGER, true, PatchStrategy.ServerSideApply);
   }
-  const names = crds.map((c) => c.metadata!.name!);
   const deadline = Date.now() + timeoutMs;
-  for (const name of names) {
+  const waitFor = async (what: string, ready: () => Promise<boolean>) => {
     for (;;) {
-      const crd = await ext.readCustomResourceDefinition({ name });
-      if (crd.status?.conditions?.some((c) => c.type === 'Established' && c.status === 'True')) break;
-      if (Date.now() > deadline) throw new Error(`CRD ${name} not Established after ${timeoutMs} ms`);
+      let last = '';
+      try {
+        if (await ready()) return;
+      } catch (err) {
+        last = `: ${String(err).split('\n')[0]}`;
+      }
+      if (Date.now() > deadline) throw new Error(`${what} after ${timeoutMs} ms${last}`);
       await new Promise((r) => setTimeout(r, 200));
     }
+  };
+  for (const crd of crds) {
+    const name = crd.metadata!.name!;
+    await waitFor(`CRD ${name} not Established`, async () =>
+      Boolean((await ext.readCustomResourceDefinition({ name })).status?.conditions?.some((c) => c.type === 'Established' && c.status === 'True')));
+    const { group, names, versions } = crd.spec;
+    const version = versions.find((v) => v.storage)?.name ?? versions[0]!.name;
+    await waitFor(`CRD ${name} does not serve lists`, async () => {
+      await objects.list(`${group}/${version}`, names.kind, undefined, undefined, undefined, undefined, undefined, undefined, 1);
+      return true;
+    });
   }
-  return names;
+  return crds.map((c) => c.metadata!.name!);
+}
+
+/** Installs the project's own CRDs (manifests/crds/) with {@link applyCRDs}. */
+export function installCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
+  return applyCRDs(kc, loadCRDs(), timeoutMs);
 }

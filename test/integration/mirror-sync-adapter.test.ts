@@ -56,8 +56,9 @@ for (const mode of ['Reference', 'Resource'] as const) {
         return undefined;
       }, 90_000);
       assert.equal(mirror.metadata!.ownerReferences![0]!.name, 'e2e');
-      const line = log.entries().find((e) => e.message === 'reconcile' && e.object === `${n}/e2e` && e.outcome === 'mirrored');
-      assert.ok(line, 'mirror-sync logged the reconcile');
+      // The mirror is written before the reconcile finishes (status, Events, then its log line).
+      const line = await eventually('mirror-sync to log the reconcile', async () =>
+        log.entries().find((e) => e.message === 'reconcile' && e.object === `${n}/e2e` && e.outcome === 'mirrored'), 30_000);
       t.diagnostic(`reconcile log line: ${JSON.stringify(line)}`);
 
       await deleteConsumer(a, n, 'e2e');
