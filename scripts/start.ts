@@ -110,6 +110,6 @@ ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'clu
   functions: admission ${f.admission.url}/validate (webhook ${system.webhook ? 'registered' : 'NOT registered'}), mirror-sync ${f['mirror-sync'].url}, identity-status ${f['identity-status'].url}
   events: ${system.eventSource === 'adapter' ? "Knative's ApiServerSource adapter" : 'local event source (client-node watches; same CloudEvents as the adapter)'}; pings: status every ${values.status}, resync every ${values.resync}${system.controlPlane ? `
   try: kubectl apply -f examples/ && kubectl get terraformclusters -A
-  users: sign client certificates with ${system.controlPlane.dir}/pki/client-ca.crt/.key (examples/README.md)` : ''}
+  users: sign client certificates with ${system.controlPlane.dir}/pki/client-ca.crt and client-ca.key (examples/README.md)` : ''}
   Ctrl-C stops everything.
 `);

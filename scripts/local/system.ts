@@ -133,6 +133,10 @@ async function waitHealthy(url: string, caPem: string | undefined, child: ChildP
  */
 async function startFunction(name: FunctionName, env: NodeJS.ProcessEnv, caPem: string | undefined, onLine: (l: string) => void): Promise<RunningFunction> {
   const child = spawn(process.execPath, [join(REPO_ROOT, 'functions', 'main.ts'), name], { env, stdio: ['ignore', 'pipe', 'pipe'], cwd: REPO_ROOT });
+  // Last resort, as for the control plane: a parent that exits abruptly leaves no function behind.
+  const killOnExit = () => child.kill('SIGKILL');
+  process.once('exit', killOnExit);
+  child.once('exit', () => process.off('exit', killOnExit));
   const tail: string[] = [];
   let portSeen!: (p: { port: number; scheme: string }) => void;
   const bound = new Promise<{ port: number; scheme: string }>((r) => (portSeen = r));

@@ -6,6 +6,7 @@
  * accepted by the API server's CRD schemas.
  */
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
@@ -17,6 +18,7 @@ import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { startApiServerSourceAdapter, type RunningAdapter } from '../../scripts/knative.ts';
 import { Delivery, refEvent, startLocalEventSource, waitForWatchCaches, watchedResources, type DeliveryReport, type LocalEventSource } from '../../scripts/local/events.ts';
 import { EXAMPLES_DIR, applyExamples } from '../../scripts/local/examples.ts';
+import { builtKubectlPath } from '../../scripts/local/kubectl.ts';
 import { builtAdapterPath } from '../../scripts/local/system.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 
@@ -202,25 +204,32 @@ describe('Delivery, like a Trigger with retry 5 and exponential back-off', () =>
   });
 });
 
+/**
+ * A copy of examples/ with a fresh suffix on every namespace, identity and cluster-scoped
+ * RBAC name, so the shared test control plane keeps other files' objects apart; its objects
+ * are deleted after the file.
+ */
+function renamedExamples(): { dir: string; sfx: string } {
+  const sfx = suffix();
+  const dir = mkdtempSync(join(tmpdir(), 'captf-examples-'));
+  const renamed = /\b(captf-system|team-a|team-b|team-c|aws-prod|gcp-dev|captf-example-terraform-objects|captf-example-identity-author|tenants-identity-author)\b/g;
+  for (const f of readdirSync(EXAMPLES_DIR).filter((x) => x.endsWith('.yaml'))) {
+    writeFileSync(join(dir, f), readFileSync(join(EXAMPLES_DIR, f), 'utf8').replace(renamed, `$1-${sfx}`));
+  }
+  ns.onCleanup(async () => {
+    for (const id of ['aws-prod', 'gcp-dev']) await a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: `${id}-${sfx}` }).catch(() => undefined);
+    for (const name of ['captf-system', 'team-a', 'team-b', 'team-c']) await a.core.deleteNamespace({ name: `${name}-${sfx}` }).catch(() => undefined);
+    const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
+    for (const name of ['captf-example-terraform-objects', 'captf-example-identity-author']) await rbac.deleteClusterRole({ name: `${name}-${sfx}` }).catch(() => undefined);
+    await rbac.deleteClusterRoleBinding({ name: `tenants-identity-author-${sfx}` }).catch(() => undefined);
+    rmSync(dir, { recursive: true, force: true });
+  });
+  return { dir, sfx };
+}
+
 describe('examples/', () => {
   it('every document is accepted by the API server (server-side apply against the CRDs), in file order', async () => {
-    // The same files with this run's suffix on every namespace and identity name, so the
-    // shared test control plane keeps other files' objects apart.
-    const sfx = suffix();
-    const dir = mkdtempSync(join(tmpdir(), 'captf-examples-'));
-    const renamed = /\b(captf-system|team-a|team-b|team-c|aws-prod|gcp-dev|captf-example-terraform-objects|captf-example-identity-author|tenants-identity-author)\b/g;
-    for (const f of readdirSync(EXAMPLES_DIR).filter((x) => x.endsWith('.yaml'))) {
-      writeFileSync(join(dir, f), readFileSync(join(EXAMPLES_DIR, f), 'utf8').replace(renamed, `$1-${sfx}`));
-    }
-    const nsNames = ['captf-system', 'team-a', 'team-b', 'team-c'].map((x) => `${x}-${sfx}`);
-    ns.onCleanup(async () => {
-      for (const id of ['aws-prod', 'gcp-dev']) await a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: `${id}-${sfx}` }).catch(() => undefined);
-      for (const name of nsNames) await a.core.deleteNamespace({ name }).catch(() => undefined);
-      const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
-      for (const name of ['captf-example-terraform-objects', 'captf-example-identity-author']) await rbac.deleteClusterRole({ name: `${name}-${sfx}` }).catch(() => undefined);
-      await rbac.deleteClusterRoleBinding({ name: `tenants-identity-author-${sfx}` }).catch(() => undefined);
-      rmSync(dir, { recursive: true, force: true });
-    });
+    const { dir, sfx } = renamedExamples();
     const applied = await applyExamples(a.kc, dir);
     assert.equal(applied[0], `Namespace captf-system-${sfx}`, 'namespaces come first');
     assert.deepEqual(applied.map((x) => x.split(' ')[0]), ['Namespace', 'Namespace', 'Namespace', 'Namespace', 'Secret', 'Secret', 'TerraformClusterIdentity', 'TerraformClusterIdentity', 'TerraformCluster', 'TerraformMachine', 'TerraformCluster', 'TerraformCluster', 'TerraformMachine', 'ClusterRole', 'RoleBinding', 'ClusterRole', 'ClusterRoleBinding']);
@@ -232,5 +241,31 @@ describe('examples/', () => {
     assert.equal(labelled.metadata?.labels?.['captf.example/credentials'], 'gcp');
     // Applying again changes nothing and fails nowhere (kubectl apply is idempotent too).
     assert.equal((await applyExamples(a.kc, dir)).length, applied.length);
+  });
+
+  it('a real kubectl applies them client-side (`kubectl apply -f examples/`) and shows the printer columns', async (t) => {
+    const kubectl = builtKubectlPath();
+    if (!kubectl) {
+      t.skip('kubectl is not built (node scripts/local/kubectl.ts)');
+      return;
+    }
+    const { dir, sfx } = renamedExamples();
+    const run = (...args: string[]) => execFileSync(kubectl, ['--kubeconfig', `${controlPlaneDir()}/admin.kubeconfig`, ...args], { encoding: 'utf8' });
+    const first = run('apply', '-f', dir).trim().split('\n');
+    assert.equal(first.length, 17);
+    assert.ok(first.every((l) => l.endsWith(' created')), first.join('\n'));
+    const again = run('apply', '-f', dir).trim().split('\n');
+    // Secrets written with stringData always differ from what is stored (the server keeps
+    // only data), so kubectl re-sends them; everything else is unchanged.
+    assert.ok(again.every((l) => l.endsWith(' unchanged') || (l.startsWith('secret/') && l.endsWith(' configured'))), again.join('\n'));
+    const ids = run('get', 'terraformclusteridentities', `aws-prod-${sfx}`, `gcp-dev-${sfx}`);
+    t.diagnostic(ids);
+    assert.match(ids.split('\n')[0]!, /^NAME\s+READY\s+SECRET-NAMESPACE\s+SECRET\s+NAMESPACES\s+AGE$/);
+    assert.match(ids, new RegExp(`aws-prod-${sfx}\\s+captf-system-${sfx}\\s+aws-prod-${sfx}-credentials`));
+    const tcs = run('get', 'terraformclusters', '-n', `team-a-${sfx}`);
+    assert.match(tcs.split('\n')[0]!, /^NAME\s+IDENTITY\s+MIRRORED\s+REASON\s+AGE$/);
+    // The selectable field works from kubectl too.
+    const bySelector = run('get', 'terraformclusters', '-A', '--field-selector', `spec.identityRef.name=aws-prod-${sfx}`, '-o', 'name');
+    assert.deepEqual(bySelector.trim().split('\n').sort(), ['terraformcluster.infrastructure.cluster.x-k8s.io/prod', 'terraformcluster.infrastructure.cluster.x-k8s.io/staging']);
   });
 });

@@ -121,7 +121,7 @@ describe('npm start on an embedded control plane', () => {
 });
 
 describe('npm start against a named cluster', () => {
-  it('never installs anything unless told: without CRDs it stops and says why; with them it runs and leaves the cluster up', async () => {
+  it('never installs anything unless told: without CRDs it stops and says why; with them it runs and leaves the cluster up; --install adds the webhook until exit', async () => {
     const cp = await startControlPlane({ dir: join(work, 'named'), log: () => undefined });
     planes.push(cp);
     const kc = new KubeConfig();
@@ -149,6 +149,19 @@ describe('npm start against a named cluster', () => {
     assert.doesNotMatch(run.output(), /and the control plane/);
     // The cluster is still there and still has the mirror.
     await kc.makeApiClient(CoreV1Api).readNamespacedSecret({ namespace: 'team-a', name: 'captf-creds-aws-prod' });
+
+    // --install on a cluster on this machine registers the webhook, and removes it on exit
+    // (left behind, failurePolicy Fail would block every identity write).
+    const installing = start(['--kubeconfig', cp.kubeconfigPath, '--dir', join(work, 'named-state'), '--local-events', '--install']);
+    assert.match(await installing.ready, /webhook registered/);
+    const adm = kc.makeApiClient(AdmissionregistrationV1Api);
+    await adm.readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION });
+    installing.child.kill('SIGINT');
+    assert.equal(await installing.exited, 0);
+    await adm.readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).then(
+      () => assert.fail('the webhook configuration was removed on exit'),
+      (e: unknown) => assert.ok(isNotFound(e)),
+    );
   });
 
   it('--use-current-context needs KUBECONFIG; bad durations are usage errors', async () => {
