@@ -268,36 +268,42 @@ export async function waitForWatchCaches(kc: KubeConfig, paths: readonly string[
   const deadline = Date.now() + timeoutMs;
   for (const path of paths) {
     let last = '';
-    let notServed = false;
     for (;;) {
-      const ok = await new Promise<boolean>((resolve) => {
+      const outcome = await new Promise<'ready' | 'retry' | 'absent'>((resolve) => {
+        let settled = false;
         let controller: AbortController | undefined;
-        const finish = (v: boolean, why = '') => {
+        const finish = (o: 'ready' | 'retry' | 'absent', why = '') => {
+          if (settled) return;
+          settled = true;
           last = why || last;
+          clearTimeout(timer);
           controller?.abort();
-          resolve(v);
+          resolve(o);
         };
-        const timer = setTimeout(() => finish(false, 'no initial-events-end bookmark within 5 s'), 5000);
-        new Watch(kc)
-          .watch(path, { sendInitialEvents: true, resourceVersionMatch: 'NotOlderThan', allowWatchBookmarks: true, timeoutSeconds: 10 },
-            (type, obj: { metadata?: { annotations?: Record<string, string> } }) => {
-              if (type === 'BOOKMARK' && obj.metadata?.annotations?.['k8s.io/initial-events-end'] === 'true') {
-                clearTimeout(timer);
-                finish(true);
-              }
-            },
-            (err: unknown) => {
-              clearTimeout(timer);
-              if ((err as { statusCode?: number } | null)?.statusCode === 404) notServed = true;
-              finish(false, err ? String((err as Error).message ?? err) : 'watch closed');
-            })
-          .then((c) => (controller = c), (err: unknown) => {
-            clearTimeout(timer);
-            finish(false, String((err as Error).message ?? err));
+        // A server without streaming lists (before Kubernetes 1.27, or the feature turned off)
+        // ignores sendInitialEvents and never sends the bookmark: an open watch is all there is.
+        const timer = setTimeout(() => finish('ready'), 5000);
+        void new Watch(kc).watch(path, { sendInitialEvents: true, resourceVersionMatch: 'NotOlderThan', allowWatchBookmarks: true, timeoutSeconds: 10 },
+          (type, obj: { metadata?: { annotations?: Record<string, string> } }) => {
+            if (type === 'BOOKMARK' && obj.metadata?.annotations?.['k8s.io/initial-events-end'] === 'true') finish('ready');
+            else if (type === 'ERROR') finish('retry', `watch error: ${JSON.stringify(obj).slice(0, 200)}`);
+          },
+          (err: unknown) => {
+            const status = (err as { statusCode?: number } | null)?.statusCode;
+            const why = err ? String((err as Error).message ?? err) : 'watch closed early';
+            if (status === 404) finish('absent', why);
+            // 429 (cache still initialising), 5xx, connection errors and early closes: try again.
+            else if (!err || status === undefined || status === 429 || status >= 500) finish('retry', why);
+            // Another 4xx (e.g. a parameter an older server rejects): nothing to wait for.
+            else finish('ready', why);
+          })
+          .then((c) => {
+            controller = c;
+            if (settled) c.abort();
           });
       });
-      if (ok) break;
-      if (notServed) throw new Error(`${path} is not served by this API server: are the CRDs installed? (npm start installs them on a named cluster only with --install)`);
+      if (outcome === 'ready') break;
+      if (outcome === 'absent') throw new Error(`${path} is not served by this API server: are the CRDs installed? (npm start installs them on a named cluster only with --install)`);
       if (Date.now() > deadline) throw new Error(`${path} is not watchable after ${timeoutMs} ms: ${last}`);
       await new Promise((r) => setTimeout(r, 200));
     }
