@@ -15,6 +15,7 @@
  *   --local-events          use the built-in event source even when the adapter is built
  *   --debug                 also print every delivery and every unchanged reconcile
  */
+import { delimiter, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { parseDuration } from './local/events.ts';
 import { printer, startSystem, type RunningSystem } from './local/system.ts';
@@ -48,13 +49,17 @@ if (values.help) {
 }
 
 // Never touch a cluster the user did not name: KUBECONFIG alone is not enough.
-let kubeconfig = values.kubeconfig;
+// npm runs scripts from the package root; relative paths mean the caller's directory.
+const callerDir = process.env.INIT_CWD ?? process.cwd();
+let kubeconfig = values.kubeconfig ? resolve(callerDir, values.kubeconfig) : undefined;
 if (!kubeconfig && values['use-current-context']) {
-  kubeconfig = process.env.KUBECONFIG;
-  if (!kubeconfig) {
+  // KUBECONFIG may list several files; only the first is used (it must hold the context).
+  const first = process.env.KUBECONFIG?.split(delimiter).find(Boolean);
+  if (!first) {
     console.error('--use-current-context needs KUBECONFIG to be set');
     process.exit(2);
   }
+  kubeconfig = resolve(callerDir, first);
 }
 if (values.install && !kubeconfig) console.error('(--install only matters with --kubeconfig; the embedded control plane always gets the CRDs)');
 let statusEveryMs: number;
