@@ -98,7 +98,7 @@ describe('npm start on an embedded control plane', () => {
     ];
     await eventually('the readable lines about the examples', async () => expected.every((re) => re.test(run.output())), 60_000);
     const core = kc.makeApiClient(CoreV1Api);
-    const mirror = await core.readNamespacedSecret({ namespace: 'team-b', name: 'captf-creds-aws-prod' });
+    const mirror = await eventually('the team-b mirror', () => core.readNamespacedSecret({ namespace: 'team-b', name: 'captf-creds-aws-prod' }).catch(() => undefined));
     assert.deepEqual(mirror.metadata?.ownerReferences?.map((o) => `${o.kind}/${o.name}`), ['TerraformCluster/staging']);
     // A few resync and status ticks later, nothing new is printed for unchanged objects.
     const lines = () => run.output().split('\n').filter((l) => /TerraformCluster team-a\/prod\s+mirrored/.test(l)).length;
