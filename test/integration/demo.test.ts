@@ -4,7 +4,7 @@
  * leaving no process behind.
  */
 import assert from 'node:assert/strict';
-import { execFileSync, spawn } from 'node:child_process';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,7 +14,22 @@ import { fileURLToPath } from 'node:url';
 const DEMO = fileURLToPath(new URL('../../scripts/demo.ts', import.meta.url));
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'captf-demo-'));
-after(() => rmSync(dir, { recursive: true, force: true }));
+let demo: ChildProcess | undefined;
+after(async () => {
+  // When the test fails or times out, stop the demo the normal way (it cleans up on
+  // SIGTERM), then kill whatever is left of its process group.
+  if (demo && demo.exitCode === null && demo.signalCode === null) {
+    const exited = new Promise<void>((r) => demo!.once('exit', () => r()));
+    demo.kill('SIGTERM');
+    await Promise.race([exited, new Promise((r) => setTimeout(r, 30_000))]);
+  }
+  try {
+    if (demo?.pid) process.kill(-demo.pid, 'SIGKILL');
+  } catch {
+    // the group is already gone
+  }
+  rmSync(dir, { recursive: true, force: true });
+});
 
 /** The steps the demo must report, in order (SPEC §3–§11, issue 6 item 3). */
 const STEPS = [
@@ -33,7 +48,8 @@ const STEPS = [
 ];
 
 it('npm run demo passes every step and exits 0', { timeout: 10 * 60_000 }, async (t) => {
-  const child = spawn(process.execPath, [DEMO, '--dir', join(dir, 'state')], { cwd: REPO, env: { PATH: process.env.PATH, HOME: process.env.HOME }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [DEMO, '--dir', join(dir, 'state')], { cwd: REPO, env: { PATH: process.env.PATH, HOME: process.env.HOME }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  demo = child;
   let out = '';
   child.stdout.on('data', (d: Buffer) => (out += d.toString()));
   child.stderr.on('data', (d: Buffer) => (out += d.toString()));

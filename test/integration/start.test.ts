@@ -25,10 +25,26 @@ const work = mkdtempSync(join(tmpdir(), 'captf-start-'));
 const running: ChildProcess[] = [];
 const planes: ControlPlane[] = [];
 after(async () => {
-  for (const c of running) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+  // A test that failed half-way leaves `npm start` running: stop it the normal way (SIGTERM
+  // stops its children too), then kill whatever is left of its process group.
+  for (const c of running) await stopGroup(c);
   for (const cp of planes) await cp.stop();
   rmSync(work, { recursive: true, force: true });
 });
+
+/** SIGTERM, up to 30 s to exit, then SIGKILL to the whole process group (spawned detached). */
+async function stopGroup(c: ChildProcess): Promise<void> {
+  if (c.exitCode === null && c.signalCode === null) {
+    const exited = new Promise<void>((r) => c.once('exit', () => r()));
+    c.kill('SIGTERM');
+    await Promise.race([exited, new Promise((r) => setTimeout(r, 30_000))]);
+  }
+  try {
+    process.kill(-c.pid!, 'SIGKILL');
+  } catch {
+    // the group is already gone
+  }
+}
 
 interface StartRun {
   child: ChildProcess;
@@ -39,7 +55,7 @@ interface StartRun {
 }
 
 function start(args: string[], env: NodeJS.ProcessEnv = {}): StartRun {
-  const child = spawn(process.execPath, [START, ...args], { cwd: REPO, env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, [START, ...args], { cwd: REPO, env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
   running.push(child);
   let out = '';
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
