@@ -22,7 +22,8 @@ if (!load) {
   process.exit(2);
 }
 try {
-  const fn = await (await load()).start({ port: portFromEnv() });
+  // HOST: all interfaces by default, as in a container; local mode binds loopback only.
+  const fn = await (await load()).start({ port: portFromEnv(), host: process.env.HOST || undefined });
   fn.logger.info('listening', { function: name, port: fn.port, scheme: fn.scheme, startupMs: Math.round(performance.now()) });
   stopGracefully(fn.server, fn.logger, fn.onStop ? { onStop: fn.onStop } : {});
 } catch (err) {

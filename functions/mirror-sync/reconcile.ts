@@ -44,6 +44,8 @@ export interface ReconcileResult {
   mirror?: string;
   /** Source hash when `outcome` is `mirrored` (returned by prepare only). */
   sourceHash?: string;
+  /** What this reconcile did to the mirror (logged, for operators and the local mode). */
+  mirrorAction?: 'created' | 'updated' | 'unchanged' | 'revoked' | undefined;
   durationMs: number;
   apiCalls: number;
 }
@@ -146,10 +148,10 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
     clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: identityName }),
   )) as TerraformClusterIdentity | undefined;
   if (!identity) {
-    await revokeMirror(clients, namespace, identityName);
+    const revoked = await revokeMirror(clients, namespace, identityName);
     const message = `TerraformClusterIdentity ${identityName} does not exist`;
     await writeConditions(clients, kind, consumer, [cond({ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message })], now, deps.logger);
-    return { identity: identityName, outcome: 'identity-not-found', retry: true, reason: 'IdentityNotFound', message };
+    return { identity: identityName, outcome: 'identity-not-found', retry: true, reason: 'IdentityNotFound', message, mirrorAction: revoked ? 'revoked' : undefined };
   }
 
   // 4. The namespace.
@@ -162,7 +164,7 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
       conditions.push(cond({ type: 'ApplyJobSucceeded', status: 'False', reason: 'IdentityNotAllowed', message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer` }));
     }
     await writeConditions(clients, kind, consumer, conditions, now, deps.logger);
-    return { identity: identityName, outcome: 'not-allowed', retry: deleting, reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed', message };
+    return { identity: identityName, outcome: 'not-allowed', retry: deleting, reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed', message, mirrorAction: revoked ? 'revoked' : undefined };
   }
   const allowedCond = cond(allowed(`namespace ${namespace} is allowed by TerraformClusterIdentity ${identityName}`));
 
@@ -187,6 +189,7 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
   // 6. The mirror: create, or one resourceVersion-guarded update, or nothing at all.
   let failure: { message: string; retry: boolean } | undefined;
   let wrote = false;
+  let mirrorAction: ReconcileResult['mirrorAction'];
   try {
     failure = await retryOnConflict(async () => {
       const existing = await getOrUndefined(clients.core.readNamespacedSecret({ name: name_, namespace }));
@@ -199,6 +202,7 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
         throw redactApiError(err);
       }
       wrote = plan.action !== 'none';
+      mirrorAction = plan.action === 'create' ? 'created' : plan.action === 'update' ? 'updated' : 'unchanged';
       return undefined;
     }, 20);
   } catch (err) {
@@ -216,14 +220,14 @@ async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerReq
     await revokeMirror(clients, namespace, identityName);
     const message = `namespace ${namespace} stopped being allowed by TerraformClusterIdentity ${identityName} while the mirror was written; the mirror was deleted`;
     await writeConditions(clients, kind, consumer, [cond({ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message })], now, deps.logger);
-    return { identity: identityName, outcome: 'not-allowed', retry: true, reason: 'NamespaceNotAllowed', message };
+    return { identity: identityName, outcome: 'not-allowed', retry: true, reason: 'NamespaceNotAllowed', message, mirrorAction: 'revoked' };
   }
 
   // 7. Mirrored. The message names the mirror, never data or hash.
   const message = `mirror ${namespace}/${name_} is current and owned by this object`;
   const desired = [allowedCond, cond({ type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message })];
   await writeConditions(clients, kind, consumer, desired, now, deps.logger);
-  return { identity: identityName, outcome: 'mirrored', retry: false, reason: 'Mirrored', message, mirror: name_, sourceHash: hash };
+  return { identity: identityName, outcome: 'mirrored', retry: false, reason: 'Mirrored', message, mirror: name_, sourceHash: hash, mirrorAction };
 }
 
 /** Fresh reads of the identity and namespace: is `namespace` still allowed (SPEC §2)? */

@@ -266,6 +266,7 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
       HOME: process.env.HOME,
       KUBECONFIG: kubeconfigPath,
       PORT: '0',
+      HOST: '127.0.0.1', // local mode: reachable from this machine only
       LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
       ...(process.env.CAPTF_CONSUMER_KINDS ? { CAPTF_CONSUMER_KINDS: process.env.CAPTF_CONSUMER_KINDS } : {}),
     };

@@ -93,6 +93,8 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     const last = lines.at(-1)!;
     assert.equal(last.outcome, 'mirrored');
     assert.equal(last.identity, id);
+    assert.equal(lines[0]!.mirrorAction, 'created');
+    assert.equal(last.mirrorAction, 'unchanged');
     assert.equal(typeof last.durationMs, 'number');
     assert.equal(typeof last.apiCalls, 'number');
     assert.ok((last.apiCalls as number) >= 5, 'object, list of mirrors, identity, namespace, source, mirror');
@@ -112,6 +114,7 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     await send(`${url}/`, consumerEvent(c));
     const m = (await getMirror(a, n, id))!;
     assert.deepEqual(m.data, { k: b64('v2'), extra: b64('x') });
+    assert.equal(log.entries().filter((e) => e.message === 'reconcile' && e.object === `${n}/rot`).at(-1)!.mirrorAction, 'updated');
     assert.equal(m.metadata!.annotations![ANNOTATION_SOURCE_HASH], sourceHash(m.data));
   });
 

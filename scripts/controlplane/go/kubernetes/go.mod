@@ -2,7 +2,9 @@
 // published k8s.io/kubernetes module. k8s.io/kubernetes requires its staging modules at
 // v0.0.0 and replaces them with ./staging paths, which the go tool ignores for a
 // dependency, so each staging module is replaced here with its published tag.
-// Regenerate with scripts/controlplane/pin.sh when the pinned version changes.
+// To re-pin: set the require below, then write one replace per `=> ./staging/...` line of
+// k8s.io/kubernetes's own go.mod (v1.N.M ↔ v0.N.M), run `go mod tidy`, and re-pin kubectl
+// with `node scripts/local/kubectl.ts --pin`.
 module captf.local/controlplane/kubernetes
 
 go 1.26.0
