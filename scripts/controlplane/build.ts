@@ -76,7 +76,7 @@ export function pinnedVersion(tool: GoTool): string {
 
 /**
  * Cache folder for a set of tools: names and pinned versions, plus a digest of the wrapper
- * go.mod/go.sum so any re-pin rebuilds.
+ * go.mod/go.sum (comment lines excluded) so any re-pin rebuilds.
  */
 export function cacheDir(tools: readonly GoTool[], name = 'controlplane'): string {
   const h = createHash('sha256');
@@ -84,7 +84,8 @@ export function cacheDir(tools: readonly GoTool[], name = 'controlplane'): strin
   for (const t of tools) {
     for (const f of ['go.mod', 'go.sum']) {
       const p = join(GO_DIR, t.module, f);
-      if (existsSync(p)) h.update(readFileSync(p));
+      // Comments do not change what is built, so editing one must not force a rebuild.
+      if (existsSync(p)) h.update(readFileSync(p, 'utf8').replace(/^\s*\/\/.*$/gm, ''));
     }
     parts.push(`${t.module}-${pinnedVersion(t)}`);
   }
