@@ -84,3 +84,30 @@ export async function postEvents(url: string, events: CloudEvent<unknown> | Clou
   }
   return { status: res.status, body: parsed, text };
 }
+
+/** One request a {@link startSink} received. */
+export interface ReceivedEvent {
+  headers: import('node:http').IncomingHttpHeaders;
+  body: string;
+}
+
+/**
+ * A local CloudEvents sink (a stand-in for a Broker or `K_SINK`) that records every request
+ * and answers each with the next status of `statuses` (then 202).
+ * @param opts.hold delays every answer until it resolves (to observe in-flight deliveries).
+ */
+export async function startSink(statuses: number[] = [], opts: { hold?: Promise<void> } = {}): Promise<{ url: string; received: ReceivedEvent[]; server: import('node:http').Server }> {
+  const { createServer } = await import('node:http');
+  const received: ReceivedEvent[] = [];
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d.toString()));
+    req.on('end', async () => {
+      received.push({ headers: req.headers, body });
+      await opts.hold;
+      res.writeHead(statuses.shift() ?? 202).end();
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}/`, received, server };
+}

@@ -6,7 +6,7 @@
  * item 8, issue 8 item 4).
  */
 import assert from 'node:assert/strict';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { IncomingHttpHeaders } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
@@ -18,31 +18,12 @@ import { ensureApiServerSourceAdapter, sourceConfigFor, startApiServerSourceAdap
 import { render } from '../../scripts/kustomize.ts';
 import { installRbac, serviceAccountKubeConfig } from '../../scripts/serviceaccount.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { startSink, type ReceivedEvent } from '../helpers/events.ts';
 
 const a = admin();
 const ns = namespaces('apiserversource');
 const kinds = consumerKindsFromEnv({});
 
-interface Received {
-  headers: IncomingHttpHeaders;
-  body: string;
-}
-
-/** A local CloudEvents sink recording every request. */
-async function startSink(): Promise<{ url: string; received: Received[]; server: Server }> {
-  const received: Received[] = [];
-  const server = createServer((req, res) => {
-    let body = '';
-    req.on('data', (d: Buffer) => (body += d.toString()));
-    req.on('end', () => {
-      received.push({ headers: req.headers, body });
-      res.writeHead(202).end();
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  const addr = server.address() as { port: number };
-  return { url: `http://127.0.0.1:${addr.port}/`, received, server };
-}
 
 const ceHeaders = (h: IncomingHttpHeaders) =>
   Object.fromEntries(Object.entries(h).filter(([k]) => k.startsWith('ce-') || k === 'content-type').sort(([x], [y]) => x.localeCompare(y)));
@@ -74,7 +55,7 @@ after(async () => {
 });
 
 /** Changes an object (via `touch`) until an event matching `match` arrives. */
-async function awaitEvent(what: string, match: (r: Received) => boolean, touch: () => Promise<unknown>): Promise<Received> {
+async function awaitEvent(what: string, match: (r: ReceivedEvent) => boolean, touch: () => Promise<unknown>): Promise<ReceivedEvent> {
   let n = 0;
   return eventually(what, async () => {
     const hit = sink.received.find(match);

@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { createServer, type IncomingHttpHeaders } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { API_VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
@@ -7,7 +6,7 @@ import { desiredMirror } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { spawnFunction } from '../helpers/process.ts';
-import { apiServerEvent, pingEvent } from '../helpers/events.ts';
+import { apiServerEvent, pingEvent, startSink } from '../helpers/events.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import {
   conditionOf, consumerEvent, createConsumer, deleteIdentity, deliver, getConsumer, getMirror, putIdentity,
@@ -127,18 +126,8 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     const id = await newIdentity({ list: [n] });
     await createConsumer(a, n, 'sunk-1', id);
     await createConsumer(a, n, 'sunk-2', id, 'TerraformMachine');
-    const received: { headers: IncomingHttpHeaders; body: string }[] = [];
-    const sink = createServer((req, res) => {
-      let body = '';
-      req.on('data', (d: Buffer) => (body += d.toString()));
-      req.on('end', () => {
-        received.push({ headers: req.headers, body });
-        res.writeHead(202).end();
-      });
-    });
-    await new Promise<void>((r) => sink.listen(0, '127.0.0.1', () => r()));
-    const port = (sink.address() as { port: number }).port;
-    const fanout = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: captureLogger('mirror-sync').logger, env: { K_SINK: `http://127.0.0.1:${port}/` } });
+    const { url: sinkUrl, received, server: sink } = await startSink();
+    const fanout = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: captureLogger('mirror-sync').logger, env: { K_SINK: sinkUrl } });
     try {
       const r = await deliver(`http://127.0.0.1:${fanout.port}/`, pingEvent());
       assert.equal(r.status, 200, r.text);

@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { IncomingHttpHeaders, Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -21,31 +21,12 @@ import { EXAMPLES_DIR, applyExamples } from '../../scripts/local/examples.ts';
 import { builtKubectlPath } from '../../scripts/local/kubectl.ts';
 import { builtAdapterPath } from '../../scripts/local/system.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { startSink } from '../helpers/events.ts';
 
 const a = admin();
 const ns = namespaces('start-events');
 const kinds = consumerKindsFromEnv({});
 
-interface Received {
-  headers: IncomingHttpHeaders;
-  body: string;
-}
-
-/** A CloudEvents sink that answers each request with the next status of `statuses` (then 202). */
-async function startSink(statuses: number[] = [], opts: { hold?: Promise<void> } = {}): Promise<{ url: string; received: Received[]; server: Server }> {
-  const received: Received[] = [];
-  const server = createServer((req, res) => {
-    let body = '';
-    req.on('data', (d: Buffer) => (body += d.toString()));
-    req.on('end', async () => {
-      received.push({ headers: req.headers, body });
-      await opts.hold;
-      res.writeHead(statuses.shift() ?? 202).end();
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}/`, received, server };
-}
 
 const servers: Server[] = [];
 const stops: (() => Promise<void> | void)[] = [];
