@@ -1,14 +1,15 @@
 /**
  * Writes a consumer's conditions (SPEC §4, §16): server-side apply to the status
  * subresource with field manager `captf-credentials`, only when something changed, and a
- * Kubernetes Event (events.k8s.io/v1) per changed condition with reason = condition reason.
+ * Kubernetes Event (events.k8s.io/v1) per changed condition with reason = condition reason
+ * (one per change even when reconciles of the same object race, see {@link eventName}).
  */
-import { randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
 import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import { FIELD_MANAGER, type Consumer, type ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
-import { describeError, isNotFound, type Clients } from '../lib/kube.ts';
+import { describeError, isConflict, isNotFound, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { planConditions } from './plan.ts';
 
@@ -58,8 +59,7 @@ async function recordEvent(clients: Clients, kind: ConsumerKind, obj: Consumer, 
     await clients.events.createNamespacedEvent({
       namespace: namespace!,
       body: {
-        // client-go's naming: <object>.<unique hex> (generateName may not end in '.').
-        metadata: { name: `${name!.slice(0, 220)}.${Date.now().toString(16)}${randomBytes(3).toString('hex')}` },
+        metadata: { name: eventName(obj, c) },
         // metav1.MicroTime needs six fractional digits; a Date would serialise with three.
         eventTime: now.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z') as unknown as Date,
         reportingController: REPORTING_CONTROLLER,
@@ -72,6 +72,23 @@ async function recordEvent(clients: Clients, kind: ConsumerKind, obj: Consumer, 
       },
     });
   } catch (err) {
+    // 409: a concurrent reconcile of the same object recorded this very change already.
+    if (isConflict(err)) return;
     logger.warn('could not record event', { object: `${namespace}/${name}`, reason: c.reason, error: describeError(err) });
   }
+}
+
+/**
+ * Event name `<object>.<16 hex>`, the hex derived from the object's UID and the
+ * resourceVersion the reconcile read, plus the condition: reconciles racing on one object
+ * that saw the same state record the same change under the same name, so the API server
+ * keeps one (the second create answers 409); a later change always reads a newer
+ * resourceVersion. Within 253 characters.
+ */
+export function eventName(obj: Consumer, c: ConditionInput): string {
+  const digest = createHash('sha256')
+    .update(JSON.stringify([obj.metadata.uid, obj.metadata.resourceVersion, c.type, c.status, c.reason, c.message, c.observedGeneration ?? null]))
+    .digest('hex')
+    .slice(0, 16);
+  return `${obj.metadata.name!.slice(0, 220)}.${digest}`;
 }

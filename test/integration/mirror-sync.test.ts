@@ -76,6 +76,16 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.ok(events.items.every((e) => e.reportingController === 'captf.io/mirror-sync'));
   });
 
+  it('reconciles racing on one object record each condition change once', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'raced', id);
+    const answers = await Promise.all(Array.from({ length: 6 }, (_, i) => send(`${url}/`, consumerEvent(c, i % 2 ? 'ref' : 'resource', 'add'))));
+    assert.deepEqual(answers.map((r) => r.status), [200, 200, 200, 200, 200, 200]);
+    const reasons = (await a.events.listNamespacedEvent({ namespace: n })).items.filter((e) => e.regarding?.name === 'raced').map((e) => e.reason).sort();
+    assert.deepEqual(reasons, ['Mirrored', 'NamespaceAllowed']);
+  });
+
   it('repeated no-op reconciles write nothing: mirror and object resourceVersions stay the same', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
