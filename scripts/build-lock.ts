@@ -4,9 +4,9 @@
  * (buildGoTools replaces the whole bin folder when it finishes, which would pull a binary
  * from under the other process).
  */
-import { mkdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { REPO_ROOT } from './controlplane/build.ts';
+import { REPO_ROOT, buildGoTools, cacheDir, type GoTool } from './controlplane/build.ts';
 
 /** A lock older than this is taken to be left by a killed process (ms). */
 const STALE_MS = 30 * 60_000;
@@ -38,4 +38,29 @@ export async function withBuildLock<T>(name: string, fn: () => Promise<T>): Prom
   } finally {
     rmSync(lock, { recursive: true, force: true });
   }
+}
+
+/**
+ * Path of one binary of a set of Go tools when it is built already; nothing is built.
+ * @returns the absolute path, or undefined when the pinned versions are not built.
+ */
+export function builtGoBinary(tools: readonly GoTool[], cacheName: string, binary: string): string | undefined {
+  const bin = join(cacheDir(tools, cacheName), 'bin', binary);
+  return existsSync(bin) ? bin : undefined;
+}
+
+/**
+ * Finds or builds one binary of a set of Go tools (scripts/controlplane/go/<module>):
+ * returns `.cache/<cacheName>/<versions>-<digest>/bin/<binary>`, building the set under
+ * {@link withBuildLock} first when it is missing.
+ * @param log progress lines of the build (default stderr).
+ * @returns the absolute path of the binary.
+ * @throws Error with the tail of the `go` output when the download or build fails.
+ */
+export async function ensureGoBinary(tools: readonly GoTool[], cacheName: string, binary: string, log?: (line: string) => void): Promise<string> {
+  const built = builtGoBinary(tools, cacheName, binary);
+  if (built) return built;
+  const dir = cacheDir(tools, cacheName);
+  await withBuildLock(cacheName, () => buildGoTools(tools, dir, log));
+  return join(dir, 'bin', binary);
 }

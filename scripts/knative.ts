@@ -13,14 +13,14 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { KubernetesObjectApi, loadAllYaml, type KubeConfig, type V1CustomResourceDefinition } from '@kubernetes/client-node';
-import { REPO_ROOT, buildGoTools, cacheDir, pinnedVersion, type GoTool } from './controlplane/build.ts';
+import { REPO_ROOT, pinnedVersion, type GoTool } from './controlplane/build.ts';
 import { freePort } from './controlplane/controlplane.ts';
 import { applyCRDs } from './controlplane/crds.ts';
-import { withBuildLock } from './build-lock.ts';
+import { ensureGoBinary } from './build-lock.ts';
 
 const execFileP = promisify(execFile);
 
@@ -36,12 +36,8 @@ export const KNATIVE_TOOLS: readonly GoTool[] = [
  * @returns the absolute path of the `apiserver_receive_adapter` binary.
  * @throws Error with the tail of the `go` output when the download or build fails.
  */
-export async function ensureApiServerSourceAdapter(log?: (line: string) => void): Promise<string> {
-  const dir = cacheDir(KNATIVE_TOOLS, 'knative');
-  const bin = join(dir, 'bin', 'apiserver_receive_adapter');
-  if (existsSync(bin)) return bin;
-  await withBuildLock('knative', () => buildGoTools(KNATIVE_TOOLS, dir, log));
-  return bin;
+export function ensureApiServerSourceAdapter(log?: (line: string) => void): Promise<string> {
+  return ensureGoBinary(KNATIVE_TOOLS, 'knative', 'apiserver_receive_adapter', log);
 }
 
 /** One watched resource of an ApiServerSource (`K_SOURCE_CONFIG.resources[]`). */

@@ -6,16 +6,15 @@
  * `npm run manifests -- [DIR]` prints the rendered YAML of DIR (default `manifests`).
  */
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { resolve } from 'node:path';
 import { promisify } from 'node:util';
 import type { KubernetesObject } from '@kubernetes/client-node';
 // Plain YAML parsing (client-node's own dependency): client-node's loadAllYaml turns built-in
 // kinds into typed models and silently drops fields they do not know, which would hide a
 // misspelled field from the strict server-side validation.
 import { loadAll } from 'js-yaml';
-import { REPO_ROOT, buildGoTools, cacheDir, type GoTool } from './controlplane/build.ts';
-import { withBuildLock } from './build-lock.ts';
+import { REPO_ROOT, type GoTool } from './controlplane/build.ts';
+import { ensureGoBinary } from './build-lock.ts';
 
 const execFileP = promisify(execFile);
 
@@ -34,12 +33,8 @@ export const KUSTOMIZE_TOOLS: readonly GoTool[] = [
  * @returns the absolute path of the `kustomize` binary.
  * @throws Error with the tail of the `go` output when the build fails.
  */
-export async function ensureKustomize(log?: (line: string) => void): Promise<string> {
-  const dir = cacheDir(KUSTOMIZE_TOOLS, 'kustomize');
-  const bin = join(dir, 'bin', 'kustomize');
-  if (existsSync(bin)) return bin;
-  await withBuildLock('kustomize', () => buildGoTools(KUSTOMIZE_TOOLS, dir, log));
-  return bin;
+export function ensureKustomize(log?: (line: string) => void): Promise<string> {
+  return ensureGoBinary(KUSTOMIZE_TOOLS, 'kustomize', 'kustomize', log);
 }
 
 /**

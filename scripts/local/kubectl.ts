@@ -10,10 +10,10 @@
  * staging-module replaces), then `go mod tidy`.
  */
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { CONTROL_PLANE_TOOLS, REPO_ROOT, buildGoTools, cacheDir, type GoTool } from '../controlplane/build.ts';
+import { CONTROL_PLANE_TOOLS, REPO_ROOT, type GoTool } from '../controlplane/build.ts';
+import { builtGoBinary, ensureGoBinary } from '../build-lock.ts';
 
 const exec = promisify(execFile);
 
@@ -28,8 +28,7 @@ export const KUBECTL_TOOLS: readonly GoTool[] = [{
 
 /** Path of kubectl when it was built already (nothing is built here). */
 export function builtKubectlPath(): string | undefined {
-  const p = join(cacheDir(KUBECTL_TOOLS, 'kubectl'), 'bin', 'kubectl');
-  return existsSync(p) ? p : undefined;
+  return builtGoBinary(KUBECTL_TOOLS, 'kubectl', 'kubectl');
 }
 
 /**
@@ -37,9 +36,8 @@ export function builtKubectlPath(): string | undefined {
  * @returns the absolute path of the binary.
  * @throws Error with the tail of the `go` output when the build fails.
  */
-export async function ensureKubectl(log?: (line: string) => void): Promise<string> {
-  const { binDir } = await buildGoTools(KUBECTL_TOOLS, cacheDir(KUBECTL_TOOLS, 'kubectl'), log);
-  return join(binDir, 'kubectl');
+export function ensureKubectl(log?: (line: string) => void): Promise<string> {
+  return ensureGoBinary(KUBECTL_TOOLS, 'kubectl', 'kubectl', log);
 }
 
 /** Rewrites the wrapper go.mod from the kubernetes wrapper's version and replaces. */

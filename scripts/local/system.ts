@@ -7,7 +7,7 @@
  * adapter when built, else ./events.ts), and PingSource-like ticks.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { AdmissionregistrationV1Api, CoreV1Api, KubeConfig, makeInformer, type KubernetesListObject, type V1Secret } from '@kubernetes/client-node';
@@ -15,7 +15,8 @@ import { GROUP, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { describeError, isNotFound } from '../../functions/lib/kube.ts';
 import { ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MIRRORED } from '../../functions/lib/mirror.ts';
-import { REPO_ROOT, cacheDir } from '../controlplane/build.ts';
+import { builtGoBinary } from '../build-lock.ts';
+import { REPO_ROOT } from '../controlplane/build.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { installCRDs } from '../controlplane/crds.ts';
 import { createCA, createLeaf } from '../controlplane/pki.ts';
@@ -202,8 +203,7 @@ export function webhookConfiguration(url: string, caBundlePem: string) {
 
 /** Path of the receive adapter when it was built already (nothing is built here). */
 export function builtAdapterPath(): string | undefined {
-  const p = join(cacheDir(KNATIVE_TOOLS, 'knative'), 'bin', 'apiserver_receive_adapter');
-  return existsSync(p) ? p : undefined;
+  return builtGoBinary(KNATIVE_TOOLS, 'knative', 'apiserver_receive_adapter');
 }
 
 /**
