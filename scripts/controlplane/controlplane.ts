@@ -26,6 +26,8 @@ export interface StartOptions {
   log?: (line: string) => void;
   /** Time to wait for /readyz, in ms (default 120 000). */
   readyTimeoutMs?: number;
+  /** Size at which the audit log rotates, in MB (default 200); the bench reads one unrotated log. */
+  auditLogMaxSizeMB?: number;
 }
 
 /** A running control plane. */
@@ -185,7 +187,7 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
       '--service-account-issuer=https://kubernetes.default.svc.cluster.local',
       `--service-account-key-file=${sa.pub}`, `--service-account-signing-key-file=${sa.key}`,
       `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`, `--audit-log-path=${join(logDir, 'audit.log')}`,
-      '--audit-log-maxsize=200',
+      `--audit-log-maxsize=${opts.auditLogMaxSizeMB ?? 200}`,
     ]);
     await waitReady(server, caPem, admin, procs, opts.readyTimeoutMs ?? 120_000, tail);
     if (binaries.kubeControllerManager) {

@@ -1,0 +1,122 @@
+/**
+ * `npm run bench`: measures the functions as production runs them (bundles, the real
+ * ApiServerSource adapter, each function as its own least-privilege user) on a local control
+ * plane of its own, and prints every figure beside a baseline measured in the same run
+ * (bench/README.md explains the rows and what dominates each figure).
+ *
+ * Flags:
+ *   --quick          every row at tiny sizes (well under two minutes; `npm test` runs it)
+ *   --size N         also run the resync row at N consumers (e.g. 10000)
+ *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission
+ *   --out DIR        where the result JSON goes (default bench/results; .local/bench-results with --quick)
+ *   --timeout S      bound on any one wait for convergence (default 900; 120 with --quick)
+ * Exit code: 0 when every row produced its figures, 1 otherwise.
+ */
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { BASELINE_VERSION, bareNodeServer } from './baselines.ts';
+import { ALLOWED_LABEL, createIdentity, putSourceSecret, watchMirrors } from './fixtures.ts';
+import { rssBytes, samplePeaks } from './measure.ts';
+import { ROWS, formatTable, writeResults, type BenchResults, type Figure } from './report.ts';
+import { REPO_ROOT } from '../controlplane/build.ts';
+import { startBenchSystem, type FunctionName } from './system.ts';
+import { admissionRow } from './rows/admission.ts';
+import { coldStartRow } from './rows/cold-start.ts';
+import type { RowContext } from './rows/context.ts';
+import { eventToMirrorRow } from './rows/event-to-mirror.ts';
+import { BURST_IDENTITY, fanInRows } from './rows/fan-in.ts';
+import { resyncRows } from './rows/resync.ts';
+import { revocationRow } from './rows/revocation.ts';
+
+const { values } = parseArgs({
+  options: {
+    quick: { type: 'boolean', default: false },
+    size: { type: 'string' },
+    rows: { type: 'string' },
+    out: { type: 'string' },
+    timeout: { type: 'string' },
+  },
+});
+const quick = values.quick!;
+const rows = values.rows ? values.rows.split(',') : [...ROWS];
+for (const r of rows) if (!(ROWS as readonly string[]).includes(r)) throw new Error(`unknown row ${r}; rows: ${ROWS.join(', ')}`);
+const extraSize = values.size ? Number(values.size) : undefined;
+if (extraSize !== undefined && (!Number.isInteger(extraSize) || extraSize < 10 || extraSize % 10)) throw new Error('--size must be a multiple of 10');
+const sizes = {
+  fanIn: quick ? [10, 20] : [10, 100, 200, 1000],
+  concurrent: quick ? 20 : 200,
+  eventToMirror: quick ? 5 : 50,
+  resync: [...(quick ? [20, 40] : [1000, 2000, 4000]).filter((s) => !extraSize || s < extraSize), ...(extraSize ? [extraSize] : [])],
+  revocationPerNamespace: quick ? 1 : 10,
+  admission: quick ? 20 : 300,
+  coldStartRuns: quick ? 3 : 10,
+};
+const timeoutMs = Number(values.timeout ?? (quick ? 120 : 900)) * 1000;
+const outDir = values.out ?? join(REPO_ROOT, quick ? '.local/bench-results' : 'bench/results');
+const log = (l: string) => process.stderr.write(`[bench] ${l}\n`);
+
+const startedAt = new Date();
+const dir = join(REPO_ROOT, '.local', `bench-${process.pid}`);
+const sys = await startBenchSystem(dir, log);
+const onSignal = () => void sys.stop().then(() => process.exit(130));
+process.on('SIGINT', onSignal);
+process.on('SIGTERM', onSignal);
+
+const results: BenchResults = { figures: [], failures: [] };
+try {
+  await sys.admin.call('POST', '/api/v1/namespaces', { metadata: { name: 'captf-system' } });
+  await putSourceSecret(sys.admin, 'bench-creds', { token: 'bench' });
+  await createIdentity(sys.admin, BURST_IDENTITY, 'bench-creds', { selector: { matchLabels: { [ALLOWED_LABEL]: 'true' } } });
+  let n = 0;
+  const ctx: RowContext = { sys, mirrors: await watchMirrors(sys.admin), quick, timeoutMs, next: (p) => `${p}-${n++}`, log, figures: results.figures };
+
+  // Idle memory first, beside a bare Node server's.
+  await new Promise((r) => setTimeout(r, 2000));
+  const idle = Object.fromEntries((Object.keys(sys.functions) as FunctionName[]).map((f) => [f, rssBytes(sys.functions[f].pid)]));
+  const bare = await bareNodeServer(2000);
+  const whole = samplePeaks(Object.fromEntries((Object.keys(sys.functions) as FunctionName[]).map((f) => [f, sys.functions[f].pid])), 100);
+
+  const run: Record<(typeof ROWS)[number], () => Promise<Figure[]>> = {
+    'cold-start': () => coldStartRow(ctx, sizes.coldStartRuns),
+    resync: () => resyncRows(ctx, sizes.resync),
+    'event-to-mirror': () => eventToMirrorRow(ctx, sizes.eventToMirror),
+    'fan-in': () => fanInRows(ctx, sizes.fanIn, sizes.concurrent),
+    revocation: () => revocationRow(ctx, sizes.revocationPerNamespace),
+    admission: () => admissionRow(ctx, sizes.admission),
+  };
+  for (const row of ROWS) {
+    if (!rows.includes(row)) continue;
+    log(`row ${row}`);
+    const t0 = performance.now();
+    try {
+      results.figures.push(...(await run[row]()));
+    } catch (err) {
+      results.failures.push({ row, error: (err as Error).message });
+      log(`row ${row} failed: ${(err as Error).message}`);
+    }
+    log(`row ${row} took ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  }
+
+  const peaks = whole.stop();
+  for (const f of Object.keys(sys.functions) as FunctionName[]) {
+    results.figures.push(
+      { row: 'memory', what: `${f} RSS, idle`, unit: 'bytes', samples: [idle[f]!], baseline: { what: 'bare Node HTTP server', samples: [bare.rss] } },
+      { row: 'memory', what: `${f} peak RSS over the run`, unit: 'bytes', samples: [peaks.rss[f] ?? 0], baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits[f]] } },
+    );
+  }
+  ctx.mirrors.stop();
+} catch (err) {
+  results.failures.push({ row: 'set-up', error: (err as Error).stack ?? String(err) });
+} finally {
+  await sys.stop();
+  // Keep the logs of a failed run (functions, adapter, audit log) for a look.
+  if (results.failures.length) log(`logs kept in ${dir}`);
+  else rmSync(dir, { recursive: true, force: true });
+}
+
+const durationMs = performance.now();
+process.stdout.write(`\n${formatTable(results)}\n\n`);
+const path = writeResults(outDir, results, { quick, startedAt, durationMs, options: { rows, sizes, timeoutMs }, baselineVersion: BASELINE_VERSION });
+log(`results written to ${path}; ${results.figures.length} figures, ${results.failures.length} failed rows, ${(durationMs / 1000).toFixed(0)} s`);
+process.exit(results.failures.length ? 1 : 0);

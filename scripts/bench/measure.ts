@@ -1,0 +1,176 @@
+/**
+ * What the bench measures from outside the functions under test:
+ * - API requests per user, from the API server's audit log (one line per request at stage
+ *   ResponseComplete; every function runs as its own client-certificate user);
+ * - bytes the API server sent for reads, from its `apiserver_response_sizes` histogram (the
+ *   API server records it for GET and LIST only);
+ * - peak RSS and open sockets of a process, sampled from /proc while a row runs.
+ */
+import { closeSync, openSync, readSync, readFileSync, readdirSync, readlinkSync, statSync } from 'node:fs';
+import type { BenchClient } from './client.ts';
+
+/** Requests one user made in a window. */
+export interface RequestCounts {
+  requests: number;
+  /** By verb (`get`, `list`, `create`, `update`, `patch`, `delete`, …). */
+  verbs: Record<string, number>;
+  /** Answers with HTTP 409 (resourceVersion conflicts, AlreadyExists). */
+  conflicts: number;
+  /** Writes (create/update/patch/delete) to Secrets named `captf-creds-…`. */
+  mirrorWrites: number;
+  /** DELETEs of Secrets. */
+  secretDeletes: number;
+  /** Answers ≥ 500 or 429. */
+  serverErrors: number;
+}
+
+interface AuditLine {
+  stage?: string;
+  verb?: string;
+  user?: { username?: string };
+  objectRef?: { resource?: string; name?: string; subresource?: string };
+  responseStatus?: { code?: number };
+}
+
+const emptyCounts = (): RequestCounts => ({ requests: 0, verbs: {}, conflicts: 0, mirrorWrites: 0, secretDeletes: 0, serverErrors: 0 });
+const WRITE_VERBS = new Set(['create', 'update', 'patch', 'delete']);
+
+/**
+ * Reads the API server's audit log (`--audit-log-path`, JSON lines) incrementally.
+ * The bench starts its control plane with a rotation size large enough that the log never
+ * rotates during a run.
+ */
+export class AuditLog {
+  private readonly path: string;
+
+  /** @param path the audit log file. */
+  constructor(path: string) {
+    this.path = path;
+  }
+
+  /** The current end of the log: a window starts or ends here. */
+  mark(): number {
+    try {
+      return statSync(this.path).size;
+    } catch {
+      return 0;
+    }
+  }
+
+  /**
+   * Counts the requests logged between two marks, per username.
+   * @param from a {@link mark}; @param to a later mark (default: now).
+   * @returns counts by username (watches are not counted: they are streams, not requests).
+   */
+  count(from: number, to = this.mark()): Map<string, RequestCounts> {
+    const out = new Map<string, RequestCounts>();
+    if (to <= from) return out;
+    const buf = Buffer.alloc(to - from);
+    const fd = openSync(this.path, 'r');
+    try {
+      readSync(fd, buf, 0, buf.length, from);
+    } finally {
+      closeSync(fd);
+    }
+    const text = buf.toString('utf8');
+    const end = text.lastIndexOf('\n');
+    for (const line of text.slice(0, end + 1).split('\n')) {
+      if (!line) continue;
+      const a = JSON.parse(line) as AuditLine;
+      if (a.stage !== 'ResponseComplete' || a.verb === 'watch') continue;
+      const user = a.user?.username ?? '?';
+      const c = out.get(user) ?? emptyCounts();
+      out.set(user, c);
+      c.requests++;
+      c.verbs[a.verb ?? '?'] = (c.verbs[a.verb ?? '?'] ?? 0) + 1;
+      const code = a.responseStatus?.code ?? 0;
+      if (code === 409) c.conflicts++;
+      if (code >= 500 || code === 429) c.serverErrors++;
+      const secret = a.objectRef?.resource === 'secrets' && !a.objectRef.subresource;
+      if (secret && a.verb === 'delete') c.secretDeletes++;
+      if (secret && WRITE_VERBS.has(a.verb ?? '') && a.objectRef?.name?.startsWith('captf-creds-')) c.mirrorWrites++;
+    }
+    return out;
+  }
+
+  /** Counts of one user between two marks (zeros when it made none). */
+  countFor(user: string, from: number, to?: number): RequestCounts {
+    return this.count(from, to).get(user) ?? emptyCounts();
+  }
+}
+
+/**
+ * Total bytes the API server has sent in answers to GET and LIST since it started: the sum
+ * of every `apiserver_response_sizes_sum` series on `/metrics`.
+ * @throws ApiError when `/metrics` is refused (the client must be allowed `get` on it).
+ */
+export async function responseBytes(admin: BenchClient): Promise<number> {
+  const { status, body } = await admin.text('GET', '/metrics');
+  if (status !== 200) throw new Error(`/metrics: HTTP ${status}`);
+  let sum = 0;
+  for (const line of body.split('\n')) {
+    if (!line.startsWith('apiserver_response_sizes_sum{')) continue;
+    sum += Number(line.slice(line.lastIndexOf(' ') + 1));
+  }
+  return sum;
+}
+
+/** Resident set size of a process in bytes (`VmRSS` of /proc/<pid>/status), or 0 when it is gone. */
+export function rssBytes(pid: number): number {
+  try {
+    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+    return m ? Number(m[1]) * 1024 : 0;
+  } catch {
+    return 0;
+  }
+}
+
+/** Open sockets of a process (file descriptors that are sockets), or 0 when it is gone. */
+export function socketCount(pid: number): number {
+  try {
+    let n = 0;
+    for (const fd of readdirSync(`/proc/${pid}/fd`)) {
+      try {
+        if (readlinkSync(`/proc/${pid}/fd/${fd}`).startsWith('socket:')) n++;
+      } catch {
+        // closed between readdir and readlink
+      }
+    }
+    return n;
+  } catch {
+    return 0;
+  }
+}
+
+/** Peak RSS and sockets of each sampled process over one window. */
+export interface Peaks {
+  /** Peak RSS in bytes, by process label. */
+  rss: Record<string, number>;
+  /** Peak open sockets, by process label. */
+  sockets: Record<string, number>;
+}
+
+/**
+ * Samples RSS and sockets of some processes every `everyMs` until stopped, so a row reports
+ * its own peak (a process's lifetime high-water mark would carry over from earlier rows).
+ * @param pids label → pid.
+ * @returns `stop()`, which takes one last sample and returns the peaks.
+ */
+export function samplePeaks(pids: Record<string, number>, everyMs = 50): { stop(): Peaks } {
+  const peaks: Peaks = { rss: {}, sockets: {} };
+  const sample = () => {
+    for (const [label, pid] of Object.entries(pids)) {
+      peaks.rss[label] = Math.max(peaks.rss[label] ?? 0, rssBytes(pid));
+      peaks.sockets[label] = Math.max(peaks.sockets[label] ?? 0, socketCount(pid));
+    }
+  };
+  sample();
+  const timer = setInterval(sample, everyMs);
+  return {
+    stop() {
+      clearInterval(timer);
+      sample();
+      return peaks;
+    },
+  };
+}

@@ -1,0 +1,92 @@
+/**
+ * The bench's results: figures with their raw samples and baselines, the printed table, and
+ * the JSON file `bench/results/<date>-<short sha>.json` that later runs are compared with.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { cpus, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { formatSummary, formatValue, summarize } from './stats.ts';
+
+/** Every row of `npm run bench`, in the order they run (`--rows` takes these names). */
+export const ROWS = ['cold-start', 'resync', 'event-to-mirror', 'fan-in', 'revocation', 'admission'] as const;
+
+/** Units a figure can have. */
+export type Unit = 'ms' | 'count' | 'bytes';
+
+/** One measured figure of a row, with its raw samples and (when it has one) its baseline. */
+export interface Figure {
+  /** Row and size, e.g. `fan-in N=200`. */
+  row: string;
+  /** What was measured, e.g. `time until all mirrored`. */
+  what: string;
+  unit: Unit;
+  samples: number[];
+  /** The floor measured in the same run, in the same unit. */
+  baseline?: { what: string; samples: number[] };
+}
+
+/** A row that could not produce its figures (the bench goes on with the next row). */
+export interface RowFailure {
+  row: string;
+  error: string;
+}
+
+/** Everything one run produced. */
+export interface BenchResults {
+  figures: Figure[];
+  failures: RowFailure[];
+}
+
+/** Median of samples / median of baseline, or undefined without a usable baseline. */
+export function ratio(f: Figure): number | undefined {
+  if (!f.baseline?.samples.length || !f.samples.length) return undefined;
+  const b = summarize(f.baseline.samples).median;
+  return b > 0 ? summarize(f.samples).median / b : undefined;
+}
+
+/** The table as Markdown (it is printed, and pasted into bench/README.md). */
+export function formatTable(results: BenchResults): string {
+  const lines = ['| row | figure | value | baseline (same run) | ratio |', '| --- | --- | --- | --- | --- |'];
+  for (const f of results.figures) {
+    const value = f.samples.length ? formatSummary(summarize(f.samples), f.unit) : '—';
+    const base = f.baseline?.samples.length ? `${f.baseline.what}: ${formatSummary(summarize(f.baseline.samples), f.unit)}` : '';
+    const r = ratio(f);
+    lines.push(`| ${f.row} | ${f.what} | ${value} | ${base} | ${r === undefined ? '' : formatValue(r, 'x')} |`);
+  }
+  for (const x of results.failures) lines.push(`| ${x.row} | FAILED | ${x.error.replace(/\|/g, '/').split('\n')[0]} | | |`);
+  return lines.join('\n');
+}
+
+function git(args: string[]): string {
+  try {
+    return execFileSync('git', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+  } catch {
+    return 'unknown';
+  }
+}
+
+/**
+ * Writes the results with the machine's facts to `<dir>/<YYYY-MM-DD>-<short sha>[-quick].json`.
+ * @returns the path written.
+ */
+export function writeResults(dir: string, results: BenchResults, run: { quick: boolean; startedAt: Date; durationMs: number; options: unknown; baselineVersion: number }): string {
+  mkdirSync(dir, { recursive: true });
+  const sha = git(['rev-parse', '--short', 'HEAD']);
+  const dirty = git(['status', '--porcelain', '--untracked-files=no']) !== '';
+  const path = join(dir, `${run.startedAt.toISOString().slice(0, 10)}-${sha}${run.quick ? '-quick' : ''}.json`);
+  const doc = {
+    startedAt: run.startedAt.toISOString(),
+    durationMs: Math.round(run.durationMs),
+    commit: git(['rev-parse', 'HEAD']),
+    dirty,
+    quick: run.quick,
+    options: run.options,
+    baselineVersion: run.baselineVersion,
+    machine: { cores: cpus().length, cpu: cpus()[0]?.model ?? '', memoryBytes: totalmem(), node: process.version, platform: `${process.platform} ${process.arch}` },
+    figures: results.figures.map((f) => ({ ...f, summary: f.samples.length ? summarize(f.samples) : undefined, ratio: ratio(f) })),
+    failures: results.failures,
+  };
+  writeFileSync(path, JSON.stringify(doc, null, 2) + '\n');
+  return path;
+}

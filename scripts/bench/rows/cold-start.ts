@@ -1,0 +1,81 @@
+/**
+ * Row "cold start": spawn a function's production bundle (warmed compile cache, as the image
+ * runs it) → its first answered real request: admission an AdmissionReview (with its
+ * SubjectAccessReview), mirror-sync an event about an existing consumer (a reconcile),
+ * identity-status a ping. Baseline: a bare Node HTTP server, spawn → first answer.
+ */
+import { request } from 'node:https';
+import { join } from 'node:path';
+import { bareNodeServer } from '../baselines.ts';
+import { consumerBody, consumerEvent, consumersPath, createNamespaces, hasTrue, pingEvent, postEvent, type Consumer } from '../fixtures.ts';
+import type { Figure } from '../report.ts';
+import { spawnBundle, type FunctionName } from '../system.ts';
+import type { RowContext } from './context.ts';
+import { BURST_IDENTITY } from './fan-in.ts';
+
+function postTls(url: string, caPem: string, body: string): Promise<number> {
+  return new Promise((res, rej) => {
+    const req = request(url, { method: 'POST', ca: caPem, headers: { 'content-type': 'application/json' } }, (r) => {
+      r.resume();
+      r.on('end', () => res(r.statusCode ?? 0));
+    });
+    req.on('error', rej);
+    req.end(body);
+  });
+}
+
+const review = JSON.stringify({
+  apiVersion: 'admission.k8s.io/v1',
+  kind: 'AdmissionReview',
+  request: {
+    uid: 'bench',
+    operation: 'CREATE',
+    name: 'bench-cold',
+    userInfo: { username: 'admin', groups: ['system:masters'] },
+    object: { apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformClusterIdentity', metadata: { name: 'bench-cold' }, spec: { secretRef: { name: 'bench-resync-creds', namespace: 'captf-system' }, allowedNamespaces: { list: ['a'] } } },
+  },
+});
+
+/**
+ * @param runs spawns per function (and of the bare server).
+ * @throws Error when a function does not answer its first request with 2xx.
+ */
+export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figure[]> {
+  const { sys } = ctx;
+  // A mirrored consumer for mirror-sync's first reconcile.
+  const ns = ctx.next('cold');
+  await createNamespaces(sys.admin, [ns]);
+  sys.relay.setMode({ kind: 'deliver', targets: [`${sys.functions['mirror-sync'].url}/`], concurrency: 1 });
+  await sys.admin.call('POST', consumersPath('terraformmachines', ns), consumerBody('terraformmachines', 'm-0', BURST_IDENTITY));
+  const deadline = Date.now() + ctx.timeoutMs;
+  while (!hasTrue(await sys.admin.call<Consumer>('GET', `${consumersPath('terraformmachines', ns)}/m-0`), 'CredentialsMirrored')) {
+    if (Date.now() > deadline) throw new Error('the cold-start fixture consumer was never mirrored');
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  sys.relay.setMode({ kind: 'drop' });
+
+  const first: Record<FunctionName, (url: string) => Promise<number>> = {
+    admission: (url) => postTls(`${url}/validate`, sys.webhookCaPem, review),
+    'mirror-sync': async (url) => (await postEvent(`${url}/`, consumerEvent('terraformmachines', ns, 'm-0'))).status,
+    'identity-status': async (url) => (await postEvent(`${url}/`, pingEvent('captf-identity-status'))).status,
+  };
+  const bare: number[] = [];
+  for (let i = 0; i < runs; i++) bare.push((await bareNodeServer()).ms);
+  const figures: Figure[] = [];
+  for (const name of ['admission', 'mirror-sync', 'identity-status'] as const) {
+    const samples: number[] = [];
+    for (let i = 0; i < runs; i++) {
+      const t0 = performance.now();
+      const fn = await spawnBundle(sys.main, name, sys.functionEnv(name), join(sys.dir, 'logs', `cold-${name}-${i}.log`));
+      try {
+        const status = await first[name](fn.url);
+        if (status < 200 || status > 299) throw new Error(`${name}'s first request answered ${status}`);
+        samples.push(performance.now() - t0);
+      } finally {
+        await fn.stop();
+      }
+    }
+    figures.push({ row: 'cold start', what: `${name}: spawn → first real answer`, unit: 'ms', samples, baseline: { what: 'bare Node HTTP server', samples: bare } });
+  }
+  return figures;
+}

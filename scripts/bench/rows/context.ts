@@ -1,0 +1,92 @@
+/**
+ * What every row gets, and the measured burst that the event-path rows share: create
+ * consumers, see on watches when every one is mirrored, then count what mirror-sync did.
+ */
+import type { KubeObject } from '../client.ts';
+import { WatchedCollection } from '../collection.ts';
+import { consumersPath, createConsumers, createNamespaces, hasTrue, mirrorOf, spreadOver, type Consumer } from '../fixtures.ts';
+import { responseBytes, samplePeaks, type Peaks, type RequestCounts } from '../measure.ts';
+import type { RelayCounts, RelayMode } from '../relay.ts';
+import { USERS, type BenchSystem } from '../system.ts';
+import type { Figure } from '../report.ts';
+
+/** A mirror as the watch holds it. */
+export type Mirror = KubeObject & { data?: Record<string, string> };
+
+/** Shared state of one bench run. */
+export interface RowContext {
+  sys: BenchSystem;
+  /** Every mirror of the cluster, kept by a watch for the whole run. */
+  mirrors: WatchedCollection<Mirror>;
+  quick: boolean;
+  /** Bound on any one wait for convergence, in ms. */
+  timeoutMs: number;
+  /** Unique names: `next('fi')` → `fi-7`. */
+  next(prefix: string): string;
+  log(line: string): void;
+  /** Figures of earlier rows (the concurrent fan-in row compares with the serial burst). */
+  figures: Figure[];
+}
+
+/** What one burst measured. */
+export interface BurstResult {
+  /** From the first create to the watch event after which every consumer was mirrored. */
+  ms: number;
+  /** mirror-sync's requests, until the relay was quiet after the burst. */
+  counts: RequestCounts;
+  /** Bytes the API server sent for GET and LIST during the burst (all readers). */
+  bytes: number;
+  peaks: Peaks;
+  relay: RelayCounts;
+  consumers: number;
+}
+
+/**
+ * Creates `namespaces.length × perNamespace` TerraformMachines on `identity` in one burst and
+ * waits until every one has `CredentialsMirrored=True` and each namespace's mirror carries
+ * exactly the owner references of its consumers (by UID).
+ * @param mode how the relay delivers the burst's events.
+ * @param pids processes whose peak RSS and sockets are sampled.
+ * @throws Error when convergence takes longer than `ctx.timeoutMs`.
+ */
+export async function burst(ctx: RowContext, opts: { identity: string; namespaces: string[]; perNamespace: number; mode: RelayMode; pids: Record<string, number> }): Promise<BurstResult> {
+  const { sys } = ctx;
+  const label = ctx.next('burst');
+  await createNamespaces(sys.admin, opts.namespaces);
+  sys.relay.setMode(opts.mode);
+  await sys.relay.quiet(500);
+  const consumers = await new WatchedCollection<Consumer>(sys.admin, consumersPath('terraformmachines'), `labelSelector=${encodeURIComponent(`captf-bench/burst=${label}`)}`).start();
+  const items = spreadOver(opts.namespaces, opts.perNamespace, 'm');
+  const total = items.length;
+  const mirrorKey = (ns: string) => `${ns}/${mirrorOf(opts.identity)}`;
+  const ownersExact = (mirrors: ReadonlyMap<string, Mirror>) => {
+    const uidsByNs = new Map<string, Set<string>>();
+    for (const c of consumers.objects.values()) {
+      const ns = c.metadata.namespace!;
+      if (!uidsByNs.has(ns)) uidsByNs.set(ns, new Set());
+      uidsByNs.get(ns)!.add(c.metadata.uid!);
+    }
+    return opts.namespaces.every((ns) => {
+      const refs = mirrors.get(mirrorKey(ns))?.metadata.ownerReferences ?? [];
+      const want = uidsByNs.get(ns) ?? new Set();
+      return refs.length === want.size && refs.every((r) => want.has(r.uid));
+    });
+  };
+  const mark = sys.audit.mark();
+  const bytes0 = await responseBytes(sys.admin);
+  sys.relay.resetCounts();
+  const sampler = samplePeaks(opts.pids);
+  try {
+    const t0 = performance.now();
+    await createConsumers(sys.admin, 'terraformmachines', items, opts.identity, { 'captf-bench/burst': label });
+    const allMirrored = await consumers.until(`${total} consumers mirrored`, (m) => m.size === total && [...m.values()].every((c) => hasTrue(c, 'CredentialsMirrored')), ctx.timeoutMs);
+    const exact = await ctx.mirrors.until(`owner references of ${opts.namespaces.length} mirror(s)`, ownersExact, ctx.timeoutMs);
+    const ms = Math.max(allMirrored, exact) - t0;
+    await sys.relay.quiet(1000, ctx.timeoutMs);
+    const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
+    return { ms, counts, bytes: (await responseBytes(sys.admin)) - bytes0, peaks: sampler.stop(), relay: { ...sys.relay.counts }, consumers: total };
+  } finally {
+    sampler.stop();
+    consumers.stop();
+  }
+}

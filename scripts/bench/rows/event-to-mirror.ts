@@ -1,0 +1,35 @@
+/**
+ * Row "event → mirror": one new consumer in a namespace without a mirror; time from its
+ * create to the watch event of its mirror's creation, over the event path (adapter → relay →
+ * mirror-sync, serial). Baseline: one Secret create round trip, interleaved sample by sample.
+ */
+import { secretRoundTrip } from '../baselines.ts';
+import { consumerBody, consumersPath, createNamespaces, mirrorOf } from '../fixtures.ts';
+import type { Figure } from '../report.ts';
+import type { RowContext } from './context.ts';
+import { BURST_IDENTITY } from './fan-in.ts';
+
+/**
+ * Measures `samples` consumers, each in its own namespace.
+ * @throws Error when a mirror does not appear within the timeout.
+ */
+export async function eventToMirrorRow(ctx: RowContext, samples: number): Promise<Figure[]> {
+  const { sys } = ctx;
+  const namespaces = Array.from({ length: samples }, () => ctx.next('e2m'));
+  const baseNs = ctx.next('bl');
+  await createNamespaces(sys.admin, namespaces);
+  await createNamespaces(sys.admin, [baseNs], {});
+  sys.relay.setMode({ kind: 'deliver', targets: [`${sys.functions['mirror-sync'].url}/`], concurrency: 1 });
+  await sys.relay.quiet(500);
+  const times: number[] = [];
+  const floor: number[] = [];
+  for (const [i, ns] of namespaces.entries()) {
+    floor.push(await secretRoundTrip(sys.admin, baseNs, `s-${i}`));
+    const t0 = performance.now();
+    const seen = ctx.mirrors.until(`mirror in ${ns}`, (m) => m.has(`${ns}/${mirrorOf(BURST_IDENTITY)}`), ctx.timeoutMs);
+    await sys.admin.call('POST', consumersPath('terraformmachines', ns), consumerBody('terraformmachines', 'm-0', BURST_IDENTITY));
+    times.push((await seen) - t0);
+    await sys.relay.quiet(300);
+  }
+  return [{ row: 'event → mirror', what: 'consumer create → mirror exists', unit: 'ms', samples: times, baseline: { what: 'Secret create round trip', samples: floor } }];
+}
