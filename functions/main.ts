@@ -5,6 +5,7 @@
  * the environment (README "Configuration"); exits 2 on an unknown function name or bad
  * configuration. SIGTERM finishes in-flight requests, then exits.
  */
+import { apiConnectionsFromEnv, setApiConnections } from './lib/api-pool.ts';
 import { portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } from './lib/http.ts';
 
 // Static imports per name so a bundler includes every function, and importing one function
@@ -22,6 +23,8 @@ if (!load) {
   process.exit(2);
 }
 try {
+  // One kept-alive pool per process for every API call (lib/api-pool.ts).
+  setApiConnections(apiConnectionsFromEnv(process.env));
   // HOST: all interfaces by default, as in a container; local mode binds loopback only.
   const fn = await (await load()).start({ port: portFromEnv(), host: process.env.HOST || undefined });
   fn.logger.info('listening', { function: name, port: fn.port, scheme: fn.scheme, startupMs: Math.round(performance.now()) });

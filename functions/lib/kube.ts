@@ -13,6 +13,7 @@ import {
   createConfiguration,
   type Configuration,
 } from '@kubernetes/client-node';
+import { pooledAuthentication } from './api-pool.ts';
 
 /**
  * Loads the kubeconfig the way a function does at start-up: an explicit path, else
@@ -45,7 +46,8 @@ export interface Clients {
 }
 
 /**
- * Builds the API clients on `kc`, counting every request in `counter`.
+ * Builds the API clients on `kc`, counting every request in `counter`. Every client of the
+ * process shares one kept-alive connection pool per TLS identity (api-pool.ts).
  * @param counter shared counter (a fresh one when omitted); reset it per reconcile.
  * @throws Error when the kubeconfig has no current cluster.
  */
@@ -54,7 +56,8 @@ export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 })
   if (!cluster) throw new Error('kubeconfig has no current cluster');
   const config: Configuration = createConfiguration({
     baseServer: new ServerConfiguration(cluster.server, {}),
-    authMethods: { default: kc },
+    // Not `kc` itself: client-node would open a new TLS connection per request (api-pool.ts).
+    authMethods: { default: pooledAuthentication(kc) },
     promiseMiddleware: [
       {
         pre: async (ctx) => {
