@@ -103,8 +103,11 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     const last = lines.at(-1)!;
     assert.equal(last.outcome, 'mirrored');
     assert.equal(last.identity, id);
-    assert.equal(lines[0]!.mirrorAction, 'created');
-    assert.equal(last.mirrorAction, 'unchanged');
+    // Not asserted: that the first reconcile logged 'created'. Other test files' resyncs
+    // (cluster-wide, on the same control plane) may reconcile this consumer between its
+    // creation and our event and create the mirror first. After our first answer the
+    // mirror is current, so every later reconcile, ours or theirs, changes nothing.
+    assert.deepEqual(lines.slice(1).map((l) => l.mirrorAction), lines.slice(1).map(() => 'unchanged'));
     assert.equal(typeof last.durationMs, 'number');
     assert.equal(typeof last.apiCalls, 'number');
     assert.ok((last.apiCalls as number) >= 5, 'object, list of mirrors, identity, namespace, source, mirror');
@@ -124,7 +127,9 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     await send(`${url}/`, consumerEvent(c));
     const m = (await getMirror(a, n, id))!;
     assert.deepEqual(m.data, { k: b64('v2'), extra: b64('x') });
-    assert.equal(log.entries().filter((e) => e.message === 'reconcile' && e.object === `${n}/rot`).at(-1)!.mirrorAction, 'updated');
+    // Not asserted: that our reconcile logged 'updated'. Another test file's resync may
+    // reconcile this consumer between the rotation and our event and write the new data
+    // first; the mirror's content after our answer is what the rotation must achieve.
     assert.equal(m.metadata!.annotations![ANNOTATION_SOURCE_HASH], sourceHash(m.data));
   });
 

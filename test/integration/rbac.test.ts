@@ -20,6 +20,11 @@ import { captureLogger } from '../helpers/logs.ts';
 
 const a = admin();
 const ns = namespaces('rbac');
+// Labels this file's identities, so its identity-status ping refreshes only them: unscoped, it
+// would write the status of every test file's identities (other files share the control
+// plane and assert on those statuses while they run).
+const SCOPE_LABEL = 'captf-test/rbac';
+const SCOPE_VALUE = suffix();
 const ACCOUNTS = ['captf-admission', 'captf-mirror-sync', 'captf-identity-status', 'captf-event-sources'] as const;
 type Account = (typeof ACCOUNTS)[number];
 
@@ -159,7 +164,7 @@ describe('each function works as its ServiceAccount', () => {
     await a.core.createNamespacedSecret({ namespace: operator, body: { metadata: { name: 'creds' }, stringData: { token: 'x' } } });
     ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }));
     await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL,
-      body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: idName }, spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } } } });
+      body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: idName, labels: { [SCOPE_LABEL]: SCOPE_VALUE } }, spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } } } });
     const consumer = `tc-${suffix()}`;
     await a.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters',
       body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: consumer }, spec: { identityRef: { name: idName } } } });
@@ -190,7 +195,7 @@ describe('each function works as its ServiceAccount', () => {
 
   it('identity-status: a ping sets Ready and status.namespaces', async () => {
     const w = await world();
-    const { url, lines } = await startAs(import('../../functions/identity-status/index.ts'), 'captf-identity-status');
+    const { url, lines } = await startAs(import('../../functions/identity-status/index.ts'), 'captf-identity-status', { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${SCOPE_VALUE}` });
     const r = await postEvents(`${url}/`, pingEvent('captf-identity-status'));
     assert.ok(r.status >= 200 && r.status < 300, `${r.status} ${r.text}\n${lines.join('\n')}`);
     const id = await eventually('Ready=True on the identity', async () => {
