@@ -37,6 +37,9 @@ export function planFor(requests: readonly EventRequest[]): RefreshPlan {
   const names: string[] = [];
   for (const r of requests) {
     if (r.type === 'ping') continue;
+    if (r.type === 'key') {
+      throw new HttpError(422, `identity-status does not handle mirror key events (${r.namespace}/${r.identity}); route them to mirror-sync`, 'UnsupportedObject');
+    }
     if (r.target !== 'identity') {
       throw new HttpError(
         422,

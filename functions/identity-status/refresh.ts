@@ -11,7 +11,7 @@ import { PatchStrategy, setHeaderOptions, type ConfigurationOptions } from '@kub
 import pLimit from 'p-limit';
 import { FIELD_MANAGER, GROUP, IDENTITY_PLURAL, VERSION, type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
 import { PAGE_SIZE, consumersOfIdentity, listConsumers } from '../lib/consumers.ts';
-import { describeError, isForbidden, isNotFound, retryOnConflict, type Clients } from '../lib/kube.ts';
+import { describeError, isForbidden, isNotFound, listAllPages, retryOnConflict, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import { decideStatus, statusApplyBody, type SourceState, type Usage } from './status.ts';
@@ -61,27 +61,21 @@ interface IdentityList {
 }
 
 /**
- * Lists identities in scope, page by page (SPEC §12: paginated).
+ * Lists identities in scope, page by page (SPEC §12: paginated; an expired continue token restarts the list).
  * @param fieldSelector e.g. `metadata.name=aws-prod` to look one up.
  * @throws the API error of a failed page.
  */
 async function listIdentities(deps: RefreshDeps, fieldSelector?: string): Promise<TerraformClusterIdentity[]> {
-  const out: TerraformClusterIdentity[] = [];
-  let cont: string | undefined;
-  do {
-    const page = (await deps.clients.custom.listClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      limit: PAGE_SIZE,
-      _continue: cont,
-      labelSelector: deps.identitySelector,
-      fieldSelector,
-    })) as IdentityList;
-    out.push(...(page.items ?? []));
-    cont = page.metadata?.continue || undefined;
-  } while (cont);
-  return out;
+  const list = await listAllPages((cont) => deps.clients.custom.listClusterCustomObject({
+    group: GROUP,
+    version: VERSION,
+    plural: IDENTITY_PLURAL,
+    limit: PAGE_SIZE,
+    _continue: cont,
+    labelSelector: deps.identitySelector,
+    fieldSelector,
+  }) as Promise<IdentityList>);
+  return list.items;
 }
 
 /** One identity by name if it exists and is in scope (a field-selector list, so the label selector applies too). */
@@ -91,22 +85,18 @@ async function getIdentity(deps: RefreshDeps, name: string): Promise<TerraformCl
 
 /** Mirror Secrets' metadata, cluster-wide, page by page; only Secrets that are some identity's mirror. */
 async function* listMirrors(deps: RefreshDeps, fieldSelector?: string): AsyncGenerator<{ identity: string; namespace: string }> {
-  let cont: string | undefined;
-  do {
-    const page = await deps.clients.core.listSecretForAllNamespaces(
-      { labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector, limit: PAGE_SIZE, _continue: cont },
-      METADATA_LIST,
-    );
-    for (const s of page.items ?? []) {
-      const secret = s as SecretLike;
-      const identity = secret.metadata?.annotations?.[ANNOTATION_IDENTITY];
-      // SPEC §3: ours = label + matching annotation; the mirror is the one with the mirror's name.
-      if (identity && isOurs(secret, identity) && secret.metadata?.name === mirrorName(identity) && secret.metadata.namespace) {
-        yield { identity, namespace: secret.metadata.namespace };
-      }
+  const list = await listAllPages((cont) => deps.clients.core.listSecretForAllNamespaces(
+    { labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector, limit: PAGE_SIZE, _continue: cont },
+    METADATA_LIST,
+  ));
+  for (const s of list.items) {
+    const secret = s as SecretLike;
+    const identity = secret.metadata?.annotations?.[ANNOTATION_IDENTITY];
+    // SPEC §3: ours = label + matching annotation; the mirror is the one with the mirror's name.
+    if (identity && isOurs(secret, identity) && secret.metadata?.name === mirrorName(identity) && secret.metadata.namespace) {
+      yield { identity, namespace: secret.metadata.namespace };
     }
-    cont = page.metadata?._continue || undefined;
-  } while (cont);
+  }
 }
 
 function add(map: Map<string, Set<string>>, key: string, value: string): void {

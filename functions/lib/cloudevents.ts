@@ -18,6 +18,11 @@ export const RESOURCE_EVENT_PREFIX = 'dev.knative.apiserver.resource.';
 export const REF_EVENT_PREFIX = 'dev.knative.apiserver.ref.';
 /** CloudEvent type of a PingSource tick. */
 export const PING_EVENT_TYPE = 'dev.knative.sources.ping';
+/**
+ * CloudEvent type of one mirror key sent by a resync in fan-out mode (`K_SINK`), data
+ * `{namespace, identity}`; a Trigger routes it back to mirror-sync (SPEC §12).
+ */
+export const KEY_EVENT_TYPE = 'io.captf.mirror-sync.key';
 /** Every ApiServerSource event type, both modes. */
 export const APISERVER_EVENT_TYPES: readonly string[] = ['add', 'update', 'delete'].flatMap((v) => [
   `${RESOURCE_EVENT_PREFIX}${v}`,
@@ -37,6 +42,7 @@ export interface ObjectRef {
 /** What one CloudEvent asks for. */
 export type EventRequest =
   | { type: 'ping'; id: string }
+  | { type: 'key'; id: string; namespace: string; identity: string }
   | {
       type: 'object';
       id: string;
@@ -166,6 +172,15 @@ const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== 
  */
 export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonly ConsumerKind[]): EventRequest {
   if (event.type === PING_EVENT_TYPE) return { type: 'ping', id: event.id };
+  if (event.type === KEY_EVENT_TYPE) {
+    const d = dataObject(event);
+    const namespace = str(d.namespace) ?? '';
+    const identity = str(d.identity) ?? '';
+    if (!isDns1123Label(namespace) || !isDns1123Subdomain(identity)) {
+      throw new BadEventError(`event ${event.type}: data must be {"namespace": <namespace name>, "identity": <identity name>}`);
+    }
+    return { type: 'key', id: event.id, namespace, identity };
+  }
   let mode: 'resource' | 'ref';
   let verb: string;
   if (event.type.startsWith(RESOURCE_EVENT_PREFIX)) {
@@ -175,7 +190,7 @@ export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonl
     mode = 'ref';
     verb = event.type.slice(REF_EVENT_PREFIX.length);
   } else {
-    throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)} (expected ${PING_EVENT_TYPE} or dev.knative.apiserver.{resource,ref}.{add,update,delete})`);
+    throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)} (expected ${PING_EVENT_TYPE}, ${KEY_EVENT_TYPE} or dev.knative.apiserver.{resource,ref}.{add,update,delete})`);
   }
   if (verb !== 'add' && verb !== 'update' && verb !== 'delete') throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)}`);
   const data = dataObject(event);

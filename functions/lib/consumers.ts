@@ -4,13 +4,31 @@
  * paginated lists of every consumer (resync, SPEC §12). Reads only; never cached.
  */
 import { DEFAULT_CONSUMER_KINDS, IDENTITY_REF_FIELD, type Consumer, type ConsumerKind } from './api.ts';
-import type { Clients } from './kube.ts';
+import { listAllPages, type Clients, type ListPage } from './kube.ts';
 
 /** Environment variable listing consumer kinds: `group/version/Kind[/plural]`, comma-separated. */
 export const CONSUMER_KINDS_ENV = 'CAPTF_CONSUMER_KINDS';
 
-/** Page size of list calls (SPEC §12: paginated). */
+/** Default page size of list calls (SPEC §12: paginated). */
 export const PAGE_SIZE = 250;
+
+let currentPageSize = PAGE_SIZE;
+
+/** Objects per page of every list call of this process (`CAPTF_PAGE_SIZE`, default 250). */
+export function pageSize(): number {
+  return currentPageSize;
+}
+
+/**
+ * Reads `CAPTF_PAGE_SIZE` (1–5000, default {@link PAGE_SIZE}) and makes it the page size.
+ * @throws Error naming the variable when it is out of range.
+ */
+export function setPageSizeFromEnv(env: NodeJS.ProcessEnv): void {
+  const raw = env.CAPTF_PAGE_SIZE?.trim() || String(PAGE_SIZE);
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 1 || n > 5000) throw new Error(`CAPTF_PAGE_SIZE=${raw} must be an integer from 1 to 5000`);
+  currentPageSize = n;
+}
 
 /**
  * Parses consumer kinds from `$CAPTF_CONSUMER_KINDS` (e.g.
@@ -36,13 +54,9 @@ export function findConsumerKind(kinds: readonly ConsumerKind[], apiVersion: str
   return kinds.find((k) => `${k.group}/${k.version}` === apiVersion && k.kind === kind);
 }
 
-interface ListPage {
-  items?: Consumer[];
-  metadata?: { continue?: string };
-}
-
 /**
- * Lists every object of one consumer kind in all namespaces (or one), page by page.
+ * Lists every object of one consumer kind in all namespaces (or one), page by page (an
+ * expired continue token restarts the list: kube.ts `listAllPages`).
  * Items get `apiVersion` and `kind` filled in (list items may omit them).
  * @param opts.fieldSelector e.g. `spec.identityRef.name=aws-prod`.
  * @throws the API error of a failed page.
@@ -52,17 +66,13 @@ export async function* listConsumers(
   kind: ConsumerKind,
   opts: { namespace?: string; fieldSelector?: string } = {},
 ): AsyncGenerator<Consumer> {
-  let cont: string | undefined;
-  do {
-    const common = { group: kind.group, version: kind.version, plural: kind.plural, limit: PAGE_SIZE, _continue: cont, fieldSelector: opts.fieldSelector };
-    const page = (opts.namespace
-      ? await clients.custom.listNamespacedCustomObject({ ...common, namespace: opts.namespace })
-      : await clients.custom.listClusterCustomObject(common)) as ListPage;
-    for (const item of page.items ?? []) {
-      yield { ...item, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind };
-    }
-    cont = page.metadata?.continue || undefined;
-  } while (cont);
+  const list = await listAllPages((cont) => {
+    const common = { group: kind.group, version: kind.version, plural: kind.plural, limit: currentPageSize, _continue: cont, fieldSelector: opts.fieldSelector };
+    return (opts.namespace
+      ? clients.custom.listNamespacedCustomObject({ ...common, namespace: opts.namespace })
+      : clients.custom.listClusterCustomObject(common)) as Promise<ListPage<Consumer>>;
+  });
+  for (const item of list.items) yield { ...item, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind };
 }
 
 /**

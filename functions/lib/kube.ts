@@ -167,3 +167,73 @@ export function redactApiError(err: unknown): unknown {
   const reason = typeof status?.reason === 'string' ? ` ${status.reason}` : '';
   return new RedactedApiError(code, `HTTP ${code}${reason}${fields.length ? ` (fields: ${fields.join(', ').slice(0, 200)})` : ''}; the API server's message is withheld because the request carried Secret data`);
 }
+
+/**
+ * Resolves to undefined when `p` rejects with 404 (controller-runtime's `IgnoreNotFound`).
+ * @throws every other error of `p`.
+ */
+export async function ignoreNotFound<T>(p: Promise<T>): Promise<T | undefined> {
+  try {
+    return await p;
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  }
+}
+
+/** One page of a Kubernetes list, as the generated clients return it. */
+export interface ListPage<T> {
+  items?: T[];
+  metadata?: { continue?: string; _continue?: string; resourceVersion?: string };
+}
+
+/** Times a list is started over after its continue token expired, before giving up. */
+export const LIST_RESTARTS = 2;
+
+/**
+ * Reads every page of a list (`limit` + `continue`). A continue token that expired midway
+ * (410 Gone) restarts the list from the first page, at most {@link LIST_RESTARTS} times: a
+ * partial list is never returned as if it were whole.
+ * @param page fetches one page for a continue token (undefined = first page).
+ * @returns every item and the resourceVersion of the list's last page.
+ * @throws the 410 when restarts run out, and any other API error of a page.
+ */
+export async function listAllPages<T>(page: (cont: string | undefined) => Promise<ListPage<T>>): Promise<{ items: T[]; resourceVersion: string }> {
+  for (let restart = 0; ; restart++) {
+    const items: T[] = [];
+    let cont: string | undefined;
+    let resourceVersion = '';
+    try {
+      do {
+        const p = await page(cont);
+        items.push(...(p.items ?? []));
+        cont = p.metadata?.continue || p.metadata?._continue || undefined;
+        resourceVersion = p.metadata?.resourceVersion ?? resourceVersion;
+      } while (cont);
+      return { items, resourceVersion };
+    } catch (err) {
+      if (apiStatus(err) !== 410 || cont === undefined || restart >= LIST_RESTARTS) throw err;
+    }
+  }
+}
+
+/**
+ * Deletes a Secret only if it is still the version that was read (resourceVersion and uid
+ * preconditions), so a mirror that gained a user meanwhile is never deleted (SPEC §6).
+ * @returns true when deleted, false when it was already gone.
+ * @throws the 409 when it changed (the caller re-reads), and any other API error.
+ */
+export async function deleteSecretIfUnchanged(clients: Clients, secret: { metadata?: { name?: string; namespace?: string; resourceVersion?: string; uid?: string } }): Promise<boolean> {
+  const md = secret.metadata ?? {};
+  try {
+    await clients.core.deleteNamespacedSecret({
+      name: md.name!,
+      namespace: md.namespace!,
+      body: { preconditions: { resourceVersion: md.resourceVersion!, uid: md.uid! } },
+    });
+    return true;
+  } catch (err) {
+    if (isNotFound(err)) return false;
+    throw err;
+  }
+}

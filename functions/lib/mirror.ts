@@ -15,6 +15,12 @@ export const LABEL_MANAGED = 'captf.io/managed';
 export const ANNOTATION_SOURCE_HASH = 'captf.io/source-hash';
 /** Annotation naming the identity the mirror belongs to. */
 export const ANNOTATION_IDENTITY = 'captf.io/identity';
+/**
+ * Label naming the identity a mirror belongs to, so one label-selected list finds an
+ * identity's mirrors in every namespace (SPEC §7): the identity name when it fits a label
+ * value, else {@link mirrorOfLabel}'s hash form.
+ */
+export const LABEL_MIRROR_OF = 'captf.io/mirror-of';
 /** Longest object name Kubernetes accepts for a Secret (DNS-1123 subdomain). */
 export const MAX_NAME_LENGTH = 253;
 
@@ -45,6 +51,16 @@ export function mirrorName(identityName: string): string {
   const plain = MIRROR_PREFIX + identityName;
   if (plain.length <= MAX_NAME_LENGTH) return plain;
   return MIRROR_PREFIX + createHash('sha256').update(identityName, 'utf8').digest('hex').slice(0, 16);
+}
+
+/**
+ * The {@link LABEL_MIRROR_OF} value for an identity: its name when at most 63 characters
+ * (identity names are DNS-1123 subdomains, so they are valid label values up to that length),
+ * else `sha256-` and the first 56 hex characters of SHA-256 of the name (63 in all).
+ */
+export function mirrorOfLabel(identityName: string): string {
+  if (identityName.length <= 63) return identityName;
+  return `sha256-${createHash('sha256').update(identityName, 'utf8').digest('hex').slice(0, 56)}`;
 }
 
 function u32be(n: number): Buffer {
@@ -170,7 +186,7 @@ export function desiredMirror(
     metadata: {
       name: mirrorName(identityName),
       namespace,
-      labels: { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true' },
+      labels: { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true', [LABEL_MIRROR_OF]: mirrorOfLabel(identityName) },
       annotations: { [ANNOTATION_SOURCE_HASH]: sourceHash(sourceData), [ANNOTATION_IDENTITY]: identityName },
       ownerReferences: [{ ...owner }],
     },

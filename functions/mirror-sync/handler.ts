@@ -1,81 +1,138 @@
 /**
- * `POST /` of mirror-sync: CloudEvents in, reconciles out. Turns each event into consumer
- * reconciles (directly, by fan-out, or by resync) and the results into one HTTP answer:
- * 200 when everything is done, 503 when something should be retried (Knative delivery
+ * `POST /` of mirror-sync: CloudEvents in, mirror keys reconciled, one HTTP answer out:
+ * 200 when every key's work is done, 503 when something should be retried (Knative delivery
  * retries), 400 for events this function cannot use (with a JSON body saying why).
+ * Each event maps to mirror keys (keys.ts); keys go through the process's key queue, which
+ * coalesces concurrent work on one mirror (queue.ts); a ping runs the list-based resync.
  */
 import type { Request, Response } from 'express';
+import pLimit from 'p-limit';
 import { BadEventError, classifyEvent, readCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
-import { consumersFor, reconcileAll, type ObjectEvent } from './fanout.ts';
-import type { ReconcileDeps, ReconcileResult } from './reconcile.ts';
+import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
+import { keyString } from './decide.ts';
+import type { KeyQueue } from './queue.ts';
+import { settleWithoutKey, type ConsumerResult, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 import { resync, type ResyncSummary } from './resync.ts';
 
 /** Handler configuration (from the environment, see index.ts). */
 export interface EventConfig {
-  /** Reconciles in flight per request (fan-out, resync). */
+  /** Keys reconciled at once for one event (identity, namespace and resync fan-out). */
   concurrency: number;
-  /** `K_SINK`: resync fans out to it instead of reconciling in-process. */
+  /** `K_SINK`: resync fans out one event per key to it instead of reconciling in-process. */
   sink?: string | undefined;
   /** SPEC §8 fast path: react to labelled source-Secret events. */
   sourceSecretEvents: boolean;
 }
 
-type Done = { id: string; results?: Pick<ReconcileResult, 'object' | 'outcome' | 'reason' | 'retry'>[]; resync?: ResyncSummary; ignored?: string };
+/** Label that opts a source Secret into the rotation fast path (SPEC §8). */
+export const SOURCE_LABEL = 'captf.io/identity-source';
 
-// One resync at a time per instance: a ping that arrives while one runs joins it, so a
-// flood of pings (or a batch of them) costs one resync, not one each.
-let running: Promise<ResyncSummary> | undefined;
-function resyncOnce(deps: ReconcileDeps, cfg: EventConfig): Promise<ResyncSummary> {
-  running ??= resync(deps, { sink: cfg.sink, concurrency: cfg.concurrency }).finally(() => {
-    running = undefined;
-  });
-  return running;
-}
+type Done = { id: string; results?: Pick<ConsumerResult, 'object' | 'outcome' | 'reason' | 'retry'>[]; keys?: string[]; resync?: ResyncSummary; ignored?: string };
 
 /**
- * Drops repeated work from one request: pings beyond the first, and object events naming the
- * same object as an earlier one (each reconcile re-reads everything, so once is enough).
+ * Drops repeated work from one request: pings beyond the first, and events naming the same
+ * object or key as an earlier one (each reconcile re-reads everything, so once is enough).
  */
 export function coalesce(requests: readonly EventRequest[]): EventRequest[] {
   const seen = new Set<string>();
   return requests.filter((r) => {
-    const key = r.type === 'ping' ? 'ping' : JSON.stringify([r.target, r.ref.apiVersion, r.ref.kind, r.ref.namespace ?? '', r.ref.name]);
+    const key = r.type === 'ping' ? 'ping' : r.type === 'key' ? `key/${r.namespace}/${r.identity}` : JSON.stringify([r.target, r.ref.apiVersion, r.ref.kind, r.ref.namespace ?? '', r.ref.name]);
     if (seen.has(key)) return false;
     seen.add(key);
     return true;
   });
 }
 
-async function handleOne(deps: ReconcileDeps, cfg: EventConfig, ev: EventRequest): Promise<Done> {
-  if (ev.type === 'ping') return { id: ev.id, resync: await resyncOnce(deps, cfg) };
-  if (ev.target === 'other') throw new BadEventError(`event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`);
-  if (ev.target === 'secret' && !cfg.sourceSecretEvents) {
-    throw new BadEventError(`event ${ev.id} is about a Secret, but the source-Secret fast path is off (set CAPTF_SOURCE_SECRET_EVENTS=true)`);
-  }
-  const requests = await consumersFor(makeClients(deps.kc), deps.kinds, ev as ObjectEvent, { sourceSecretEvents: cfg.sourceSecretEvents });
-  const results = await reconcileAll(deps, requests, cfg.concurrency);
-  return { id: ev.id, results: results.map(({ object, outcome, reason, retry }) => ({ object, outcome, reason, retry })) };
-}
+/** mirror-sync's request handling, with its per-process state (one resync at a time, the key queue). */
+export class MirrorSyncHandler {
+  private running: Promise<ResyncSummary> | undefined;
+  private readonly deps: ReconcileDeps;
+  private readonly cfg: EventConfig;
+  readonly queue: KeyQueue;
 
-/**
- * Express handler for `POST /`.
- * Answers: 200 `{events: [...]}`; 400 `{error}` for a malformed or unusable event (valid
- * events of a batch are still processed) or a batch over `MAX_BATCH`; 503 `{error, events}`
- * when a reconcile asks for a retry or an API call failed. Pings in one request, and pings
- * arriving while a resync runs, share that one resync.
- */
-export function eventsHandler(deps: ReconcileDeps, cfg: EventConfig) {
-  return async (req: Request, res: Response): Promise<void> => {
+  constructor(deps: ReconcileDeps, cfg: EventConfig, queue: KeyQueue) {
+    this.deps = deps;
+    this.cfg = cfg;
+    this.queue = queue;
+  }
+
+  /** One resync at a time per instance: a ping that arrives while one runs joins it. */
+  resyncOnce(): Promise<ResyncSummary> {
+    this.running ??= resync(this.deps, { sink: this.cfg.sink, concurrency: this.cfg.concurrency, queue: this.queue }).finally(() => {
+      this.running = undefined;
+    });
+    return this.running;
+  }
+
+  /** Runs keys through the queue: keys known to lose their mirror first (SPEC §7), then the rest. */
+  async runKeys(work: readonly KeyWork[]): Promise<KeyResult[]> {
+    const limit = pLimit(Math.max(1, this.cfg.concurrency));
+    const run = (w: KeyWork) => limit(() => this.queue.run(w.key, w.scope, w.seed));
+    const first = await Promise.all(work.filter((w) => w.revoking).map(run));
+    return [...first, ...(await Promise.all(work.filter((w) => !w.revoking).map(run)))];
+  }
+
+  /** Handles one classified event. @throws BadEventError for events this function cannot use; API errors. */
+  async handleOne(ev: EventRequest): Promise<Done> {
+    if (ev.type === 'ping') return { id: ev.id, resync: await this.resyncOnce() };
+    if (ev.type === 'key') return this.done(ev.id, await this.runKeys([{ key: { namespace: ev.namespace, identity: ev.identity }, scope: 'all' }]), []);
+    if (ev.target === 'other') throw new BadEventError(`event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`);
+    if (ev.target === 'secret' && !this.cfg.sourceSecretEvents) {
+      throw new BadEventError(`event ${ev.id} is about a Secret, but the source-Secret fast path is off (set CAPTF_SOURCE_SECRET_EVENTS=true)`);
+    }
+    const clients = makeClients(this.deps.kc);
+    const { kinds } = this.deps;
+    switch (ev.target) {
+      case 'consumer': {
+        const { keys, consumer } = await keysForConsumer(clients, kinds, ev.ref);
+        const direct: ConsumerResult[] = [];
+        if (consumer && !keys.some((k) => k.seed?.consumers?.length)) direct.push(await settleWithoutKey(clients, this.deps, consumer));
+        if (!consumer && ev.ref.namespace) {
+          direct.push({ object: `${ev.ref.namespace}/${ev.ref.name}`, kind: ev.ref.kind, outcome: 'gone', reason: 'ObjectGone', message: `object is gone; released ${keys.length} mirror(s)`, retry: false });
+        }
+        const results = await this.runKeys(keys);
+        for (const d of direct) this.deps.logger.info('reconcile', { object: d.object, kind: d.kind, outcome: d.outcome, reason: d.reason, retry: d.retry, detail: d.message });
+        return this.done(ev.id, results, direct);
+      }
+      case 'identity':
+        return this.done(ev.id, await this.runKeys(await keysForIdentity(clients, kinds, ev.ref.name)), []);
+      case 'namespace':
+        return this.done(ev.id, await this.runKeys(await keysForNamespace(clients, kinds, ev.ref.name)), []);
+      default: {
+        if (!ev.ref.namespace || (ev.labels && ev.labels[SOURCE_LABEL] !== 'true')) return { id: ev.id, results: [] };
+        return this.done(ev.id, await this.runKeys(await keysForSecret(clients, kinds, ev.ref.namespace, ev.ref.name)), []);
+      }
+    }
+  }
+
+  private done(id: string, results: readonly KeyResult[], direct: readonly ConsumerResult[]): Done {
+    const consumers = [...direct, ...results.flatMap((r) => r.consumers)];
+    const failed = results.filter((r) => r.error);
+    return {
+      id,
+      results: consumers.map(({ object, outcome, reason, retry }) => ({ object, outcome, reason, retry })),
+      keys: results.map((r) => keyString(r.key)),
+      ...(failed.length ? { ignored: `failed: ${failed.map((r) => r.error).join('; ')}` } : {}),
+    };
+  }
+
+  /**
+   * Express handler for `POST /`.
+   * Answers: 200 `{events: [...]}`; 400 `{error}` for a malformed or unusable event (valid
+   * events of a batch are still processed) or a batch over `MAX_BATCH`; 503 `{error, events}`
+   * when a reconcile asks for a retry or an API call failed.
+   */
+  handle = async (req: Request, res: Response): Promise<void> => {
     const body = typeof req.body === 'string' ? req.body : '';
-    let requests: EventRequest[] = [];
+    const requests: EventRequest[] = [];
     const bad: string[] = [];
     try {
       const read = readCloudEvents(req.headers, body);
       bad.push(...read.errors);
       for (const e of read.events) {
         try {
-          requests.push(classifyEvent(e, deps.kinds));
+          requests.push(classifyEvent(e, this.deps.kinds));
         } catch (err) {
           if (err instanceof BadEventError) bad.push(err.message);
           else throw err;
@@ -83,7 +140,7 @@ export function eventsHandler(deps: ReconcileDeps, cfg: EventConfig) {
       }
     } catch (err) {
       if (err instanceof BadEventError) {
-        deps.logger.warn('bad event', { error: err.message });
+        this.deps.logger.warn('bad event', { error: err.message });
         res.status(400).json({ error: err.message });
         return;
       }
@@ -93,8 +150,8 @@ export function eventsHandler(deps: ReconcileDeps, cfg: EventConfig) {
     let retry = false;
     for (const r of coalesce(requests)) {
       try {
-        const d = await handleOne(deps, cfg, r);
-        if (d.results?.some((x) => x.retry)) retry = true;
+        const d = await this.handleOne(r);
+        if (d.results?.some((x) => x.retry) || d.ignored) retry = true;
         done.push(d);
       } catch (err) {
         if (err instanceof BadEventError) {
@@ -102,13 +159,14 @@ export function eventsHandler(deps: ReconcileDeps, cfg: EventConfig) {
           continue;
         }
         retry = true;
-        deps.logger.warn('event failed', { id: r.id, error: describeError(err) });
+        this.deps.logger.warn('event failed', { id: r.id, error: describeError(err) });
         done.push({ id: r.id, ignored: `failed: ${describeError(err)}` });
       }
     }
-    if (bad.length) deps.logger.warn('bad event', { errors: bad });
+    if (bad.length) this.deps.logger.warn('bad event', { errors: bad });
     if (retry) res.status(503).json({ error: 'some reconciles must be retried', events: done, ...(bad.length ? { badEvents: bad } : {}) });
     else if (bad.length) res.status(400).json({ error: bad.join('; '), events: done });
     else res.status(200).json({ events: done });
   };
 }
+

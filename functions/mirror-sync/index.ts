@@ -4,15 +4,16 @@
  * manager before a Job starts, `GET /healthz`. Started by `functions/main.ts mirror-sync`.
  */
 import { createServer } from 'node:http';
-import { consumerKindsFromEnv } from '../lib/consumers.ts';
+import { consumerKindsFromEnv, setPageSizeFromEnv } from '../lib/consumers.ts';
 import { closeServer, createApp, errorHandler, listen, type FunctionHandle, type StartOptions } from '../lib/http.ts';
 import { loadKubeConfig } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
-import { eventsHandler, type EventConfig } from './handler.ts';
+import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
-import type { ReconcileDeps } from './reconcile.ts';
+import { KeyQueue } from './queue.ts';
+import { reconcileKey, type ReconcileDeps } from './reconcile.ts';
 
-/** Default reconciles in flight per request. */
+/** Default keys reconciled at once per request (fan-out, resync). */
 export const DEFAULT_CONCURRENCY = 8;
 
 /**
@@ -39,10 +40,12 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const logger = opts.logger ?? createLogger('mirror-sync');
   const deps: ReconcileDeps = { kc: opts.kubeconfig ?? loadKubeConfig(), kinds: consumerKindsFromEnv(env), logger };
   const cfg = configFromEnv(env);
+  setPageSizeFromEnv(env);
+  const handler = new MirrorSyncHandler(deps, cfg, new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed)));
   const app = createApp();
-  app.post('/', eventsHandler(deps, cfg));
+  app.post('/', handler.handle);
   app.post('/prepare', async (req, res) => {
-    const answer = await prepare(deps, typeof req.body === 'string' ? req.body : '');
+    const answer = await prepare(deps, handler, typeof req.body === 'string' ? req.body : '');
     res.status(answer.status).json(answer.body);
   });
   app.use(errorHandler(logger));

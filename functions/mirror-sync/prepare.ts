@@ -8,8 +8,11 @@ import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts
 import type { ConsumerKind } from '../lib/api.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import { HttpError } from '../lib/http.ts';
-import { makeClients } from '../lib/kube.ts';
-import { reconcileConsumer, mirrorReadyFor, type ReconcileDeps, type ReconcileResult } from './reconcile.ts';
+import { ignoreNotFound, makeClients, type Clients } from '../lib/kube.ts';
+import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
+import type { MirrorSyncHandler } from './handler.ts';
+import { keysForConsumer } from './keys.ts';
+import { settleWithoutKey, type ConsumerResult, type ReconcileDeps } from './reconcile.ts';
 
 /** A prepare request: the consumer the Job is for. */
 export interface PrepareRequest {
@@ -51,8 +54,21 @@ export function parsePrepareRequest(raw: string, kinds: readonly ConsumerKind[])
   return { req, kind };
 }
 
-/** Maps a reconcile result to prepare's HTTP answer (reasons as in SPEC §5/§16). */
-export function prepareAnswer(r: ReconcileResult, ready: boolean): PrepareAnswer {
+/** What prepare learned about its consumer, for {@link prepareAnswer}. */
+export interface PrepareOutcome {
+  /** `<namespace>/<name>` */
+  object: string;
+  kind: string;
+  outcome: ConsumerResult['outcome'] | 'error';
+  reason: string;
+  message: string;
+  /** Mirror name and source hash when the mirror is current. */
+  mirror?: string;
+  sourceHash?: string;
+}
+
+/** Maps prepare's outcome to its HTTP answer (reasons as in SPEC §5/§16). */
+export function prepareAnswer(r: PrepareOutcome, ready: boolean): PrepareAnswer {
   switch (r.outcome) {
     case 'mirrored':
       return ready
@@ -76,17 +92,39 @@ export function prepareAnswer(r: ReconcileResult, ready: boolean): PrepareAnswer
 }
 
 /**
- * Runs prepare for one request: reconcile, then re-read the mirror to confirm it is current
- * and carries this object's owner reference (exact UID).
+ * Runs prepare for one request: reconciles the consumer's mirror key now (through the key
+ * queue, so with a reconcile that started after this request arrived), then re-reads the
+ * mirror to confirm it is current and carries this object's owner reference (exact UID).
+ * @throws HttpError 400 for a bad body; API errors of the first lookups.
  */
-export async function prepare(deps: ReconcileDeps, raw: string): Promise<PrepareAnswer> {
+export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, raw: string): Promise<PrepareAnswer> {
   const { req, kind } = parsePrepareRequest(raw, deps.kinds);
-  const result = await reconcileConsumer(deps, { kind, namespace: req.namespace, name: req.name });
-  let ready = false;
-  if (result.outcome === 'mirrored') {
-    const clients = makeClients(deps.kc);
-    const obj = (await clients.custom.getNamespacedCustomObject({ group: kind.group, version: kind.version, plural: kind.plural, namespace: req.namespace, name: req.name })) as { metadata: { uid: string } };
-    ready = await mirrorReadyFor(clients, req.namespace, result.identity!, result.sourceHash!, { apiVersion: req.apiVersion, kind: req.kind, name: req.name, uid: obj.metadata.uid });
+  const clients = makeClients(deps.kc);
+  const object = `${req.namespace}/${req.name}`;
+  const { keys, consumer } = await keysForConsumer(clients, deps.kinds, { apiVersion: req.apiVersion, kind: req.kind, namespace: req.namespace, name: req.name });
+  const results = await handler.runKeys(keys);
+  if (!consumer) return prepareAnswer({ object, kind: kind.kind, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
+  const identity = consumer.spec?.identityRef?.name;
+  const own = results.find((r) => r.key.identity === identity);
+  if (!own) {
+    const settled = await settleWithoutKey(clients, deps, consumer);
+    return prepareAnswer({ ...settled }, false);
   }
-  return prepareAnswer(result, ready);
+  if (own.error) return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: own.error }, false);
+  const mine = own.consumers.find((c) => c.object === object);
+  if (!mine) return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'MirrorFailed', message: 'the object changed while preparing; call prepare again' }, false);
+  const outcome: PrepareOutcome = { ...mine, mirror: mirrorName(identity!), ...(own.sourceHash ? { sourceHash: own.sourceHash } : {}) };
+  const ready = mine.outcome === 'mirrored' && own.sourceHash !== undefined
+    && (await mirrorReadyFor(clients, req.namespace, identity!, own.sourceHash, { kind: req.kind, name: req.name, uid: consumer.metadata.uid! }));
+  return prepareAnswer(outcome, ready);
+}
+
+/**
+ * SPEC §5: is the namespace's mirror of `identityName` current for `hash`, and does it carry
+ * this consumer's owner reference (exact UID)? Read fresh, after the reconcile.
+ */
+export async function mirrorReadyFor(clients: Clients, namespace: string, identityName: string, hash: string, owner: { kind: string; name: string; uid: string }): Promise<boolean> {
+  const m = await ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(identityName), namespace }));
+  if (!m || !isOurs(m as SecretLike, identityName) || !isCurrent(m as SecretLike, hash)) return false;
+  return (m.metadata?.ownerReferences ?? []).some((r) => r.uid === owner.uid && r.kind === owner.kind && r.name === owner.name);
 }

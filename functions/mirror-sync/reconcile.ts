@@ -1,54 +1,23 @@
 /**
- * SPEC §4: reconcile one consumer. Re-reads everything from the API server (object,
- * identity, namespace, source Secret, mirror), decides with the pure functions in plan.ts,
- * writes with resourceVersion preconditions, and returns one result that the HTTP layer
- * maps to a status code and the logger writes as one line. Nothing is remembered between
- * calls; the same code serves events, resync and prepare.
+ * SPEC §4: reconcile one mirror key — observe → decide → act. At most one write to the
+ * mirror, with the resourceVersion it was read at; a 409 observes the key again (the whole
+ * key, listed) and decides again, a bounded number of times. After creating a mirror, the
+ * identity and namespace are read again so a revocation that raced the create is undone.
+ * Then only the consumers whose conditions changed get a status write. One JSON log line
+ * per key; nothing is thrown (API failures become `retry: true`).
  */
 import type { KubeConfig, V1Secret } from '@kubernetes/client-node';
-import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
-import { GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
+import { isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
+import pLimit from 'p-limit';
+import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
-import { describeError, isForbidden, isNotFound, makeClients, redactApiError, retryOnConflict, type Clients } from '../lib/kube.ts';
+import { mirrorName } from '../lib/mirror.ts';
+import { findConsumerKind } from '../lib/consumers.ts';
+import { deleteSecretIfUnchanged, describeError, isConflict, makeClients, redactApiError, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { isCurrent, isOurs, mirrorName, ownerReferenceFor, sourceHash, type SecretLike } from '../lib/mirror.ts';
-import { releaseOwnerEverywhere, revokeMirror } from './cleanup.ts';
-import { consumerRefMatcher, planMirror } from './plan.ts';
+import { decide, keyString, type ConsumerPlan, type MirrorKey, type Outcome, type Plan, type Snapshot } from './decide.ts';
+import { observe, readIdentity, readNamespace, type Seed } from './observe.ts';
 import { writeConditions } from './status.ts';
-
-/** How a reconcile ended (SPEC §4, §16). */
-export type Outcome =
-  | 'mirrored'
-  | 'gone'
-  | 'no-identity-ref'
-  | 'identity-not-found'
-  | 'not-allowed'
-  | 'source-not-found'
-  | 'mirror-failed'
-  | 'error';
-
-/** One reconcile's result: what happened, whether to retry, and why. */
-export interface ReconcileResult {
-  /** `<namespace>/<name>` of the consumer. */
-  object: string;
-  kind: string;
-  identity?: string | undefined;
-  outcome: Outcome;
-  /** True when the caller should retry (CloudEvent → 5xx, prepare → non-2xx). */
-  retry: boolean;
-  /** Condition reason (SPEC §16) or a short word for outcomes without a condition. */
-  reason: string;
-  /** Human-readable, never Secret data. */
-  message: string;
-  /** Mirror name when `outcome` is `mirrored`. */
-  mirror?: string;
-  /** Source hash when `outcome` is `mirrored` (returned by prepare only). */
-  sourceHash?: string;
-  /** What this reconcile did to the mirror (logged, for operators and the local mode). */
-  mirrorAction?: 'created' | 'updated' | 'unchanged' | 'revoked' | undefined;
-  durationMs: number;
-  apiCalls: number;
-}
 
 /** What a reconcile needs from its caller. */
 export interface ReconcileDeps {
@@ -59,193 +28,182 @@ export interface ReconcileDeps {
   now?: () => Date;
 }
 
-/** Names one consumer to reconcile; `uid` is known from Resource-mode events. */
-export interface ConsumerRequest {
-  kind: ConsumerKind;
-  namespace: string;
-  name: string;
-  uid?: string | undefined;
+/** One consumer's result, for answers and logs. */
+export interface ConsumerResult {
+  /** `<namespace>/<name>` */
+  object: string;
+  kind: string;
+  /** The identity it names (absent when it names none). */
+  identity?: string | undefined;
+  /** Decided outcomes (decide.ts), or: it names no identity / it no longer exists. */
+  outcome: Outcome | 'no-identity-ref' | 'gone';
+  reason: string;
+  message: string;
+  retry: boolean;
+  /** Whether its conditions were written. */
+  changed?: boolean;
 }
 
-type Partial = Omit<ReconcileResult, 'object' | 'kind' | 'durationMs' | 'apiCalls'>;
+/** What a key's reconcile did. */
+export interface KeyResult {
+  key: MirrorKey;
+  /** What happened to the mirror Secret. */
+  mirrorAction: 'created' | 'updated' | 'deleted' | 'unchanged' | 'blocked';
+  consumers: ConsumerResult[];
+  /** Source hash when the mirror is current (prepare answers it). */
+  sourceHash?: string | undefined;
+  /** True when the caller should retry (CloudEvent → 5xx). */
+  retry: boolean;
+  /** Set when an API call failed (safe text: no Secret data). */
+  error?: string | undefined;
+  durationMs: number;
+  apiCalls: number;
+}
 
-async function getOrUndefined<T>(p: Promise<T>): Promise<T | undefined> {
+/** Attempts of observe → decide → act when the mirror write conflicts. */
+const ATTEMPTS = 6;
+/** Condition writes in flight at once for one key. */
+const STATUS_CONCURRENCY = 8;
+
+class Conflict extends Error {}
+
+/**
+ * Carries out the mirror part of a plan.
+ * @returns what happened. @throws Conflict on 409 (observe again), redacted API errors otherwise.
+ */
+async function writeMirror(clients: Clients, plan: Plan): Promise<KeyResult['mirrorAction']> {
+  const m = plan.mirror;
+  const { namespace } = plan.key;
   try {
-    return await p;
+    switch (m.action) {
+      case 'create':
+        await clients.core.createNamespacedSecret({ namespace, body: m.body as V1Secret });
+        return 'created';
+      case 'update':
+        // The body carries the resourceVersion it was read at: the precondition.
+        await clients.core.replaceNamespacedSecret({ name: m.body.metadata!.name!, namespace, body: m.body as V1Secret });
+        return 'updated';
+      case 'delete':
+        await deleteSecretIfUnchanged(clients, m.secret);
+        return 'deleted';
+      case 'blocked':
+        return 'blocked';
+      default:
+        return 'unchanged';
+    }
   } catch (err) {
-    if (isNotFound(err)) return undefined;
-    throw err;
+    if (isConflict(err)) throw new Conflict();
+    // Create and update bodies carry Secret data, which the server's message may echo.
+    throw m.action === 'delete' ? err : redactApiError(err);
   }
 }
 
-const allowed = (message: string): ConditionInput => ({ type: 'IdentityAllowed', status: 'True', reason: 'NamespaceAllowed', message });
+/** Fresh reads: is the key's namespace still allowed by its identity (SPEC §2)? */
+async function stillAllowed(clients: Clients, key: MirrorKey): Promise<boolean> {
+  const [identity, ns] = await Promise.all([readIdentity(clients, key.identity), readNamespace(clients, key.namespace)]);
+  return Boolean(identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: ns.labels }));
+}
+
+/** Writes each consumer's conditions where they changed (a few at a time); returns the results. */
+async function writeAllConditions(clients: Clients, deps: ReconcileDeps, key: MirrorKey, consumers: readonly ConsumerPlan[]): Promise<ConsumerResult[]> {
+  const now = deps.now?.() ?? new Date();
+  const limit = pLimit(STATUS_CONCURRENCY);
+  return Promise.all(consumers.map((p) => limit(async (): Promise<ConsumerResult> => {
+    const kind = findConsumerKind(deps.kinds, p.consumer.apiVersion!, p.consumer.kind!);
+    const changed = kind ? await writeConditions(clients, kind, p.consumer, p.conditions, now, deps.logger) : false;
+    return { object: `${key.namespace}/${p.consumer.metadata.name}`, kind: p.consumer.kind ?? '', identity: key.identity, outcome: p.outcome, reason: p.reason, message: p.message, retry: p.retry, changed };
+  })));
+}
 
 /**
- * Reconciles one consumer (SPEC §4 steps 1–7) and logs one JSON line with object, identity,
- * outcome, reason, duration in ms and the number of API calls.
- * @returns the result; unexpected API errors become `outcome: 'error', retry: true` (never thrown).
+ * Acts on a plan decided from a snapshot: the mirror write, the re-check after a create,
+ * the conditions.
+ * @returns the result, or `'conflict'` when the mirror changed since it was read (or a
+ *   create raced a revocation and was undone): the caller observes the key again.
+ * @throws API errors (safe text) other than 409.
  */
-export async function reconcileConsumer(deps: ReconcileDeps, req: ConsumerRequest): Promise<ReconcileResult> {
+export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
+  let mirrorAction: KeyResult['mirrorAction'];
+  try {
+    mirrorAction = await writeMirror(clients, plan);
+  } catch (err) {
+    if (err instanceof Conflict) return 'conflict';
+    const message = `writing mirror ${plan.key.namespace}/${plan.mirror.action === 'delete' ? plan.mirror.secret.metadata?.name : (plan.mirror as { body?: { metadata?: { name?: string } } }).body?.metadata?.name} failed: ${describeError(err)}`;
+    const failed = plan.consumers.map((p): ConsumerPlan => ({
+      ...p, outcome: 'mirror-failed', reason: 'MirrorFailed', message, retry: true,
+      conditions: [...p.conditions.filter((c) => c.type === 'IdentityAllowed'), { type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message, ...(p.consumer.metadata.generation === undefined ? {} : { observedGeneration: p.consumer.metadata.generation }) }],
+    }));
+    // The consumers carry the failure (MirrorFailed, retried); the key itself did its work.
+    return { key: plan.key, mirrorAction: 'unchanged', consumers: await writeAllConditions(clients, deps, plan.key, failed), retry: true };
+  }
+  // A revocation may have landed after our reads and found no mirror to delete: read the
+  // permission again after creating, and undo (observing again decides the revocation).
+  if (mirrorAction === 'created' && !(await stillAllowed(clients, plan.key))) return 'conflict';
+  const results = await writeAllConditions(clients, deps, plan.key, plan.consumers);
+  return { key: plan.key, mirrorAction, consumers: results, sourceHash: plan.sourceHash, retry: results.some((r) => r.retry) };
+}
+
+/**
+ * Reconciles one key: observe (with `scope` and `seed` the first time, the whole key after a
+ * conflict), decide, act. Logs what it did ({@link logKey}).
+ * @returns the result; never throws (API errors give `retry: true` and `error`).
+ */
+export async function reconcileKey(deps: ReconcileDeps, key: MirrorKey, scope: Snapshot['scope'], seed?: Seed): Promise<KeyResult> {
   const started = performance.now();
   const clients = makeClients(deps.kc, { calls: 0 });
-  let partial: Partial;
+  let result: Omit<KeyResult, 'durationMs' | 'apiCalls'> | undefined;
   try {
-    partial = await reconcile(clients, deps, req);
-  } catch (err) {
-    partial = { outcome: 'error', retry: true, reason: 'APIError', message: describeError(err) };
-  }
-  const result: ReconcileResult = {
-    object: `${req.namespace}/${req.name}`,
-    kind: req.kind.kind,
-    ...partial,
-    durationMs: Math.round((performance.now() - started) * 10) / 10,
-    apiCalls: clients.counter.calls,
-  };
-  // `message` would be merged into winston's own message field, so it is logged as `detail`.
-  const { sourceHash: _hash, message: detail, ...rest } = result;
-  deps.logger.log(result.outcome === 'error' ? 'warn' : 'info', 'reconcile', { ...rest, detail });
-  return result;
-}
-
-async function reconcile(clients: Clients, deps: ReconcileDeps, req: ConsumerRequest): Promise<Partial> {
-  const now = deps.now?.() ?? new Date();
-  const { kind, namespace, name } = req;
-  const isConsumerRef = consumerRefMatcher(deps.kinds);
-  const apiVersion = `${kind.group}/${kind.version}`;
-
-  // 1. The object. Gone → release its owner reference everywhere in the namespace.
-  const obj = (await getOrUndefined(
-    clients.custom.getNamespacedCustomObject({ group: kind.group, version: kind.version, plural: kind.plural, namespace, name }),
-  )) as Consumer | undefined;
-  if (!obj) {
-    const released = await releaseOwnerEverywhere(clients, namespace, { apiVersion, kind: kind.kind, name, uid: req.uid }, isConsumerRef);
-    return { outcome: 'gone', retry: false, reason: 'ObjectGone', message: `object is gone; released ${released.length} mirror(s)` };
-  }
-  const consumer: Consumer = { ...obj, apiVersion, kind: kind.kind };
-  const owner = ownerReferenceFor(consumer);
-  const deleting = Boolean(consumer.metadata.deletionTimestamp);
-  const generation = consumer.metadata.generation;
-  const cond = (c: Omit<ConditionInput, 'observedGeneration'>): ConditionInput => (generation === undefined ? c : { ...c, observedGeneration: generation });
-  const identityName = consumer.spec?.identityRef?.name;
-
-  // A consumer that switched identities lets go of the old mirror (SPEC §6).
-  await releaseOwnerEverywhere(clients, namespace, owner, isConsumerRef, identityName);
-
-  // 2. No identityRef: it stopped using credentials.
-  if (!identityName) {
-    await writeConditions(clients, kind, consumer, [], now, deps.logger);
-    return { outcome: 'no-identity-ref', retry: false, reason: 'NoIdentityRef', message: 'spec.identityRef is not set; no credentials are mirrored' };
-  }
-
-  // 3. The identity. A name that is not a valid object name cannot exist (and must not be
-  // put into a URL, where "." or ".." would change the request).
-  if (!isDns1123Subdomain(identityName)) {
-    const message = `spec.identityRef.name ${JSON.stringify(identityName).slice(0, 80)} is not a valid TerraformClusterIdentity name`;
-    await writeConditions(clients, kind, consumer, [cond({ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message })], now, deps.logger);
-    return { identity: undefined, outcome: 'identity-not-found', retry: false, reason: 'IdentityNotFound', message };
-  }
-  const identity = (await getOrUndefined(
-    clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: identityName }),
-  )) as TerraformClusterIdentity | undefined;
-  if (!identity) {
-    const revoked = await revokeMirror(clients, namespace, identityName);
-    const message = `TerraformClusterIdentity ${identityName} does not exist`;
-    await writeConditions(clients, kind, consumer, [cond({ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message })], now, deps.logger);
-    return { identity: identityName, outcome: 'identity-not-found', retry: true, reason: 'IdentityNotFound', message, mirrorAction: revoked ? 'revoked' : undefined };
-  }
-
-  // 4. The namespace.
-  const ns = await getOrUndefined(clients.core.readNamespace({ name: namespace }));
-  if (!ns || !isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: namespace, labels: ns.metadata?.labels })) {
-    const revoked = await revokeMirror(clients, namespace, identityName);
-    const message = `namespace ${namespace} is not allowed by TerraformClusterIdentity ${identityName} (spec.allowedNamespaces)${revoked ? '; its mirror was deleted' : ''}`;
-    const conditions = [cond({ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message })];
-    if (deleting) {
-      conditions.push(cond({ type: 'ApplyJobSucceeded', status: 'False', reason: 'IdentityNotAllowed', message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer` }));
+    for (let attempt = 1; attempt <= ATTEMPTS && !result; attempt++) {
+      const snapshot = await observe(clients, deps.kinds, key, attempt === 1 ? scope : 'all', attempt === 1 ? seed : undefined);
+      const r = await act(clients, deps, decide(snapshot, deps.kinds));
+      if (r !== 'conflict') result = r;
     }
-    await writeConditions(clients, kind, consumer, conditions, now, deps.logger);
-    return { identity: identityName, outcome: 'not-allowed', retry: deleting, reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed', message, mirrorAction: revoked ? 'revoked' : undefined };
-  }
-  const allowedCond = cond(allowed(`namespace ${namespace} is allowed by TerraformClusterIdentity ${identityName}`));
-
-  // 5. The source Secret, read directly (never cached), so a rotation is seen at once.
-  const ref = identity.spec.secretRef;
-  let source: V1Secret | undefined;
-  let sourceProblem: string | undefined;
-  try {
-    source = await getOrUndefined(clients.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }));
-    if (!source) sourceProblem = `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${identityName} does not exist`;
+    result ??= { key, mirrorAction: 'unchanged', consumers: [], retry: true, error: `the mirror kept changing; gave up after ${ATTEMPTS} attempts` };
   } catch (err) {
-    if (!isForbidden(err)) throw err;
-    sourceProblem = `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${identityName} is not readable by mirror-sync (403)`;
+    result = { key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
   }
-  if (!source) {
-    await writeConditions(clients, kind, consumer, [allowedCond, cond({ type: 'CredentialsMirrored', status: 'False', reason: 'SourceNotFound', message: sourceProblem! })], now, deps.logger);
-    return { identity: identityName, outcome: 'source-not-found', retry: true, reason: 'SourceNotFound', message: sourceProblem! };
-  }
-  const hash = sourceHash(source.data);
-  const name_ = mirrorName(identityName);
-
-  // 6. The mirror: create, or one resourceVersion-guarded update, or nothing at all.
-  let failure: { message: string; retry: boolean } | undefined;
-  let wrote = false;
-  let mirrorAction: ReconcileResult['mirrorAction'];
-  try {
-    failure = await retryOnConflict(async () => {
-      const existing = await getOrUndefined(clients.core.readNamespacedSecret({ name: name_, namespace }));
-      const plan = planMirror(existing as SecretLike | undefined, identityName, namespace, source.data, hash, owner);
-      if (plan.action === 'blocked') return { message: plan.message, retry: false };
-      try {
-        if (plan.action === 'create') await clients.core.createNamespacedSecret({ namespace, body: plan.body as V1Secret });
-        else if (plan.action === 'update') await clients.core.replaceNamespacedSecret({ name: name_, namespace, body: plan.body as V1Secret });
-      } catch (err) {
-        throw redactApiError(err);
-      }
-      wrote = plan.action !== 'none';
-      mirrorAction = plan.action === 'create' ? 'created' : plan.action === 'update' ? 'updated' : 'unchanged';
-      return undefined;
-    }, 20);
-  } catch (err) {
-    failure = { message: `writing mirror ${namespace}/${name_} failed: ${describeError(err)}`, retry: true };
-  }
-  if (failure) {
-    await writeConditions(clients, kind, consumer, [allowedCond, cond({ type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message: failure.message })], now, deps.logger);
-    return { identity: identityName, outcome: 'mirror-failed', retry: failure.retry, reason: 'MirrorFailed', message: failure.message };
-  }
-
-  // A revocation (narrowed list, relabelled namespace, deleted identity) may have landed
-  // between step 4 and our write and found no mirror to delete. Re-check after writing so a
-  // mirror never outlives its permission by a resync period.
-  if (wrote && !(await stillAllowed(clients, identityName, namespace))) {
-    await revokeMirror(clients, namespace, identityName);
-    const message = `namespace ${namespace} stopped being allowed by TerraformClusterIdentity ${identityName} while the mirror was written; the mirror was deleted`;
-    await writeConditions(clients, kind, consumer, [cond({ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message })], now, deps.logger);
-    return { identity: identityName, outcome: 'not-allowed', retry: true, reason: 'NamespaceNotAllowed', message, mirrorAction: 'revoked' };
-  }
-
-  // 7. Mirrored. The message names the mirror, never data or hash.
-  const message = `mirror ${namespace}/${name_} is current and owned by this object`;
-  const desired = [allowedCond, cond({ type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message })];
-  await writeConditions(clients, kind, consumer, desired, now, deps.logger);
-  return { identity: identityName, outcome: 'mirrored', retry: false, reason: 'Mirrored', message, mirror: name_, sourceHash: hash, mirrorAction };
-}
-
-/** Fresh reads of the identity and namespace: is `namespace` still allowed (SPEC §2)? */
-async function stillAllowed(clients: Clients, identityName: string, namespace: string): Promise<boolean> {
-  const identity = (await getOrUndefined(
-    clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: identityName }),
-  )) as TerraformClusterIdentity | undefined;
-  const ns = identity ? await getOrUndefined(clients.core.readNamespace({ name: namespace })) : undefined;
-  return Boolean(identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: namespace, labels: ns.metadata?.labels }));
+  const done: KeyResult = { ...result, durationMs: Math.round((performance.now() - started) * 10) / 10, apiCalls: clients.counter.calls };
+  logKey(deps.logger, done, scope);
+  return done;
 }
 
 /**
- * SPEC §5: is the namespace's mirror of `identityName` current for `hash` and does it carry
- * this consumer's owner reference (exact UID)? Re-read after a reconcile, for prepare.
+ * Logs a key's reconcile: one `reconcile` line per consumer the request named or whose
+ * conditions changed (a big key that changed nothing stays quiet), and one line for the key
+ * when no consumer line says what happened to the mirror.
  */
-export async function mirrorReadyFor(clients: Clients, namespace: string, identityName: string, hash: string, owner: { apiVersion: string; kind: string; name: string; uid: string }): Promise<boolean> {
-  const m = await getOrUndefined(clients.core.readNamespacedSecret({ name: mirrorName(identityName), namespace }));
-  if (!m || !isOurs(m as SecretLike, identityName) || !isCurrent(m as SecretLike, hash)) return false;
-  return (m.metadata?.ownerReferences ?? []).some((r) => r.uid === owner.uid && r.kind === owner.kind && r.name === owner.name);
+export function logKey(logger: Logger, r: KeyResult, scope: Snapshot['scope'] = 'all'): void {
+  const named = new Set(scope === 'all' ? [] : scope.map((n) => `${n.kind}/${n.name}`));
+  const common = { identity: r.key.identity, mirror: mirrorName(r.key.identity), mirrorAction: r.mirrorAction, durationMs: r.durationMs, apiCalls: r.apiCalls };
+  let logged = 0;
+  for (const c of r.consumers) {
+    if (!c.changed && c.outcome === 'mirrored' && !named.has(`${c.kind}/${c.object.split('/')[1]}`)) continue;
+    logged++;
+    // `message` would be merged into winston's own message field, so it is logged as `detail`.
+    logger.log('info', 'reconcile', { object: c.object, kind: c.kind, outcome: c.outcome, reason: c.reason, retry: c.retry, ...common, detail: c.message });
+  }
+  if (r.error || (logged === 0 && (r.mirrorAction !== 'unchanged' || named.size > 0))) {
+    logger.log(r.error ? 'warn' : 'info', 'reconcile key', { key: keyString(r.key), namespace: r.key.namespace, consumers: r.consumers.length, retry: r.retry, ...common, ...(r.error ? { detail: r.error } : {}) });
+  }
 }
 
+/**
+ * A consumer that names no usable identity has no key (SPEC §4): without `identityRef` its
+ * owned conditions are cleared; with a name that cannot be an identity it is
+ * `IdentityAllowed=False/IdentityNotFound`. Writes only when that changes something.
+ * @returns its result (never retried: it waits for a person). @throws API errors of the write.
+ */
+export async function settleWithoutKey(clients: Clients, deps: ReconcileDeps, consumer: Consumer): Promise<ConsumerResult> {
+  const kind = findConsumerKind(deps.kinds, consumer.apiVersion!, consumer.kind!);
+  const object = `${consumer.metadata.namespace}/${consumer.metadata.name}`;
+  const identity = consumer.spec?.identityRef?.name;
+  const now = deps.now?.() ?? new Date();
+  if (!identity) {
+    const changed = kind ? await writeConditions(clients, kind, consumer, [], now, deps.logger) : false;
+    return { object, kind: consumer.kind ?? '', outcome: 'no-identity-ref', reason: 'NoIdentityRef', message: 'spec.identityRef is not set; no credentials are mirrored', retry: false, changed };
+  }
+  const message = `spec.identityRef.name ${JSON.stringify(identity).slice(0, 80)} is not a valid TerraformClusterIdentity name`;
+  const cond: ConditionInput = { type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message, ...(consumer.metadata.generation === undefined ? {} : { observedGeneration: consumer.metadata.generation }) };
+  const changed = kind ? await writeConditions(clients, kind, consumer, [cond], now, deps.logger) : false;
+  return { object, kind: consumer.kind ?? '', outcome: 'identity-not-found', reason: 'IdentityNotFound', message, retry: false, changed };
+}

@@ -1,155 +1,198 @@
 /**
- * SPEC §6, §12: the periodic resync on a PingSource tick. Lists every consumer of every
- * configured kind (paginated) and reconciles each with bounded concurrency — or, when
- * `K_SINK` is set, sends one CloudEvent per consumer to the sink so the reconciles spread
- * over many function instances — then garbage-collects orphaned mirrors: mirrors whose
- * consumer owner references all point at objects that no longer exist (a lost delete event
- * must never leave credentials behind).
+ * SPEC §6, §12: the periodic resync on a PingSource tick, made of lists. It lists the
+ * mirrors first (label selector), then every consumer kind, the identities and the
+ * namespaces, reads each distinct source Secret once, decides every key with the same pure
+ * function as an event (decide.ts), and writes only the differences — including collecting
+ * mirrors none of whose consumer owners exists any more (a lost delete event never leaves
+ * credentials behind). Listing the mirrors before the consumers, and writing with the
+ * resourceVersion the list returned, means a consumer created during the pass is never
+ * taken for a dead one: its own reconcile changes the mirror, and our write then conflicts
+ * and goes back through the key queue. With `K_SINK` set, one event per key is sent there
+ * instead, so the keys spread over many instances.
  */
 import { randomUUID } from 'node:crypto';
 import { CloudEvent, HTTP } from 'cloudevents';
+import type { V1Namespace, V1Secret } from '@kubernetes/client-node';
 import pLimit from 'p-limit';
-import type { OwnerReference } from '../lib/api.ts';
-import { REF_EVENT_PREFIX } from '../lib/cloudevents.ts';
-import { listConsumers, PAGE_SIZE } from '../lib/consumers.ts';
-import { describeError, isNotFound, makeClients, type Clients } from '../lib/kube.ts';
-import { ANNOTATION_IDENTITY, LABEL_MIRRORED, groupOf, isOurs } from '../lib/mirror.ts';
-import { releaseMirror } from './cleanup.ts';
-import { reconcileConsumer, type ConsumerRequest, type ReconcileDeps } from './reconcile.ts';
-import { consumerRefMatcher } from './plan.ts';
+import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
+import { GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type TerraformClusterIdentity } from '../lib/api.ts';
+import { KEY_EVENT_TYPE } from '../lib/cloudevents.ts';
+import { pageSize } from '../lib/consumers.ts';
+import { describeError, listAllPages, makeClients, type Clients, type ListPage } from '../lib/kube.ts';
+import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName } from '../lib/mirror.ts';
+import { decide, keyString, planConditions, type MirrorKey, type Plan, type Snapshot, type SourceState } from './decide.ts';
+import { readSource } from './observe.ts';
+import type { KeyQueue } from './queue.ts';
+import { act, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
 /** CloudEvent source of the events a resync sends to `K_SINK`. */
 export const RESYNC_SOURCE = 'captf-credentials/mirror-sync/resync';
 
 /** Summary of one resync (logged, and returned as the ping's JSON answer). */
 export interface ResyncSummary {
+  /** Consumers listed (every configured kind). */
   consumers: number;
-  reconciled: number;
-  sent: number;
-  failed: number;
-  needRetry: number;
+  /** Mirrors listed. */
+  mirrors: number;
+  /** Keys decided (namespace × identity with a consumer or a mirror). */
+  keys: number;
+  /** Keys that needed a write (mirror or conditions). */
+  changed: number;
+  /** Mirrors deleted because no consumer uses them any more. */
   orphanedMirrorsDeleted: number;
-  danglingReferencesRemoved: number;
+  /** Mirrors deleted because their namespace is no longer allowed or the identity is gone. */
+  revoked: number;
+  /** Keys sent to `K_SINK` (fan-out mode). */
+  sent: number;
+  /** Keys the sink refused. */
+  failed: number;
+  /** Keys whose reconcile asks for a retry (the ping is then answered 5xx). */
+  needRetry: number;
   durationMs: number;
+  apiCalls: number;
+}
+
+/** What the resync read, listed. */
+interface Lists {
+  mirrors: V1Secret[];
+  consumers: Consumer[];
+  identities: Map<string, TerraformClusterIdentity>;
+  namespaces: Map<string, V1Namespace>;
+}
+
+/** Lists everything a resync decides from: mirrors first (SPEC §12), then the rest. */
+async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Lists> {
+  const limit = pageSize();
+  const mirrors = (await listAllPages((cont) => clients.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, limit, _continue: cont }))).items;
+  const consumers: Consumer[] = [];
+  for (const k of deps.kinds) {
+    const list = await listAllPages((cont) => clients.custom.listClusterCustomObject({ group: k.group, version: k.version, plural: k.plural, limit, _continue: cont }) as Promise<ListPage<Consumer>>);
+    for (const c of list.items) consumers.push({ ...c, apiVersion: `${k.group}/${k.version}`, kind: k.kind });
+  }
+  const identities = (await listAllPages((cont) => clients.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, limit, _continue: cont }) as Promise<ListPage<TerraformClusterIdentity>>)).items;
+  const namespaces = (await listAllPages((cont) => clients.core.listNamespace({ limit, _continue: cont }))).items;
+  return {
+    mirrors,
+    consumers,
+    identities: new Map(identities.map((i) => [i.metadata.name!, i])),
+    namespaces: new Map(namespaces.map((n) => [n.metadata!.name!, n])),
+  };
+}
+
+/** Groups consumers and mirrors by key. */
+function groupByKey(lists: Lists): Map<string, { key: MirrorKey; consumers: Consumer[]; mirror: V1Secret | undefined }> {
+  const keys = new Map<string, { key: MirrorKey; consumers: Consumer[]; mirror: V1Secret | undefined }>();
+  const entry = (key: MirrorKey) => keys.get(keyString(key)) ?? keys.set(keyString(key), { key, consumers: [], mirror: undefined }).get(keyString(key))!;
+  for (const c of lists.consumers) {
+    const id = c.spec?.identityRef?.name;
+    if (id && isDns1123Subdomain(id) && c.metadata.namespace) entry({ namespace: c.metadata.namespace, identity: id }).consumers.push(c);
+  }
+  for (const m of lists.mirrors) {
+    const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
+    if (id && isOurs(m, id) && m.metadata?.name === mirrorName(id)) entry({ namespace: m.metadata.namespace!, identity: id }).mirror = m;
+  }
+  return keys;
+}
+
+/** Whether acting on a plan would write anything (mirror or any consumer's conditions). */
+function needsWork(plan: Plan, now: Date): boolean {
+  if (plan.mirror.action !== 'none' && plan.mirror.action !== 'blocked') return true;
+  return plan.consumers.some((p) => planConditions(p.consumer.status?.conditions, p.conditions, now).changed);
 }
 
 /**
  * Runs one resync.
- * @param opts.sink `K_SINK` URL: fan out instead of reconciling in-process.
- * @param opts.concurrency reconciles (or sends) in flight at once.
- * @throws API errors of the list calls (the ping is then answered 5xx).
+ * @param opts.sink `K_SINK` URL: send one event per key instead of reconciling here.
+ * @param opts.concurrency keys acted on (or sent) at once.
+ * @param opts.queue the process's key queue (a key whose write conflicts is reconciled again through it).
+ * @throws API errors of the lists, including a 410 that survived the restarts (the ping is then answered 5xx).
  */
-export async function resync(deps: ReconcileDeps, opts: { sink?: string | undefined; concurrency: number }): Promise<ResyncSummary> {
+export async function resync(deps: ReconcileDeps, opts: { sink?: string | undefined; concurrency: number; queue: KeyQueue }): Promise<ResyncSummary> {
   const started = performance.now();
-  const clients = makeClients(deps.kc);
+  deps.logger.info('resync started');
+  const clients = makeClients(deps.kc, { calls: 0 });
+  const lists = await listEverything(clients, deps);
+  const keys = groupByKey(lists);
+  const summary: ResyncSummary = { consumers: lists.consumers.length, mirrors: lists.mirrors.length, keys: keys.size, changed: 0, orphanedMirrorsDeleted: 0, revoked: 0, sent: 0, failed: 0, needRetry: 0, durationMs: 0, apiCalls: 0 };
   const limit = pLimit(Math.max(1, opts.concurrency));
-  const summary: ResyncSummary = { consumers: 0, reconciled: 0, sent: 0, failed: 0, needRetry: 0, orphanedMirrorsDeleted: 0, danglingReferencesRemoved: 0, durationMs: 0 };
-  const tasks: Promise<void>[] = [];
-  for (const kind of deps.kinds) {
-    for await (const c of listConsumers(clients, kind)) {
-      summary.consumers++;
-      const req: ConsumerRequest = { kind, namespace: c.metadata.namespace!, name: c.metadata.name!, uid: c.metadata.uid };
-      tasks.push(limit(async () => {
-        if (opts.sink) {
-          const ok = await sendToSink(opts.sink, req, deps);
-          if (ok) summary.sent++;
-          else summary.failed++;
-        } else {
-          const r = await reconcileConsumer(deps, req);
-          summary.reconciled++;
-          if (r.retry) summary.needRetry++;
-        }
-      }));
+
+  // Consumers that name no usable identity have no key; settle their conditions here.
+  await Promise.all(lists.consumers.filter((c) => !c.spec?.identityRef?.name || !isDns1123Subdomain(c.spec.identityRef.name)).map((c) => limit(() => settleWithoutKey(clients, deps, c))));
+
+  if (opts.sink) {
+    await Promise.all([...keys.values()].map(({ key }) => limit(async () => {
+      if (await sendKey(opts.sink!, key, deps)) summary.sent++;
+      else summary.failed++;
+    })));
+  } else {
+    // Each distinct source is read once, on first need.
+    const sources = new Map<string, Promise<SourceState>>();
+    const sourceOf = (i: TerraformClusterIdentity) => {
+      const id = `${i.spec.secretRef.namespace}/${i.spec.secretRef.name}`;
+      if (!sources.has(id)) sources.set(id, readSource(clients, i));
+      return sources.get(id)!;
+    };
+    const now = deps.now?.() ?? new Date();
+    const plans: Plan[] = [];
+    for (const { key, consumers, mirror } of keys.values()) {
+      const identity = lists.identities.get(key.identity);
+      const ns = lists.namespaces.get(key.namespace);
+      const labels = ns?.metadata?.labels;
+      const allowed = identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
+      const snapshot: Snapshot = { key, identity, namespace: ns ? { labels } : undefined, source: allowed ? await sourceOf(identity) : undefined, mirror, consumers, scope: 'all' };
+      const plan = decide(snapshot, deps.kinds);
+      if (needsWork(plan, now)) plans.push(plan);
+    }
+    // Revocations first (SPEC §7): credentials leave before anything else is written.
+    const revokedFirst = [...plans].sort((a, b) => Number(isRevocation(b)) - Number(isRevocation(a)));
+    summary.changed = plans.length;
+    const results = await Promise.all(revokedFirst.map((plan) => limit(async (): Promise<KeyResult | Omit<KeyResult, 'durationMs' | 'apiCalls'>> => {
+      const t0 = performance.now();
+      try {
+        const r = await act(clients, deps, plan);
+        // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
+        if (r === 'conflict') return await opts.queue.run(plan.key, 'all');
+        logKey(deps.logger, { ...r, durationMs: Math.round(performance.now() - t0), apiCalls: 0 });
+        return r;
+      } catch (err) {
+        return { key: plan.key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
+      }
+    })));
+    for (const [i, r] of results.entries()) {
+      const plan = revokedFirst[i]!;
+      if (r.retry) summary.needRetry++;
+      if (r.mirrorAction === 'deleted' && plan.mirror.action === 'delete') {
+        if (plan.mirror.why === 'unused') summary.orphanedMirrorsDeleted++;
+        else summary.revoked++;
+      }
     }
   }
-  await Promise.all(tasks);
-  const gc = await collectOrphans(clients, deps);
-  summary.orphanedMirrorsDeleted = gc.deleted;
-  summary.danglingReferencesRemoved = gc.released;
   summary.durationMs = Math.round(performance.now() - started);
+  summary.apiCalls = clients.counter.calls;
   deps.logger.info('resync', { ...summary });
   return summary;
 }
 
-async function sendToSink(sink: string, req: ConsumerRequest, deps: ReconcileDeps): Promise<boolean> {
-  const apiVersion = `${req.kind.group}/${req.kind.version}`;
-  // Shaped like an ApiServerSource Reference-mode event so the same Trigger routes it.
+const isRevocation = (p: Plan): boolean => p.mirror.action === 'delete' && p.mirror.why === 'revoked';
+
+/** Sends one key to the sink as a `KEY_EVENT_TYPE` CloudEvent (binary mode); true when accepted. */
+async function sendKey(sink: string, key: MirrorKey, deps: ReconcileDeps): Promise<boolean> {
   const event = new CloudEvent<unknown>({
     id: randomUUID(),
-    type: `${REF_EVENT_PREFIX}update`,
+    type: KEY_EVENT_TYPE,
     source: RESYNC_SOURCE,
-    subject: `/apis/${apiVersion}/namespaces/${req.namespace}/${req.kind.plural}/${req.name}`,
+    subject: keyString(key),
     datacontenttype: 'application/json',
-    data: { apiVersion, kind: req.kind.kind, name: req.name, namespace: req.namespace },
-    kind: req.kind.kind,
-    name: req.name,
-    namespace: req.namespace,
+    data: { namespace: key.namespace, identity: key.identity },
   });
   const msg = HTTP.binary(event);
   try {
     const res = await fetch(sink, { method: 'POST', headers: msg.headers as Record<string, string>, body: msg.body as string });
     await res.arrayBuffer();
     if (res.ok) return true;
-    deps.logger.warn('sink refused resync event', { sink, object: `${req.namespace}/${req.name}`, status: res.status });
+    deps.logger.warn('sink refused resync event', { sink, key: keyString(key), status: res.status });
   } catch (err) {
-    deps.logger.warn('sink unreachable', { sink, object: `${req.namespace}/${req.name}`, error: describeError(err) });
+    deps.logger.warn('sink unreachable', { sink, key: keyString(key), error: describeError(err) });
   }
   return false;
-}
-
-/**
- * SPEC §6: deletes mirrors none of whose consumer owner references points at an existing
- * object (same UID), and removes dangling references from mirrors that still have users.
- * Mirrors with an owner reference of a kind not configured here are left alone.
- * Every write is resourceVersion-guarded via {@link releaseMirror}.
- */
-async function collectOrphans(clients: Clients, deps: ReconcileDeps): Promise<{ deleted: number; released: number }> {
-  const isConsumerRef = consumerRefMatcher(deps.kinds);
-  let deleted = 0;
-  let released = 0;
-  let cont: string | undefined;
-  do {
-    const page = await clients.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, limit: PAGE_SIZE, _continue: cont });
-    for (const m of page.items) {
-      const identity = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
-      if (!identity || !isOurs(m, identity)) continue;
-      const namespace = m.metadata!.namespace!;
-      const refs = (m.metadata?.ownerReferences ?? []) as OwnerReference[];
-      // An owner of a kind this instance does not know (another instance's configuration,
-      // a rollout in progress) may be a live user: never collect such a mirror here.
-      if (refs.some((r) => !isConsumerRef(r))) continue;
-      const consumerRefs = refs.filter(isConsumerRef);
-      const dangling: OwnerReference[] = [];
-      for (const r of consumerRefs) if (!(await ownerExists(clients, deps, namespace, r))) dangling.push(r);
-      if (consumerRefs.length > 0 && dangling.length === 0) continue;
-      if (consumerRefs.length === 0) {
-        // No user at all: release a non-existent owner, which deletes when no consumer ref remains.
-        try {
-          await clients.core.deleteNamespacedSecret({ name: m.metadata!.name!, namespace, body: { preconditions: { resourceVersion: m.metadata!.resourceVersion!, uid: m.metadata!.uid! } } });
-          deleted++;
-        } catch (err) {
-          if (!isNotFound(err) && (err as { code?: number }).code !== 409) throw err;
-        }
-        continue;
-      }
-      for (const r of dangling) {
-        const action = await releaseMirror(clients, namespace, m.metadata!.name!, r, isConsumerRef);
-        if (action === 'deleted') deleted++;
-        if (action === 'released') released++;
-      }
-    }
-    cont = page.metadata?._continue || undefined;
-  } while (cont);
-  return { deleted, released };
-}
-
-async function ownerExists(clients: Clients, deps: ReconcileDeps, namespace: string, ref: OwnerReference): Promise<boolean> {
-  const kind = deps.kinds.find((k) => k.group === groupOf(ref.apiVersion) && k.kind === ref.kind)!;
-  try {
-    const obj = (await clients.custom.getNamespacedCustomObject({ group: kind.group, version: kind.version, plural: kind.plural, namespace, name: ref.name })) as { metadata?: { uid?: string } };
-    return obj.metadata?.uid === ref.uid;
-  } catch (err) {
-    if (isNotFound(err)) return false;
-    throw err;
-  }
 }

@@ -18,7 +18,7 @@ import { parseArgs } from 'node:util';
 import { BASELINE_VERSION, bareNodeServer } from './baselines.ts';
 import { ALLOWED_LABEL, createIdentity, putSourceSecret, watchMirrors } from './fixtures.ts';
 import { rssBytes, samplePeaks } from './measure.ts';
-import { ROWS, formatTable, writeResults, type BenchResults, type Figure } from './report.ts';
+import { ROWS, currentRevision, formatTable, writeResults, type BenchResults, type Figure } from './report.ts';
 import { REPO_ROOT } from '../controlplane/build.ts';
 import { startBenchSystem, type FunctionName } from './system.ts';
 import { admissionRow } from './rows/admission.ts';
@@ -57,6 +57,7 @@ const outDir = values.out ?? join(REPO_ROOT, quick ? '.local/bench-results' : 'b
 const log = (l: string) => process.stderr.write(`[bench] ${l}\n`);
 
 const startedAt = new Date();
+const revision = currentRevision();
 const dir = join(REPO_ROOT, '.local', `bench-${process.pid}`);
 const sys = await startBenchSystem(dir, log);
 const onSignal = () => void sys.stop().then(() => process.exit(130));
@@ -79,7 +80,7 @@ try {
 
   const run: Record<(typeof ROWS)[number], () => Promise<Figure[]>> = {
     'cold-start': () => coldStartRow(ctx, sizes.coldStartRuns),
-    resync: () => resyncRows(ctx, sizes.resync),
+    resync: () => resyncRows(ctx, sizes.resync, results.figures).then(() => []),
     'event-to-mirror': () => eventToMirrorRow(ctx, sizes.eventToMirror),
     'fan-in': () => fanInRows(ctx, sizes.fanIn, sizes.concurrent),
     revocation: () => revocationRow(ctx, sizes.revocationPerNamespace),
@@ -117,6 +118,6 @@ try {
 
 const durationMs = performance.now();
 process.stdout.write(`\n${formatTable(results)}\n\n`);
-const path = writeResults(outDir, results, { quick, startedAt, durationMs, options: { rows, sizes, timeoutMs }, baselineVersion: BASELINE_VERSION });
+const path = writeResults(outDir, results, { quick, startedAt, durationMs, options: { rows, sizes, timeoutMs }, baselineVersion: BASELINE_VERSION, revision });
 log(`results written to ${path}; ${results.figures.length} figures, ${results.failures.length} failed rows, ${(durationMs / 1000).toFixed(0)} s`);
 process.exit(results.failures.length ? 1 : 0);

@@ -3,6 +3,7 @@
  * and constants, so nothing here moves when the product's code changes.
  */
 import { randomUUID } from 'node:crypto';
+import { Agent } from 'undici';
 import type { BenchClient, KubeObject } from './client.ts';
 import { inParallel } from './client.ts';
 import { WatchedCollection } from './collection.ts';
@@ -132,13 +133,16 @@ export function consumerEvent(plural: ConsumerPlural, namespace: string, name: s
   };
 }
 
+const patient = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
+
 /**
- * POSTs an event and waits for the answer.
+ * POSTs an event and waits for the answer (however long the function takes).
  * @returns HTTP status, parsed JSON answer and milliseconds from send to answer.
  */
 export async function postEvent(url: string, ev: EventRequest): Promise<{ status: number; body: unknown; ms: number }> {
   const t0 = performance.now();
-  const res = await fetch(url, { method: 'POST', headers: ev.headers, body: ev.body, signal: AbortSignal.timeout(900_000) });
+  // A resync may take longer than fetch's default 300 s header timeout: the bench waits.
+  const res = await fetch(url, { method: 'POST', headers: ev.headers, body: ev.body, signal: AbortSignal.timeout(1_800_000), dispatcher: patient } as RequestInit);
   const text = await res.text();
   const ms = performance.now() - t0;
   let body: unknown = text;

@@ -10,6 +10,10 @@
  */
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { Agent } from 'undici';
+
+// Deliveries wait as long as the function takes (fetch's default header timeout is 300 s).
+const patient = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 
 /** How the relay treats incoming events. */
 export type RelayMode = { kind: 'drop' } | { kind: 'deliver'; targets: string[]; concurrency: number };
@@ -123,7 +127,7 @@ export class Relay {
   private async deliver(target: string, q: Queued): Promise<void> {
     let status = 0;
     try {
-      const res = await fetch(target, { method: 'POST', headers: q.headers, body: q.body, signal: AbortSignal.timeout(600_000) });
+      const res = await fetch(target, { method: 'POST', headers: q.headers, body: q.body, signal: AbortSignal.timeout(600_000), dispatcher: patient } as RequestInit);
       status = res.status;
       await res.arrayBuffer();
     } catch {

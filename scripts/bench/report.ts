@@ -66,19 +66,31 @@ function git(args: string[]): string {
   }
 }
 
+/** The commit being measured, read when the run starts (before the bundles are built). */
+export interface Revision {
+  commit: string;
+  short: string;
+  /** Tracked files differed from the commit: the figures are of uncommitted code. */
+  dirty: boolean;
+}
+
+/** The working tree's commit and whether tracked files differ from it. */
+export function currentRevision(): Revision {
+  return { commit: git(['rev-parse', 'HEAD']), short: git(['rev-parse', '--short', 'HEAD']), dirty: git(['status', '--porcelain', '--untracked-files=no']) !== '' };
+}
+
 /**
- * Writes the results with the machine's facts to `<dir>/<YYYY-MM-DD>-<short sha>[-quick].json`.
+ * Writes the results with the machine's facts to `<dir>/<YYYY-MM-DD>-<short sha>[-dirty][-quick].json`.
  * @returns the path written.
  */
-export function writeResults(dir: string, results: BenchResults, run: { quick: boolean; startedAt: Date; durationMs: number; options: unknown; baselineVersion: number }): string {
+export function writeResults(dir: string, results: BenchResults, run: { quick: boolean; startedAt: Date; durationMs: number; options: unknown; baselineVersion: number; revision: Revision }): string {
   mkdirSync(dir, { recursive: true });
-  const sha = git(['rev-parse', '--short', 'HEAD']);
-  const dirty = git(['status', '--porcelain', '--untracked-files=no']) !== '';
-  const path = join(dir, `${run.startedAt.toISOString().slice(0, 10)}-${sha}${run.quick ? '-quick' : ''}.json`);
+  const { commit, short, dirty } = run.revision;
+  const path = join(dir, `${run.startedAt.toISOString().slice(0, 10)}-${short}${dirty ? '-dirty' : ''}${run.quick ? '-quick' : ''}.json`);
   const doc = {
     startedAt: run.startedAt.toISOString(),
     durationMs: Math.round(run.durationMs),
-    commit: git(['rev-parse', 'HEAD']),
+    commit,
     dirty,
     quick: run.quick,
     options: run.options,

@@ -35,7 +35,7 @@ describe('npm run bench -- --quick', () => {
     clearTimeout(timer);
     assert.equal(code, 0, `bench exited ${code}:\n${stderr.slice(-4000)}`);
 
-    const files = readdirSync(out).filter((f) => f.endsWith('-quick.json'));
+    const files = readdirSync(out).filter((f) => /^\d{4}-\d\d-\d\d-[0-9a-f]+(-dirty)?-quick\.json$/.test(f));
     assert.equal(files.length, 1, files.join(' '));
     const doc = JSON.parse(readFileSync(join(out, files[0]!), 'utf8')) as ResultFile;
     assert.match(doc.commit, /^[0-9a-f]{40}$|^unknown$/);

@@ -9,8 +9,8 @@ import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';
 import { CloudEvent } from 'cloudevents';
 import type { KubernetesObject } from '@kubernetes/client-node';
-import { GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
-import { APISERVER_EVENT_TYPES, PING_EVENT_TYPE, REF_EVENT_PREFIX, classifyEvent } from '../../functions/lib/cloudevents.ts';
+import { DEFAULT_CONSUMER_KINDS, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
+import { APISERVER_EVENT_TYPES, KEY_EVENT_TYPE, PING_EVENT_TYPE, REF_EVENT_PREFIX, classifyEvent } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { render } from '../../scripts/kustomize.ts';
 
@@ -51,7 +51,7 @@ describe('event wiring vs. what the functions accept', () => {
     assert.ok(triggers.length >= 8);
     for (const t of triggers) {
       const type = t.spec.filter?.attributes?.type;
-      assert.ok(type && (APISERVER_EVENT_TYPES.includes(type) || type === PING_EVENT_TYPE), `${t.metadata.name}: ${type}`);
+      assert.ok(type && (APISERVER_EVENT_TYPES.includes(type) || type === PING_EVENT_TYPE || type === KEY_EVENT_TYPE), `${t.metadata.name}: ${type}`);
       assert.ok((t.spec.delivery?.retry ?? 0) >= 3, t.metadata.name);
       assert.equal(t.spec.delivery?.backoffPolicy, 'exponential');
       assert.match(t.spec.delivery?.backoffDelay ?? '', /^PT\d+(\.\d+)?S$/);
@@ -67,6 +67,13 @@ describe('event wiring vs. what the functions accept', () => {
       assert.ok(triggers.some((t) => t.spec.subscriber.ref.name === 'captf-mirror-sync' && JSON.stringify(t.spec.filter?.attributes) === JSON.stringify({ type })), type);
       assert.ok(triggers.some((t) => t.spec.subscriber.ref.name === 'captf-identity-status' && t.spec.filter?.attributes?.type === type && t.spec.filter.attributes.kind === IDENTITY_KIND), type);
     }
+  });
+
+  it('the mirror keys a resync fans out (K_SINK) are routed back to mirror-sync, and mirror-sync accepts them', () => {
+    const triggers = of<Trigger>(base, 'Trigger').filter((t) => t.spec.filter?.attributes?.type === KEY_EVENT_TYPE);
+    assert.deepEqual(triggers.map((t) => t.spec.subscriber.ref.name), ['captf-mirror-sync']);
+    const ev = new CloudEvent<unknown>({ specversion: '1.0', id: 'k', type: KEY_EVENT_TYPE, source: 'captf', datacontenttype: 'application/json', data: { namespace: 'team-a', identity: 'aws' } });
+    assert.deepEqual(classifyEvent(ev, DEFAULT_CONSUMER_KINDS), { type: 'key', id: 'k', namespace: 'team-a', identity: 'aws' });
   });
 
   it('ApiServerSources run in Reference mode into the Broker, and each resource they source classifies as a known target', () => {

@@ -81,6 +81,7 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
   ['captf-mirror-sync', 'get', IDENTITY_PLURAL, INFRA, '', true],
   ['captf-mirror-sync', 'patch', IDENTITY_PLURAL, INFRA, 'status', false],
   ['captf-mirror-sync', 'get', 'namespaces', '', '', true],
+  ['captf-mirror-sync', 'list', 'namespaces', '', '', true],
   ['captf-mirror-sync', 'update', 'namespaces', '', '', false],
   ['captf-mirror-sync', 'create', 'secrets', '', '', true],
   ['captf-mirror-sync', 'update', 'secrets', '', '', true],
@@ -190,7 +191,7 @@ describe('each function works as its ServiceAccount', () => {
     assert.equal(mirror.metadata?.ownerReferences?.[0]?.name, w.consumer);
     const obj = (await a.custom.getNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: w.tenant, plural: 'terraformclusters', name: w.consumer })) as { status?: { conditions?: { type: string; status: string }[] } };
     assert.ok(obj.status?.conditions?.some((c) => c.type === 'CredentialsMirrored' && c.status === 'True'), JSON.stringify(obj.status));
-    assert.deepEqual(lines.filter((l) => /forbidden|403/i.test(l)), []);
+    assert.deepEqual(lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)), []);
   });
 
   it('identity-status: a ping sets Ready and status.namespaces', async () => {
@@ -203,7 +204,7 @@ describe('each function works as its ServiceAccount', () => {
       return o.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') && o.status.namespaces?.length ? o : undefined;
     });
     assert.deepEqual(id.status?.namespaces, [w.tenant]);
-    assert.deepEqual(lines.filter((l) => /forbidden|403/i.test(l)), []);
+    assert.deepEqual(lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)), []);
   });
 
   it('admission: a SubjectAccessReview decides, and a deletion in use is refused', async () => {

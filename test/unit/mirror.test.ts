@@ -85,7 +85,7 @@ describe('ours and current (SPEC §3)', () => {
   it('builds the mirror with labels, annotations, one owner reference and the data', () => {
     assert.equal(m.metadata.name, 'captf-creds-aws');
     assert.equal(m.type, 'Opaque');
-    assert.deepEqual(m.metadata.labels, { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true' });
+    assert.deepEqual(m.metadata.labels, { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true', 'captf.io/mirror-of': 'aws' });
     assert.deepEqual(m.metadata.annotations, { [ANNOTATION_SOURCE_HASH]: sourceHash({ k: b64('v') }), [ANNOTATION_IDENTITY]: 'aws' });
     assert.deepEqual(m.metadata.ownerReferences, [owner]);
     assert.deepEqual(m.data, { k: b64('v') });

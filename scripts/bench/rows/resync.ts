@@ -32,9 +32,11 @@ async function pingUntilDone(url: string, pingSource: 'captf-resync' | 'captf-id
 /**
  * Grows the cluster to each size in turn and measures there.
  * @param sizes consumer counts, ascending.
+ * @param figures receives each figure as soon as it is measured (a later size that fails
+ *   keeps the earlier ones).
  * @throws Error when a resync never answers 2xx or mirrors do not converge.
  */
-export async function resyncRows(ctx: RowContext, sizes: readonly number[]): Promise<Figure[]> {
+export async function resyncRows(ctx: RowContext, sizes: readonly number[], figures: Figure[] = []): Promise<Figure[]> {
   const { sys } = ctx;
   const identity = 'bench-resync';
   const ms = sys.functions['mirror-sync'];
@@ -42,7 +44,6 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[]): Pro
   await putSourceSecret(sys.admin, SOURCE, { token: 'resync-0' });
   await createIdentity(sys.admin, identity, SOURCE, { selector: { matchLabels: { 'captf-bench/resync': 'true' } } });
   const namespaces: string[] = [];
-  const figures: Figure[] = [];
   let rotation = 0;
   for (const size of sizes) {
     const row = `resync, ${size} consumers`;

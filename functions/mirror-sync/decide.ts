@@ -1,0 +1,257 @@
+/**
+ * The pure core of mirror-sync (SPEC §3, §4, §6, §16): one snapshot of a mirror key in, one
+ * plan out — what to do with the mirror, and the conditions and outcome of every consumer
+ * observed. Events, `prepare` and the resync all decide here; only how the snapshot is
+ * gathered differs. No I/O.
+ */
+import { isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
+import type { Condition, Consumer, ConsumerKind, OwnerReference, TerraformClusterIdentity } from '../lib/api.ts';
+import { conditionChanged, setCondition, type ConditionInput } from '../lib/conditions.ts';
+import {
+  ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MANAGED, LABEL_MIRRORED, LABEL_MIRROR_OF, desiredMirror, groupOf, isCurrent, isOurs,
+  mirrorName, mirrorOfLabel, ownerReferenceFor, type SecretData, type SecretLike,
+} from '../lib/mirror.ts';
+
+/** A mirror key (SPEC §4): the mirror of `identity` in `namespace`, and its consumers there. */
+export interface MirrorKey {
+  namespace: string;
+  identity: string;
+}
+
+/** `<namespace>/<identity>`: a key as a map key. */
+export const keyString = (k: MirrorKey): string => `${k.namespace}/${k.identity}`;
+
+/** A consumer named without its UID: kind (with group) and name, in the key's namespace. */
+export interface ConsumerName {
+  apiVersion: string;
+  kind: string;
+  name: string;
+}
+
+/** What the source Secret read found. */
+export type SourceState =
+  | { state: 'found'; data: SecretData; hash: string }
+  | { state: 'missing' | 'unreadable'; message: string };
+
+/** Everything a decision needs, read fresh from the API server (observe.ts, resync.ts). */
+export interface Snapshot {
+  key: MirrorKey;
+  /** Undefined: no such identity. */
+  identity: TerraformClusterIdentity | undefined;
+  /** Undefined: no such namespace. */
+  namespace: { labels?: Record<string, string> | undefined } | undefined;
+  /** The source Secret; undefined when it was not read (the identity or namespace already decides). */
+  source: SourceState | undefined;
+  /** The Secret holding the mirror's name, if any (with data and resourceVersion). */
+  mirror: SecretLike & { metadata?: { uid?: string } } | undefined;
+  /** Consumers in the namespace whose `spec.identityRef.name` is the identity (deleting ones included). */
+  consumers: Consumer[];
+  /**
+   * `all`: `consumers` is every such consumer (a list). Otherwise only these consumers were
+   * looked at (by name): any of them missing from `consumers` is gone or uses another
+   * identity, and the mirror's other owner references are left as they are.
+   */
+  scope: 'all' | ConsumerName[];
+}
+
+/** How a consumer's reconcile ended (SPEC §4, §16). */
+export type Outcome = 'mirrored' | 'identity-not-found' | 'not-allowed' | 'source-not-found' | 'mirror-failed';
+
+/** One consumer's part of a plan. */
+export interface ConsumerPlan {
+  consumer: Consumer;
+  /** The owned conditions it should carry (others' condition types are never touched). */
+  conditions: ConditionInput[];
+  outcome: Outcome;
+  /** Condition reason (SPEC §16) summarising the outcome. */
+  reason: string;
+  /** Human-readable; names objects, never Secret data. */
+  message: string;
+  /** True when a retry may change the outcome (a CloudEvent is answered 5xx). */
+  retry: boolean;
+}
+
+/** What to do with the mirror Secret. */
+export type MirrorAction =
+  | { action: 'create'; body: SecretLike }
+  | { action: 'update'; body: SecretLike }
+  | { action: 'delete'; secret: SecretLike & { metadata?: { uid?: string } }; why: 'revoked' | 'unused' }
+  | { action: 'none' }
+  | { action: 'blocked'; message: string };
+
+/** The whole decision for one key. */
+export interface Plan {
+  key: MirrorKey;
+  mirror: MirrorAction;
+  consumers: ConsumerPlan[];
+  /** Source hash when the mirror is (or will be, once written) current. */
+  sourceHash?: string | undefined;
+}
+
+/** Whether an owner reference points at a configured consumer kind (any version). */
+export function isConsumerKindRef(kinds: readonly Pick<ConsumerKind, 'group' | 'kind'>[], ref: Pick<OwnerReference, 'apiVersion' | 'kind'>): boolean {
+  return kinds.some((k) => k.group === groupOf(ref.apiVersion) && k.kind === ref.kind);
+}
+
+const ownerId = (r: Pick<OwnerReference, 'apiVersion' | 'kind' | 'name'>): string => `${groupOf(r.apiVersion)}/${r.kind}/${r.name}`;
+
+/**
+ * SPEC §3, §6: the mirror's owner references after this decision. References of kinds that
+ * are not consumers are kept as they are. With scope `all`, consumer references are exactly
+ * the live consumers (current UIDs, in their existing order, new ones appended); otherwise
+ * only the looked-at consumers' references change.
+ */
+export function desiredOwnerReferences(existing: readonly OwnerReference[], snapshot: Pick<Snapshot, 'consumers' | 'scope'>, kinds: readonly ConsumerKind[]): OwnerReference[] {
+  const live = new Map(snapshot.consumers.map((c) => [ownerId(ownerReferenceFor(c)), ownerReferenceFor(c)]));
+  const lookedAt = snapshot.scope === 'all' ? undefined : new Set(snapshot.scope.map(ownerId));
+  const out: OwnerReference[] = [];
+  const placed = new Set<string>();
+  for (const r of existing) {
+    const id = ownerId(r);
+    if (!isConsumerKindRef(kinds, r)) {
+      out.push(r);
+      continue;
+    }
+    const want = live.get(id);
+    if (want) {
+      if (placed.has(id)) continue;
+      placed.add(id);
+      const exact = r.uid === want.uid && r.apiVersion === want.apiVersion && !r.controller && !r.blockOwnerDeletion;
+      out.push(exact ? r : want);
+    } else if (lookedAt && !lookedAt.has(id)) {
+      out.push(r); // not looked at: left alone
+    }
+  }
+  for (const [id, ref] of live) if (!placed.has(id)) out.push(ref);
+  return out;
+}
+
+const sameRefs = (a: readonly OwnerReference[], b: readonly OwnerReference[]): boolean =>
+  a.length === b.length && a.every((r, i) => r.uid === b[i]!.uid && r.kind === b[i]!.kind && r.name === b[i]!.name && r.apiVersion === b[i]!.apiVersion && !r.controller === !b[i]!.controller && !r.blockOwnerDeletion === !b[i]!.blockOwnerDeletion);
+
+/** The Secret with updated metadata (labels, hash annotation, owner references) and data. */
+function updatedMirror(existing: SecretLike, identity: string, refs: OwnerReference[], source: Extract<SourceState, { state: 'found' }> | undefined): SecretLike {
+  const md = existing.metadata ?? {};
+  return {
+    ...existing,
+    metadata: {
+      ...md,
+      labels: { ...md.labels, [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true', [LABEL_MIRROR_OF]: mirrorOfLabel(identity) },
+      annotations: { ...md.annotations, [ANNOTATION_IDENTITY]: identity, ...(source ? { [ANNOTATION_SOURCE_HASH]: source.hash } : {}) },
+      ownerReferences: refs,
+    },
+    data: source ? { ...source.data } : existing.data ?? {},
+  };
+}
+
+/** Whether `updatedMirror` would change anything a reader sees. */
+function needsUpdate(existing: SecretLike, identity: string, refs: OwnerReference[], source: Extract<SourceState, { state: 'found' }> | undefined): boolean {
+  const labels = existing.metadata?.labels ?? {};
+  if (labels[LABEL_MIRRORED] !== 'true' || labels[LABEL_MANAGED] !== 'true' || labels[LABEL_MIRROR_OF] !== mirrorOfLabel(identity)) return true;
+  if (!sameRefs(existing.metadata?.ownerReferences ?? [], refs)) return true;
+  return Boolean(source && !isCurrent(existing, source.hash));
+}
+
+/**
+ * SPEC §4 step 2: decides one key.
+ * @param snapshot fresh reads of the key (see {@link Snapshot}).
+ * @param kinds configured consumer kinds (owner references of other kinds are left alone).
+ * @returns the plan: one mirror action and every observed consumer's conditions and outcome.
+ */
+export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan {
+  const { key, identity, consumers } = snapshot;
+  const existing = snapshot.mirror;
+  const ours = existing !== undefined && isOurs(existing, key.identity);
+  const refs = desiredOwnerReferences(existing?.metadata?.ownerReferences ?? [], snapshot, kinds);
+  const users = refs.some((r) => isConsumerKindRef(kinds, r));
+  const foreign = refs.some((r) => !isConsumerKindRef(kinds, r));
+  const name = mirrorName(key.identity);
+  const each = (f: (c: Consumer) => Omit<ConsumerPlan, 'consumer'>): ConsumerPlan[] => consumers.map((c) => ({ consumer: c, ...f(c) }));
+  const gen = (c: Consumer) => (c.metadata.generation === undefined ? {} : { observedGeneration: c.metadata.generation });
+  const revoke: MirrorAction = ours ? { action: 'delete', secret: existing, why: 'revoked' } : { action: 'none' };
+
+  if (!identity) {
+    const message = `TerraformClusterIdentity ${key.identity} does not exist`;
+    return { key, mirror: revoke, consumers: each((c) => ({ outcome: 'identity-not-found', reason: 'IdentityNotFound', message, retry: true, conditions: [{ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message, ...gen(c) }] })) };
+  }
+  const allowed = snapshot.namespace !== undefined && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: snapshot.namespace.labels });
+  if (!allowed) {
+    const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces)${ours ? '; its mirror is deleted' : ''}`;
+    return {
+      key,
+      mirror: revoke,
+      consumers: each((c) => {
+        const deleting = Boolean(c.metadata.deletionTimestamp);
+        const conditions: ConditionInput[] = [{ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message, ...gen(c) }];
+        if (deleting) {
+          conditions.push({ type: 'ApplyJobSucceeded', status: 'False', reason: 'IdentityNotAllowed', message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer`, ...gen(c) });
+        }
+        return { outcome: 'not-allowed', reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed', message, retry: deleting, conditions };
+      }),
+    };
+  }
+  const allowedCond = (c: Consumer): ConditionInput => ({ type: 'IdentityAllowed', status: 'True', reason: 'NamespaceAllowed', message: `namespace ${key.namespace} is allowed by TerraformClusterIdentity ${key.identity}`, ...gen(c) });
+  const failed = (message: string, retry: boolean) => each((c) => ({ outcome: 'mirror-failed', reason: 'MirrorFailed', message, retry, conditions: [allowedCond(c), { type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message, ...gen(c) }] }));
+
+  if (existing && !ours) {
+    const message = `Secret ${key.namespace}/${name} exists and is not a mirror of identity ${key.identity} (it lacks label captf.io/mirrored=true or annotation captf.io/identity=${key.identity}); rename or delete it so the mirror can be created`;
+    return { key, mirror: { action: 'blocked', message }, consumers: failed(message, false) };
+  }
+
+  // No consumer left (and no owner of a kind this instance does not know): SPEC §6 cleanup.
+  const unused: MirrorAction = existing && !foreign ? { action: 'delete', secret: existing, why: 'unused' } : { action: 'none' };
+  const source = snapshot.source;
+  if (!source || source.state !== 'found') {
+    const ref = identity.spec.secretRef;
+    const message = source?.message ?? `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${key.identity} was not read`;
+    // The last good copy stays; only the owner references follow the consumers.
+    const mirror: MirrorAction = !existing ? { action: 'none' } : !users ? unused : needsUpdate(existing, key.identity, refs, undefined) ? { action: 'update', body: updatedMirror(existing, key.identity, refs, undefined) } : { action: 'none' };
+    return { key, mirror, consumers: each((c) => ({ outcome: 'source-not-found', reason: 'SourceNotFound', message, retry: true, conditions: [allowedCond(c), { type: 'CredentialsMirrored', status: 'False', reason: 'SourceNotFound', message, ...gen(c) }] })) };
+  }
+  if (!users) return { key, mirror: unused, consumers: [] };
+
+  let mirror: MirrorAction;
+  if (!existing) {
+    const body = desiredMirror(key.identity, key.namespace, source.data, refs[0]!);
+    body.metadata.ownerReferences = refs;
+    mirror = { action: 'create', body };
+  } else if (!needsUpdate(existing, key.identity, refs, source)) {
+    mirror = { action: 'none' };
+  } else if (existing.type !== undefined && existing.type !== 'Opaque' && !isCurrent(existing, source.hash)) {
+    // `type` is immutable: such a mirror cannot be repaired in place.
+    const message = `mirror ${key.namespace}/${name} has type ${existing.type}, not Opaque; delete it so it can be recreated`;
+    return { key, mirror: { action: 'blocked', message }, consumers: failed(message, false) };
+  } else {
+    mirror = { action: 'update', body: updatedMirror(existing, key.identity, refs, source) };
+  }
+  const message = `mirror ${key.namespace}/${name} is current and owned by this object`;
+  return {
+    key,
+    mirror,
+    sourceHash: source.hash,
+    consumers: each((c) => ({ outcome: 'mirrored', reason: 'Mirrored', message, retry: false, conditions: [allowedCond(c), { type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message, ...gen(c) }] })),
+  };
+}
+
+/** The condition types mirror-sync owns on consumers (SPEC §16). */
+export const OWNED_TYPES = ['IdentityAllowed', 'CredentialsMirrored', 'ApplyJobSucceeded'] as const;
+
+/**
+ * The conditions a consumer should carry: `desired` set by type, every other owned type
+ * removed (a decision states only what it knows), other writers' types untouched.
+ * @returns the full new list, the owned conditions to apply, the inputs that changed (one
+ *   Event each), and `changed` (false: no status write is needed).
+ */
+export function planConditions(
+  current: readonly Condition[] | undefined,
+  desired: readonly ConditionInput[],
+  now: Date,
+): { conditions: Condition[]; owned: Condition[]; changedInputs: ConditionInput[]; changed: boolean } {
+  const desiredTypes = new Set(desired.map((d) => d.type));
+  const removed = (current ?? []).filter((c) => (OWNED_TYPES as readonly string[]).includes(c.type) && !desiredTypes.has(c.type));
+  const changedInputs = desired.filter((d) => conditionChanged(current, d));
+  let next = (current ?? []).filter((c) => !removed.includes(c));
+  for (const d of desired) next = setCondition(next, d, now);
+  const owned = next.filter((c) => desiredTypes.has(c.type));
+  return { conditions: next, owned, changedInputs, changed: changedInputs.length > 0 || removed.length > 0 };
+}

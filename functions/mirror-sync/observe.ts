@@ -1,0 +1,91 @@
+/**
+ * SPEC §4 step 1: gathers the snapshot of one mirror key with fresh reads — nothing is
+ * remembered between reconciles. Reads run in parallel over the process's connection pool;
+ * a caller that has just read some of them (the event's own lookups, a resync's lists)
+ * passes them as a seed instead of reading twice. Only reads; decides nothing.
+ */
+import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
+import { GROUP, IDENTITY_PLURAL, IDENTITY_REF_FIELD, VERSION, type Consumer, type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
+import { findConsumerKind, listConsumers } from '../lib/consumers.ts';
+import { ignoreNotFound, isForbidden, type Clients } from '../lib/kube.ts';
+import { mirrorName, sourceHash } from '../lib/mirror.ts';
+import type { ConsumerName, MirrorKey, Snapshot, SourceState } from './decide.ts';
+
+/** Reads a caller already made for this key (each optional; `null` = read and absent). */
+export interface Seed {
+  identity?: TerraformClusterIdentity | null;
+  namespace?: { labels?: Record<string, string> | undefined } | null;
+  source?: SourceState;
+  mirror?: Snapshot['mirror'] | null;
+  /** The key's consumers as the scope asks for them. */
+  consumers?: Consumer[];
+}
+
+/** GETs an identity; undefined when absent or when the name cannot be an object name. */
+export async function readIdentity(clients: Clients, name: string): Promise<TerraformClusterIdentity | undefined> {
+  // A name that is not a valid object name cannot exist, and must not reach a URL ("..").
+  if (!isDns1123Subdomain(name)) return undefined;
+  return (await ignoreNotFound(clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }))) as TerraformClusterIdentity | undefined;
+}
+
+/** GETs a namespace's labels; undefined when it does not exist. */
+export async function readNamespace(clients: Clients, name: string): Promise<{ labels?: Record<string, string> | undefined } | undefined> {
+  const ns = await ignoreNotFound(clients.core.readNamespace({ name }));
+  return ns ? { labels: ns.metadata?.labels } : undefined;
+}
+
+/**
+ * GETs an identity's source Secret, uncached, so a rotation is seen at once (SPEC §4, §8).
+ * @returns found (data and hash), missing (404) or unreadable (403); other errors are thrown.
+ */
+export async function readSource(clients: Clients, identity: TerraformClusterIdentity): Promise<SourceState> {
+  const ref = identity.spec.secretRef;
+  const what = `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${identity.metadata.name}`;
+  try {
+    const s = await ignoreNotFound(clients.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }));
+    if (!s) return { state: 'missing', message: `${what} does not exist` };
+    return { state: 'found', data: s.data ?? {}, hash: sourceHash(s.data) };
+  } catch (err) {
+    if (!isForbidden(err)) throw err;
+    return { state: 'unreadable', message: `${what} is not readable by mirror-sync (403)` };
+  }
+}
+
+/** Every consumer in `namespace` whose `spec.identityRef.name` is `identity` (one list per kind). */
+export async function listKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey): Promise<Consumer[]> {
+  const out: Consumer[] = [];
+  for (const kind of kinds) {
+    for await (const c of listConsumers(clients, kind, { namespace: key.namespace, fieldSelector: `${IDENTITY_REF_FIELD}=${key.identity}` })) out.push(c);
+  }
+  return out;
+}
+
+/** GETs named consumers; returns those that exist and still name the key's identity. */
+async function getKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey, names: readonly ConsumerName[]): Promise<Consumer[]> {
+  const found = await Promise.all(names.map(async (n): Promise<Consumer | undefined> => {
+    const kind = findConsumerKind(kinds, n.apiVersion, n.kind);
+    if (!kind) return undefined;
+    const c = (await ignoreNotFound(clients.custom.getNamespacedCustomObject({ group: kind.group, version: kind.version, plural: kind.plural, namespace: key.namespace, name: n.name }))) as Consumer | undefined;
+    return c ? ({ ...c, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind } as Consumer) : undefined;
+  }));
+  return found.filter((c): c is Consumer => c !== undefined && c.spec?.identityRef?.name === key.identity);
+}
+
+/**
+ * Reads everything that decides one key.
+ * @param scope `all` (list the key's consumers) or the consumers to look at by name.
+ * @param seed reads already made for this key after the request arrived.
+ * @throws API errors other than 404 (and 403 on the source), for the caller to retry.
+ */
+export async function observe(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey, scope: Snapshot['scope'], seed: Seed = {}): Promise<Snapshot> {
+  const [identity, namespace, mirror, consumers] = await Promise.all([
+    seed.identity !== undefined ? seed.identity ?? undefined : readIdentity(clients, key.identity),
+    seed.namespace !== undefined ? seed.namespace ?? undefined : readNamespace(clients, key.namespace),
+    seed.mirror !== undefined ? seed.mirror ?? undefined : ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace })),
+    seed.consumers ?? (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
+  ]);
+  // The source matters only where the mirror may exist.
+  const allowed = identity && namespace && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
+  const source = identity && allowed ? seed.source ?? (await readSource(clients, identity)) : undefined;
+  return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope };
+}

@@ -1,0 +1,90 @@
+/**
+ * SPEC §4: work for one key is coalesced within an instance, as a controller's work queue
+ * does. While a key is being reconciled, further requests for it wait for one more
+ * reconcile that starts after the running one ends, and all of them are answered with its
+ * result — never with a result of work that started before they arrived. Concurrent
+ * requests for one mirror thus cost about two reconciles, not one each.
+ */
+import type { ConsumerName, MirrorKey, Snapshot } from './decide.ts';
+import { keyString } from './decide.ts';
+import type { Seed } from './observe.ts';
+import type { KeyResult } from './reconcile.ts';
+
+/** Runs one reconcile of a key (reconcile.ts `reconcileKey`, bound to its dependencies). */
+export type RunKey = (key: MirrorKey, scope: Snapshot['scope'], seed?: Seed) => Promise<KeyResult>;
+
+interface Pending {
+  /** Consumers the waiting requests named, or `all`. */
+  scope: 'all' | Map<string, ConsumerName>;
+  promise: Promise<KeyResult>;
+  start: () => void;
+}
+
+interface Slot {
+  running: Promise<KeyResult>;
+  next?: Pending;
+}
+
+const nameId = (n: ConsumerName): string => `${n.apiVersion}/${n.kind}/${n.name}`;
+
+/** Per-key single flight with one follow-up; one instance per process. */
+export class KeyQueue {
+  private readonly slots = new Map<string, Slot>();
+  private readonly runKey: RunKey;
+
+  /** @param runKey the reconcile to run for a key. */
+  constructor(runKey: RunKey) {
+    this.runKey = runKey;
+  }
+
+  /**
+   * Reconciles `key` for a request that arrived now.
+   * @param scope the consumers the request is about (by name), or `all`.
+   * @param seed reads made after the request arrived; used only when the key is idle (a
+   *   follow-up reads everything again).
+   * @returns the result of a reconcile that started after this call.
+   */
+  run(key: MirrorKey, scope: Snapshot['scope'], seed?: Seed): Promise<KeyResult> {
+    const id = keyString(key);
+    const slot = this.slots.get(id);
+    if (!slot) return this.start(id, this.runKey(key, scope, seed));
+    if (!slot.next) {
+      let start!: () => void;
+      const gate = new Promise<void>((r) => (start = r));
+      const pending: Pending = { scope: new Map(), promise: undefined as unknown as Promise<KeyResult>, start };
+      pending.promise = gate.then(() => this.runKey(key, pending.scope === 'all' ? 'all' : pending.scope.size === 1 ? [...pending.scope.values()] : 'all'));
+      slot.next = pending;
+    }
+    const next = slot.next;
+    if (scope === 'all') next.scope = 'all';
+    else if (next.scope !== 'all') for (const n of scope) next.scope.set(nameId(n), n);
+    return next.promise;
+  }
+
+  private start(id: string, running: Promise<KeyResult>): Promise<KeyResult> {
+    const slot: Slot = { running };
+    this.slots.set(id, slot);
+    this.chain(id, slot);
+    return running;
+  }
+
+  /** When the running reconcile ends, its follow-up (if any) starts and becomes the running one. */
+  private chain(id: string, slot: Slot): void {
+    void slot.running.finally(() => {
+      const next = slot.next;
+      if (!next) {
+        this.slots.delete(id);
+        return;
+      }
+      delete slot.next;
+      slot.running = next.promise;
+      next.start();
+      this.chain(id, slot);
+    });
+  }
+
+  /** Keys being reconciled now (for tests and logs). */
+  get size(): number {
+    return this.slots.size;
+  }
+}

@@ -1,0 +1,200 @@
+/**
+ * The mirror is the unit of work (SPEC §4, §12): bursts of events for one mirror coalesce
+ * into a few reconciles with a bounded number of mirror writes, on one instance or two;
+ * consumers switching identities mid-burst end on the right mirrors; and the resync is made
+ * of lists that survive an expired continue token (restart) and never take a partial list
+ * for the whole (a live consumer's mirror is never collected). Every test ends with the
+ * invariant (test/helpers/invariant.ts) in its namespaces. Mirror writes are counted from
+ * the API server's audit log, per user: each mirror-sync here runs as a user of its own.
+ */
+import assert from 'node:assert/strict';
+import { createServer, request as httpsRequest } from 'node:https';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { KubeConfig } from '@kubernetes/client-node';
+import pLimit from 'p-limit';
+import type { Consumer } from '../../functions/lib/api.ts';
+import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { start } from '../../functions/mirror-sync/index.ts';
+import { createLeaf } from '../../scripts/controlplane/pki.ts';
+import { AuditLog } from '../../scripts/bench/measure.ts';
+import { admin, asUser, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
+import { pingEvent } from '../helpers/events.ts';
+import { invariantViolations, foreignSecrets } from '../helpers/invariant.ts';
+import { captureLogger } from '../helpers/logs.ts';
+import { conditionOf, consumerEvent, createConsumer, deleteIdentity, deliver, getConsumer, getMirror, putIdentity } from '../helpers/mirror-sync.ts';
+
+const a = admin();
+const ns = namespaces('msk');
+const audit = new AuditLog(join(controlPlaneDir(), 'logs', 'audit.log'));
+const source = { name: 'creds', namespace: '' };
+const started: FunctionHandle[] = [];
+
+before(async () => {
+  source.namespace = await ns.create();
+  await a.core.createNamespacedSecret({ namespace: source.namespace, body: { metadata: { name: source.name }, data: { token: Buffer.from('keys').toString('base64') } } });
+});
+after(async () => {
+  for (const f of started) await f.close();
+});
+
+async function newIdentity(allowed: Parameters<typeof putIdentity>[3]): Promise<string> {
+  const name = `id-${suffix()}`;
+  ns.onCleanup(() => deleteIdentity(a, name));
+  await putIdentity(a, name, source, allowed);
+  return name;
+}
+
+/** A mirror-sync instance in this process, as a user of its own; returns its URL and username. */
+async function instance(env: Record<string, string> = {}, kubeconfigPath?: string): Promise<{ url: string; user: string }> {
+  const user = `mirror-sync-${suffix()}`;
+  const u = await asUser(user, ['system:masters']);
+  const kc = new KubeConfig();
+  kc.loadFromFile(kubeconfigPath ?? u.kubeconfigPath);
+  const fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: captureLogger('mirror-sync').logger, env });
+  started.push(fn);
+  return { url: `http://127.0.0.1:${fn.port}/`, user };
+}
+
+/** Delivers each consumer's event, `inFlight` at a time, round-robin over `urls`, retrying 5xx like a Trigger. */
+async function burst(urls: string[], consumers: Consumer[], inFlight: number): Promise<void> {
+  const limit = pLimit(inFlight);
+  const answers = await Promise.all(consumers.map((c, i) => limit(() => deliver(urls[i % urls.length]!, consumerEvent(c), { retries: 10 }))));
+  assert.deepEqual(answers.filter((r) => r.status !== 200).map((r) => r.text), []);
+}
+
+async function allMirrored(n: string, names: string[], kind = 'TerraformCluster'): Promise<void> {
+  for (const name of names) assert.equal(conditionOf(await getConsumer(a, n, name, kind), 'CredentialsMirrored')?.reason, 'Mirrored', name);
+}
+
+describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
+  it('60 consumers, 8 events in flight to one instance: exactly 60 owner references, few mirror writes', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const foreign = await foreignSecrets(a, [n]);
+    const consumers = await Promise.all(Array.from({ length: 60 }, (_, i) => createConsumer(a, n, `b-${i}`, id)));
+    const { url, user } = await instance();
+    const mark = audit.mark();
+    await burst([url], consumers, 8);
+    const writes = audit.countFor(user, mark);
+    assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 60);
+    await allMirrored(n, consumers.map((c) => c.metadata.name!));
+    // One reconcile per event would write the mirror 60 times; coalesced, a handful of
+    // reconciles each add every consumer that arrived meanwhile.
+    assert.ok(writes.mirrorWrites <= 30, `${writes.mirrorWrites} mirror writes for 60 consumers`);
+    assert.deepEqual(await invariantViolations(a, [n], foreign), []);
+  });
+
+  it('the same burst split over two instances converges to exactly the live consumers', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const consumers = await Promise.all(Array.from({ length: 40 }, (_, i) => createConsumer(a, n, `t-${i}`, id, i % 2 ? 'TerraformMachine' : 'TerraformCluster')));
+    const one = await instance();
+    const two = await instance();
+    await burst([one.url, two.url], consumers, 8);
+    const refs = (await getMirror(a, n, id))!.metadata!.ownerReferences!;
+    assert.deepEqual(refs.map((r) => r.uid).sort(), consumers.map((c) => c.metadata.uid).sort());
+    assert.deepEqual(await invariantViolations(a, [n]), []);
+  });
+
+  it('consumers switching identities during a burst end on the mirror they name', async () => {
+    const n = await ns.create();
+    const idA = await newIdentity({ list: [n] });
+    const idB = await newIdentity({ list: [n] });
+    const consumers = await Promise.all(Array.from({ length: 20 }, (_, i) => createConsumer(a, n, `s-${i}`, idA)));
+    const { url } = await instance();
+    const first = burst([url], consumers, 8);
+    // Five switch to B while their A events are still being delivered.
+    const switched = await Promise.all(consumers.slice(0, 5).map((c) => a.custom.patchNamespacedCustomObject({
+      group: 'infrastructure.cluster.x-k8s.io', version: 'v1beta2', plural: 'terraformclusters', namespace: n, name: c.metadata.name!,
+      body: [{ op: 'replace', path: '/spec/identityRef/name', value: idB }],
+    }) as Promise<Consumer>));
+    await first;
+    await burst([url], switched, 8);
+    assert.deepEqual((await getMirror(a, n, idA))!.metadata!.ownerReferences!.map((r) => r.name).sort(), consumers.slice(5).map((c) => c.metadata.name!).sort());
+    assert.deepEqual((await getMirror(a, n, idB))!.metadata!.ownerReferences!.map((r) => r.name).sort(), switched.map((c) => c.metadata.name!).sort());
+    assert.deepEqual(await invariantViolations(a, [n]), []);
+  });
+});
+
+/**
+ * An HTTPS proxy in front of the API server (serving a certificate from the control plane's
+ * own CA, forwarding as admin) that answers 410 Gone — "continue token expired", as the API
+ * server does after etcd compaction — to cluster-wide TerraformCluster list pages that carry
+ * a continue token: the first `times` of them.
+ */
+async function expiringProxy(times: number): Promise<{ kubeconfigPath: string; expired: () => number; close: () => void }> {
+  const dir = controlPlaneDir();
+  const pki = join(dir, 'pki');
+  const leaf = await createLeaf({ ca: { cert: join(pki, 'ca.crt'), key: join(pki, 'ca.key') }, dir: join(dir, 'users'), name: `proxy-${suffix()}`, cn: 'proxy', sans: ['IP:127.0.0.1'], usage: 'server' });
+  const target = new URL(a.kc.getCurrentCluster()!.server);
+  const user = a.kc.getCurrentUser()!;
+  const clientCert = { cert: Buffer.from(user.certData!, 'base64'), key: Buffer.from(user.keyData!, 'base64'), ca: Buffer.from(a.kc.getCurrentCluster()!.caData!, 'base64') };
+  let expired = 0;
+  const server = createServer({ cert: readFileSync(leaf.cert), key: readFileSync(leaf.key) }, (req, res) => {
+    if (req.method === 'GET' && /^\/apis\/infrastructure\.cluster\.x-k8s\.io\/v1beta2\/terraformclusters\?/.test(req.url ?? '') && /[?&]continue=/.test(req.url ?? '') && expired < times) {
+      expired++;
+      res.writeHead(410, { 'content-type': 'application/json' }).end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', reason: 'Expired', code: 410, message: 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.' }));
+      return;
+    }
+    const up = httpsRequest({ host: target.hostname, port: target.port, path: req.url, method: req.method, headers: { ...req.headers, host: target.host }, ...clientCert }, (r) => {
+      res.writeHead(r.statusCode ?? 502, r.headers);
+      r.pipe(res);
+    });
+    up.on('error', () => res.writeHead(502).end());
+    req.pipe(up);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  const text = readFileSync(join(dir, 'admin.kubeconfig'), 'utf8').replace(target.origin, `https://127.0.0.1:${(server.address() as { port: number }).port}`);
+  const kubeconfigPath = join(dir, 'users', `proxy-${suffix()}.kubeconfig`);
+  writeFileSync(kubeconfigPath, text, { mode: 0o600 });
+  return { kubeconfigPath, expired: () => expired, close: () => server.close() };
+}
+
+describe('the resync is made of lists (SPEC §12)', () => {
+  it('an expired continue token restarts the list; a consumer on a later page is mirrored and its mirror kept', async () => {
+    // "zz" namespaces sort late: their consumers are on the last pages of a cluster-wide list.
+    const late = namespaces('zzk');
+    const n = await late.create();
+    const id = await newIdentity({ list: [n] });
+    const kept = await createConsumer(a, n, 'kept', id);
+    const { url } = await instance();
+    assert.equal((await deliver(url, consumerEvent(kept))).status, 200);
+    const before = (await getMirror(a, n, id))!;
+    const fresh = await createConsumer(a, n, 'fresh', id); // no event: only the resync can mirror it
+    const proxy = await expiringProxy(1);
+    try {
+      const resync = await instance({ CAPTF_PAGE_SIZE: '2' }, proxy.kubeconfigPath);
+      const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(proxy.expired(), 1, 'the proxy expired one continue token');
+      const m = (await getMirror(a, n, id))!;
+      assert.equal(m.metadata!.uid, before.metadata!.uid, 'the mirror of the live consumer was never collected');
+      assert.deepEqual(m.metadata!.ownerReferences!.map((o) => o.uid).sort(), [kept.metadata.uid, fresh.metadata.uid].sort());
+      assert.deepEqual(await invariantViolations(a, [n]), []);
+    } finally {
+      proxy.close();
+    }
+  });
+
+  it('a list that keeps expiring fails the ping with 5xx and deletes nothing', async () => {
+    const late = namespaces('zzx');
+    const n = await late.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'only', id);
+    const { url } = await instance();
+    assert.equal((await deliver(url, consumerEvent(c))).status, 200);
+    const before = (await getMirror(a, n, id))!;
+    const proxy = await expiringProxy(1000);
+    try {
+      const resync = await instance({ CAPTF_PAGE_SIZE: '2' }, proxy.kubeconfigPath);
+      const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
+      assert.ok(r.status >= 500, `${r.status} ${r.text}`);
+      assert.ok(proxy.expired() >= 3, 'restarted before giving up');
+      assert.equal((await getMirror(a, n, id))!.metadata!.resourceVersion, before.metadata!.resourceVersion, 'untouched');
+    } finally {
+      proxy.close();
+    }
+  });
+});
