@@ -205,8 +205,7 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
       onLog: (l) => adapterLog.write(l + '\n'),
     });
     cleanups.push(() => adapter.stop());
-    const deadline = Date.now() + 30_000;
-    while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    await adapterDelivering(admin, relay);
 
     return {
       dir,
@@ -225,6 +224,24 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
   } catch (err) {
     await stop();
     throw err;
+  }
+}
+
+/**
+ * Waits until the adapter's watches deliver: it is at-most-once and sends nothing for objects
+ * that exist when its first list completes, so a row that created objects before then would
+ * wait for events that never come. Touches a probe namespace until the relay receives an event.
+ * @throws Error when no event arrives within 60 s.
+ */
+async function adapterDelivering(admin: BenchClient, relay: Relay): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  relay.resetCounts();
+  for (let i = 0; relay.counts.received === 0; i++) {
+    if (Date.now() > deadline) throw new Error('the ApiServerSource adapter sent no event within 60 s');
+    const body = { metadata: { name: 'captf-bench-probe', labels: { 'captf-bench/touch': String(i) } } };
+    const r = await admin.raw('POST', '/api/v1/namespaces', body);
+    if (r.status === 409) await admin.call('PATCH', '/api/v1/namespaces/captf-bench-probe', { metadata: { labels: body.metadata.labels } }, 'application/merge-patch+json');
+    await new Promise((res) => setTimeout(res, 250));
   }
 }
 
