@@ -85,20 +85,25 @@ export class MirrorSyncHandler {
     const { kinds } = this.deps;
     switch (ev.target) {
       case 'consumer': {
-        const { keys, consumer } = await keysForConsumer(clients, kinds, ev.ref);
+        const { keys, consumer } = await keysForConsumer(clients, kinds, ev.ref, ev.verb);
+        const identity = consumer?.spec?.identityRef?.name;
         const direct: ConsumerResult[] = [];
-        if (consumer && !keys.some((k) => k.seed?.consumers?.length)) direct.push(await settleWithoutKey(clients, this.deps, consumer));
-        if (!consumer && ev.ref.namespace) {
-          direct.push({ object: `${ev.ref.namespace}/${ev.ref.name}`, kind: ev.ref.kind, outcome: 'gone', reason: 'ObjectGone', message: `object is gone; released ${keys.length} mirror(s)`, retry: false });
-        }
+        if (consumer && !keys.some((k) => k.key.identity === identity)) direct.push(await settleWithoutKey(clients, this.deps, consumer));
         const results = await this.runKeys(keys);
+        if (!consumer && ev.ref.namespace) {
+          const released = results.filter((r) => r.mirrorAction === 'updated' || r.mirrorAction === 'deleted').length;
+          direct.push({ object: `${ev.ref.namespace}/${ev.ref.name}`, kind: ev.ref.kind, outcome: 'gone', reason: 'ObjectGone', message: `object is gone; released ${released} mirror(s)`, retry: false });
+        }
         for (const d of direct) this.deps.logger.info('reconcile', { object: d.object, kind: d.kind, outcome: d.outcome, reason: d.reason, retry: d.retry, detail: d.message });
         return this.done(ev.id, results, direct);
       }
       case 'identity':
         return this.done(ev.id, await this.runKeys(await keysForIdentity(clients, kinds, ev.ref.name)), []);
-      case 'namespace':
-        return this.done(ev.id, await this.runKeys(await keysForNamespace(clients, kinds, ev.ref.name)), []);
+      case 'namespace': {
+        const { keys, unkeyed } = await keysForNamespace(clients, kinds, ev.ref.name);
+        const direct = await Promise.all(unkeyed.map((c) => settleWithoutKey(clients, this.deps, c)));
+        return this.done(ev.id, await this.runKeys(keys), direct);
+      }
       default: {
         if (!ev.ref.namespace || (ev.labels && ev.labels[SOURCE_LABEL] !== 'true')) return { id: ev.id, results: [] };
         return this.done(ev.id, await this.runKeys(await keysForSecret(clients, kinds, ev.ref.namespace, ev.ref.name)), []);

@@ -11,7 +11,11 @@ import { ignoreNotFound, isForbidden, type Clients } from '../lib/kube.ts';
 import { mirrorName, sourceHash } from '../lib/mirror.ts';
 import type { ConsumerName, MirrorKey, Snapshot, SourceState } from './decide.ts';
 
-/** Reads a caller already made for this key (each optional; `null` = read and absent). */
+/**
+ * Reads a caller already made for this key after the request arrived (each optional; `null`
+ * = read and absent). `consumers` may be seeded only together with `mirror`, and only when
+ * they were read after it.
+ */
 export interface Seed {
   identity?: TerraformClusterIdentity | null;
   namespace?: { labels?: Record<string, string> | undefined } | null;
@@ -78,12 +82,16 @@ async function getKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[],
  * @throws API errors other than 404 (and 403 on the source), for the caller to retry.
  */
 export async function observe(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey, scope: Snapshot['scope'], seed: Seed = {}): Promise<Snapshot> {
-  const [identity, namespace, mirror, consumers] = await Promise.all([
+  const [identity, namespace, mirror] = await Promise.all([
     seed.identity !== undefined ? seed.identity ?? undefined : readIdentity(clients, key.identity),
     seed.namespace !== undefined ? seed.namespace ?? undefined : readNamespace(clients, key.namespace),
     seed.mirror !== undefined ? seed.mirror ?? undefined : ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace })),
-    seed.consumers ?? (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
   ]);
+  // The consumers are read after the mirror (SPEC §12): any owner reference the mirror holds
+  // then belongs to a consumer that existed before the read, so a consumer that arrived
+  // meanwhile is never taken for a dead one — its write changes the mirror's resourceVersion
+  // and ours conflicts.
+  const consumers = seed.consumers ?? (scope === 'all' ? await listKeyConsumers(clients, kinds, key) : await getKeyConsumers(clients, kinds, key, scope));
   // The source matters only where the mirror may exist.
   const allowed = identity && namespace && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
   const source = identity && allowed ? seed.source ?? (await readSource(clients, identity)) : undefined;

@@ -8,11 +8,11 @@ import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts
 import type { ConsumerKind } from '../lib/api.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import { HttpError } from '../lib/http.ts';
-import { ignoreNotFound, makeClients, type Clients } from '../lib/kube.ts';
+import { describeError, ignoreNotFound, makeClients, type Clients } from '../lib/kube.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import type { MirrorSyncHandler } from './handler.ts';
 import { keysForConsumer } from './keys.ts';
-import { settleWithoutKey, type ConsumerResult, type ReconcileDeps } from './reconcile.ts';
+import { settleWithoutKey, type ConsumerResult, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
 /** A prepare request: the consumer the Job is for. */
 export interface PrepareRequest {
@@ -101,8 +101,16 @@ export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, r
   const { req, kind } = parsePrepareRequest(raw, deps.kinds);
   const clients = makeClients(deps.kc);
   const object = `${req.namespace}/${req.name}`;
-  const { keys, consumer } = await keysForConsumer(clients, deps.kinds, { apiVersion: req.apiVersion, kind: req.kind, namespace: req.namespace, name: req.name });
-  const results = await handler.runKeys(keys);
+  let found: Awaited<ReturnType<typeof keysForConsumer>>;
+  let results: KeyResult[];
+  try {
+    found = await keysForConsumer(clients, deps.kinds, { apiVersion: req.apiVersion, kind: req.kind, namespace: req.namespace, name: req.name });
+    results = await handler.runKeys(found.keys);
+  } catch (err) {
+    // The API server failed the lookups: a retry can fix that (SPEC §5).
+    return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: describeError(err) }, false);
+  }
+  const { consumer } = found;
   if (!consumer) return prepareAnswer({ object, kind: kind.kind, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
   const identity = consumer.spec?.identityRef?.name;
   const own = results.find((r) => r.key.identity === identity);
@@ -111,7 +119,7 @@ export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, r
     return prepareAnswer({ ...settled }, false);
   }
   if (own.error) return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: own.error }, false);
-  const mine = own.consumers.find((c) => c.object === object);
+  const mine = own.consumers.find((c) => c.object === object && c.kind === kind.kind);
   if (!mine) return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'MirrorFailed', message: 'the object changed while preparing; call prepare again' }, false);
   const outcome: PrepareOutcome = { ...mine, mirror: mirrorName(identity!), ...(own.sourceHash ? { sourceHash: own.sourceHash } : {}) };
   const ready = mine.outcome === 'mirrored' && own.sourceHash !== undefined

@@ -70,7 +70,7 @@ export class KeyQueue {
 
   /** When the running reconcile ends, its follow-up (if any) starts and becomes the running one. */
   private chain(id: string, slot: Slot): void {
-    void slot.running.finally(() => {
+    const after = () => {
       const next = slot.next;
       if (!next) {
         this.slots.delete(id);
@@ -80,7 +80,9 @@ export class KeyQueue {
       slot.running = next.promise;
       next.start();
       this.chain(id, slot);
-    });
+    };
+    // Its callers see a rejection; here it only means "ended" (never an unhandled rejection).
+    slot.running.then(after, after);
   }
 
   /** Keys being reconciled now (for tests and logs). */

@@ -1,7 +1,7 @@
 /**
  * SPEC §4: reconcile one mirror key — observe → decide → act. At most one write to the
  * mirror, with the resourceVersion it was read at; a 409 observes the key again (the whole
- * key, listed) and decides again, a bounded number of times. After creating a mirror, the
+ * key, listed) and decides again, a bounded number of times (with a jittered pause). After creating a mirror, the
  * identity and namespace are read again so a revocation that raced the create is undone.
  * Then only the consumers whose conditions changed get a status write. One JSON log line
  * per key; nothing is thrown (API failures become `retry: true`).
@@ -13,7 +13,7 @@ import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
 import { mirrorName } from '../lib/mirror.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
-import { deleteSecretIfUnchanged, describeError, isConflict, makeClients, redactApiError, type Clients } from '../lib/kube.ts';
+import { apiStatus, deleteSecretIfUnchanged, describeError, isConflict, makeClients, redactApiError, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { decide, keyString, type ConsumerPlan, type MirrorKey, type Outcome, type Plan, type Snapshot } from './decide.ts';
 import { observe, readIdentity, readNamespace, type Seed } from './observe.ts';
@@ -61,7 +61,7 @@ export interface KeyResult {
 }
 
 /** Attempts of observe → decide → act when the mirror write conflicts. */
-const ATTEMPTS = 6;
+const ATTEMPTS = 10;
 /** Condition writes in flight at once for one key. */
 const STATUS_CONCURRENCY = 8;
 
@@ -104,6 +104,11 @@ async function stillAllowed(clients: Clients, key: MirrorKey): Promise<boolean> 
   return Boolean(identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: ns.labels }));
 }
 
+/** A consumer's result before (or without) its status write. */
+const resultOf = (key: MirrorKey, p: ConsumerPlan): ConsumerResult => ({
+  object: `${key.namespace}/${p.consumer.metadata.name}`, kind: p.consumer.kind ?? '', identity: key.identity, outcome: p.outcome, reason: p.reason, message: p.message, retry: p.retry, changed: false,
+});
+
 /** Writes each consumer's conditions where they changed (a few at a time); returns the results. */
 async function writeAllConditions(clients: Clients, deps: ReconcileDeps, key: MirrorKey, consumers: readonly ConsumerPlan[]): Promise<ConsumerResult[]> {
   const now = deps.now?.() ?? new Date();
@@ -111,7 +116,7 @@ async function writeAllConditions(clients: Clients, deps: ReconcileDeps, key: Mi
   return Promise.all(consumers.map((p) => limit(async (): Promise<ConsumerResult> => {
     const kind = findConsumerKind(deps.kinds, p.consumer.apiVersion!, p.consumer.kind!);
     const changed = kind ? await writeConditions(clients, kind, p.consumer, p.conditions, now, deps.logger) : false;
-    return { object: `${key.namespace}/${p.consumer.metadata.name}`, kind: p.consumer.kind ?? '', identity: key.identity, outcome: p.outcome, reason: p.reason, message: p.message, retry: p.retry, changed };
+    return { ...resultOf(key, p), changed };
   })));
 }
 
@@ -128,13 +133,23 @@ export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Pr
     mirrorAction = await writeMirror(clients, plan);
   } catch (err) {
     if (err instanceof Conflict) return 'conflict';
-    const message = `writing mirror ${plan.key.namespace}/${plan.mirror.action === 'delete' ? plan.mirror.secret.metadata?.name : (plan.mirror as { body?: { metadata?: { name?: string } } }).body?.metadata?.name} failed: ${describeError(err)}`;
-    const failed = plan.consumers.map((p): ConsumerPlan => ({
-      ...p, outcome: 'mirror-failed', reason: 'MirrorFailed', message, retry: true,
+    const status = apiStatus(err);
+    // The mirror went away since it was read (an update answers 404): observe again.
+    if (status === 404) return 'conflict';
+    const target = plan.mirror.action === 'delete' ? plan.mirror.secret.metadata?.name : (plan.mirror as { body?: { metadata?: { name?: string } } }).body?.metadata?.name;
+    const message = `writing mirror ${plan.key.namespace}/${target} failed: ${describeError(err)}`;
+    // SPEC §4, §16: a failure a retry can fix (throttling, a server error, no answer) changes
+    // no condition and records no Event; the caller answers 5xx and the delivery retries.
+    if (status === undefined || status === 429 || status >= 500) {
+      return { key: plan.key, mirrorAction: 'unchanged', consumers: plan.consumers.map((p) => ({ ...resultOf(plan.key, p), retry: true })), retry: true, error: message };
+    }
+    // Refused for good. A revocation whose delete was refused still states what it decided.
+    const failed = plan.mirror.action === 'delete' ? plan.consumers : plan.consumers.map((p): ConsumerPlan => ({
+      ...p, outcome: 'mirror-failed', reason: 'MirrorFailed', message,
       conditions: [...p.conditions.filter((c) => c.type === 'IdentityAllowed'), { type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message, ...(p.consumer.metadata.generation === undefined ? {} : { observedGeneration: p.consumer.metadata.generation }) }],
     }));
-    // The consumers carry the failure (MirrorFailed, retried); the key itself did its work.
-    return { key: plan.key, mirrorAction: 'unchanged', consumers: await writeAllConditions(clients, deps, plan.key, failed), retry: true };
+    const results = await writeAllConditions(clients, deps, plan.key, failed);
+    return { key: plan.key, mirrorAction: 'unchanged', consumers: results.map((r) => ({ ...r, retry: true })), retry: true };
   }
   // A revocation may have landed after our reads and found no mirror to delete: read the
   // permission again after creating, and undo (observing again decides the revocation).
@@ -150,10 +165,13 @@ export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Pr
  */
 export async function reconcileKey(deps: ReconcileDeps, key: MirrorKey, scope: Snapshot['scope'], seed?: Seed): Promise<KeyResult> {
   const started = performance.now();
-  const clients = makeClients(deps.kc, { calls: 0 });
+  const counter = { calls: 0 };
   let result: Omit<KeyResult, 'durationMs' | 'apiCalls'> | undefined;
   try {
+    const clients = makeClients(deps.kc, counter);
     for (let attempt = 1; attempt <= ATTEMPTS && !result; attempt++) {
+      // Another writer got there first: a short jittered pause so two instances do not collide in lockstep.
+      if (attempt > 1) await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 25 * attempt)));
       const snapshot = await observe(clients, deps.kinds, key, attempt === 1 ? scope : 'all', attempt === 1 ? seed : undefined);
       const r = await act(clients, deps, decide(snapshot, deps.kinds));
       if (r !== 'conflict') result = r;
@@ -162,7 +180,7 @@ export async function reconcileKey(deps: ReconcileDeps, key: MirrorKey, scope: S
   } catch (err) {
     result = { key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
   }
-  const done: KeyResult = { ...result, durationMs: Math.round((performance.now() - started) * 10) / 10, apiCalls: clients.counter.calls };
+  const done: KeyResult = { ...result, durationMs: Math.round((performance.now() - started) * 10) / 10, apiCalls: counter.calls };
   logKey(deps.logger, done, scope);
   return done;
 }

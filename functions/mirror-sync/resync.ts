@@ -46,7 +46,7 @@ export interface ResyncSummary {
   sent: number;
   /** Keys the sink refused. */
   failed: number;
-  /** Keys whose reconcile asks for a retry (the ping is then answered 5xx). */
+  /** Keys (or consumers without a key) whose work should be retried; the next ping does. */
   needRetry: number;
   durationMs: number;
   apiCalls: number;
@@ -116,8 +116,16 @@ export async function resync(deps: ReconcileDeps, opts: { sink?: string | undefi
   const summary: ResyncSummary = { consumers: lists.consumers.length, mirrors: lists.mirrors.length, keys: keys.size, changed: 0, orphanedMirrorsDeleted: 0, revoked: 0, sent: 0, failed: 0, needRetry: 0, durationMs: 0, apiCalls: 0 };
   const limit = pLimit(Math.max(1, opts.concurrency));
 
-  // Consumers that name no usable identity have no key; settle their conditions here.
-  await Promise.all(lists.consumers.filter((c) => !c.spec?.identityRef?.name || !isDns1123Subdomain(c.spec.identityRef.name)).map((c) => limit(() => settleWithoutKey(clients, deps, c))));
+  // Consumers that name no usable identity have no key; settle their conditions here (one
+  // failed write is counted, it never aborts the pass).
+  await Promise.all(lists.consumers.filter((c) => !c.spec?.identityRef?.name || !isDns1123Subdomain(c.spec.identityRef.name)).map((c) => limit(async () => {
+    try {
+      await settleWithoutKey(clients, deps, c);
+    } catch (err) {
+      summary.needRetry++;
+      deps.logger.warn('could not settle a consumer without identity', { object: `${c.metadata.namespace}/${c.metadata.name}`, error: describeError(err) });
+    }
+  })));
 
   if (opts.sink) {
     await Promise.all([...keys.values()].map(({ key }) => limit(async () => {
@@ -149,6 +157,9 @@ export async function resync(deps: ReconcileDeps, opts: { sink?: string | undefi
     const results = await Promise.all(revokedFirst.map((plan) => limit(async (): Promise<KeyResult | Omit<KeyResult, 'durationMs' | 'apiCalls'>> => {
       const t0 = performance.now();
       try {
+        // Only conditions to change: the lists may be minutes old and a status write carries
+        // no precondition, so such a key is reconciled from fresh reads instead.
+        if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked') return await opts.queue.run(plan.key, 'all');
         const r = await act(clients, deps, plan);
         // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
         if (r === 'conflict') return await opts.queue.run(plan.key, 'all');

@@ -10,6 +10,7 @@
  *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission
  *   --out DIR        where the result JSON goes (default bench/results; .local/bench-results with --quick)
  *   --timeout S      bound on any one wait for convergence (default 900; 120 with --quick)
+ *   --keep-logs      keep .local/bench-<pid>/ (function, adapter and audit logs) after a good run
  * Exit code: 0 when every row produced its figures, 1 otherwise.
  */
 import { rmSync } from 'node:fs';
@@ -36,6 +37,7 @@ const { values } = parseArgs({
     rows: { type: 'string' },
     out: { type: 'string' },
     timeout: { type: 'string' },
+    'keep-logs': { type: 'boolean', default: false },
   },
 });
 const quick = values.quick!;
@@ -112,7 +114,7 @@ try {
 } finally {
   await sys.stop();
   // Keep the logs of a failed run (functions, adapter, audit log) for a look.
-  if (results.failures.length) log(`logs kept in ${dir}`);
+  if (results.failures.length || values['keep-logs']) log(`logs kept in ${dir}`);
   else rmSync(dir, { recursive: true, force: true });
 }
 

@@ -1,0 +1,94 @@
+/**
+ * KeyQueue (SPEC §4 coalescing), with a stand-in reconcile: requests for a key that is being
+ * reconciled share one follow-up that starts after it ends; the follow-up looks at the one
+ * consumer named, or lists the key when several were; other keys run at once; a failing
+ * reconcile rejects its callers and never leaves an unhandled rejection or a stuck key.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import type { ConsumerName, MirrorKey, Snapshot } from '../../functions/mirror-sync/decide.ts';
+import { KeyQueue } from '../../functions/mirror-sync/queue.ts';
+import type { KeyResult } from '../../functions/mirror-sync/reconcile.ts';
+
+const key = { namespace: 'team', identity: 'aws' };
+const n = (name: string): ConsumerName => ({ apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformCluster', name });
+
+/** A reconcile that waits for `release()`; records each call's key, scope and start order. */
+function gated() {
+  const calls: { key: MirrorKey; scope: Snapshot['scope'] }[] = [];
+  const gates: (() => void)[] = [];
+  const q = new KeyQueue(async (k, scope) => {
+    calls.push({ key: k, scope });
+    await new Promise<void>((r) => gates.push(r));
+    return { key: k, mirrorAction: 'unchanged', consumers: [], retry: false, durationMs: calls.length, apiCalls: 0 } satisfies KeyResult;
+  });
+  const release = async () => {
+    gates.shift()!();
+    await new Promise((r) => setImmediate(r));
+  };
+  return { q, calls, release };
+}
+
+describe('KeyQueue (SPEC §4)', () => {
+  it('requests arriving while a key runs share one follow-up that starts after it; one named consumer → that one, several → the whole key', async () => {
+    const { q, calls, release } = gated();
+    const first = q.run(key, [n('a')]);
+    const b1 = q.run(key, [n('b')]);
+    const b2 = q.run(key, [n('b')]);
+    assert.equal(calls.length, 1, 'nothing starts while the key runs');
+    await release();
+    assert.equal((await first).durationMs, 1);
+    assert.deepEqual(calls[1]!.scope, [n('b')]);
+    const c = q.run(key, [n('c')]);
+    const d = q.run(key, [n('d')]);
+    await release();
+    assert.deepEqual([(await b1).durationMs, (await b2).durationMs], [2, 2], 'both answered by the follow-up, not the first run');
+    assert.equal(calls[2]!.scope, 'all');
+    await release();
+    await Promise.all([c, d]);
+    assert.equal(calls.length, 3);
+    assert.equal(q.size, 0, 'an idle key leaves nothing behind');
+  });
+
+  it('a request for the whole key makes the follow-up list it', async () => {
+    const { q, calls, release } = gated();
+    const first = q.run(key, [n('a')]);
+    const all = q.run(key, 'all');
+    const named = q.run(key, [n('b')]);
+    await release();
+    await first;
+    assert.equal(calls[1]!.scope, 'all');
+    await release();
+    await Promise.all([all, named]);
+  });
+
+  it('different keys run at once', async () => {
+    const { q, calls, release } = gated();
+    const a = q.run(key, 'all');
+    const b = q.run({ namespace: 'team', identity: 'gcp' }, 'all');
+    assert.equal(calls.length, 2);
+    await release();
+    await release();
+    await Promise.all([a, b]);
+  });
+
+  it('a reconcile that throws rejects its callers, leaves no unhandled rejection, and the key runs again later', async () => {
+    const seen: unknown[] = [];
+    const onUnhandled = (e: unknown) => seen.push(e);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      let fail = true;
+      const q = new KeyQueue(async (k) => {
+        if (fail) throw new Error('boom');
+        return { key: k, mirrorAction: 'unchanged', consumers: [], retry: false, durationMs: 0, apiCalls: 0 };
+      });
+      await assert.rejects(q.run(key, 'all'), /boom/);
+      await new Promise((r) => setTimeout(r, 20));
+      fail = false;
+      assert.equal((await q.run(key, 'all')).mirrorAction, 'unchanged');
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+    }
+    assert.deepEqual(seen.map(String), []);
+  });
+});
