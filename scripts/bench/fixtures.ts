@@ -3,7 +3,8 @@
  * and constants, so nothing here moves when the product's code changes.
  */
 import { randomUUID } from 'node:crypto';
-import { Agent } from 'undici';
+// undici's own fetch: Node's built-in fetch bundles another undici and rejects this Agent.
+import { Agent, fetch } from 'undici';
 import type { BenchClient, KubeObject } from './client.ts';
 import { inParallel } from './client.ts';
 import { WatchedCollection } from './collection.ts';
@@ -142,7 +143,7 @@ const patient = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 export async function postEvent(url: string, ev: EventRequest): Promise<{ status: number; body: unknown; ms: number }> {
   const t0 = performance.now();
   // A resync may take longer than fetch's default 300 s header timeout: the bench waits.
-  const res = await fetch(url, { method: 'POST', headers: ev.headers, body: ev.body, signal: AbortSignal.timeout(1_800_000), dispatcher: patient } as RequestInit);
+  const res = await fetch(url, { method: 'POST', headers: ev.headers, body: ev.body, signal: AbortSignal.timeout(1_800_000), dispatcher: patient });
   const text = await res.text();
   const ms = performance.now() - t0;
   let body: unknown = text;

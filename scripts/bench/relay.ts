@@ -10,7 +10,8 @@
  */
 import { createServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { Agent } from 'undici';
+// undici's own fetch: Node's built-in fetch bundles another undici and rejects this Agent.
+import { Agent, fetch } from 'undici';
 
 // Deliveries wait as long as the function takes (fetch's default header timeout is 300 s).
 const patient = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
@@ -127,7 +128,7 @@ export class Relay {
   private async deliver(target: string, q: Queued): Promise<void> {
     let status = 0;
     try {
-      const res = await fetch(target, { method: 'POST', headers: q.headers, body: q.body, signal: AbortSignal.timeout(600_000), dispatcher: patient } as RequestInit);
+      const res = await fetch(target, { method: 'POST', headers: q.headers, body: q.body, signal: AbortSignal.timeout(600_000), dispatcher: patient });
       status = res.status;
       await res.arrayBuffer();
     } catch {
