@@ -91,9 +91,11 @@ export async function observe(clients: Clients, kinds: readonly ConsumerKind[], 
   // then belongs to a consumer that existed before the read, so a consumer that arrived
   // meanwhile is never taken for a dead one — its write changes the mirror's resourceVersion
   // and ours conflicts.
-  const consumers = seed.consumers ?? (scope === 'all' ? await listKeyConsumers(clients, kinds, key) : await getKeyConsumers(clients, kinds, key, scope));
   // The source matters only where the mirror may exist.
   const allowed = identity && namespace && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
-  const source = identity && allowed ? seed.source ?? (await readSource(clients, identity)) : undefined;
+  const [consumers, source] = await Promise.all([
+    seed.consumers ?? (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
+    identity && allowed ? seed.source ?? readSource(clients, identity) : undefined,
+  ]);
   return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope };
 }

@@ -45,7 +45,7 @@ export async function writeConditions(
     if (isNotFound(err)) return false;
     throw err;
   }
-  for (const c of plan.changedInputs) await recordEvent(clients, kind, obj, c, now, logger);
+  await Promise.all(plan.changedInputs.map((c) => recordEvent(clients, kind, obj, c, now, logger)));
   return true;
 }
 
