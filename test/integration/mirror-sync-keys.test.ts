@@ -17,6 +17,7 @@ import pLimit from 'p-limit';
 import type { Consumer } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
+import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { createLeaf } from '../../scripts/controlplane/pki.ts';
 import { AuditLog } from '../../scripts/bench/measure.ts';
 import { admin, asUser, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
@@ -176,6 +177,23 @@ describe('the resync is made of lists (SPEC §12)', () => {
     } finally {
       proxy.close();
     }
+  });
+
+  it('never collects a look-alike: a labelled Secret whose name is not its identity\'s mirror name', async () => {
+    const n = await ns.create();
+    const idA = await newIdentity({ list: [n] });
+    const idB = await newIdentity({ list: [n] });
+    // Labelled and annotated like B's mirror, no owners, but named like A's: not a mirror of B.
+    const lookalike = desiredMirror(idB, n, {}, { apiVersion: 'v1', kind: 'ConfigMap', name: 'x', uid: '1' });
+    lookalike.metadata.name = mirrorName(idA);
+    lookalike.metadata.ownerReferences = [];
+    const before = await a.core.createNamespacedSecret({ namespace: n, body: lookalike });
+    const foreign = await foreignSecrets(a, [n]);
+    const { url } = await instance();
+    assert.equal((await deliver(url, pingEvent('captf-resync'))).status, 200);
+    const after = await a.core.readNamespacedSecret({ name: mirrorName(idA), namespace: n });
+    assert.equal(after.metadata!.resourceVersion, before.metadata!.resourceVersion);
+    assert.deepEqual(await invariantViolations(a, [n], foreign), []);
   });
 
   it('a list that keeps expiring fails the ping with 5xx and deletes nothing', async () => {
