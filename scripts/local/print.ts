@@ -64,7 +64,7 @@ export class LogPrinter {
         return { debug: true, component, subject: `identity ${str(j.name)}`, text: `allowed ${who} (${str(j.why)})` };
       }
       case 'resync':
-        return { debug: true, component, subject: 'resync', text: summary(j, ['consumers', 'reconciled', 'sent', 'failed', 'needRetry', 'orphanedMirrorsDeleted', 'durationMs']) };
+        return { debug: true, component, subject: 'resync', text: summary(j, ['consumers', 'mirrors', 'keys', 'changed', 'orphanedMirrorsDeleted', 'revoked', 'sent', 'failed', 'needRetry', 'durationMs']) };
       case 'refresh done':
         return { debug: true, component, subject: 'refresh', text: summary(j, ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs']) };
       default: {
