@@ -51,6 +51,11 @@ export class MirrorSyncHandler {
   private readonly cfg: EventConfig;
   readonly queue: KeyQueue;
 
+  /**
+   * @param deps API access, consumer kinds, logger.
+   * @param cfg concurrency, `K_SINK`, the fast-path switch.
+   * @param queue the process's key queue (shared by events, prepare and the resync).
+   */
   constructor(deps: ReconcileDeps, cfg: EventConfig, queue: KeyQueue) {
     this.deps = deps;
     this.cfg = cfg;
