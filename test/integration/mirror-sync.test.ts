@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { API_VERSION, GROUP, VERSION } from '../../functions/lib/api.ts';
+import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import { isOurs, mirrorName, sourceHash, ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MANAGED, LABEL_MIRRORED, LABEL_MIRROR_OF } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
@@ -401,6 +402,10 @@ describe('bad input (SPEC §15)', () => {
       ['unknown kind', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.add', 'content-type': 'application/json' }, '{"apiVersion":"v1","kind":"Pod","name":"p","namespace":"x"}', /does not handle/],
       ['source Secret event while the fast path is off', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.update', 'content-type': 'application/json' }, '{"apiVersion":"v1","kind":"Secret","name":"p","namespace":"x"}', /fast path is off/],
       ['empty batch', { 'content-type': 'application/cloudevents-batch+json' }, '[]', /empty CloudEvents batch|not a CloudEvent/],
+      ['key event without data', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '{}', /must be \{"namespace"/],
+      ['key event with a path in the namespace', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '{"namespace":"../kube-system","identity":"aws"}', /must be \{"namespace"/],
+      ['key event with a bad identity name', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '{"namespace":"team","identity":".."}', /must be \{"namespace"/],
+      ['key event whose data is not an object', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '["team","aws"]', /data must be a JSON object/],
     ];
     for (const [what, headers, body, re] of cases) {
       const r = await post(headers, body);
