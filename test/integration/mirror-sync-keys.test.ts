@@ -8,8 +8,6 @@
  * the API server's audit log, per user: each mirror-sync here runs as a user of its own.
  */
 import assert from 'node:assert/strict';
-import { createServer, request as httpsRequest } from 'node:https';
-import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { KubeConfig } from '@kubernetes/client-node';
@@ -18,10 +16,10 @@ import type { Consumer } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
-import { createLeaf } from '../../scripts/controlplane/pki.ts';
 import { AuditLog } from '../../scripts/bench/measure.ts';
 import { admin, asUser, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
 import { pingEvent } from '../helpers/events.ts';
+import { startFaultProxy } from '../helpers/fault-proxy.ts';
 import { invariantViolations, foreignSecrets } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import { conditionOf, consumerEvent, createConsumer, deleteIdentity, deliver, getConsumer, getMirror, putIdentity } from '../helpers/mirror-sync.ts';
@@ -120,37 +118,17 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
 });
 
 /**
- * An HTTPS proxy in front of the API server (serving a certificate from the control plane's
- * own CA, forwarding as admin) that answers 410 Gone — "continue token expired", as the API
- * server does after etcd compaction — to cluster-wide TerraformCluster list pages that carry
- * a continue token: the first `times` of them.
+ * A proxy that answers 410 Gone — "continue token expired", as the API server does after etcd
+ * compaction — to the first `times` cluster-wide TerraformCluster list pages that carry a
+ * continue token.
  */
 async function expiringProxy(times: number): Promise<{ kubeconfigPath: string; expired: () => number; close: () => void }> {
-  const dir = controlPlaneDir();
-  const pki = join(dir, 'pki');
-  const leaf = await createLeaf({ ca: { cert: join(pki, 'ca.crt'), key: join(pki, 'ca.key') }, dir: join(dir, 'users'), name: `proxy-${suffix()}`, cn: 'proxy', sans: ['IP:127.0.0.1'], usage: 'server' });
-  const target = new URL(a.kc.getCurrentCluster()!.server);
-  const user = a.kc.getCurrentUser()!;
-  const clientCert = { cert: Buffer.from(user.certData!, 'base64'), key: Buffer.from(user.keyData!, 'base64'), ca: Buffer.from(a.kc.getCurrentCluster()!.caData!, 'base64') };
-  let expired = 0;
-  const server = createServer({ cert: readFileSync(leaf.cert), key: readFileSync(leaf.key) }, (req, res) => {
-    if (req.method === 'GET' && /^\/apis\/infrastructure\.cluster\.x-k8s\.io\/v1beta2\/terraformclusters\?/.test(req.url ?? '') && /[?&]continue=/.test(req.url ?? '') && expired < times) {
-      expired++;
-      res.writeHead(410, { 'content-type': 'application/json' }).end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', reason: 'Expired', code: 410, message: 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.' }));
-      return;
-    }
-    const up = httpsRequest({ host: target.hostname, port: target.port, path: req.url, method: req.method, headers: { ...req.headers, host: target.host }, ...clientCert }, (r) => {
-      res.writeHead(r.statusCode ?? 502, r.headers);
-      r.pipe(res);
-    });
-    up.on('error', () => res.writeHead(502).end());
-    req.pipe(up);
+  const proxy = await startFaultProxy((method, url) => {
+    if (method !== 'GET' || !/^\/apis\/infrastructure\.cluster\.x-k8s\.io\/v1beta2\/terraformclusters\?/.test(url) || !/[?&]continue=/.test(url)) return undefined;
+    if (proxy && proxy.faults() >= times) return undefined;
+    return { status: 410, reason: 'Expired', message: 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.' };
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  const text = readFileSync(join(dir, 'admin.kubeconfig'), 'utf8').replace(target.origin, `https://127.0.0.1:${(server.address() as { port: number }).port}`);
-  const kubeconfigPath = join(dir, 'users', `proxy-${suffix()}.kubeconfig`);
-  writeFileSync(kubeconfigPath, text, { mode: 0o600 });
-  return { kubeconfigPath, expired: () => expired, close: () => server.close() };
+  return { kubeconfigPath: proxy.kubeconfigPath, expired: proxy.faults, close: proxy.close };
 }
 
 describe('the resync is made of lists (SPEC §12)', () => {
@@ -214,5 +192,63 @@ describe('the resync is made of lists (SPEC §12)', () => {
     } finally {
       proxy.close();
     }
+  });
+});
+
+describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () => {
+  const unavailable = { status: 503, reason: 'ServiceUnavailable', message: 'the server is currently unable to handle the request' };
+
+  /** A mirror-sync instance behind a fault proxy, as a user of its own (its requests are told apart in the audit log). */
+  async function behindProxy(fault: (method: string, url: string) => boolean) {
+    const user = `flaky-${suffix()}`;
+    const u = await asUser(user, ['system:masters']);
+    const proxy = await startFaultProxy((method, url) => (fault(method, url) ? unavailable : undefined), { kubeconfigPath: u.kubeconfigPath });
+    const { url } = await instance({}, proxy.kubeconfigPath);
+    return { user, url, proxy };
+  }
+
+  it('a 503 reading the mirror answers 503 and writes no condition and no Event', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'flaky-read', id);
+    const { user, url, proxy } = await behindProxy((method, u) => method === 'GET' && u.startsWith(`/api/v1/namespaces/${n}/secrets/${mirrorName(id)}`));
+    try {
+      const mark = audit.mark();
+      const r = await deliver(url, consumerEvent(c), { retries: 0 });
+      assert.equal(r.status, 503, r.text);
+      assert.ok(proxy.faults() >= 1);
+      const mine = audit.countFor(user, mark);
+      assert.equal(mine.verbs.patch ?? 0, 0, 'no status write');
+      assert.equal(mine.verbs.create ?? 0, 0, 'no mirror, no Event');
+    } finally {
+      proxy.close();
+    }
+  });
+
+  it('a 503 writing the mirror answers 503 and writes no condition and no Event; the retry mirrors', async () => {
+    const n = await ns.create();
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'flaky-write', id);
+    const { user, url, proxy } = await behindProxy((method, u) => (method === 'POST' || method === 'PUT') && u.startsWith(`/api/v1/namespaces/${n}/secrets`));
+    try {
+      const mark = audit.mark();
+      const r = await deliver(url, consumerEvent(c), { retries: 0 });
+      // Another file's resync (cluster-wide, same control plane) may have mirrored this
+      // consumer first; then this instance has nothing to write and answers 200.
+      if (proxy.faults() > 0) {
+        assert.equal(r.status, 503, r.text);
+        const mine = audit.countFor(user, mark);
+        assert.equal(mine.verbs.patch ?? 0, 0, 'no status write');
+        assert.equal(mine.verbs.create ?? 0, 0, 'no Event');
+      } else {
+        assert.equal(r.status, 200, r.text);
+      }
+    } finally {
+      proxy.close();
+    }
+    const { url: healthy } = await instance();
+    assert.equal((await deliver(healthy, consumerEvent(c))).status, 200);
+    assert.equal(conditionOf(await getConsumer(a, n, 'flaky-write'), 'CredentialsMirrored')?.reason, 'Mirrored');
+    assert.deepEqual(await invariantViolations(a, [n]), []);
   });
 });
