@@ -176,7 +176,9 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
   }
   const allowed = snapshot.namespace !== undefined && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: snapshot.namespace.labels });
   if (!allowed) {
-    const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces)${ours ? '; its mirror is deleted' : ''}`;
+    // The same words before and after the mirror is gone: a message that changed would be a
+    // new condition write and a second Event for one revocation.
+    const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces); no mirror is kept there`;
     return {
       key,
       mirror: revoke,
