@@ -2,7 +2,7 @@
  * Entry point of every function, in the container and locally:
  * `node functions/main.ts <function>` (or `npm run function -- <function>`), where
  * <function> is `admission`, `mirror-sync` or `identity-status`. Configuration comes from
- * the environment (README "Configuration"); exits 2 on an unknown function name or bad
+ * the environment (docs/configuration.md); exits 2 on an unknown function name or bad
  * configuration. SIGTERM finishes in-flight requests, then exits.
  */
 import { apiConnectionsFromEnv, setApiConnections } from './lib/api-pool.ts';

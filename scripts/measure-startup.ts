@@ -1,6 +1,6 @@
 /**
  * `npm run measure:startup [-- --runs N]`: how long each function takes from `spawn` to its
- * first `/healthz` 200, for the variants the README compares — TypeScript sources, one
+ * first `/healthz` 200, for the variants docs/deploy-knative.md compares — TypeScript sources, one
  * self-contained bundle, the split bundle (shipped), and both bundles with a V8 compile
  * cache warmed beforehand (`NODE_COMPILE_CACHE`). Variants are interleaved run by run so
  * load from other processes spreads evenly; prints median and minimum in ms. No API server

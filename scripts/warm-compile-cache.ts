@@ -3,7 +3,7 @@
  * function once until it answers `/healthz`, then stopping it with SIGTERM (Node writes the
  * cache on exit), and running the runner once. Used by the Dockerfile at build time: a
  * function started later with the same `NODE_COMPILE_CACHE`, Node binary and bundle skips
- * compiling most of its code (measured: README "Deploy on Knative").
+ * compiling most of its code (measured: docs/deploy-knative.md).
  *
  * `node scripts/warm-compile-cache.ts <cache dir> [dist dir]` — Node built-ins only, so it
  * runs in the image's build stage. No API server is contacted: a placeholder kubeconfig

@@ -26,7 +26,7 @@ export const DEFAULT_TLS_DIR = '/var/run/captf/tls';
  */
 export const ADMISSION_BODY_LIMIT = 4 * 1024 * 1024;
 
-/** Configuration read from the environment (README "Configuration"). */
+/** Configuration read from the environment (docs/configuration.md). */
 export interface AdmissionConfig {
   plainHttp: boolean;
   certFile: string;

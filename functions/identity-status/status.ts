@@ -9,7 +9,7 @@ import { conditionChanged, getCondition, setCondition, type ConditionInput } fro
 /** Condition type this function owns on identities (SPEC §9). */
 export const READY = 'Ready';
 
-/** `Ready=True`: the source Secret exists (SPEC §9; README "Troubleshooting"). */
+/** `Ready=True`: the source Secret exists (SPEC §9; docs/troubleshooting.md). */
 export const REASON_SECRET_FOUND = 'SecretFound';
 /** `Ready=False`: the source Secret's GET answered 404 (SPEC §9). */
 export const REASON_SECRET_NOT_FOUND = 'SecretNotFound';

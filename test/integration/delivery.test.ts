@@ -1,7 +1,7 @@
 /**
  * SPEC §11 against the real API server: a Job built with the credential delivery fragment
  * (non-root runner, fsGroup) is accepted, in a dry run and for real, and reads back with every
- * field intact; the job controller's Pod carries the same pieces; the README's example Job is
+ * field intact; the job controller's Pod carries the same pieces; the example Job of docs/job-contract.md is
  * exactly what the fragment produces and is accepted too. No kubelet runs, so no Pod starts.
  */
 import assert from 'node:assert/strict';
@@ -123,12 +123,12 @@ describe('a Job built with the credential delivery fragment', () => {
   });
 });
 
-describe('the README example Job', () => {
-  const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8');
+describe('the example Job of docs/job-contract.md', () => {
+  const readme = readFileSync(new URL('../../docs/job-contract.md', import.meta.url), 'utf8');
   const match = /<!-- example-job -->\s*```yaml\n([\s\S]*?)```/.exec(readme);
 
   it('is exactly what the fragment produces and is accepted by the API server', async () => {
-    assert.ok(match, 'README has a yaml block after <!-- example-job -->');
+    assert.ok(match, 'docs/job-contract.md has a yaml block after <!-- example-job -->');
     // loadYaml returns client-node class instances; compare plain JSON values.
     const job = JSON.parse(JSON.stringify(loadYaml<V1Job>(match[1]!))) as V1Job;
     const identity = 'aws-prod';

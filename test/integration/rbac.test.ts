@@ -114,7 +114,7 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
 ];
 
 describe('least-privilege RBAC from the rendered manifests', () => {
-  it('SubjectAccessReviews: each ServiceAccount may do exactly what the README lists', async () => {
+  it('SubjectAccessReviews: each ServiceAccount may do exactly what docs/deploy-knative.md lists', async () => {
     const wrong: string[] = [];
     for (const [sa, verb, resource, group, subresource, allowed] of TABLE) {
       const got = await can(sa, verb, resource, { group, subresource });
