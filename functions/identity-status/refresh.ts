@@ -1,6 +1,6 @@
 /**
  * SPEC §9: refreshing identities' `Ready` condition and `status.namespaces` against the API
- * server. The imperative shell around status.ts: it reads (identities, consumers, mirror
+ * server. The imperative shell around decide.ts: it reads (identities, consumers, mirror
  * metadata, the source Secret's existence), lets `decideStatus` decide, and writes the status
  * subresource only when something changed. It never creates or changes a mirror.
  *
@@ -14,7 +14,7 @@ import { PAGE_SIZE, consumersOfIdentity, listConsumers } from '../lib/consumers.
 import { describeError, isForbidden, isNotFound, listAllPages, retryOnConflict, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
-import { decideStatus, statusApplyBody, type SourceState, type Usage } from './status.ts';
+import { decideStatus, statusApplyBody, type SourceState, type Usage } from './decide.ts';
 
 /** What a refresh needs; built per request by the handler. */
 export interface RefreshDeps {

@@ -8,7 +8,7 @@ import type { Condition } from './api.ts';
 /** A condition as a decision states it; the helper fills in `lastTransitionTime`. */
 export type ConditionInput = Omit<Condition, 'lastTransitionTime'>;
 
-/** The condition types this project owns on consumers (SPEC §16). */
+/** The condition types this project owns on consumers (SPEC §16); others' types are never touched. */
 export const CONSUMER_CONDITION_TYPES = ['IdentityAllowed', 'CredentialsMirrored', 'ApplyJobSucceeded'] as const;
 
 /** RFC 3339 at second precision, as `metav1.Time` serialises. */
@@ -59,4 +59,27 @@ export function conditionChanged(conditions: readonly Condition[] | undefined, n
     prev.message !== next.message ||
     (prev.observedGeneration ?? undefined) !== (next.observedGeneration ?? undefined)
   );
+}
+
+/**
+ * The owned conditions an object should carry, in the manner of Cluster API's condition
+ * helpers: `desired` set by type, every other owned type removed (a decision states only
+ * what it knows), other writers' types untouched.
+ * @param ownedTypes the types this project owns (default: the consumer types of SPEC §16).
+ * @returns the full new list, the owned conditions to apply, the inputs that changed (one
+ *   Event each), and `changed` (false: no status write is needed).
+ */
+export function planConditions(
+  current: readonly Condition[] | undefined,
+  desired: readonly ConditionInput[],
+  now: Date,
+  ownedTypes: readonly string[] = CONSUMER_CONDITION_TYPES,
+): { conditions: Condition[]; owned: Condition[]; changedInputs: ConditionInput[]; changed: boolean } {
+  const desiredTypes = new Set(desired.map((d) => d.type));
+  const removed = (current ?? []).filter((c) => ownedTypes.includes(c.type) && !desiredTypes.has(c.type));
+  const changedInputs = desired.filter((d) => conditionChanged(current, d));
+  let next = (current ?? []).filter((c) => !removed.includes(c));
+  for (const d of desired) next = setCondition(next, d, now);
+  const owned = next.filter((c) => desiredTypes.has(c.type));
+  return { conditions: next, owned, changedInputs, changed: changedInputs.length > 0 || removed.length > 0 };
 }

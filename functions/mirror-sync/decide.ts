@@ -5,8 +5,8 @@
  * gathered differs. No I/O.
  */
 import { isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
-import type { Condition, Consumer, ConsumerKind, OwnerReference, TerraformClusterIdentity } from '../lib/api.ts';
-import { conditionChanged, setCondition, type ConditionInput } from '../lib/conditions.ts';
+import type { Consumer, ConsumerKind, OwnerReference, TerraformClusterIdentity } from '../lib/api.ts';
+import type { ConditionInput } from '../lib/conditions.ts';
 import {
   ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MANAGED, LABEL_MIRRORED, LABEL_MIRROR_OF, desiredMirror, groupOf, isCurrent, isOurs,
   mirrorName, mirrorOfLabel, ownerReferenceFor, type SecretData, type SecretLike,
@@ -233,27 +233,4 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
     sourceHash: source.hash,
     consumers: each((c) => ({ outcome: 'mirrored', reason: 'Mirrored', message, retry: false, conditions: [allowedCond(c), { type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message, ...gen(c) }] })),
   };
-}
-
-/** The condition types mirror-sync owns on consumers (SPEC §16). */
-export const OWNED_TYPES = ['IdentityAllowed', 'CredentialsMirrored', 'ApplyJobSucceeded'] as const;
-
-/**
- * The conditions a consumer should carry: `desired` set by type, every other owned type
- * removed (a decision states only what it knows), other writers' types untouched.
- * @returns the full new list, the owned conditions to apply, the inputs that changed (one
- *   Event each), and `changed` (false: no status write is needed).
- */
-export function planConditions(
-  current: readonly Condition[] | undefined,
-  desired: readonly ConditionInput[],
-  now: Date,
-): { conditions: Condition[]; owned: Condition[]; changedInputs: ConditionInput[]; changed: boolean } {
-  const desiredTypes = new Set(desired.map((d) => d.type));
-  const removed = (current ?? []).filter((c) => (OWNED_TYPES as readonly string[]).includes(c.type) && !desiredTypes.has(c.type));
-  const changedInputs = desired.filter((d) => conditionChanged(current, d));
-  let next = (current ?? []).filter((c) => !removed.includes(c));
-  for (const d of desired) next = setCondition(next, d, now);
-  const owned = next.filter((c) => desiredTypes.has(c.type));
-  return { conditions: next, owned, changedInputs, changed: changedInputs.length > 0 || removed.length > 0 };
 }

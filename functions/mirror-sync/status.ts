@@ -11,7 +11,7 @@ import { FIELD_MANAGER, type Consumer, type ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
 import { describeError, isConflict, isNotFound, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { planConditions } from './decide.ts';
+import { planConditions } from '../lib/conditions.ts';
 
 /** `reportingController` of the Events this function records. */
 export const REPORTING_CONTROLLER = 'captf.io/mirror-sync';

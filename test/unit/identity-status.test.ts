@@ -6,7 +6,7 @@ import { classifyEvent } from '../../functions/lib/cloudevents.ts';
 import { HttpError } from '../../functions/lib/http.ts';
 import { planFor } from '../../functions/identity-status/handler.ts';
 import { statusConfigFromEnv } from '../../functions/identity-status/index.ts';
-import { decideStatus, namespacesInUse, readyCondition, statusApplyBody, type SourceState } from '../../functions/identity-status/status.ts';
+import { decideStatus, namespacesInUse, readyCondition, statusApplyBody, type SourceState } from '../../functions/identity-status/decide.ts';
 
 const t1 = new Date('2026-03-01T10:00:00.500Z');
 const t2 = new Date('2026-03-02T10:00:00Z');

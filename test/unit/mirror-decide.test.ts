@@ -9,7 +9,8 @@ import { describe, it } from 'node:test';
 import type { Condition, Consumer, OwnerReference, TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import { DEFAULT_CONSUMER_KINDS } from '../../functions/lib/api.ts';
 import { desiredMirror, mirrorOfLabel, sourceHash } from '../../functions/lib/mirror.ts';
-import { decide, desiredOwnerReferences, planConditions, type Snapshot, type SourceState } from '../../functions/mirror-sync/decide.ts';
+import { planConditions } from '../../functions/lib/conditions.ts';
+import { decide, desiredOwnerReferences, type Snapshot, type SourceState } from '../../functions/mirror-sync/decide.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
 const AV = 'infrastructure.cluster.x-k8s.io/v1beta2';
