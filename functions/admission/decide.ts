@@ -94,7 +94,7 @@ function nameOf(req: IdentityRequest): string {
  *   (metadata-only and narrowing updates need no SAR).
  * - DELETE: in-use lookup, seeded with `oldObject.status.namespaces`.
  * - anything else (CONNECT, unknown) → deny 400: this webhook only reviews the three above.
- * @param req a parsed request (see review.ts) whose userInfo is already known to be present.
+ * @param req a parsed request (see admission-review.ts) whose userInfo is already known to be present.
  */
 export function planReview(req: IdentityRequest): Plan {
   const name = nameOf(req);

@@ -7,14 +7,13 @@
  * ingress with `CAPTF_ADMISSION_PLAIN_HTTP=true`. Nothing is done at import time.
  */
 import { createServer as createHttpServer, type Server } from 'node:http';
-import { createServer as createHttpsServer, type Server as HttpsServer } from 'node:https';
-import { readFileSync } from 'node:fs';
-import { closeServer, createApp, errorHandler, listen, type FunctionHandle, type StartOptions } from '../lib/http.ts';
+import { createServer as createHttpsServer } from 'node:https';
+import { closeServer, createApp, errorHandler, listen, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
 import { consumerKindsFromEnv } from '../lib/consumers.ts';
-import { loadKubeConfig, makeClients } from '../lib/kube.ts';
-import { createLogger, type Logger } from '../lib/log.ts';
-import { reviewIdentity } from './handler.ts';
-import { parseReview, reviewResponse } from './review.ts';
+import { makeClients } from '../lib/kube.ts';
+import { createLogger } from '../lib/log.ts';
+import { readTlsPair, watchTlsPair } from '../lib/tls.ts';
+import { validateHandler } from './handler.ts';
 
 /** Where cert-manager's Secret volume puts the serving pair by default. */
 export const DEFAULT_TLS_DIR = '/var/run/captf/tls';
@@ -56,55 +55,6 @@ export function admissionConfigFromEnv(env: NodeJS.ProcessEnv): AdmissionConfig 
   };
 }
 
-/** Reads the PEM pair; throws a message naming the file that could not be read. */
-function readPair(cfg: AdmissionConfig): { cert: string; key: string } {
-  const read = (path: string, what: string) => {
-    try {
-      return readFileSync(path, 'utf8');
-    } catch (err) {
-      throw new Error(`cannot read the TLS ${what} ${path}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
-    }
-  };
-  return { cert: read(cfg.certFile, 'certificate'), key: read(cfg.keyFile, 'key') };
-}
-
-/**
- * Polls the certificate and key files and installs a new pair for new connections when
- * their contents change and form a valid pair (a half-written rotation is skipped and
- * retried on the next tick). Polling, not fs.watch, because Kubernetes Secret volumes
- * replace files through a symlink swap that watchers miss on some platforms.
- * @returns a function that stops polling.
- */
-function watchPair(server: HttpsServer, cfg: AdmissionConfig, loaded: { cert: string; key: string }, logger: Logger): () => void {
-  let current = loaded;
-  let lastFailure = '';
-  const timer = setInterval(() => {
-    let next: { cert: string; key: string };
-    try {
-      next = readPair(cfg);
-    } catch (err) {
-      const msg = (err as Error).message;
-      if (msg !== lastFailure) logger.warn('TLS pair not reloaded; keeping the current one', { error: msg });
-      lastFailure = msg;
-      return;
-    }
-    if (next.cert === current.cert && next.key === current.key) return;
-    try {
-      // Throws on a mismatched or malformed pair before anything is replaced.
-      server.setSecureContext({ cert: next.cert, key: next.key });
-      current = next;
-      lastFailure = '';
-      logger.info('TLS certificate reloaded', { certFile: cfg.certFile });
-    } catch (err) {
-      const msg = (err as Error).message.split('\n')[0]!;
-      if (msg !== lastFailure) logger.warn('new TLS pair is not usable yet; keeping the current one', { error: msg });
-      lastFailure = msg;
-    }
-  }, cfg.reloadMs);
-  timer.unref();
-  return () => clearInterval(timer);
-}
-
 /**
  * Starts the admission webhook.
  * @param opts port/host, kubeconfig (default `$KUBECONFIG` or in-cluster), logger, env.
@@ -112,28 +62,14 @@ function watchPair(server: HttpsServer, cfg: AdmissionConfig, loaded: { cert: st
  * @throws Error on bad configuration or an unreadable/invalid TLS pair (main.ts exits 2).
  */
 export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
-  const env = opts.env ?? process.env;
+  const { port: wanted, kubeconfig, env } = startSettings(opts);
   const logger = opts.logger ?? createLogger('admission');
   const cfg = admissionConfigFromEnv(env);
-  const clients = makeClients(opts.kubeconfig ?? loadKubeConfig(env.KUBECONFIG || undefined));
+  const clients = makeClients(kubeconfig);
   const consumerKinds = consumerKindsFromEnv(env);
 
   const app = createApp({ bodyLimit: ADMISSION_BODY_LIMIT });
-  app.post('/validate', async (req, res) => {
-    const parsed = parseReview(req.body);
-    if (!parsed.ok) {
-      if ('httpStatus' in parsed) {
-        logger.warn('malformed AdmissionReview', { error: parsed.error });
-        res.status(parsed.httpStatus).json({ error: parsed.error });
-        return;
-      }
-      logger.warn('AdmissionReview denied as malformed', { uid: parsed.uid, denial: parsed.decision.message });
-      res.json(reviewResponse(parsed.uid, parsed.decision));
-      return;
-    }
-    const decision = await reviewIdentity(parsed.request, { clients, consumerKinds, logger });
-    res.json(reviewResponse(parsed.request.uid, decision));
-  });
+  app.post('/validate', validateHandler({ clients, consumerKinds, logger }));
   app.use(errorHandler(logger));
 
   let server: Server;
@@ -141,14 +77,14 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   if (cfg.plainHttp) {
     server = createHttpServer(app);
   } else {
-    const pair = readPair(cfg);
+    const pair = readTlsPair(cfg);
     const https = createHttpsServer({ cert: pair.cert, key: pair.key }, app);
-    stopWatching = watchPair(https, cfg, pair, logger);
+    stopWatching = watchTlsPair(https, cfg, pair, logger);
     server = https;
   }
   let port: number;
   try {
-    port = await listen(server, opts.port ?? 8080, opts.host);
+    port = await listen(server, wanted, opts.host);
   } catch (err) {
     stopWatching();
     throw err;

@@ -6,8 +6,7 @@
  */
 import { createServer } from 'node:http';
 import { consumerKindsFromEnv } from '../lib/consumers.ts';
-import { closeServer, createApp, errorHandler, listen, portFromEnv, type FunctionHandle, type StartOptions } from '../lib/http.ts';
-import { loadKubeConfig } from '../lib/kube.ts';
+import { closeServer, createApp, errorHandler, listen, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
 import { createLogger } from '../lib/log.ts';
 import { handleEvents } from './handler.ts';
 
@@ -37,14 +36,13 @@ export function statusConfigFromEnv(env: NodeJS.ProcessEnv): { concurrency: numb
  * @throws Error on bad configuration (no kubeconfig, malformed env) or a listen error.
  */
 export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
-  const env = opts.env ?? process.env;
+  const { port: wanted, kubeconfig: kc, env } = startSettings(opts);
   const logger = opts.logger ?? createLogger('identity-status');
-  const kc = opts.kubeconfig ?? loadKubeConfig();
   const { concurrency, identitySelector } = statusConfigFromEnv(env);
   const app = createApp();
   app.post('/', handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }));
   app.use(errorHandler(logger));
   const server = createServer(app);
-  const port = await listen(server, opts.port ?? portFromEnv(), opts.host);
+  const port = await listen(server, wanted, opts.host);
   return { server, port, scheme: 'http', logger, close: () => closeServer(server) };
 }

@@ -5,6 +5,8 @@
  */
 import type { Server } from 'node:http';
 import express, { type ErrorRequestHandler, type Express } from 'express';
+import type { KubeConfig } from '@kubernetes/client-node';
+import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
 
 /** Largest request body accepted, in bytes (Kubernetes objects are at most ~1.5 MiB). */
@@ -89,8 +91,8 @@ export function stopGracefully(server: Server, logger: Logger, opts: { graceMs?:
 }
 
 /** The port to listen on: `$PORT` (Knative sets it) or `fallback`. @throws Error on a bad value. */
-export function portFromEnv(fallback = 8080): number {
-  const raw = process.env.PORT;
+export function portFromEnv(fallback = 8080, env: NodeJS.ProcessEnv = process.env): number {
+  const raw = env.PORT;
   if (raw === undefined || raw === '') return fallback;
   const port = Number(raw);
   if (!Number.isInteger(port) || port < 0 || port > 65535) throw new Error(`PORT=${raw} is not a port number`);
@@ -108,6 +110,17 @@ export interface StartOptions {
   logger?: Logger;
   /** Environment to read configuration from; default `process.env`. */
   env?: NodeJS.ProcessEnv;
+}
+
+/**
+ * What every function's `start()` resolves from its options, the same way in each: the port
+ * (`opts.port`, else `$PORT`, else 8080), the API access (`opts.kubeconfig`, else
+ * `$KUBECONFIG` of `opts.env`, else the in-cluster service account) and the environment.
+ * @throws Error for a bad `$PORT` or when no Kubernetes configuration is usable.
+ */
+export function startSettings(opts: StartOptions): { port: number; kubeconfig: KubeConfig; env: NodeJS.ProcessEnv } {
+  const env = opts.env ?? process.env;
+  return { port: opts.port ?? portFromEnv(8080, env), kubeconfig: opts.kubeconfig ?? loadKubeConfig(env.KUBECONFIG || undefined), env };
 }
 
 /** A running function. */

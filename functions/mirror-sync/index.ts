@@ -5,8 +5,7 @@
  */
 import { createServer } from 'node:http';
 import { consumerKindsFromEnv, setPageSizeFromEnv } from '../lib/consumers.ts';
-import { closeServer, createApp, errorHandler, listen, type FunctionHandle, type StartOptions } from '../lib/http.ts';
-import { loadKubeConfig } from '../lib/kube.ts';
+import { closeServer, createApp, errorHandler, listen, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
 import { createLogger } from '../lib/log.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
@@ -36,9 +35,9 @@ export function configFromEnv(env: NodeJS.ProcessEnv): EventConfig {
  * @returns the running function. @throws Error on bad configuration or a failed listen.
  */
 export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
-  const env = opts.env ?? process.env;
+  const { port: wanted, kubeconfig, env } = startSettings(opts);
   const logger = opts.logger ?? createLogger('mirror-sync');
-  const deps: ReconcileDeps = { kc: opts.kubeconfig ?? loadKubeConfig(), kinds: consumerKindsFromEnv(env), logger };
+  const deps: ReconcileDeps = { kc: kubeconfig, kinds: consumerKindsFromEnv(env), logger };
   const cfg = configFromEnv(env);
   setPageSizeFromEnv(env);
   const handler = new MirrorSyncHandler(deps, cfg, new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed)));
@@ -50,6 +49,6 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   });
   app.use(errorHandler(logger));
   const server = createServer(app);
-  const port = await listen(server, opts.port ?? 8080, opts.host);
+  const port = await listen(server, wanted, opts.host);
   return { server, port, scheme: 'http', logger, close: () => closeServer(server) };
 }

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { admissionConfigFromEnv } from '../../functions/admission/index.ts';
-import { parseReview, reviewResponse } from '../../functions/admission/review.ts';
+import { parseReview, reviewResponse } from '../../functions/admission/admission-review.ts';
 
 const review = (request: unknown, over: Record<string, unknown> = {}) => JSON.stringify({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request, ...over });
 const good = { uid: 'abc', operation: 'CREATE', name: 'aws', userInfo: { username: 'alice', uid: 'u1', groups: ['g'], extra: { scopes: ['a', 'b'] } }, object: { spec: {} }, dryRun: true };

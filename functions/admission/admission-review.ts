@@ -1,0 +1,118 @@
+/**
+ * AdmissionReview `admission.k8s.io/v1` in and out (Kubernetes "Dynamic Admission Control":
+ * the webhook answers the same apiVersion/kind with `response.uid` = `request.uid`). Pure:
+ * text in, a parsed request or a reason to refuse out; a decision in, a review out.
+ */
+import type { Decision, IdentityRequest, UserInfo } from './decide.ts';
+
+/** The only AdmissionReview version this webhook speaks (register it with `admissionReviewVersions: [v1]`). */
+export const ADMISSION_API_VERSION = 'admission.k8s.io/v1';
+
+/** Result of reading a posted body. */
+export type ParsedReview =
+  | { ok: true; request: IdentityRequest }
+  /** Cannot be answered with a review (no uid to echo, not a v1 AdmissionReview): HTTP 400. */
+  | { ok: false; httpStatus: 400; error: string }
+  /** Has a uid but is unusable (e.g. no userInfo): answer a denial echoing `uid`. */
+  | { ok: false; uid: string; decision: Decision & { allowed: false } };
+
+function isPlainObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+const bad = (error: string): ParsedReview => ({ ok: false, httpStatus: 400, error });
+
+function isStringArray(v: unknown): v is string[] {
+  return Array.isArray(v) && v.every((x) => typeof x === 'string');
+}
+
+/** Validates `request.userInfo`; returns the error or the typed value. */
+function readUserInfo(v: unknown): UserInfo | string {
+  if (!isPlainObject(v)) return 'request.userInfo is missing';
+  if (typeof v.username !== 'string' || v.username === '') return 'request.userInfo.username is missing';
+  if (v.groups !== undefined && v.groups !== null && !isStringArray(v.groups)) return 'request.userInfo.groups must be a list of strings';
+  if (v.uid !== undefined && v.uid !== null && typeof v.uid !== 'string') return 'request.userInfo.uid must be a string';
+  const extra: Record<string, string[]> = {};
+  if (v.extra !== undefined && v.extra !== null) {
+    if (!isPlainObject(v.extra)) return 'request.userInfo.extra must be a map of string lists';
+    for (const [k, vals] of Object.entries(v.extra)) {
+      if (!isStringArray(vals)) return `request.userInfo.extra[${JSON.stringify(k)}] must be a list of strings`;
+      extra[k] = vals;
+    }
+  }
+  return {
+    username: v.username,
+    ...(typeof v.uid === 'string' && v.uid ? { uid: v.uid } : {}),
+    ...(isStringArray(v.groups) ? { groups: v.groups } : {}),
+    ...(Object.keys(extra).length > 0 ? { extra } : {}),
+  };
+}
+
+/**
+ * Parses a posted AdmissionReview.
+ * @param body the raw request body (text).
+ * @returns `ok` with the request; or 400 with a message when it is not JSON, not an
+ *   `admission.k8s.io/v1` AdmissionReview, has no `request` or no `request.uid`; or a
+ *   denial echoing the uid when `operation` or `userInfo` is missing or malformed (fail closed).
+ *   Messages never quote the body.
+ */
+export function parseReview(body: unknown): ParsedReview {
+  if (typeof body !== 'string' || body.trim() === '') return bad('request body is empty; expected an AdmissionReview (admission.k8s.io/v1) as JSON');
+  let doc: unknown;
+  try {
+    doc = JSON.parse(body);
+  } catch {
+    return bad('request body is not JSON; expected an AdmissionReview (admission.k8s.io/v1)');
+  }
+  if (!isPlainObject(doc)) return bad('request body is not a JSON object; expected an AdmissionReview');
+  if (doc.apiVersion !== ADMISSION_API_VERSION || doc.kind !== 'AdmissionReview') {
+    return bad(`expected apiVersion ${ADMISSION_API_VERSION} and kind AdmissionReview, got ${JSON.stringify(String(doc.apiVersion ?? ''))} ${JSON.stringify(String(doc.kind ?? ''))}; register the webhook with admissionReviewVersions: [v1]`);
+  }
+  const req = doc.request;
+  if (!isPlainObject(req)) return bad('AdmissionReview has no request');
+  if (typeof req.uid !== 'string' || req.uid === '') return bad('AdmissionReview request has no uid to answer');
+  const uid = req.uid;
+  const refuse = (message: string): ParsedReview => ({ ok: false, uid, decision: { allowed: false, code: 400, reason: 'BadRequest', message: `malformed AdmissionReview, denied: ${message}` } });
+  if (typeof req.operation !== 'string' || req.operation === '') return refuse('request.operation is missing');
+  const userInfo = readUserInfo(req.userInfo);
+  if (typeof userInfo === 'string') return refuse(userInfo);
+  return {
+    ok: true,
+    request: {
+      uid,
+      operation: req.operation,
+      userInfo,
+      ...(typeof req.subResource === 'string' && req.subResource ? { subResource: req.subResource } : {}),
+      ...(typeof req.name === 'string' && req.name ? { name: req.name } : {}),
+      ...(req.object !== undefined && req.object !== null ? { object: req.object } : {}),
+      ...(req.oldObject !== undefined && req.oldObject !== null ? { oldObject: req.oldObject } : {}),
+      ...(req.dryRun === true ? { dryRun: true } : {}),
+    },
+  };
+}
+
+/** An `admission.k8s.io/v1` AdmissionReview answer. */
+export interface AdmissionReviewResponse {
+  apiVersion: typeof ADMISSION_API_VERSION;
+  kind: 'AdmissionReview';
+  response: {
+    uid: string;
+    allowed: boolean;
+    status?: { code: number; reason: string; message: string };
+  };
+}
+
+/**
+ * Builds the answer to one review.
+ * @param uid `request.uid`, echoed as the API server requires.
+ * @param decision allowed, or denied with code/reason/message (shown to the user by the API server).
+ */
+export function reviewResponse(uid: string, decision: Decision): AdmissionReviewResponse {
+  return {
+    apiVersion: ADMISSION_API_VERSION,
+    kind: 'AdmissionReview',
+    response: decision.allowed
+      ? { uid, allowed: true }
+      : { uid, allowed: false, status: { code: decision.code, reason: decision.reason, message: decision.message } },
+  };
+}
