@@ -10,8 +10,8 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import type { RequestHandler } from 'express';
 import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
-import { BadEventError, PING_EVENT_TYPE, classifyEvent, parseCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
-import { HttpError } from '../lib/http.ts';
+import { BadEventError, PING_EVENT_TYPE, classifyEvent, readCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
+import { HttpError, sendOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { refreshAll, refreshNamed, type RefreshDeps, type RefreshResult } from './refresh.ts';
@@ -52,54 +52,102 @@ export function planFor(requests: readonly EventRequest[]): RefreshPlan {
   return requests.some((r) => r.type === 'ping') ? { kind: 'all' } : { kind: 'named', names };
 }
 
+/** Why an event is not for identity-status (an event about another kind of object), or undefined. */
+function unsupported(r: EventRequest): string | undefined {
+  if (r.type === 'ping' || (r.type === 'object' && r.target === 'identity')) return undefined;
+  try {
+    planFor([r]);
+  } catch (err) {
+    if (err instanceof HttpError) return err.message;
+    throw err;
+  }
+  return undefined;
+}
+
 /**
- * `POST /` handler. Response body:
+ * `POST /` handler: CloudEvents in, the refresh's {@link Outcome} out (lib/http.ts maps it).
+ * Body of a done or retried refresh:
  * `{ trigger, refreshed, written, gone, failed: [{identity, error}], identities?: RefreshResult[], apiCalls, durationMs }`
  * (`identities` only for identity events, to keep a ping's answer small).
  */
 export function handleEvents(cfg: HandlerConfig): RequestHandler {
-  return async (req, res) => {
-    const t0 = performance.now();
-    let plan: RefreshPlan;
-    try {
-      const events = parseCloudEvents(req.headers, typeof req.body === 'string' ? req.body : '');
-      plan = planFor(events.map((e) => classifyEvent(e, cfg.consumerKinds)));
-    } catch (err) {
-      if (err instanceof BadEventError) throw new HttpError(400, err.message, 'BadEvent');
-      throw err;
-    }
-    const counter = { calls: 0 };
-    const deps: RefreshDeps = {
-      clients: makeClients(cfg.kc, counter),
-      consumerKinds: cfg.consumerKinds,
-      concurrency: cfg.concurrency,
-      identitySelector: cfg.identitySelector,
-      logger: cfg.logger,
-    };
-    let results: RefreshResult[];
-    if (plan.kind === 'all') {
+  return async (req, res) => sendOutcome(res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''));
+}
+
+/**
+ * Decides and runs one request. SPEC §12 batch policy: each event is judged on its own — the
+ * good ones of a batch are refreshed even when others are malformed or about other kinds —
+ * and the answer is `retry` when a refresh failed, else `bad-input` (400) or `unprocessable`
+ * (422, nothing but events about other kinds) when some events were unusable, else `done`.
+ */
+export async function refreshFor(cfg: HandlerConfig, headers: Record<string, string | string[] | undefined>, body: string): Promise<Outcome> {
+  const t0 = performance.now();
+  const bad: string[] = [];
+  const requests: EventRequest[] = [];
+  try {
+    const read = readCloudEvents(headers, body);
+    bad.push(...read.errors);
+    for (const e of read.events) {
       try {
-        results = await refreshAll(deps);
+        requests.push(classifyEvent(e, cfg.consumerKinds));
       } catch (err) {
-        const error = describeError(err);
-        cfg.logger.warn('refresh of all identities failed', { error, apiCalls: counter.calls });
-        throw new HttpError(503, `listing identities, consumers or mirrors failed: ${error}`, 'ListFailed');
+        if (err instanceof BadEventError) bad.push(err.message);
+        else throw err;
       }
-    } else {
-      const limit = pLimit(cfg.concurrency);
-      results = await limit.map(plan.names, (name) => refreshNamed(deps, name));
     }
-    const failed = results.filter((r) => r.outcome === 'failed').map((r) => ({ identity: r.identity, error: r.error }));
-    const summary = {
-      trigger: plan.kind === 'all' ? 'ping' : 'identity',
-      refreshed: results.filter((r) => r.outcome === 'refreshed').length,
-      written: results.filter((r) => (r.changed?.length ?? 0) > 0).length,
-      gone: results.filter((r) => r.outcome === 'gone').length,
-      failed,
-      apiCalls: counter.calls,
-      durationMs: Math.round(performance.now() - t0),
-    };
-    cfg.logger.info('refresh done', { ...summary, failed: failed.length });
-    res.status(failed.length > 0 ? 503 : 200).json({ ...summary, ...(plan.kind === 'named' ? { identities: results } : {}) });
+  } catch (err) {
+    if (err instanceof BadEventError) {
+      cfg.logger.warn('bad event', { error: err.message });
+      return { kind: 'bad-input', error: err.message, reason: 'BadEvent' };
+    }
+    throw err;
+  }
+  const others = requests.map(unsupported).filter((m): m is string => m !== undefined);
+  const usable = requests.filter((r) => unsupported(r) === undefined);
+  if (usable.length === 0) {
+    const error = [...bad, ...others].join('; ') || 'no event to handle';
+    cfg.logger.warn('bad event', { errors: [...bad, ...others] });
+    return others.length && !bad.length ? { kind: 'unprocessable', error, reason: 'UnsupportedObject' } : { kind: 'bad-input', error, reason: 'BadEvent' };
+  }
+  const plan = planFor(usable);
+  const counter = { calls: 0 };
+  const deps: RefreshDeps = {
+    clients: makeClients(cfg.kc, counter),
+    consumerKinds: cfg.consumerKinds,
+    concurrency: cfg.concurrency,
+    identitySelector: cfg.identitySelector,
+    logger: cfg.logger,
   };
+  let results: RefreshResult[];
+  if (plan.kind === 'all') {
+    try {
+      results = await refreshAll(deps);
+    } catch (err) {
+      const error = describeError(err);
+      cfg.logger.warn('refresh of all identities failed', { error, apiCalls: counter.calls });
+      return { kind: 'retry', error: `listing identities, consumers or mirrors failed: ${error}`, reason: 'ListFailed' };
+    }
+  } else {
+    const limit = pLimit(cfg.concurrency);
+    results = await limit.map(plan.names, (name) => refreshNamed(deps, name));
+  }
+  const failed = results.filter((r) => r.outcome === 'failed').map((r) => ({ identity: r.identity, error: r.error }));
+  const summary = {
+    trigger: plan.kind === 'all' ? 'ping' : 'identity',
+    refreshed: results.filter((r) => r.outcome === 'refreshed').length,
+    written: results.filter((r) => (r.changed?.length ?? 0) > 0).length,
+    gone: results.filter((r) => r.outcome === 'gone').length,
+    failed,
+    apiCalls: counter.calls,
+    durationMs: Math.round(performance.now() - t0),
+  };
+  cfg.logger.info('refresh done', { ...summary, failed: failed.length });
+  const answer = { ...summary, ...(plan.kind === 'named' ? { identities: results } : {}) };
+  if (failed.length > 0) return { kind: 'retry', error: `${failed.length} identit${failed.length === 1 ? 'y' : 'ies'} could not be refreshed`, body: answer };
+  const unusable = [...bad, ...others];
+  if (unusable.length > 0) {
+    cfg.logger.warn('bad event', { errors: unusable });
+    return { kind: 'bad-input', error: unusable.join('; '), reason: 'BadEvent', body: answer };
+  }
+  return { kind: 'done', body: answer };
 }

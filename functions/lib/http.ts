@@ -4,7 +4,7 @@
  * SIGTERM that finishes in-flight requests (Knative sends SIGTERM before scaling down).
  */
 import type { Server } from 'node:http';
-import express, { type ErrorRequestHandler, type Express } from 'express';
+import express, { type ErrorRequestHandler, type Express, type Response } from 'express';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
@@ -22,6 +22,40 @@ export class HttpError extends Error {
     this.status = status;
     this.reason = reason;
   }
+}
+
+/**
+ * What a handler decided, in words every function shares; {@link sendOutcome} is the one
+ * place that turns it into an HTTP status and a JSON body (SPEC §4, §5, §15):
+ * `done` 200 (the work the request names is done), `bad-input` 400 (malformed or unusable
+ * input: fix the request), `forbidden` 403, `not-found` 404, `conflict` 409 and
+ * `unprocessable` 422 (states that wait for a person), `retry` 503 (a retry can fix it).
+ */
+export type Outcome =
+  | { kind: 'done'; body: object }
+  | { kind: 'bad-input' | 'forbidden' | 'not-found' | 'conflict' | 'unprocessable' | 'retry'; error: string; reason?: string | undefined; body?: object };
+
+/** HTTP status of each {@link Outcome} kind. */
+export const OUTCOME_STATUS: Record<Outcome['kind'], number> = {
+  done: 200,
+  'bad-input': 400,
+  forbidden: 403,
+  'not-found': 404,
+  conflict: 409,
+  unprocessable: 422,
+  retry: 503,
+};
+
+/**
+ * Sends an outcome: its status from {@link OUTCOME_STATUS}; the body as given for `done`,
+ * else `{error, reason?, ...body}`.
+ */
+export function sendOutcome(res: Response, o: Outcome): void {
+  if (o.kind === 'done') {
+    res.status(OUTCOME_STATUS.done).json(o.body);
+    return;
+  }
+  res.status(OUTCOME_STATUS[o.kind]).json({ error: o.error, ...(o.reason ? { reason: o.reason } : {}), ...o.body });
 }
 
 /**

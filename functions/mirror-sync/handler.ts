@@ -8,6 +8,7 @@
 import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
 import { BadEventError, classifyEvent, readCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
+import { sendOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
 import { keyString } from './decide.ts';
@@ -134,11 +135,19 @@ export class MirrorSyncHandler {
    * when a reconcile asks for a retry or an API call failed.
    */
   handle = async (req: Request, res: Response): Promise<void> => {
-    const body = typeof req.body === 'string' ? req.body : '';
+    sendOutcome(res, await this.answer(typeof req.body === 'string' ? req.body : '', req.headers));
+  };
+
+  /**
+   * One request's outcome (SPEC §12 batch policy: each event is handled on its own; a bad
+   * one never drops the good ones): `retry` when some work must be retried, else
+   * `bad-input` when some events were unusable, else `done`.
+   */
+  async answer(body: string, headers: Request['headers']): Promise<Outcome> {
     const requests: EventRequest[] = [];
     const bad: string[] = [];
     try {
-      const read = readCloudEvents(req.headers, body);
+      const read = readCloudEvents(headers, body);
       bad.push(...read.errors);
       for (const e of read.events) {
         try {
@@ -151,8 +160,7 @@ export class MirrorSyncHandler {
     } catch (err) {
       if (err instanceof BadEventError) {
         this.deps.logger.warn('bad event', { error: err.message });
-        res.status(400).json({ error: err.message });
-        return;
+        return { kind: 'bad-input', error: err.message };
       }
       throw err;
     }
@@ -174,9 +182,9 @@ export class MirrorSyncHandler {
       }
     }
     if (bad.length) this.deps.logger.warn('bad event', { errors: bad });
-    if (retry) res.status(503).json({ error: 'some reconciles must be retried', events: done, ...(bad.length ? { badEvents: bad } : {}) });
-    else if (bad.length) res.status(400).json({ error: bad.join('; '), events: done });
-    else res.status(200).json({ events: done });
-  };
+    if (retry) return { kind: 'retry', error: 'some reconciles must be retried', body: { events: done, ...(bad.length ? { badEvents: bad } : {}) } };
+    if (bad.length) return { kind: 'bad-input', error: bad.join('; '), body: { events: done } };
+    return { kind: 'done', body: { events: done } };
+  }
 }
 

@@ -5,7 +5,7 @@
  */
 import { createServer } from 'node:http';
 import { consumerKindsFromEnv, setPageSizeFromEnv } from '../lib/consumers.ts';
-import { closeServer, createApp, errorHandler, listen, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
+import { closeServer, createApp, errorHandler, listen, sendOutcome, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
 import { createLogger } from '../lib/log.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
@@ -44,8 +44,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const app = createApp();
   app.post('/', handler.handle);
   app.post('/prepare', async (req, res) => {
-    const answer = await prepare(deps, handler, typeof req.body === 'string' ? req.body : '');
-    res.status(answer.status).json(answer.body);
+    sendOutcome(res, await prepare(deps, handler, typeof req.body === 'string' ? req.body : ''));
   });
   app.use(errorHandler(logger));
   const server = createServer(app);

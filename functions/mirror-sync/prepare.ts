@@ -7,7 +7,7 @@
 import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import type { ConsumerKind } from '../lib/api.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
-import { HttpError } from '../lib/http.ts';
+import { HttpError, type Outcome } from '../lib/http.ts';
 import { describeError, ignoreNotFound, makeClients, type Clients } from '../lib/kube.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import type { MirrorSyncHandler } from './handler.ts';
@@ -20,12 +20,6 @@ export interface PrepareRequest {
   kind: string;
   namespace: string;
   name: string;
-}
-
-/** The JSON answer of prepare. */
-export interface PrepareAnswer {
-  status: number;
-  body: { mirror?: string; sourceHash?: string; namespace?: string; reason?: string; error?: string };
 }
 
 /**
@@ -67,27 +61,27 @@ export interface PrepareOutcome {
   sourceHash?: string;
 }
 
-/** Maps prepare's outcome to its HTTP answer (reasons as in SPEC §5/§16). */
-export function prepareAnswer(r: PrepareOutcome, ready: boolean): PrepareAnswer {
+/** Maps prepare's outcome to its answer (SPEC §5/§16; statuses from lib/http.ts `OUTCOME_STATUS`). */
+export function prepareAnswer(r: PrepareOutcome, ready: boolean): Outcome {
   switch (r.outcome) {
     case 'mirrored':
       return ready
-        ? { status: 200, body: { mirror: r.mirror!, sourceHash: r.sourceHash!, namespace: r.object.split('/')[0]! } }
-        : { status: 503, body: { reason: 'MirrorFailed', error: 'the mirror changed while preparing; call prepare again' } };
+        ? { kind: 'done', body: { mirror: r.mirror!, sourceHash: r.sourceHash!, namespace: r.object.split('/')[0]! } }
+        : { kind: 'retry', reason: 'MirrorFailed', error: 'the mirror changed while preparing; call prepare again' };
     case 'not-allowed':
-      return { status: 403, body: { reason: 'IdentityNotAllowed', error: r.message } };
+      return { kind: 'forbidden', reason: 'IdentityNotAllowed', error: r.message };
     case 'mirror-failed':
-      return { status: 409, body: { reason: 'MirrorFailed', error: r.message } };
+      return { kind: 'conflict', reason: 'MirrorFailed', error: r.message };
     case 'source-not-found':
-      return { status: 503, body: { reason: 'SourceNotFound', error: r.message } };
+      return { kind: 'retry', reason: 'SourceNotFound', error: r.message };
     case 'identity-not-found':
-      return { status: 503, body: { reason: 'IdentityNotFound', error: r.message } };
+      return { kind: 'retry', reason: 'IdentityNotFound', error: r.message };
     case 'gone':
-      return { status: 404, body: { reason: 'ObjectNotFound', error: `${r.kind} ${r.object} does not exist` } };
+      return { kind: 'not-found', reason: 'ObjectNotFound', error: `${r.kind} ${r.object} does not exist` };
     case 'no-identity-ref':
-      return { status: 422, body: { reason: 'NoIdentityRef', error: r.message } };
+      return { kind: 'unprocessable', reason: 'NoIdentityRef', error: r.message };
     default:
-      return { status: 503, body: { reason: r.reason, error: r.message } };
+      return { kind: 'retry', reason: r.reason, error: r.message };
   }
 }
 
@@ -95,10 +89,17 @@ export function prepareAnswer(r: PrepareOutcome, ready: boolean): PrepareAnswer 
  * Runs prepare for one request: reconciles the consumer's mirror key now (through the key
  * queue, so with a reconcile that started after this request arrived), then re-reads the
  * mirror to confirm it is current and carries this object's owner reference (exact UID).
- * @throws HttpError 400 for a bad body; API errors of the first lookups.
+ * @returns the outcome; a bad body is `bad-input` (400) naming the field.
  */
-export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, raw: string): Promise<PrepareAnswer> {
-  const { req, kind } = parsePrepareRequest(raw, deps.kinds);
+export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, raw: string): Promise<Outcome> {
+  let parsed: ReturnType<typeof parsePrepareRequest>;
+  try {
+    parsed = parsePrepareRequest(raw, deps.kinds);
+  } catch (err) {
+    if (err instanceof HttpError) return { kind: 'bad-input', error: err.message, reason: err.reason };
+    throw err;
+  }
+  const { req, kind } = parsed;
   const clients = makeClients(deps.kc);
   const object = `${req.namespace}/${req.name}`;
   let found: Awaited<ReturnType<typeof keysForConsumer>>;

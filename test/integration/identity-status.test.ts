@@ -408,6 +408,21 @@ describe('identity-status (SPEC §9)', () => {
     assert.equal(body.gone, 1);
     assert.deepEqual(body.identities.map((i) => i.outcome), ['refreshed', 'gone']);
 
+    // SPEC §12 batch policy: a bad element (no type) and an event about another kind do not
+    // drop the good event; the answer is 400 naming them, with the good one's result.
+    const good = apiServerEvent(obj, 'ref', 'update', IDENTITY_PLURAL).toJSON() as Record<string, unknown>;
+    const noType = { ...good, id: 'bad-1', type: undefined };
+    const other = apiServerEvent({ apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'c', namespace: src } }, 'ref', 'add', 'terraformclusters').toJSON();
+    const mixed = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body: JSON.stringify([good, noType, other]) });
+    const mixedText = await mixed.text();
+    responses.push(mixedText);
+    assert.equal(mixed.status, 400, mixedText);
+    const mixedBody = JSON.parse(mixedText) as { error: string; refreshed: number; identities: { identity: string }[] };
+    assert.equal(mixedBody.refreshed, 1);
+    assert.deepEqual(mixedBody.identities.map((i) => i.identity), [name]);
+    assert.match(mixedBody.error, /batch\[1\]/);
+    assert.match(mixedBody.error, /TerraformCluster/);
+
     // An identity outside the configured selector is out of scope, like a gone one.
     const outside = `idst-outside-${run}`;
     ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: outside }));
