@@ -10,7 +10,7 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import type { RequestHandler } from 'express';
 import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
-import { BadEventError, PING_EVENT_TYPE, classifyEvent, readCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
+import { BadEventError, PING_EVENT_TYPE, readEventRequests, type EventRequest } from '../lib/cloudevents.ts';
 import { HttpError, sendOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
@@ -82,19 +82,10 @@ export function handleEvents(cfg: HandlerConfig): RequestHandler {
  */
 export async function refreshFor(cfg: HandlerConfig, headers: Record<string, string | string[] | undefined>, body: string): Promise<Outcome> {
   const t0 = performance.now();
-  const bad: string[] = [];
-  const requests: EventRequest[] = [];
+  let requests: EventRequest[];
+  let bad: string[];
   try {
-    const read = readCloudEvents(headers, body);
-    bad.push(...read.errors);
-    for (const e of read.events) {
-      try {
-        requests.push(classifyEvent(e, cfg.consumerKinds));
-      } catch (err) {
-        if (err instanceof BadEventError) bad.push(err.message);
-        else throw err;
-      }
-    }
+    ({ requests, bad } = readEventRequests(headers, body, cfg.consumerKinds));
   } catch (err) {
     if (err instanceof BadEventError) {
       cfg.logger.warn('bad event', { error: err.message });

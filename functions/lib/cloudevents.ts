@@ -227,3 +227,25 @@ export function targetOf(ref: Pick<ObjectRef, 'apiVersion' | 'kind'>, consumerKi
   if (consumerKinds.some((k) => `${k.group}/${k.version}` === ref.apiVersion && k.kind === ref.kind)) return 'consumer';
   return 'other';
 }
+
+/**
+ * SPEC §12's batch policy, for every function: reads a request's CloudEvents and classifies
+ * each on its own, so a bad element never drops the good ones.
+ * @returns the usable requests and one message per unusable event (malformed batch element,
+ *   unknown type, data naming no object).
+ * @throws BadEventError when the request as a whole is unusable (see {@link readCloudEvents}).
+ */
+export function readEventRequests(headers: Record<string, string | string[] | undefined>, body: string, consumerKinds: readonly ConsumerKind[]): { requests: EventRequest[]; bad: string[] } {
+  const read = readCloudEvents(headers, body);
+  const bad = [...read.errors];
+  const requests: EventRequest[] = [];
+  for (const e of read.events) {
+    try {
+      requests.push(classifyEvent(e, consumerKinds));
+    } catch (err) {
+      if (err instanceof BadEventError) bad.push(err.message);
+      else throw err;
+    }
+  }
+  return { requests, bad };
+}

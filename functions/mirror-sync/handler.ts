@@ -7,7 +7,7 @@
  */
 import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
-import { BadEventError, classifyEvent, readCloudEvents, type EventRequest } from '../lib/cloudevents.ts';
+import { BadEventError, readEventRequests, type EventRequest } from '../lib/cloudevents.ts';
 import { sendOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
@@ -144,19 +144,10 @@ export class MirrorSyncHandler {
    * `bad-input` when some events were unusable, else `done`.
    */
   async answer(body: string, headers: Request['headers']): Promise<Outcome> {
-    const requests: EventRequest[] = [];
-    const bad: string[] = [];
+    let requests: EventRequest[];
+    let bad: string[];
     try {
-      const read = readCloudEvents(headers, body);
-      bad.push(...read.errors);
-      for (const e of read.events) {
-        try {
-          requests.push(classifyEvent(e, this.deps.kinds));
-        } catch (err) {
-          if (err instanceof BadEventError) bad.push(err.message);
-          else throw err;
-        }
-      }
+      ({ requests, bad } = readEventRequests(headers, body, this.deps.kinds));
     } catch (err) {
       if (err instanceof BadEventError) {
         this.deps.logger.warn('bad event', { error: err.message });
