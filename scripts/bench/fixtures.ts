@@ -10,7 +10,9 @@ import { inParallel } from './client.ts';
 import { WatchedCollection } from './collection.ts';
 import { CLIENT_CONCURRENCY } from './system.ts';
 
+/** apiVersion of the project's kinds (SPEC §1). */
 export const GROUP_VERSION = 'infrastructure.cluster.x-k8s.io/v1beta2';
+/** Collection path of TerraformClusterIdentities (cluster-scoped). */
 export const IDENTITIES = `/apis/${GROUP_VERSION}/terraformclusteridentities`;
 /** Namespace of the operator's source Secrets. */
 export const SOURCE_NAMESPACE = 'captf-system';
