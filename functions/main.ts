@@ -27,7 +27,12 @@ try {
   setApiConnections(apiConnectionsFromEnv(process.env));
   // HOST: all interfaces by default, as in a container; local mode binds loopback only.
   const fn = await (await load()).start({ port: portFromEnv(), host: process.env.HOST || undefined });
-  fn.logger.info('listening', { function: name, port: fn.port, scheme: fn.scheme, startupMs: Math.round(performance.now()) });
+  fn.logger.info('listening', {
+    function: name,
+    port: fn.port,
+    scheme: fn.scheme,
+    startupMs: Math.round(performance.now()),
+  });
   stopGracefully(fn.server, fn.logger, fn.onStop ? { onStop: fn.onStop } : {});
 } catch (err) {
   process.stderr.write(`${name}: cannot start: ${err instanceof Error ? err.message.split('\n')[0] : String(err)}\n`);

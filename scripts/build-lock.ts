@@ -57,7 +57,12 @@ export function builtGoBinary(tools: readonly GoTool[], cacheName: string, binar
  * @returns the absolute path of the binary.
  * @throws Error with the tail of the `go` output when the download or build fails.
  */
-export async function ensureGoBinary(tools: readonly GoTool[], cacheName: string, binary: string, log?: (line: string) => void): Promise<string> {
+export async function ensureGoBinary(
+  tools: readonly GoTool[],
+  cacheName: string,
+  binary: string,
+  log?: (line: string) => void,
+): Promise<string> {
   const built = builtGoBinary(tools, cacheName, binary);
   if (built) return built;
   const dir = cacheDir(tools, cacheName);

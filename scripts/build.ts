@@ -80,9 +80,14 @@ export async function buildBundles(opts: { outdir?: string; splitting?: boolean 
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const { values } = parseArgs({ options: { outdir: { type: 'string' }, 'no-splitting': { type: 'boolean' }, metafile: { type: 'boolean' } } });
+  const { values } = parseArgs({
+    options: { outdir: { type: 'string' }, 'no-splitting': { type: 'boolean' }, metafile: { type: 'boolean' } },
+  });
   const t0 = Date.now();
-  const r = await buildBundles({ ...(values.outdir ? { outdir: values.outdir } : {}), splitting: !values['no-splitting'] });
+  const r = await buildBundles({
+    ...(values.outdir ? { outdir: values.outdir } : {}),
+    splitting: !values['no-splitting'],
+  });
   if (values.metafile) writeFileSync(join(r.outdir, 'meta.json'), JSON.stringify(r.metafile));
   console.log(`built ${r.main} and ${r.runner} (${Math.round(r.bytes / 1024)} KiB of .mjs) in ${Date.now() - t0} ms`);
 }

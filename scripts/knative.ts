@@ -16,7 +16,12 @@ import { execFile } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { KubernetesObjectApi, loadAllYaml, type KubeConfig, type V1CustomResourceDefinition } from '@kubernetes/client-node';
+import {
+  KubernetesObjectApi,
+  loadAllYaml,
+  type KubeConfig,
+  type V1CustomResourceDefinition,
+} from '@kubernetes/client-node';
 import { REPO_ROOT, pinnedVersion, type GoTool } from './controlplane/build.ts';
 import { freePort } from './controlplane/controlplane.ts';
 import { applyCRDs } from './controlplane/crds.ts';
@@ -26,7 +31,11 @@ const execFileP = promisify(execFile);
 
 /** The receive adapter's wrapper module (Knative Eventing 1.22 = knative.dev/eventing v0.49.x). */
 export const KNATIVE_TOOLS: readonly GoTool[] = [
-  { module: 'knative', versionOf: 'knative.dev/eventing', packages: ['knative.dev/eventing/cmd/apiserver_receive_adapter'] },
+  {
+    module: 'knative',
+    versionOf: 'knative.dev/eventing',
+    packages: ['knative.dev/eventing/cmd/apiserver_receive_adapter'],
+  },
 ];
 
 /**
@@ -89,20 +98,29 @@ export async function sourceConfigFor(kc: KubeConfig, source: ApiServerSourceSpe
   const disco = kc.makeApiClient(Discovery);
   const labels = (s?: { matchLabels?: Record<string, string>; matchExpressions?: unknown[] }) => {
     if (s?.matchExpressions?.length) throw new Error('matchExpressions are not supported here');
-    return Object.entries(s?.matchLabels ?? {}).map(([k, v]) => `${k}=${v}`).join(',');
+    return Object.entries(s?.matchLabels ?? {})
+      .map(([k, v]) => `${k}=${v}`)
+      .join(',');
   };
   const resources: SourceResource[] = [];
   for (const r of source.spec.resources) {
     const res = await disco.plural(r.apiVersion, r.kind);
     if (!res) throw new Error(`the API server does not serve ${r.apiVersion} ${r.kind}`);
-    const [group, version] = r.apiVersion.includes('/') ? r.apiVersion.split('/') as [string, string] : ['', r.apiVersion];
+    const [group, version] = r.apiVersion.includes('/')
+      ? (r.apiVersion.split('/') as [string, string])
+      : ['', r.apiVersion];
     const selector = labels(r.selector);
     resources.push({ gvr: { Group: group, Version: version, Resource: res.name }, ...(selector ? { selector } : {}) });
   }
   const ns = source.spec.namespaceSelector;
   const all = ns !== undefined && !labels(ns);
   if (ns && !all) throw new Error('namespaceSelector with labels is not supported here');
-  return { namespaces: all ? [] : [source.metadata?.namespace ?? 'default'], allNamespaces: all, resources, mode: source.spec.mode === 'Resource' ? 'Resource' : 'Reference' };
+  return {
+    namespaces: all ? [] : [source.metadata?.namespace ?? 'default'],
+    allNamespaces: all,
+    resources,
+    mode: source.spec.mode === 'Resource' ? 'Resource' : 'Reference',
+  };
 }
 
 /** Options of {@link startApiServerSourceAdapter}. */
@@ -209,7 +227,9 @@ export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise
   clearTimeout(timer);
   if (outcome !== 'started') {
     await stop();
-    throw new Error(`apiserver_receive_adapter ${outcome === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : `did not start in ${timeoutMs} ms`}:\n${logs.slice(-20).join('\n')}`);
+    throw new Error(
+      `apiserver_receive_adapter ${outcome === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : `did not start in ${timeoutMs} ms`}:\n${logs.slice(-20).join('\n')}`,
+    );
   }
   return { process: child, logs, stop };
 }
@@ -266,7 +286,8 @@ export async function loadThirdPartyCRDs(): Promise<{ source: string; crd: V1Cus
     if (!info.Dir) throw new Error(`go mod download ${src.module}: ${info.Error ?? 'no Dir'}`);
     for (const f of src.files) {
       for (const doc of loadAllYaml(readFileSync(join(info.Dir, f), 'utf8')) as V1CustomResourceDefinition[]) {
-        if (doc?.kind === 'CustomResourceDefinition') out.push({ source: `${src.module}@${info.Version}/${f}`, crd: doc });
+        if (doc?.kind === 'CustomResourceDefinition')
+          out.push({ source: `${src.module}@${info.Version}/${f}`, crd: doc });
       }
     }
   }
@@ -280,7 +301,11 @@ export async function loadThirdPartyCRDs(): Promise<{ source: string; crd: V1Cus
  * @throws Error when the API server rejects one or it is not ready in `timeoutMs`.
  */
 export async function installThirdPartyCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
-  return applyCRDs(kc, (await loadThirdPartyCRDs()).map((c) => c.crd), timeoutMs);
+  return applyCRDs(
+    kc,
+    (await loadThirdPartyCRDs()).map((c) => c.crd),
+    timeoutMs,
+  );
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

@@ -41,7 +41,11 @@ export function ensureKustomize(log?: (line: string) => void): Promise<string> {
  * Every kustomization of the project, relative to the repository root: the entry point, the
  * overlay without CRDs and the source-Secret fast path.
  */
-export const KUSTOMIZATIONS: readonly string[] = ['manifests', 'manifests/overlays/without-crds', 'manifests/overlays/secret-fast-path'];
+export const KUSTOMIZATIONS: readonly string[] = [
+  'manifests',
+  'manifests/overlays/without-crds',
+  'manifests/overlays/secret-fast-path',
+];
 
 /**
  * Renders one kustomization (`kustomize build DIR`).
@@ -51,9 +55,11 @@ export const KUSTOMIZATIONS: readonly string[] = ['manifests', 'manifests/overla
  */
 export async function renderYaml(dir: string): Promise<string> {
   const bin = await ensureKustomize();
-  const { stdout } = await execFileP(bin, ['build', resolve(REPO_ROOT, dir)], { maxBuffer: 64 << 20 }).catch((err: { stderr?: string; message: string }) => {
-    throw new Error(`kustomize build ${dir}: ${err.stderr || err.message}`);
-  });
+  const { stdout } = await execFileP(bin, ['build', resolve(REPO_ROOT, dir)], { maxBuffer: 64 << 20 }).catch(
+    (err: { stderr?: string; message: string }) => {
+      throw new Error(`kustomize build ${dir}: ${err.stderr || err.message}`);
+    },
+  );
   return stdout;
 }
 
@@ -68,7 +74,11 @@ if (import.meta.url === `file://${process.argv[1]}`) {
 
 /** Kinds in the rendered manifests that are cluster-scoped (everything else is namespaced). */
 export const CLUSTER_SCOPED_KINDS: ReadonlySet<string> = new Set([
-  'Namespace', 'ClusterRole', 'ClusterRoleBinding', 'CustomResourceDefinition', 'ValidatingWebhookConfiguration',
+  'Namespace',
+  'ClusterRole',
+  'ClusterRoleBinding',
+  'CustomResourceDefinition',
+  'ValidatingWebhookConfiguration',
 ]);
 
 /**
@@ -76,7 +86,11 @@ export const CLUSTER_SCOPED_KINDS: ReadonlySet<string> = new Set([
  * own namespace): namespaced objects' `metadata.namespace`, binding subjects, the webhook's
  * service reference and the cainjector annotation. Returns new objects; the input is unchanged.
  */
-export function relocate<T extends KubernetesObject>(objects: readonly T[], namespace: string, from = 'captf-system'): T[] {
+export function relocate<T extends KubernetesObject>(
+  objects: readonly T[],
+  namespace: string,
+  from = 'captf-system',
+): T[] {
   return objects.map((o) => {
     const c = structuredClone(o) as T & {
       subjects?: { namespace?: string }[];
@@ -84,9 +98,14 @@ export function relocate<T extends KubernetesObject>(objects: readonly T[], name
     };
     if (!CLUSTER_SCOPED_KINDS.has(c.kind!) && c.metadata) c.metadata.namespace = namespace;
     for (const s of c.subjects ?? []) if (s.namespace === from) s.namespace = namespace;
-    for (const w of c.webhooks ?? []) if (w.clientConfig?.service?.namespace === from) w.clientConfig.service.namespace = namespace;
+    for (const w of c.webhooks ?? [])
+      if (w.clientConfig?.service?.namespace === from) w.clientConfig.service.namespace = namespace;
     const ann = c.metadata?.annotations;
-    if (ann?.['cert-manager.io/inject-ca-from']?.startsWith(`${from}/`)) ann['cert-manager.io/inject-ca-from'] = ann['cert-manager.io/inject-ca-from'].replace(`${from}/`, `${namespace}/`);
+    if (ann?.['cert-manager.io/inject-ca-from']?.startsWith(`${from}/`))
+      ann['cert-manager.io/inject-ca-from'] = ann['cert-manager.io/inject-ca-from'].replace(
+        `${from}/`,
+        `${namespace}/`,
+      );
     return c;
   });
 }

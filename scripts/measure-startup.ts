@@ -21,8 +21,16 @@ try {
   const split = await buildBundles({ outdir: join(root, 'split') });
   const single = await buildBundles({ outdir: join(root, 'single'), splitting: false });
   const kubeconfig = join(root, 'kubeconfig');
-  writeFileSync(kubeconfig, 'apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n');
-  const env = { PATH: process.env.PATH, KUBECONFIG: kubeconfig, CAPTF_ADMISSION_PLAIN_HTTP: 'true', LOG_LEVEL: 'error' };
+  writeFileSync(
+    kubeconfig,
+    'apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n',
+  );
+  const env = {
+    PATH: process.env.PATH,
+    KUBECONFIG: kubeconfig,
+    CAPTF_ADMISSION_PLAIN_HTTP: 'true',
+    LOG_LEVEL: 'error',
+  };
   const variants: [string, string, NodeJS.ProcessEnv][] = [
     ['TypeScript sources', join(REPO_ROOT, 'functions', 'main.ts'), env],
     ['one bundle', single.main, env],
@@ -36,9 +44,13 @@ try {
     for (const [, main, e] of variants) await startUntilHealthy(main, fn, e);
     const times = new Map<string, number[]>();
     for (let i = 0; i < runs; i++) {
-      for (const [label, main, e] of variants) times.set(label, [...(times.get(label) ?? []), await startUntilHealthy(main, fn, e)]);
+      for (const [label, main, e] of variants)
+        times.set(label, [...(times.get(label) ?? []), await startUntilHealthy(main, fn, e)]);
     }
-    for (const [label, xs] of times) console.log(`${fn.padEnd(16)} ${label.padEnd(30)} median ${Math.round(median(xs))} ms  min ${Math.round(Math.min(...xs))} ms`);
+    for (const [label, xs] of times)
+      console.log(
+        `${fn.padEnd(16)} ${label.padEnd(30)} median ${Math.round(median(xs))} ms  min ${Math.round(Math.min(...xs))} ms`,
+      );
   }
 } finally {
   rmSync(root, { recursive: true, force: true });

@@ -24,7 +24,11 @@ export async function serviceAccountKubeConfig(
   expirationSeconds = 3600,
 ): Promise<{ path: string; kc: KubeConfig }> {
   const core = admin.makeApiClient(CoreV1Api);
-  const tr = await core.createNamespacedServiceAccountToken({ name, namespace, body: { spec: { audiences: [], expirationSeconds } } });
+  const tr = await core.createNamespacedServiceAccountToken({
+    name,
+    namespace,
+    body: { spec: { audiences: [], expirationSeconds } },
+  });
   const token = tr.status?.token;
   if (!token) throw new Error(`TokenRequest for ${namespace}/${name} returned no token`);
   const cluster = admin.getCurrentCluster()!;
@@ -32,7 +36,15 @@ export async function serviceAccountKubeConfig(
   const config = {
     apiVersion: 'v1',
     kind: 'Config',
-    clusters: [{ name: 'captf', cluster: { server: cluster.server, ...(cluster.caData ? { 'certificate-authority-data': cluster.caData } : {}) } }],
+    clusters: [
+      {
+        name: 'captf',
+        cluster: {
+          server: cluster.server,
+          ...(cluster.caData ? { 'certificate-authority-data': cluster.caData } : {}),
+        },
+      },
+    ],
     users: [{ name: user, user: { token } }],
     contexts: [{ name: user, context: { cluster: 'captf', user, namespace } }],
     'current-context': user,
@@ -67,7 +79,10 @@ export async function installRbac(
   const out: KubernetesObject[] = [];
   for (const o of objects) {
     if (!RBAC_KINDS.has(o.kind!)) continue;
-    const c = structuredClone(o) as KubernetesObject & { roleRef?: { kind: string; name: string }; subjects?: { kind: string; namespace?: string }[] };
+    const c = structuredClone(o) as KubernetesObject & {
+      roleRef?: { kind: string; name: string };
+      subjects?: { kind: string; namespace?: string }[];
+    };
     if (c.kind === 'ClusterRole' || c.kind === 'ClusterRoleBinding') c.metadata!.name = rename(c.metadata!.name!);
     else c.metadata!.namespace = opts.namespace;
     if (c.roleRef?.kind === 'ClusterRole') c.roleRef.name = rename(c.roleRef.name);

@@ -20,7 +20,8 @@ import { parseArgs } from 'node:util';
 import { parseDuration } from './local/events.ts';
 import { printer, startSystem, type RunningSystem } from './local/system.ts';
 
-const USAGE = 'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--build-adapter | --local-events] [--debug]';
+const USAGE =
+  'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--build-adapter | --local-events] [--debug]';
 
 const started = performance.now();
 let values;
@@ -61,7 +62,8 @@ if (!kubeconfig && values['use-current-context']) {
   }
   kubeconfig = resolve(callerDir, first);
 }
-if (values.install && !kubeconfig) console.error('(--install only matters with --kubeconfig; the embedded control plane always gets the CRDs)');
+if (values.install && !kubeconfig)
+  console.error('(--install only matters with --kubeconfig; the embedded control plane always gets the CRDs)');
 let statusEveryMs: number;
 let resyncEveryMs: number;
 try {
@@ -113,8 +115,12 @@ console.log(`
 ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'cluster'} ${system.server}
   export KUBECONFIG=${system.kubeconfigPath}
   functions: admission ${f.admission.url}/validate (webhook ${system.webhook ? 'registered' : 'NOT registered'}), mirror-sync ${f['mirror-sync'].url}, identity-status ${f['identity-status'].url}
-  events: ${system.eventSource === 'adapter' ? "Knative's ApiServerSource adapter" : 'local event source (client-node watches; same CloudEvents as the adapter)'}; pings: status every ${values.status}, resync every ${values.resync}${system.controlPlane ? `
+  events: ${system.eventSource === 'adapter' ? "Knative's ApiServerSource adapter" : 'local event source (client-node watches; same CloudEvents as the adapter)'}; pings: status every ${values.status}, resync every ${values.resync}${
+    system.controlPlane
+      ? `
   try: kubectl apply -f examples/ && kubectl get terraformclusters -A
-  users: sign client certificates with ${system.controlPlane.dir}/pki/client-ca.crt and client-ca.key (examples/README.md)` : ''}
+  users: sign client certificates with ${system.controlPlane.dir}/pki/client-ca.crt and client-ca.key (examples/README.md)`
+      : ''
+  }
   Ctrl-C stops everything.
 `);

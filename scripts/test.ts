@@ -38,12 +38,18 @@ try {
   const kc = new KubeConfig();
   kc.loadFromFile(cp.kubeconfigPath);
   await installCRDs(kc);
-  console.error(`[test] control plane ready in ${Math.round((Date.now() - t0) / 1000)}s (${cp.binaries.origin}): ${cp.server}`);
+  console.error(
+    `[test] control plane ready in ${Math.round((Date.now() - t0) / 1000)}s (${cp.binaries.origin}): ${cp.server}`,
+  );
   code = await new Promise<number>((res) => {
     const child = spawn(
       process.execPath,
       ['--test', '--test-reporter=spec', '--test-concurrency=3', '--test-timeout=600000', ...flags, ...files],
-      { cwd: REPO_ROOT, stdio: 'inherit', env: { ...process.env, CAPTF_TEST_CONTROLPLANE: dir, KUBECONFIG: cp.kubeconfigPath } },
+      {
+        cwd: REPO_ROOT,
+        stdio: 'inherit',
+        env: { ...process.env, CAPTF_TEST_CONTROLPLANE: dir, KUBECONFIG: cp.kubeconfigPath },
+      },
     );
     child.on('close', (c) => res(c ?? 1));
   });

@@ -46,14 +46,19 @@ function freePort(): Promise<number> {
 export async function startUntilHealthy(main: string, fn: string, env: NodeJS.ProcessEnv): Promise<number> {
   const port = await freePort();
   const t0 = performance.now();
-  const child = spawn(process.execPath, [main, fn], { env: { ...env, PORT: String(port) }, stdio: ['ignore', 'ignore', 'pipe'] });
+  const child = spawn(process.execPath, [main, fn], {
+    env: { ...env, PORT: String(port) },
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   let stderr = '';
   child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
   const exited = new Promise<void>((r) => child.once('exit', () => r()));
   try {
     for (;;) {
-      if (child.exitCode !== null) throw new Error(`${fn} exited ${child.exitCode} before /healthz answered: ${stderr.slice(-500)}`);
-      if (performance.now() - t0 > 30_000) throw new Error(`${fn}: /healthz did not answer in 30 s: ${stderr.slice(-500)}`);
+      if (child.exitCode !== null)
+        throw new Error(`${fn} exited ${child.exitCode} before /healthz answered: ${stderr.slice(-500)}`);
+      if (performance.now() - t0 > 30_000)
+        throw new Error(`${fn}: /healthz did not answer in 30 s: ${stderr.slice(-500)}`);
       try {
         const r = await fetch(`http://127.0.0.1:${port}/healthz`);
         if (r.status === 200) return performance.now() - t0;
@@ -78,12 +83,22 @@ export async function warmCompileCache(cacheDir: string, distDir: string): Promi
   const kubeconfig = join(tmp, 'kubeconfig');
   writeFileSync(kubeconfig, PLACEHOLDER_KUBECONFIG);
   // Only what the functions need to start: no inherited KUBECONFIG or cluster variables.
-  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH, NODE_COMPILE_CACHE: cacheDir, KUBECONFIG: kubeconfig, CAPTF_ADMISSION_PLAIN_HTTP: 'true', LOG_LEVEL: 'error' };
+  const env: NodeJS.ProcessEnv = {
+    PATH: process.env.PATH,
+    NODE_COMPILE_CACHE: cacheDir,
+    KUBECONFIG: kubeconfig,
+    CAPTF_ADMISSION_PLAIN_HTTP: 'true',
+    LOG_LEVEL: 'error',
+  };
   const times: Record<string, number> = {};
   try {
-    for (const fn of FUNCTION_NAMES) times[fn] = Math.round(await startUntilHealthy(join(distDir, 'main.mjs'), fn, env));
+    for (const fn of FUNCTION_NAMES)
+      times[fn] = Math.round(await startUntilHealthy(join(distDir, 'main.mjs'), fn, env));
     await new Promise<void>((res, rej) => {
-      const child = spawn(process.execPath, [join(distDir, 'captf-runner.mjs'), '--', process.execPath, '-e', '0'], { env, stdio: 'ignore' });
+      const child = spawn(process.execPath, [join(distDir, 'captf-runner.mjs'), '--', process.execPath, '-e', '0'], {
+        env,
+        stdio: 'ignore',
+      });
       child.once('exit', (code) => (code === 0 ? res() : rej(new Error(`captf-runner exited ${code}`))));
     });
   } finally {

@@ -30,8 +30,10 @@ function isStringArray(v: unknown): v is string[] {
 function readUserInfo(v: unknown): UserInfo | string {
   if (!isPlainObject(v)) return 'request.userInfo is missing';
   if (typeof v.username !== 'string' || v.username === '') return 'request.userInfo.username is missing';
-  if (v.groups !== undefined && v.groups !== null && !isStringArray(v.groups)) return 'request.userInfo.groups must be a list of strings';
-  if (v.uid !== undefined && v.uid !== null && typeof v.uid !== 'string') return 'request.userInfo.uid must be a string';
+  if (v.groups !== undefined && v.groups !== null && !isStringArray(v.groups))
+    return 'request.userInfo.groups must be a list of strings';
+  if (v.uid !== undefined && v.uid !== null && typeof v.uid !== 'string')
+    return 'request.userInfo.uid must be a string';
   const extra: Record<string, string[]> = {};
   if (v.extra !== undefined && v.extra !== null) {
     if (!isPlainObject(v.extra)) return 'request.userInfo.extra must be a map of string lists';
@@ -57,7 +59,8 @@ function readUserInfo(v: unknown): UserInfo | string {
  *   Messages never quote the body.
  */
 export function parseReview(body: unknown): ParsedReview {
-  if (typeof body !== 'string' || body.trim() === '') return bad('request body is empty; expected an AdmissionReview (admission.k8s.io/v1) as JSON');
+  if (typeof body !== 'string' || body.trim() === '')
+    return bad('request body is empty; expected an AdmissionReview (admission.k8s.io/v1) as JSON');
   let doc: unknown;
   try {
     doc = JSON.parse(body);
@@ -66,13 +69,24 @@ export function parseReview(body: unknown): ParsedReview {
   }
   if (!isPlainObject(doc)) return bad('request body is not a JSON object; expected an AdmissionReview');
   if (doc.apiVersion !== ADMISSION_API_VERSION || doc.kind !== 'AdmissionReview') {
-    return bad(`expected apiVersion ${ADMISSION_API_VERSION} and kind AdmissionReview, got ${JSON.stringify(String(doc.apiVersion ?? ''))} ${JSON.stringify(String(doc.kind ?? ''))}; register the webhook with admissionReviewVersions: [v1]`);
+    return bad(
+      `expected apiVersion ${ADMISSION_API_VERSION} and kind AdmissionReview, got ${JSON.stringify(String(doc.apiVersion ?? ''))} ${JSON.stringify(String(doc.kind ?? ''))}; register the webhook with admissionReviewVersions: [v1]`,
+    );
   }
   const req = doc.request;
   if (!isPlainObject(req)) return bad('AdmissionReview has no request');
   if (typeof req.uid !== 'string' || req.uid === '') return bad('AdmissionReview request has no uid to answer');
   const uid = req.uid;
-  const refuse = (message: string): ParsedReview => ({ ok: false, uid, decision: { allowed: false, code: 400, reason: 'BadRequest', message: `malformed AdmissionReview, denied: ${message}` } });
+  const refuse = (message: string): ParsedReview => ({
+    ok: false,
+    uid,
+    decision: {
+      allowed: false,
+      code: 400,
+      reason: 'BadRequest',
+      message: `malformed AdmissionReview, denied: ${message}`,
+    },
+  });
   if (typeof req.operation !== 'string' || req.operation === '') return refuse('request.operation is missing');
   const userInfo = readUserInfo(req.userInfo);
   if (typeof userInfo === 'string') return refuse(userInfo);

@@ -103,36 +103,67 @@ export function planReview(req: IdentityRequest): Plan {
   switch (req.operation) {
     case 'CREATE': {
       const errors = validateIdentitySpec(isPlainObject(req.object) ? req.object.spec : undefined);
-      if (errors.length > 0) return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
-      return { action: 'check-secret-access', secret: secretRefOf(req.object)!, rule: 'creating an identity requires permission to get the Secret it names' };
+      if (errors.length > 0)
+        return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
+      return {
+        action: 'check-secret-access',
+        secret: secretRefOf(req.object)!,
+        rule: 'creating an identity requires permission to get the Secret it names',
+      };
     }
     case 'UPDATE': {
       const errors = validateIdentitySpec(isPlainObject(req.object) ? req.object.spec : undefined);
-      if (errors.length > 0) return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
+      if (errors.length > 0)
+        return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
       const newRef = secretRefOf(req.object)!;
       const oldRef = secretRefOf(req.oldObject);
       if (!oldRef || oldRef.name !== newRef.name || oldRef.namespace !== newRef.namespace) {
-        return { action: 'check-secret-access', secret: newRef, rule: 'changing spec.secretRef requires permission to get the new Secret' };
+        return {
+          action: 'check-secret-access',
+          secret: newRef,
+          rule: 'changing spec.secretRef requires permission to get the new Secret',
+        };
       }
       const verdict = isWidening(specOf(req.oldObject)?.allowedNamespaces, specOf(req.object)?.allowedNamespaces);
       if (verdict.widening) {
-        return { action: 'check-secret-access', secret: newRef, rule: `widening spec.allowedNamespaces (${verdict.reason}) requires permission to get the Secret` };
+        return {
+          action: 'check-secret-access',
+          secret: newRef,
+          rule: `widening spec.allowedNamespaces (${verdict.reason}) requires permission to get the Secret`,
+        };
       }
       return { action: 'allow', why: 'secretRef unchanged and allowedNamespaces not widened' };
     }
     case 'DELETE': {
-      if (!name) return { action: 'deny', decision: deny(400, 'BadRequest', 'DELETE review names no identity (request.name and oldObject.metadata.name are empty)') };
+      if (!name)
+        return {
+          action: 'deny',
+          decision: deny(
+            400,
+            'BadRequest',
+            'DELETE review names no identity (request.name and oldObject.metadata.name are empty)',
+          ),
+        };
       return { action: 'check-in-use', identity: name, statusNamespaces: statusNamespacesOf(req.oldObject) };
     }
     default:
-      return { action: 'deny', decision: deny(400, 'BadRequest', `operation ${JSON.stringify(req.operation)} is not reviewed by this webhook (only CREATE, UPDATE, DELETE)`) };
+      return {
+        action: 'deny',
+        decision: deny(
+          400,
+          'BadRequest',
+          `operation ${JSON.stringify(req.operation)} is not reviewed by this webhook (only CREATE, UPDATE, DELETE)`,
+        ),
+      };
   }
 }
 
 /** `oldObject.status.namespaces` as strings (anything else ignored). */
 export function statusNamespacesOf(oldObject: unknown): string[] {
   const status = isPlainObject(oldObject) && isPlainObject(oldObject.status) ? oldObject.status : undefined;
-  return Array.isArray(status?.namespaces) ? status.namespaces.filter((n): n is string => typeof n === 'string' && n !== '') : [];
+  return Array.isArray(status?.namespaces)
+    ? status.namespaces.filter((n): n is string => typeof n === 'string' && n !== '')
+    : [];
 }
 
 /** The body of an `authorization.k8s.io/v1` SubjectAccessReview. */
@@ -162,13 +193,21 @@ export function secretAccessReview(user: UserInfo, secret: SecretKey): SubjectAc
       ...(user.groups?.length ? { groups: [...user.groups] } : {}),
       ...(user.uid ? { uid: user.uid } : {}),
       ...(user.extra && Object.keys(user.extra).length > 0 ? { extra: structuredClone(user.extra) } : {}),
-      resourceAttributes: { group: '', version: 'v1', resource: 'secrets', verb: 'get', namespace: secret.namespace, name: secret.name },
+      resourceAttributes: {
+        group: '',
+        version: 'v1',
+        resource: 'secrets',
+        verb: 'get',
+        namespace: secret.namespace,
+        name: secret.name,
+      },
     },
   };
 }
 
 /** The outcome of a SubjectAccessReview call: its status, or the error it failed with. */
-export type SarOutcome = { status: { allowed?: boolean; denied?: boolean; reason?: string; evaluationError?: string } } | { error: string };
+export type SarOutcome =
+  { status: { allowed?: boolean; denied?: boolean; reason?: string; evaluationError?: string } } | { error: string };
 
 /**
  * Turns a SubjectAccessReview outcome into a decision (SPEC §10): allowed only when
@@ -180,11 +219,19 @@ export type SarOutcome = { status: { allowed?: boolean; denied?: boolean; reason
 export function secretAccessDecision(user: string, secret: SecretKey, rule: string, outcome: SarOutcome): Decision {
   const target = `Secret ${secret.namespace}/${secret.name}`;
   if ('error' in outcome) {
-    return deny(500, 'InternalError', `could not check whether user ${JSON.stringify(user)} may get ${target} (SubjectAccessReview failed: ${outcome.error}); denied because ${rule}`);
+    return deny(
+      500,
+      'InternalError',
+      `could not check whether user ${JSON.stringify(user)} may get ${target} (SubjectAccessReview failed: ${outcome.error}); denied because ${rule}`,
+    );
   }
   if (outcome.status.allowed === true) return { allowed: true, why: `user may get ${target}` };
   const detail = [outcome.status.reason, outcome.status.evaluationError].filter(Boolean).join('; ');
-  return deny(403, 'Forbidden', `user ${JSON.stringify(user)} may not get ${target}: ${rule}${detail ? ` (authorizer: ${detail})` : ''}`);
+  return deny(
+    403,
+    'Forbidden',
+    `user ${JSON.stringify(user)} may not get ${target}: ${rule}${detail ? ` (authorizer: ${detail})` : ''}`,
+  );
 }
 
 /**
@@ -195,12 +242,25 @@ export function secretAccessDecision(user: string, secret: SecretKey, rule: stri
  * @param consumerNamespaces namespaces of live consumers found by the field-selector lookup,
  *   or `{ error }` when the lookup failed (which denies: fail closed).
  */
-export function deleteDecision(identity: string, user: string, statusNamespaces: readonly string[], consumerNamespaces: readonly string[] | { error: string }): Decision {
+export function deleteDecision(
+  identity: string,
+  user: string,
+  statusNamespaces: readonly string[],
+  consumerNamespaces: readonly string[] | { error: string },
+): Decision {
   if (!Array.isArray(consumerNamespaces)) {
     const err = (consumerNamespaces as { error: string }).error;
-    return deny(500, 'InternalError', `could not check whether TerraformClusterIdentity ${JSON.stringify(identity)} is in use (consumer lookup failed: ${err}); delete by user ${JSON.stringify(user)} denied`);
+    return deny(
+      500,
+      'InternalError',
+      `could not check whether TerraformClusterIdentity ${JSON.stringify(identity)} is in use (consumer lookup failed: ${err}); delete by user ${JSON.stringify(user)} denied`,
+    );
   }
   const inUse = [...new Set([...statusNamespaces, ...consumerNamespaces])].sort();
   if (inUse.length === 0) return { allowed: true, why: 'identity not in use' };
-  return deny(403, 'Forbidden', `user ${JSON.stringify(user)} may not delete TerraformClusterIdentity ${JSON.stringify(identity)}: it is in use in namespace(s) ${inUse.join(', ')}; an identity in use cannot be deleted — point its consumers elsewhere or delete them first`);
+  return deny(
+    403,
+    'Forbidden',
+    `user ${JSON.stringify(user)} may not delete TerraformClusterIdentity ${JSON.stringify(identity)}: it is in use in namespace(s) ${inUse.join(', ')}; an identity in use cannot be deleted — point its consumers elsewhere or delete them first`,
+  );
 }

@@ -8,7 +8,15 @@
  */
 import { createServer as createHttpServer, type Server } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
-import { closeServer, createApp, errorHandler, listen, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
+import {
+  closeServer,
+  createApp,
+  errorHandler,
+  listen,
+  startSettings,
+  type FunctionHandle,
+  type StartOptions,
+} from '../lib/http.ts';
 import { consumerKindsFromEnv } from '../lib/consumers.ts';
 import { makeClients } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
@@ -43,10 +51,12 @@ export interface AdmissionConfig {
  */
 export function admissionConfigFromEnv(env: NodeJS.ProcessEnv): AdmissionConfig {
   const plain = (env.CAPTF_ADMISSION_PLAIN_HTTP ?? '').trim().toLowerCase();
-  if (!['', 'true', 'false'].includes(plain)) throw new Error(`CAPTF_ADMISSION_PLAIN_HTTP=${plain} must be true or false`);
+  if (!['', 'true', 'false'].includes(plain))
+    throw new Error(`CAPTF_ADMISSION_PLAIN_HTTP=${plain} must be true or false`);
   const reloadRaw = env.CAPTF_TLS_RELOAD_MS?.trim() || '10000';
   const reloadMs = Number(reloadRaw);
-  if (!Number.isFinite(reloadMs) || reloadMs < 50) throw new Error(`CAPTF_TLS_RELOAD_MS=${reloadRaw} must be a number of milliseconds ≥ 50`);
+  if (!Number.isFinite(reloadMs) || reloadMs < 50)
+    throw new Error(`CAPTF_TLS_RELOAD_MS=${reloadRaw} must be a number of milliseconds ≥ 50`);
   return {
     plainHttp: plain === 'true',
     certFile: env.CAPTF_TLS_CERT_FILE?.trim() || `${DEFAULT_TLS_DIR}/tls.crt`,

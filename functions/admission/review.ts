@@ -9,7 +9,17 @@ import type { ConsumerKind } from '../lib/api.ts';
 import { consumersOfIdentity } from '../lib/consumers.ts';
 import { apiStatus, describeError, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { deleteDecision, planReview, secretAccessDecision, secretAccessReview, type Decision, type IdentityRequest, type SarOutcome, type SecretKey, type UserInfo } from './decide.ts';
+import {
+  deleteDecision,
+  planReview,
+  secretAccessDecision,
+  secretAccessReview,
+  type Decision,
+  type IdentityRequest,
+  type SarOutcome,
+  type SecretKey,
+  type UserInfo,
+} from './decide.ts';
 
 /** What a review needs from outside. */
 export interface ReviewDeps {
@@ -45,10 +55,19 @@ async function retryTooManyRequests<T>(call: () => Promise<T>): Promise<T> {
  */
 export async function checkSecretAccess(clients: Clients, user: UserInfo, secret: SecretKey): Promise<SarOutcome> {
   try {
-    const sar = await retryTooManyRequests(() => clients.authz.createSubjectAccessReview({ body: secretAccessReview(user, secret) }));
+    const sar = await retryTooManyRequests(() =>
+      clients.authz.createSubjectAccessReview({ body: secretAccessReview(user, secret) }),
+    );
     const s = sar.status;
     if (!s) return { error: 'SubjectAccessReview returned no status' };
-    return { status: { allowed: s.allowed, ...(s.denied !== undefined ? { denied: s.denied } : {}), ...(s.reason ? { reason: s.reason } : {}), ...(s.evaluationError ? { evaluationError: s.evaluationError } : {}) } };
+    return {
+      status: {
+        allowed: s.allowed,
+        ...(s.denied !== undefined ? { denied: s.denied } : {}),
+        ...(s.reason ? { reason: s.reason } : {}),
+        ...(s.evaluationError ? { evaluationError: s.evaluationError } : {}),
+      },
+    };
   } catch (err) {
     return { error: describeError(err) };
   }
@@ -74,13 +93,20 @@ export async function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Pr
       break;
     case 'check-secret-access':
       sar = true;
-      decision = secretAccessDecision(user, plan.secret, plan.rule, await checkSecretAccess(deps.clients, req.userInfo, plan.secret));
+      decision = secretAccessDecision(
+        user,
+        plan.secret,
+        plan.rule,
+        await checkSecretAccess(deps.clients, req.userInfo, plan.secret),
+      );
       break;
     case 'check-in-use': {
       lookup = true;
       let found: string[] | { error: string };
       try {
-        found = (await retryTooManyRequests(() => consumersOfIdentity(deps.clients, deps.consumerKinds, plan.identity))).map((c) => c.metadata.namespace ?? '').filter(Boolean);
+        found = (await retryTooManyRequests(() => consumersOfIdentity(deps.clients, deps.consumerKinds, plan.identity)))
+          .map((c) => c.metadata.namespace ?? '')
+          .filter(Boolean);
       } catch (err) {
         found = { error: describeError(err) };
       }

@@ -56,7 +56,12 @@ export function readyCondition(identity: TerraformClusterIdentity, source: Sourc
     case 'found':
       return { ...base, status: 'True', reason: REASON_SECRET_FOUND, message: `source Secret ${where} exists` };
     case 'not-found':
-      return { ...base, status: 'False', reason: REASON_SECRET_NOT_FOUND, message: `source Secret ${where} does not exist; create it or correct spec.secretRef` };
+      return {
+        ...base,
+        status: 'False',
+        reason: REASON_SECRET_NOT_FOUND,
+        message: `source Secret ${where} does not exist; create it or correct spec.secretRef`,
+      };
     case 'forbidden':
       return {
         ...base,
@@ -89,7 +94,12 @@ export function namespacesInUse(usage: Usage): string[] {
  *   (an absent list equals an empty one, so a fresh identity with no users needs no write
  *   for that field alone).
  */
-export function decideStatus(identity: TerraformClusterIdentity, source: SourceState, usage: Usage, now: Date): StatusDecision {
+export function decideStatus(
+  identity: TerraformClusterIdentity,
+  source: SourceState,
+  usage: Usage,
+  now: Date,
+): StatusDecision {
   const conditions = identity.status?.conditions;
   const next = readyCondition(identity, source);
   const ready = getCondition(setCondition(conditions, next, now), READY)!;
@@ -111,7 +121,10 @@ export function statusApplyBody(identity: TerraformClusterIdentity, decision: St
   return {
     apiVersion: API_VERSION,
     kind: IDENTITY_KIND,
-    metadata: { name: identity.metadata.name, ...(identity.metadata.resourceVersion ? { resourceVersion: identity.metadata.resourceVersion } : {}) },
+    metadata: {
+      name: identity.metadata.name,
+      ...(identity.metadata.resourceVersion ? { resourceVersion: identity.metadata.resourceVersion } : {}),
+    },
     status: { conditions: [decision.ready], namespaces: decision.namespaces },
   };
 }

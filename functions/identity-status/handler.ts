@@ -38,7 +38,11 @@ export function planFor(requests: readonly EventRequest[]): RefreshPlan {
   for (const r of requests) {
     if (r.type === 'ping') continue;
     if (r.type === 'key') {
-      throw new HttpError(422, `identity-status does not handle mirror key events (${r.namespace}/${r.identity}); route them to mirror-sync`, 'UnsupportedObject');
+      throw new HttpError(
+        422,
+        `identity-status does not handle mirror key events (${r.namespace}/${r.identity}); route them to mirror-sync`,
+        'UnsupportedObject',
+      );
     }
     if (r.target !== 'identity') {
       throw new HttpError(
@@ -71,7 +75,8 @@ function unsupported(r: EventRequest): string | undefined {
  * (`identities` only for identity events, to keep a ping's answer small).
  */
 export function handleEvents(cfg: HandlerConfig): RequestHandler {
-  return async (req, res) => sendOutcome(res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''));
+  return async (req, res) =>
+    sendOutcome(res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''));
 }
 
 /**
@@ -80,7 +85,11 @@ export function handleEvents(cfg: HandlerConfig): RequestHandler {
  * and the answer is `retry` when a refresh failed, else `bad-input` (400) or `unprocessable`
  * (422, nothing but events about other kinds) when some events were unusable, else `done`.
  */
-export async function refreshFor(cfg: HandlerConfig, headers: Record<string, string | string[] | undefined>, body: string): Promise<Outcome> {
+export async function refreshFor(
+  cfg: HandlerConfig,
+  headers: Record<string, string | string[] | undefined>,
+  body: string,
+): Promise<Outcome> {
   const t0 = performance.now();
   let requests: EventRequest[];
   let bad: string[];
@@ -98,7 +107,9 @@ export async function refreshFor(cfg: HandlerConfig, headers: Record<string, str
   if (usable.length === 0) {
     const error = [...bad, ...others].join('; ') || 'no event to handle';
     cfg.logger.warn('bad event', { errors: [...bad, ...others] });
-    return others.length && !bad.length ? { kind: 'unprocessable', error, reason: 'UnsupportedObject' } : { kind: 'bad-input', error, reason: 'BadEvent' };
+    return others.length && !bad.length
+      ? { kind: 'unprocessable', error, reason: 'UnsupportedObject' }
+      : { kind: 'bad-input', error, reason: 'BadEvent' };
   }
   const plan = planFor(usable);
   const counter = { calls: 0 };
@@ -116,7 +127,11 @@ export async function refreshFor(cfg: HandlerConfig, headers: Record<string, str
     } catch (err) {
       const error = describeError(err);
       cfg.logger.warn('refresh of all identities failed', { error, apiCalls: counter.calls });
-      return { kind: 'retry', error: `listing identities, consumers or mirrors failed: ${error}`, reason: 'ListFailed' };
+      return {
+        kind: 'retry',
+        error: `listing identities, consumers or mirrors failed: ${error}`,
+        reason: 'ListFailed',
+      };
     }
   } else {
     const limit = pLimit(cfg.concurrency);
@@ -134,7 +149,12 @@ export async function refreshFor(cfg: HandlerConfig, headers: Record<string, str
   };
   cfg.logger.info('refresh done', { ...summary, failed: failed.length });
   const answer = { ...summary, ...(plan.kind === 'named' ? { identities: results } : {}) };
-  if (failed.length > 0) return { kind: 'retry', error: `${failed.length} identit${failed.length === 1 ? 'y' : 'ies'} could not be refreshed`, body: answer };
+  if (failed.length > 0)
+    return {
+      kind: 'retry',
+      error: `${failed.length} identit${failed.length === 1 ? 'y' : 'ies'} could not be refreshed`,
+      body: answer,
+    };
   const unusable = [...bad, ...others];
   if (unusable.length > 0) {
     cfg.logger.warn('bad event', { errors: unusable });

@@ -6,7 +6,15 @@
  */
 import { createServer } from 'node:http';
 import { consumerKindsFromEnv } from '../lib/consumers.ts';
-import { closeServer, createApp, errorHandler, listen, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
+import {
+  closeServer,
+  createApp,
+  errorHandler,
+  listen,
+  startSettings,
+  type FunctionHandle,
+  type StartOptions,
+} from '../lib/http.ts';
 import { createLogger } from '../lib/log.ts';
 import { handleEvents } from './handler.ts';
 
@@ -22,10 +30,14 @@ export const DEFAULT_CONCURRENCY = 8;
  * @returns `{ concurrency, identitySelector }`.
  * @throws Error naming the variable when a value is malformed.
  */
-export function statusConfigFromEnv(env: NodeJS.ProcessEnv): { concurrency: number; identitySelector: string | undefined } {
+export function statusConfigFromEnv(env: NodeJS.ProcessEnv): {
+  concurrency: number;
+  identitySelector: string | undefined;
+} {
   const raw = env[CONCURRENCY_ENV]?.trim();
   const concurrency = raw ? Number(raw) : DEFAULT_CONCURRENCY;
-  if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 64) throw new Error(`${CONCURRENCY_ENV}=${raw} must be an integer from 1 to 64`);
+  if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 64)
+    throw new Error(`${CONCURRENCY_ENV}=${raw} must be an integer from 1 to 64`);
   return { concurrency, identitySelector: env[IDENTITY_SELECTOR_ENV]?.trim() || undefined };
 }
 

@@ -9,7 +9,14 @@
  */
 import { PatchStrategy, setHeaderOptions, type ConfigurationOptions } from '@kubernetes/client-node';
 import pLimit from 'p-limit';
-import { FIELD_MANAGER, GROUP, IDENTITY_PLURAL, VERSION, type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
+import {
+  FIELD_MANAGER,
+  GROUP,
+  IDENTITY_PLURAL,
+  VERSION,
+  type ConsumerKind,
+  type TerraformClusterIdentity,
+} from '../lib/api.ts';
 import { PAGE_SIZE, consumersOfIdentity, listConsumers } from '../lib/consumers.ts';
 import { describeError, isForbidden, isNotFound, listAllPages, retryOnConflict, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
@@ -50,9 +57,15 @@ export interface RefreshResult {
  * Kubernetes "API concepts: receiving resources as tables/metadata"): RBAC is the same as a
  * normal get, but no Secret data is ever sent to this function.
  */
-export const METADATA: ConfigurationOptions = setHeaderOptions('Accept', 'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1');
+export const METADATA: ConfigurationOptions = setHeaderOptions(
+  'Accept',
+  'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1',
+);
 /** {@link METADATA} for list calls (`PartialObjectMetadataList`). */
-export const METADATA_LIST: ConfigurationOptions = setHeaderOptions('Accept', 'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1');
+export const METADATA_LIST: ConfigurationOptions = setHeaderOptions(
+  'Accept',
+  'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1',
+);
 const APPLY: ConfigurationOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
 
 interface IdentityList {
@@ -66,15 +79,18 @@ interface IdentityList {
  * @throws the API error of a failed page.
  */
 async function listIdentities(deps: RefreshDeps, fieldSelector?: string): Promise<TerraformClusterIdentity[]> {
-  const list = await listAllPages((cont) => deps.clients.custom.listClusterCustomObject({
-    group: GROUP,
-    version: VERSION,
-    plural: IDENTITY_PLURAL,
-    limit: PAGE_SIZE,
-    _continue: cont,
-    labelSelector: deps.identitySelector,
-    fieldSelector,
-  }) as Promise<IdentityList>);
+  const list = await listAllPages(
+    (cont) =>
+      deps.clients.custom.listClusterCustomObject({
+        group: GROUP,
+        version: VERSION,
+        plural: IDENTITY_PLURAL,
+        limit: PAGE_SIZE,
+        _continue: cont,
+        labelSelector: deps.identitySelector,
+        fieldSelector,
+      }) as Promise<IdentityList>,
+  );
   return list.items;
 }
 
@@ -84,16 +100,26 @@ async function getIdentity(deps: RefreshDeps, name: string): Promise<TerraformCl
 }
 
 /** Mirror Secrets' metadata, cluster-wide, page by page; only Secrets that are some identity's mirror. */
-async function* listMirrors(deps: RefreshDeps, fieldSelector?: string): AsyncGenerator<{ identity: string; namespace: string }> {
-  const list = await listAllPages((cont) => deps.clients.core.listSecretForAllNamespaces(
-    { labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector, limit: PAGE_SIZE, _continue: cont },
-    METADATA_LIST,
-  ));
+async function* listMirrors(
+  deps: RefreshDeps,
+  fieldSelector?: string,
+): AsyncGenerator<{ identity: string; namespace: string }> {
+  const list = await listAllPages((cont) =>
+    deps.clients.core.listSecretForAllNamespaces(
+      { labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector, limit: PAGE_SIZE, _continue: cont },
+      METADATA_LIST,
+    ),
+  );
   for (const s of list.items) {
     const secret = s as SecretLike;
     const identity = secret.metadata?.annotations?.[ANNOTATION_IDENTITY];
     // SPEC §3: ours = label + matching annotation; the mirror is the one with the mirror's name.
-    if (identity && isOurs(secret, identity) && secret.metadata?.name === mirrorName(identity) && secret.metadata.namespace) {
+    if (
+      identity &&
+      isOurs(secret, identity) &&
+      secret.metadata?.name === mirrorName(identity) &&
+      secret.metadata.namespace
+    ) {
       yield { identity, namespace: secret.metadata.namespace };
     }
   }
@@ -109,7 +135,9 @@ function add(map: Map<string, Set<string>>, key: string, value: string): void {
  * Usage of every identity at once, for a ping: every consumer of every kind listed once and
  * every mirror listed once, grouped by identity name. Deleting consumers are included.
  */
-async function usageOfAll(deps: RefreshDeps): Promise<{ consumers: Map<string, Set<string>>; mirrors: Map<string, Set<string>> }> {
+async function usageOfAll(
+  deps: RefreshDeps,
+): Promise<{ consumers: Map<string, Set<string>>; mirrors: Map<string, Set<string>> }> {
   const consumers = new Map<string, Set<string>>();
   const mirrors = new Map<string, Set<string>>();
   for (const kind of deps.consumerKinds) {
@@ -126,7 +154,8 @@ async function usageOfAll(deps: RefreshDeps): Promise<{ consumers: Map<string, S
 async function usageOfOne(deps: RefreshDeps, name: string): Promise<Usage> {
   const consumers = await consumersOfIdentity(deps.clients, deps.consumerKinds, name);
   const mirrorNamespaces: string[] = [];
-  for await (const m of listMirrors(deps, `metadata.name=${mirrorName(name)}`)) if (m.identity === name) mirrorNamespaces.push(m.namespace);
+  for await (const m of listMirrors(deps, `metadata.name=${mirrorName(name)}`))
+    if (m.identity === name) mirrorNamespaces.push(m.namespace);
   return { consumerNamespaces: consumers.map((c) => c.metadata.namespace ?? ''), mirrorNamespaces };
 }
 
@@ -158,7 +187,11 @@ async function sourceState(deps: RefreshDeps, identity: TerraformClusterIdentity
  * @param identity the identity as listed or read.
  * @param usage its usage when the caller gathered it in bulk (ping).
  */
-export async function refreshIdentity(deps: RefreshDeps, identity: TerraformClusterIdentity, usage?: Usage): Promise<RefreshResult> {
+export async function refreshIdentity(
+  deps: RefreshDeps,
+  identity: TerraformClusterIdentity,
+  usage?: Usage,
+): Promise<RefreshResult> {
   const name = identity.metadata.name ?? '';
   const t0 = performance.now();
   const ms = () => Math.round(performance.now() - t0);
@@ -175,7 +208,15 @@ export async function refreshIdentity(deps: RefreshDeps, identity: TerraformClus
       if (decision.changed.length > 0) {
         try {
           await deps.clients.custom.patchClusterCustomObjectStatus(
-            { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name, body: statusApplyBody(current, decision), fieldManager: FIELD_MANAGER, force: true },
+            {
+              group: GROUP,
+              version: VERSION,
+              plural: IDENTITY_PLURAL,
+              name,
+              body: statusApplyBody(current, decision),
+              fieldManager: FIELD_MANAGER,
+              force: true,
+            },
             APPLY,
           );
         } catch (err) {
@@ -216,7 +257,12 @@ export async function refreshNamed(deps: RefreshDeps, name: string): Promise<Ref
   try {
     identity = await getIdentity(deps, name);
   } catch (err) {
-    const result: RefreshResult = { identity: name, outcome: 'failed', error: describeError(err), durationMs: Math.round(performance.now() - t0) };
+    const result: RefreshResult = {
+      identity: name,
+      outcome: 'failed',
+      error: describeError(err),
+      durationMs: Math.round(performance.now() - t0),
+    };
     deps.logger.warn('identity refresh failed', { ...result });
     return result;
   }
@@ -242,6 +288,9 @@ export async function refreshAll(deps: RefreshDeps): Promise<RefreshResult[]> {
   const limit = pLimit(deps.concurrency);
   return limit.map(identities, (identity) => {
     const name = identity.metadata.name ?? '';
-    return refreshIdentity(deps, identity, { consumerNamespaces: consumers.get(name) ?? [], mirrorNamespaces: mirrors.get(name) ?? [] });
+    return refreshIdentity(deps, identity, {
+      consumerNamespaces: consumers.get(name) ?? [],
+      mirrorNamespaces: mirrors.get(name) ?? [],
+    });
   });
 }

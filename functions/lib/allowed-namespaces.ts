@@ -154,7 +154,8 @@ export function validateAllowedNamespaces(allowed: unknown, path = 'spec.allowed
   if (!isPlainObject(allowed)) return [`${path}: must be an object with list and/or selector`];
   const errors: string[] = [];
   for (const field of Object.keys(allowed)) {
-    if (field !== 'list' && field !== 'selector') errors.push(`${path}.${field}: unknown field (only list and selector)`);
+    if (field !== 'list' && field !== 'selector')
+      errors.push(`${path}.${field}: unknown field (only list and selector)`);
   }
   const hasList = allowed.list !== undefined && allowed.list !== null;
   const hasSelector = allowed.selector !== undefined && allowed.selector !== null;

@@ -28,7 +28,8 @@ const KEEP_ALIVE_MS = 30_000;
 export function apiConnectionsFromEnv(env: NodeJS.ProcessEnv = process.env): number {
   const raw = env.CAPTF_API_CONNECTIONS?.trim() || String(DEFAULT_API_CONNECTIONS);
   const n = Number(raw);
-  if (!Number.isInteger(n) || n < 1 || n > 256) throw new Error(`CAPTF_API_CONNECTIONS=${raw} must be an integer from 1 to 256`);
+  if (!Number.isInteger(n) || n < 1 || n > 256)
+    throw new Error(`CAPTF_API_CONNECTIONS=${raw} must be an integer from 1 to 256`);
   return n;
 }
 
@@ -45,7 +46,15 @@ export function setApiConnections(n: number): void {
 
 function agentFor(opts: RequestOptions): Agent {
   const key = createHash('sha256')
-    .update(JSON.stringify([String(opts.ca ?? ''), String(opts.cert ?? ''), String(opts.key ?? ''), opts.servername ?? '', opts.rejectUnauthorized ?? true]))
+    .update(
+      JSON.stringify([
+        String(opts.ca ?? ''),
+        String(opts.cert ?? ''),
+        String(opts.key ?? ''),
+        opts.servername ?? '',
+        opts.rejectUnauthorized ?? true,
+      ]),
+    )
     .digest('hex');
   let agent = pools.get(key);
   if (!agent) {

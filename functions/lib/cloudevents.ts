@@ -65,7 +65,8 @@ const BATCH_CONTENT_TYPE = 'application/cloudevents-batch+json';
 
 function flatHeaders(headers: Record<string, string | string[] | undefined>): Record<string, string> {
   const flat: Record<string, string> = {};
-  for (const [k, v] of Object.entries(headers)) if (v !== undefined) flat[k.toLowerCase()] = Array.isArray(v) ? v.join(',') : v;
+  for (const [k, v] of Object.entries(headers))
+    if (v !== undefined) flat[k.toLowerCase()] = Array.isArray(v) ? v.join(',') : v;
   return flat;
 }
 
@@ -76,7 +77,8 @@ function checked(e: CloudEvent<unknown>): CloudEvent<unknown> {
   } catch (err) {
     throw new BadEventError(`invalid CloudEvent: ${eventErrorText(err)}`);
   }
-  if (e.specversion !== '1.0') throw new BadEventError(`CloudEvents specversion ${e.specversion} is not supported (use 1.0)`);
+  if (e.specversion !== '1.0')
+    throw new BadEventError(`CloudEvents specversion ${e.specversion} is not supported (use 1.0)`);
   return e;
 }
 
@@ -88,7 +90,10 @@ function checked(e: CloudEvent<unknown>): CloudEvent<unknown> {
  * @throws BadEventError when the request as a whole is unusable: no CloudEvent, invalid
  *   JSON, a batch that is not a JSON array or holds more than {@link MAX_BATCH} events.
  */
-export function readCloudEvents(headers: Record<string, string | string[] | undefined>, body: string): { events: CloudEvent<unknown>[]; errors: string[] } {
+export function readCloudEvents(
+  headers: Record<string, string | string[] | undefined>,
+  body: string,
+): { events: CloudEvent<unknown>[]; errors: string[] } {
   const flat = flatHeaders(headers);
   if ((flat['content-type'] ?? '').startsWith(BATCH_CONTENT_TYPE)) {
     let list: unknown;
@@ -99,12 +104,14 @@ export function readCloudEvents(headers: Record<string, string | string[] | unde
     }
     if (!Array.isArray(list)) throw new BadEventError('not a CloudEvent: a batch must be a JSON array of events');
     if (list.length === 0) throw new BadEventError('empty CloudEvents batch');
-    if (list.length > MAX_BATCH) throw new BadEventError(`batch holds ${list.length} events; at most ${MAX_BATCH} are accepted per request`);
+    if (list.length > MAX_BATCH)
+      throw new BadEventError(`batch holds ${list.length} events; at most ${MAX_BATCH} are accepted per request`);
     const events: CloudEvent<unknown>[] = [];
     const errors: string[] = [];
     list.forEach((item: unknown, i: number) => {
       try {
-        if (typeof item !== 'object' || item === null || Array.isArray(item)) throw new BadEventError('invalid CloudEvent: not a JSON object');
+        if (typeof item !== 'object' || item === null || Array.isArray(item))
+          throw new BadEventError('invalid CloudEvent: not a JSON object');
         events.push(checked(new CloudEvent<unknown>(item as CloudEvent<unknown>, false)));
       } catch (err) {
         errors.push(`batch[${i}]: ${err instanceof BadEventError ? err.message : eventErrorText(err)}`);
@@ -127,7 +134,10 @@ export function readCloudEvents(headers: Record<string, string | string[] | unde
  * @throws BadEventError naming what is wrong (no CloudEvent, invalid JSON, missing required
  *   attributes — in any element of a batch — or an oversized batch).
  */
-export function parseCloudEvents(headers: Record<string, string | string[] | undefined>, body: string): CloudEvent<unknown>[] {
+export function parseCloudEvents(
+  headers: Record<string, string | string[] | undefined>,
+  body: string,
+): CloudEvent<unknown>[] {
   const { events, errors } = readCloudEvents(headers, body);
   if (errors.length > 0) throw new BadEventError(errors.join('; '));
   return events;
@@ -139,7 +149,9 @@ function eventErrorText(err: unknown): string {
     const details = (err.errors ?? []).map((x) => {
       if (typeof x === 'string') return x.split('\n')[0];
       const e = x as { instancePath?: string; message?: string; params?: { missingProperty?: string } };
-      return e.params?.missingProperty ? `missing required attribute ${e.params.missingProperty}` : `${e.instancePath || 'event'} ${e.message ?? 'is invalid'}`;
+      return e.params?.missingProperty
+        ? `missing required attribute ${e.params.missingProperty}`
+        : `${e.instancePath || 'event'} ${e.message ?? 'is invalid'}`;
     });
     return [err.message.split('\n')[0], ...details].join('; ').slice(0, 300);
   }
@@ -149,7 +161,8 @@ function eventErrorText(err: unknown): string {
 
 function dataObject(event: CloudEvent<unknown>): Record<string, unknown> {
   let data: unknown = event.data;
-  if (data === undefined && typeof event.data_base64 === 'string') data = Buffer.from(event.data_base64, 'base64').toString('utf8');
+  if (data === undefined && typeof event.data_base64 === 'string')
+    data = Buffer.from(event.data_base64, 'base64').toString('utf8');
   if (typeof data === 'string' || Buffer.isBuffer(data)) {
     try {
       data = JSON.parse(data.toString());
@@ -157,7 +170,8 @@ function dataObject(event: CloudEvent<unknown>): Record<string, unknown> {
       throw new BadEventError(`event ${event.type}: data is not JSON`);
     }
   }
-  if (typeof data !== 'object' || data === null || Array.isArray(data)) throw new BadEventError(`event ${event.type}: data must be a JSON object`);
+  if (typeof data !== 'object' || data === null || Array.isArray(data))
+    throw new BadEventError(`event ${event.type}: data must be a JSON object`);
   return data as Record<string, unknown>;
 }
 
@@ -177,7 +191,9 @@ export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonl
     const namespace = str(d.namespace) ?? '';
     const identity = str(d.identity) ?? '';
     if (!isDns1123Label(namespace) || !isDns1123Subdomain(identity)) {
-      throw new BadEventError(`event ${event.type}: data must be {"namespace": <namespace name>, "identity": <identity name>}`);
+      throw new BadEventError(
+        `event ${event.type}: data must be {"namespace": <namespace name>, "identity": <identity name>}`,
+      );
     }
     return { type: 'key', id: event.id, namespace, identity };
   }
@@ -190,18 +206,33 @@ export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonl
     mode = 'ref';
     verb = event.type.slice(REF_EVENT_PREFIX.length);
   } else {
-    throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)} (expected ${PING_EVENT_TYPE}, ${KEY_EVENT_TYPE} or dev.knative.apiserver.{resource,ref}.{add,update,delete})`);
+    throw new BadEventError(
+      `unsupported event type ${JSON.stringify(event.type)} (expected ${PING_EVENT_TYPE}, ${KEY_EVENT_TYPE} or dev.knative.apiserver.{resource,ref}.{add,update,delete})`,
+    );
   }
-  if (verb !== 'add' && verb !== 'update' && verb !== 'delete') throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)}`);
+  if (verb !== 'add' && verb !== 'update' && verb !== 'delete')
+    throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)}`);
   const data = dataObject(event);
   let ref: ObjectRef;
   let labels: Record<string, string> | undefined;
   if (mode === 'resource') {
     const md = (data.metadata ?? {}) as Record<string, unknown>;
-    ref = { apiVersion: str(data.apiVersion) ?? '', kind: str(data.kind) ?? '', name: str(md.name) ?? '', namespace: str(md.namespace), uid: str(md.uid) };
+    ref = {
+      apiVersion: str(data.apiVersion) ?? '',
+      kind: str(data.kind) ?? '',
+      name: str(md.name) ?? '',
+      namespace: str(md.namespace),
+      uid: str(md.uid),
+    };
     if (typeof md.labels === 'object' && md.labels !== null) labels = md.labels as Record<string, string>;
   } else {
-    ref = { apiVersion: str(data.apiVersion) ?? '', kind: str(data.kind) ?? '', name: str(data.name) ?? '', namespace: str(data.namespace), uid: str(data.uid) };
+    ref = {
+      apiVersion: str(data.apiVersion) ?? '',
+      kind: str(data.kind) ?? '',
+      name: str(data.name) ?? '',
+      namespace: str(data.namespace),
+      uid: str(data.uid),
+    };
   }
   // ApiServerSource also carries kind/name/namespace as extensions; fill gaps from them.
   const ext = event as unknown as Record<string, unknown>;
@@ -210,17 +241,28 @@ export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonl
   ref.apiVersion ||= str(ext.apiversion) ?? '';
   ref.namespace ??= str(ext.namespace);
   if (!ref.apiVersion || !ref.kind || !ref.name) {
-    throw new BadEventError(`event ${event.type}: data must name the object (apiVersion, kind, name${mode === 'resource' ? ' under metadata' : ''})`);
+    throw new BadEventError(
+      `event ${event.type}: data must name the object (apiVersion, kind, name${mode === 'resource' ? ' under metadata' : ''})`,
+    );
   }
   // Names end up in API paths and field selectors: only valid Kubernetes names get through
   // (".." would otherwise turn a namespaced call into a cluster-wide one).
-  if (!isDns1123Subdomain(ref.name)) throw new BadEventError(`event ${event.type}: name ${JSON.stringify(ref.name).slice(0, 80)} is not a valid Kubernetes object name`);
-  if (ref.namespace !== undefined && !isDns1123Label(ref.namespace)) throw new BadEventError(`event ${event.type}: namespace ${JSON.stringify(ref.namespace).slice(0, 80)} is not a valid namespace name`);
+  if (!isDns1123Subdomain(ref.name))
+    throw new BadEventError(
+      `event ${event.type}: name ${JSON.stringify(ref.name).slice(0, 80)} is not a valid Kubernetes object name`,
+    );
+  if (ref.namespace !== undefined && !isDns1123Label(ref.namespace))
+    throw new BadEventError(
+      `event ${event.type}: namespace ${JSON.stringify(ref.namespace).slice(0, 80)} is not a valid namespace name`,
+    );
   return { type: 'object', id: event.id, verb, mode, target: targetOf(ref, consumerKinds), ref, labels };
 }
 
 /** Which kind of object a reference names. */
-export function targetOf(ref: Pick<ObjectRef, 'apiVersion' | 'kind'>, consumerKinds: readonly ConsumerKind[]): 'consumer' | 'identity' | 'namespace' | 'secret' | 'other' {
+export function targetOf(
+  ref: Pick<ObjectRef, 'apiVersion' | 'kind'>,
+  consumerKinds: readonly ConsumerKind[],
+): 'consumer' | 'identity' | 'namespace' | 'secret' | 'other' {
   if (ref.apiVersion === 'v1' && ref.kind === 'Namespace') return 'namespace';
   if (ref.apiVersion === 'v1' && ref.kind === 'Secret') return 'secret';
   if (ref.apiVersion === API_VERSION && ref.kind === IDENTITY_KIND) return 'identity';
@@ -235,7 +277,11 @@ export function targetOf(ref: Pick<ObjectRef, 'apiVersion' | 'kind'>, consumerKi
  *   unknown type, data naming no object).
  * @throws BadEventError when the request as a whole is unusable (see {@link readCloudEvents}).
  */
-export function readEventRequests(headers: Record<string, string | string[] | undefined>, body: string, consumerKinds: readonly ConsumerKind[]): { requests: EventRequest[]; bad: string[] } {
+export function readEventRequests(
+  headers: Record<string, string | string[] | undefined>,
+  body: string,
+  consumerKinds: readonly ConsumerKind[],
+): { requests: EventRequest[]; bad: string[] } {
   const read = readCloudEvents(headers, body);
   const bad = [...read.errors];
   const requests: EventRequest[] = [];

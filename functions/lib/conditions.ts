@@ -29,7 +29,11 @@ export function getCondition(conditions: readonly Condition[] | undefined, type:
  * @returns a new list; other types keep their order and values; `lastTransitionTime` is
  *   kept when the status did not change.
  */
-export function setCondition(conditions: readonly Condition[] | undefined, next: ConditionInput, now: Date): Condition[] {
+export function setCondition(
+  conditions: readonly Condition[] | undefined,
+  next: ConditionInput,
+  now: Date,
+): Condition[] {
   const list = [...(conditions ?? [])];
   const i = list.findIndex((c) => c.type === next.type);
   const prev = i >= 0 ? list[i] : undefined;

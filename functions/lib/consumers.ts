@@ -26,7 +26,8 @@ export function pageSize(): number {
 export function setPageSizeFromEnv(env: NodeJS.ProcessEnv): void {
   const raw = env.CAPTF_PAGE_SIZE?.trim() || String(PAGE_SIZE);
   const n = Number(raw);
-  if (!Number.isInteger(n) || n < 1 || n > 5000) throw new Error(`CAPTF_PAGE_SIZE=${raw} must be an integer from 1 to 5000`);
+  if (!Number.isInteger(n) || n < 1 || n > 5000)
+    throw new Error(`CAPTF_PAGE_SIZE=${raw} must be an integer from 1 to 5000`);
   currentPageSize = n;
 }
 
@@ -50,7 +51,11 @@ export function consumerKindsFromEnv(env: NodeJS.ProcessEnv = process.env): Cons
 }
 
 /** The configured kind matching an `apiVersion` and `kind`, if any. */
-export function findConsumerKind(kinds: readonly ConsumerKind[], apiVersion: string, kind: string): ConsumerKind | undefined {
+export function findConsumerKind(
+  kinds: readonly ConsumerKind[],
+  apiVersion: string,
+  kind: string,
+): ConsumerKind | undefined {
   return kinds.find((k) => `${k.group}/${k.version}` === apiVersion && k.kind === kind);
 }
 
@@ -67,10 +72,19 @@ export async function* listConsumers(
   opts: { namespace?: string; fieldSelector?: string } = {},
 ): AsyncGenerator<Consumer> {
   const list = await listAllPages((cont) => {
-    const common = { group: kind.group, version: kind.version, plural: kind.plural, limit: currentPageSize, _continue: cont, fieldSelector: opts.fieldSelector };
-    return (opts.namespace
-      ? clients.custom.listNamespacedCustomObject({ ...common, namespace: opts.namespace })
-      : clients.custom.listClusterCustomObject(common)) as Promise<ListPage<Consumer>>;
+    const common = {
+      group: kind.group,
+      version: kind.version,
+      plural: kind.plural,
+      limit: currentPageSize,
+      _continue: cont,
+      fieldSelector: opts.fieldSelector,
+    };
+    return (
+      opts.namespace
+        ? clients.custom.listNamespacedCustomObject({ ...common, namespace: opts.namespace })
+        : clients.custom.listClusterCustomObject(common)
+    ) as Promise<ListPage<Consumer>>;
   });
   for (const item of list.items) yield { ...item, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind };
 }
@@ -89,7 +103,11 @@ export async function consumersOfIdentity(
 ): Promise<Consumer[]> {
   const out: Consumer[] = [];
   for (const kind of kinds) {
-    for await (const c of listConsumers(clients, kind, { ...opts, fieldSelector: `${IDENTITY_REF_FIELD}=${identityName}` })) out.push(c);
+    for await (const c of listConsumers(clients, kind, {
+      ...opts,
+      fieldSelector: `${IDENTITY_REF_FIELD}=${identityName}`,
+    }))
+      out.push(c);
   }
   return out;
 }

@@ -79,7 +79,9 @@ export function credentialDelivery(
     containerName,
     envFrom: [{ secretRef: { name: mirror, optional: false } }],
     volumeMounts: [{ name: CREDENTIALS_VOLUME, mountPath: CREDENTIALS_MOUNT_PATH, readOnly: true }],
-    volumes: [{ name: CREDENTIALS_VOLUME, secret: { secretName: mirror, defaultMode: CREDENTIALS_FILE_MODE, optional: false } }],
+    volumes: [
+      { name: CREDENTIALS_VOLUME, secret: { secretName: mirror, defaultMode: CREDENTIALS_FILE_MODE, optional: false } },
+    ],
     securityContext: { fsGroup },
   };
 }
@@ -116,7 +118,8 @@ function targetIndex(containers: readonly V1Container[], name: string | undefine
  *   (`fsGroup` is not allowed there).
  */
 export function withCredentialDelivery(podSpec: V1PodSpec, delivery: CredentialDelivery): V1PodSpec {
-  if (podSpec.os?.name === 'windows') throw new Error('fsGroup cannot be set on a Windows pod; credential delivery needs it');
+  if (podSpec.os?.name === 'windows')
+    throw new Error('fsGroup cannot be set on a Windows pod; credential delivery needs it');
   const containers = podSpec.containers ?? [];
   const index = targetIndex(containers, delivery.containerName);
   const target = containers[index]!;
@@ -125,7 +128,8 @@ export function withCredentialDelivery(podSpec: V1PodSpec, delivery: CredentialD
   for (const want of delivery.volumes) {
     const have = volumes.find((v) => v.name === want.name);
     if (!have) volumes.push(structuredClone(want));
-    else if (!sameValue(have, want)) throw new Error(`the pod already has a different volume named ${JSON.stringify(want.name)}`);
+    else if (!sameValue(have, want))
+      throw new Error(`the pod already has a different volume named ${JSON.stringify(want.name)}`);
   }
 
   const mounts = [...(target.volumeMounts ?? [])];
@@ -133,7 +137,9 @@ export function withCredentialDelivery(podSpec: V1PodSpec, delivery: CredentialD
     const have = mounts.find((m) => m.mountPath === want.mountPath || m.name === want.name);
     if (!have) mounts.push(structuredClone(want));
     else if (!sameValue(have, want)) {
-      throw new Error(`container ${JSON.stringify(target.name)} already mounts ${JSON.stringify(have.name)} at ${JSON.stringify(have.mountPath)}`);
+      throw new Error(
+        `container ${JSON.stringify(target.name)} already mounts ${JSON.stringify(have.name)} at ${JSON.stringify(have.mountPath)}`,
+      );
     }
   }
 
@@ -161,7 +167,12 @@ export function withCredentialDelivery(podSpec: V1PodSpec, delivery: CredentialD
  * @throws Error when the Job has no pod template spec, or as {@link credentialDelivery} and
  *   {@link withCredentialDelivery} do.
  */
-export function jobWithCredentials(job: V1Job, identityName: string, containerName?: string, opts: { fsGroup?: number } = {}): V1Job {
+export function jobWithCredentials(
+  job: V1Job,
+  identityName: string,
+  containerName?: string,
+  opts: { fsGroup?: number } = {},
+): V1Job {
   const podSpec = job.spec?.template?.spec;
   if (!podSpec) throw new Error('the Job has no spec.template.spec');
   const delivery = credentialDelivery(identityName, containerName, opts);

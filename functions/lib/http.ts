@@ -33,7 +33,12 @@ export class HttpError extends Error {
  */
 export type Outcome =
   | { kind: 'done'; body: object }
-  | { kind: 'bad-input' | 'forbidden' | 'not-found' | 'conflict' | 'unprocessable' | 'retry'; error: string; reason?: string | undefined; body?: object };
+  | {
+      kind: 'bad-input' | 'forbidden' | 'not-found' | 'conflict' | 'unprocessable' | 'retry';
+      error: string;
+      reason?: string | undefined;
+      body?: object;
+    };
 
 /** HTTP status of each {@link Outcome} kind. */
 export const OUTCOME_STATUS: Record<Outcome['kind'], number> = {
@@ -88,7 +93,12 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
     }
     const status = e.status ?? e.statusCode;
     if (status && status >= 400 && status < 500) {
-      const message = e.type === 'entity.too.large' ? 'request body too large' : e.type === 'entity.parse.failed' ? 'request body is not valid' : (e.message ?? 'bad request');
+      const message =
+        e.type === 'entity.too.large'
+          ? 'request body too large'
+          : e.type === 'entity.parse.failed'
+            ? 'request body is not valid'
+            : (e.message ?? 'bad request');
       res.status(status).json({ error: message });
       return;
     }
@@ -102,7 +112,11 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
  * (at most `graceMs`, default 30 s), then exits 0.
  * @param onStop optional extra cleanup (e.g. closing file watchers) run after the server closes.
  */
-export function stopGracefully(server: Server, logger: Logger, opts: { graceMs?: number; onStop?: () => void } = {}): void {
+export function stopGracefully(
+  server: Server,
+  logger: Logger,
+  opts: { graceMs?: number; onStop?: () => void } = {},
+): void {
   let stopping = false;
   const stop = (signal: string) => {
     if (stopping) return;
@@ -154,7 +168,11 @@ export interface StartOptions {
  */
 export function startSettings(opts: StartOptions): { port: number; kubeconfig: KubeConfig; env: NodeJS.ProcessEnv } {
   const env = opts.env ?? process.env;
-  return { port: opts.port ?? portFromEnv(8080, env), kubeconfig: opts.kubeconfig ?? loadKubeConfig(env.KUBECONFIG || undefined), env };
+  return {
+    port: opts.port ?? portFromEnv(8080, env),
+    kubeconfig: opts.kubeconfig ?? loadKubeConfig(env.KUBECONFIG || undefined),
+    env,
+  };
 }
 
 /** A running function. */

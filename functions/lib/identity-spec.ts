@@ -25,11 +25,16 @@ export function validateIdentitySpec(spec: unknown): string[] {
   } else {
     if (ref.name === undefined || ref.name === null || ref.name === '') errors.push('spec.secretRef.name: required');
     else if (!isDns1123Subdomain(ref.name)) {
-      errors.push(`spec.secretRef.name: ${JSON.stringify(ref.name)} is not a valid Secret name (lower-case DNS-1123 subdomain, at most 253 characters)`);
+      errors.push(
+        `spec.secretRef.name: ${JSON.stringify(ref.name)} is not a valid Secret name (lower-case DNS-1123 subdomain, at most 253 characters)`,
+      );
     }
-    if (ref.namespace === undefined || ref.namespace === null || ref.namespace === '') errors.push('spec.secretRef.namespace: required');
+    if (ref.namespace === undefined || ref.namespace === null || ref.namespace === '')
+      errors.push('spec.secretRef.namespace: required');
     else if (!isDns1123Label(ref.namespace)) {
-      errors.push(`spec.secretRef.namespace: ${JSON.stringify(ref.namespace)} is not a valid namespace name (lower-case DNS-1123 label, at most 63 characters)`);
+      errors.push(
+        `spec.secretRef.namespace: ${JSON.stringify(ref.namespace)} is not a valid namespace name (lower-case DNS-1123 label, at most 63 characters)`,
+      );
     }
   }
   errors.push(...validateAllowedNamespaces(spec.allowedNamespaces));

@@ -163,9 +163,14 @@ export function redactApiError(err: unknown): unknown {
   } catch {
     status = undefined;
   }
-  const fields = [...new Set((status?.details?.causes ?? []).map((c) => c.field).filter((f): f is string => typeof f === 'string'))];
+  const fields = [
+    ...new Set((status?.details?.causes ?? []).map((c) => c.field).filter((f): f is string => typeof f === 'string')),
+  ];
   const reason = typeof status?.reason === 'string' ? ` ${status.reason}` : '';
-  return new RedactedApiError(code, `HTTP ${code}${reason}${fields.length ? ` (fields: ${fields.join(', ').slice(0, 200)})` : ''}; the API server's message is withheld because the request carried Secret data`);
+  return new RedactedApiError(
+    code,
+    `HTTP ${code}${reason}${fields.length ? ` (fields: ${fields.join(', ').slice(0, 200)})` : ''}; the API server's message is withheld because the request carried Secret data`,
+  );
 }
 
 /**
@@ -198,7 +203,9 @@ export const LIST_RESTARTS = 2;
  * @returns every item and the resourceVersion of the list's last page.
  * @throws the 410 when restarts run out, and any other API error of a page.
  */
-export async function listAllPages<T>(page: (cont: string | undefined) => Promise<ListPage<T>>): Promise<{ items: T[]; resourceVersion: string }> {
+export async function listAllPages<T>(
+  page: (cont: string | undefined) => Promise<ListPage<T>>,
+): Promise<{ items: T[]; resourceVersion: string }> {
   for (let restart = 0; ; restart++) {
     const items: T[] = [];
     let cont: string | undefined;
@@ -223,7 +230,10 @@ export async function listAllPages<T>(page: (cont: string | undefined) => Promis
  * @returns true when deleted, false when it was already gone.
  * @throws the 409 when it changed (the caller re-reads), and any other API error.
  */
-export async function deleteSecretIfUnchanged(clients: Clients, secret: { metadata?: { name?: string; namespace?: string; resourceVersion?: string; uid?: string } }): Promise<boolean> {
+export async function deleteSecretIfUnchanged(
+  clients: Clients,
+  secret: { metadata?: { name?: string; namespace?: string; resourceVersion?: string; uid?: string } },
+): Promise<boolean> {
   const md = secret.metadata ?? {};
   try {
     await clients.core.deleteNamespacedSecret({

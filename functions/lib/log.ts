@@ -40,6 +40,8 @@ export function createLogger(component: string, opts: { level?: string; stream?:
     level: opts.level ?? process.env.LOG_LEVEL ?? 'info',
     defaultMeta: { component },
     format: winston.format.combine(redact(), winston.format.timestamp(), winston.format.json()),
-    transports: [opts.stream ? new winston.transports.Stream({ stream: opts.stream }) : new winston.transports.Console()],
+    transports: [
+      opts.stream ? new winston.transports.Stream({ stream: opts.stream }) : new winston.transports.Console(),
+    ],
   });
 }

@@ -124,7 +124,8 @@ export function groupOf(apiVersion: string): string {
 export function ownerReferenceFor(consumer: Consumer): OwnerReference {
   const { apiVersion, kind } = consumer;
   const { name, uid } = consumer.metadata;
-  if (!apiVersion || !kind || !name || !uid) throw new Error('consumer needs apiVersion, kind, metadata.name and metadata.uid');
+  if (!apiVersion || !kind || !name || !uid)
+    throw new Error('consumer needs apiVersion, kind, metadata.name and metadata.uid');
   return { apiVersion, kind, name, uid };
 }
 
@@ -146,7 +147,11 @@ export function withOwnerReference(
   const current = refs ?? [];
   const exact = current.filter((r) => sameOwner(r, ref) && r.uid === ref.uid);
   const others = current.filter((r) => !sameOwner(r, ref));
-  const isExact = exact.length === 1 && exact[0]!.apiVersion === ref.apiVersion && !exact[0]!.controller && !exact[0]!.blockOwnerDeletion;
+  const isExact =
+    exact.length === 1 &&
+    exact[0]!.apiVersion === ref.apiVersion &&
+    !exact[0]!.controller &&
+    !exact[0]!.blockOwnerDeletion;
   if (isExact && others.length === current.length - 1) return { refs: [...current], changed: false };
   return { refs: [...others, { ...ref }], changed: true };
 }

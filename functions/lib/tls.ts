@@ -40,7 +40,12 @@ export function readTlsPair(files: TlsFiles): TlsPair {
  * replace files through a symlink swap that watchers miss on some platforms.
  * @returns a function that stops polling.
  */
-export function watchTlsPair(server: HttpsServer, files: TlsFiles & { reloadMs: number }, loaded: TlsPair, logger: Logger): () => void {
+export function watchTlsPair(
+  server: HttpsServer,
+  files: TlsFiles & { reloadMs: number },
+  loaded: TlsPair,
+  logger: Logger,
+): () => void {
   let current = loaded;
   let lastFailure = '';
   const timer = setInterval(() => {

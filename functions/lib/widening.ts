@@ -68,8 +68,10 @@ function normalize(allowed: unknown): Normalized {
  * @returns `{ widening, reason }`.
  */
 export function isWidening(oldAllowed: unknown, newAllowed: unknown): WideningVerdict {
-  if (validateAllowedNamespaces(newAllowed).length > 0) return { widening: true, reason: 'the new allowedNamespaces is invalid' };
-  if (validateAllowedNamespaces(oldAllowed).length > 0) return { widening: true, reason: 'the old allowedNamespaces was invalid' };
+  if (validateAllowedNamespaces(newAllowed).length > 0)
+    return { widening: true, reason: 'the new allowedNamespaces is invalid' };
+  if (validateAllowedNamespaces(oldAllowed).length > 0)
+    return { widening: true, reason: 'the old allowedNamespaces was invalid' };
   const before = normalize(oldAllowed);
   const after = normalize(newAllowed);
   const added = [...after.list].filter((n) => !before.list.has(n)).sort();

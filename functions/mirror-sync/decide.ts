@@ -8,8 +8,20 @@ import { isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
 import type { Consumer, ConsumerKind, OwnerReference, TerraformClusterIdentity } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
 import {
-  ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MANAGED, LABEL_MIRRORED, LABEL_MIRROR_OF, desiredMirror, groupOf, isCurrent, isOurs,
-  mirrorName, mirrorOfLabel, ownerReferenceFor, type SecretData, type SecretLike,
+  ANNOTATION_IDENTITY,
+  ANNOTATION_SOURCE_HASH,
+  LABEL_MANAGED,
+  LABEL_MIRRORED,
+  LABEL_MIRROR_OF,
+  desiredMirror,
+  groupOf,
+  isCurrent,
+  isOurs,
+  mirrorName,
+  mirrorOfLabel,
+  ownerReferenceFor,
+  type SecretData,
+  type SecretLike,
 } from '../lib/mirror.ts';
 
 /** A mirror key (SPEC §4): the mirror of `identity` in `namespace`, and its consumers there. */
@@ -30,8 +42,7 @@ export interface ConsumerName {
 
 /** What the source Secret read found. */
 export type SourceState =
-  | { state: 'found'; data: SecretData; hash: string }
-  | { state: 'missing' | 'unreadable'; message: string };
+  { state: 'found'; data: SecretData; hash: string } | { state: 'missing' | 'unreadable'; message: string };
 
 /** Everything a decision needs, read fresh from the API server (observe.ts, resync.ts). */
 export interface Snapshot {
@@ -43,7 +54,7 @@ export interface Snapshot {
   /** The source Secret; undefined when it was not read (the identity or namespace already decides). */
   source: SourceState | undefined;
   /** The Secret holding the mirror's name, if any (with data and resourceVersion). */
-  mirror: SecretLike & { metadata?: { uid?: string } } | undefined;
+  mirror: (SecretLike & { metadata?: { uid?: string } }) | undefined;
   /** Consumers in the namespace whose `spec.identityRef.name` is the identity (deleting ones included). */
   consumers: Consumer[];
   /**
@@ -89,11 +100,15 @@ export interface Plan {
 }
 
 /** Whether an owner reference points at a configured consumer kind (any version). */
-export function isConsumerKindRef(kinds: readonly Pick<ConsumerKind, 'group' | 'kind'>[], ref: Pick<OwnerReference, 'apiVersion' | 'kind'>): boolean {
+export function isConsumerKindRef(
+  kinds: readonly Pick<ConsumerKind, 'group' | 'kind'>[],
+  ref: Pick<OwnerReference, 'apiVersion' | 'kind'>,
+): boolean {
   return kinds.some((k) => k.group === groupOf(ref.apiVersion) && k.kind === ref.kind);
 }
 
-const ownerId = (r: Pick<OwnerReference, 'apiVersion' | 'kind' | 'name'>): string => `${groupOf(r.apiVersion)}/${r.kind}/${r.name}`;
+const ownerId = (r: Pick<OwnerReference, 'apiVersion' | 'kind' | 'name'>): string =>
+  `${groupOf(r.apiVersion)}/${r.kind}/${r.name}`;
 
 /**
  * SPEC §3, §6: the mirror's owner references after this decision. References of kinds that
@@ -101,7 +116,11 @@ const ownerId = (r: Pick<OwnerReference, 'apiVersion' | 'kind' | 'name'>): strin
  * the live consumers (current UIDs, in their existing order, new ones appended); otherwise
  * only the looked-at consumers' references change.
  */
-export function desiredOwnerReferences(existing: readonly OwnerReference[], snapshot: Pick<Snapshot, 'consumers' | 'scope'>, kinds: readonly ConsumerKind[]): OwnerReference[] {
+export function desiredOwnerReferences(
+  existing: readonly OwnerReference[],
+  snapshot: Pick<Snapshot, 'consumers' | 'scope'>,
+  kinds: readonly ConsumerKind[],
+): OwnerReference[] {
   const live = new Map(snapshot.consumers.map((c) => [ownerId(ownerReferenceFor(c)), ownerReferenceFor(c)]));
   const lookedAt = snapshot.scope === 'all' ? undefined : new Set(snapshot.scope.map(ownerId));
   const out: OwnerReference[] = [];
@@ -127,27 +146,60 @@ export function desiredOwnerReferences(existing: readonly OwnerReference[], snap
 }
 
 const sameRefs = (a: readonly OwnerReference[], b: readonly OwnerReference[]): boolean =>
-  a.length === b.length && a.every((r, i) => r.uid === b[i]!.uid && r.kind === b[i]!.kind && r.name === b[i]!.name && r.apiVersion === b[i]!.apiVersion && !r.controller === !b[i]!.controller && !r.blockOwnerDeletion === !b[i]!.blockOwnerDeletion);
+  a.length === b.length &&
+  a.every(
+    (r, i) =>
+      r.uid === b[i]!.uid &&
+      r.kind === b[i]!.kind &&
+      r.name === b[i]!.name &&
+      r.apiVersion === b[i]!.apiVersion &&
+      !r.controller === !b[i]!.controller &&
+      !r.blockOwnerDeletion === !b[i]!.blockOwnerDeletion,
+  );
 
 /** The Secret with updated metadata (labels, hash annotation, owner references) and data. */
-function updatedMirror(existing: SecretLike, identity: string, refs: OwnerReference[], source: Extract<SourceState, { state: 'found' }> | undefined): SecretLike {
+function updatedMirror(
+  existing: SecretLike,
+  identity: string,
+  refs: OwnerReference[],
+  source: Extract<SourceState, { state: 'found' }> | undefined,
+): SecretLike {
   const md = existing.metadata ?? {};
   return {
     ...existing,
     metadata: {
       ...md,
-      labels: { ...md.labels, [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true', [LABEL_MIRROR_OF]: mirrorOfLabel(identity) },
-      annotations: { ...md.annotations, [ANNOTATION_IDENTITY]: identity, ...(source ? { [ANNOTATION_SOURCE_HASH]: source.hash } : {}) },
+      labels: {
+        ...md.labels,
+        [LABEL_MIRRORED]: 'true',
+        [LABEL_MANAGED]: 'true',
+        [LABEL_MIRROR_OF]: mirrorOfLabel(identity),
+      },
+      annotations: {
+        ...md.annotations,
+        [ANNOTATION_IDENTITY]: identity,
+        ...(source ? { [ANNOTATION_SOURCE_HASH]: source.hash } : {}),
+      },
       ownerReferences: refs,
     },
-    data: source ? { ...source.data } : existing.data ?? {},
+    data: source ? { ...source.data } : (existing.data ?? {}),
   };
 }
 
 /** Whether `updatedMirror` would change anything a reader sees. */
-function needsUpdate(existing: SecretLike, identity: string, refs: OwnerReference[], source: Extract<SourceState, { state: 'found' }> | undefined): boolean {
+function needsUpdate(
+  existing: SecretLike,
+  identity: string,
+  refs: OwnerReference[],
+  source: Extract<SourceState, { state: 'found' }> | undefined,
+): boolean {
   const labels = existing.metadata?.labels ?? {};
-  if (labels[LABEL_MIRRORED] !== 'true' || labels[LABEL_MANAGED] !== 'true' || labels[LABEL_MIRROR_OF] !== mirrorOfLabel(identity)) return true;
+  if (
+    labels[LABEL_MIRRORED] !== 'true' ||
+    labels[LABEL_MANAGED] !== 'true' ||
+    labels[LABEL_MIRROR_OF] !== mirrorOfLabel(identity)
+  )
+    return true;
   if (!sameRefs(existing.metadata?.ownerReferences ?? [], refs)) return true;
   return Boolean(source && !isCurrent(existing, source.hash));
 }
@@ -166,15 +218,29 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
   const users = refs.some((r) => isConsumerKindRef(kinds, r));
   const foreign = refs.some((r) => !isConsumerKindRef(kinds, r));
   const name = mirrorName(key.identity);
-  const each = (f: (c: Consumer) => Omit<ConsumerPlan, 'consumer'>): ConsumerPlan[] => consumers.map((c) => ({ consumer: c, ...f(c) }));
-  const gen = (c: Consumer) => (c.metadata.generation === undefined ? {} : { observedGeneration: c.metadata.generation });
+  const each = (f: (c: Consumer) => Omit<ConsumerPlan, 'consumer'>): ConsumerPlan[] =>
+    consumers.map((c) => ({ consumer: c, ...f(c) }));
+  const gen = (c: Consumer) =>
+    c.metadata.generation === undefined ? {} : { observedGeneration: c.metadata.generation };
   const revoke: MirrorAction = ours ? { action: 'delete', secret: existing, why: 'revoked' } : { action: 'none' };
 
   if (!identity) {
     const message = `TerraformClusterIdentity ${key.identity} does not exist`;
-    return { key, mirror: revoke, consumers: each((c) => ({ outcome: 'identity-not-found', reason: 'IdentityNotFound', message, retry: true, conditions: [{ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message, ...gen(c) }] })) };
+    return {
+      key,
+      mirror: revoke,
+      consumers: each((c) => ({
+        outcome: 'identity-not-found',
+        reason: 'IdentityNotFound',
+        message,
+        retry: true,
+        conditions: [{ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message, ...gen(c) }],
+      })),
+    };
   }
-  const allowed = snapshot.namespace !== undefined && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: snapshot.namespace.labels });
+  const allowed =
+    snapshot.namespace !== undefined &&
+    isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: snapshot.namespace.labels });
   if (!allowed) {
     // The same words before and after the mirror is gone: a message that changed would be a
     // new condition write and a second Event for one revocation.
@@ -184,16 +250,46 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
       mirror: revoke,
       consumers: each((c) => {
         const deleting = Boolean(c.metadata.deletionTimestamp);
-        const conditions: ConditionInput[] = [{ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message, ...gen(c) }];
+        const conditions: ConditionInput[] = [
+          { type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message, ...gen(c) },
+        ];
         if (deleting) {
-          conditions.push({ type: 'ApplyJobSucceeded', status: 'False', reason: 'IdentityNotAllowed', message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer`, ...gen(c) });
+          conditions.push({
+            type: 'ApplyJobSucceeded',
+            status: 'False',
+            reason: 'IdentityNotAllowed',
+            message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer`,
+            ...gen(c),
+          });
         }
-        return { outcome: 'not-allowed', reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed', message, retry: deleting, conditions };
+        return {
+          outcome: 'not-allowed',
+          reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed',
+          message,
+          retry: deleting,
+          conditions,
+        };
       }),
     };
   }
-  const allowedCond = (c: Consumer): ConditionInput => ({ type: 'IdentityAllowed', status: 'True', reason: 'NamespaceAllowed', message: `namespace ${key.namespace} is allowed by TerraformClusterIdentity ${key.identity}`, ...gen(c) });
-  const failed = (message: string, retry: boolean) => each((c) => ({ outcome: 'mirror-failed', reason: 'MirrorFailed', message, retry, conditions: [allowedCond(c), { type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message, ...gen(c) }] }));
+  const allowedCond = (c: Consumer): ConditionInput => ({
+    type: 'IdentityAllowed',
+    status: 'True',
+    reason: 'NamespaceAllowed',
+    message: `namespace ${key.namespace} is allowed by TerraformClusterIdentity ${key.identity}`,
+    ...gen(c),
+  });
+  const failed = (message: string, retry: boolean) =>
+    each((c) => ({
+      outcome: 'mirror-failed',
+      reason: 'MirrorFailed',
+      message,
+      retry,
+      conditions: [
+        allowedCond(c),
+        { type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message, ...gen(c) },
+      ],
+    }));
 
   if (existing && !ours) {
     const message = `Secret ${key.namespace}/${name} exists and is not a mirror of identity ${key.identity} (it lacks label captf.io/mirrored=true or annotation captf.io/identity=${key.identity}); rename or delete it so the mirror can be created`;
@@ -201,14 +297,36 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
   }
 
   // No consumer left (and no owner of a kind this instance does not know): SPEC §6 cleanup.
-  const unused: MirrorAction = existing && !foreign ? { action: 'delete', secret: existing, why: 'unused' } : { action: 'none' };
+  const unused: MirrorAction =
+    existing && !foreign ? { action: 'delete', secret: existing, why: 'unused' } : { action: 'none' };
   const source = snapshot.source;
   if (!source || source.state !== 'found') {
     const ref = identity.spec.secretRef;
-    const message = source?.message ?? `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${key.identity} was not read`;
+    const message =
+      source?.message ??
+      `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${key.identity} was not read`;
     // The last good copy stays; only the owner references follow the consumers.
-    const mirror: MirrorAction = !existing ? { action: 'none' } : !users ? unused : needsUpdate(existing, key.identity, refs, undefined) ? { action: 'update', body: updatedMirror(existing, key.identity, refs, undefined) } : { action: 'none' };
-    return { key, mirror, consumers: each((c) => ({ outcome: 'source-not-found', reason: 'SourceNotFound', message, retry: true, conditions: [allowedCond(c), { type: 'CredentialsMirrored', status: 'False', reason: 'SourceNotFound', message, ...gen(c) }] })) };
+    const mirror: MirrorAction = !existing
+      ? { action: 'none' }
+      : !users
+        ? unused
+        : needsUpdate(existing, key.identity, refs, undefined)
+          ? { action: 'update', body: updatedMirror(existing, key.identity, refs, undefined) }
+          : { action: 'none' };
+    return {
+      key,
+      mirror,
+      consumers: each((c) => ({
+        outcome: 'source-not-found',
+        reason: 'SourceNotFound',
+        message,
+        retry: true,
+        conditions: [
+          allowedCond(c),
+          { type: 'CredentialsMirrored', status: 'False', reason: 'SourceNotFound', message, ...gen(c) },
+        ],
+      })),
+    };
   }
   if (!users) return { key, mirror: unused, consumers: [] };
 
@@ -231,6 +349,15 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
     key,
     mirror,
     sourceHash: source.hash,
-    consumers: each((c) => ({ outcome: 'mirrored', reason: 'Mirrored', message, retry: false, conditions: [allowedCond(c), { type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message, ...gen(c) }] })),
+    consumers: each((c) => ({
+      outcome: 'mirrored',
+      reason: 'Mirrored',
+      message,
+      retry: false,
+      conditions: [
+        allowedCond(c),
+        { type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message, ...gen(c) },
+      ],
+    })),
   };
 }

@@ -29,7 +29,13 @@ export interface EventConfig {
 /** Label that opts a source Secret into the rotation fast path (SPEC §8). */
 export const SOURCE_LABEL = 'captf.io/identity-source';
 
-type Done = { id: string; results?: Pick<ConsumerResult, 'object' | 'outcome' | 'reason' | 'retry'>[]; keys?: string[]; resync?: ResyncSummary; ignored?: string };
+type Done = {
+  id: string;
+  results?: Pick<ConsumerResult, 'object' | 'outcome' | 'reason' | 'retry'>[];
+  keys?: string[];
+  resync?: ResyncSummary;
+  ignored?: string;
+};
 
 /**
  * Drops repeated work from one request: pings beyond the first, and events naming the same
@@ -38,7 +44,12 @@ type Done = { id: string; results?: Pick<ConsumerResult, 'object' | 'outcome' | 
 export function coalesce(requests: readonly EventRequest[]): EventRequest[] {
   const seen = new Set<string>();
   return requests.filter((r) => {
-    const key = r.type === 'ping' ? 'ping' : r.type === 'key' ? `key/${r.namespace}/${r.identity}` : JSON.stringify([r.target, r.ref.apiVersion, r.ref.kind, r.ref.namespace ?? '', r.ref.name]);
+    const key =
+      r.type === 'ping'
+        ? 'ping'
+        : r.type === 'key'
+          ? `key/${r.namespace}/${r.identity}`
+          : JSON.stringify([r.target, r.ref.apiVersion, r.ref.kind, r.ref.namespace ?? '', r.ref.name]);
     if (seen.has(key)) return false;
     seen.add(key);
     return true;
@@ -65,7 +76,11 @@ export class MirrorSyncHandler {
 
   /** One resync at a time per instance: a ping that arrives while one runs joins it. */
   resyncOnce(): Promise<ResyncSummary> {
-    this.running ??= resync(this.deps, { sink: this.cfg.sink, concurrency: this.cfg.concurrency, queue: this.queue }).finally(() => {
+    this.running ??= resync(this.deps, {
+      sink: this.cfg.sink,
+      concurrency: this.cfg.concurrency,
+      queue: this.queue,
+    }).finally(() => {
       this.running = undefined;
     });
     return this.running;
@@ -82,10 +97,20 @@ export class MirrorSyncHandler {
   /** Handles one classified event. @throws BadEventError for events this function cannot use; API errors. */
   async handleOne(ev: EventRequest): Promise<Done> {
     if (ev.type === 'ping') return { id: ev.id, resync: await this.resyncOnce() };
-    if (ev.type === 'key') return this.done(ev.id, await this.runKeys([{ key: { namespace: ev.namespace, identity: ev.identity }, scope: 'all' }]), []);
-    if (ev.target === 'other') throw new BadEventError(`event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`);
+    if (ev.type === 'key')
+      return this.done(
+        ev.id,
+        await this.runKeys([{ key: { namespace: ev.namespace, identity: ev.identity }, scope: 'all' }]),
+        [],
+      );
+    if (ev.target === 'other')
+      throw new BadEventError(
+        `event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`,
+      );
     if (ev.target === 'secret' && !this.cfg.sourceSecretEvents) {
-      throw new BadEventError(`event ${ev.id} is about a Secret, but the source-Secret fast path is off (set CAPTF_SOURCE_SECRET_EVENTS=true)`);
+      throw new BadEventError(
+        `event ${ev.id} is about a Secret, but the source-Secret fast path is off (set CAPTF_SOURCE_SECRET_EVENTS=true)`,
+      );
     }
     const clients = makeClients(this.deps.kc);
     const { kinds } = this.deps;
@@ -94,13 +119,29 @@ export class MirrorSyncHandler {
         const { keys, consumer } = await keysForConsumer(clients, kinds, ev.ref, ev.verb);
         const identity = consumer?.spec?.identityRef?.name;
         const direct: ConsumerResult[] = [];
-        if (consumer && !keys.some((k) => k.key.identity === identity)) direct.push(await settleWithoutKey(clients, this.deps, consumer));
+        if (consumer && !keys.some((k) => k.key.identity === identity))
+          direct.push(await settleWithoutKey(clients, this.deps, consumer));
         const results = await this.runKeys(keys);
         if (!consumer && ev.ref.namespace) {
           const released = results.filter((r) => r.mirrorAction === 'updated' || r.mirrorAction === 'deleted').length;
-          direct.push({ object: `${ev.ref.namespace}/${ev.ref.name}`, kind: ev.ref.kind, outcome: 'gone', reason: 'ObjectGone', message: `object is gone; released ${released} mirror(s)`, retry: false });
+          direct.push({
+            object: `${ev.ref.namespace}/${ev.ref.name}`,
+            kind: ev.ref.kind,
+            outcome: 'gone',
+            reason: 'ObjectGone',
+            message: `object is gone; released ${released} mirror(s)`,
+            retry: false,
+          });
         }
-        for (const d of direct) this.deps.logger.info('reconcile', { object: d.object, kind: d.kind, outcome: d.outcome, reason: d.reason, retry: d.retry, detail: d.message });
+        for (const d of direct)
+          this.deps.logger.info('reconcile', {
+            object: d.object,
+            kind: d.kind,
+            outcome: d.outcome,
+            reason: d.reason,
+            retry: d.retry,
+            detail: d.message,
+          });
         return this.done(ev.id, results, direct);
       }
       case 'identity':
@@ -112,7 +153,11 @@ export class MirrorSyncHandler {
       }
       default: {
         if (!ev.ref.namespace || (ev.labels && ev.labels[SOURCE_LABEL] !== 'true')) return { id: ev.id, results: [] };
-        return this.done(ev.id, await this.runKeys(await keysForSecret(clients, kinds, ev.ref.namespace, ev.ref.name)), []);
+        return this.done(
+          ev.id,
+          await this.runKeys(await keysForSecret(clients, kinds, ev.ref.namespace, ev.ref.name)),
+          [],
+        );
       }
     }
   }
@@ -173,9 +218,13 @@ export class MirrorSyncHandler {
       }
     }
     if (bad.length) this.deps.logger.warn('bad event', { errors: bad });
-    if (retry) return { kind: 'retry', error: 'some reconciles must be retried', body: { events: done, ...(bad.length ? { badEvents: bad } : {}) } };
+    if (retry)
+      return {
+        kind: 'retry',
+        error: 'some reconciles must be retried',
+        body: { events: done, ...(bad.length ? { badEvents: bad } : {}) },
+      };
     if (bad.length) return { kind: 'bad-input', error: bad.join('; '), body: { events: done } };
     return { kind: 'done', body: { events: done } };
   }
 }
-

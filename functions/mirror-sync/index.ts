@@ -5,7 +5,16 @@
  */
 import { createServer } from 'node:http';
 import { consumerKindsFromEnv, setPageSizeFromEnv } from '../lib/consumers.ts';
-import { closeServer, createApp, errorHandler, listen, sendOutcome, startSettings, type FunctionHandle, type StartOptions } from '../lib/http.ts';
+import {
+  closeServer,
+  createApp,
+  errorHandler,
+  listen,
+  sendOutcome,
+  startSettings,
+  type FunctionHandle,
+  type StartOptions,
+} from '../lib/http.ts';
 import { createLogger } from '../lib/log.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
@@ -22,7 +31,8 @@ export const DEFAULT_CONCURRENCY = 8;
 export function configFromEnv(env: NodeJS.ProcessEnv): EventConfig {
   const raw = env.CAPTF_CONCURRENCY ?? String(DEFAULT_CONCURRENCY);
   const concurrency = Number(raw);
-  if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 256) throw new Error(`CAPTF_CONCURRENCY=${raw} must be an integer from 1 to 256`);
+  if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 256)
+    throw new Error(`CAPTF_CONCURRENCY=${raw} must be an integer from 1 to 256`);
   const flag = env.CAPTF_SOURCE_SECRET_EVENTS ?? 'false';
   if (flag !== 'true' && flag !== 'false') throw new Error(`CAPTF_SOURCE_SECRET_EVENTS=${flag} must be true or false`);
   const sink = env.K_SINK || undefined;
@@ -40,7 +50,11 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const deps: ReconcileDeps = { kc: kubeconfig, kinds: consumerKindsFromEnv(env), logger };
   const cfg = configFromEnv(env);
   setPageSizeFromEnv(env);
-  const handler = new MirrorSyncHandler(deps, cfg, new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed)));
+  const handler = new MirrorSyncHandler(
+    deps,
+    cfg,
+    new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed)),
+  );
   const app = createApp();
   app.post('/', handler.handle);
   app.post('/prepare', async (req, res) => {

@@ -10,7 +10,14 @@
  */
 import type { V1Secret } from '@kubernetes/client-node';
 import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
-import { GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
+import {
+  GROUP,
+  IDENTITY_PLURAL,
+  VERSION,
+  type Consumer,
+  type ConsumerKind,
+  type TerraformClusterIdentity,
+} from '../lib/api.ts';
 import type { ObjectRef } from '../lib/cloudevents.ts';
 import { consumersOfIdentity, findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, listAllPages, type Clients } from '../lib/kube.ts';
@@ -38,7 +45,11 @@ const MIRRORS = `${LABEL_MIRRORED}=true`;
 
 /** Mirrors (by label) in one namespace, with data. */
 async function mirrorsIn(clients: Clients, namespace: string): Promise<V1Secret[]> {
-  return (await listAllPages((cont) => clients.core.listNamespacedSecret({ namespace, labelSelector: MIRRORS, limit: pageSize(), _continue: cont }))).items;
+  return (
+    await listAllPages((cont) =>
+      clients.core.listNamespacedSecret({ namespace, labelSelector: MIRRORS, limit: pageSize(), _continue: cont }),
+    )
+  ).items;
 }
 
 /**
@@ -61,13 +72,26 @@ function mayHaveMoved(consumer: Consumer, verb: 'add' | 'update' | 'delete'): bo
  * @param verb the event's verb (`update` for prepare).
  * @throws API errors of the lookups.
  */
-export async function keysForConsumer(clients: Clients, kinds: readonly ConsumerKind[], ref: ObjectRef, verb: 'add' | 'update' | 'delete' = 'update'): Promise<ConsumerKeys> {
+export async function keysForConsumer(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  ref: ObjectRef,
+  verb: 'add' | 'update' | 'delete' = 'update',
+): Promise<ConsumerKeys> {
   const kind = findConsumerKind(kinds, ref.apiVersion, ref.kind);
   if (!kind || !ref.namespace) return { keys: [], consumer: undefined };
   const namespace = ref.namespace;
   const name: ConsumerName = { apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind, name: ref.name };
-  const found = await ignoreNotFound(clients.custom.getNamespacedCustomObject({ group: kind.group, version: kind.version, plural: kind.plural, namespace, name: ref.name }));
-  const consumer = found ? ({ ...(found as Consumer), apiVersion: name.apiVersion, kind: kind.kind }) : undefined;
+  const found = await ignoreNotFound(
+    clients.custom.getNamespacedCustomObject({
+      group: kind.group,
+      version: kind.version,
+      plural: kind.plural,
+      namespace,
+      name: ref.name,
+    }),
+  );
+  const consumer = found ? { ...(found as Consumer), apiVersion: name.apiVersion, kind: kind.kind } : undefined;
   const identity = consumer?.spec?.identityRef?.name;
   const keys: KeyWork[] = [];
   if (consumer && identity && isDns1123Subdomain(identity)) keys.push({ key: { namespace, identity }, scope: [name] });
@@ -88,36 +112,61 @@ export async function keysForConsumer(clients: Clients, kinds: readonly Consumer
  * selector) each namespace; keys that lose their mirror are marked to go first (SPEC §7).
  * @throws API errors of the lookups.
  */
-export async function keysForIdentity(clients: Clients, kinds: readonly ConsumerKind[], identityName: string): Promise<KeyWork[]> {
+export async function keysForIdentity(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  identityName: string,
+): Promise<KeyWork[]> {
   if (!isDns1123Subdomain(identityName)) return [];
   // Mirrors before consumers (SPEC §12), found by name so one without our labels' help
   // (made before the mirror-of label existed, or relabelled by hand) is found too.
   const [identity, mirrors] = await Promise.all([
     readIdentity(clients, identityName),
-    listAllPages((cont) => clients.core.listSecretForAllNamespaces({ fieldSelector: `metadata.name=${mirrorName(identityName)}`, limit: pageSize(), _continue: cont })),
+    listAllPages((cont) =>
+      clients.core.listSecretForAllNamespaces({
+        fieldSelector: `metadata.name=${mirrorName(identityName)}`,
+        limit: pageSize(),
+        _continue: cont,
+      }),
+    ),
   ]);
   const consumers = await consumersOfIdentity(clients, kinds, identityName);
   const byNamespace = new Map<string, { consumers: Consumer[]; mirror: V1Secret | null }>();
   const entry = (ns: string) => byNamespace.get(ns) ?? byNamespace.set(ns, { consumers: [], mirror: null }).get(ns)!;
   for (const m of mirrors.items) entry(m.metadata!.namespace!).mirror = m;
   for (const c of consumers) entry(c.metadata.namespace!).consumers.push(c);
-  const namespaces = identity?.spec?.allowedNamespaces?.selector ? await readNamespaces(clients, [...byNamespace.keys()]) : undefined;
+  const namespaces = identity?.spec?.allowedNamespaces?.selector
+    ? await readNamespaces(clients, [...byNamespace.keys()])
+    : undefined;
   const source = identity && byNamespace.size > 0 ? await readSource(clients, identity) : undefined;
   return [...byNamespace].map(([namespace, e]) => {
     const ns = namespaces?.get(namespace);
     return {
       key: { namespace, identity: identityName },
       scope: 'all' as const,
-      seed: { identity: identity ?? null, consumers: e.consumers, mirror: e.mirror, ...(source ? { source } : {}), ...(ns !== undefined ? { namespace: ns } : {}) },
-      revoking: !identity || !isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: namespace, labels: ns?.labels ?? {} }),
+      seed: {
+        identity: identity ?? null,
+        consumers: e.consumers,
+        mirror: e.mirror,
+        ...(source ? { source } : {}),
+        ...(ns !== undefined ? { namespace: ns } : {}),
+      },
+      revoking:
+        !identity ||
+        !isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: namespace, labels: ns?.labels ?? {} }),
     };
   });
 }
 
 /** Reads namespaces (a few at a time); `null` for one that does not exist. */
-async function readNamespaces(clients: Clients, names: readonly string[]): Promise<Map<string, { labels?: Record<string, string> | undefined } | null>> {
+async function readNamespaces(
+  clients: Clients,
+  names: readonly string[],
+): Promise<Map<string, { labels?: Record<string, string> | undefined } | null>> {
   const limit = pLimit(8);
-  return new Map(await Promise.all(names.map((n) => limit(async () => [n, (await readNamespace(clients, n)) ?? null] as const))));
+  return new Map(
+    await Promise.all(names.map((n) => limit(async () => [n, (await readNamespace(clients, n)) ?? null] as const))),
+  );
 }
 
 /**
@@ -127,7 +176,11 @@ async function readNamespaces(clients: Clients, names: readonly string[]): Promi
  * apart, to have their conditions settled.
  * @throws API errors of the lookups.
  */
-export async function keysForNamespace(clients: Clients, kinds: readonly ConsumerKind[], namespace: string): Promise<{ keys: KeyWork[]; unkeyed: Consumer[] }> {
+export async function keysForNamespace(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  namespace: string,
+): Promise<{ keys: KeyWork[]; unkeyed: Consumer[] }> {
   const [mirrors, ns] = await Promise.all([mirrorsIn(clients, namespace), readNamespace(clients, namespace)]);
   const consumers: Consumer[] = [];
   for (const k of kinds) for await (const c of listConsumers(clients, k, { namespace })) consumers.push(c);
@@ -144,11 +197,22 @@ export async function keysForNamespace(clients: Clients, kinds: readonly Consume
     if (id && isOurs(m, id) && m.metadata?.name === mirrorName(id)) entry(id).mirror = m;
   }
   const limit = pLimit(8);
-  const keys = await Promise.all([...byIdentity].map(([identity, e]) => limit(async (): Promise<KeyWork> => {
-    const idObj = await readIdentity(clients, identity);
-    const allowed = Boolean(idObj && ns && isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: namespace, labels: ns.labels }));
-    return { key: { namespace, identity }, scope: 'all', seed: { consumers: e.consumers, mirror: e.mirror, identity: idObj ?? null, namespace: ns ?? null }, revoking: !allowed };
-  })));
+  const keys = await Promise.all(
+    [...byIdentity].map(([identity, e]) =>
+      limit(async (): Promise<KeyWork> => {
+        const idObj = await readIdentity(clients, identity);
+        const allowed = Boolean(
+          idObj && ns && isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: namespace, labels: ns.labels }),
+        );
+        return {
+          key: { namespace, identity },
+          scope: 'all',
+          seed: { consumers: e.consumers, mirror: e.mirror, identity: idObj ?? null, namespace: ns ?? null },
+          revoking: !allowed,
+        };
+      }),
+    ),
+  );
   return { keys, unkeyed };
 }
 
@@ -157,8 +221,24 @@ export async function keysForNamespace(clients: Clients, kinds: readonly Consume
  * `spec.secretRef` names it.
  * @throws API errors of the lookups.
  */
-export async function keysForSecret(clients: Clients, kinds: readonly ConsumerKind[], namespace: string, name: string): Promise<KeyWork[]> {
-  const identities = await listAllPages((cont) => clients.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, limit: pageSize(), _continue: cont }) as Promise<{ items?: TerraformClusterIdentity[] }>);
-  const users = identities.items.filter((i) => i.spec?.secretRef?.namespace === namespace && i.spec.secretRef.name === name);
+export async function keysForSecret(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  namespace: string,
+  name: string,
+): Promise<KeyWork[]> {
+  const identities = await listAllPages(
+    (cont) =>
+      clients.custom.listClusterCustomObject({
+        group: GROUP,
+        version: VERSION,
+        plural: IDENTITY_PLURAL,
+        limit: pageSize(),
+        _continue: cont,
+      }) as Promise<{ items?: TerraformClusterIdentity[] }>,
+  );
+  const users = identities.items.filter(
+    (i) => i.spec?.secretRef?.namespace === namespace && i.spec.secretRef.name === name,
+  );
   return (await Promise.all(users.map((i) => keysForIdentity(clients, kinds, i.metadata.name!)))).flat();
 }

@@ -5,7 +5,15 @@
  * passes them as a seed instead of reading twice. Only reads; decides nothing.
  */
 import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
-import { GROUP, IDENTITY_PLURAL, IDENTITY_REF_FIELD, VERSION, type Consumer, type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
+import {
+  GROUP,
+  IDENTITY_PLURAL,
+  IDENTITY_REF_FIELD,
+  VERSION,
+  type Consumer,
+  type ConsumerKind,
+  type TerraformClusterIdentity,
+} from '../lib/api.ts';
 import { findConsumerKind, listConsumers } from '../lib/consumers.ts';
 import { ignoreNotFound, isForbidden, type Clients } from '../lib/kube.ts';
 import { mirrorName, sourceHash } from '../lib/mirror.ts';
@@ -29,11 +37,16 @@ export interface Seed {
 export async function readIdentity(clients: Clients, name: string): Promise<TerraformClusterIdentity | undefined> {
   // A name that is not a valid object name cannot exist, and must not reach a URL ("..").
   if (!isDns1123Subdomain(name)) return undefined;
-  return (await ignoreNotFound(clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }))) as TerraformClusterIdentity | undefined;
+  return (await ignoreNotFound(
+    clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }),
+  )) as TerraformClusterIdentity | undefined;
 }
 
 /** GETs a namespace's labels; undefined when it does not exist. */
-export async function readNamespace(clients: Clients, name: string): Promise<{ labels?: Record<string, string> | undefined } | undefined> {
+export async function readNamespace(
+  clients: Clients,
+  name: string,
+): Promise<{ labels?: Record<string, string> | undefined } | undefined> {
   const ns = await ignoreNotFound(clients.core.readNamespace({ name }));
   return ns ? { labels: ns.metadata?.labels } : undefined;
 }
@@ -56,22 +69,45 @@ export async function readSource(clients: Clients, identity: TerraformClusterIde
 }
 
 /** Every consumer in `namespace` whose `spec.identityRef.name` is `identity` (one list per kind). */
-export async function listKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey): Promise<Consumer[]> {
+export async function listKeyConsumers(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  key: MirrorKey,
+): Promise<Consumer[]> {
   const out: Consumer[] = [];
   for (const kind of kinds) {
-    for await (const c of listConsumers(clients, kind, { namespace: key.namespace, fieldSelector: `${IDENTITY_REF_FIELD}=${key.identity}` })) out.push(c);
+    for await (const c of listConsumers(clients, kind, {
+      namespace: key.namespace,
+      fieldSelector: `${IDENTITY_REF_FIELD}=${key.identity}`,
+    }))
+      out.push(c);
   }
   return out;
 }
 
 /** GETs named consumers; returns those that exist and still name the key's identity. */
-async function getKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey, names: readonly ConsumerName[]): Promise<Consumer[]> {
-  const found = await Promise.all(names.map(async (n): Promise<Consumer | undefined> => {
-    const kind = findConsumerKind(kinds, n.apiVersion, n.kind);
-    if (!kind) return undefined;
-    const c = (await ignoreNotFound(clients.custom.getNamespacedCustomObject({ group: kind.group, version: kind.version, plural: kind.plural, namespace: key.namespace, name: n.name }))) as Consumer | undefined;
-    return c ? ({ ...c, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind } as Consumer) : undefined;
-  }));
+async function getKeyConsumers(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  key: MirrorKey,
+  names: readonly ConsumerName[],
+): Promise<Consumer[]> {
+  const found = await Promise.all(
+    names.map(async (n): Promise<Consumer | undefined> => {
+      const kind = findConsumerKind(kinds, n.apiVersion, n.kind);
+      if (!kind) return undefined;
+      const c = (await ignoreNotFound(
+        clients.custom.getNamespacedCustomObject({
+          group: kind.group,
+          version: kind.version,
+          plural: kind.plural,
+          namespace: key.namespace,
+          name: n.name,
+        }),
+      )) as Consumer | undefined;
+      return c ? ({ ...c, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind } as Consumer) : undefined;
+    }),
+  );
   return found.filter((c): c is Consumer => c !== undefined && c.spec?.identityRef?.name === key.identity);
 }
 
@@ -81,21 +117,33 @@ async function getKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[],
  * @param seed reads already made for this key after the request arrived.
  * @throws API errors other than 404 (and 403 on the source), for the caller to retry.
  */
-export async function observe(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey, scope: Snapshot['scope'], seed: Seed = {}): Promise<Snapshot> {
+export async function observe(
+  clients: Clients,
+  kinds: readonly ConsumerKind[],
+  key: MirrorKey,
+  scope: Snapshot['scope'],
+  seed: Seed = {},
+): Promise<Snapshot> {
   const [identity, namespace, mirror] = await Promise.all([
-    seed.identity !== undefined ? seed.identity ?? undefined : readIdentity(clients, key.identity),
-    seed.namespace !== undefined ? seed.namespace ?? undefined : readNamespace(clients, key.namespace),
-    seed.mirror !== undefined ? seed.mirror ?? undefined : ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace })),
+    seed.identity !== undefined ? (seed.identity ?? undefined) : readIdentity(clients, key.identity),
+    seed.namespace !== undefined ? (seed.namespace ?? undefined) : readNamespace(clients, key.namespace),
+    seed.mirror !== undefined
+      ? (seed.mirror ?? undefined)
+      : ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace })),
   ]);
   // The consumers are read after the mirror (SPEC §12): any owner reference the mirror holds
   // then belongs to a consumer that existed before the read, so a consumer that arrived
   // meanwhile is never taken for a dead one — its write changes the mirror's resourceVersion
   // and ours conflicts.
   // The source matters only where the mirror may exist.
-  const allowed = identity && namespace && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
+  const allowed =
+    identity &&
+    namespace &&
+    isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
   const [consumers, source] = await Promise.all([
-    seed.consumers ?? (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
-    identity && allowed ? seed.source ?? readSource(clients, identity) : undefined,
+    seed.consumers ??
+      (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
+    identity && allowed ? (seed.source ?? readSource(clients, identity)) : undefined,
   ]);
   return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope };
 }

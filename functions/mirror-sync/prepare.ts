@@ -26,24 +26,44 @@ export interface PrepareRequest {
  * Parses and validates the body of `POST /prepare`.
  * @throws HttpError 400 naming the missing or bad field, or the unknown kind.
  */
-export function parsePrepareRequest(raw: string, kinds: readonly ConsumerKind[]): { req: PrepareRequest; kind: ConsumerKind } {
+export function parsePrepareRequest(
+  raw: string,
+  kinds: readonly ConsumerKind[],
+): { req: PrepareRequest; kind: ConsumerKind } {
   let body: unknown;
   try {
     body = JSON.parse(raw);
   } catch {
     throw new HttpError(400, 'body must be JSON: {"apiVersion","kind","namespace","name"}', 'BadRequest');
   }
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'body must be a JSON object', 'BadRequest');
+  if (typeof body !== 'object' || body === null || Array.isArray(body))
+    throw new HttpError(400, 'body must be a JSON object', 'BadRequest');
   const b = body as Record<string, unknown>;
   for (const f of ['apiVersion', 'kind', 'namespace', 'name']) {
-    if (typeof b[f] !== 'string' || b[f] === '') throw new HttpError(400, `field ${f} must be a non-empty string`, 'BadRequest');
+    if (typeof b[f] !== 'string' || b[f] === '')
+      throw new HttpError(400, `field ${f} must be a non-empty string`, 'BadRequest');
   }
-  const req = { apiVersion: b.apiVersion as string, kind: b.kind as string, namespace: b.namespace as string, name: b.name as string };
-  if (!isDns1123Label(req.namespace)) throw new HttpError(400, `namespace ${JSON.stringify(req.namespace).slice(0, 80)} is not a valid namespace name`, 'BadRequest');
-  if (!isDns1123Subdomain(req.name)) throw new HttpError(400, `name ${JSON.stringify(req.name).slice(0, 80)} is not a valid object name`, 'BadRequest');
+  const req = {
+    apiVersion: b.apiVersion as string,
+    kind: b.kind as string,
+    namespace: b.namespace as string,
+    name: b.name as string,
+  };
+  if (!isDns1123Label(req.namespace))
+    throw new HttpError(
+      400,
+      `namespace ${JSON.stringify(req.namespace).slice(0, 80)} is not a valid namespace name`,
+      'BadRequest',
+    );
+  if (!isDns1123Subdomain(req.name))
+    throw new HttpError(400, `name ${JSON.stringify(req.name).slice(0, 80)} is not a valid object name`, 'BadRequest');
   const kind = findConsumerKind(kinds, req.apiVersion, req.kind);
   if (!kind) {
-    throw new HttpError(400, `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map((k) => `${k.group}/${k.version}/${k.kind}`).join(', ')})`, 'UnknownKind');
+    throw new HttpError(
+      400,
+      `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map((k) => `${k.group}/${k.version}/${k.kind}`).join(', ')})`,
+      'UnknownKind',
+    );
   }
   return { req, kind };
 }
@@ -105,26 +125,56 @@ export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, r
   let found: Awaited<ReturnType<typeof keysForConsumer>>;
   let results: KeyResult[];
   try {
-    found = await keysForConsumer(clients, deps.kinds, { apiVersion: req.apiVersion, kind: req.kind, namespace: req.namespace, name: req.name });
+    found = await keysForConsumer(clients, deps.kinds, {
+      apiVersion: req.apiVersion,
+      kind: req.kind,
+      namespace: req.namespace,
+      name: req.name,
+    });
     results = await handler.runKeys(found.keys);
   } catch (err) {
     // The API server failed the lookups: a retry can fix that (SPEC §5).
-    return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: describeError(err) }, false);
+    return prepareAnswer(
+      { object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: describeError(err) },
+      false,
+    );
   }
   const { consumer } = found;
-  if (!consumer) return prepareAnswer({ object, kind: kind.kind, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
+  if (!consumer)
+    return prepareAnswer({ object, kind: kind.kind, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
   const identity = consumer.spec?.identityRef?.name;
   const own = results.find((r) => r.key.identity === identity);
   if (!own) {
     const settled = await settleWithoutKey(clients, deps, consumer);
     return prepareAnswer({ ...settled }, false);
   }
-  if (own.error) return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: own.error }, false);
+  if (own.error)
+    return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: own.error }, false);
   const mine = own.consumers.find((c) => c.object === object && c.kind === kind.kind);
-  if (!mine) return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'MirrorFailed', message: 'the object changed while preparing; call prepare again' }, false);
-  const outcome: PrepareOutcome = { ...mine, mirror: mirrorName(identity!), ...(own.sourceHash ? { sourceHash: own.sourceHash } : {}) };
-  const ready = mine.outcome === 'mirrored' && own.sourceHash !== undefined
-    && (await mirrorReadyFor(clients, req.namespace, identity!, own.sourceHash, { kind: req.kind, name: req.name, uid: consumer.metadata.uid! }));
+  if (!mine)
+    return prepareAnswer(
+      {
+        object,
+        kind: kind.kind,
+        outcome: 'error',
+        reason: 'MirrorFailed',
+        message: 'the object changed while preparing; call prepare again',
+      },
+      false,
+    );
+  const outcome: PrepareOutcome = {
+    ...mine,
+    mirror: mirrorName(identity!),
+    ...(own.sourceHash ? { sourceHash: own.sourceHash } : {}),
+  };
+  const ready =
+    mine.outcome === 'mirrored' &&
+    own.sourceHash !== undefined &&
+    (await mirrorReadyFor(clients, req.namespace, identity!, own.sourceHash, {
+      kind: req.kind,
+      name: req.name,
+      uid: consumer.metadata.uid!,
+    }));
   return prepareAnswer(outcome, ready);
 }
 
@@ -132,8 +182,16 @@ export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, r
  * SPEC §5: is the namespace's mirror of `identityName` current for `hash`, and does it carry
  * this consumer's owner reference (exact UID)? Read fresh, after the reconcile.
  */
-export async function mirrorReadyFor(clients: Clients, namespace: string, identityName: string, hash: string, owner: { kind: string; name: string; uid: string }): Promise<boolean> {
+export async function mirrorReadyFor(
+  clients: Clients,
+  namespace: string,
+  identityName: string,
+  hash: string,
+  owner: { kind: string; name: string; uid: string },
+): Promise<boolean> {
   const m = await ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(identityName), namespace }));
   if (!m || !isOurs(m as SecretLike, identityName) || !isCurrent(m as SecretLike, hash)) return false;
-  return (m.metadata?.ownerReferences ?? []).some((r) => r.uid === owner.uid && r.kind === owner.kind && r.name === owner.name);
+  return (m.metadata?.ownerReferences ?? []).some(
+    (r) => r.uid === owner.uid && r.kind === owner.kind && r.name === owner.name,
+  );
 }

@@ -52,7 +52,12 @@ export class KeyQueue {
       let start!: () => void;
       const gate = new Promise<void>((r) => (start = r));
       const pending: Pending = { scope: new Map(), promise: undefined as unknown as Promise<KeyResult>, start };
-      pending.promise = gate.then(() => this.runKey(key, pending.scope === 'all' ? 'all' : pending.scope.size === 1 ? [...pending.scope.values()] : 'all'));
+      pending.promise = gate.then(() =>
+        this.runKey(
+          key,
+          pending.scope === 'all' ? 'all' : pending.scope.size === 1 ? [...pending.scope.values()] : 'all',
+        ),
+      );
       slot.next = pending;
     }
     const next = slot.next;

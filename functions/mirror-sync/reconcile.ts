@@ -13,9 +13,25 @@ import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
 import { mirrorName } from '../lib/mirror.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
-import { apiStatus, deleteSecretIfUnchanged, describeError, isConflict, makeClients, redactApiError, type Clients } from '../lib/kube.ts';
+import {
+  apiStatus,
+  deleteSecretIfUnchanged,
+  describeError,
+  isConflict,
+  makeClients,
+  redactApiError,
+  type Clients,
+} from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { decide, keyString, type ConsumerPlan, type MirrorKey, type Outcome, type Plan, type Snapshot } from './decide.ts';
+import {
+  decide,
+  keyString,
+  type ConsumerPlan,
+  type MirrorKey,
+  type Outcome,
+  type Plan,
+  type Snapshot,
+} from './decide.ts';
 import { observe, readIdentity, readNamespace, type Seed } from './observe.ts';
 import { writeConditions } from './status.ts';
 
@@ -81,7 +97,11 @@ async function writeMirror(clients: Clients, plan: Plan): Promise<KeyResult['mir
         return 'created';
       case 'update':
         // The body carries the resourceVersion it was read at: the precondition.
-        await clients.core.replaceNamespacedSecret({ name: m.body.metadata!.name!, namespace, body: m.body as V1Secret });
+        await clients.core.replaceNamespacedSecret({
+          name: m.body.metadata!.name!,
+          namespace,
+          body: m.body as V1Secret,
+        });
         return 'updated';
       case 'delete':
         await deleteSecretIfUnchanged(clients, m.secret);
@@ -100,24 +120,45 @@ async function writeMirror(clients: Clients, plan: Plan): Promise<KeyResult['mir
 
 /** Fresh reads: is the key's namespace still allowed by its identity (SPEC §2)? */
 async function stillAllowed(clients: Clients, key: MirrorKey): Promise<boolean> {
-  const [identity, ns] = await Promise.all([readIdentity(clients, key.identity), readNamespace(clients, key.namespace)]);
-  return Boolean(identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: ns.labels }));
+  const [identity, ns] = await Promise.all([
+    readIdentity(clients, key.identity),
+    readNamespace(clients, key.namespace),
+  ]);
+  return Boolean(
+    identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: ns.labels }),
+  );
 }
 
 /** A consumer's result before (or without) its status write. */
 const resultOf = (key: MirrorKey, p: ConsumerPlan): ConsumerResult => ({
-  object: `${key.namespace}/${p.consumer.metadata.name}`, kind: p.consumer.kind ?? '', identity: key.identity, outcome: p.outcome, reason: p.reason, message: p.message, retry: p.retry, changed: false,
+  object: `${key.namespace}/${p.consumer.metadata.name}`,
+  kind: p.consumer.kind ?? '',
+  identity: key.identity,
+  outcome: p.outcome,
+  reason: p.reason,
+  message: p.message,
+  retry: p.retry,
+  changed: false,
 });
 
 /** Writes each consumer's conditions where they changed (a few at a time); returns the results. */
-async function writeAllConditions(clients: Clients, deps: ReconcileDeps, key: MirrorKey, consumers: readonly ConsumerPlan[]): Promise<ConsumerResult[]> {
+async function writeAllConditions(
+  clients: Clients,
+  deps: ReconcileDeps,
+  key: MirrorKey,
+  consumers: readonly ConsumerPlan[],
+): Promise<ConsumerResult[]> {
   const now = deps.now?.() ?? new Date();
   const limit = pLimit(STATUS_CONCURRENCY);
-  return Promise.all(consumers.map((p) => limit(async (): Promise<ConsumerResult> => {
-    const kind = findConsumerKind(deps.kinds, p.consumer.apiVersion!, p.consumer.kind!);
-    const changed = kind ? await writeConditions(clients, kind, p.consumer, p.conditions, now, deps.logger) : false;
-    return { ...resultOf(key, p), changed };
-  })));
+  return Promise.all(
+    consumers.map((p) =>
+      limit(async (): Promise<ConsumerResult> => {
+        const kind = findConsumerKind(deps.kinds, p.consumer.apiVersion!, p.consumer.kind!);
+        const changed = kind ? await writeConditions(clients, kind, p.consumer, p.conditions, now, deps.logger) : false;
+        return { ...resultOf(key, p), changed };
+      }),
+    ),
+  );
 }
 
 /**
@@ -127,7 +168,11 @@ async function writeAllConditions(clients: Clients, deps: ReconcileDeps, key: Mi
  *   create raced a revocation and was undone): the caller observes the key again.
  * @throws API errors (safe text) other than 409.
  */
-export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
+export async function act(
+  clients: Clients,
+  deps: ReconcileDeps,
+  plan: Plan,
+): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
   let mirrorAction: KeyResult['mirrorAction'];
   try {
     mirrorAction = await writeMirror(clients, plan);
@@ -136,26 +181,63 @@ export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Pr
     const status = apiStatus(err);
     // The mirror went away since it was read (an update answers 404): observe again.
     if (status === 404) return 'conflict';
-    const target = plan.mirror.action === 'delete' ? plan.mirror.secret.metadata?.name : (plan.mirror as { body?: { metadata?: { name?: string } } }).body?.metadata?.name;
+    const target =
+      plan.mirror.action === 'delete'
+        ? plan.mirror.secret.metadata?.name
+        : (plan.mirror as { body?: { metadata?: { name?: string } } }).body?.metadata?.name;
     const message = `writing mirror ${plan.key.namespace}/${target} failed: ${describeError(err)}`;
     // SPEC §4, §16: a failure a retry can fix (throttling, a server error, no answer) changes
     // no condition and records no Event; the caller answers 5xx and the delivery retries.
     if (status === undefined || status === 429 || status >= 500) {
-      return { key: plan.key, mirrorAction: 'unchanged', consumers: plan.consumers.map((p) => ({ ...resultOf(plan.key, p), retry: true })), retry: true, error: message };
+      return {
+        key: plan.key,
+        mirrorAction: 'unchanged',
+        consumers: plan.consumers.map((p) => ({ ...resultOf(plan.key, p), retry: true })),
+        retry: true,
+        error: message,
+      };
     }
     // Refused for good. A revocation whose delete was refused still states what it decided.
-    const failed = plan.mirror.action === 'delete' ? plan.consumers : plan.consumers.map((p): ConsumerPlan => ({
-      ...p, outcome: 'mirror-failed', reason: 'MirrorFailed', message,
-      conditions: [...p.conditions.filter((c) => c.type === 'IdentityAllowed'), { type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message, ...(p.consumer.metadata.generation === undefined ? {} : { observedGeneration: p.consumer.metadata.generation }) }],
-    }));
+    const failed =
+      plan.mirror.action === 'delete'
+        ? plan.consumers
+        : plan.consumers.map((p): ConsumerPlan => ({
+            ...p,
+            outcome: 'mirror-failed',
+            reason: 'MirrorFailed',
+            message,
+            conditions: [
+              ...p.conditions.filter((c) => c.type === 'IdentityAllowed'),
+              {
+                type: 'CredentialsMirrored',
+                status: 'False',
+                reason: 'MirrorFailed',
+                message,
+                ...(p.consumer.metadata.generation === undefined
+                  ? {}
+                  : { observedGeneration: p.consumer.metadata.generation }),
+              },
+            ],
+          }));
     const results = await writeAllConditions(clients, deps, plan.key, failed);
-    return { key: plan.key, mirrorAction: 'unchanged', consumers: results.map((r) => ({ ...r, retry: true })), retry: true };
+    return {
+      key: plan.key,
+      mirrorAction: 'unchanged',
+      consumers: results.map((r) => ({ ...r, retry: true })),
+      retry: true,
+    };
   }
   // A revocation may have landed after our reads and found no mirror to delete: read the
   // permission again after creating, and undo (observing again decides the revocation).
   if (mirrorAction === 'created' && !(await stillAllowed(clients, plan.key))) return 'conflict';
   const results = await writeAllConditions(clients, deps, plan.key, plan.consumers);
-  return { key: plan.key, mirrorAction, consumers: results, sourceHash: plan.sourceHash, retry: results.some((r) => r.retry) };
+  return {
+    key: plan.key,
+    mirrorAction,
+    consumers: results,
+    sourceHash: plan.sourceHash,
+    retry: results.some((r) => r.retry),
+  };
 }
 
 /**
@@ -163,7 +245,12 @@ export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Pr
  * conflict), decide, act. Logs what it did ({@link logKey}).
  * @returns the result; never throws (API errors give `retry: true` and `error`).
  */
-export async function reconcileKey(deps: ReconcileDeps, key: MirrorKey, scope: Snapshot['scope'], seed?: Seed): Promise<KeyResult> {
+export async function reconcileKey(
+  deps: ReconcileDeps,
+  key: MirrorKey,
+  scope: Snapshot['scope'],
+  seed?: Seed,
+): Promise<KeyResult> {
   const started = performance.now();
   const counter = { calls: 0 };
   let result: Omit<KeyResult, 'durationMs' | 'apiCalls'> | undefined;
@@ -172,15 +259,31 @@ export async function reconcileKey(deps: ReconcileDeps, key: MirrorKey, scope: S
     for (let attempt = 1; attempt <= ATTEMPTS && !result; attempt++) {
       // Another writer got there first: a short jittered pause so two instances do not collide in lockstep.
       if (attempt > 1) await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 25 * attempt)));
-      const snapshot = await observe(clients, deps.kinds, key, attempt === 1 ? scope : 'all', attempt === 1 ? seed : undefined);
+      const snapshot = await observe(
+        clients,
+        deps.kinds,
+        key,
+        attempt === 1 ? scope : 'all',
+        attempt === 1 ? seed : undefined,
+      );
       const r = await act(clients, deps, decide(snapshot, deps.kinds));
       if (r !== 'conflict') result = r;
     }
-    result ??= { key, mirrorAction: 'unchanged', consumers: [], retry: true, error: `the mirror kept changing; gave up after ${ATTEMPTS} attempts` };
+    result ??= {
+      key,
+      mirrorAction: 'unchanged',
+      consumers: [],
+      retry: true,
+      error: `the mirror kept changing; gave up after ${ATTEMPTS} attempts`,
+    };
   } catch (err) {
     result = { key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
   }
-  const done: KeyResult = { ...result, durationMs: Math.round((performance.now() - started) * 10) / 10, apiCalls: counter.calls };
+  const done: KeyResult = {
+    ...result,
+    durationMs: Math.round((performance.now() - started) * 10) / 10,
+    apiCalls: counter.calls,
+  };
   logKey(deps.logger, done, scope);
   return done;
 }
@@ -192,16 +295,37 @@ export async function reconcileKey(deps: ReconcileDeps, key: MirrorKey, scope: S
  */
 export function logKey(logger: Logger, r: KeyResult, scope: Snapshot['scope'] = 'all'): void {
   const named = new Set(scope === 'all' ? [] : scope.map((n) => `${n.kind}/${n.name}`));
-  const common = { identity: r.key.identity, mirror: mirrorName(r.key.identity), mirrorAction: r.mirrorAction, durationMs: r.durationMs, apiCalls: r.apiCalls };
+  const common = {
+    identity: r.key.identity,
+    mirror: mirrorName(r.key.identity),
+    mirrorAction: r.mirrorAction,
+    durationMs: r.durationMs,
+    apiCalls: r.apiCalls,
+  };
   let logged = 0;
   for (const c of r.consumers) {
     if (!c.changed && c.outcome === 'mirrored' && !named.has(`${c.kind}/${c.object.split('/')[1]}`)) continue;
     logged++;
     // `message` would be merged into winston's own message field, so it is logged as `detail`.
-    logger.log('info', 'reconcile', { object: c.object, kind: c.kind, outcome: c.outcome, reason: c.reason, retry: c.retry, ...common, detail: c.message });
+    logger.log('info', 'reconcile', {
+      object: c.object,
+      kind: c.kind,
+      outcome: c.outcome,
+      reason: c.reason,
+      retry: c.retry,
+      ...common,
+      detail: c.message,
+    });
   }
   if (r.error || (logged === 0 && (r.mirrorAction !== 'unchanged' || named.size > 0))) {
-    logger.log(r.error ? 'warn' : 'info', 'reconcile key', { key: keyString(r.key), namespace: r.key.namespace, consumers: r.consumers.length, retry: r.retry, ...common, ...(r.error ? { detail: r.error } : {}) });
+    logger.log(r.error ? 'warn' : 'info', 'reconcile key', {
+      key: keyString(r.key),
+      namespace: r.key.namespace,
+      consumers: r.consumers.length,
+      retry: r.retry,
+      ...common,
+      ...(r.error ? { detail: r.error } : {}),
+    });
   }
 }
 
@@ -211,17 +335,43 @@ export function logKey(logger: Logger, r: KeyResult, scope: Snapshot['scope'] = 
  * `IdentityAllowed=False/IdentityNotFound`. Writes only when that changes something.
  * @returns its result (never retried: it waits for a person). @throws API errors of the write.
  */
-export async function settleWithoutKey(clients: Clients, deps: ReconcileDeps, consumer: Consumer): Promise<ConsumerResult> {
+export async function settleWithoutKey(
+  clients: Clients,
+  deps: ReconcileDeps,
+  consumer: Consumer,
+): Promise<ConsumerResult> {
   const kind = findConsumerKind(deps.kinds, consumer.apiVersion!, consumer.kind!);
   const object = `${consumer.metadata.namespace}/${consumer.metadata.name}`;
   const identity = consumer.spec?.identityRef?.name;
   const now = deps.now?.() ?? new Date();
   if (!identity) {
     const changed = kind ? await writeConditions(clients, kind, consumer, [], now, deps.logger) : false;
-    return { object, kind: consumer.kind ?? '', outcome: 'no-identity-ref', reason: 'NoIdentityRef', message: 'spec.identityRef is not set; no credentials are mirrored', retry: false, changed };
+    return {
+      object,
+      kind: consumer.kind ?? '',
+      outcome: 'no-identity-ref',
+      reason: 'NoIdentityRef',
+      message: 'spec.identityRef is not set; no credentials are mirrored',
+      retry: false,
+      changed,
+    };
   }
   const message = `spec.identityRef.name ${JSON.stringify(identity).slice(0, 80)} is not a valid TerraformClusterIdentity name`;
-  const cond: ConditionInput = { type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message, ...(consumer.metadata.generation === undefined ? {} : { observedGeneration: consumer.metadata.generation }) };
+  const cond: ConditionInput = {
+    type: 'IdentityAllowed',
+    status: 'False',
+    reason: 'IdentityNotFound',
+    message,
+    ...(consumer.metadata.generation === undefined ? {} : { observedGeneration: consumer.metadata.generation }),
+  };
   const changed = kind ? await writeConditions(clients, kind, consumer, [cond], now, deps.logger) : false;
-  return { object, kind: consumer.kind ?? '', outcome: 'identity-not-found', reason: 'IdentityNotFound', message, retry: false, changed };
+  return {
+    object,
+    kind: consumer.kind ?? '',
+    outcome: 'identity-not-found',
+    reason: 'IdentityNotFound',
+    message,
+    retry: false,
+    changed,
+  };
 }

@@ -64,13 +64,37 @@ interface Lists {
 /** Lists everything a resync decides from: mirrors first (SPEC §12), then the rest. */
 async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Lists> {
   const limit = pageSize();
-  const mirrors = (await listAllPages((cont) => clients.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, limit, _continue: cont }))).items;
+  const mirrors = (
+    await listAllPages((cont) =>
+      clients.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, limit, _continue: cont }),
+    )
+  ).items;
   const consumers: Consumer[] = [];
   for (const k of deps.kinds) {
-    const list = await listAllPages((cont) => clients.custom.listClusterCustomObject({ group: k.group, version: k.version, plural: k.plural, limit, _continue: cont }) as Promise<ListPage<Consumer>>);
+    const list = await listAllPages(
+      (cont) =>
+        clients.custom.listClusterCustomObject({
+          group: k.group,
+          version: k.version,
+          plural: k.plural,
+          limit,
+          _continue: cont,
+        }) as Promise<ListPage<Consumer>>,
+    );
     for (const c of list.items) consumers.push({ ...c, apiVersion: `${k.group}/${k.version}`, kind: k.kind });
   }
-  const identities = (await listAllPages((cont) => clients.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, limit, _continue: cont }) as Promise<ListPage<TerraformClusterIdentity>>)).items;
+  const identities = (
+    await listAllPages(
+      (cont) =>
+        clients.custom.listClusterCustomObject({
+          group: GROUP,
+          version: VERSION,
+          plural: IDENTITY_PLURAL,
+          limit,
+          _continue: cont,
+        }) as Promise<ListPage<TerraformClusterIdentity>>,
+    )
+  ).items;
   const namespaces = (await listAllPages((cont) => clients.core.listNamespace({ limit, _continue: cont }))).items;
   return {
     mirrors,
@@ -81,16 +105,22 @@ async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Li
 }
 
 /** Groups consumers and mirrors by key. */
-function groupByKey(lists: Lists): Map<string, { key: MirrorKey; consumers: Consumer[]; mirror: V1Secret | undefined }> {
+function groupByKey(
+  lists: Lists,
+): Map<string, { key: MirrorKey; consumers: Consumer[]; mirror: V1Secret | undefined }> {
   const keys = new Map<string, { key: MirrorKey; consumers: Consumer[]; mirror: V1Secret | undefined }>();
-  const entry = (key: MirrorKey) => keys.get(keyString(key)) ?? keys.set(keyString(key), { key, consumers: [], mirror: undefined }).get(keyString(key))!;
+  const entry = (key: MirrorKey) =>
+    keys.get(keyString(key)) ??
+    keys.set(keyString(key), { key, consumers: [], mirror: undefined }).get(keyString(key))!;
   for (const c of lists.consumers) {
     const id = c.spec?.identityRef?.name;
-    if (id && isDns1123Subdomain(id) && c.metadata.namespace) entry({ namespace: c.metadata.namespace, identity: id }).consumers.push(c);
+    if (id && isDns1123Subdomain(id) && c.metadata.namespace)
+      entry({ namespace: c.metadata.namespace, identity: id }).consumers.push(c);
   }
   for (const m of lists.mirrors) {
     const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
-    if (id && isOurs(m, id) && m.metadata?.name === mirrorName(id)) entry({ namespace: m.metadata.namespace!, identity: id }).mirror = m;
+    if (id && isOurs(m, id) && m.metadata?.name === mirrorName(id))
+      entry({ namespace: m.metadata.namespace!, identity: id }).mirror = m;
   }
   return keys;
 }
@@ -108,31 +138,59 @@ function needsWork(plan: Plan, now: Date): boolean {
  * @param opts.queue the process's key queue (a key whose write conflicts is reconciled again through it).
  * @throws API errors of the lists, including a 410 that survived the restarts (the ping is then answered 5xx).
  */
-export async function resync(deps: ReconcileDeps, opts: { sink?: string | undefined; concurrency: number; queue: KeyQueue }): Promise<ResyncSummary> {
+export async function resync(
+  deps: ReconcileDeps,
+  opts: { sink?: string | undefined; concurrency: number; queue: KeyQueue },
+): Promise<ResyncSummary> {
   const started = performance.now();
   deps.logger.info('resync started');
   const clients = makeClients(deps.kc, { calls: 0 });
   const lists = await listEverything(clients, deps);
   const keys = groupByKey(lists);
-  const summary: ResyncSummary = { consumers: lists.consumers.length, mirrors: lists.mirrors.length, keys: keys.size, changed: 0, orphanedMirrorsDeleted: 0, revoked: 0, sent: 0, failed: 0, needRetry: 0, durationMs: 0, apiCalls: 0 };
+  const summary: ResyncSummary = {
+    consumers: lists.consumers.length,
+    mirrors: lists.mirrors.length,
+    keys: keys.size,
+    changed: 0,
+    orphanedMirrorsDeleted: 0,
+    revoked: 0,
+    sent: 0,
+    failed: 0,
+    needRetry: 0,
+    durationMs: 0,
+    apiCalls: 0,
+  };
   const limit = pLimit(Math.max(1, opts.concurrency));
 
   // Consumers that name no usable identity have no key; settle their conditions here (one
   // failed write is counted, it never aborts the pass).
-  await Promise.all(lists.consumers.filter((c) => !c.spec?.identityRef?.name || !isDns1123Subdomain(c.spec.identityRef.name)).map((c) => limit(async () => {
-    try {
-      await settleWithoutKey(clients, deps, c);
-    } catch (err) {
-      summary.needRetry++;
-      deps.logger.warn('could not settle a consumer without identity', { object: `${c.metadata.namespace}/${c.metadata.name}`, error: describeError(err) });
-    }
-  })));
+  await Promise.all(
+    lists.consumers
+      .filter((c) => !c.spec?.identityRef?.name || !isDns1123Subdomain(c.spec.identityRef.name))
+      .map((c) =>
+        limit(async () => {
+          try {
+            await settleWithoutKey(clients, deps, c);
+          } catch (err) {
+            summary.needRetry++;
+            deps.logger.warn('could not settle a consumer without identity', {
+              object: `${c.metadata.namespace}/${c.metadata.name}`,
+              error: describeError(err),
+            });
+          }
+        }),
+      ),
+  );
 
   if (opts.sink) {
-    await Promise.all([...keys.values()].map(({ key }) => limit(async () => {
-      if (await sendKey(opts.sink!, key, deps)) summary.sent++;
-      else summary.failed++;
-    })));
+    await Promise.all(
+      [...keys.values()].map(({ key }) =>
+        limit(async () => {
+          if (await sendKey(opts.sink!, key, deps)) summary.sent++;
+          else summary.failed++;
+        }),
+      ),
+    );
   } else {
     // Each distinct source is read once, on first need.
     const sources = new Map<string, Promise<SourceState>>();
@@ -147,29 +205,43 @@ export async function resync(deps: ReconcileDeps, opts: { sink?: string | undefi
       const identity = lists.identities.get(key.identity);
       const ns = lists.namespaces.get(key.namespace);
       const labels = ns?.metadata?.labels;
-      const allowed = identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
-      const snapshot: Snapshot = { key, identity, namespace: ns ? { labels } : undefined, source: allowed ? await sourceOf(identity) : undefined, mirror, consumers, scope: 'all' };
+      const allowed =
+        identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
+      const snapshot: Snapshot = {
+        key,
+        identity,
+        namespace: ns ? { labels } : undefined,
+        source: allowed ? await sourceOf(identity) : undefined,
+        mirror,
+        consumers,
+        scope: 'all',
+      };
       const plan = decide(snapshot, deps.kinds);
       if (needsWork(plan, now)) plans.push(plan);
     }
     // Revocations first (SPEC §7): credentials leave before anything else is written.
     const revokedFirst = [...plans].sort((a, b) => Number(isRevocation(b)) - Number(isRevocation(a)));
     summary.changed = plans.length;
-    const results = await Promise.all(revokedFirst.map((plan) => limit(async (): Promise<KeyResult | Omit<KeyResult, 'durationMs' | 'apiCalls'>> => {
-      const t0 = performance.now();
-      try {
-        // Only conditions to change: the lists may be minutes old and a status write carries
-        // no precondition, so such a key is reconciled from fresh reads instead.
-        if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked') return await opts.queue.run(plan.key, 'all');
-        const r = await act(clients, deps, plan);
-        // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
-        if (r === 'conflict') return await opts.queue.run(plan.key, 'all');
-        logKey(deps.logger, { ...r, durationMs: Math.round(performance.now() - t0), apiCalls: 0 });
-        return r;
-      } catch (err) {
-        return { key: plan.key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
-      }
-    })));
+    const results = await Promise.all(
+      revokedFirst.map((plan) =>
+        limit(async (): Promise<KeyResult | Omit<KeyResult, 'durationMs' | 'apiCalls'>> => {
+          const t0 = performance.now();
+          try {
+            // Only conditions to change: the lists may be minutes old and a status write carries
+            // no precondition, so such a key is reconciled from fresh reads instead.
+            if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked')
+              return await opts.queue.run(plan.key, 'all');
+            const r = await act(clients, deps, plan);
+            // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
+            if (r === 'conflict') return await opts.queue.run(plan.key, 'all');
+            logKey(deps.logger, { ...r, durationMs: Math.round(performance.now() - t0), apiCalls: 0 });
+            return r;
+          } catch (err) {
+            return { key: plan.key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
+          }
+        }),
+      ),
+    );
     for (const [i, r] of results.entries()) {
       const plan = revokedFirst[i]!;
       if (r.retry) summary.needRetry++;
@@ -199,7 +271,11 @@ async function sendKey(sink: string, key: MirrorKey, deps: ReconcileDeps): Promi
   });
   const msg = HTTP.binary(event);
   try {
-    const res = await fetch(sink, { method: 'POST', headers: msg.headers as Record<string, string>, body: msg.body as string });
+    const res = await fetch(sink, {
+      method: 'POST',
+      headers: msg.headers as Record<string, string>,
+      body: msg.body as string,
+    });
     await res.arrayBuffer();
     if (res.ok) return true;
     deps.logger.warn('sink refused resync event', { sink, key: keyString(key), status: res.status });

@@ -35,9 +35,19 @@ export async function writeConditions(
   try {
     await clients.custom.patchNamespacedCustomObjectStatus(
       {
-        group: kind.group, version: kind.version, plural: kind.plural, namespace: namespace!, name: name!,
-        fieldManager: FIELD_MANAGER, force: true,
-        body: { apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind, metadata: { name, namespace }, status: { conditions: plan.owned } },
+        group: kind.group,
+        version: kind.version,
+        plural: kind.plural,
+        namespace: namespace!,
+        name: name!,
+        fieldManager: FIELD_MANAGER,
+        force: true,
+        body: {
+          apiVersion: `${kind.group}/${kind.version}`,
+          kind: kind.kind,
+          metadata: { name, namespace },
+          status: { conditions: plan.owned },
+        },
       },
       setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply),
     );
@@ -53,7 +63,14 @@ export async function writeConditions(
  * Records one Event about a condition change. Failures are logged, never fatal: an Event is
  * a courtesy to humans, the condition is the contract.
  */
-async function recordEvent(clients: Clients, kind: ConsumerKind, obj: Consumer, c: ConditionInput, now: Date, logger: Logger): Promise<void> {
+async function recordEvent(
+  clients: Clients,
+  kind: ConsumerKind,
+  obj: Consumer,
+  c: ConditionInput,
+  now: Date,
+  logger: Logger,
+): Promise<void> {
   const { name, namespace, uid } = obj.metadata;
   try {
     await clients.events.createNamespacedEvent({
@@ -74,7 +91,11 @@ async function recordEvent(clients: Clients, kind: ConsumerKind, obj: Consumer, 
   } catch (err) {
     // 409: a concurrent reconcile of the same object recorded this very change already.
     if (isConflict(err)) return;
-    logger.warn('could not record event', { object: `${namespace}/${name}`, reason: c.reason, error: describeError(err) });
+    logger.warn('could not record event', {
+      object: `${namespace}/${name}`,
+      reason: c.reason,
+      error: describeError(err),
+    });
   }
 }
 
@@ -87,7 +108,17 @@ async function recordEvent(clients: Clients, kind: ConsumerKind, obj: Consumer, 
  */
 export function eventName(obj: Consumer, c: ConditionInput): string {
   const digest = createHash('sha256')
-    .update(JSON.stringify([obj.metadata.uid, obj.metadata.resourceVersion, c.type, c.status, c.reason, c.message, c.observedGeneration ?? null]))
+    .update(
+      JSON.stringify([
+        obj.metadata.uid,
+        obj.metadata.resourceVersion,
+        c.type,
+        c.status,
+        c.reason,
+        c.message,
+        c.observedGeneration ?? null,
+      ]),
+    )
     .digest('hex')
     .slice(0, 16);
   return `${obj.metadata.name!.slice(0, 220)}.${digest}`;

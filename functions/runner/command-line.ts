@@ -20,9 +20,7 @@ export const USAGE = 'usage: captf-runner -- <command> [args...]';
 
 /** What the command line asks for. */
 export type Invocation =
-  | { kind: 'run'; command: string; args: string[] }
-  | { kind: 'help' }
-  | { kind: 'usage-error'; message: string };
+  { kind: 'run'; command: string; args: string[] } | { kind: 'help' } | { kind: 'usage-error'; message: string };
 
 /**
  * Parses the runner's arguments.
@@ -35,7 +33,8 @@ export function parseCommandLine(argv: readonly string[]): Invocation {
   if (first !== '--') {
     return {
       kind: 'usage-error',
-      message: first === undefined ? 'no command given' : `expected "--" before the command, got ${JSON.stringify(first)}`,
+      message:
+        first === undefined ? 'no command given' : `expected "--" before the command, got ${JSON.stringify(first)}`,
     };
   }
   const [command, ...args] = argv.slice(1);

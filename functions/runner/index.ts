@@ -82,11 +82,18 @@ process.on('uncaughtException', (err) => {
 child = spawn(invocation.command, invocation.args, { env, stdio: 'inherit', detached: true });
 child.on('error', (err: NodeJS.ErrnoException) => {
   const status = exitStatusForSpawnError(err.code);
-  const what = status === 127 ? 'command not found' : status === 126 ? 'command is not executable' : 'command could not be started';
+  const what =
+    status === 127
+      ? 'command not found'
+      : status === 126
+        ? 'command is not executable'
+        : 'command could not be started';
   // Only the command's name and the error code: arguments may carry secrets.
-  void logLine('error', `${what}: ${invocation.command}`, { command: invocation.command, code: err.code, exitStatus: status }).then(() =>
-    finish(status),
-  );
+  void logLine('error', `${what}: ${invocation.command}`, {
+    command: invocation.command,
+    code: err.code,
+    exitStatus: status,
+  }).then(() => finish(status));
 });
 child.on('exit', (code, signal) => finish(exitStatusOf(code, signal, constants.signals)));
 for (const sig of pending.splice(0)) child.kill(sig);

@@ -17,7 +17,11 @@ export const BASELINE_VERSION = 1;
 /** Objects per page of the LIST baseline (the product's resync pages by 250 too). */
 export const BASELINE_PAGE_SIZE = 250;
 
-const secret = (name: string, labels: Record<string, string> = {}) => ({ metadata: { name, labels }, type: 'Opaque', data: { token: Buffer.from('bench').toString('base64') } });
+const secret = (name: string, labels: Record<string, string> = {}) => ({
+  metadata: { name, labels },
+  type: 'Opaque',
+  data: { token: Buffer.from('bench').toString('base64') },
+});
 
 /**
  * N plain Secret creates in one namespace at the bench's client concurrency.
@@ -25,7 +29,9 @@ const secret = (name: string, labels: Record<string, string> = {}) => ({ metadat
  */
 export async function secretCreates(admin: BenchClient, namespace: string, n: number, prefix: string): Promise<number> {
   const t0 = performance.now();
-  await inParallel(n, CLIENT_CONCURRENCY, (i) => admin.call('POST', `/api/v1/namespaces/${namespace}/secrets`, secret(`${prefix}-${i}`)));
+  await inParallel(n, CLIENT_CONCURRENCY, (i) =>
+    admin.call('POST', `/api/v1/namespaces/${namespace}/secrets`, secret(`${prefix}-${i}`)),
+  );
   return performance.now() - t0;
 }
 
@@ -43,12 +49,19 @@ export async function secretRoundTrip(admin: BenchClient, namespace: string, nam
  */
 export async function secretDeletes(admin: BenchClient, namespaces: readonly string[], name: string): Promise<number> {
   const label = `captf-bench/baseline=${name}`;
-  for (const ns of namespaces) await admin.call('POST', `/api/v1/namespaces/${ns}/secrets`, secret(name, { 'captf-bench/baseline': name }));
-  const watched = await new WatchedCollection<KubeObject>(admin, '/api/v1/secrets', `labelSelector=${encodeURIComponent(label)}`).start();
+  for (const ns of namespaces)
+    await admin.call('POST', `/api/v1/namespaces/${ns}/secrets`, secret(name, { 'captf-bench/baseline': name }));
+  const watched = await new WatchedCollection<KubeObject>(
+    admin,
+    '/api/v1/secrets',
+    `labelSelector=${encodeURIComponent(label)}`,
+  ).start();
   try {
     const t0 = performance.now();
     const gone = watched.until('baseline Secrets deleted', (m) => m.size === 0, 60_000);
-    await inParallel(namespaces.length, CLIENT_CONCURRENCY, (i) => admin.call('DELETE', `/api/v1/namespaces/${namespaces[i]}/secrets/${name}`));
+    await inParallel(namespaces.length, CLIENT_CONCURRENCY, (i) =>
+      admin.call('DELETE', `/api/v1/namespaces/${namespaces[i]}/secrets/${name}`),
+    );
     return (await gone) - t0;
   } finally {
     watched.stop();
@@ -60,7 +73,10 @@ export async function secretDeletes(admin: BenchClient, namespaces: readonly str
  * @param collections `[path, query]` pairs.
  * @returns milliseconds for all of them, the pages read and the items of each collection.
  */
-export async function paginatedLists(admin: BenchClient, collections: readonly [string, string][]): Promise<{ ms: number; pages: number; items: number[] }> {
+export async function paginatedLists(
+  admin: BenchClient,
+  collections: readonly [string, string][],
+): Promise<{ ms: number; pages: number; items: number[] }> {
   const t0 = performance.now();
   let pages = 0;
   const items: number[] = [];

@@ -42,14 +42,19 @@ const { values } = parseArgs({
 });
 const quick = values.quick!;
 const rows = values.rows ? values.rows.split(',') : [...ROWS];
-for (const r of rows) if (!(ROWS as readonly string[]).includes(r)) throw new Error(`unknown row ${r}; rows: ${ROWS.join(', ')}`);
+for (const r of rows)
+  if (!(ROWS as readonly string[]).includes(r)) throw new Error(`unknown row ${r}; rows: ${ROWS.join(', ')}`);
 const extraSize = values.size ? Number(values.size) : undefined;
-if (extraSize !== undefined && (!Number.isInteger(extraSize) || extraSize < 10 || extraSize % 10)) throw new Error('--size must be a multiple of 10');
+if (extraSize !== undefined && (!Number.isInteger(extraSize) || extraSize < 10 || extraSize % 10))
+  throw new Error('--size must be a multiple of 10');
 const sizes = {
   fanIn: quick ? [10, 20] : [10, 100, 200, 1000],
   concurrent: quick ? 20 : 200,
   eventToMirror: quick ? 5 : 50,
-  resync: [...(quick ? [20, 40] : [1000, 2000, 4000]).filter((s) => !extraSize || s < extraSize), ...(extraSize ? [extraSize] : [])],
+  resync: [
+    ...(quick ? [20, 40] : [1000, 2000, 4000]).filter((s) => !extraSize || s < extraSize),
+    ...(extraSize ? [extraSize] : []),
+  ],
   revocationPerNamespace: quick ? 1 : 10,
   admission: quick ? 20 : 300,
   coldStartRuns: quick ? 3 : 10,
@@ -70,15 +75,30 @@ const results: BenchResults = { figures: [], failures: [] };
 try {
   await sys.admin.call('POST', '/api/v1/namespaces', { metadata: { name: 'captf-system' } });
   await putSourceSecret(sys.admin, 'bench-creds', { token: 'bench' });
-  await createIdentity(sys.admin, BURST_IDENTITY, 'bench-creds', { selector: { matchLabels: { [ALLOWED_LABEL]: 'true' } } });
+  await createIdentity(sys.admin, BURST_IDENTITY, 'bench-creds', {
+    selector: { matchLabels: { [ALLOWED_LABEL]: 'true' } },
+  });
   let n = 0;
-  const ctx: RowContext = { sys, mirrors: await watchMirrors(sys.admin), quick, timeoutMs, next: (p) => `${p}-${n++}`, log, figures: results.figures };
+  const ctx: RowContext = {
+    sys,
+    mirrors: await watchMirrors(sys.admin),
+    quick,
+    timeoutMs,
+    next: (p) => `${p}-${n++}`,
+    log,
+    figures: results.figures,
+  };
 
   // Idle memory first, beside a bare Node server's.
   await new Promise((r) => setTimeout(r, 2000));
-  const idle = Object.fromEntries((Object.keys(sys.functions) as FunctionName[]).map((f) => [f, rssBytes(sys.functions[f].pid)]));
+  const idle = Object.fromEntries(
+    (Object.keys(sys.functions) as FunctionName[]).map((f) => [f, rssBytes(sys.functions[f].pid)]),
+  );
   const bare = await bareNodeServer(2000);
-  const whole = samplePeaks(Object.fromEntries((Object.keys(sys.functions) as FunctionName[]).map((f) => [f, sys.functions[f].pid])), 100);
+  const whole = samplePeaks(
+    Object.fromEntries((Object.keys(sys.functions) as FunctionName[]).map((f) => [f, sys.functions[f].pid])),
+    100,
+  );
 
   const run: Record<(typeof ROWS)[number], () => Promise<Figure[]>> = {
     'cold-start': () => coldStartRow(ctx, sizes.coldStartRuns),
@@ -104,8 +124,20 @@ try {
   const peaks = whole.stop();
   for (const f of Object.keys(sys.functions) as FunctionName[]) {
     results.figures.push(
-      { row: 'memory', what: `${f} RSS, idle`, unit: 'bytes', samples: [idle[f]!], baseline: { what: 'bare Node HTTP server', samples: [bare.rss] } },
-      { row: 'memory', what: `${f} peak RSS over the run`, unit: 'bytes', samples: [peaks.rss[f] ?? 0], baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits[f]] } },
+      {
+        row: 'memory',
+        what: `${f} RSS, idle`,
+        unit: 'bytes',
+        samples: [idle[f]!],
+        baseline: { what: 'bare Node HTTP server', samples: [bare.rss] },
+      },
+      {
+        row: 'memory',
+        what: `${f} peak RSS over the run`,
+        unit: 'bytes',
+        samples: [peaks.rss[f] ?? 0],
+        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits[f]] },
+      },
     );
   }
   ctx.mirrors.stop();
@@ -120,6 +152,15 @@ try {
 
 const durationMs = performance.now();
 process.stdout.write(`\n${formatTable(results)}\n\n`);
-const path = writeResults(outDir, results, { quick, startedAt, durationMs, options: { rows, sizes, timeoutMs }, baselineVersion: BASELINE_VERSION, revision });
-log(`results written to ${path}; ${results.figures.length} figures, ${results.failures.length} failed rows, ${(durationMs / 1000).toFixed(0)} s`);
+const path = writeResults(outDir, results, {
+  quick,
+  startedAt,
+  durationMs,
+  options: { rows, sizes, timeoutMs },
+  baselineVersion: BASELINE_VERSION,
+  revision,
+});
+log(
+  `results written to ${path}; ${results.figures.length} figures, ${results.failures.length} failed rows, ${(durationMs / 1000).toFixed(0)} s`,
+);
 process.exit(results.failures.length ? 1 : 0);

@@ -67,10 +67,17 @@ export class BenchClient {
     kc.loadFromFile(kubeconfigPath);
     const cluster = kc.getCurrentCluster();
     const user = kc.getCurrentUser();
-    if (!cluster?.caData || !user?.certData || !user.keyData) throw new Error(`${kubeconfigPath}: needs CA data and a client certificate`);
+    if (!cluster?.caData || !user?.certData || !user.keyData)
+      throw new Error(`${kubeconfigPath}: needs CA data and a client certificate`);
     this.server = cluster.server;
     const b64 = (s: string) => Buffer.from(s, 'base64');
-    this.agent = new Agent({ keepAlive: true, maxSockets, ca: b64(cluster.caData), cert: b64(user.certData), key: b64(user.keyData) });
+    this.agent = new Agent({
+      keepAlive: true,
+      maxSockets,
+      ca: b64(cluster.caData),
+      cert: b64(user.certData),
+      key: b64(user.keyData),
+    });
   }
 
   /**
@@ -84,7 +91,12 @@ export class BenchClient {
   }
 
   /** Like {@link call} but returns any status instead of throwing. */
-  async raw<T = unknown>(method: string, path: string, body?: unknown, contentType = 'application/json'): Promise<ApiAnswer<T>> {
+  async raw<T = unknown>(
+    method: string,
+    path: string,
+    body?: unknown,
+    contentType = 'application/json',
+  ): Promise<ApiAnswer<T>> {
     const r = await this.text(method, path, body, contentType);
     let parsed: unknown;
     try {
@@ -99,17 +111,24 @@ export class BenchClient {
   text(method: string, path: string, body?: unknown, contentType = 'application/json'): Promise<ApiAnswer<string>> {
     const payload = body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body);
     return new Promise((res, rej) => {
-      const req = request(`${this.server}${path}`, {
-        method,
-        agent: this.agent,
-        headers: { accept: 'application/json', ...(payload ? { 'content-type': contentType, 'content-length': Buffer.byteLength(payload) } : {}) },
-        timeout: 120_000,
-      }, (r) => {
-        const chunks: Buffer[] = [];
-        r.on('data', (d: Buffer) => chunks.push(d));
-        r.on('end', () => res({ status: r.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
-        r.on('error', rej);
-      });
+      const req = request(
+        `${this.server}${path}`,
+        {
+          method,
+          agent: this.agent,
+          headers: {
+            accept: 'application/json',
+            ...(payload ? { 'content-type': contentType, 'content-length': Buffer.byteLength(payload) } : {}),
+          },
+          timeout: 120_000,
+        },
+        (r) => {
+          const chunks: Buffer[] = [];
+          r.on('data', (d: Buffer) => chunks.push(d));
+          r.on('end', () => res({ status: r.statusCode ?? 0, body: Buffer.concat(chunks).toString('utf8') }));
+          r.on('error', rej);
+        },
+      );
       req.on('error', rej);
       req.on('timeout', () => req.destroy(new Error(`${method} ${path}: timed out`)));
       req.end(payload);
@@ -121,7 +140,11 @@ export class BenchClient {
    * @param pageSize objects per page (the bench's own choice, frozen with the baselines).
    * @returns every item and the list's resourceVersion and the number of pages read.
    */
-  async list<T extends KubeObject>(path: string, pageSize: number, query = ''): Promise<{ items: T[]; resourceVersion: string; pages: number }> {
+  async list<T extends KubeObject>(
+    path: string,
+    pageSize: number,
+    query = '',
+  ): Promise<{ items: T[]; resourceVersion: string; pages: number }> {
     const items: T[] = [];
     let cont = '';
     let pages = 0;
@@ -129,7 +152,10 @@ export class BenchClient {
     do {
       const sep = path.includes('?') ? '&' : '?';
       const q = `limit=${pageSize}${cont ? `&continue=${encodeURIComponent(cont)}` : ''}${query ? `&${query}` : ''}`;
-      const page = await this.call<{ items: T[]; metadata: { continue?: string; resourceVersion: string } }>('GET', `${path}${sep}${q}`);
+      const page = await this.call<{ items: T[]; metadata: { continue?: string; resourceVersion: string } }>(
+        'GET',
+        `${path}${sep}${q}`,
+      );
       pages++;
       items.push(...page.items);
       cont = page.metadata.continue ?? '';
@@ -144,26 +170,36 @@ export class BenchClient {
    * from the measured requests.
    * @returns `stop()`; `onEnd` is called when the server closes the stream or it fails.
    */
-  watch<T>(path: string, resourceVersion: string, onEvent: (e: WatchEvent<T>) => void, onEnd: (err?: Error) => void, query = ''): () => void {
+  watch<T>(
+    path: string,
+    resourceVersion: string,
+    onEvent: (e: WatchEvent<T>) => void,
+    onEnd: (err?: Error) => void,
+    query = '',
+  ): () => void {
     const sep = path.includes('?') ? '&' : '?';
     const url = `${this.server}${path}${sep}watch=1&allowWatchBookmarks=true&resourceVersion=${resourceVersion}${query ? `&${query}` : ''}`;
     const opts = this.agent.options;
     let stopped = false;
-    const req = request(url, { ca: opts.ca, cert: opts.cert, key: opts.key, headers: { accept: 'application/json' } }, (r) => {
-      if (r.statusCode !== 200) {
-        r.resume();
-        onEnd(new Error(`watch ${path}: HTTP ${r.statusCode}`));
-        return;
-      }
-      let partial = '';
-      r.on('data', (d: Buffer) => {
-        const lines = (partial + d.toString('utf8')).split('\n');
-        partial = lines.pop() ?? '';
-        for (const l of lines) if (l.trim()) onEvent(JSON.parse(l) as WatchEvent<T>);
-      });
-      r.on('end', () => !stopped && onEnd());
-      r.on('error', (e) => !stopped && onEnd(e));
-    });
+    const req = request(
+      url,
+      { ca: opts.ca, cert: opts.cert, key: opts.key, headers: { accept: 'application/json' } },
+      (r) => {
+        if (r.statusCode !== 200) {
+          r.resume();
+          onEnd(new Error(`watch ${path}: HTTP ${r.statusCode}`));
+          return;
+        }
+        let partial = '';
+        r.on('data', (d: Buffer) => {
+          const lines = (partial + d.toString('utf8')).split('\n');
+          partial = lines.pop() ?? '';
+          for (const l of lines) if (l.trim()) onEvent(JSON.parse(l) as WatchEvent<T>);
+        });
+        r.on('end', () => !stopped && onEnd());
+        r.on('error', (e) => !stopped && onEnd(e));
+      },
+    );
     req.on('error', (e) => !stopped && onEnd(e));
     req.end();
     return () => {

@@ -48,12 +48,18 @@ export class WatchedCollection<T extends KubeObject> {
   }
 
   private open(): void {
-    this.stopWatch = this.client.watch<T>(this.path, this.resourceVersion, (e) => this.apply(e), (err) => {
-      if (this.stopped) return;
-      // Watches end (timeout) or expire (410); re-list when the resourceVersion is too old.
-      if (err?.message.includes('410')) void this.relist();
-      else setTimeout(() => !this.stopped && this.open(), 100).unref();
-    }, this.query);
+    this.stopWatch = this.client.watch<T>(
+      this.path,
+      this.resourceVersion,
+      (e) => this.apply(e),
+      (err) => {
+        if (this.stopped) return;
+        // Watches end (timeout) or expire (410); re-list when the resourceVersion is too old.
+        if (err?.message.includes('410')) void this.relist();
+        else setTimeout(() => !this.stopped && this.open(), 100).unref();
+      },
+      this.query,
+    );
   }
 
   private async relist(): Promise<void> {
@@ -103,7 +109,11 @@ export class WatchedCollection<T extends KubeObject> {
    * already, else at the watch event after which it does.
    * @throws Error naming `what` after `timeoutMs`.
    */
-  until(what: string, pred: (objects: ReadonlyMap<string, T>, event?: WatchEvent<T>) => boolean, timeoutMs: number): Promise<number> {
+  until(
+    what: string,
+    pred: (objects: ReadonlyMap<string, T>, event?: WatchEvent<T>) => boolean,
+    timeoutMs: number,
+  ): Promise<number> {
     if (pred(this.objects)) return Promise.resolve(performance.now());
     return new Promise((resolve, reject) => {
       const w: Waiter<T> = {

@@ -23,7 +23,10 @@ export const MIRROR_SELECTOR = 'labelSelector=captf.io%2Fmirrored%3Dtrue';
 
 /** A consumer kind the bench creates. */
 export type ConsumerPlural = 'terraformmachines' | 'terraformclusters';
-const KIND: Record<ConsumerPlural, string> = { terraformmachines: 'TerraformMachine', terraformclusters: 'TerraformCluster' };
+const KIND: Record<ConsumerPlural, string> = {
+  terraformmachines: 'TerraformMachine',
+  terraformclusters: 'TerraformCluster',
+};
 
 /** Collection path of a consumer kind, in one namespace or all. */
 export const consumersPath = (plural: ConsumerPlural, namespace?: string): string =>
@@ -33,11 +36,18 @@ export const consumersPath = (plural: ConsumerPlural, namespace?: string): strin
 export type Consumer = KubeObject & { status?: { conditions?: { type: string; status: string; reason?: string }[] } };
 
 /** True when the consumer has condition `type` with status True. */
-export const hasTrue = (c: Consumer, type: string): boolean => Boolean(c.status?.conditions?.some((x) => x.type === type && x.status === 'True'));
+export const hasTrue = (c: Consumer, type: string): boolean =>
+  Boolean(c.status?.conditions?.some((x) => x.type === type && x.status === 'True'));
 
 /** Creates namespaces (labelled as allowed) with bounded concurrency. */
-export async function createNamespaces(admin: BenchClient, names: readonly string[], labels: Record<string, string> = { [ALLOWED_LABEL]: 'true' }): Promise<void> {
-  await inParallel(names.length, CLIENT_CONCURRENCY, (i) => admin.call('POST', '/api/v1/namespaces', { metadata: { name: names[i], labels } }));
+export async function createNamespaces(
+  admin: BenchClient,
+  names: readonly string[],
+  labels: Record<string, string> = { [ALLOWED_LABEL]: 'true' },
+): Promise<void> {
+  await inParallel(names.length, CLIENT_CONCURRENCY, (i) =>
+    admin.call('POST', '/api/v1/namespaces', { metadata: { name: names[i], labels } }),
+  );
 }
 
 /** Creates or replaces the data of a source Secret in {@link SOURCE_NAMESPACE}. */
@@ -50,7 +60,13 @@ export async function putSourceSecret(admin: BenchClient, name: string, data: Re
 }
 
 /** Creates an identity on source Secret `secret`, allowing `allowedNamespaces` (SPEC §2). */
-export async function createIdentity(admin: BenchClient, name: string, secret: string, allowedNamespaces: unknown, labels: Record<string, string> = {}): Promise<void> {
+export async function createIdentity(
+  admin: BenchClient,
+  name: string,
+  secret: string,
+  allowedNamespaces: unknown,
+  labels: Record<string, string> = {},
+): Promise<void> {
   await admin.call('POST', IDENTITIES, {
     apiVersion: GROUP_VERSION,
     kind: 'TerraformClusterIdentity',
@@ -60,7 +76,12 @@ export async function createIdentity(admin: BenchClient, name: string, secret: s
 }
 
 /** The body of a consumer of `plural` named `name` on identity `identity`. */
-export const consumerBody = (plural: ConsumerPlural, name: string, identity: string, labels: Record<string, string> = {}) => ({
+export const consumerBody = (
+  plural: ConsumerPlural,
+  name: string,
+  identity: string,
+  labels: Record<string, string> = {},
+) => ({
   apiVersion: GROUP_VERSION,
   kind: KIND[plural],
   metadata: { name, labels },
@@ -79,18 +100,36 @@ export async function createConsumers(
   labels: Record<string, string> = {},
 ): Promise<number> {
   const t0 = performance.now();
-  await inParallel(items.length, CLIENT_CONCURRENCY, (i) => admin.call('POST', consumersPath(plural, items[i]!.namespace), consumerBody(plural, items[i]!.name, identity, labels)));
+  await inParallel(items.length, CLIENT_CONCURRENCY, (i) =>
+    admin.call(
+      'POST',
+      consumersPath(plural, items[i]!.namespace),
+      consumerBody(plural, items[i]!.name, identity, labels),
+    ),
+  );
   return performance.now() - t0;
 }
 
 /** Items `name-<i>` spread over namespaces, `perNamespace` in each, in namespace order. */
-export function spreadOver(namespaces: readonly string[], perNamespace: number, prefix: string): { namespace: string; name: string }[] {
-  return namespaces.flatMap((namespace) => Array.from({ length: perNamespace }, (_, i) => ({ namespace, name: `${prefix}-${i}` })));
+export function spreadOver(
+  namespaces: readonly string[],
+  perNamespace: number,
+  prefix: string,
+): { namespace: string; name: string }[] {
+  return namespaces.flatMap((namespace) =>
+    Array.from({ length: perNamespace }, (_, i) => ({ namespace, name: `${prefix}-${i}` })),
+  );
 }
 
 /** A watched collection of every mirror in the cluster (label selector, all namespaces). */
-export function watchMirrors(admin: BenchClient): Promise<WatchedCollection<KubeObject & { data?: Record<string, string> }>> {
-  return new WatchedCollection<KubeObject & { data?: Record<string, string> }>(admin, '/api/v1/secrets', MIRROR_SELECTOR).start();
+export function watchMirrors(
+  admin: BenchClient,
+): Promise<WatchedCollection<KubeObject & { data?: Record<string, string> }>> {
+  return new WatchedCollection<KubeObject & { data?: Record<string, string> }>(
+    admin,
+    '/api/v1/secrets',
+    MIRROR_SELECTOR,
+  ).start();
 }
 
 /** Name of the mirror of `identity` (SPEC §3; the bench's identities are short). */
@@ -145,7 +184,13 @@ const patient = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
 export async function postEvent(url: string, ev: EventRequest): Promise<{ status: number; body: unknown; ms: number }> {
   const t0 = performance.now();
   // A resync may take longer than fetch's default 300 s header timeout: the bench waits.
-  const res = await fetch(url, { method: 'POST', headers: ev.headers, body: ev.body, signal: AbortSignal.timeout(1_800_000), dispatcher: patient });
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: ev.headers,
+    body: ev.body,
+    signal: AbortSignal.timeout(1_800_000),
+    dispatcher: patient,
+  });
   const text = await res.text();
   const ms = performance.now() - t0;
   let body: unknown = text;

@@ -32,7 +32,14 @@ interface AuditLine {
   responseStatus?: { code?: number };
 }
 
-const emptyCounts = (): RequestCounts => ({ requests: 0, verbs: {}, conflicts: 0, mirrorWrites: 0, secretDeletes: 0, serverErrors: 0 });
+const emptyCounts = (): RequestCounts => ({
+  requests: 0,
+  verbs: {},
+  conflicts: 0,
+  mirrorWrites: 0,
+  secretDeletes: 0,
+  serverErrors: 0,
+});
 const WRITE_VERBS = new Set(['create', 'update', 'patch', 'delete']);
 
 /**

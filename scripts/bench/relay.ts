@@ -86,7 +86,10 @@ export class Relay {
     for (;;) {
       const busy = this.queue.length + this.active + this.waitingRetry > 0;
       if (!busy && performance.now() - this.lastActivity >= quietMs) return;
-      if (performance.now() > deadline) throw new Error(`relay not quiet after ${timeoutMs} ms (${this.queue.length} queued, ${this.active} in flight)`);
+      if (performance.now() > deadline)
+        throw new Error(
+          `relay not quiet after ${timeoutMs} ms (${this.queue.length} queued, ${this.active} in flight)`,
+        );
       await new Promise((r) => setTimeout(r, 100));
     }
   }
@@ -100,7 +103,8 @@ export class Relay {
     }
     const headers: Record<string, string> = {};
     for (const [k, v] of Object.entries(req.headers)) {
-      if (typeof v === 'string' && (k.startsWith('ce-') || k === 'content-type' || k === 'kn-namespace')) headers[k] = v;
+      if (typeof v === 'string' && (k.startsWith('ce-') || k === 'content-type' || k === 'kn-namespace'))
+        headers[k] = v;
     }
     this.queue.push({ headers, body, attempt: 0 });
     this.pump();
@@ -128,7 +132,13 @@ export class Relay {
   private async deliver(target: string, q: Queued): Promise<void> {
     let status = 0;
     try {
-      const res = await fetch(target, { method: 'POST', headers: q.headers, body: q.body, signal: AbortSignal.timeout(600_000), dispatcher: patient });
+      const res = await fetch(target, {
+        method: 'POST',
+        headers: q.headers,
+        body: q.body,
+        signal: AbortSignal.timeout(600_000),
+        dispatcher: patient,
+      });
       status = res.status;
       await res.arrayBuffer();
     } catch {
@@ -145,11 +155,14 @@ export class Relay {
     }
     this.counts.retried++;
     this.waitingRetry++;
-    setTimeout(() => {
-      this.waitingRetry--;
-      this.queue.push({ ...q, attempt: q.attempt + 1 });
-      this.pump();
-    }, BACKOFF_MS * 2 ** q.attempt).unref();
+    setTimeout(
+      () => {
+        this.waitingRetry--;
+        this.queue.push({ ...q, attempt: q.attempt + 1 });
+        this.pump();
+      },
+      BACKOFF_MS * 2 ** q.attempt,
+    ).unref();
   }
 
   /** Stops listening; queued events are dropped. */

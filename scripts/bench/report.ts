@@ -50,11 +50,14 @@ export function formatTable(results: BenchResults): string {
   const lines = ['| row | figure | value | baseline (same run) | ratio |', '| --- | --- | --- | --- | --- |'];
   for (const f of results.figures) {
     const value = f.samples.length ? formatSummary(summarize(f.samples), f.unit) : '—';
-    const base = f.baseline?.samples.length ? `${f.baseline.what}: ${formatSummary(summarize(f.baseline.samples), f.unit)}` : '';
+    const base = f.baseline?.samples.length
+      ? `${f.baseline.what}: ${formatSummary(summarize(f.baseline.samples), f.unit)}`
+      : '';
     const r = ratio(f);
     lines.push(`| ${f.row} | ${f.what} | ${value} | ${base} | ${r === undefined ? '' : formatValue(r, 'x')} |`);
   }
-  for (const x of results.failures) lines.push(`| ${x.row} | FAILED | ${x.error.replace(/\|/g, '/').split('\n')[0]} | | |`);
+  for (const x of results.failures)
+    lines.push(`| ${x.row} | FAILED | ${x.error.replace(/\|/g, '/').split('\n')[0]} | | |`);
   return lines.join('\n');
 }
 
@@ -76,17 +79,35 @@ export interface Revision {
 
 /** The working tree's commit and whether tracked files differ from it. */
 export function currentRevision(): Revision {
-  return { commit: git(['rev-parse', 'HEAD']), short: git(['rev-parse', '--short', 'HEAD']), dirty: git(['status', '--porcelain', '--untracked-files=no']) !== '' };
+  return {
+    commit: git(['rev-parse', 'HEAD']),
+    short: git(['rev-parse', '--short', 'HEAD']),
+    dirty: git(['status', '--porcelain', '--untracked-files=no']) !== '',
+  };
 }
 
 /**
  * Writes the results with the machine's facts to `<dir>/<YYYY-MM-DD>-<short sha>[-dirty][-quick].json`.
  * @returns the path written.
  */
-export function writeResults(dir: string, results: BenchResults, run: { quick: boolean; startedAt: Date; durationMs: number; options: unknown; baselineVersion: number; revision: Revision }): string {
+export function writeResults(
+  dir: string,
+  results: BenchResults,
+  run: {
+    quick: boolean;
+    startedAt: Date;
+    durationMs: number;
+    options: unknown;
+    baselineVersion: number;
+    revision: Revision;
+  },
+): string {
   mkdirSync(dir, { recursive: true });
   const { commit, short, dirty } = run.revision;
-  const path = join(dir, `${run.startedAt.toISOString().slice(0, 10)}-${short}${dirty ? '-dirty' : ''}${run.quick ? '-quick' : ''}.json`);
+  const path = join(
+    dir,
+    `${run.startedAt.toISOString().slice(0, 10)}-${short}${dirty ? '-dirty' : ''}${run.quick ? '-quick' : ''}.json`,
+  );
   const doc = {
     startedAt: run.startedAt.toISOString(),
     durationMs: Math.round(run.durationMs),
@@ -95,8 +116,18 @@ export function writeResults(dir: string, results: BenchResults, run: { quick: b
     quick: run.quick,
     options: run.options,
     baselineVersion: run.baselineVersion,
-    machine: { cores: cpus().length, cpu: cpus()[0]?.model ?? '', memoryBytes: totalmem(), node: process.version, platform: `${process.platform} ${process.arch}` },
-    figures: results.figures.map((f) => ({ ...f, summary: f.samples.length ? summarize(f.samples) : undefined, ratio: ratio(f) })),
+    machine: {
+      cores: cpus().length,
+      cpu: cpus()[0]?.model ?? '',
+      memoryBytes: totalmem(),
+      node: process.version,
+      platform: `${process.platform} ${process.arch}`,
+    },
+    figures: results.figures.map((f) => ({
+      ...f,
+      summary: f.samples.length ? summarize(f.samples) : undefined,
+      ratio: ratio(f),
+    })),
     failures: results.failures,
   };
   writeFileSync(path, JSON.stringify(doc, null, 2) + '\n');

@@ -34,8 +34,18 @@ export const P99_FROM = 20;
 
 /** Formats a value in a unit for the table. */
 export function formatValue(v: number, unit: string): string {
-  if (unit === 'ms') return v >= 10_000 ? `${(v / 1000).toFixed(1)} s` : v >= 1000 ? `${(v / 1000).toFixed(2)} s` : `${v.toFixed(v < 10 ? 1 : 0)} ms`;
-  if (unit === 'bytes') return v >= 1 << 20 ? `${(v / (1 << 20)).toFixed(1)} MiB` : v >= 1024 ? `${(v / 1024).toFixed(1)} KiB` : `${Math.round(v)} B`;
+  if (unit === 'ms')
+    return v >= 10_000
+      ? `${(v / 1000).toFixed(1)} s`
+      : v >= 1000
+        ? `${(v / 1000).toFixed(2)} s`
+        : `${v.toFixed(v < 10 ? 1 : 0)} ms`;
+  if (unit === 'bytes')
+    return v >= 1 << 20
+      ? `${(v / (1 << 20)).toFixed(1)} MiB`
+      : v >= 1024
+        ? `${(v / 1024).toFixed(1)} KiB`
+        : `${Math.round(v)} B`;
   if (unit === 'x') return `${v.toFixed(2)}×`;
   return Number.isInteger(v) ? String(v) : v.toFixed(2);
 }

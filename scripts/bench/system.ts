@@ -19,7 +19,12 @@ import { REPO_ROOT } from '../controlplane/build.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { installCRDs } from '../controlplane/crds.ts';
 import { createCA, createLeaf } from '../controlplane/pki.ts';
-import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec, type RunningAdapter } from '../knative.ts';
+import {
+  sourceConfigFor,
+  startApiServerSourceAdapter,
+  type ApiServerSourceSpec,
+  type RunningAdapter,
+} from '../knative.ts';
 import { render } from '../kustomize.ts';
 import { warmCompileCache } from '../warm-compile-cache.ts';
 import { BenchClient } from './client.ts';
@@ -101,13 +106,24 @@ export function quantityBytes(q: string): number {
  * Grants `username` every ClusterRole the rendered manifests bind to ServiceAccount `sa`.
  * @throws the API error when the API server refuses an object.
  */
-async function bindAsUser(admin: BenchClient, rendered: readonly KubernetesObject[], sa: string, username: string): Promise<void> {
-  const bindings = rendered.filter((o) => o.kind === 'ClusterRoleBinding') as (KubernetesObject & { roleRef: { name: string }; subjects?: { kind: string; name: string }[] })[];
+async function bindAsUser(
+  admin: BenchClient,
+  rendered: readonly KubernetesObject[],
+  sa: string,
+  username: string,
+): Promise<void> {
+  const bindings = rendered.filter((o) => o.kind === 'ClusterRoleBinding') as (KubernetesObject & {
+    roleRef: { name: string };
+    subjects?: { kind: string; name: string }[];
+  })[];
   for (const b of bindings) {
     if (!b.subjects?.some((s) => s.kind === 'ServiceAccount' && s.name === sa)) continue;
     const role = rendered.find((o) => o.kind === 'ClusterRole' && o.metadata?.name === b.roleRef.name);
     if (!role) throw new Error(`rendered manifests bind ${sa} to missing ClusterRole ${b.roleRef.name}`);
-    await admin.raw('POST', '/apis/rbac.authorization.k8s.io/v1/clusterroles', { ...role, metadata: { name: role.metadata!.name } });
+    await admin.raw('POST', '/apis/rbac.authorization.k8s.io/v1/clusterroles', {
+      ...role,
+      metadata: { name: role.metadata!.name },
+    });
     await admin.call('POST', '/apis/rbac.authorization.k8s.io/v1/clusterrolebindings', {
       apiVersion: 'rbac.authorization.k8s.io/v1',
       kind: 'ClusterRoleBinding',
@@ -156,7 +172,11 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
     const containers = new Map<string, Container>();
     for (const o of rendered) {
       if (o.kind !== 'Service' || o.apiVersion !== 'serving.knative.dev/v1') continue;
-      containers.set(o.metadata!.name!.replace(/^captf-/, ''), (o as unknown as { spec: { template: { spec: { containers: Container[] } } } }).spec.template.spec.containers[0]!);
+      containers.set(
+        o.metadata!.name!.replace(/^captf-/, ''),
+        (o as unknown as { spec: { template: { spec: { containers: Container[] } } } }).spec.template.spec
+          .containers[0]!,
+      );
     }
     const memoryLimits = {} as Record<FunctionName, number>;
     for (const fn of ['admission', 'mirror-sync', 'identity-status'] as const) {
@@ -167,7 +187,14 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
 
     const pki = join(dir, 'webhook-pki');
     const ca = await createCA(pki, 'webhook-ca', 'captf-bench-webhook-ca');
-    const leaf = await createLeaf({ ca, dir: pki, name: 'admission', cn: 'captf-admission', sans: ['IP:127.0.0.1', 'DNS:localhost'], usage: 'server' });
+    const leaf = await createLeaf({
+      ca,
+      dir: pki,
+      name: 'admission',
+      cn: 'captf-admission',
+      sans: ['IP:127.0.0.1', 'DNS:localhost'],
+      usage: 'server',
+    });
     const functionEnv = (name: FunctionName): NodeJS.ProcessEnv => ({
       PATH: process.env.PATH,
       NODE_ENV: 'production',
@@ -176,7 +203,9 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
       HOST: '127.0.0.1',
       KUBECONFIG: kubeconfigs[name],
       ...Object.fromEntries((containers.get(name)?.env ?? []).map((e) => [e.name, e.value ?? ''])),
-      ...(name === 'admission' ? { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key, CAPTF_ADMISSION_PLAIN_HTTP: 'false' } : {}),
+      ...(name === 'admission'
+        ? { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key, CAPTF_ADMISSION_PLAIN_HTTP: 'false' }
+        : {}),
     });
     let instance = 0;
     const startFunction = async (name: FunctionName): Promise<FunctionProcess> => {
@@ -240,7 +269,13 @@ async function adapterDelivering(admin: BenchClient, relay: Relay): Promise<void
     if (Date.now() > deadline) throw new Error('the ApiServerSource adapter sent no event within 60 s');
     const body = { metadata: { name: 'captf-bench-probe', labels: { 'captf-bench/touch': String(i) } } };
     const r = await admin.raw('POST', '/api/v1/namespaces', body);
-    if (r.status === 409) await admin.call('PATCH', '/api/v1/namespaces/captf-bench-probe', { metadata: { labels: body.metadata.labels } }, 'application/merge-patch+json');
+    if (r.status === 409)
+      await admin.call(
+        'PATCH',
+        '/api/v1/namespaces/captf-bench-probe',
+        { metadata: { labels: body.metadata.labels } },
+        'application/merge-patch+json',
+      );
     await new Promise((res) => setTimeout(res, 250));
   }
 }
@@ -249,7 +284,12 @@ async function adapterDelivering(admin: BenchClient, relay: Relay): Promise<void
  * Spawns `node <main> <name>` and resolves once it logged `listening` with its port.
  * @throws Error with the tail of its output when it exits or does not listen within 30 s.
  */
-export async function spawnBundle(main: string, name: FunctionName, env: NodeJS.ProcessEnv, logPath: string): Promise<FunctionProcess> {
+export async function spawnBundle(
+  main: string,
+  name: FunctionName,
+  env: NodeJS.ProcessEnv,
+  logPath: string,
+): Promise<FunctionProcess> {
   const t0 = performance.now();
   const child = spawn(process.execPath, [main, name], { env, cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
   // A bench that dies leaves no function behind.
@@ -276,10 +316,16 @@ export async function spawnBundle(main: string, name: FunctionName, env: NodeJS.
   child.stdout!.on('data', onData);
   child.stderr!.on('data', onData);
   const exited = new Promise<void>((r) => child.once('exit', () => r()));
-  const first = await Promise.race([listening, exited.then(() => 'exited' as const), new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 30_000).unref())]);
+  const first = await Promise.race([
+    listening,
+    exited.then(() => 'exited' as const),
+    new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 30_000).unref()),
+  ]);
   if (first === 'exited' || first === 'timeout') {
     child.kill('SIGKILL');
-    throw new Error(`${name} ${first === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : 'did not listen within 30 s'}:\n${tail.join('\n')}`);
+    throw new Error(
+      `${name} ${first === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : 'did not listen within 30 s'}:\n${tail.join('\n')}`,
+    );
   }
   const listenedMs = performance.now() - t0;
   return {

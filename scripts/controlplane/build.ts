@@ -96,9 +96,17 @@ function binaryName(tool: GoTool, pkg: string): string {
   return tool.outName?.[pkg] ?? pkg.split('/').pop()!;
 }
 
-function run(cmd: string, args: string[], opts: { cwd: string; env?: NodeJS.ProcessEnv; onLine?: (l: string) => void }): Promise<string> {
+function run(
+  cmd: string,
+  args: string[],
+  opts: { cwd: string; env?: NodeJS.ProcessEnv; onLine?: (l: string) => void },
+): Promise<string> {
   return new Promise((resolvePromise, reject) => {
-    const child = spawn(cmd, args, { cwd: opts.cwd, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(cmd, args, {
+      cwd: opts.cwd,
+      env: { ...process.env, ...opts.env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let out = '';
     let err = '';
     let partial = '';
@@ -115,7 +123,12 @@ function run(cmd: string, args: string[], opts: { cwd: string; env?: NodeJS.Proc
     child.on('error', reject);
     child.on('close', (code) => {
       if (code === 0) resolvePromise(out);
-      else reject(new Error(`${cmd} ${args.join(' ')} (in ${opts.cwd}) exited ${code}:\n${(err + partial).split('\n').slice(-40).join('\n')}`));
+      else
+        reject(
+          new Error(
+            `${cmd} ${args.join(' ')} (in ${opts.cwd}) exited ${code}:\n${(err + partial).split('\n').slice(-40).join('\n')}`,
+          ),
+        );
     });
   });
 }
@@ -160,11 +173,15 @@ export async function buildGoTools(
       const ldflags = ['-s', '-w', ...(tool.ldflags?.(version) ?? [])].join(' ');
       for (const pkg of tool.packages) {
         log(`[build] ${tool.module}: compiling ${pkg}`);
-        await run('go', ['build', '-v', '-trimpath', '-ldflags', ldflags, '-o', join(tmpBin, binaryName(tool, pkg)), pkg], {
-          cwd,
-          env: goEnv,
-          onLine: () => compiled++,
-        });
+        await run(
+          'go',
+          ['build', '-v', '-trimpath', '-ldflags', ldflags, '-o', join(tmpBin, binaryName(tool, pkg)), pkg],
+          {
+            cwd,
+            env: goEnv,
+            onLine: () => compiled++,
+          },
+        );
       }
     } finally {
       clearInterval(tick);
@@ -174,7 +191,9 @@ export async function buildGoTools(
   rmSync(binDir, { recursive: true, force: true });
   renameSync(tmpBin, binDir);
   writeFileSync(join(dir, 'BUILT'), `${new Date().toISOString()} in ${Math.round((Date.now() - started) / 1000)}s\n`);
-  log(`[build] ${tools.map((t) => t.module).join(' + ')} built in ${Math.round((Date.now() - started) / 1000)}s → ${binDir}`);
+  log(
+    `[build] ${tools.map((t) => t.module).join(' + ')} built in ${Math.round((Date.now() - started) / 1000)}s → ${binDir}`,
+  );
   return { binDir, built: true };
 }
 
@@ -190,9 +209,16 @@ export async function ensureControlPlaneBinaries(log?: (line: string) => void): 
   if (assets) {
     const etcd = join(assets, 'etcd');
     const kubeApiserver = join(assets, 'kube-apiserver');
-    for (const p of [etcd, kubeApiserver]) if (!existsSync(p)) throw new Error(`KUBEBUILDER_ASSETS=${assets} has no ${p}`);
+    for (const p of [etcd, kubeApiserver])
+      if (!existsSync(p)) throw new Error(`KUBEBUILDER_ASSETS=${assets} has no ${p}`);
     const kcm = join(assets, 'kube-controller-manager');
-    return { binDir: assets, etcd, kubeApiserver, kubeControllerManager: existsSync(kcm) ? kcm : undefined, origin: 'KUBEBUILDER_ASSETS' };
+    return {
+      binDir: assets,
+      etcd,
+      kubeApiserver,
+      kubeControllerManager: existsSync(kcm) ? kcm : undefined,
+      origin: 'KUBEBUILDER_ASSETS',
+    };
   }
   const { binDir, built } = await buildGoTools(CONTROL_PLANE_TOOLS, cacheDir(CONTROL_PLANE_TOOLS), log);
   return {

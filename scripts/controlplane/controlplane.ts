@@ -74,7 +74,9 @@ export function writeKubeConfig(path: string, server: string, caPem: string, use
   const config = {
     apiVersion: 'v1',
     kind: 'Config',
-    clusters: [{ name: 'captf-local', cluster: { server, 'certificate-authority-data': Buffer.from(caPem).toString('base64') } }],
+    clusters: [
+      { name: 'captf-local', cluster: { server, 'certificate-authority-data': Buffer.from(caPem).toString('base64') } },
+    ],
     users: [{ name: user, user: { 'client-certificate-data': b64(cert.cert), 'client-key-data': b64(cert.key) } }],
     contexts: [{ name: `${user}@captf-local`, context: { cluster: 'captf-local', user } }],
     'current-context': `${user}@captf-local`,
@@ -85,11 +87,15 @@ export function writeKubeConfig(path: string, server: string, caPem: string, use
 
 function get(url: string, caPem: string, cert: CertPair): Promise<{ status: number; body: string }> {
   return new Promise((res, rej) => {
-    const req = request(url, { ca: caPem, cert: readFileSync(cert.cert), key: readFileSync(cert.key), timeout: 5000 }, (r) => {
-      let body = '';
-      r.on('data', (d: Buffer) => (body += d.toString()));
-      r.on('end', () => res({ status: r.statusCode ?? 0, body }));
-    });
+    const req = request(
+      url,
+      { ca: caPem, cert: readFileSync(cert.cert), key: readFileSync(cert.key), timeout: 5000 },
+      (r) => {
+        let body = '';
+        r.on('data', (d: Buffer) => (body += d.toString()));
+        r.on('end', () => res({ status: r.statusCode ?? 0, body }));
+      },
+    );
     req.on('error', rej);
     req.on('timeout', () => req.destroy(new Error('timeout')));
     req.end();
@@ -123,7 +129,14 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     createServiceAccountKeys(pkiDir),
   ]);
   const [serving, admin] = await Promise.all([
-    createLeaf({ ca: servingCA, dir: pkiDir, name: 'apiserver', cn: 'kube-apiserver', sans: ['IP:127.0.0.1', 'DNS:localhost'], usage: 'server' }),
+    createLeaf({
+      ca: servingCA,
+      dir: pkiDir,
+      name: 'apiserver',
+      cn: 'kube-apiserver',
+      sans: ['IP:127.0.0.1', 'DNS:localhost'],
+      usage: 'server',
+    }),
     createLeaf({ ca: clientCA, dir: pkiDir, name: 'admin', cn: 'admin', orgs: ['system:masters'], usage: 'client' }),
   ]);
   const caPem = readFileSync(servingCA.cert, 'utf8');
@@ -132,7 +145,12 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
   const kubeconfigPath = writeKubeConfig(join(dir, 'admin.kubeconfig'), server, caPem, 'admin', admin);
   writeFileSync(
     join(dir, 'audit-policy.yaml'),
-    dumpYaml({ apiVersion: 'audit.k8s.io/v1', kind: 'Policy', omitStages: ['RequestReceived'], rules: [{ level: 'Metadata' }] }),
+    dumpYaml({
+      apiVersion: 'audit.k8s.io/v1',
+      kind: 'Policy',
+      omitStages: ['RequestReceived'],
+      rules: [{ level: 'Metadata' }],
+    }),
   );
 
   const procs: { name: string; child: ChildProcess; logPath: string }[] = [];
@@ -171,30 +189,44 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
 
   try {
     startProc('etcd', binaries.etcd, [
-      '--name=captf', `--data-dir=${join(dir, 'etcd')}`,
-      `--listen-client-urls=http://127.0.0.1:${etcdPort}`, `--advertise-client-urls=http://127.0.0.1:${etcdPort}`,
-      `--listen-peer-urls=http://127.0.0.1:${peerPort}`, `--initial-advertise-peer-urls=http://127.0.0.1:${peerPort}`,
+      '--name=captf',
+      `--data-dir=${join(dir, 'etcd')}`,
+      `--listen-client-urls=http://127.0.0.1:${etcdPort}`,
+      `--advertise-client-urls=http://127.0.0.1:${etcdPort}`,
+      `--listen-peer-urls=http://127.0.0.1:${peerPort}`,
+      `--initial-advertise-peer-urls=http://127.0.0.1:${peerPort}`,
       `--initial-cluster=captf=http://127.0.0.1:${peerPort}`,
-      '--unsafe-no-fsync=true', '--log-level=warn',
+      '--unsafe-no-fsync=true',
+      '--log-level=warn',
     ]);
     startProc('kube-apiserver', binaries.kubeApiserver, [
       `--etcd-servers=http://127.0.0.1:${etcdPort}`,
-      '--bind-address=127.0.0.1', '--advertise-address=127.0.0.1', `--secure-port=${apiPort}`,
-      `--tls-cert-file=${serving.cert}`, `--tls-private-key-file=${serving.key}`,
+      '--bind-address=127.0.0.1',
+      '--advertise-address=127.0.0.1',
+      `--secure-port=${apiPort}`,
+      `--tls-cert-file=${serving.cert}`,
+      `--tls-private-key-file=${serving.key}`,
       `--client-ca-file=${clientCA.cert}`,
       '--authorization-mode=Node,RBAC',
-      '--service-cluster-ip-range=10.0.0.0/24', '--allow-privileged=true',
+      '--service-cluster-ip-range=10.0.0.0/24',
+      '--allow-privileged=true',
       '--service-account-issuer=https://kubernetes.default.svc.cluster.local',
-      `--service-account-key-file=${sa.pub}`, `--service-account-signing-key-file=${sa.key}`,
-      `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`, `--audit-log-path=${join(logDir, 'audit.log')}`,
+      `--service-account-key-file=${sa.pub}`,
+      `--service-account-signing-key-file=${sa.key}`,
+      `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`,
+      `--audit-log-path=${join(logDir, 'audit.log')}`,
       `--audit-log-maxsize=${opts.auditLogMaxSizeMB ?? 200}`,
     ]);
     await waitReady(server, caPem, admin, procs, opts.readyTimeoutMs ?? 120_000, tail);
     if (binaries.kubeControllerManager) {
       startProc('kube-controller-manager', binaries.kubeControllerManager, [
-        `--kubeconfig=${kubeconfigPath}`, `--controllers=${CONTROLLERS.join(',')}`,
-        `--service-account-private-key-file=${sa.key}`, `--root-ca-file=${servingCA.cert}`,
-        '--leader-elect=false', '--secure-port=0', '--use-service-account-credentials=false',
+        `--kubeconfig=${kubeconfigPath}`,
+        `--controllers=${CONTROLLERS.join(',')}`,
+        `--service-account-private-key-file=${sa.key}`,
+        `--root-ca-file=${servingCA.cert}`,
+        '--leader-elect=false',
+        '--secure-port=0',
+        '--use-service-account-credentials=false',
       ]);
     } else {
       log('[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run');
@@ -231,7 +263,9 @@ async function waitReady(
   while (Date.now() < deadline) {
     for (const p of procs) {
       if (p.child.exitCode !== null || p.child.signalCode !== null) {
-        throw new Error(`${p.name} exited (${p.child.exitCode ?? p.child.signalCode}) before the control plane was ready:\n${tail(p.logPath)}`);
+        throw new Error(
+          `${p.name} exited (${p.child.exitCode ?? p.child.signalCode}) before the control plane was ready:\n${tail(p.logPath)}`,
+        );
       }
     }
     try {

@@ -4,7 +4,15 @@
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { ApiextensionsV1Api, KubernetesObjectApi, PatchStrategy, loadAllYaml, type KubeConfig, type KubernetesObject, type V1CustomResourceDefinition } from '@kubernetes/client-node';
+import {
+  ApiextensionsV1Api,
+  KubernetesObjectApi,
+  PatchStrategy,
+  loadAllYaml,
+  type KubeConfig,
+  type KubernetesObject,
+  type V1CustomResourceDefinition,
+} from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
 import { REPO_ROOT } from './build.ts';
 
@@ -23,11 +31,22 @@ export function loadCRDs(): V1CustomResourceDefinition[] {
  * @returns the CRD names.
  * @throws Error when the API server rejects a CRD or one is not ready within `timeoutMs`.
  */
-export async function applyCRDs(kc: KubeConfig, crds: readonly V1CustomResourceDefinition[], timeoutMs = 60_000): Promise<string[]> {
+export async function applyCRDs(
+  kc: KubeConfig,
+  crds: readonly V1CustomResourceDefinition[],
+  timeoutMs = 60_000,
+): Promise<string[]> {
   const objects = KubernetesObjectApi.makeApiClient(kc);
   const ext = kc.makeApiClient(ApiextensionsV1Api);
   for (const crd of crds) {
-    await objects.patch(crd as KubernetesObject, undefined, undefined, FIELD_MANAGER, true, PatchStrategy.ServerSideApply);
+    await objects.patch(
+      crd as KubernetesObject,
+      undefined,
+      undefined,
+      FIELD_MANAGER,
+      true,
+      PatchStrategy.ServerSideApply,
+    );
   }
   const deadline = Date.now() + timeoutMs;
   const waitFor = async (what: string, ready: () => Promise<boolean>) => {
@@ -45,11 +64,26 @@ export async function applyCRDs(kc: KubeConfig, crds: readonly V1CustomResourceD
   for (const crd of crds) {
     const name = crd.metadata!.name!;
     await waitFor(`CRD ${name} not Established`, async () =>
-      Boolean((await ext.readCustomResourceDefinition({ name })).status?.conditions?.some((c) => c.type === 'Established' && c.status === 'True')));
+      Boolean(
+        (await ext.readCustomResourceDefinition({ name })).status?.conditions?.some(
+          (c) => c.type === 'Established' && c.status === 'True',
+        ),
+      ),
+    );
     const { group, names, versions } = crd.spec;
     const version = versions.find((v) => v.storage)?.name ?? versions[0]!.name;
     await waitFor(`CRD ${name} does not serve lists`, async () => {
-      await objects.list(`${group}/${version}`, names.kind, undefined, undefined, undefined, undefined, undefined, undefined, 1);
+      await objects.list(
+        `${group}/${version}`,
+        names.kind,
+        undefined,
+        undefined,
+        undefined,
+        undefined,
+        undefined,
+        undefined,
+        1,
+      );
       return true;
     });
   }

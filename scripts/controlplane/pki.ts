@@ -31,9 +31,25 @@ export async function createCA(dir: string, name: string, cn: string): Promise<C
   mkdirSync(dir, { recursive: true });
   const pair = { cert: join(dir, `${name}.crt`), key: join(dir, `${name}.key`) };
   await exec('openssl', [
-    'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
-    '-keyout', pair.key, '-out', pair.cert, '-days', '3650', '-subj', subject(cn),
-    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign',
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:prime256v1',
+    '-nodes',
+    '-keyout',
+    pair.key,
+    '-out',
+    pair.cert,
+    '-days',
+    '3650',
+    '-subj',
+    subject(cn),
+    '-addext',
+    'basicConstraints=critical,CA:TRUE',
+    '-addext',
+    'keyUsage=critical,keyCertSign,cRLSign',
   ]);
   return pair;
 }
@@ -72,14 +88,38 @@ export async function createLeaf(opts: LeafOptions): Promise<CertPair> {
   if (opts.sans?.length) lines.push(`subjectAltName=${opts.sans.join(',')}`);
   writeFileSync(ext, lines.join('\n') + '\n');
   await exec('openssl', [
-    'req', '-new', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
-    '-keyout', pair.key, '-out', csr, '-subj', subject(opts.cn, opts.orgs),
+    'req',
+    '-new',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:prime256v1',
+    '-nodes',
+    '-keyout',
+    pair.key,
+    '-out',
+    csr,
+    '-subj',
+    subject(opts.cn, opts.orgs),
   ]);
   await exec('openssl', [
-    'x509', '-req', '-in', csr, '-CA', opts.ca.cert, '-CAkey', opts.ca.key,
+    'x509',
+    '-req',
+    '-in',
+    csr,
+    '-CA',
+    opts.ca.cert,
+    '-CAkey',
+    opts.ca.key,
     // A random serial instead of -CAcreateserial: concurrent mints must not share a file.
-    '-set_serial', `0x${randomBytes(16).toString('hex')}`,
-    '-days', String(opts.days ?? 365), '-extfile', ext, '-out', pair.cert,
+    '-set_serial',
+    `0x${randomBytes(16).toString('hex')}`,
+    '-days',
+    String(opts.days ?? 365),
+    '-extfile',
+    ext,
+    '-out',
+    pair.cert,
   ]);
   return pair;
 }

@@ -7,7 +7,16 @@
  */
 import { setTimeout as delay } from 'node:timers/promises';
 import { CloudEvent, HTTP } from 'cloudevents';
-import { CoreV1Api, CustomObjectsApi, Watch, makeInformer, type Informer, type KubeConfig, type KubernetesListObject, type KubernetesObject } from '@kubernetes/client-node';
+import {
+  CoreV1Api,
+  CustomObjectsApi,
+  Watch,
+  makeInformer,
+  type Informer,
+  type KubeConfig,
+  type KubernetesListObject,
+  type KubernetesObject,
+} from '@kubernetes/client-node';
 import { GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION, type ConsumerKind } from '../../functions/lib/api.ts';
 import { PING_EVENT_TYPE, REF_EVENT_PREFIX } from '../../functions/lib/cloudevents.ts';
 
@@ -53,7 +62,12 @@ export interface RefTarget {
  * @param sourceNamespace namespace of the ApiServerSource (default `captf-system`).
  * @returns headers and body to POST.
  */
-export function refEvent(verb: 'add' | 'update' | 'delete', obj: RefTarget, server: string, sourceNamespace = 'captf-system'): EventMessage {
+export function refEvent(
+  verb: 'add' | 'update' | 'delete',
+  obj: RefTarget,
+  server: string,
+  sourceNamespace = 'captf-system',
+): EventMessage {
   const ns = obj.namespace ?? '';
   const data = { kind: obj.kind, ...(ns ? { namespace: ns } : {}), name: obj.name, apiVersion: obj.apiVersion };
   const ev = new CloudEvent<unknown>({
@@ -78,14 +92,17 @@ export function refEvent(verb: 'add' | 'update' | 'delete', obj: RefTarget, serv
  * and the `Kn-Namespace` header.
  */
 export function pingMessage(name: string, namespace = 'captf-system'): EventMessage {
-  return toMessage(new CloudEvent<unknown>({
-    specversion: '1.0',
-    type: PING_EVENT_TYPE,
-    source: `/apis/v1/namespaces/${namespace}/pingsources/${name}`,
-    time: new Date().toISOString(),
-    datacontenttype: 'application/json',
-    data: {},
-  }), namespace);
+  return toMessage(
+    new CloudEvent<unknown>({
+      specversion: '1.0',
+      type: PING_EVENT_TYPE,
+      source: `/apis/v1/namespaces/${namespace}/pingsources/${name}`,
+      time: new Date().toISOString(),
+      datacontenttype: 'application/json',
+      data: {},
+    }),
+    namespace,
+  );
 }
 
 function toMessage(ev: CloudEvent<unknown>, knNamespace: string): EventMessage {
@@ -244,15 +261,38 @@ export interface WatchedResource {
  * The resources the manifests' ApiServerSources watch, routed as their Triggers route them:
  * consumers and namespaces to mirror-sync; identities to mirror-sync and identity-status.
  */
-export function watchedResources(kc: KubeConfig, kinds: readonly ConsumerKind[], mirrorSync: Delivery, identityStatus: Delivery): WatchedResource[] {
+export function watchedResources(
+  kc: KubeConfig,
+  kinds: readonly ConsumerKind[],
+  mirrorSync: Delivery,
+  identityStatus: Delivery,
+): WatchedResource[] {
   const custom = kc.makeApiClient(CustomObjectsApi);
   const core = kc.makeApiClient(CoreV1Api);
   const cr = (group: string, version: string, plural: string) => () =>
     custom.listClusterCustomObject({ group, version, plural }) as Promise<KubernetesListObject<KubernetesObject>>;
   return [
-    ...kinds.map((k) => ({ apiVersion: `${k.group}/${k.version}`, kind: k.kind, path: `/apis/${k.group}/${k.version}/${k.plural}`, list: cr(k.group, k.version, k.plural), sinks: [mirrorSync] })),
-    { apiVersion: `${GROUP}/${VERSION}`, kind: IDENTITY_KIND, path: `/apis/${GROUP}/${VERSION}/${IDENTITY_PLURAL}`, list: cr(GROUP, VERSION, IDENTITY_PLURAL), sinks: [mirrorSync, identityStatus] },
-    { apiVersion: 'v1', kind: 'Namespace', path: '/api/v1/namespaces', list: () => core.listNamespace() as Promise<KubernetesListObject<KubernetesObject>>, sinks: [mirrorSync] },
+    ...kinds.map((k) => ({
+      apiVersion: `${k.group}/${k.version}`,
+      kind: k.kind,
+      path: `/apis/${k.group}/${k.version}/${k.plural}`,
+      list: cr(k.group, k.version, k.plural),
+      sinks: [mirrorSync],
+    })),
+    {
+      apiVersion: `${GROUP}/${VERSION}`,
+      kind: IDENTITY_KIND,
+      path: `/apis/${GROUP}/${VERSION}/${IDENTITY_PLURAL}`,
+      list: cr(GROUP, VERSION, IDENTITY_PLURAL),
+      sinks: [mirrorSync, identityStatus],
+    },
+    {
+      apiVersion: 'v1',
+      kind: 'Namespace',
+      path: '/api/v1/namespaces',
+      list: () => core.listNamespace() as Promise<KubernetesListObject<KubernetesObject>>,
+      sinks: [mirrorSync],
+    },
   ];
 }
 
@@ -283,27 +323,40 @@ export async function waitForWatchCaches(kc: KubeConfig, paths: readonly string[
         // A server without streaming lists (before Kubernetes 1.27, or the feature turned off)
         // ignores sendInitialEvents and never sends the bookmark: an open watch is all there is.
         const timer = setTimeout(() => finish('ready'), 5000);
-        void new Watch(kc).watch(path, { sendInitialEvents: true, resourceVersionMatch: 'NotOlderThan', allowWatchBookmarks: true, timeoutSeconds: 10 },
-          (type, obj: { metadata?: { annotations?: Record<string, string> } }) => {
-            if (type === 'BOOKMARK' && obj.metadata?.annotations?.['k8s.io/initial-events-end'] === 'true') finish('ready');
-            else if (type === 'ERROR') finish('retry', `watch error: ${JSON.stringify(obj).slice(0, 200)}`);
-          },
-          (err: unknown) => {
-            const status = (err as { statusCode?: number } | null)?.statusCode;
-            const why = err ? String((err as Error).message ?? err) : 'watch closed early';
-            if (status === 404) finish('absent', why);
-            // 429 (cache still initialising), 5xx, connection errors and early closes: try again.
-            else if (!err || status === undefined || status === 429 || status >= 500) finish('retry', why);
-            // Another 4xx (e.g. a parameter an older server rejects): nothing to wait for.
-            else finish('ready', why);
-          })
+        void new Watch(kc)
+          .watch(
+            path,
+            {
+              sendInitialEvents: true,
+              resourceVersionMatch: 'NotOlderThan',
+              allowWatchBookmarks: true,
+              timeoutSeconds: 10,
+            },
+            (type, obj: { metadata?: { annotations?: Record<string, string> } }) => {
+              if (type === 'BOOKMARK' && obj.metadata?.annotations?.['k8s.io/initial-events-end'] === 'true')
+                finish('ready');
+              else if (type === 'ERROR') finish('retry', `watch error: ${JSON.stringify(obj).slice(0, 200)}`);
+            },
+            (err: unknown) => {
+              const status = (err as { statusCode?: number } | null)?.statusCode;
+              const why = err ? String((err as Error).message ?? err) : 'watch closed early';
+              if (status === 404) finish('absent', why);
+              // 429 (cache still initialising), 5xx, connection errors and early closes: try again.
+              else if (!err || status === undefined || status === 429 || status >= 500) finish('retry', why);
+              // Another 4xx (e.g. a parameter an older server rejects): nothing to wait for.
+              else finish('ready', why);
+            },
+          )
           .then((c) => {
             controller = c;
             if (settled) c.abort();
           });
       });
       if (outcome === 'ready') break;
-      if (outcome === 'absent') throw new Error(`${path} is not served by this API server: are the CRDs installed? (npm start installs them on a named cluster only with --install)`);
+      if (outcome === 'absent')
+        throw new Error(
+          `${path} is not served by this API server: are the CRDs installed? (npm start installs them on a named cluster only with --install)`,
+        );
       if (Date.now() > deadline) throw new Error(`${path} is not watchable after ${timeoutMs} ms: ${last}`);
       await new Promise((r) => setTimeout(r, 200));
     }
@@ -325,7 +378,12 @@ export interface LocalEventSource {
  * @returns once every informer has listed and started watching.
  * @throws the first list error (e.g. 403, or a CRD that is not installed).
  */
-export async function startLocalEventSource(kc: KubeConfig, server: string, resources: readonly WatchedResource[], opts: { restartMs?: number; onError?: (msg: string) => void } = {}): Promise<LocalEventSource> {
+export async function startLocalEventSource(
+  kc: KubeConfig,
+  server: string,
+  resources: readonly WatchedResource[],
+  opts: { restartMs?: number; onError?: (msg: string) => void } = {},
+): Promise<LocalEventSource> {
   const informers: Informer<KubernetesObject>[] = [];
   let stopped = false;
   const timers = new Set<NodeJS.Timeout>();
@@ -335,7 +393,11 @@ export async function startLocalEventSource(kc: KubeConfig, server: string, reso
     const emit = (verb: 'add' | 'update' | 'delete') => (obj: KubernetesObject) => {
       // The initial list is not news (the adapter ignores it too).
       if (!listed || stopped) return;
-      const msg = refEvent(verb, { apiVersion: r.apiVersion, kind: r.kind, name: obj.metadata?.name ?? '', namespace: obj.metadata?.namespace }, server);
+      const msg = refEvent(
+        verb,
+        { apiVersion: r.apiVersion, kind: r.kind, name: obj.metadata?.name ?? '', namespace: obj.metadata?.namespace },
+        server,
+      );
       for (const sink of r.sinks) sink.send(msg);
     };
     informer.on('add', emit('add'));
@@ -343,10 +405,15 @@ export async function startLocalEventSource(kc: KubeConfig, server: string, reso
     informer.on('delete', emit('delete'));
     informer.on('error', (err: unknown) => {
       if (stopped) return;
-      opts.onError?.(`watch of ${r.path} failed (${String((err as Error)?.message ?? err).split('\n')[0]}); re-listing`);
+      opts.onError?.(
+        `watch of ${r.path} failed (${String((err as Error)?.message ?? err).split('\n')[0]}); re-listing`,
+      );
       const t = setTimeout(() => {
         timers.delete(t);
-        if (!stopped) informer.start().catch((e: unknown) => opts.onError?.(`re-list of ${r.path} failed: ${String(e).split('\n')[0]}`));
+        if (!stopped)
+          informer
+            .start()
+            .catch((e: unknown) => opts.onError?.(`re-list of ${r.path} failed: ${String(e).split('\n')[0]}`));
       }, opts.restartMs ?? 1000);
       timers.add(t);
     });
@@ -385,7 +452,8 @@ export function parseDuration(text: string): number {
     total += Number(m[1]) * { ms: 1, s: 1000, m: 60_000, h: 3_600_000 }[m[2] as 'ms' | 's' | 'm' | 'h'];
     matched = re.lastIndex;
   }
-  if (!text || matched !== text.length || total <= 0) throw new Error(`${JSON.stringify(text)} is not a duration (e.g. 30s, 5m, 1h)`);
+  if (!text || matched !== text.length || total <= 0)
+    throw new Error(`${JSON.stringify(text)} is not a duration (e.g. 30s, 5m, 1h)`);
   return total;
 }
 

@@ -18,13 +18,15 @@ import { builtGoBinary, ensureGoBinary } from '../build-lock.ts';
 const exec = promisify(execFile);
 
 /** The kubectl wrapper module. */
-export const KUBECTL_TOOLS: readonly GoTool[] = [{
-  module: 'kubectl',
-  versionOf: 'k8s.io/kubernetes',
-  packages: ['k8s.io/kubernetes/cmd/kubectl'],
-  // The same version stamps as the control plane's, so `kubectl version` is not v0.0.0-master.
-  ldflags: CONTROL_PLANE_TOOLS.find((t) => t.module === 'kubernetes')!.ldflags!,
-}];
+export const KUBECTL_TOOLS: readonly GoTool[] = [
+  {
+    module: 'kubectl',
+    versionOf: 'k8s.io/kubernetes',
+    packages: ['k8s.io/kubernetes/cmd/kubectl'],
+    // The same version stamps as the control plane's, so `kubectl version` is not v0.0.0-master.
+    ldflags: CONTROL_PLANE_TOOLS.find((t) => t.module === 'kubernetes')!.ldflags!,
+  },
+];
 
 /** Path of kubectl when it was built already (nothing is built here). */
 export function builtKubectlPath(): string | undefined {
@@ -44,11 +46,18 @@ export function ensureKubectl(log?: (line: string) => void): Promise<string> {
 async function pin(): Promise<void> {
   const go = join(REPO_ROOT, 'scripts', 'controlplane', 'go');
   const { stdout } = await exec('go', ['mod', 'edit', '-json'], { cwd: join(go, 'kubernetes') });
-  const mod = JSON.parse(stdout) as { Require: { Path: string; Version: string }[]; Replace: { Old: { Path: string }; New: { Path: string; Version: string } }[] };
+  const mod = JSON.parse(stdout) as {
+    Require: { Path: string; Version: string }[];
+    Replace: { Old: { Path: string }; New: { Path: string; Version: string } }[];
+  };
   const version = mod.Require.find((r) => r.Path === 'k8s.io/kubernetes')!.Version;
   const replaces = mod.Replace.map((r) => `-replace=${r.Old.Path}=${r.New.Path}@${r.New.Version}`);
   const cwd = join(go, 'kubectl');
-  await exec('go', ['mod', 'edit', ...replaces, `-require=k8s.io/kubernetes@${version}`, '-tool=k8s.io/kubernetes/cmd/kubectl'], { cwd });
+  await exec(
+    'go',
+    ['mod', 'edit', ...replaces, `-require=k8s.io/kubernetes@${version}`, '-tool=k8s.io/kubernetes/cmd/kubectl'],
+    { cwd },
+  );
   await exec('go', ['mod', 'tidy'], { cwd });
   console.log(`pinned kubectl to k8s.io/kubernetes ${version} with ${replaces.length} replaces`);
 }

@@ -23,7 +23,8 @@ export function formatLine(p: Printed, now = new Date()): string {
 }
 
 type Json = Record<string, unknown>;
-const str = (v: unknown): string => (typeof v === 'string' ? v : v === undefined || v === null ? '' : JSON.stringify(v));
+const str = (v: unknown): string =>
+  typeof v === 'string' ? v : v === undefined || v === null ? '' : JSON.stringify(v);
 
 /**
  * Reads the log lines of the functions and remembers, per consumer, the last outcome seen,
@@ -56,21 +57,60 @@ export class LogPrinter {
       case 'identity refreshed': {
         const changed = Array.isArray(j.changed) ? (j.changed as unknown[]).map(str) : [];
         const ns = Array.isArray(j.namespaces) ? (j.namespaces as unknown[]).map(str).join(',') : '';
-        return { debug: changed.length === 0, component, subject: `identity ${str(j.identity)}`, text: `Ready=${str(j.ready)} (${str(j.reason)}), in use in [${ns}]${changed.length ? `; wrote ${changed.join(' and ')}` : ''}` };
+        return {
+          debug: changed.length === 0,
+          component,
+          subject: `identity ${str(j.identity)}`,
+          text: `Ready=${str(j.ready)} (${str(j.reason)}), in use in [${ns}]${changed.length ? `; wrote ${changed.join(' and ')}` : ''}`,
+        };
       }
       case 'reviewed': {
         const who = `${str(j.operation).toLowerCase()} by ${str(j.user)}${j.dryRun ? ' (dry run)' : ''}`;
-        if (j.allowed === false) return { debug: false, component, subject: `identity ${str(j.name)}`, text: `DENIED ${who}: ${str(j.denial)}` };
+        if (j.allowed === false)
+          return {
+            debug: false,
+            component,
+            subject: `identity ${str(j.name)}`,
+            text: `DENIED ${who}: ${str(j.denial)}`,
+          };
         return { debug: true, component, subject: `identity ${str(j.name)}`, text: `allowed ${who} (${str(j.why)})` };
       }
       case 'resync':
-        return { debug: true, component, subject: 'resync', text: summary(j, ['consumers', 'mirrors', 'keys', 'changed', 'orphanedMirrorsDeleted', 'revoked', 'sent', 'failed', 'needRetry', 'durationMs']) };
+        return {
+          debug: true,
+          component,
+          subject: 'resync',
+          text: summary(j, [
+            'consumers',
+            'mirrors',
+            'keys',
+            'changed',
+            'orphanedMirrorsDeleted',
+            'revoked',
+            'sent',
+            'failed',
+            'needRetry',
+            'durationMs',
+          ]),
+        };
       case 'refresh done':
-        return { debug: true, component, subject: 'refresh', text: summary(j, ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs']) };
+        return {
+          debug: true,
+          component,
+          subject: 'refresh',
+          text: summary(j, ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs']),
+        };
       default: {
         const warn = level === 'warn' || level === 'error';
-        const extra = ['error', 'errors', 'object', 'identity', 'denial', 'reason'].filter((k) => j[k] !== undefined).map((k) => `${k}=${str(j[k])}`);
-        return { debug: !warn, component, subject: '', text: `${warn ? `${level}: ` : ''}${message}${extra.length ? ` (${extra.join(', ')})` : ''}` };
+        const extra = ['error', 'errors', 'object', 'identity', 'denial', 'reason']
+          .filter((k) => j[k] !== undefined)
+          .map((k) => `${k}=${str(j[k])}`);
+        return {
+          debug: !warn,
+          component,
+          subject: '',
+          text: `${warn ? `${level}: ` : ''}${message}${extra.length ? ` (${extra.join(', ')})` : ''}`,
+        };
       }
     }
   }
@@ -104,7 +144,10 @@ export class LogPrinter {
 }
 
 function summary(j: Json, keys: string[]): string {
-  return keys.filter((k) => j[k] !== undefined).map((k) => `${k}=${str(j[k])}`).join(' ');
+  return keys
+    .filter((k) => j[k] !== undefined)
+    .map((k) => `${k}=${str(j[k])}`)
+    .join(' ');
 }
 
 /** What a mirror watch saw, for {@link describeMirrorChange}. */
@@ -124,11 +167,22 @@ export interface MirrorView {
  * data (by a different source-hash annotation, which is compared but never shown).
  * @returns undefined when nothing a reader cares about changed.
  */
-export function describeMirrorChange(verb: 'add' | 'update' | 'delete', now: MirrorView, before?: MirrorView): Printed | undefined {
+export function describeMirrorChange(
+  verb: 'add' | 'update' | 'delete',
+  now: MirrorView,
+  before?: MirrorView,
+): Printed | undefined {
   const subject = `${now.namespace}/${now.name}`;
   const owners = now.owners.length ? now.owners.join(', ') : 'none';
-  if (verb === 'add') return { debug: false, component: 'mirror', subject, text: `created for identity ${now.identity}; owners: ${owners}` };
-  if (verb === 'delete') return { debug: false, component: 'mirror', subject, text: `deleted (identity ${now.identity})` };
+  if (verb === 'add')
+    return {
+      debug: false,
+      component: 'mirror',
+      subject,
+      text: `created for identity ${now.identity}; owners: ${owners}`,
+    };
+  if (verb === 'delete')
+    return { debug: false, component: 'mirror', subject, text: `deleted (identity ${now.identity})` };
   const what: string[] = [];
   if (before && before.hash !== now.hash) what.push('data replaced from the rotated source');
   if (!before || before.owners.join(',') !== now.owners.join(',')) what.push(`owners: ${owners}`);

@@ -10,7 +10,14 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { request } from 'node:https';
 import { join } from 'node:path';
-import { AdmissionregistrationV1Api, CoreV1Api, KubeConfig, makeInformer, type KubernetesListObject, type V1Secret } from '@kubernetes/client-node';
+import {
+  AdmissionregistrationV1Api,
+  CoreV1Api,
+  KubeConfig,
+  makeInformer,
+  type KubernetesListObject,
+  type V1Secret,
+} from '@kubernetes/client-node';
 import { GROUP, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { describeError, isNotFound } from '../../functions/lib/kube.ts';
@@ -20,8 +27,22 @@ import { REPO_ROOT } from '../controlplane/build.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { installCRDs } from '../controlplane/crds.ts';
 import { createCA, createLeaf } from '../controlplane/pki.ts';
-import { KNATIVE_TOOLS, ensureApiServerSourceAdapter, startApiServerSourceAdapter, type RunningAdapter, type SourceConfig } from '../knative.ts';
-import { Delivery, pingMessage, schedulePing, startLocalEventSource, waitForWatchCaches, watchedResources, type LocalEventSource } from './events.ts';
+import {
+  KNATIVE_TOOLS,
+  ensureApiServerSourceAdapter,
+  startApiServerSourceAdapter,
+  type RunningAdapter,
+  type SourceConfig,
+} from '../knative.ts';
+import {
+  Delivery,
+  pingMessage,
+  schedulePing,
+  startLocalEventSource,
+  waitForWatchCaches,
+  watchedResources,
+  type LocalEventSource,
+} from './events.ts';
 import { LogPrinter, describeMirrorChange, formatLine, type MirrorView, type Printed } from './print.ts';
 
 /** The functions `npm start` runs, in start order. */
@@ -100,11 +121,17 @@ function isLoopback(server: string): boolean {
 }
 
 /** GET `url` until it answers 200 (https with `caPem` when given). */
-async function waitHealthy(url: string, caPem: string | undefined, child: ChildProcess, timeoutMs = 30_000): Promise<void> {
+async function waitHealthy(
+  url: string,
+  caPem: string | undefined,
+  child: ChildProcess,
+  timeoutMs = 30_000,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let last = '';
   while (Date.now() < deadline) {
-    if (child.exitCode !== null || child.signalCode !== null) throw new Error(`exited (${child.exitCode ?? child.signalCode})`);
+    if (child.exitCode !== null || child.signalCode !== null)
+      throw new Error(`exited (${child.exitCode ?? child.signalCode})`);
     try {
       const status = caPem
         ? await new Promise<number>((res, rej) => {
@@ -132,8 +159,17 @@ async function waitHealthy(url: string, caPem: string | undefined, child: ChildP
  * with its URL once it logged the port it bound and `/healthz` answered 200.
  * @throws Error with its last output lines when it exits or does not become healthy.
  */
-async function startFunction(name: FunctionName, env: NodeJS.ProcessEnv, caPem: string | undefined, onLine: (l: string) => void): Promise<RunningFunction> {
-  const child = spawn(process.execPath, [join(REPO_ROOT, 'functions', 'main.ts'), name], { env, stdio: ['ignore', 'pipe', 'pipe'], cwd: REPO_ROOT });
+async function startFunction(
+  name: FunctionName,
+  env: NodeJS.ProcessEnv,
+  caPem: string | undefined,
+  onLine: (l: string) => void,
+): Promise<RunningFunction> {
+  const child = spawn(process.execPath, [join(REPO_ROOT, 'functions', 'main.ts'), name], {
+    env,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    cwd: REPO_ROOT,
+  });
   // Last resort, as for the control plane: a parent that exits abruptly leaves no function behind.
   const killOnExit = () => child.kill('SIGKILL');
   process.once('exit', killOnExit);
@@ -146,7 +182,8 @@ async function startFunction(name: FunctionName, env: NodeJS.ProcessEnv, caPem: 
     if (tail.length > 20) tail.shift();
     try {
       const j = JSON.parse(l) as { message?: string; port?: number; scheme?: string };
-      if (j.message === 'listening' && typeof j.port === 'number') portSeen({ port: j.port, scheme: j.scheme ?? 'http' });
+      if (j.message === 'listening' && typeof j.port === 'number')
+        portSeen({ port: j.port, scheme: j.scheme ?? 'http' });
     } catch {
       // plain text (e.g. "cannot start"): printed as is
     }
@@ -155,10 +192,16 @@ async function startFunction(name: FunctionName, env: NodeJS.ProcessEnv, caPem: 
   lines(child.stdout!, handle);
   lines(child.stderr!, handle);
   const exited = new Promise<'exited'>((r) => child.once('exit', () => r('exited')));
-  const first = await Promise.race([bound, exited, new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 30_000).unref())]);
+  const first = await Promise.race([
+    bound,
+    exited,
+    new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 30_000).unref()),
+  ]);
   if (first === 'exited' || first === 'timeout') {
     child.kill('SIGKILL');
-    throw new Error(`${name} ${first === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : 'did not listen within 30 s'}:\n${tail.join('\n')}`);
+    throw new Error(
+      `${name} ${first === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : 'did not listen within 30 s'}:\n${tail.join('\n')}`,
+    );
   }
   const url = `${first.scheme}://127.0.0.1:${first.port}`;
   try {
@@ -188,16 +231,29 @@ export function webhookConfiguration(url: string, caBundlePem: string) {
   return {
     apiVersion: 'admissionregistration.k8s.io/v1',
     kind: 'ValidatingWebhookConfiguration',
-    metadata: { name: WEBHOOK_CONFIGURATION, labels: { 'app.kubernetes.io/part-of': 'captf-credentials', 'app.kubernetes.io/managed-by': 'captf-local' } },
-    webhooks: [{
-      name: 'identities.captf-credentials.local',
-      clientConfig: { url: `${url}/validate`, caBundle: Buffer.from(caBundlePem).toString('base64') },
-      rules: [{ apiGroups: [GROUP], apiVersions: [VERSION], operations: ['CREATE', 'UPDATE', 'DELETE'], resources: [IDENTITY_PLURAL], scope: 'Cluster' }],
-      failurePolicy: 'Fail',
-      sideEffects: 'None',
-      admissionReviewVersions: ['v1'],
-      timeoutSeconds: 10,
-    }],
+    metadata: {
+      name: WEBHOOK_CONFIGURATION,
+      labels: { 'app.kubernetes.io/part-of': 'captf-credentials', 'app.kubernetes.io/managed-by': 'captf-local' },
+    },
+    webhooks: [
+      {
+        name: 'identities.captf-credentials.local',
+        clientConfig: { url: `${url}/validate`, caBundle: Buffer.from(caBundlePem).toString('base64') },
+        rules: [
+          {
+            apiGroups: [GROUP],
+            apiVersions: [VERSION],
+            operations: ['CREATE', 'UPDATE', 'DELETE'],
+            resources: [IDENTITY_PLURAL],
+            scope: 'Cluster',
+          },
+        ],
+        failurePolicy: 'Fail',
+        sideEffects: 'None',
+        admissionReviewVersions: ['v1'],
+        timeoutSeconds: 10,
+      },
+    ],
   };
 }
 
@@ -257,7 +313,14 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
     // 3. The webhook's serving certificate (openssl, like cert-manager would issue it).
     const pkiDir = join(opts.dir, 'webhook-pki');
     const ca = await createCA(pkiDir, 'webhook-ca', 'captf-local-webhook-ca');
-    const leaf = await createLeaf({ ca, dir: pkiDir, name: 'admission', cn: 'captf-admission', sans: ['IP:127.0.0.1', 'DNS:localhost'], usage: 'server' });
+    const leaf = await createLeaf({
+      ca,
+      dir: pkiDir,
+      name: 'admission',
+      cn: 'captf-admission',
+      sans: ['IP:127.0.0.1', 'DNS:localhost'],
+      usage: 'server',
+    });
     const caPem = readFileSync(ca.cert, 'utf8');
 
     // 4. The functions, from the container's entrypoint, on free ports.
@@ -298,19 +361,41 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
       webhook = true;
       cleanups.push(async () => {
         // Left behind on a named cluster it would block every identity write (failurePolicy Fail).
-        if (opts.kubeconfig) await adm.deleteValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).catch(() => undefined);
+        if (opts.kubeconfig)
+          await adm.deleteValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).catch(() => undefined);
       });
     } else if (install) {
-      opts.progress(`not registering the webhook: ${server} is not on this machine, so it could not call ${functions.admission.url}`);
+      opts.progress(
+        `not registering the webhook: ${server} is not on this machine, so it could not call ${functions.admission.url}`,
+      );
     }
 
     // 6. Deliveries (Trigger-like) to the two event-driven functions.
-    const report = (r: { sink: string; type: string; subject: string; status: number; attempts: number; failed: boolean; error?: string }) => {
+    const report = (r: {
+      sink: string;
+      type: string;
+      subject: string;
+      status: number;
+      attempts: number;
+      failed: boolean;
+      error?: string;
+    }) => {
       const fn = r.sink === functions['mirror-sync'].url + '/' ? 'mirror-sync' : 'identity-status';
-      emit({ debug: !r.failed, component: 'events', subject: fn, text: `${r.failed ? 'gave up on' : 'delivered'} ${r.type} ${r.subject} → ${r.status || 'unreachable'} after ${r.attempts} attempt(s)${r.error ? ` (${r.error})` : ''}` });
+      emit({
+        debug: !r.failed,
+        component: 'events',
+        subject: fn,
+        text: `${r.failed ? 'gave up on' : 'delivered'} ${r.type} ${r.subject} → ${r.status || 'unreachable'} after ${r.attempts} attempt(s)${r.error ? ` (${r.error})` : ''}`,
+      });
     };
-    const toMirrorSync = new Delivery(`${functions['mirror-sync'].url}/`, { onReport: report, ...(opts.backoffMs ? { backoffMs: opts.backoffMs } : {}) });
-    const toIdentityStatus = new Delivery(`${functions['identity-status'].url}/`, { onReport: report, ...(opts.backoffMs ? { backoffMs: opts.backoffMs } : {}) });
+    const toMirrorSync = new Delivery(`${functions['mirror-sync'].url}/`, {
+      onReport: report,
+      ...(opts.backoffMs ? { backoffMs: opts.backoffMs } : {}),
+    });
+    const toIdentityStatus = new Delivery(`${functions['identity-status'].url}/`, {
+      onReport: report,
+      ...(opts.backoffMs ? { backoffMs: opts.backoffMs } : {}),
+    });
     cleanups.push(() => {
       toMirrorSync.stop();
       toIdentityStatus.stop();
@@ -319,21 +404,48 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
     // 7. API events: the real adapter (one per Trigger's worth of resources), or the local source.
     const kinds = consumerKindsFromEnv(process.env);
     const resources = watchedResources(kc, kinds, toMirrorSync, toIdentityStatus);
-    await waitForWatchCaches(kc, resources.map((r) => r.path));
+    await waitForWatchCaches(
+      kc,
+      resources.map((r) => r.path),
+    );
     const mode = opts.eventSource ?? 'auto';
-    const adapterBin = mode === 'build' ? await ensureApiServerSourceAdapter(opts.progress) : mode === 'auto' ? builtAdapterPath() : undefined;
+    const adapterBin =
+      mode === 'build'
+        ? await ensureApiServerSourceAdapter(opts.progress)
+        : mode === 'auto'
+          ? builtAdapterPath()
+          : undefined;
     let eventSource: 'adapter' | 'local';
     if (adapterBin) {
       eventSource = 'adapter';
       const gvr = (Group: string, Version: string, Resource: string) => ({ gvr: { Group, Version, Resource } });
       const sources: [string, string, SourceConfig][] = [
-        ['captf-objects', functions['mirror-sync'].url, { namespaces: [], allNamespaces: true, mode: 'Reference', resources: [
-          ...kinds.map((k) => gvr(k.group, k.version, k.plural)), gvr(GROUP, VERSION, IDENTITY_PLURAL), gvr('', 'v1', 'namespaces')] }],
-        ['captf-identities', functions['identity-status'].url, { namespaces: [], allNamespaces: true, mode: 'Reference', resources: [gvr(GROUP, VERSION, IDENTITY_PLURAL)] }],
+        [
+          'captf-objects',
+          functions['mirror-sync'].url,
+          {
+            namespaces: [],
+            allNamespaces: true,
+            mode: 'Reference',
+            resources: [
+              ...kinds.map((k) => gvr(k.group, k.version, k.plural)),
+              gvr(GROUP, VERSION, IDENTITY_PLURAL),
+              gvr('', 'v1', 'namespaces'),
+            ],
+          },
+        ],
+        [
+          'captf-identities',
+          functions['identity-status'].url,
+          { namespaces: [], allNamespaces: true, mode: 'Reference', resources: [gvr(GROUP, VERSION, IDENTITY_PLURAL)] },
+        ],
       ];
       for (const [name, sink, source] of sources) {
         const adapter: RunningAdapter = await startApiServerSourceAdapter({
-          kubeconfigPath, sink: `${sink}/`, source, name,
+          kubeconfigPath,
+          sink: `${sink}/`,
+          source,
+          name,
           onLog: (l) => {
             opts.onRawLine?.(`adapter ${name}`, l);
             emit(adapterLine(name, l));
@@ -343,7 +455,8 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
         // startApiServerSourceAdapter resolves at the first STARTING line, before discovery;
         // the reflectors start after "Starting in … mode".
         const deadline = Date.now() + 30_000;
-        while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+        while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline)
+          await new Promise((r) => setTimeout(r, 50));
       }
       // Their first list/watch round trip; objects created before it ends produce no event.
       await new Promise((r) => setTimeout(r, 1000));
@@ -394,7 +507,12 @@ function adapterLine(name: string, raw: string): Printed | undefined {
   } catch {
     // keep the raw line
   }
-  return { debug: !['warn', 'error', 'fatal', 'panic'].includes(level), component: 'events', subject: `adapter ${name}`, text: msg };
+  return {
+    debug: !['warn', 'error', 'fatal', 'panic'].includes(level),
+    component: 'events',
+    subject: `adapter ${name}`,
+    text: msg,
+  };
 }
 
 function mirrorView(s: V1Secret): MirrorView {
@@ -417,10 +535,15 @@ async function watchMirrors(kc: KubeConfig, emit: (p: Printed | undefined) => vo
   const selector = `${LABEL_MIRRORED}=true`;
   const seen = new Map<string, MirrorView>();
   const strip = (s: V1Secret): V1Secret => ({ metadata: s.metadata ?? {} });
-  const informer = makeInformer<V1Secret>(kc, '/api/v1/secrets', async () => {
-    const list = await core.listSecretForAllNamespaces({ labelSelector: selector });
-    return { ...list, items: list.items.map(strip) } as KubernetesListObject<V1Secret>;
-  }, selector);
+  const informer = makeInformer<V1Secret>(
+    kc,
+    '/api/v1/secrets',
+    async () => {
+      const list = await core.listSecretForAllNamespaces({ labelSelector: selector });
+      return { ...list, items: list.items.map(strip) } as KubernetesListObject<V1Secret>;
+    },
+    selector,
+  );
   let listed = false;
   let stopped = false;
   const on = (verb: 'add' | 'update' | 'delete') => (s: V1Secret) => {
@@ -449,7 +572,10 @@ async function watchMirrors(kc: KubeConfig, emit: (p: Printed | undefined) => vo
 }
 
 /** Prints a line unless it is debug and debug is off. */
-export function printer(debug: boolean, out: (l: string) => void = (l) => process.stdout.write(l + '\n')): (p: Printed) => void {
+export function printer(
+  debug: boolean,
+  out: (l: string) => void = (l) => process.stdout.write(l + '\n'),
+): (p: Printed) => void {
   return (p) => {
     if (p.debug && !debug) return;
     out(formatLine(p));

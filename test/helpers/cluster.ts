@@ -24,7 +24,10 @@ export function admin(): Clients {
 }
 
 /** Clients for a freshly minted client-certificate user. */
-export async function asUser(name: string, groups: readonly string[] = []): Promise<Clients & { kubeconfigPath: string }> {
+export async function asUser(
+  name: string,
+  groups: readonly string[] = [],
+): Promise<Clients & { kubeconfigPath: string }> {
   const kubeconfigPath = await userKubeConfig(controlPlaneDir(), name, groups);
   const kc = new KubeConfig();
   kc.loadFromFile(kubeconfigPath);
@@ -67,7 +70,11 @@ export function namespaces(prefix: string): {
  * timing assertion).
  * @throws Error with `what` when time runs out.
  */
-export async function eventually<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 60_000): Promise<T> {
+export async function eventually<T>(
+  what: string,
+  fn: () => Promise<T | undefined | false>,
+  timeoutMs = 60_000,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   let lastErr: unknown;
   while (Date.now() < deadline) {

@@ -16,7 +16,9 @@ export interface EventObject {
 
 function subjectOf(o: EventObject, plural: string): string {
   const gv = o.apiVersion.includes('/') ? `/apis/${o.apiVersion}` : `/api/${o.apiVersion}`;
-  return o.metadata.namespace ? `${gv}/namespaces/${o.metadata.namespace}/${plural}/${o.metadata.name}` : `${gv}/${plural}/${o.metadata.name}`;
+  return o.metadata.namespace
+    ? `${gv}/namespaces/${o.metadata.namespace}/${plural}/${o.metadata.name}`
+    : `${gv}/${plural}/${o.metadata.name}`;
 }
 
 /**
@@ -25,10 +27,21 @@ function subjectOf(o: EventObject, plural: string): string {
  * @param verb add | update | delete.
  * @param plural the resource's plural, for the subject.
  */
-export function apiServerEvent(obj: EventObject, mode: 'resource' | 'ref', verb: 'add' | 'update' | 'delete', plural: string): CloudEvent<unknown> {
-  const data = mode === 'resource'
-    ? obj
-    : { apiVersion: obj.apiVersion, kind: obj.kind, name: obj.metadata.name, ...(obj.metadata.namespace ? { namespace: obj.metadata.namespace } : {}) };
+export function apiServerEvent(
+  obj: EventObject,
+  mode: 'resource' | 'ref',
+  verb: 'add' | 'update' | 'delete',
+  plural: string,
+): CloudEvent<unknown> {
+  const data =
+    mode === 'resource'
+      ? obj
+      : {
+          apiVersion: obj.apiVersion,
+          kind: obj.kind,
+          name: obj.metadata.name,
+          ...(obj.metadata.namespace ? { namespace: obj.metadata.namespace } : {}),
+        };
   return new CloudEvent<unknown>({
     specversion: '1.0',
     id: randomUUID(),
@@ -61,7 +74,11 @@ export function pingEvent(name = 'resync'): CloudEvent<unknown> {
  * several as a `batch` (`application/cloudevents-batch+json`).
  * @returns status and parsed JSON body (or text).
  */
-export async function postEvents(url: string, events: CloudEvent<unknown> | CloudEvent<unknown>[], mode: 'binary' | 'structured' | 'batch' = 'binary'): Promise<{ status: number; body: unknown; text: string }> {
+export async function postEvents(
+  url: string,
+  events: CloudEvent<unknown> | CloudEvent<unknown>[],
+  mode: 'binary' | 'structured' | 'batch' = 'binary',
+): Promise<{ status: number; body: unknown; text: string }> {
   let headers: Record<string, string>;
   let body: string;
   if (mode === 'batch') {
@@ -96,7 +113,10 @@ export interface ReceivedEvent {
  * and answers each with the next status of `statuses` (then 202).
  * @param opts.hold delays every answer until it resolves (to observe in-flight deliveries).
  */
-export async function startSink(statuses: number[] = [], opts: { hold?: Promise<void> } = {}): Promise<{ url: string; received: ReceivedEvent[]; server: import('node:http').Server }> {
+export async function startSink(
+  statuses: number[] = [],
+  opts: { hold?: Promise<void> } = {},
+): Promise<{ url: string; received: ReceivedEvent[]; server: import('node:http').Server }> {
   const { createServer } = await import('node:http');
   const received: ReceivedEvent[] = [];
   const server = createServer((req, res) => {

@@ -34,34 +34,71 @@ export interface FaultProxy {
  * @param opts.kubeconfigPath whose client certificate the proxy forwards with (default
  *   admin's), so the audit log tells the proxied function's requests apart.
  */
-export async function startFaultProxy(fault: (method: string, url: string) => Fault | undefined, opts: { kubeconfigPath?: string } = {}): Promise<FaultProxy> {
+export async function startFaultProxy(
+  fault: (method: string, url: string) => Fault | undefined,
+  opts: { kubeconfigPath?: string } = {},
+): Promise<FaultProxy> {
   const a = admin();
   const as = new KubeConfig();
   as.loadFromFile(opts.kubeconfigPath ?? join(controlPlaneDir(), 'admin.kubeconfig'));
   const dir = controlPlaneDir();
   const pki = join(dir, 'pki');
-  const leaf = await createLeaf({ ca: { cert: join(pki, 'ca.crt'), key: join(pki, 'ca.key') }, dir: join(dir, 'users'), name: `proxy-${suffix()}`, cn: 'proxy', sans: ['IP:127.0.0.1'], usage: 'server' });
+  const leaf = await createLeaf({
+    ca: { cert: join(pki, 'ca.crt'), key: join(pki, 'ca.key') },
+    dir: join(dir, 'users'),
+    name: `proxy-${suffix()}`,
+    cn: 'proxy',
+    sans: ['IP:127.0.0.1'],
+    usage: 'server',
+  });
   const target = new URL(a.kc.getCurrentCluster()!.server);
   const user = as.getCurrentUser()!;
-  const tls = { cert: Buffer.from(user.certData!, 'base64'), key: Buffer.from(user.keyData!, 'base64'), ca: Buffer.from(a.kc.getCurrentCluster()!.caData!, 'base64') };
+  const tls = {
+    cert: Buffer.from(user.certData!, 'base64'),
+    key: Buffer.from(user.keyData!, 'base64'),
+    ca: Buffer.from(a.kc.getCurrentCluster()!.caData!, 'base64'),
+  };
   let faults = 0;
   const server = createServer({ cert: readFileSync(leaf.cert), key: readFileSync(leaf.key) }, (req, res) => {
     const f = fault(req.method ?? 'GET', req.url ?? '/');
     if (f) {
       faults++;
       req.resume();
-      res.writeHead(f.status, { 'content-type': 'application/json' }).end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', reason: f.reason, code: f.status, message: f.message }));
+      res.writeHead(f.status, { 'content-type': 'application/json' }).end(
+        JSON.stringify({
+          kind: 'Status',
+          apiVersion: 'v1',
+          metadata: {},
+          status: 'Failure',
+          reason: f.reason,
+          code: f.status,
+          message: f.message,
+        }),
+      );
       return;
     }
-    const up = request({ host: target.hostname, port: target.port, path: req.url, method: req.method, headers: { ...req.headers, host: target.host }, ...tls }, (r) => {
-      res.writeHead(r.statusCode ?? 502, r.headers);
-      r.pipe(res);
-    });
+    const up = request(
+      {
+        host: target.hostname,
+        port: target.port,
+        path: req.url,
+        method: req.method,
+        headers: { ...req.headers, host: target.host },
+        ...tls,
+      },
+      (r) => {
+        res.writeHead(r.statusCode ?? 502, r.headers);
+        r.pipe(res);
+      },
+    );
     up.on('error', () => res.writeHead(502).end());
     req.pipe(up);
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  const text = readFileSync(opts.kubeconfigPath ?? join(dir, 'admin.kubeconfig'), 'utf8').replace(target.origin, `https://127.0.0.1:${(server.address() as { port: number }).port}`);
+  const text = readFileSync(opts.kubeconfigPath ?? join(dir, 'admin.kubeconfig'), 'utf8').replace(
+    target.origin,
+    `https://127.0.0.1:${(server.address() as { port: number }).port}`,
+  );
   const kubeconfigPath = join(dir, 'users', `proxy-${suffix()}.kubeconfig`);
   writeFileSync(kubeconfigPath, text, { mode: 0o600 });
   return { kubeconfigPath, faults: () => faults, close: () => server.close() };

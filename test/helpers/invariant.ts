@@ -10,9 +10,22 @@
  * Returns every violation, not just the first.
  */
 import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
-import { DEFAULT_CONSUMER_KINDS, GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import {
+  DEFAULT_CONSUMER_KINDS,
+  GROUP,
+  IDENTITY_PLURAL,
+  VERSION,
+  type Consumer,
+  type TerraformClusterIdentity,
+} from '../../functions/lib/api.ts';
 import { ignoreNotFound, type Clients } from '../../functions/lib/kube.ts';
-import { ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, isOurs, mirrorName, sourceHash } from '../../functions/lib/mirror.ts';
+import {
+  ANNOTATION_IDENTITY,
+  ANNOTATION_SOURCE_HASH,
+  isOurs,
+  mirrorName,
+  sourceHash,
+} from '../../functions/lib/mirror.ts';
 
 /** resourceVersion of every Secret in the namespaces that is not a mirror of ours, by `ns/name`. */
 export async function foreignSecrets(a: Clients, namespaces: readonly string[]): Promise<Map<string, string>> {
@@ -32,18 +45,33 @@ export async function foreignSecrets(a: Clients, namespaces: readonly string[]):
  * @param foreign a {@link foreignSecrets} snapshot taken before the work.
  * @returns the violations (empty when it holds).
  */
-export async function invariantViolations(a: Clients, namespaces: readonly string[], foreign?: Map<string, string>): Promise<string[]> {
+export async function invariantViolations(
+  a: Clients,
+  namespaces: readonly string[],
+  foreign?: Map<string, string>,
+): Promise<string[]> {
   const v: string[] = [];
   const identities = new Map<string, TerraformClusterIdentity | undefined>();
   const identity = async (name: string) => {
-    if (!identities.has(name)) identities.set(name, (await ignoreNotFound(a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }))) as TerraformClusterIdentity | undefined);
+    if (!identities.has(name))
+      identities.set(
+        name,
+        (await ignoreNotFound(
+          a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }),
+        )) as TerraformClusterIdentity | undefined,
+      );
     return identities.get(name);
   };
   for (const ns of namespaces) {
     const nsObj = await ignoreNotFound(a.core.readNamespace({ name: ns }));
     const consumers: Consumer[] = [];
     for (const k of DEFAULT_CONSUMER_KINDS) {
-      const list = (await a.custom.listNamespacedCustomObject({ group: k.group, version: k.version, plural: k.plural, namespace: ns })) as { items: Consumer[] };
+      const list = (await a.custom.listNamespacedCustomObject({
+        group: k.group,
+        version: k.version,
+        plural: k.plural,
+        namespace: ns,
+      })) as { items: Consumer[] };
       consumers.push(...list.items.map((c) => ({ ...c, kind: k.kind })));
     }
     const secrets = (await a.core.listNamespacedSecret({ namespace: ns })).items;
@@ -57,9 +85,16 @@ export async function invariantViolations(a: Clients, namespaces: readonly strin
       const users = consumers.filter((c) => c.spec?.identityRef?.name === id);
       const mirror = secrets.find((s) => s.metadata?.name === mirrorName(id));
       const ours = mirror !== undefined && isOurs(mirror, id);
-      const allowed = Boolean(idObj && nsObj && isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: ns, labels: nsObj.metadata?.labels }));
+      const allowed = Boolean(
+        idObj &&
+        nsObj &&
+        isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: ns, labels: nsObj.metadata?.labels }),
+      );
       if (!allowed) {
-        if (ours) v.push(`${ns}: mirror of ${id} exists although ${idObj ? 'the namespace is not allowed' : 'the identity is gone'}`);
+        if (ours)
+          v.push(
+            `${ns}: mirror of ${id} exists although ${idObj ? 'the namespace is not allowed' : 'the identity is gone'}`,
+          );
         continue;
       }
       if (mirror && !ours) continue; // a Secret in the way: never touched (checked below)
@@ -70,11 +105,16 @@ export async function invariantViolations(a: Clients, namespaces: readonly strin
         continue;
       }
       const want = users.map((c) => `${c.kind}/${c.metadata.name}/${c.metadata.uid}`).sort();
-      const got = (mirror.metadata?.ownerReferences ?? []).filter((r) => r.kind.startsWith('Terraform')).map((r) => `${r.kind}/${r.name}/${r.uid}`).sort();
-      if (JSON.stringify(want) !== JSON.stringify(got)) v.push(`${ns}: mirror of ${id} is owned by [${got.join(', ')}], its consumers are [${want.join(', ')}]`);
+      const got = (mirror.metadata?.ownerReferences ?? [])
+        .filter((r) => r.kind.startsWith('Terraform'))
+        .map((r) => `${r.kind}/${r.name}/${r.uid}`)
+        .sort();
+      if (JSON.stringify(want) !== JSON.stringify(got))
+        v.push(`${ns}: mirror of ${id} is owned by [${got.join(', ')}], its consumers are [${want.join(', ')}]`);
       if (source) {
         const h = sourceHash(source.data);
-        if (mirror.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] !== h || sourceHash(mirror.data) !== h) v.push(`${ns}: mirror of ${id} is not current for its source`);
+        if (mirror.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] !== h || sourceHash(mirror.data) !== h)
+          v.push(`${ns}: mirror of ${id} is not current for its source`);
       }
     }
     for (const [k, rv] of foreign ?? []) {

@@ -8,7 +8,11 @@ import { PassThrough } from 'node:stream';
 import { createLogger, type Logger } from '../../functions/lib/log.ts';
 
 /** A logger whose lines are kept in `lines` (raw JSON text) and `entries` (parsed). */
-export function captureLogger(component: string): { logger: Logger; lines: string[]; entries: () => Record<string, unknown>[] } {
+export function captureLogger(component: string): {
+  logger: Logger;
+  lines: string[];
+  entries: () => Record<string, unknown>[];
+} {
   const stream = new PassThrough();
   const lines: string[] = [];
   let partial = '';

@@ -4,51 +4,125 @@
  */
 import type { CloudEvent } from 'cloudevents';
 import type { V1Secret } from '@kubernetes/client-node';
-import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION, type AllowedNamespaces, type Consumer, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import {
+  API_VERSION,
+  GROUP,
+  IDENTITY_KIND,
+  IDENTITY_PLURAL,
+  VERSION,
+  type AllowedNamespaces,
+  type Consumer,
+  type TerraformClusterIdentity,
+} from '../../functions/lib/api.ts';
 import { isNotFound, type Clients } from '../../functions/lib/kube.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { apiServerEvent, postEvents } from './events.ts';
 
 /** Plural of a shipped consumer kind. */
-export const PLURAL: Record<string, string> = { TerraformCluster: 'terraformclusters', TerraformMachine: 'terraformmachines' };
+export const PLURAL: Record<string, string> = {
+  TerraformCluster: 'terraformclusters',
+  TerraformMachine: 'terraformmachines',
+};
 
 /** Creates (or replaces the spec of) an identity; returns it. */
-export async function putIdentity(a: Clients, name: string, secretRef: { name: string; namespace: string }, allowedNamespaces?: AllowedNamespaces | null, labels: Record<string, string> = {}): Promise<TerraformClusterIdentity> {
-  const body = { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name, labels }, spec: { secretRef, ...(allowedNamespaces === undefined ? {} : { allowedNamespaces }) } };
+export async function putIdentity(
+  a: Clients,
+  name: string,
+  secretRef: { name: string; namespace: string },
+  allowedNamespaces?: AllowedNamespaces | null,
+  labels: Record<string, string> = {},
+): Promise<TerraformClusterIdentity> {
+  const body = {
+    apiVersion: API_VERSION,
+    kind: IDENTITY_KIND,
+    metadata: { name, labels },
+    spec: { secretRef, ...(allowedNamespaces === undefined ? {} : { allowedNamespaces }) },
+  };
   try {
-    const cur = (await a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name })) as TerraformClusterIdentity;
-    return (await a.custom.replaceClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name, body: { ...body, metadata: { ...body.metadata, resourceVersion: cur.metadata.resourceVersion } } })) as TerraformClusterIdentity;
+    const cur = (await a.custom.getClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      name,
+    })) as TerraformClusterIdentity;
+    return (await a.custom.replaceClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      name,
+      body: { ...body, metadata: { ...body.metadata, resourceVersion: cur.metadata.resourceVersion } },
+    })) as TerraformClusterIdentity;
   } catch (err) {
     if (!isNotFound(err)) throw err;
-    return (await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, body })) as TerraformClusterIdentity;
+    return (await a.custom.createClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      body,
+    })) as TerraformClusterIdentity;
   }
 }
 
 /** Deletes an identity; ignores 404. */
 export async function deleteIdentity(a: Clients, name: string): Promise<void> {
-  await a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }).catch((e) => {
-    if (!isNotFound(e)) throw e;
-  });
+  await a.custom
+    .deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name })
+    .catch((e) => {
+      if (!isNotFound(e)) throw e;
+    });
 }
 
 /** Creates a consumer of `kind` in `namespace` referencing `identity` (or none). */
-export async function createConsumer(a: Clients, namespace: string, name: string, identity: string | undefined, kind = 'TerraformCluster', extra: { finalizers?: string[] } = {}): Promise<Consumer> {
+export async function createConsumer(
+  a: Clients,
+  namespace: string,
+  name: string,
+  identity: string | undefined,
+  kind = 'TerraformCluster',
+  extra: { finalizers?: string[] } = {},
+): Promise<Consumer> {
   return (await a.custom.createNamespacedCustomObject({
-    group: GROUP, version: VERSION, namespace, plural: PLURAL[kind]!,
-    body: { apiVersion: API_VERSION, kind, metadata: { name, ...(extra.finalizers ? { finalizers: extra.finalizers } : {}) }, spec: identity ? { identityRef: { name: identity } } : {} },
+    group: GROUP,
+    version: VERSION,
+    namespace,
+    plural: PLURAL[kind]!,
+    body: {
+      apiVersion: API_VERSION,
+      kind,
+      metadata: { name, ...(extra.finalizers ? { finalizers: extra.finalizers } : {}) },
+      spec: identity ? { identityRef: { name: identity } } : {},
+    },
   })) as Consumer;
 }
 
 /** Reads a consumer (with apiVersion/kind). */
-export async function getConsumer(a: Clients, namespace: string, name: string, kind = 'TerraformCluster'): Promise<Consumer> {
-  return (await a.custom.getNamespacedCustomObject({ group: GROUP, version: VERSION, namespace, plural: PLURAL[kind]!, name })) as Consumer;
+export async function getConsumer(
+  a: Clients,
+  namespace: string,
+  name: string,
+  kind = 'TerraformCluster',
+): Promise<Consumer> {
+  return (await a.custom.getNamespacedCustomObject({
+    group: GROUP,
+    version: VERSION,
+    namespace,
+    plural: PLURAL[kind]!,
+    name,
+  })) as Consumer;
 }
 
 /** Deletes a consumer; ignores 404. */
-export async function deleteConsumer(a: Clients, namespace: string, name: string, kind = 'TerraformCluster'): Promise<void> {
-  await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace, plural: PLURAL[kind]!, name }).catch((e) => {
-    if (!isNotFound(e)) throw e;
-  });
+export async function deleteConsumer(
+  a: Clients,
+  namespace: string,
+  name: string,
+  kind = 'TerraformCluster',
+): Promise<void> {
+  await a.custom
+    .deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace, plural: PLURAL[kind]!, name })
+    .catch((e) => {
+      if (!isNotFound(e)) throw e;
+    });
 }
 
 /** The mirror of `identity` in `namespace`, or undefined. */
@@ -62,7 +136,10 @@ export async function getMirror(a: Clients, namespace: string, identity: string)
 }
 
 /** A condition of a consumer by type. */
-export function conditionOf(c: Consumer, type: string): { status: string; reason: string; message: string } | undefined {
+export function conditionOf(
+  c: Consumer,
+  type: string,
+): { status: string; reason: string; message: string } | undefined {
   return c.status?.conditions?.find((x) => x.type === type);
 }
 
@@ -70,7 +147,11 @@ export function conditionOf(c: Consumer, type: string): { status: string; reason
  * Delivers events to `url` like a Knative Trigger with a retry policy: re-sends on 5xx up
  * to `retries` times with a short backoff; returns the last answer.
  */
-export async function deliver(url: string, events: CloudEvent<unknown> | CloudEvent<unknown>[], opts: { retries?: number; mode?: 'binary' | 'structured' | 'batch' } = {}): Promise<{ status: number; body: unknown; text: string }> {
+export async function deliver(
+  url: string,
+  events: CloudEvent<unknown> | CloudEvent<unknown>[],
+  opts: { retries?: number; mode?: 'binary' | 'structured' | 'batch' } = {},
+): Promise<{ status: number; body: unknown; text: string }> {
   let last = await postEvents(url, events, opts.mode);
   for (let i = 0; i < (opts.retries ?? 5) && last.status >= 500; i++) {
     await new Promise((r) => setTimeout(r, 100 * (i + 1)));
@@ -80,5 +161,14 @@ export async function deliver(url: string, events: CloudEvent<unknown> | CloudEv
 }
 
 /** An ApiServerSource event about a consumer object. */
-export const consumerEvent = (c: Consumer, mode: 'resource' | 'ref' = 'ref', verb: 'add' | 'update' | 'delete' = 'update') =>
-  apiServerEvent({ ...(c as object), apiVersion: API_VERSION, kind: c.kind ?? 'TerraformCluster', metadata: c.metadata as never }, mode, verb, PLURAL[c.kind ?? 'TerraformCluster']!);
+export const consumerEvent = (
+  c: Consumer,
+  mode: 'resource' | 'ref' = 'ref',
+  verb: 'add' | 'update' | 'delete' = 'update',
+) =>
+  apiServerEvent(
+    { ...(c as object), apiVersion: API_VERSION, kind: c.kind ?? 'TerraformCluster', metadata: c.metadata as never },
+    mode,
+    verb,
+    PLURAL[c.kind ?? 'TerraformCluster']!,
+  );

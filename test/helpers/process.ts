@@ -25,7 +25,11 @@ export interface FunctionProcess {
  * @throws Error with the output when it does not listen within 30 s.
  */
 export async function spawnFunction(name: string, env: NodeJS.ProcessEnv): Promise<FunctionProcess> {
-  const child = spawn(process.execPath, ['functions/main.ts', name], { cwd: REPO_ROOT, env: { ...process.env, PORT: '0', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['functions/main.ts', name], {
+    cwd: REPO_ROOT,
+    env: { ...process.env, PORT: '0', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let out = '';
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
   child.stderr!.on('data', (d: Buffer) => (out += d.toString()));
@@ -34,11 +38,15 @@ export async function spawnFunction(name: string, env: NodeJS.ProcessEnv): Promi
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
   };
   try {
-    const port = await eventually(`${name} to listen`, async () => {
-      if (child.exitCode !== null) throw new Error(`exited ${child.exitCode}: ${out}`);
-      const line = out.split('\n').find((l) => l.includes('"listening"'));
-      return line ? (JSON.parse(line) as { port: number }).port : undefined;
-    }, 30_000);
+    const port = await eventually(
+      `${name} to listen`,
+      async () => {
+        if (child.exitCode !== null) throw new Error(`exited ${child.exitCode}: ${out}`);
+        const line = out.split('\n').find((l) => l.includes('"listening"'));
+        return line ? (JSON.parse(line) as { port: number }).port : undefined;
+      },
+      30_000,
+    );
     return { child, port, output: () => out, exited, kill };
   } catch (err) {
     kill();

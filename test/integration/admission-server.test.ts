@@ -30,19 +30,26 @@ interface Answer {
 function call(url: string, opts: { method?: string; body?: string | Buffer; ca?: string } = {}): Promise<Answer> {
   return new Promise((res, rej) => {
     const u = new URL(url);
-    const req = (u.protocol === 'https:' ? httpsRequest : httpRequest)(u, {
-      method: opts.method ?? (opts.body === undefined ? 'GET' : 'POST'),
-      agent: false,
-      ...(opts.ca ? { ca: opts.ca } : {}),
-      headers: opts.body === undefined ? {} : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(opts.body) },
-    }, (resp) => {
-      const chunks: Buffer[] = [];
-      resp.on('data', (c: Buffer) => chunks.push(c));
-      resp.on('end', () => {
-        const text = Buffer.concat(chunks).toString('utf8');
-        res({ status: resp.statusCode ?? 0, text, json: () => JSON.parse(text) as Record<string, unknown> });
-      });
-    });
+    const req = (u.protocol === 'https:' ? httpsRequest : httpRequest)(
+      u,
+      {
+        method: opts.method ?? (opts.body === undefined ? 'GET' : 'POST'),
+        agent: false,
+        ...(opts.ca ? { ca: opts.ca } : {}),
+        headers:
+          opts.body === undefined
+            ? {}
+            : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(opts.body) },
+      },
+      (resp) => {
+        const chunks: Buffer[] = [];
+        resp.on('data', (c: Buffer) => chunks.push(c));
+        resp.on('end', () => {
+          const text = Buffer.concat(chunks).toString('utf8');
+          res({ status: resp.statusCode ?? 0, text, json: () => JSON.parse(text) as Record<string, unknown> });
+        });
+      },
+    );
     // The server may answer 413 and close before a huge body is fully written; the answer
     // still arrives, so a write error after it is not a failure.
     req.on('error', rej);
@@ -54,8 +61,20 @@ const review = (request: unknown, over: Record<string, unknown> = {}) =>
   JSON.stringify({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request, ...over });
 /** A well-formed metadata-only UPDATE review: needs no API call, so it is answered from the decisions alone. */
 const goodRequest = (uid: string) => {
-  const obj = { apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformClusterIdentity', metadata: { name: 'x' }, spec: { secretRef: { name: 'creds', namespace: 'captf-system' } } };
-  return { uid, operation: 'UPDATE', name: 'x', userInfo: { username: 'alice', groups: ['g'] }, object: { ...obj, metadata: { name: 'x', labels: { a: 'b' } } }, oldObject: obj };
+  const obj = {
+    apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+    kind: 'TerraformClusterIdentity',
+    metadata: { name: 'x' },
+    spec: { secretRef: { name: 'creds', namespace: 'captf-system' } },
+  };
+  return {
+    uid,
+    operation: 'UPDATE',
+    name: 'x',
+    userInfo: { username: 'alice', groups: ['g'] },
+    object: { ...obj, metadata: { name: 'x', labels: { a: 'b' } } },
+    oldObject: obj,
+  };
 };
 
 let pki: string;
@@ -66,7 +85,10 @@ let leaf2: CertPair;
 
 before(async () => {
   pki = mkdtempSync(join(tmpdir(), 'captf-adm-srv-'));
-  [ca1, ca2] = await Promise.all([createCA(pki, 'ca1', `captf-test-ca1-${suffix()}`), createCA(pki, 'ca2', `captf-test-ca2-${suffix()}`)]);
+  [ca1, ca2] = await Promise.all([
+    createCA(pki, 'ca1', `captf-test-ca1-${suffix()}`),
+    createCA(pki, 'ca2', `captf-test-ca2-${suffix()}`),
+  ]);
   [leaf1, leaf2] = await Promise.all([
     createLeaf({ ca: ca1, dir: pki, name: 'leaf1', cn: 'captf-admission', sans: ['IP:127.0.0.1'], usage: 'server' }),
     createLeaf({ ca: ca2, dir: pki, name: 'leaf2', cn: 'captf-admission', sans: ['IP:127.0.0.1'], usage: 'server' }),
@@ -86,7 +108,13 @@ describe('malformed AdmissionReviews posted directly get a clear 400 or denial, 
   let url: string;
   let ca: string;
   before(async () => {
-    fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: adminKubeConfig(), logger: cap.logger, env: { CAPTF_TLS_CERT_FILE: leaf1.cert, CAPTF_TLS_KEY_FILE: leaf1.key } });
+    fn = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: adminKubeConfig(),
+      logger: cap.logger,
+      env: { CAPTF_TLS_CERT_FILE: leaf1.cert, CAPTF_TLS_KEY_FILE: leaf1.key },
+    });
     url = `https://127.0.0.1:${fn.port}`;
     ca = readFileSync(ca1.cert, 'utf8');
   });
@@ -101,7 +129,12 @@ describe('malformed AdmissionReviews posted directly get a clear 400 or denial, 
 
   const rows: [string, string | Buffer, number, RegExp][] = [
     ['not JSON', `{"not json ${planted}`, 400, /not JSON/],
-    ['wrong apiVersion', review(goodRequest('u1'), { apiVersion: 'admission.k8s.io/v1beta1' }), 400, /expected apiVersion admission\.k8s\.io\/v1/],
+    [
+      'wrong apiVersion',
+      review(goodRequest('u1'), { apiVersion: 'admission.k8s.io/v1beta1' }),
+      400,
+      /expected apiVersion admission\.k8s\.io\/v1/,
+    ],
     ['missing request', review(undefined), 400, /no request/],
     ['missing uid', review({ ...goodRequest('x'), uid: undefined }), 400, /no uid/],
     ['a 10 MB body', Buffer.alloc(10 * 1024 * 1024, 'a'), 413, /too large/],
@@ -127,10 +160,16 @@ describe('malformed AdmissionReviews posted directly get a clear 400 or denial, 
   });
 
   it('allowedNamespaces: {} is denied by the webhook itself (the CRD rule stops it earlier through the API server)', async () => {
-    for (const [uid, operation] of [['empty-create', 'CREATE'], ['empty-update', 'UPDATE']] as const) {
+    for (const [uid, operation] of [
+      ['empty-create', 'CREATE'],
+      ['empty-update', 'UPDATE'],
+    ] as const) {
       const g = goodRequest(uid);
       const object = { ...g.object, spec: { ...g.object.spec, allowedNamespaces: {} } };
-      const r = await call(`${url}/validate`, { ca, body: review({ ...g, operation, object, ...(operation === 'CREATE' ? { oldObject: undefined } : {}) }) });
+      const r = await call(`${url}/validate`, {
+        ca,
+        body: review({ ...g, operation, object, ...(operation === 'CREATE' ? { oldObject: undefined } : {}) }),
+      });
       const resp = r.json().response as { uid: string; allowed: boolean; status: { code: number; message: string } };
       assert.equal(resp.uid, uid);
       assert.equal(resp.allowed, false);
@@ -142,15 +181,30 @@ describe('malformed AdmissionReviews posted directly get a clear 400 or denial, 
   it('a failing SubjectAccessReview or consumer lookup denies (fail closed): the API user may do neither', async () => {
     const kc = new KubeConfig();
     kc.loadFromFile((await asUser(`no-rbac-${suffix()}`)).kubeconfigPath);
-    const weak = await start({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: cap.logger, env: { CAPTF_TLS_CERT_FILE: leaf1.cert, CAPTF_TLS_KEY_FILE: leaf1.key } });
+    const weak = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: kc,
+      logger: cap.logger,
+      env: { CAPTF_TLS_CERT_FILE: leaf1.cert, CAPTF_TLS_KEY_FILE: leaf1.key },
+    });
     try {
       const wurl = `https://127.0.0.1:${weak.port}/validate`;
-      const created = await call(wurl, { ca, body: review({ ...goodRequest('sar-fails'), operation: 'CREATE', oldObject: undefined }) });
+      const created = await call(wurl, {
+        ca,
+        body: review({ ...goodRequest('sar-fails'), operation: 'CREATE', oldObject: undefined }),
+      });
       const c = created.json().response as { uid: string; allowed: boolean; status: { code: number; message: string } };
       assert.equal(c.uid, 'sar-fails');
       assert.equal(c.allowed, false);
-      assert.match(c.status.message, /could not check whether user "alice" may get Secret captf-system\/creds \(SubjectAccessReview failed: HTTP 403/);
-      const deleted = await call(wurl, { ca, body: review({ ...goodRequest('lookup-fails'), operation: 'DELETE', object: undefined }) });
+      assert.match(
+        c.status.message,
+        /could not check whether user "alice" may get Secret captf-system\/creds \(SubjectAccessReview failed: HTTP 403/,
+      );
+      const deleted = await call(wurl, {
+        ca,
+        body: review({ ...goodRequest('lookup-fails'), operation: 'DELETE', object: undefined }),
+      });
       const d = deleted.json().response as { allowed: boolean; status: { message: string } };
       assert.equal(d.allowed, false);
       assert.match(d.status.message, /consumer lookup failed: HTTP 403/);
@@ -172,22 +226,39 @@ describe('serving certificate rotation without a restart', () => {
     const key = join(dir, 'tls.key');
     copyFileSync(leaf1.cert, cert);
     copyFileSync(leaf1.key, key);
-    const fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: adminKubeConfig(), logger: cap.logger,
-      env: { CAPTF_TLS_CERT_FILE: cert, CAPTF_TLS_KEY_FILE: key, CAPTF_TLS_RELOAD_MS: '100' } });
+    const fn = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: adminKubeConfig(),
+      logger: cap.logger,
+      env: { CAPTF_TLS_CERT_FILE: cert, CAPTF_TLS_KEY_FILE: key, CAPTF_TLS_RELOAD_MS: '100' },
+    });
     const url = `https://127.0.0.1:${fn.port}/healthz`;
     const trust1 = readFileSync(ca1.cert, 'utf8');
     const trust2 = readFileSync(ca2.cert, 'utf8');
     try {
       assert.equal((await call(url, { ca: trust1 })).status, 200);
-      await assert.rejects(call(url, { ca: trust2 }), /certificate/i, 'a client trusting only CA 2 refuses the first pair');
+      await assert.rejects(
+        call(url, { ca: trust2 }),
+        /certificate/i,
+        'a client trusting only CA 2 refuses the first pair',
+      );
 
       // A half-done rotation (new certificate, old key) is not installed; the old pair keeps serving.
       copyFileSync(leaf2.cert, cert);
-      await eventually('the mismatched pair to be noticed', async () => cap.lines.some((l) => l.includes('not usable yet')), 10_000);
+      await eventually(
+        'the mismatched pair to be noticed',
+        async () => cap.lines.some((l) => l.includes('not usable yet')),
+        10_000,
+      );
       assert.equal((await call(url, { ca: trust1 })).status, 200);
 
       copyFileSync(leaf2.key, key);
-      await eventually('new connections to see the certificate of CA 2', async () => (await call(url, { ca: trust2 })).status === 200, 10_000);
+      await eventually(
+        'new connections to see the certificate of CA 2',
+        async () => (await call(url, { ca: trust2 })).status === 200,
+        10_000,
+      );
       await assert.rejects(call(url, { ca: trust1 }), /certificate/i, 'the old pair is no longer served');
       assert.ok(cap.lines.some((l) => l.includes('TLS certificate reloaded')));
     } finally {
@@ -198,8 +269,13 @@ describe('serving certificate rotation without a restart', () => {
 
 describe('plain-HTTP mode (behind a TLS-terminating ingress)', () => {
   it('serves reviews over HTTP when CAPTF_ADMISSION_PLAIN_HTTP=true, without any certificate files', async () => {
-    const fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: adminKubeConfig(), logger: captureLogger('admission').logger,
-      env: { CAPTF_ADMISSION_PLAIN_HTTP: 'true', CAPTF_TLS_CERT_FILE: '/nonexistent/tls.crt' } });
+    const fn = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: adminKubeConfig(),
+      logger: captureLogger('admission').logger,
+      env: { CAPTF_ADMISSION_PLAIN_HTTP: 'true', CAPTF_TLS_CERT_FILE: '/nonexistent/tls.crt' },
+    });
     try {
       assert.equal(fn.scheme, 'http');
       const r = await call(`http://127.0.0.1:${fn.port}/validate`, { body: review(goodRequest('plain')) });
@@ -210,8 +286,16 @@ describe('plain-HTTP mode (behind a TLS-terminating ingress)', () => {
   });
 
   it('refuses to start over HTTPS when the certificate file is missing, naming it', async () => {
-    await assert.rejects(start({ port: 0, host: '127.0.0.1', kubeconfig: adminKubeConfig(), logger: captureLogger('admission').logger,
-      env: { CAPTF_TLS_CERT_FILE: '/nonexistent/tls.crt', CAPTF_TLS_KEY_FILE: leaf1.key } }), /cannot read the TLS certificate \/nonexistent\/tls\.crt/);
+    await assert.rejects(
+      start({
+        port: 0,
+        host: '127.0.0.1',
+        kubeconfig: adminKubeConfig(),
+        logger: captureLogger('admission').logger,
+        env: { CAPTF_TLS_CERT_FILE: '/nonexistent/tls.crt', CAPTF_TLS_KEY_FILE: leaf1.key },
+      }),
+      /cannot read the TLS certificate \/nonexistent\/tls\.crt/,
+    );
   });
 });
 
@@ -226,18 +310,36 @@ describe('start-up of the real entrypoint', () => {
       const t0 = performance.now();
       const child = spawn(cmd, args, {
         // Its own process group, so SIGTERM reaches the function even under npx's wrappers.
-        cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'], detached: true,
-        env: { ...process.env, KUBECONFIG: join(controlPlaneDir(), 'admin.kubeconfig'), PORT: String(port), CAPTF_TLS_CERT_FILE: leaf1.cert, CAPTF_TLS_KEY_FILE: leaf1.key, LOG_LEVEL: 'info' },
+        cwd: REPO_ROOT,
+        stdio: ['ignore', 'pipe', 'pipe'],
+        detached: true,
+        env: {
+          ...process.env,
+          KUBECONFIG: join(controlPlaneDir(), 'admin.kubeconfig'),
+          PORT: String(port),
+          CAPTF_TLS_CERT_FILE: leaf1.cert,
+          CAPTF_TLS_KEY_FILE: leaf1.key,
+          LOG_LEVEL: 'info',
+        },
       });
       let out = '';
-      child.stdout.on('data', (d: Buffer) => { out += d.toString(); });
-      child.stderr.on('data', (d: Buffer) => { out += d.toString(); });
+      child.stdout.on('data', (d: Buffer) => {
+        out += d.toString();
+      });
+      child.stderr.on('data', (d: Buffer) => {
+        out += d.toString();
+      });
       // 'close' fires once every process holding the output pipes (the function itself, also
       // under npx) has exited.
       const closed = new Promise<number | null>((r) => child.on('close', (code) => r(code)));
       try {
         const ca = readFileSync(ca1.cert, 'utf8');
-        const body = review({ ...goodRequest('startup'), operation: 'CREATE', oldObject: undefined, userInfo: { username: 'admin', groups: ['system:masters'] } });
+        const body = review({
+          ...goodRequest('startup'),
+          operation: 'CREATE',
+          oldObject: undefined,
+          userInfo: { username: 'admin', groups: ['system:masters'] },
+        });
         // Poll every 10 ms (not eventually()'s 200 ms) so the figure is not rounded up.
         let answer: Answer | undefined;
         while (!answer && performance.now() - t0 < 30_000 && child.exitCode === null) {
@@ -248,7 +350,9 @@ describe('start-up of the real entrypoint', () => {
         const ms = Math.round(performance.now() - t0);
         assert.deepEqual(answer.json().response, { uid: 'startup', allowed: true }, out);
         const listening = out.split('\n').find((l) => l.includes('"listening"'));
-        t.diagnostic(`${how}: ${ms} ms from spawn to the first answered AdmissionReview; process reported listening at ${listening ? (JSON.parse(listening) as { startupMs: number }).startupMs : '?'} ms`);
+        t.diagnostic(
+          `${how}: ${ms} ms from spawn to the first answered AdmissionReview; process reported listening at ${listening ? (JSON.parse(listening) as { startupMs: number }).startupMs : '?'} ms`,
+        );
       } finally {
         process.kill(-child.pid!, 'SIGTERM');
         const code = await closed;

@@ -10,9 +10,21 @@ import { readFileSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { AdmissionregistrationV1Api, KubeConfig, RbacAuthorizationV1Api, type V1PolicyRule } from '@kubernetes/client-node';
+import {
+  AdmissionregistrationV1Api,
+  KubeConfig,
+  RbacAuthorizationV1Api,
+  type V1PolicyRule,
+} from '@kubernetes/client-node';
 import { start } from '../../functions/admission/index.ts';
-import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import {
+  API_VERSION,
+  GROUP,
+  IDENTITY_KIND,
+  IDENTITY_PLURAL,
+  VERSION,
+  type TerraformClusterIdentity,
+} from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
 import { createCA, createLeaf } from '../../scripts/controlplane/pki.ts';
@@ -43,10 +55,14 @@ const users: Record<'direct' | 'member' | 'scoped' | 'nobody' | 'lister', Client
 
 const ids = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
 const body = (name: string, spec: Record<string, unknown>, labels: Record<string, string> = {}) => ({
-  apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name, labels: { [LABEL]: sfx, ...labels } as Record<string, string> }, spec,
+  apiVersion: API_VERSION,
+  kind: IDENTITY_KIND,
+  metadata: { name, labels: { [LABEL]: sfx, ...labels } as Record<string, string> },
+  spec,
 });
 const ref = (name = 'creds', namespace = secretsNs) => ({ secretRef: { name, namespace } });
-const create = (c: Clients, b: object, dryRun?: boolean) => c.custom.createClusterCustomObject({ ...ids, body: b, ...(dryRun ? { dryRun: 'All' } : {}) });
+const create = (c: Clients, b: object, dryRun?: boolean) =>
+  c.custom.createClusterCustomObject({ ...ids, body: b, ...(dryRun ? { dryRun: 'All' } : {}) });
 type Identity = TerraformClusterIdentity;
 const read = async (name: string) => (await a.custom.getClusterCustomObject({ ...ids, name })) as Identity;
 /** Read-modify-write as `c` (an UPDATE through the webhook). */
@@ -82,13 +98,22 @@ function sarCount(): number {
   for (const line of log.split('\n')) {
     if (!line.includes(adminUser) || !line.includes('subjectaccessreviews')) continue;
     const e = JSON.parse(line) as { stage?: string; user?: { username?: string }; objectRef?: { resource?: string } };
-    if (e.stage === 'ResponseComplete' && e.user?.username === adminUser && e.objectRef?.resource === 'subjectaccessreviews') n++;
+    if (
+      e.stage === 'ResponseComplete' &&
+      e.user?.username === adminUser &&
+      e.objectRef?.resource === 'subjectaccessreviews'
+    )
+      n++;
   }
   return n;
 }
 
 /** The function's "reviewed" log entries since `mark` lines. */
-const reviewedSince = (mark: number) => cap.entries().slice(mark).filter((e) => e.message === 'reviewed');
+const reviewedSince = (mark: number) =>
+  cap
+    .entries()
+    .slice(mark)
+    .filter((e) => e.message === 'reviewed');
 
 /** Expects exactly one review since `mark`, allowed, with no SubjectAccessReview made. */
 async function assertNoSar(mark: number, sarsBefore: number, what: string) {
@@ -103,95 +128,225 @@ async function assertNoSar(mark: number, sarsBefore: number, what: string) {
 
 async function clusterRole(name: string, rules: V1PolicyRule[], subject: { kind: 'User' | 'Group'; name: string }) {
   await rbac.createClusterRole({ body: { metadata: { name }, rules } });
-  await rbac.createClusterRoleBinding({ body: { metadata: { name }, roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name },
-    subjects: [{ ...subject, apiGroup: 'rbac.authorization.k8s.io' }] } });
+  await rbac.createClusterRoleBinding({
+    body: {
+      metadata: { name },
+      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name },
+      subjects: [{ ...subject, apiGroup: 'rbac.authorization.k8s.io' }],
+    },
+  });
   clusterObjects.push({ kind: 'ClusterRoleBinding', name }, { kind: 'ClusterRole', name });
 }
 
-async function role(namespace: string, name: string, rule: V1PolicyRule, subject: { kind: 'User' | 'Group'; name: string }) {
+async function role(
+  namespace: string,
+  name: string,
+  rule: V1PolicyRule,
+  subject: { kind: 'User' | 'Group'; name: string },
+) {
   await rbac.createNamespacedRole({ namespace, body: { metadata: { name }, rules: [rule] } });
-  await rbac.createNamespacedRoleBinding({ namespace, body: { metadata: { name }, roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name },
-    subjects: [{ ...subject, apiGroup: 'rbac.authorization.k8s.io' }] } });
+  await rbac.createNamespacedRoleBinding({
+    namespace,
+    body: {
+      metadata: { name },
+      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name },
+      subjects: [{ ...subject, apiGroup: 'rbac.authorization.k8s.io' }],
+    },
+  });
 }
 
 before(async () => {
   [secretsNs, otherSecretsNs, consumerNs] = await Promise.all([ns.create(), ns.create(), ns.create()]);
-  for (const [n, name, v] of [[secretsNs, 'creds', 0], [secretsNs, 'other-creds', 1], [otherSecretsNs, 'creds', 2]] as const) {
-    await a.core.createNamespacedSecret({ namespace: n, body: { metadata: { name }, stringData: { token: secretValues[v]! } } });
+  for (const [n, name, v] of [
+    [secretsNs, 'creds', 0],
+    [secretsNs, 'other-creds', 1],
+    [otherSecretsNs, 'creds', 2],
+  ] as const) {
+    await a.core.createNamespacedSecret({
+      namespace: n,
+      body: { metadata: { name }, stringData: { token: secretValues[v]! } },
+    });
   }
 
   // The function runs as a least-privilege user: SubjectAccessReviews and consumer lists only,
   // no Secret access at all.
-  await clusterRole(`captf-admission-fn-${sfx}`, [
-    { apiGroups: ['authorization.k8s.io'], resources: ['subjectaccessreviews'], verbs: ['create'] },
-    { apiGroups: [GROUP], resources: ['terraformclusters', 'terraformmachines'], verbs: ['list'] },
-  ], { kind: 'User', name: adminUser });
+  await clusterRole(
+    `captf-admission-fn-${sfx}`,
+    [
+      { apiGroups: ['authorization.k8s.io'], resources: ['subjectaccessreviews'], verbs: ['create'] },
+      { apiGroups: [GROUP], resources: ['terraformclusters', 'terraformmachines'], verbs: ['list'] },
+    ],
+    { kind: 'User', name: adminUser },
+  );
   // Every test user may create/update/delete identities and their status; Secret access varies.
-  await clusterRole(`captf-admission-editors-${sfx}`, [
-    { apiGroups: [GROUP], resources: [IDENTITY_PLURAL], verbs: ['get', 'list', 'create', 'update', 'patch', 'delete'] },
-    { apiGroups: [GROUP], resources: [`${IDENTITY_PLURAL}/status`], verbs: ['get', 'update', 'patch'] },
-  ], { kind: 'Group', name: editors });
+  await clusterRole(
+    `captf-admission-editors-${sfx}`,
+    [
+      {
+        apiGroups: [GROUP],
+        resources: [IDENTITY_PLURAL],
+        verbs: ['get', 'list', 'create', 'update', 'patch', 'delete'],
+      },
+      { apiGroups: [GROUP], resources: [`${IDENTITY_PLURAL}/status`], verbs: ['get', 'update', 'patch'] },
+    ],
+    { kind: 'Group', name: editors },
+  );
 
-  const direct = `direct-${sfx}`, scoped = `scoped-${sfx}`, lister = `lister-${sfx}`;
-  await role(secretsNs, 'get-secrets', { apiGroups: [''], resources: ['secrets'], verbs: ['get'] }, { kind: 'User', name: direct });
-  await role(secretsNs, 'readers-get-secrets', { apiGroups: [''], resources: ['secrets'], verbs: ['get'] }, { kind: 'Group', name: readers });
-  await role(secretsNs, 'get-creds-only', { apiGroups: [''], resources: ['secrets'], verbs: ['get'], resourceNames: ['creds'] }, { kind: 'User', name: scoped });
-  await role(secretsNs, 'list-secrets', { apiGroups: [''], resources: ['secrets'], verbs: ['list'] }, { kind: 'User', name: lister });
+  const direct = `direct-${sfx}`,
+    scoped = `scoped-${sfx}`,
+    lister = `lister-${sfx}`;
+  await role(
+    secretsNs,
+    'get-secrets',
+    { apiGroups: [''], resources: ['secrets'], verbs: ['get'] },
+    { kind: 'User', name: direct },
+  );
+  await role(
+    secretsNs,
+    'readers-get-secrets',
+    { apiGroups: [''], resources: ['secrets'], verbs: ['get'] },
+    { kind: 'Group', name: readers },
+  );
+  await role(
+    secretsNs,
+    'get-creds-only',
+    { apiGroups: [''], resources: ['secrets'], verbs: ['get'], resourceNames: ['creds'] },
+    { kind: 'User', name: scoped },
+  );
+  await role(
+    secretsNs,
+    'list-secrets',
+    { apiGroups: [''], resources: ['secrets'], verbs: ['list'] },
+    { kind: 'User', name: lister },
+  );
   [users.direct, users.member, users.scoped, users.nobody, users.lister] = await Promise.all([
-    asUser(direct, [editors]), asUser(`member-${sfx}`, [editors, readers]), asUser(scoped, [editors]), asUser(`nobody-${sfx}`, [editors]), asUser(lister, [editors]),
+    asUser(direct, [editors]),
+    asUser(`member-${sfx}`, [editors, readers]),
+    asUser(scoped, [editors]),
+    asUser(`nobody-${sfx}`, [editors]),
+    asUser(lister, [editors]),
   ]);
 
   const dir = mkdtempSync(join(tmpdir(), 'captf-adm-'));
   const ca = await createCA(dir, 'webhook-ca', `captf-admission-test-ca-${sfx}`);
-  const leaf = await createLeaf({ ca, dir, name: 'tls', cn: 'captf-admission', sans: ['IP:127.0.0.1', 'DNS:localhost'], usage: 'server' });
+  const leaf = await createLeaf({
+    ca,
+    dir,
+    name: 'tls',
+    cn: 'captf-admission',
+    sans: ['IP:127.0.0.1', 'DNS:localhost'],
+    usage: 'server',
+  });
   const fnKc = new KubeConfig();
   fnKc.loadFromFile((await asUser(adminUser)).kubeconfigPath);
-  fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: fnKc, logger: cap.logger, env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key } });
+  fn = await start({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: fnKc,
+    logger: cap.logger,
+    env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
+  });
 
-  await a.kc.makeApiClient(AdmissionregistrationV1Api).createValidatingWebhookConfiguration({ body: {
-    metadata: { name: webhookName },
-    webhooks: [{
-      name: 'identities.admission.captf.io',
-      clientConfig: { url: `https://127.0.0.1:${fn.port}/validate`, caBundle: readFileSync(ca.cert).toString('base64') },
-      rules: [{ apiGroups: [GROUP], apiVersions: [VERSION], operations: ['CREATE', 'UPDATE', 'DELETE'], resources: [IDENTITY_PLURAL], scope: 'Cluster' }],
-      objectSelector: { matchLabels: { [LABEL]: sfx } },
-      failurePolicy: 'Fail', sideEffects: 'None', admissionReviewVersions: ['v1'], timeoutSeconds: 10,
-    }],
-  } });
+  await a.kc.makeApiClient(AdmissionregistrationV1Api).createValidatingWebhookConfiguration({
+    body: {
+      metadata: { name: webhookName },
+      webhooks: [
+        {
+          name: 'identities.admission.captf.io',
+          clientConfig: {
+            url: `https://127.0.0.1:${fn.port}/validate`,
+            caBundle: readFileSync(ca.cert).toString('base64'),
+          },
+          rules: [
+            {
+              apiGroups: [GROUP],
+              apiVersions: [VERSION],
+              operations: ['CREATE', 'UPDATE', 'DELETE'],
+              resources: [IDENTITY_PLURAL],
+              scope: 'Cluster',
+            },
+          ],
+          objectSelector: { matchLabels: { [LABEL]: sfx } },
+          failurePolicy: 'Fail',
+          sideEffects: 'None',
+          admissionReviewVersions: ['v1'],
+          timeoutSeconds: 10,
+        },
+      ],
+    },
+  });
 
   // Wait until the API server calls the webhook (an invalid operator passes the CRD schema,
   // so only the webhook can refuse it), and until RBAC has reached the authorizer.
   await eventually('the webhook to be active', async () => {
     const name = `probe-${suffix()}`;
     try {
-      await create(a, body(name, { ...ref(), allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } } }));
+      await create(
+        a,
+        body(name, {
+          ...ref(),
+          allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } },
+        }),
+      );
       await remove(a, name).catch(() => undefined);
       return false;
     } catch (e) {
       return /denied the request/.test(String((e as { body?: unknown }).body));
     }
   });
-  await eventually('RBAC for the lister', async () => (await users.lister.core.listNamespacedSecret({ namespace: secretsNs })).items.length === 2);
-  await eventually('RBAC for the group member', async () => Boolean(await users.member.core.readNamespacedSecret({ namespace: secretsNs, name: 'creds' })));
-  await eventually('RBAC for the function user', async () => Boolean(await a.authz.createSubjectAccessReview({ body: { spec: { user: adminUser, resourceAttributes: { group: 'authorization.k8s.io', resource: 'subjectaccessreviews', verb: 'create' } } } }).then((r) => r.status?.allowed)));
+  await eventually(
+    'RBAC for the lister',
+    async () => (await users.lister.core.listNamespacedSecret({ namespace: secretsNs })).items.length === 2,
+  );
+  await eventually('RBAC for the group member', async () =>
+    Boolean(await users.member.core.readNamespacedSecret({ namespace: secretsNs, name: 'creds' })),
+  );
+  await eventually('RBAC for the function user', async () =>
+    Boolean(
+      await a.authz
+        .createSubjectAccessReview({
+          body: {
+            spec: {
+              user: adminUser,
+              resourceAttributes: { group: 'authorization.k8s.io', resource: 'subjectaccessreviews', verb: 'create' },
+            },
+          },
+        })
+        .then((r) => r.status?.allowed),
+    ),
+  );
 });
 
 after(async () => {
-  await a.kc.makeApiClient(AdmissionregistrationV1Api).deleteValidatingWebhookConfiguration({ name: webhookName }).catch(() => undefined);
-  await a.custom.deleteCollectionClusterCustomObject({ ...ids, labelSelector: `${LABEL}=${sfx}` }).catch(() => undefined);
+  await a.kc
+    .makeApiClient(AdmissionregistrationV1Api)
+    .deleteValidatingWebhookConfiguration({ name: webhookName })
+    .catch(() => undefined);
+  await a.custom
+    .deleteCollectionClusterCustomObject({ ...ids, labelSelector: `${LABEL}=${sfx}` })
+    .catch(() => undefined);
   for (const o of clusterObjects) {
-    await (o.kind === 'ClusterRole' ? rbac.deleteClusterRole({ name: o.name }) : rbac.deleteClusterRoleBinding({ name: o.name })).catch(() => undefined);
+    await (
+      o.kind === 'ClusterRole'
+        ? rbac.deleteClusterRole({ name: o.name })
+        : rbac.deleteClusterRoleBinding({ name: o.name })
+    ).catch(() => undefined);
   }
   await fn?.close();
 });
 
 /** Creates as `c`, retrying while RBAC or the webhook are still settling (allowed cases only). */
-const createAllowed = (what: string, c: Clients, b: object) => eventually(what, async () => Boolean(await create(c, b)), 30_000);
+const createAllowed = (what: string, c: Clients, b: object) =>
+  eventually(what, async () => Boolean(await create(c, b)), 30_000);
 
 describe('admission on CREATE: a SubjectAccessReview for get on the named Secret', () => {
   it('allowed by direct RBAC (a RoleBinding to the user), and the SAR is visible in the audit log', async () => {
     const before = sarCount();
-    await createAllowed('direct create', users.direct, body(`c-direct-${sfx}`, { ...ref(), allowedNamespaces: { list: ['a'] } }));
+    await createAllowed(
+      'direct create',
+      users.direct,
+      body(`c-direct-${sfx}`, { ...ref(), allowedNamespaces: { list: ['a'] } }),
+    );
     await eventually('the SubjectAccessReview in the audit log', async () => sarCount() > before, 10_000);
   });
 
@@ -209,7 +364,12 @@ describe('admission on CREATE: a SubjectAccessReview for get on the named Secret
     const r = await rejection(create(users.nobody, body(`c-nobody-${sfx}`, ref())));
     assert.equal(r.code, 403);
     assert.match(r.message, /admission webhook "identities\.admission\.captf\.io" denied the request/);
-    assert.match(r.message, new RegExp(`user "nobody-${sfx}" may not get Secret ${secretsNs}/creds: creating an identity requires permission to get the Secret it names`));
+    assert.match(
+      r.message,
+      new RegExp(
+        `user "nobody-${sfx}" may not get Secret ${secretsNs}/creds: creating an identity requires permission to get the Secret it names`,
+      ),
+    );
   });
 
   it('denied when RBAC grants list but not get', async () => {
@@ -222,31 +382,89 @@ describe('admission on CREATE: a SubjectAccessReview for get on the named Secret
     let mark = cap.lines.length;
     const r = await rejection(create(users.nobody, body(dry, ref()), true));
     assert.match(r.message, new RegExp(`user "nobody-${sfx}" may not get Secret ${secretsNs}/creds`));
-    await eventually('the denied dry run in the function log', async () => reviewedSince(mark).some((e) => e.dryRun === true && e.subjectAccessReview === true && e.allowed === false), 5_000);
+    await eventually(
+      'the denied dry run in the function log',
+      async () =>
+        reviewedSince(mark).some((e) => e.dryRun === true && e.subjectAccessReview === true && e.allowed === false),
+      5_000,
+    );
     mark = cap.lines.length;
     await eventually('dry-run create', async () => Boolean(await create(users.direct, body(dry, ref()), true)), 30_000);
-    await eventually('the allowed dry run in the function log', async () => reviewedSince(mark).some((e) => e.dryRun === true && e.subjectAccessReview === true && e.allowed === true), 5_000);
+    await eventually(
+      'the allowed dry run in the function log',
+      async () =>
+        reviewedSince(mark).some((e) => e.dryRun === true && e.subjectAccessReview === true && e.allowed === true),
+      5_000,
+    );
     await assert.rejects(read(dry), (e: unknown) => apiStatus(e) === 404, 'a dry run stores nothing');
   });
 });
 
 describe('admission on UPDATE: a SAR only when secretRef changes or allowedNamespaces widens', () => {
   const name = `u-${sfx}`;
-  const base = () => ({ ...ref(), allowedNamespaces: { list: ['a', 'b'], selector: { matchLabels: { env: 'prod' }, matchExpressions: [{ key: 'tier', operator: 'In', values: ['x', 'y'] }] } } });
+  const base = () => ({
+    ...ref(),
+    allowedNamespaces: {
+      list: ['a', 'b'],
+      selector: {
+        matchLabels: { env: 'prod' },
+        matchExpressions: [{ key: 'tier', operator: 'In', values: ['x', 'y'] }],
+      },
+    },
+  });
   const reset = async () => {
-    await update(a, name, (o) => { o.spec = base(); });
+    await update(a, name, (o) => {
+      o.spec = base();
+    });
   };
   before(async () => {
     await createAllowed('the identity to update', a, body(name, base()));
   });
 
   const denied: [string, (o: Identity) => void, RegExp][] = [
-    ['secretRef.name changed', (o) => { o.spec.secretRef = { name: 'other-creds', namespace: secretsNs }; }, /changing spec\.secretRef/],
-    ['secretRef.namespace changed', (o) => { o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs }; }, /changing spec\.secretRef/],
-    ['list gains a name', (o) => { (o.spec.allowedNamespaces as { list: string[] }).list.push('c'); }, /widening spec\.allowedNamespaces \(list gains c\)/],
-    ['selector loses a requirement', (o) => { delete (o.spec.allowedNamespaces as { selector: { matchLabels?: unknown } }).selector.matchLabels; }, /widening/],
-    ['selector value changed', (o) => { (o.spec.allowedNamespaces as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels.env = 'dev'; }, /widening/],
-    ['list → selector', (o) => { o.spec.allowedNamespaces = { selector: { matchLabels: { env: 'prod' } } }; }, /widening/],
+    [
+      'secretRef.name changed',
+      (o) => {
+        o.spec.secretRef = { name: 'other-creds', namespace: secretsNs };
+      },
+      /changing spec\.secretRef/,
+    ],
+    [
+      'secretRef.namespace changed',
+      (o) => {
+        o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs };
+      },
+      /changing spec\.secretRef/,
+    ],
+    [
+      'list gains a name',
+      (o) => {
+        (o.spec.allowedNamespaces as { list: string[] }).list.push('c');
+      },
+      /widening spec\.allowedNamespaces \(list gains c\)/,
+    ],
+    [
+      'selector loses a requirement',
+      (o) => {
+        delete (o.spec.allowedNamespaces as { selector: { matchLabels?: unknown } }).selector.matchLabels;
+      },
+      /widening/,
+    ],
+    [
+      'selector value changed',
+      (o) => {
+        (o.spec.allowedNamespaces as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels.env =
+          'dev';
+      },
+      /widening/,
+    ],
+    [
+      'list → selector',
+      (o) => {
+        o.spec.allowedNamespaces = { selector: { matchLabels: { env: 'prod' } } };
+      },
+      /widening/,
+    ],
   ];
   for (const [what, change, rule] of denied) {
     it(`${what}: SAR needed — denied for a user without Secret access`, async () => {
@@ -261,27 +479,57 @@ describe('admission on UPDATE: a SAR only when secretRef changes or allowedNames
 
   it('secretRef.name changed: allowed for a user who may get the new Secret', async () => {
     await reset();
-    await eventually('update by direct', async () => Boolean(await update(users.direct, name, (o) => { o.spec.secretRef = { name: 'other-creds', namespace: secretsNs }; })), 30_000);
+    await eventually(
+      'update by direct',
+      async () =>
+        Boolean(
+          await update(users.direct, name, (o) => {
+            o.spec.secretRef = { name: 'other-creds', namespace: secretsNs };
+          }),
+        ),
+      30_000,
+    );
     assert.equal((await read(name)).spec.secretRef.name, 'other-creds');
   });
 
   it('secretRef.namespace changed: denied even for a user who may get the old Secret', async () => {
     await reset();
-    const r = await rejection(update(users.direct, name, (o) => { o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs }; }));
+    const r = await rejection(
+      update(users.direct, name, (o) => {
+        o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs };
+      }),
+    );
     assert.match(r.message, new RegExp(`may not get Secret ${otherSecretsNs}/creds`));
   });
 
   const allowed: [string, (o: Identity) => void][] = [
-    ['list loses a name', (o) => { (o.spec.allowedNamespaces as { list: string[] }).list = ['a']; }],
-    ['selector unchanged (requirements and values reordered)', (o) => {
-      const sel = (o.spec.allowedNamespaces as { selector: { matchExpressions: { values: string[] }[] } }).selector;
-      sel.matchExpressions[0]!.values = ['y', 'x'];
-    }],
-    ['selector gains a requirement', (o) => { (o.spec.allowedNamespaces as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels.team = 'blue'; }],
-    ['metadata-only update (label and annotation)', (o) => {
-      o.metadata.labels = { ...o.metadata.labels, extra: 'yes' };
-      o.metadata.annotations = { note: 'hello' };
-    }],
+    [
+      'list loses a name',
+      (o) => {
+        (o.spec.allowedNamespaces as { list: string[] }).list = ['a'];
+      },
+    ],
+    [
+      'selector unchanged (requirements and values reordered)',
+      (o) => {
+        const sel = (o.spec.allowedNamespaces as { selector: { matchExpressions: { values: string[] }[] } }).selector;
+        sel.matchExpressions[0]!.values = ['y', 'x'];
+      },
+    ],
+    [
+      'selector gains a requirement',
+      (o) => {
+        (o.spec.allowedNamespaces as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels.team =
+          'blue';
+      },
+    ],
+    [
+      'metadata-only update (label and annotation)',
+      (o) => {
+        o.metadata.labels = { ...o.metadata.labels, extra: 'yes' };
+        o.metadata.annotations = { note: 'hello' };
+      },
+    ],
   ];
   for (const [what, change] of allowed) {
     it(`${what}: no SAR — allowed for a user without Secret access`, async () => {
@@ -294,22 +542,38 @@ describe('admission on UPDATE: a SAR only when secretRef changes or allowedNames
   }
 
   it('unset → selector: {} is widening: denied without Secret access, allowed with it', async () => {
-    await update(a, name, (o) => { delete (o.spec as { allowedNamespaces?: unknown }).allowedNamespaces; });
-    const r = await rejection(update(users.nobody, name, (o) => { o.spec.allowedNamespaces = { selector: {} }; }));
+    await update(a, name, (o) => {
+      delete (o.spec as { allowedNamespaces?: unknown }).allowedNamespaces;
+    });
+    const r = await rejection(
+      update(users.nobody, name, (o) => {
+        o.spec.allowedNamespaces = { selector: {} };
+      }),
+    );
     assert.match(r.message, /widening spec\.allowedNamespaces \(a selector was added\)/);
-    await update(users.member, name, (o) => { o.spec.allowedNamespaces = { selector: {} }; });
+    await update(users.member, name, (o) => {
+      o.spec.allowedNamespaces = { selector: {} };
+    });
     assert.deepEqual((await read(name)).spec.allowedNamespaces, { selector: {} });
   });
 
   it('a status update is never reviewed', async () => {
     const mark = cap.lines.length;
     const sars = sarCount();
-    const o = await users.nobody.custom.getClusterCustomObject({ ...ids, name }) as Identity;
-    await users.nobody.custom.replaceClusterCustomObjectStatus({ ...ids, name, body: { ...o, status: { namespaces: ['x-status'] } } });
+    const o = (await users.nobody.custom.getClusterCustomObject({ ...ids, name })) as Identity;
+    await users.nobody.custom.replaceClusterCustomObjectStatus({
+      ...ids,
+      name,
+      body: { ...o, status: { namespaces: ['x-status'] } },
+    });
     await new Promise((res) => setTimeout(res, 500));
     assert.equal(reviewedSince(mark).length, 0, 'the webhook was not called');
     assert.equal(sarCount(), sars);
-    await a.custom.replaceClusterCustomObjectStatus({ ...ids, name, body: { ...(await read(name)), status: { namespaces: [] } } });
+    await a.custom.replaceClusterCustomObjectStatus({
+      ...ids,
+      name,
+      body: { ...(await read(name)), status: { namespaces: [] } },
+    });
   });
 });
 
@@ -324,19 +588,34 @@ describe('admission rejects invalid forms', () => {
   });
 
   for (const [what, expr, msg] of [
-    ['an unknown operator', { key: 'env', operator: 'Near', values: ['x'] }, /matchExpressions\[0\]\.operator: "Near" is not a valid operator/],
+    [
+      'an unknown operator',
+      { key: 'env', operator: 'Near', values: ['x'] },
+      /matchExpressions\[0\]\.operator: "Near" is not a valid operator/,
+    ],
     ['In without values', { key: 'env', operator: 'In' }, /values: must be non-empty when operator is In/],
-    ['Exists with values', { key: 'env', operator: 'Exists', values: ['x'] }, /values: must be empty when operator is Exists/],
+    [
+      'Exists with values',
+      { key: 'env', operator: 'Exists', values: ['x'] },
+      /values: must be empty when operator is Exists/,
+    ],
   ] as const) {
     it(`a selector with ${what} is rejected by the webhook, naming the bad part`, async () => {
-      const r = await rejection(create(a, body(`r-op-${suffix()}`, { ...ref(), allowedNamespaces: { selector: { matchExpressions: [expr] } } })));
+      const r = await rejection(
+        create(
+          a,
+          body(`r-op-${suffix()}`, { ...ref(), allowedNamespaces: { selector: { matchExpressions: [expr] } } }),
+        ),
+      );
       assert.equal(r.code, 422);
       assert.match(r.message, msg);
     });
   }
 
   it('an invalid Secret name is rejected by the webhook', async () => {
-    const r = await rejection(create(a, body(`r-name-${sfx}`, { secretRef: { name: 'Not_Valid', namespace: secretsNs } })));
+    const r = await rejection(
+      create(a, body(`r-name-${sfx}`, { secretRef: { name: 'Not_Valid', namespace: secretsNs } })),
+    );
     assert.match(r.message, /spec\.secretRef\.name: "Not_Valid" is not a valid Secret name/);
   });
 });
@@ -345,22 +624,51 @@ describe('admission on DELETE: refused while the identity is in use', () => {
   it('refused while status.namespaces is non-empty (set by the admin through the status subresource)', async () => {
     const name = `d-status-${sfx}`;
     await createAllowed('identity', a, body(name, ref()));
-    await a.custom.replaceClusterCustomObjectStatus({ ...ids, name, body: { ...(await read(name)), status: { namespaces: ['team-b', 'team-a'] } } });
+    await a.custom.replaceClusterCustomObjectStatus({
+      ...ids,
+      name,
+      body: { ...(await read(name)), status: { namespaces: ['team-b', 'team-a'] } },
+    });
     const r = await rejection(remove(users.nobody, name));
-    assert.match(r.message, new RegExp(`user "nobody-${sfx}" may not delete TerraformClusterIdentity "${name}": it is in use in namespace\\(s\\) team-a, team-b`));
-    await a.custom.replaceClusterCustomObjectStatus({ ...ids, name, body: { ...(await read(name)), status: { namespaces: [] } } });
+    assert.match(
+      r.message,
+      new RegExp(
+        `user "nobody-${sfx}" may not delete TerraformClusterIdentity "${name}": it is in use in namespace\\(s\\) team-a, team-b`,
+      ),
+    );
+    await a.custom.replaceClusterCustomObjectStatus({
+      ...ids,
+      name,
+      body: { ...(await read(name)), status: { namespaces: [] } },
+    });
     await remove(users.nobody, name);
   });
 
   it('refused with an empty status while a live consumer references it; allowed once it is gone', async () => {
     const name = `d-live-${sfx}`;
     await createAllowed('identity', a, body(name, ref()));
-    await a.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: consumerNs, plural: 'terraformclusters',
-      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'user' }, spec: { identityRef: { name } } } });
+    await a.custom.createNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: consumerNs,
+      plural: 'terraformclusters',
+      body: {
+        apiVersion: API_VERSION,
+        kind: 'TerraformCluster',
+        metadata: { name: 'user' },
+        spec: { identityRef: { name } },
+      },
+    });
     assert.deepEqual((await read(name)).status ?? {}, {}, 'status is empty');
     const r = await rejection(remove(users.nobody, name));
     assert.match(r.message, new RegExp(`in use in namespace\\(s\\) ${consumerNs};`));
-    await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: consumerNs, plural: 'terraformclusters', name: 'user' });
+    await a.custom.deleteNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: consumerNs,
+      plural: 'terraformclusters',
+      name: 'user',
+    });
     await eventually('delete once unused', async () => Boolean(await remove(users.nobody, name)), 30_000);
   });
 

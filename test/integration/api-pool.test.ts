@@ -18,7 +18,12 @@ let fn: FunctionProcess;
 const apiPort = Number(new URL(a.kc.getCurrentCluster()!.server).port);
 
 before(async () => {
-  fn = await spawnFunction('mirror-sync', { KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`, CAPTF_API_CONNECTIONS: '3', CAPTF_CONCURRENCY: '16', HOST: '127.0.0.1' });
+  fn = await spawnFunction('mirror-sync', {
+    KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`,
+    CAPTF_API_CONNECTIONS: '3',
+    CAPTF_CONCURRENCY: '16',
+    HOST: '127.0.0.1',
+  });
 });
 after(() => fn?.kill());
 
@@ -26,7 +31,10 @@ describe('the API connection pool (SPEC §0)', () => {
   it('keeps a resync with 16 reconciles in flight within CAPTF_API_CONNECTIONS sockets', async () => {
     const n1 = await ns.create();
     const n2 = await ns.create();
-    await a.core.createNamespacedSecret({ namespace: n1, body: { metadata: { name: 'creds' }, data: { token: Buffer.from('pool').toString('base64') } } });
+    await a.core.createNamespacedSecret({
+      namespace: n1,
+      body: { metadata: { name: 'creds' }, data: { token: Buffer.from('pool').toString('base64') } },
+    });
     const id = `pool-${suffix()}`;
     ns.onCleanup(() => deleteIdentity(a, id));
     await putIdentity(a, id, { name: 'creds', namespace: n1 }, { list: [n1, n2] });

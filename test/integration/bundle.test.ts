@@ -30,7 +30,8 @@ before(async () => {
   containers = new Map();
   for (const o of await render('manifests/overlays/without-crds')) {
     if (o.kind !== 'Service' || o.apiVersion !== 'serving.knative.dev/v1') continue;
-    const c = (o as unknown as { spec: { template: { spec: { containers: Container[] } } } }).spec.template.spec.containers[0]!;
+    const c = (o as unknown as { spec: { template: { spec: { containers: Container[] } } } }).spec.template.spec
+      .containers[0]!;
     containers.set(o.metadata!.name!, c);
   }
 });
@@ -74,13 +75,22 @@ describe('the production bundles', () => {
   });
 
   it('the runner bundle filters TF_/KUBE_ variables and passes the exit code through', async () => {
-    const r = await run([join(app, 'dist', 'captf-runner.mjs'), '--', process.execPath, '-e', 'process.exit(process.env.TF_VAR_token || process.env.KUBE_X ? 1 : (process.env.TF_IN_AUTOMATION === "1" ? 7 : 2))'], {
-      PATH: process.env.PATH,
-      NODE_COMPILE_CACHE: join(app, 'compile-cache'),
-      TF_VAR_token: 'sentinel-do-not-print',
-      KUBE_X: 'y',
-      TF_IN_AUTOMATION: '1',
-    });
+    const r = await run(
+      [
+        join(app, 'dist', 'captf-runner.mjs'),
+        '--',
+        process.execPath,
+        '-e',
+        'process.exit(process.env.TF_VAR_token || process.env.KUBE_X ? 1 : (process.env.TF_IN_AUTOMATION === "1" ? 7 : 2))',
+      ],
+      {
+        PATH: process.env.PATH,
+        NODE_COMPILE_CACHE: join(app, 'compile-cache'),
+        TF_VAR_token: 'sentinel-do-not-print',
+        KUBE_X: 'y',
+        TF_IN_AUTOMATION: '1',
+      },
+    );
     assert.equal(r.code, 7, r.stderr);
     assert.match(r.stderr, /TF_VAR_token/);
     assert.doesNotMatch(r.stderr, /sentinel-do-not-print/);

@@ -10,7 +10,10 @@ import { describe, it } from 'node:test';
 import { BatchV1Api, loadYaml, type V1Job, type V1PodSpec } from '@kubernetes/client-node';
 import { API_VERSION, GROUP, VERSION, type Consumer } from '../../functions/lib/api.ts';
 import {
-  CREDENTIALS_MOUNT_PATH, CREDENTIALS_VOLUME, DEFAULT_FS_GROUP, jobWithCredentials,
+  CREDENTIALS_MOUNT_PATH,
+  CREDENTIALS_VOLUME,
+  DEFAULT_FS_GROUP,
+  jobWithCredentials,
 } from '../../functions/lib/delivery.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { desiredMirror, mirrorName, ownerReferenceFor } from '../../functions/lib/mirror.ts';
@@ -32,17 +35,23 @@ const baseJob = (name: string): V1Job => ({
       spec: {
         restartPolicy: 'Never',
         securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 },
-        containers: [{
-          name: 'terraform',
-          image: 'registry.example/captf-terraform:1.0',
-          command: ['captf-runner', '--', 'terraform', 'apply', '-auto-approve', '-input=false'],
-          env: [
-            { name: 'TF_IN_AUTOMATION', value: '1' },
-            { name: 'TF_INPUT', value: '0' },
-            { name: 'KUBE_NAMESPACE', valueFrom: { fieldRef: { fieldPath: 'metadata.namespace' } } },
-          ],
-          securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } },
-        }],
+        containers: [
+          {
+            name: 'terraform',
+            image: 'registry.example/captf-terraform:1.0',
+            command: ['captf-runner', '--', 'terraform', 'apply', '-auto-approve', '-input=false'],
+            env: [
+              { name: 'TF_IN_AUTOMATION', value: '1' },
+              { name: 'TF_INPUT', value: '0' },
+              { name: 'KUBE_NAMESPACE', valueFrom: { fieldRef: { fieldPath: 'metadata.namespace' } } },
+            ],
+            securityContext: {
+              allowPrivilegeEscalation: false,
+              readOnlyRootFilesystem: true,
+              capabilities: { drop: ['ALL'] },
+            },
+          },
+        ],
       },
     },
   },
@@ -69,17 +78,34 @@ function assertDelivered(spec: V1PodSpec | undefined, identity: string, fsGroup:
   assert.equal(spec.securityContext?.fsGroup, fsGroup);
   assert.equal(spec.securityContext?.runAsNonRoot, true);
   // The Job's own env entries are kept (they win over envFrom for the same names).
-  assert.deepEqual(c.env?.map((e) => e.name), ['TF_IN_AUTOMATION', 'TF_INPUT', 'KUBE_NAMESPACE']);
+  assert.deepEqual(
+    c.env?.map((e) => e.name),
+    ['TF_IN_AUTOMATION', 'TF_INPUT', 'KUBE_NAMESPACE'],
+  );
 }
 
 /** Creates a consumer and the mirror of `identity` it owns, as mirror-sync would (SPEC §3). */
 async function createMirror(namespace: string, identity: string): Promise<void> {
   const consumer = (await a.custom.createNamespacedCustomObject({
-    group: GROUP, version: VERSION, namespace, plural: 'terraformclusters',
-    body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'cluster-a' }, spec: { identityRef: { name: identity } } },
+    group: GROUP,
+    version: VERSION,
+    namespace,
+    plural: 'terraformclusters',
+    body: {
+      apiVersion: API_VERSION,
+      kind: 'TerraformCluster',
+      metadata: { name: 'cluster-a' },
+      spec: { identityRef: { name: identity } },
+    },
   })) as Consumer;
-  const data = { AWS_ACCESS_KEY_ID: Buffer.from(sentinel()).toString('base64'), TF_VAR_token: Buffer.from(sentinel()).toString('base64') };
-  await a.core.createNamespacedSecret({ namespace, body: desiredMirror(identity, namespace, data, ownerReferenceFor(consumer)) });
+  const data = {
+    AWS_ACCESS_KEY_ID: Buffer.from(sentinel()).toString('base64'),
+    TF_VAR_token: Buffer.from(sentinel()).toString('base64'),
+  };
+  await a.core.createNamespacedSecret({
+    namespace,
+    body: desiredMirror(identity, namespace, data, ownerReferenceFor(consumer)),
+  });
 }
 
 describe('a Job built with the credential delivery fragment', () => {
@@ -91,14 +117,21 @@ describe('a Job built with the credential delivery fragment', () => {
 
     const dry = await batch.createNamespacedJob({ namespace: n, body: job, dryRun: 'All' });
     assertDelivered(dry.spec?.template.spec, identity, DEFAULT_FS_GROUP);
-    await assert.rejects(batch.readNamespacedJob({ name: 'tf-apply', namespace: n }), (e: unknown) => apiStatus(e) === 404, 'dry run wrote nothing');
+    await assert.rejects(
+      batch.readNamespacedJob({ name: 'tf-apply', namespace: n }),
+      (e: unknown) => apiStatus(e) === 404,
+      'dry run wrote nothing',
+    );
 
     await batch.createNamespacedJob({ namespace: n, body: job });
     const back = await batch.readNamespacedJob({ name: 'tf-apply', namespace: n });
     assertDelivered(back.spec?.template.spec, identity, DEFAULT_FS_GROUP);
 
     // The mirror the Job references exists in the Job's namespace.
-    const mirror = await a.core.readNamespacedSecret({ name: back.spec!.template.spec!.volumes!.find((v) => v.name === CREDENTIALS_VOLUME)!.secret!.secretName!, namespace: n });
+    const mirror = await a.core.readNamespacedSecret({
+      name: back.spec!.template.spec!.volumes!.find((v) => v.name === CREDENTIALS_VOLUME)!.secret!.secretName!,
+      namespace: n,
+    });
     assert.equal(mirror.metadata?.annotations?.['captf.io/identity'], identity);
   });
 
@@ -106,11 +139,21 @@ describe('a Job built with the credential delivery fragment', () => {
     const n = await ns.create();
     const identity = `aws-${suffix()}`;
     await createMirror(n, identity);
-    await batch.createNamespacedJob({ namespace: n, body: jobWithCredentials(baseJob('tf-plan'), identity, 'terraform', { fsGroup: 4242 }) });
-    const pod = await eventually('the job controller to create the Job Pod', async () => {
-      const pods = await a.core.listNamespacedPod({ namespace: n, labelSelector: 'batch.kubernetes.io/job-name=tf-plan' });
-      return pods.items[0];
-    }, 120_000);
+    await batch.createNamespacedJob({
+      namespace: n,
+      body: jobWithCredentials(baseJob('tf-plan'), identity, 'terraform', { fsGroup: 4242 }),
+    });
+    const pod = await eventually(
+      'the job controller to create the Job Pod',
+      async () => {
+        const pods = await a.core.listNamespacedPod({
+          namespace: n,
+          labelSelector: 'batch.kubernetes.io/job-name=tf-plan',
+        });
+        return pods.items[0];
+      },
+      120_000,
+    );
     assertDelivered(pod.spec, identity, 4242);
   });
 
@@ -119,7 +162,10 @@ describe('a Job built with the credential delivery fragment', () => {
     const n = await ns.create();
     const job = jobWithCredentials(baseJob('tf-bad'), 'aws', 'terraform');
     job.spec!.template.spec!.volumes![0]!.secret!.defaultMode = 0o1000;
-    await assert.rejects(batch.createNamespacedJob({ namespace: n, body: job, dryRun: 'All' }), (e: unknown) => apiStatus(e) === 422);
+    await assert.rejects(
+      batch.createNamespacedJob({ namespace: n, body: job, dryRun: 'All' }),
+      (e: unknown) => apiStatus(e) === 422,
+    );
   });
 });
 
@@ -138,7 +184,11 @@ describe('the example Job of docs/job-contract.md', () => {
     assert.equal(job.spec?.template.spec?.containers[0]?.volumeMounts?.[0]?.mountPath, CREDENTIALS_MOUNT_PATH);
 
     const n = await ns.create();
-    const dry = await batch.createNamespacedJob({ namespace: n, body: { ...job, metadata: { ...job.metadata, namespace: n } }, dryRun: 'All' });
+    const dry = await batch.createNamespacedJob({
+      namespace: n,
+      body: { ...job, metadata: { ...job.metadata, namespace: n } },
+      dryRun: 'All',
+    });
     assertDelivered(dry.spec?.template.spec, identity, DEFAULT_FS_GROUP);
   });
 });

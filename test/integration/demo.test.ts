@@ -48,7 +48,12 @@ const STEPS = [
 ];
 
 it('npm run demo passes every step and exits 0', { timeout: 10 * 60_000 }, async (t) => {
-  const child = spawn(process.execPath, [DEMO, '--dir', join(dir, 'state')], { cwd: REPO, env: { PATH: process.env.PATH, HOME: process.env.HOME }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  const child = spawn(process.execPath, [DEMO, '--dir', join(dir, 'state')], {
+    cwd: REPO,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME },
+    stdio: ['ignore', 'pipe', 'pipe'],
+    detached: true,
+  });
   demo = child;
   let out = '';
   child.stdout.on('data', (d: Buffer) => (out += d.toString()));
@@ -57,14 +62,20 @@ it('npm run demo passes every step and exits 0', { timeout: 10 * 60_000 }, async
   // Sample the demo's children while it runs, to check none outlives it.
   const sampler = setInterval(() => {
     try {
-      for (const p of execFileSync('ps', ['-o', 'pid=', '--ppid', String(child.pid)], { encoding: 'utf8' }).split('\n')) if (Number(p) > 0) children.add(Number(p));
+      for (const p of execFileSync('ps', ['-o', 'pid=', '--ppid', String(child.pid)], { encoding: 'utf8' }).split('\n'))
+        if (Number(p) > 0) children.add(Number(p));
     } catch {
       // no children right now
     }
   }, 500);
   const code = await new Promise<number | null>((r) => child.once('exit', (c) => r(c)));
   clearInterval(sampler);
-  t.diagnostic(out.split('\n').filter((l) => /^[✔✖]|demo (passed|FAILED)/.test(l)).join('\n'));
+  t.diagnostic(
+    out
+      .split('\n')
+      .filter((l) => /^[✔✖]|demo (passed|FAILED)/.test(l))
+      .join('\n'),
+  );
   assert.equal(code, 0, out);
   const stepLines = out.split('\n').filter((l) => /^[✔✖] /.test(l));
   assert.equal(stepLines.length, STEPS.length, out);

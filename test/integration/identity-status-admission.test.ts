@@ -13,7 +13,14 @@ import { after, before, describe, it } from 'node:test';
 import { AdmissionregistrationV1Api, RbacAuthorizationV1Api } from '@kubernetes/client-node';
 import { start as startAdmission } from '../../functions/admission/index.ts';
 import { start as startStatus } from '../../functions/identity-status/index.ts';
-import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import {
+  API_VERSION,
+  GROUP,
+  IDENTITY_KIND,
+  IDENTITY_PLURAL,
+  VERSION,
+  type TerraformClusterIdentity,
+} from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
@@ -44,7 +51,8 @@ const identityBody = (name: string) => ({
   metadata: { name, labels: { [LABEL]: run } },
   spec: { secretRef: { name: 'creds', namespace: src }, allowedNamespaces: { selector: {} } },
 });
-const read = async (name: string) => (await a.custom.getClusterCustomObject({ ...ids, name })) as TerraformClusterIdentity;
+const read = async (name: string) =>
+  (await a.custom.getClusterCustomObject({ ...ids, name })) as TerraformClusterIdentity;
 const refreshAll = async () => {
   const r = await postEvents(`http://127.0.0.1:${statusFn.port}/`, pingEvent('identity-status'));
   responses.push(r.text);
@@ -64,7 +72,10 @@ async function tryDelete(name: string): Promise<string | undefined> {
 describe('identity-status with admission: deleting an identity in use', () => {
   before(async () => {
     src = await ns.create();
-    await a.core.createNamespacedSecret({ namespace: src, body: { metadata: { name: 'creds' }, stringData: { token: secretValue } } });
+    await a.core.createNamespacedSecret({
+      namespace: src,
+      body: { metadata: { name: 'creds' }, stringData: { token: secretValue } },
+    });
 
     // identity-status runs as a user with the RBAC its manifest grants.
     const fnUser = `idst-adm-fn-${run}`;
@@ -81,26 +92,63 @@ describe('identity-status with admission: deleting an identity in use', () => {
     });
     ns.onCleanup(() => rbac.deleteClusterRole({ name: fnUser }));
     await rbac.createClusterRoleBinding({
-      body: { metadata: { name: fnUser }, roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: fnUser }, subjects: [{ kind: 'User', name: fnUser, apiGroup: 'rbac.authorization.k8s.io' }] },
+      body: {
+        metadata: { name: fnUser },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: fnUser },
+        subjects: [{ kind: 'User', name: fnUser, apiGroup: 'rbac.authorization.k8s.io' }],
+      },
     });
     ns.onCleanup(() => rbac.deleteClusterRoleBinding({ name: fnUser }));
     const statusUser = await asUser(fnUser);
-    await eventually('RBAC for the identity-status user', async () => (await statusUser.core.readNamespacedSecret({ namespace: src, name: 'creds' })).metadata?.name);
-    statusFn = await startStatus({ port: 0, host: '127.0.0.1', kubeconfig: statusUser.kc, logger: statusLog.logger, env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${LABEL}=${run}` } });
+    await eventually(
+      'RBAC for the identity-status user',
+      async () => (await statusUser.core.readNamespacedSecret({ namespace: src, name: 'creds' })).metadata?.name,
+    );
+    statusFn = await startStatus({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: statusUser.kc,
+      logger: statusLog.logger,
+      env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${LABEL}=${run}` },
+    });
 
     // admission over HTTPS with a test CA; its own RBAC matrix is admission.test.ts's job.
     const dir = mkdtempSync(join(tmpdir(), 'captf-idst-adm-'));
     const ca = await createCA(dir, 'webhook-ca', `captf-idst-adm-ca-${run}`);
-    const leaf = await createLeaf({ ca, dir, name: 'tls', cn: 'captf-admission', sans: ['IP:127.0.0.1', 'DNS:localhost'], usage: 'server' });
-    admissionFn = await startAdmission({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: admissionLog.logger, env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key } });
+    const leaf = await createLeaf({
+      ca,
+      dir,
+      name: 'tls',
+      cn: 'captf-admission',
+      sans: ['IP:127.0.0.1', 'DNS:localhost'],
+      usage: 'server',
+    });
+    admissionFn = await startAdmission({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: a.kc,
+      logger: admissionLog.logger,
+      env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
+    });
     await webhooks.createValidatingWebhookConfiguration({
       body: {
         metadata: { name: webhookName },
         webhooks: [
           {
             name: 'identities.admission.captf.io',
-            clientConfig: { url: `https://127.0.0.1:${admissionFn.port}/validate`, caBundle: readFileSync(ca.cert).toString('base64') },
-            rules: [{ apiGroups: [GROUP], apiVersions: [VERSION], operations: ['CREATE', 'UPDATE', 'DELETE'], resources: [IDENTITY_PLURAL], scope: 'Cluster' }],
+            clientConfig: {
+              url: `https://127.0.0.1:${admissionFn.port}/validate`,
+              caBundle: readFileSync(ca.cert).toString('base64'),
+            },
+            rules: [
+              {
+                apiGroups: [GROUP],
+                apiVersions: [VERSION],
+                operations: ['CREATE', 'UPDATE', 'DELETE'],
+                resources: [IDENTITY_PLURAL],
+                scope: 'Cluster',
+              },
+            ],
             objectSelector: { matchLabels: { [LABEL]: run } },
             failurePolicy: 'Fail',
             sideEffects: 'None',
@@ -114,7 +162,16 @@ describe('identity-status with admission: deleting an identity in use', () => {
     await eventually('the webhook to be active', async () => {
       const name = `probe-${suffix()}`;
       try {
-        await a.custom.createClusterCustomObject({ ...ids, body: { ...identityBody(name), spec: { secretRef: { name: 'creds', namespace: src }, allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } } } } });
+        await a.custom.createClusterCustomObject({
+          ...ids,
+          body: {
+            ...identityBody(name),
+            spec: {
+              secretRef: { name: 'creds', namespace: src },
+              allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } },
+            },
+          },
+        });
         await a.custom.deleteClusterCustomObject({ ...ids, name }).catch(() => undefined);
         return false;
       } catch (e) {
@@ -125,10 +182,16 @@ describe('identity-status with admission: deleting an identity in use', () => {
 
   after(async () => {
     await webhooks.deleteValidatingWebhookConfiguration({ name: webhookName }).catch(() => undefined);
-    await a.custom.deleteCollectionClusterCustomObject({ ...ids, labelSelector: `${LABEL}=${run}` }).catch(() => undefined);
+    await a.custom
+      .deleteCollectionClusterCustomObject({ ...ids, labelSelector: `${LABEL}=${run}` })
+      .catch(() => undefined);
     await statusFn?.close();
     await admissionFn?.close();
-    assertNoSecret([...statusLog.lines, ...admissionLog.lines, ...responses].join('\n'), [secretValue], 'function logs and responses');
+    assertNoSecret(
+      [...statusLog.lines, ...admissionLog.lines, ...responses].join('\n'),
+      [secretValue],
+      'function logs and responses',
+    );
   });
 
   it('is refused while used, and allowed after the last consumer and mirror are gone and a refresh emptied status.namespaces', async () => {
@@ -136,21 +199,49 @@ describe('identity-status with admission: deleting an identity in use', () => {
     await a.custom.createClusterCustomObject({ ...ids, body: identityBody(name) });
     const [withConsumer, withMirror] = [await ns.create(), await ns.create()];
     await a.custom.createNamespacedCustomObject({
-      group: GROUP, version: VERSION, namespace: withConsumer, plural: 'terraformclusters',
-      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'user' }, spec: { identityRef: { name } } },
+      group: GROUP,
+      version: VERSION,
+      namespace: withConsumer,
+      plural: 'terraformclusters',
+      body: {
+        apiVersion: API_VERSION,
+        kind: 'TerraformCluster',
+        metadata: { name: 'user' },
+        spec: { identityRef: { name } },
+      },
     });
     // A mirror whose users are gone but which is still there (owned by a ConfigMap that stays).
-    const cm = await a.core.createNamespacedConfigMap({ namespace: withMirror, body: { metadata: { name: 'holder' } } });
+    const cm = await a.core.createNamespacedConfigMap({
+      namespace: withMirror,
+      body: { metadata: { name: 'holder' } },
+    });
     const source = await a.core.readNamespacedSecret({ namespace: src, name: 'creds' });
-    await a.core.createNamespacedSecret({ namespace: withMirror, body: desiredMirror(name, withMirror, source.data, { apiVersion: 'v1', kind: 'ConfigMap', name: 'holder', uid: cm.metadata!.uid! }) });
+    await a.core.createNamespacedSecret({
+      namespace: withMirror,
+      body: desiredMirror(name, withMirror, source.data, {
+        apiVersion: 'v1',
+        kind: 'ConfigMap',
+        name: 'holder',
+        uid: cm.metadata!.uid!,
+      }),
+    });
 
     await refreshAll();
     assert.deepEqual((await read(name)).status?.namespaces, [withConsumer, withMirror].sort());
     let refusal = await tryDelete(name);
-    assert.match(refusal ?? 'deleted', new RegExp(`in use in namespace\\(s\\) ${[withConsumer, withMirror].sort().join(', ')}`));
+    assert.match(
+      refusal ?? 'deleted',
+      new RegExp(`in use in namespace\\(s\\) ${[withConsumer, withMirror].sort().join(', ')}`),
+    );
 
     // Last consumer gone; the refresh still sees the mirror, so the delete is still refused.
-    await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: withConsumer, plural: 'terraformclusters', name: 'user' });
+    await a.custom.deleteNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: withConsumer,
+      plural: 'terraformclusters',
+      name: 'user',
+    });
     await refreshAll();
     assert.deepEqual((await read(name)).status?.namespaces, [withMirror]);
     refusal = await tryDelete(name);
@@ -164,6 +255,11 @@ describe('identity-status with admission: deleting an identity in use', () => {
     await refreshAll();
     assert.deepEqual((await read(name)).status?.namespaces, []);
     assert.equal(await tryDelete(name), undefined, 'allowed once unused');
-    await eventually('the identity to be gone', async () => read(name).then(() => false, (e: unknown) => apiStatus(e) === 404));
+    await eventually('the identity to be gone', async () =>
+      read(name).then(
+        () => false,
+        (e: unknown) => apiStatus(e) === 404,
+      ),
+    );
   });
 });

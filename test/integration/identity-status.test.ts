@@ -11,7 +11,15 @@ import { after, before, describe, it } from 'node:test';
 import { PatchStrategy, RbacAuthorizationV1Api, setHeaderOptions } from '@kubernetes/client-node';
 import { CloudEvent } from 'cloudevents';
 import pLimit from 'p-limit';
-import { API_VERSION, DEFAULT_CONSUMER_KINDS, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import {
+  API_VERSION,
+  DEFAULT_CONSUMER_KINDS,
+  GROUP,
+  IDENTITY_KIND,
+  IDENTITY_PLURAL,
+  VERSION,
+  type TerraformClusterIdentity,
+} from '../../functions/lib/api.ts';
 import { getCondition } from '../../functions/lib/conditions.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
@@ -50,27 +58,54 @@ async function createSource(namespace: string, name: string): Promise<Record<str
   return data;
 }
 
-async function createIdentity(name: string, secretRef: { name: string; namespace: string }, labels: Record<string, string> = {}): Promise<TerraformClusterIdentity> {
-  ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }));
+async function createIdentity(
+  name: string,
+  secretRef: { name: string; namespace: string },
+  labels: Record<string, string> = {},
+): Promise<TerraformClusterIdentity> {
+  ns.onCleanup(() =>
+    a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }),
+  );
   return (await a.custom.createClusterCustomObject({
     group: GROUP,
     version: VERSION,
     plural: IDENTITY_PLURAL,
-    body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name, labels: { [SCOPE_LABEL]: run, ...labels } }, spec: { secretRef, allowedNamespaces: { selector: {} } } },
+    body: {
+      apiVersion: API_VERSION,
+      kind: IDENTITY_KIND,
+      metadata: { name, labels: { [SCOPE_LABEL]: run, ...labels } },
+      spec: { secretRef, allowedNamespaces: { selector: {} } },
+    },
   })) as TerraformClusterIdentity;
 }
 
 const getIdentity = async (name: string) =>
-  (await a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name })) as TerraformClusterIdentity;
+  (await a.custom.getClusterCustomObject({
+    group: GROUP,
+    version: VERSION,
+    plural: IDENTITY_PLURAL,
+    name,
+  })) as TerraformClusterIdentity;
 
-async function createConsumer(namespace: string, plural: 'terraformclusters' | 'terraformmachines', name: string, identity: string, finalizers?: string[]): Promise<void> {
+async function createConsumer(
+  namespace: string,
+  plural: 'terraformclusters' | 'terraformmachines',
+  name: string,
+  identity: string,
+  finalizers?: string[],
+): Promise<void> {
   const kind = plural === 'terraformclusters' ? 'TerraformCluster' : 'TerraformMachine';
   await a.custom.createNamespacedCustomObject({
     group: GROUP,
     version: VERSION,
     namespace,
     plural,
-    body: { apiVersion: API_VERSION, kind, metadata: { name, ...(finalizers ? { finalizers } : {}) }, spec: { identityRef: { name: identity } } },
+    body: {
+      apiVersion: API_VERSION,
+      kind,
+      metadata: { name, ...(finalizers ? { finalizers } : {}) },
+      spec: { identityRef: { name: identity } },
+    },
   });
 }
 
@@ -90,8 +125,19 @@ async function ping(): Promise<{ status: number; body: Record<string, unknown> }
   return { status: r.status, body: r.body as Record<string, unknown> };
 }
 
-async function identityEvent(name: string, mode: 'resource' | 'ref' = 'ref', verb: 'add' | 'update' | 'delete' = 'update') {
-  const obj = mode === 'resource' ? { ...(await getIdentity(name).catch(() => ({ metadata: { name } }))), apiVersion: API_VERSION, kind: IDENTITY_KIND } : { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name } };
+async function identityEvent(
+  name: string,
+  mode: 'resource' | 'ref' = 'ref',
+  verb: 'add' | 'update' | 'delete' = 'update',
+) {
+  const obj =
+    mode === 'resource'
+      ? {
+          ...(await getIdentity(name).catch(() => ({ metadata: { name } }))),
+          apiVersion: API_VERSION,
+          kind: IDENTITY_KIND,
+        }
+      : { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name } };
   const r = await postEvents(url, apiServerEvent(obj as never, mode, verb, IDENTITY_PLURAL));
   responses.push(r.text);
   return { status: r.status, body: r.body as Record<string, unknown> };
@@ -111,7 +157,12 @@ async function namespacesSettle(name: string, want: string[], send: () => Promis
   const deadline = Date.now() + 60_000;
   for (;;) {
     // Read before the send: a send made when no such mirror existed must give `want` exactly.
-    const lingering = (await a.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector: `metadata.name=${mirrorName(name)}` })).items
+    const lingering = (
+      await a.core.listSecretForAllNamespaces({
+        labelSelector: `${LABEL_MIRRORED}=true`,
+        fieldSelector: `metadata.name=${mirrorName(name)}`,
+      })
+    ).items
       .filter((m) => m.metadata?.annotations?.[ANNOTATION_IDENTITY] === name && !want.includes(m.metadata.namespace!))
       .map((m) => m.metadata!.namespace!);
     await send();
@@ -134,8 +185,21 @@ function sourceGets(user: string, names: readonly string[]): [number, number][] 
   const out: [number, number][] = [];
   for (const line of readFileSync(join(controlPlaneDir(), 'logs', 'audit.log'), 'utf8').split('\n')) {
     if (!line.includes(user)) continue;
-    const e = JSON.parse(line) as { stage?: string; verb?: string; user?: { username?: string }; objectRef?: { resource?: string; name?: string }; requestReceivedTimestamp: string; stageTimestamp: string };
-    if (e.stage === 'ResponseComplete' && e.verb === 'get' && e.user?.username === user && e.objectRef?.resource === 'secrets' && names.includes(e.objectRef.name ?? '')) {
+    const e = JSON.parse(line) as {
+      stage?: string;
+      verb?: string;
+      user?: { username?: string };
+      objectRef?: { resource?: string; name?: string };
+      requestReceivedTimestamp: string;
+      stageTimestamp: string;
+    };
+    if (
+      e.stage === 'ResponseComplete' &&
+      e.verb === 'get' &&
+      e.user?.username === user &&
+      e.objectRef?.resource === 'secrets' &&
+      names.includes(e.objectRef.name ?? '')
+    ) {
       out.push([micros(e.requestReceivedTimestamp), micros(e.stageTimestamp)]);
     }
   }
@@ -144,7 +208,15 @@ function sourceGets(user: string, names: readonly string[]): [number, number][] 
 
 /** Most intervals open at one instant (an interval ending when another starts does not overlap it). */
 function maxOverlap(intervals: readonly [number, number][]): number {
-  const points = intervals.flatMap(([s, e]) => [[s, 1], [e, -1]] as const).sort((x, y) => x[0] - y[0] || x[1] - y[1]);
+  const points = intervals
+    .flatMap(
+      ([s, e]) =>
+        [
+          [s, 1],
+          [e, -1],
+        ] as const,
+    )
+    .sort((x, y) => x[0] - y[0] || x[1] - y[1]);
   let open = 0;
   let max = 0;
   for (const [, d] of points) max = Math.max(max, (open += d));
@@ -172,18 +244,40 @@ describe('identity-status (SPEC §9)', () => {
     });
     ns.onCleanup(() => rbac.deleteClusterRole({ name: role }));
     await rbac.createClusterRoleBinding({
-      body: { metadata: { name: role }, roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: role }, subjects: [{ kind: 'User', name: fnUserName, apiGroup: 'rbac.authorization.k8s.io' }] },
+      body: {
+        metadata: { name: role },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: role },
+        subjects: [{ kind: 'User', name: fnUserName, apiGroup: 'rbac.authorization.k8s.io' }],
+      },
     });
     ns.onCleanup(() => rbac.deleteClusterRoleBinding({ name: role }));
-    await rbac.createNamespacedRole({ namespace: src, body: { metadata: { name: 'get-sources' }, rules: [{ apiGroups: [''], resources: ['secrets'], verbs: ['get'] }] } });
+    await rbac.createNamespacedRole({
+      namespace: src,
+      body: { metadata: { name: 'get-sources' }, rules: [{ apiGroups: [''], resources: ['secrets'], verbs: ['get'] }] },
+    });
     await rbac.createNamespacedRoleBinding({
       namespace: src,
-      body: { metadata: { name: 'get-sources' }, roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'get-sources' }, subjects: [{ kind: 'User', name: fnUserName, apiGroup: 'rbac.authorization.k8s.io' }] },
+      body: {
+        metadata: { name: 'get-sources' },
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'get-sources' },
+        subjects: [{ kind: 'User', name: fnUserName, apiGroup: 'rbac.authorization.k8s.io' }],
+      },
     });
     await createSource(src, 'rbac-probe');
     fnUser = await asUser(fnUserName);
-    await eventually('RBAC to let the function user get Secrets in the source namespace', async () => (await fnUser.core.readNamespacedSecret({ namespace: src, name: 'rbac-probe' })).metadata?.name === 'rbac-probe');
-    fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: fnUser.kc, logger: cap.logger, env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`, CAPTF_STATUS_CONCURRENCY: '8' } });
+    await eventually(
+      'RBAC to let the function user get Secrets in the source namespace',
+      async () =>
+        (await fnUser.core.readNamespacedSecret({ namespace: src, name: 'rbac-probe' })).metadata?.name ===
+        'rbac-probe',
+    );
+    fn = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: fnUser.kc,
+      logger: cap.logger,
+      env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`, CAPTF_STATUS_CONCURRENCY: '8' },
+    });
     url = `http://127.0.0.1:${fn.port}/`;
   });
 
@@ -207,9 +301,13 @@ describe('identity-status (SPEC §9)', () => {
     assert.deepEqual(id.status?.namespaces, []);
 
     // A spec change bumps the generation; the next refresh reports it as observed.
-    await a.custom.patchClusterCustomObject(
-      { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name, body: [{ op: 'replace', path: '/spec/allowedNamespaces', value: { list: ['x'] } }] },
-    );
+    await a.custom.patchClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      name,
+      body: [{ op: 'replace', path: '/spec/allowedNamespaces', value: { list: ['x'] } }],
+    });
     await identityEvent(name, 'resource', 'update');
     id = await getIdentity(name);
     assert.equal(ready(id)?.observedGeneration, (created.metadata.generation ?? 1) + 1);
@@ -229,7 +327,10 @@ describe('identity-status (SPEC §9)', () => {
   it('sets Ready=False/SecretUnreadable when the function user may list but not get the source (a real 403)', async () => {
     const name = idName('locked');
     await createSource(locked, `${name}-src`);
-    await assert.rejects(fnUser.core.readNamespacedSecret({ namespace: locked, name: `${name}-src` }), (e: unknown) => apiStatus(e) === 403);
+    await assert.rejects(
+      fnUser.core.readNamespacedSecret({ namespace: locked, name: `${name}-src` }),
+      (e: unknown) => apiStatus(e) === 403,
+    );
     await createIdentity(name, { name: `${name}-src`, namespace: locked });
     const r = await identityEvent(name, 'resource', 'add');
     assert.equal(r.status, 200, JSON.stringify(r.body));
@@ -277,17 +378,36 @@ describe('identity-status (SPEC §9)', () => {
     const hold = 'captf.io/test-hold';
     await createConsumer(n, 'terraformmachines', 'dying', name, [hold]);
     await deleteConsumer(n, 'terraformmachines', 'dying');
-    const obj = (await a.custom.getNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: n, plural: 'terraformmachines', name: 'dying' })) as { metadata: { deletionTimestamp?: string } };
+    const obj = (await a.custom.getNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: n,
+      plural: 'terraformmachines',
+      name: 'dying',
+    })) as { metadata: { deletionTimestamp?: string } };
     assert.ok(obj.metadata.deletionTimestamp, 'the consumer is deleting');
     await ping();
     assert.deepEqual((await getIdentity(name)).status?.namespaces, [n]);
     await identityEvent(name);
     assert.deepEqual((await getIdentity(name)).status?.namespaces, [n], 'the single-identity path counts it too');
 
-    await a.custom.patchNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: n, plural: 'terraformmachines', name: 'dying', body: [{ op: 'remove', path: '/metadata/finalizers' }] });
+    await a.custom.patchNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: n,
+      plural: 'terraformmachines',
+      name: 'dying',
+      body: [{ op: 'remove', path: '/metadata/finalizers' }],
+    });
     await eventually('the consumer to be gone', async () => {
       try {
-        await a.custom.getNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: n, plural: 'terraformmachines', name: 'dying' });
+        await a.custom.getNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          namespace: n,
+          plural: 'terraformmachines',
+          name: 'dying',
+        });
         return false;
       } catch (e) {
         return apiStatus(e) === 404;
@@ -303,19 +423,40 @@ describe('identity-status (SPEC §9)', () => {
     const [withMirror, notOurs, otherIdentity] = [await ns.create(), await ns.create(), await ns.create()];
     await createMirror(withMirror, name, data);
     // Same name without the mirrored label: someone else's Secret.
-    await a.core.createNamespacedSecret({ namespace: notOurs, body: { metadata: { name: mirrorName(name), annotations: { [ANNOTATION_IDENTITY]: name } }, data } });
+    await a.core.createNamespacedSecret({
+      namespace: notOurs,
+      body: { metadata: { name: mirrorName(name), annotations: { [ANNOTATION_IDENTITY]: name } }, data },
+    });
     // Labeled, but annotated for another identity.
-    await a.core.createNamespacedSecret({ namespace: otherIdentity, body: { metadata: { name: mirrorName(name), labels: { [LABEL_MIRRORED]: 'true' }, annotations: { [ANNOTATION_IDENTITY]: `other-${run}` } }, data } });
-    const rvBefore = (await a.core.readNamespacedSecret({ namespace: withMirror, name: mirrorName(name) })).metadata?.resourceVersion;
+    await a.core.createNamespacedSecret({
+      namespace: otherIdentity,
+      body: {
+        metadata: {
+          name: mirrorName(name),
+          labels: { [LABEL_MIRRORED]: 'true' },
+          annotations: { [ANNOTATION_IDENTITY]: `other-${run}` },
+        },
+        data,
+      },
+    });
+    const rvBefore = (await a.core.readNamespacedSecret({ namespace: withMirror, name: mirrorName(name) })).metadata
+      ?.resourceVersion;
 
     await ping();
     assert.deepEqual((await getIdentity(name)).status?.namespaces, [withMirror]);
     await identityEvent(name, 'ref', 'add');
     assert.deepEqual((await getIdentity(name)).status?.namespaces, [withMirror], 'the single-identity path agrees');
-    assert.equal((await a.core.readNamespacedSecret({ namespace: withMirror, name: mirrorName(name) })).metadata?.resourceVersion, rvBefore, 'the mirror was not written');
+    assert.equal(
+      (await a.core.readNamespacedSecret({ namespace: withMirror, name: mirrorName(name) })).metadata?.resourceVersion,
+      rvBefore,
+      'the mirror was not written',
+    );
 
     // The function reads Secrets as metadata only: the API server never sends it their data.
-    const asList = await fnUser.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector: `metadata.name=${mirrorName(name)}` }, METADATA_LIST);
+    const asList = await fnUser.core.listSecretForAllNamespaces(
+      { labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector: `metadata.name=${mirrorName(name)}` },
+      METADATA_LIST,
+    );
     assert.deepEqual(asList.items.map((s) => s.metadata?.namespace).sort(), [withMirror, otherIdentity].sort());
     assert.ok(asList.items.every((s) => s.data === undefined && s.metadata?.annotations?.[ANNOTATION_IDENTITY]));
     const one = await fnUser.core.readNamespacedSecret({ namespace: src, name: `${name}-src` }, METADATA);
@@ -346,10 +487,13 @@ describe('identity-status (SPEC §9)', () => {
     assert.equal(ready(later)?.lastTransitionTime, ready(first)?.lastTransitionTime);
     const lines = cap.entries().filter((e) => e.message === 'identity refreshed' && e.identity === name);
     assert.ok(lines.length >= 5);
-    assert.deepEqual(lines.slice(1).map((l) => l.changed), [[], [], [], []]);
+    assert.deepEqual(
+      lines.slice(1).map((l) => l.changed),
+      [[], [], [], []],
+    );
   });
 
-  it('keeps other writers\' condition types when it changes Ready', async () => {
+  it("keeps other writers' condition types when it changes Ready", async () => {
     const name = idName('others');
     await createSource(src, `${name}-src`);
     await createIdentity(name, { name: `${name}-src`, namespace: src });
@@ -361,7 +505,22 @@ describe('identity-status (SPEC §9)', () => {
         plural: IDENTITY_PLURAL,
         name,
         fieldManager: 'another-controller',
-        body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name }, status: { conditions: [{ type: 'Audited', status: 'True', reason: 'Checked', message: 'ok', lastTransitionTime: '2026-01-01T00:00:00Z' }] } },
+        body: {
+          apiVersion: API_VERSION,
+          kind: IDENTITY_KIND,
+          metadata: { name },
+          status: {
+            conditions: [
+              {
+                type: 'Audited',
+                status: 'True',
+                reason: 'Checked',
+                message: 'ok',
+                lastTransitionTime: '2026-01-01T00:00:00Z',
+              },
+            ],
+          },
+        },
       },
       setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply),
     );
@@ -379,9 +538,21 @@ describe('identity-status (SPEC §9)', () => {
     const n = await ns.create();
     await createConsumer(n, 'terraformclusters', 'c', name);
     // Someone writes the identity after our read: its resourceVersion moves on.
-    await a.custom.patchClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name, body: [{ op: 'add', path: '/metadata/annotations', value: { touched: 'yes' } }] });
+    await a.custom.patchClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      name,
+      body: [{ op: 'add', path: '/metadata/annotations', value: { touched: 'yes' } }],
+    });
     const result = await refreshIdentity(
-      { clients: fnUser, consumerKinds: DEFAULT_CONSUMER_KINDS, concurrency: 1, identitySelector: `${SCOPE_LABEL}=${run}`, logger: cap.logger },
+      {
+        clients: fnUser,
+        consumerKinds: DEFAULT_CONSUMER_KINDS,
+        concurrency: 1,
+        identitySelector: `${SCOPE_LABEL}=${run}`,
+        logger: cap.logger,
+      },
       stale,
       { consumerNamespaces: ['stale-namespace'], mirrorNamespaces: [] },
     );
@@ -400,33 +571,67 @@ describe('identity-status (SPEC §9)', () => {
     assert.equal(structured.status, 200, structured.text);
     assert.equal(ready(await getIdentity(name))?.reason, 'SecretFound');
 
-    const batch = await postEvents(url, [apiServerEvent(obj, 'ref', 'update', IDENTITY_PLURAL), apiServerEvent({ ...obj, metadata: { name: `missing-${run}` } }, 'resource', 'delete', IDENTITY_PLURAL)], 'batch');
+    const batch = await postEvents(
+      url,
+      [
+        apiServerEvent(obj, 'ref', 'update', IDENTITY_PLURAL),
+        apiServerEvent({ ...obj, metadata: { name: `missing-${run}` } }, 'resource', 'delete', IDENTITY_PLURAL),
+      ],
+      'batch',
+    );
     responses.push(batch.text);
     assert.equal(batch.status, 200, batch.text);
     const body = batch.body as { refreshed: number; gone: number; identities: { identity: string; outcome: string }[] };
     assert.equal(body.refreshed, 1);
     assert.equal(body.gone, 1);
-    assert.deepEqual(body.identities.map((i) => i.outcome), ['refreshed', 'gone']);
+    assert.deepEqual(
+      body.identities.map((i) => i.outcome),
+      ['refreshed', 'gone'],
+    );
 
     // SPEC §12 batch policy: a bad element (no type) and an event about another kind do not
     // drop the good event; the answer is 400 naming them, with the good one's result.
     const good = apiServerEvent(obj, 'ref', 'update', IDENTITY_PLURAL).toJSON() as Record<string, unknown>;
     const noType = { ...good, id: 'bad-1', type: undefined };
-    const other = apiServerEvent({ apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'c', namespace: src } }, 'ref', 'add', 'terraformclusters').toJSON();
-    const mixed = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body: JSON.stringify([good, noType, other]) });
+    const other = apiServerEvent(
+      { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'c', namespace: src } },
+      'ref',
+      'add',
+      'terraformclusters',
+    ).toJSON();
+    const mixed = await fetch(url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/cloudevents-batch+json' },
+      body: JSON.stringify([good, noType, other]),
+    });
     const mixedText = await mixed.text();
     responses.push(mixedText);
     assert.equal(mixed.status, 400, mixedText);
     const mixedBody = JSON.parse(mixedText) as { error: string; refreshed: number; identities: { identity: string }[] };
     assert.equal(mixedBody.refreshed, 1);
-    assert.deepEqual(mixedBody.identities.map((i) => i.identity), [name]);
+    assert.deepEqual(
+      mixedBody.identities.map((i) => i.identity),
+      [name],
+    );
     assert.match(mixedBody.error, /batch\[1\]/);
     assert.match(mixedBody.error, /TerraformCluster/);
 
     // An identity outside the configured selector is out of scope, like a gone one.
     const outside = `idst-outside-${run}`;
-    ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: outside }));
-    await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: outside }, spec: { secretRef: { name: 'x', namespace: src } } } });
+    ns.onCleanup(() =>
+      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: outside }),
+    );
+    await a.custom.createClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      body: {
+        apiVersion: API_VERSION,
+        kind: IDENTITY_KIND,
+        metadata: { name: outside },
+        spec: { secretRef: { name: 'x', namespace: src } },
+      },
+    });
     const out = await identityEvent(outside);
     assert.equal((out.body as { gone: number }).gone, 1);
     assert.equal((await getIdentity(outside)).status, undefined, 'out-of-scope identity untouched');
@@ -435,12 +640,79 @@ describe('identity-status (SPEC §9)', () => {
     assert.equal(health.status, 200);
 
     const cases: [string, () => Promise<{ status: number; body: unknown; text: string }>, number, RegExp][] = [
-      ['no CloudEvent', () => fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' }).then(async (r) => ({ status: r.status, text: await r.text(), body: null })), 400, /CloudEvent/],
-      ['malformed JSON', () => fetch(url, { method: 'POST', headers: { 'content-type': 'application/cloudevents+json' }, body: '{"specversion":' }).then(async (r) => ({ status: r.status, text: await r.text(), body: null })), 400, /./],
-      ['unknown type', () => postEvents(url, new CloudEvent<unknown>({ specversion: '1.0', id: '1', source: '/x', type: 'com.example.nope', data: {} })), 400, /unsupported event type/],
-      ['event naming no object', () => postEvents(url, new CloudEvent<unknown>({ specversion: '1.0', id: '1', source: '/x', type: 'dev.knative.apiserver.ref.add', datacontenttype: 'application/json', data: { foo: 1 } })), 400, /must name the object/],
-      ['event about a consumer', () => postEvents(url, apiServerEvent({ apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'c', namespace: src } }, 'ref', 'add', 'terraformclusters')), 422, /TerraformClusterIdentity/],
-      ['too large', () => fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: 'x'.repeat(4 * 1024 * 1024) }).then(async (r) => ({ status: r.status, text: await r.text(), body: null })), 413, /too large/],
+      [
+        'no CloudEvent',
+        () =>
+          fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' }).then(
+            async (r) => ({ status: r.status, text: await r.text(), body: null }),
+          ),
+        400,
+        /CloudEvent/,
+      ],
+      [
+        'malformed JSON',
+        () =>
+          fetch(url, {
+            method: 'POST',
+            headers: { 'content-type': 'application/cloudevents+json' },
+            body: '{"specversion":',
+          }).then(async (r) => ({ status: r.status, text: await r.text(), body: null })),
+        400,
+        /./,
+      ],
+      [
+        'unknown type',
+        () =>
+          postEvents(
+            url,
+            new CloudEvent<unknown>({ specversion: '1.0', id: '1', source: '/x', type: 'com.example.nope', data: {} }),
+          ),
+        400,
+        /unsupported event type/,
+      ],
+      [
+        'event naming no object',
+        () =>
+          postEvents(
+            url,
+            new CloudEvent<unknown>({
+              specversion: '1.0',
+              id: '1',
+              source: '/x',
+              type: 'dev.knative.apiserver.ref.add',
+              datacontenttype: 'application/json',
+              data: { foo: 1 },
+            }),
+          ),
+        400,
+        /must name the object/,
+      ],
+      [
+        'event about a consumer',
+        () =>
+          postEvents(
+            url,
+            apiServerEvent(
+              { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'c', namespace: src } },
+              'ref',
+              'add',
+              'terraformclusters',
+            ),
+          ),
+        422,
+        /TerraformClusterIdentity/,
+      ],
+      [
+        'too large',
+        () =>
+          fetch(url, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: 'x'.repeat(4 * 1024 * 1024),
+          }).then(async (r) => ({ status: r.status, text: await r.text(), body: null })),
+        413,
+        /too large/,
+      ],
     ];
     for (const [what, send, status, message] of cases) {
       const r = await send();
@@ -456,7 +728,11 @@ describe('identity-status (SPEC §9)', () => {
     const name = idName('process');
     await createSource(src, `${name}-src`);
     await createIdentity(name, { name: `${name}-src`, namespace: src });
-    const fn = await spawnFunction('identity-status', { KUBECONFIG: fnUser.kubeconfigPath, CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`, LOG_LEVEL: 'info' });
+    const fn = await spawnFunction('identity-status', {
+      KUBECONFIG: fnUser.kubeconfigPath,
+      CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`,
+      LOG_LEVEL: 'info',
+    });
     const { port, exited } = fn;
     try {
       const pending = postEvents(`http://127.0.0.1:${port}/`, pingEvent('identity-status'));
@@ -476,7 +752,14 @@ describe('identity-status (SPEC §9)', () => {
 
   it('refreshes 200 identities in one ping with bounded concurrency', async (t) => {
     const bulk = `bulk-${run}`;
-    ns.onCleanup(() => a.custom.deleteCollectionClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, labelSelector: `captf-test/bulk=${bulk}` }));
+    ns.onCleanup(() =>
+      a.custom.deleteCollectionClusterCustomObject({
+        group: GROUP,
+        version: VERSION,
+        plural: IDENTITY_PLURAL,
+        labelSelector: `captf-test/bulk=${bulk}`,
+      }),
+    );
     const data = await createSource(src, `${bulk}-src`);
     const [n1, n2, n3] = [await ns.create(), await ns.create(), await ns.create()];
     const names = Array.from({ length: 200 }, (_, i) => `idst-${bulk}-${String(i).padStart(3, '0')}`);
@@ -503,8 +786,15 @@ describe('identity-status (SPEC §9)', () => {
     const ms = Math.round(performance.now() - t0);
     assert.equal(r.status, 200, JSON.stringify(r.body));
     assert.ok((r.body.refreshed as number) >= 200);
-    t.diagnostic(`one ping refreshed ${String(r.body.refreshed)} identities (${String(r.body.written)} written) in ${ms} ms with ${String(r.body.apiCalls)} API calls`);
-    const list = (await a.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, labelSelector: `captf-test/bulk=${bulk}` })) as { items: TerraformClusterIdentity[] };
+    t.diagnostic(
+      `one ping refreshed ${String(r.body.refreshed)} identities (${String(r.body.written)} written) in ${ms} ms with ${String(r.body.apiCalls)} API calls`,
+    );
+    const list = (await a.custom.listClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      labelSelector: `captf-test/bulk=${bulk}`,
+    })) as { items: TerraformClusterIdentity[] };
     assert.equal(list.items.length, 200);
     for (const id of list.items) {
       const want = expected.get(id.metadata.name!)!;
@@ -515,15 +805,21 @@ describe('identity-status (SPEC §9)', () => {
     assert.ok((r.body.apiCalls as number) < 3 * (r.body.refreshed as number), `apiCalls ${String(r.body.apiCalls)}`);
     // Bounded concurrency, seen by the API server: the audit log's source-Secret GETs of this
     // ping never overlap more than CAPTF_STATUS_CONCURRENCY (8) at a time.
-    const gets = await eventually('the 200 source GETs in the audit log', async () => {
-      const found = sourceGets(fnUserName, [`${bulk}-src`, `${bulk}-missing`]);
-      return found.length >= 200 ? found : undefined;
-    }, 30_000);
+    const gets = await eventually(
+      'the 200 source GETs in the audit log',
+      async () => {
+        const found = sourceGets(fnUserName, [`${bulk}-src`, `${bulk}-missing`]);
+        return found.length >= 200 ? found : undefined;
+      },
+      30_000,
+    );
     const overlap = maxOverlap(gets);
     t.diagnostic(`at most ${overlap} source GETs were in flight at once (limit 8)`);
     assert.ok(overlap >= 1 && overlap <= 8, `overlap ${overlap}`);
     const again = await ping();
     assert.equal(again.body.written, 0, 'nothing changed, nothing written');
-    t.diagnostic(`a second ping with no change: ${String(again.body.written)} written, ${String(again.body.apiCalls)} API calls`);
+    t.diagnostic(
+      `a second ping with no change: ${String(again.body.written)} written, ${String(again.body.apiCalls)} API calls`,
+    );
   });
 });

@@ -14,7 +14,13 @@ import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import type { KubernetesObject } from '@kubernetes/client-node';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { ensureApiServerSourceAdapter, sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec, type RunningAdapter } from '../../scripts/knative.ts';
+import {
+  ensureApiServerSourceAdapter,
+  sourceConfigFor,
+  startApiServerSourceAdapter,
+  type ApiServerSourceSpec,
+  type RunningAdapter,
+} from '../../scripts/knative.ts';
 import { render } from '../../scripts/kustomize.ts';
 import { installRbac, serviceAccountKubeConfig } from '../../scripts/serviceaccount.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
@@ -24,9 +30,12 @@ const a = admin();
 const ns = namespaces('apiserversource');
 const kinds = consumerKindsFromEnv({});
 
-
 const ceHeaders = (h: IncomingHttpHeaders) =>
-  Object.fromEntries(Object.entries(h).filter(([k]) => k.startsWith('ce-') || k === 'content-type').sort(([x], [y]) => x.localeCompare(y)));
+  Object.fromEntries(
+    Object.entries(h)
+      .filter(([k]) => k.startsWith('ce-') || k === 'content-type')
+      .sort(([x], [y]) => x.localeCompare(y)),
+  );
 
 let sink: Awaited<ReturnType<typeof startSink>>;
 let kubeconfigPath: string;
@@ -44,7 +53,8 @@ before(async () => {
   rendered = await render('manifests/overlays/without-crds');
   const rbac = await installRbac(a.kc, rendered, { namespace: target, suffix: suffix() });
   cleanupRbac = rbac.cleanup;
-  kubeconfigPath = (await serviceAccountKubeConfig(a.kc, target, 'captf-event-sources', `${controlPlaneDir()}/users`)).path;
+  kubeconfigPath = (await serviceAccountKubeConfig(a.kc, target, 'captf-event-sources', `${controlPlaneDir()}/users`))
+    .path;
 });
 
 after(async () => {
@@ -55,39 +65,79 @@ after(async () => {
 });
 
 /** Changes an object (via `touch`) until an event matching `match` arrives. */
-async function awaitEvent(what: string, match: (r: ReceivedEvent) => boolean, touch: () => Promise<unknown>): Promise<ReceivedEvent> {
+async function awaitEvent(
+  what: string,
+  match: (r: ReceivedEvent) => boolean,
+  touch: () => Promise<unknown>,
+): Promise<ReceivedEvent> {
   let n = 0;
-  return eventually(what, async () => {
-    const hit = sink.received.find(match);
-    if (hit) return hit;
-    if (n++ % 5 === 0) await touch();
-    return undefined;
-  }, 60_000);
+  return eventually(
+    what,
+    async () => {
+      const hit = sink.received.find(match);
+      if (hit) return hit;
+      if (n++ % 5 === 0) await touch();
+      return undefined;
+    },
+    60_000,
+  );
 }
 
 describe('the real ApiServerSource adapter, as the event-source ServiceAccount', () => {
   it('Reference mode, configured as the manifests configure it: consumer, identity and namespace events reach the sink and parse as the functions expect', async (t) => {
-    const manifest = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects') as unknown as ApiServerSourceSpec;
+    const manifest = rendered.find(
+      (o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects',
+    ) as unknown as ApiServerSourceSpec;
     const source = await sourceConfigFor(a.kc, manifest);
     assert.deepEqual(source, {
-      namespaces: [], allNamespaces: true, mode: 'Reference',
+      namespaces: [],
+      allNamespaces: true,
+      mode: 'Reference',
       resources: [
         ...kinds.map((k) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } })),
         { gvr: { Group: GROUP, Version: VERSION, Resource: IDENTITY_PLURAL } },
         { gvr: { Group: '', Version: 'v1', Resource: 'namespaces' } },
       ],
     });
-    const adapter = await startApiServerSourceAdapter({ kubeconfigPath, sink: sink.url, source, name: 'captf-objects', namespace: target });
+    const adapter = await startApiServerSourceAdapter({
+      kubeconfigPath,
+      sink: sink.url,
+      source,
+      name: 'captf-objects',
+      namespace: target,
+    });
     adapters.push(adapter);
 
     // A consumer: created, then deleted.
     const name = `tc-${suffix()}`;
-    const body = { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name, annotations: { touch: '0' } }, spec: { identityRef: { name: 'aws' } } };
-    await a.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: target, plural: 'terraformclusters', body });
+    const body = {
+      apiVersion: API_VERSION,
+      kind: 'TerraformCluster',
+      metadata: { name, annotations: { touch: '0' } },
+      spec: { identityRef: { name: 'aws' } },
+    };
+    await a.custom.createNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: target,
+      plural: 'terraformclusters',
+      body,
+    });
     let touches = 0;
     const subject = `/apis/${API_VERSION}/namespaces/${target}/terraformclusters/${name}`;
-    const first = await awaitEvent(`an event about ${subject}`, (r) => r.headers['ce-subject'] === subject, () =>
-      a.custom.patchNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: target, plural: 'terraformclusters', name, body: [{ op: 'replace', path: '/metadata/annotations/touch', value: String(++touches) }] }));
+    const first = await awaitEvent(
+      `an event about ${subject}`,
+      (r) => r.headers['ce-subject'] === subject,
+      () =>
+        a.custom.patchNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          namespace: target,
+          plural: 'terraformclusters',
+          name,
+          body: [{ op: 'replace', path: '/metadata/annotations/touch', value: String(++touches) }],
+        }),
+    );
     t.diagnostic(`consumer event headers: ${JSON.stringify(ceHeaders(first.headers))}`);
     t.diagnostic(`consumer event body: ${first.body}`);
     assert.equal(first.headers['ce-specversion'], '1.0');
@@ -97,46 +147,102 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
     assert.equal(first.headers['ce-name'], name);
     assert.equal(first.headers['ce-namespace'], target);
     assert.match(String(first.headers['content-type']), /^application\/json/);
-    assert.deepEqual(JSON.parse(first.body), { apiVersion: API_VERSION, kind: 'TerraformCluster', name, namespace: target });
+    assert.deepEqual(JSON.parse(first.body), {
+      apiVersion: API_VERSION,
+      kind: 'TerraformCluster',
+      name,
+      namespace: target,
+    });
     const [ev] = parseCloudEvents(first.headers as Record<string, string>, first.body);
     const req = classifyEvent(ev!, kinds);
     assert.equal(req.type, 'object');
-    assert.ok(req.type === 'object' && req.target === 'consumer' && req.mode === 'ref' && req.ref.name === name && req.ref.namespace === target);
+    assert.ok(
+      req.type === 'object' &&
+        req.target === 'consumer' &&
+        req.mode === 'ref' &&
+        req.ref.name === name &&
+        req.ref.namespace === target,
+    );
 
-    await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: target, plural: 'terraformclusters', name });
+    await a.custom.deleteNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: target,
+      plural: 'terraformclusters',
+      name,
+    });
     const del = await eventually('the consumer delete event', async () =>
-      sink.received.find((r) => r.headers['ce-subject'] === subject && r.headers['ce-type'] === 'dev.knative.apiserver.ref.delete'));
+      sink.received.find(
+        (r) => r.headers['ce-subject'] === subject && r.headers['ce-type'] === 'dev.knative.apiserver.ref.delete',
+      ),
+    );
     const delReq = classifyEvent(parseCloudEvents(del.headers as Record<string, string>, del.body)[0]!, kinds);
     assert.ok(delReq.type === 'object' && delReq.verb === 'delete' && delReq.target === 'consumer');
 
     // An identity (cluster-scoped).
     const idName = `id-${suffix()}`;
-    ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }));
-    await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL,
-      body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: idName }, spec: { secretRef: { name: 'creds', namespace: 'captf-system' } } } });
+    ns.onCleanup(() =>
+      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }),
+    );
+    await a.custom.createClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      body: {
+        apiVersion: API_VERSION,
+        kind: IDENTITY_KIND,
+        metadata: { name: idName },
+        spec: { secretRef: { name: 'creds', namespace: 'captf-system' } },
+      },
+    });
     // Each resource has its own watch, which may start a moment after the consumers' one.
     let idTouches = 0;
-    const idEv = await awaitEvent('the identity event', (r) => r.headers['ce-name'] === idName, () =>
-      a.custom.patchClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName, body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++idTouches) } }] }));
+    const idEv = await awaitEvent(
+      'the identity event',
+      (r) => r.headers['ce-name'] === idName,
+      () =>
+        a.custom.patchClusterCustomObject({
+          group: GROUP,
+          version: VERSION,
+          plural: IDENTITY_PLURAL,
+          name: idName,
+          body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++idTouches) } }],
+        }),
+    );
     t.diagnostic(`identity event headers: ${JSON.stringify(ceHeaders(idEv.headers))}`);
     // Upstream quirk (v0.49): a cluster-scoped object's subject keeps an empty namespace
     // segment and the `namespace` extension is present but empty.
     assert.equal(idEv.headers['ce-subject'], `/apis/${API_VERSION}/namespaces//${IDENTITY_PLURAL}/${idName}`);
     assert.equal(idEv.headers['ce-namespace'], '');
     const idReq = classifyEvent(parseCloudEvents(idEv.headers as Record<string, string>, idEv.body)[0]!, kinds);
-    assert.ok(idReq.type === 'object' && idReq.target === 'identity' && idReq.ref.name === idName && idReq.ref.namespace === undefined);
+    assert.ok(
+      idReq.type === 'object' &&
+        idReq.target === 'identity' &&
+        idReq.ref.name === idName &&
+        idReq.ref.namespace === undefined,
+    );
 
     // A namespace.
     const n2 = await ns.create({ 'captf.io/tenant': 'true' });
     let nsTouches = 0;
-    const nsEv = await awaitEvent('the namespace event', (r) => r.headers['ce-kind'] === 'Namespace' && r.headers['ce-name'] === n2, () =>
-      a.core.patchNamespace({ name: n2, body: [{ op: 'replace', path: '/metadata/labels/captf.io~1tenant', value: `t${++nsTouches}` }] }));
+    const nsEv = await awaitEvent(
+      'the namespace event',
+      (r) => r.headers['ce-kind'] === 'Namespace' && r.headers['ce-name'] === n2,
+      () =>
+        a.core.patchNamespace({
+          name: n2,
+          body: [{ op: 'replace', path: '/metadata/labels/captf.io~1tenant', value: `t${++nsTouches}` }],
+        }),
+    );
     t.diagnostic(`namespace event headers: ${JSON.stringify(ceHeaders(nsEv.headers))} body: ${nsEv.body}`);
     const nsReq = classifyEvent(parseCloudEvents(nsEv.headers as Record<string, string>, nsEv.body)[0]!, kinds);
     assert.ok(nsReq.type === 'object' && nsReq.target === 'namespace' && nsReq.ref.name === n2);
 
     // Least privilege held: the adapter never logged a permission error.
-    assert.deepEqual(adapter.logs.filter((l) => /forbidden/i.test(l)), []);
+    assert.deepEqual(
+      adapter.logs.filter((l) => /forbidden/i.test(l)),
+      [],
+    );
   });
 
   it('Resource mode: the event carries the whole object', async (t) => {
@@ -146,53 +252,150 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
       sink: sink.url,
       name: 'captf-resources',
       namespace: target,
-      source: { namespaces: [n], allNamespaces: false, mode: 'Resource', resources: [{ gvr: { Group: GROUP, Version: VERSION, Resource: 'terraformmachines' } }] },
+      source: {
+        namespaces: [n],
+        allNamespaces: false,
+        mode: 'Resource',
+        resources: [{ gvr: { Group: GROUP, Version: VERSION, Resource: 'terraformmachines' } }],
+      },
     });
     adapters.push(adapter);
     const name = `tm-${suffix()}`;
-    await a.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: n, plural: 'terraformmachines',
-      body: { apiVersion: API_VERSION, kind: 'TerraformMachine', metadata: { name, labels: { touch: '0' } }, spec: { identityRef: { name: 'aws' } } } });
+    await a.custom.createNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: n,
+      plural: 'terraformmachines',
+      body: {
+        apiVersion: API_VERSION,
+        kind: 'TerraformMachine',
+        metadata: { name, labels: { touch: '0' } },
+        spec: { identityRef: { name: 'aws' } },
+      },
+    });
     let touches = 0;
-    const ev = await awaitEvent('a Resource-mode event', (r) => r.headers['ce-name'] === name && String(r.headers['ce-type']).startsWith('dev.knative.apiserver.resource.'), () =>
-      a.custom.patchNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: n, plural: 'terraformmachines', name, body: [{ op: 'replace', path: '/metadata/labels/touch', value: String(++touches) }] }));
+    const ev = await awaitEvent(
+      'a Resource-mode event',
+      (r) =>
+        r.headers['ce-name'] === name && String(r.headers['ce-type']).startsWith('dev.knative.apiserver.resource.'),
+      () =>
+        a.custom.patchNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          namespace: n,
+          plural: 'terraformmachines',
+          name,
+          body: [{ op: 'replace', path: '/metadata/labels/touch', value: String(++touches) }],
+        }),
+    );
     t.diagnostic(`resource event headers: ${JSON.stringify(ceHeaders(ev.headers))}`);
     const data = JSON.parse(ev.body) as { kind: string; metadata: { name: string; uid: string }; spec: unknown };
     assert.equal(data.kind, 'TerraformMachine');
     assert.deepEqual(data.spec, { identityRef: { name: 'aws' } });
     const req = classifyEvent(parseCloudEvents(ev.headers as Record<string, string>, ev.body)[0]!, kinds);
-    assert.ok(req.type === 'object' && req.mode === 'resource' && req.target === 'consumer' && req.ref.uid === data.metadata.uid);
+    assert.ok(
+      req.type === 'object' &&
+        req.mode === 'resource' &&
+        req.target === 'consumer' &&
+        req.ref.uid === data.metadata.uid,
+    );
   });
 
   it('end to end: the adapter drives mirror-sync (both as their ServiceAccounts): a new consumer gets its mirror, and it goes when the consumer goes', async () => {
     const operator = await ns.create();
     const tenant = await ns.create();
     const idName = `e2e-${suffix()}`;
-    await a.core.createNamespacedSecret({ namespace: operator, body: { metadata: { name: 'creds' }, stringData: { token: 'x' } } });
-    ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }));
-    await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL,
-      body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: idName }, spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } } } });
+    await a.core.createNamespacedSecret({
+      namespace: operator,
+      body: { metadata: { name: 'creds' }, stringData: { token: 'x' } },
+    });
+    ns.onCleanup(() =>
+      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }),
+    );
+    await a.custom.createClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      body: {
+        apiVersion: API_VERSION,
+        kind: IDENTITY_KIND,
+        metadata: { name: idName },
+        spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } },
+      },
+    });
     const { kc } = await serviceAccountKubeConfig(a.kc, target, 'captf-mirror-sync', `${controlPlaneDir()}/users`);
-    const fn = await (await import('../../functions/mirror-sync/index.ts')).start({ port: 0, host: '127.0.0.1', kubeconfig: kc, env: {}, logger: (await import('../helpers/logs.ts')).captureLogger('mirror-sync').logger });
+    const fn = await (
+      await import('../../functions/mirror-sync/index.ts')
+    ).start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: kc,
+      env: {},
+      logger: (await import('../helpers/logs.ts')).captureLogger('mirror-sync').logger,
+    });
     functions.push(fn);
     // Only this test's namespace: a mirror-sync acting on other test files' objects would disturb them.
-    adapters.push(await startApiServerSourceAdapter({
-      kubeconfigPath, sink: `http://127.0.0.1:${fn.port}/`, name: 'captf-e2e', namespace: target,
-      source: { namespaces: [tenant], allNamespaces: false, mode: 'Reference', resources: kinds.map((k) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } })) },
-    }));
+    adapters.push(
+      await startApiServerSourceAdapter({
+        kubeconfigPath,
+        sink: `http://127.0.0.1:${fn.port}/`,
+        name: 'captf-e2e',
+        namespace: target,
+        source: {
+          namespaces: [tenant],
+          allNamespaces: false,
+          mode: 'Reference',
+          resources: kinds.map((k) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } })),
+        },
+      }),
+    );
     const name = `tc-${suffix()}`;
-    await a.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters',
-      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name, labels: { touch: '0' } }, spec: { identityRef: { name: idName } } } });
+    await a.custom.createNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: tenant,
+      plural: 'terraformclusters',
+      body: {
+        apiVersion: API_VERSION,
+        kind: 'TerraformCluster',
+        metadata: { name, labels: { touch: '0' } },
+        spec: { identityRef: { name: idName } },
+      },
+    });
     let touches = 0;
-    const mirror = await eventually('the mirror made from the adapter\'s event', async () => {
-      const m = await a.core.readNamespacedSecret({ name: mirrorName(idName), namespace: tenant }).catch(() => undefined);
+    const mirror = await eventually("the mirror made from the adapter's event", async () => {
+      const m = await a.core
+        .readNamespacedSecret({ name: mirrorName(idName), namespace: tenant })
+        .catch(() => undefined);
       if (m) return m;
       // The adapter's first watch may start after the create: a change makes a new event.
-      if (++touches % 10 === 0) await a.custom.patchNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters', name, body: [{ op: 'replace', path: '/metadata/labels/touch', value: String(touches) }] });
+      if (++touches % 10 === 0)
+        await a.custom.patchNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          namespace: tenant,
+          plural: 'terraformclusters',
+          name,
+          body: [{ op: 'replace', path: '/metadata/labels/touch', value: String(touches) }],
+        });
       return undefined;
     });
-    assert.deepEqual(mirror.metadata?.ownerReferences?.map((r) => r.name), [name]);
-    await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters', name });
+    assert.deepEqual(
+      mirror.metadata?.ownerReferences?.map((r) => r.name),
+      [name],
+    );
+    await a.custom.deleteNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: tenant,
+      plural: 'terraformclusters',
+      name,
+    });
     await eventually('the mirror deleted after the consumer', async () =>
-      a.core.readNamespacedSecret({ name: mirrorName(idName), namespace: tenant }).then(() => false, (e: unknown) => (e as { code?: number }).code === 404));
+      a.core.readNamespacedSecret({ name: mirrorName(idName), namespace: tenant }).then(
+        () => false,
+        (e: unknown) => (e as { code?: number }).code === 404,
+      ),
+    );
   });
 });

@@ -10,14 +10,48 @@ import { before, describe, it } from 'node:test';
 import { CloudEvent } from 'cloudevents';
 import type { KubernetesObject } from '@kubernetes/client-node';
 import { DEFAULT_CONSUMER_KINDS, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
-import { APISERVER_EVENT_TYPES, KEY_EVENT_TYPE, PING_EVENT_TYPE, REF_EVENT_PREFIX, classifyEvent } from '../../functions/lib/cloudevents.ts';
+import {
+  APISERVER_EVENT_TYPES,
+  KEY_EVENT_TYPE,
+  PING_EVENT_TYPE,
+  REF_EVENT_PREFIX,
+  classifyEvent,
+} from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { render } from '../../scripts/kustomize.ts';
 
-interface Trigger { metadata: { name: string }; spec: { filter?: { attributes?: Record<string, string> }; subscriber: { ref: { kind: string; name: string } }; delivery?: { retry?: number; backoffPolicy?: string; backoffDelay?: string; deadLetterSink?: { ref?: { name: string } } } } }
-interface ApiServerSource { metadata: { name: string; namespace: string }; spec: { mode: string; namespaceSelector?: object; serviceAccountName: string; resources: { apiVersion: string; kind: string; selector?: unknown }[]; sink: { ref: { kind: string; name: string } } } }
-interface PingSource { metadata: { name: string; namespace: string }; spec: { schedule: string; sink: { ref: { kind: string; name: string } } } }
-interface Rule { apiGroups?: string[]; resources?: string[]; verbs: string[] }
+interface Trigger {
+  metadata: { name: string };
+  spec: {
+    filter?: { attributes?: Record<string, string> };
+    subscriber: { ref: { kind: string; name: string } };
+    delivery?: {
+      retry?: number;
+      backoffPolicy?: string;
+      backoffDelay?: string;
+      deadLetterSink?: { ref?: { name: string } };
+    };
+  };
+}
+interface ApiServerSource {
+  metadata: { name: string; namespace: string };
+  spec: {
+    mode: string;
+    namespaceSelector?: object;
+    serviceAccountName: string;
+    resources: { apiVersion: string; kind: string; selector?: unknown }[];
+    sink: { ref: { kind: string; name: string } };
+  };
+}
+interface PingSource {
+  metadata: { name: string; namespace: string };
+  spec: { schedule: string; sink: { ref: { kind: string; name: string } } };
+}
+interface Rule {
+  apiGroups?: string[];
+  resources?: string[];
+  verbs: string[];
+}
 
 const kinds = consumerKindsFromEnv({});
 const of = <T>(objs: KubernetesObject[], kind: string) => objs.filter((o) => o.kind === kind) as unknown as T[];
@@ -31,17 +65,29 @@ before(async () => {
 
 /** The ClusterRole/Role rules of one ServiceAccount's roles (bound by name in the manifests). */
 function rulesOf(objs: KubernetesObject[], sa: string): Rule[] {
-  return objs.filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && o.metadata?.name?.startsWith(sa)).flatMap((o) => (o as unknown as { rules: Rule[] }).rules);
+  return objs
+    .filter((o) => (o.kind === 'ClusterRole' || o.kind === 'Role') && o.metadata?.name?.startsWith(sa))
+    .flatMap((o) => (o as unknown as { rules: Rule[] }).rules);
 }
 const allows = (rules: Rule[], group: string, resource: string, verb: string) =>
-  rules.some((r) => (r.apiGroups ?? []).includes(group) && (r.resources ?? []).includes(resource) && r.verbs.includes(verb));
+  rules.some(
+    (r) => (r.apiGroups ?? []).includes(group) && (r.resources ?? []).includes(resource) && r.verbs.includes(verb),
+  );
 
 /** A CloudEvent exactly as the ApiServerSource adapter sends it in Reference mode. */
 function refEvent(apiVersion: string, kind: string, verb: string, namespace: string | undefined): CloudEvent<unknown> {
   return new CloudEvent<unknown>({
-    specversion: '1.0', id: 'x', type: `${REF_EVENT_PREFIX}${verb}`, source: 'https://kubernetes.default.svc', subject: '/x',
-    datacontenttype: 'application/json', data: { apiVersion, kind, name: 'n', ...(namespace ? { namespace } : {}) },
-    kind, name: 'n', namespace: namespace ?? '', apiversion: apiVersion,
+    specversion: '1.0',
+    id: 'x',
+    type: `${REF_EVENT_PREFIX}${verb}`,
+    source: 'https://kubernetes.default.svc',
+    subject: '/x',
+    datacontenttype: 'application/json',
+    data: { apiVersion, kind, name: 'n', ...(namespace ? { namespace } : {}) },
+    kind,
+    name: 'n',
+    namespace: namespace ?? '',
+    apiversion: apiVersion,
   });
 }
 
@@ -51,7 +97,10 @@ describe('event wiring vs. what the functions accept', () => {
     assert.ok(triggers.length >= 8);
     for (const t of triggers) {
       const type = t.spec.filter?.attributes?.type;
-      assert.ok(type && (APISERVER_EVENT_TYPES.includes(type) || type === PING_EVENT_TYPE || type === KEY_EVENT_TYPE), `${t.metadata.name}: ${type}`);
+      assert.ok(
+        type && (APISERVER_EVENT_TYPES.includes(type) || type === PING_EVENT_TYPE || type === KEY_EVENT_TYPE),
+        `${t.metadata.name}: ${type}`,
+      );
       assert.ok((t.spec.delivery?.retry ?? 0) >= 3, t.metadata.name);
       assert.equal(t.spec.delivery?.backoffPolicy, 'exponential');
       assert.match(t.spec.delivery?.backoffDelay ?? '', /^PT\d+(\.\d+)?S$/);
@@ -64,21 +113,54 @@ describe('event wiring vs. what the functions accept', () => {
     const triggers = of<Trigger>(base, 'Trigger');
     for (const verb of ['add', 'update', 'delete']) {
       const type = `${REF_EVENT_PREFIX}${verb}`;
-      assert.ok(triggers.some((t) => t.spec.subscriber.ref.name === 'captf-mirror-sync' && JSON.stringify(t.spec.filter?.attributes) === JSON.stringify({ type })), type);
-      assert.ok(triggers.some((t) => t.spec.subscriber.ref.name === 'captf-identity-status' && t.spec.filter?.attributes?.type === type && t.spec.filter.attributes.kind === IDENTITY_KIND), type);
+      assert.ok(
+        triggers.some(
+          (t) =>
+            t.spec.subscriber.ref.name === 'captf-mirror-sync' &&
+            JSON.stringify(t.spec.filter?.attributes) === JSON.stringify({ type }),
+        ),
+        type,
+      );
+      assert.ok(
+        triggers.some(
+          (t) =>
+            t.spec.subscriber.ref.name === 'captf-identity-status' &&
+            t.spec.filter?.attributes?.type === type &&
+            t.spec.filter.attributes.kind === IDENTITY_KIND,
+        ),
+        type,
+      );
     }
   });
 
   it('the mirror keys a resync fans out (K_SINK) are routed back to mirror-sync, and mirror-sync accepts them', () => {
     const triggers = of<Trigger>(base, 'Trigger').filter((t) => t.spec.filter?.attributes?.type === KEY_EVENT_TYPE);
-    assert.deepEqual(triggers.map((t) => t.spec.subscriber.ref.name), ['captf-mirror-sync']);
-    const ev = new CloudEvent<unknown>({ specversion: '1.0', id: 'k', type: KEY_EVENT_TYPE, source: 'captf', datacontenttype: 'application/json', data: { namespace: 'team-a', identity: 'aws' } });
-    assert.deepEqual(classifyEvent(ev, DEFAULT_CONSUMER_KINDS), { type: 'key', id: 'k', namespace: 'team-a', identity: 'aws' });
+    assert.deepEqual(
+      triggers.map((t) => t.spec.subscriber.ref.name),
+      ['captf-mirror-sync'],
+    );
+    const ev = new CloudEvent<unknown>({
+      specversion: '1.0',
+      id: 'k',
+      type: KEY_EVENT_TYPE,
+      source: 'captf',
+      datacontenttype: 'application/json',
+      data: { namespace: 'team-a', identity: 'aws' },
+    });
+    assert.deepEqual(classifyEvent(ev, DEFAULT_CONSUMER_KINDS), {
+      type: 'key',
+      id: 'k',
+      namespace: 'team-a',
+      identity: 'aws',
+    });
   });
 
   it('ApiServerSources run in Reference mode into the Broker, and each resource they source classifies as a known target', () => {
     const brokers = of<KubernetesObject>(base, 'Broker').map((b) => b.metadata!.name);
-    for (const [objs, expected] of [[base, ['consumer', 'identity', 'namespace']], [fast, ['consumer', 'identity', 'namespace', 'secret']]] as const) {
+    for (const [objs, expected] of [
+      [base, ['consumer', 'identity', 'namespace']],
+      [fast, ['consumer', 'identity', 'namespace', 'secret']],
+    ] as const) {
       const seen = new Set<string>();
       for (const s of of<ApiServerSource>(objs, 'ApiServerSource')) {
         assert.equal(s.spec.mode, 'Reference', s.metadata.name);
@@ -86,8 +168,19 @@ describe('event wiring vs. what the functions accept', () => {
         assert.ok(s.spec.sink.ref.kind === 'Broker' && brokers.includes(s.spec.sink.ref.name));
         for (const r of s.spec.resources) {
           for (const verb of ['add', 'update', 'delete']) {
-            const req = classifyEvent(refEvent(r.apiVersion, r.kind, verb, r.kind === 'Namespace' || r.kind === IDENTITY_KIND ? undefined : 'team-a'), kinds);
-            assert.ok(req.type === 'object' && req.target !== 'other' && req.verb === verb, `${r.apiVersion} ${r.kind}`);
+            const req = classifyEvent(
+              refEvent(
+                r.apiVersion,
+                r.kind,
+                verb,
+                r.kind === 'Namespace' || r.kind === IDENTITY_KIND ? undefined : 'team-a',
+              ),
+              kinds,
+            );
+            assert.ok(
+              req.type === 'object' && req.target !== 'other' && req.verb === verb,
+              `${r.apiVersion} ${r.kind}`,
+            );
             seen.add(req.type === 'object' ? req.target : '');
           }
         }
@@ -97,13 +190,19 @@ describe('event wiring vs. what the functions accept', () => {
   });
 
   it('every configured consumer kind is sourced, and every account that touches consumers has RBAC for it', () => {
-    const sourced = of<ApiServerSource>(base, 'ApiServerSource').flatMap((s) => s.spec.resources.map((r) => `${r.apiVersion}/${r.kind}`));
-    const objects = of<ApiServerSource>(base, 'ApiServerSource').find((s) => s.spec.resources.some((r) => r.kind === kinds[0]!.kind))!;
+    const sourced = of<ApiServerSource>(base, 'ApiServerSource').flatMap((s) =>
+      s.spec.resources.map((r) => `${r.apiVersion}/${r.kind}`),
+    );
+    const objects = of<ApiServerSource>(base, 'ApiServerSource').find((s) =>
+      s.spec.resources.some((r) => r.kind === kinds[0]!.kind),
+    )!;
     assert.deepEqual(objects.spec.namespaceSelector, {}, 'consumers are watched in every namespace');
     for (const k of kinds) {
       assert.ok(sourced.includes(`${k.group}/${k.version}/${k.kind}`), k.kind);
-      for (const v of ['get', 'list', 'watch']) assert.ok(allows(rulesOf(base, 'captf-event-sources'), k.group, k.plural, v), `event sources ${v} ${k.plural}`);
-      for (const v of ['get', 'list']) assert.ok(allows(rulesOf(base, 'captf-mirror-sync'), k.group, k.plural, v), `mirror-sync ${v} ${k.plural}`);
+      for (const v of ['get', 'list', 'watch'])
+        assert.ok(allows(rulesOf(base, 'captf-event-sources'), k.group, k.plural, v), `event sources ${v} ${k.plural}`);
+      for (const v of ['get', 'list'])
+        assert.ok(allows(rulesOf(base, 'captf-mirror-sync'), k.group, k.plural, v), `mirror-sync ${v} ${k.plural}`);
       assert.ok(allows(rulesOf(base, 'captf-mirror-sync'), k.group, `${k.plural}/status`, 'patch'));
       assert.ok(allows(rulesOf(base, 'captf-admission'), k.group, k.plural, 'list'));
       assert.ok(allows(rulesOf(base, 'captf-identity-status'), k.group, k.plural, 'list'));
@@ -111,7 +210,9 @@ describe('event wiring vs. what the functions accept', () => {
     assert.ok(sourced.includes(`${GROUP}/${VERSION}/${IDENTITY_KIND}`) && sourced.includes('v1/Namespace'));
     // The fast path's Secrets: the event-source account reads them in its own namespace only.
     assert.ok(!allows(rulesOf(base, 'captf-event-sources'), '', 'secrets', 'watch'));
-    const role = of<KubernetesObject & { rules: Rule[] }>(fast, 'Role').find((r) => r.metadata?.name === 'captf-event-sources-secrets')!;
+    const role = of<KubernetesObject & { rules: Rule[] }>(fast, 'Role').find(
+      (r) => r.metadata?.name === 'captf-event-sources-secrets',
+    )!;
     assert.equal(role.metadata?.namespace, 'captf-system');
     assert.deepEqual(role.rules, [{ apiGroups: [''], resources: ['secrets'], verbs: ['get', 'list', 'watch'] }]);
   });
@@ -119,28 +220,55 @@ describe('event wiring vs. what the functions accept', () => {
   it('PingSources tick every 5 (identity-status) and 10 (resync) minutes and reach their function by type and source', () => {
     const triggers = of<Trigger>(base, 'Trigger');
     const pings = of<PingSource>(base, 'PingSource');
-    const want: Record<string, [string, string]> = { 'captf-identity-status': ['*/5 * * * *', 'captf-identity-status'], 'captf-resync': ['*/10 * * * *', 'captf-mirror-sync'] };
+    const want: Record<string, [string, string]> = {
+      'captf-identity-status': ['*/5 * * * *', 'captf-identity-status'],
+      'captf-resync': ['*/10 * * * *', 'captf-mirror-sync'],
+    };
     assert.deepEqual(pings.map((p) => p.metadata.name).sort(), Object.keys(want).sort());
     for (const p of pings) {
       const [schedule, fn] = want[p.metadata.name]!;
       assert.equal(p.spec.schedule, schedule);
       assert.equal(p.spec.sink.ref.kind, 'Broker');
       const source = `/apis/v1/namespaces/${p.metadata.namespace}/pingsources/${p.metadata.name}`;
-      const t = triggers.filter((x) => x.spec.filter?.attributes?.type === PING_EVENT_TYPE && x.spec.filter.attributes.source === source);
-      assert.deepEqual(t.map((x) => x.spec.subscriber.ref.name), [fn]);
+      const t = triggers.filter(
+        (x) => x.spec.filter?.attributes?.type === PING_EVENT_TYPE && x.spec.filter.attributes.source === source,
+      );
+      assert.deepEqual(
+        t.map((x) => x.spec.subscriber.ref.name),
+        [fn],
+      );
     }
   });
 
   it('the webhook covers only the identity resource, fails closed, and calls admission at /validate', () => {
-    const [vwc] = of<{ metadata: { annotations: Record<string, string> }; webhooks: { failurePolicy: string; sideEffects: string; timeoutSeconds: number; clientConfig: { service: { name: string; path: string } }; rules: { apiGroups: string[]; apiVersions: string[]; resources: string[]; operations: string[] }[] }[] }>(base, 'ValidatingWebhookConfiguration');
+    const [vwc] = of<{
+      metadata: { annotations: Record<string, string> };
+      webhooks: {
+        failurePolicy: string;
+        sideEffects: string;
+        timeoutSeconds: number;
+        clientConfig: { service: { name: string; path: string } };
+        rules: { apiGroups: string[]; apiVersions: string[]; resources: string[]; operations: string[] }[];
+      }[];
+    }>(base, 'ValidatingWebhookConfiguration');
     assert.ok(vwc);
     const w = vwc.webhooks[0]!;
     assert.equal(w.failurePolicy, 'Fail');
     assert.equal(w.sideEffects, 'None');
     assert.ok(w.timeoutSeconds >= 15 && w.timeoutSeconds <= 30);
     assert.deepEqual(w.clientConfig.service, { ...w.clientConfig.service, name: 'captf-admission', path: '/validate' });
-    assert.deepEqual(w.rules, [{ apiGroups: [GROUP], apiVersions: [VERSION], resources: [IDENTITY_PLURAL], operations: ['CREATE', 'UPDATE', 'DELETE'], scope: 'Cluster' }]);
+    assert.deepEqual(w.rules, [
+      {
+        apiGroups: [GROUP],
+        apiVersions: [VERSION],
+        resources: [IDENTITY_PLURAL],
+        operations: ['CREATE', 'UPDATE', 'DELETE'],
+        scope: 'Cluster',
+      },
+    ]);
     const [ns, name] = vwc.metadata.annotations['cert-manager.io/inject-ca-from']!.split('/');
-    assert.ok(of<KubernetesObject>(base, 'Certificate').some((c) => c.metadata?.namespace === ns && c.metadata?.name === name));
+    assert.ok(
+      of<KubernetesObject>(base, 'Certificate').some((c) => c.metadata?.namespace === ns && c.metadata?.name === name),
+    );
   });
 });

@@ -30,7 +30,12 @@ const ns = namespaces('manifests');
 class DryRun extends KubernetesObjectApi {
   readonly #kc: KubeConfig;
   constructor(kc: KubeConfig) {
-    super(createConfiguration({ baseServer: new ServerConfiguration(kc.getCurrentCluster()!.server, {}), authMethods: { default: kc } }));
+    super(
+      createConfiguration({
+        baseServer: new ServerConfiguration(kc.getCurrentCluster()!.server, {}),
+        authMethods: { default: kc },
+      }),
+    );
     this.#kc = kc;
   }
 
@@ -40,7 +45,14 @@ class DryRun extends KubernetesObjectApi {
     const created = await this.send('POST', `${await this.specUriPath(o, 'create')}?${q}`, o, 'application/json');
     if (created.status !== 409) return this.result(created);
     // Already there (e.g. a namespace another test made): server-side apply is as strict.
-    return this.result(await this.send('PATCH', `${await this.specUriPath(o, 'patch')}?${q}&force=true`, o, 'application/apply-patch+yaml'));
+    return this.result(
+      await this.send(
+        'PATCH',
+        `${await this.specUriPath(o, 'patch')}?${q}&force=true`,
+        o,
+        'application/apply-patch+yaml',
+      ),
+    );
   }
 
   private result(r: { status: number; body: string }): KubernetesObject {
@@ -48,7 +60,12 @@ class DryRun extends KubernetesObjectApi {
     throw Object.assign(new Error(`HTTP ${r.status}`), { code: r.status, body: r.body });
   }
 
-  private async send(method: string, path: string, body: unknown, contentType: string): Promise<{ status: number; body: string }> {
+  private async send(
+    method: string,
+    path: string,
+    body: unknown,
+    contentType: string,
+  ): Promise<{ status: number; body: string }> {
     const url = new URL(path, this.#kc.getCurrentCluster()!.server);
     const opts: RequestOptions = { method, headers: { 'content-type': contentType, accept: 'application/json' } };
     await this.#kc.applyToHTTPSOptions(opts);
@@ -74,9 +91,19 @@ before(async () => {
 describe('the rendered manifests against the real CRD schemas', () => {
   it('fetches the pinned Knative Serving, Eventing and cert-manager CRDs from their Go modules', async () => {
     const sources = (await loadThirdPartyCRDs()).map((c) => `${c.crd.metadata!.name} ← ${c.source}`);
-    for (const name of ['services.serving.knative.dev', 'apiserversources.sources.knative.dev', 'pingsources.sources.knative.dev',
-      'brokers.eventing.knative.dev', 'triggers.eventing.knative.dev', 'issuers.cert-manager.io', 'certificates.cert-manager.io']) {
-      assert.ok(sources.some((s) => s.startsWith(`${name} ← `)), `${name} in ${sources.join(', ')}`);
+    for (const name of [
+      'services.serving.knative.dev',
+      'apiserversources.sources.knative.dev',
+      'pingsources.sources.knative.dev',
+      'brokers.eventing.knative.dev',
+      'triggers.eventing.knative.dev',
+      'issuers.cert-manager.io',
+      'certificates.cert-manager.io',
+    ]) {
+      assert.ok(
+        sources.some((s) => s.startsWith(`${name} ← `)),
+        `${name} in ${sources.join(', ')}`,
+      );
     }
     assert.ok(sources.some((s) => /knative\.dev\/serving@v0\.49\.\d+\//.test(s)));
     assert.ok(sources.some((s) => /knative\.dev\/eventing@v0\.49\.\d+\//.test(s)));
@@ -98,29 +125,47 @@ describe('the rendered manifests against the real CRD schemas', () => {
       }
       assert.deepEqual(failures, []);
       // Dry run: nothing was stored.
-      await assert.rejects(dry.read({ apiVersion: 'serving.knative.dev/v1', kind: 'Service', metadata: { name: 'captf-mirror-sync', namespace: target } }), (e: unknown) => apiStatus(e) === 404);
+      await assert.rejects(
+        dry.read({
+          apiVersion: 'serving.knative.dev/v1',
+          kind: 'Service',
+          metadata: { name: 'captf-mirror-sync', namespace: target },
+        }),
+        (e: unknown) => apiStatus(e) === 404,
+      );
     });
   }
 
   it('the validation is strict: a misspelled or ill-typed field is rejected', async () => {
     const target = await ns.create();
     const objects = relocate(await render('manifests/overlays/without-crds'), target);
-    const ksvc = structuredClone(objects.find((o) => o.kind === 'Service' && o.metadata?.name === 'captf-mirror-sync')!) as KubernetesObject & { spec: { template: { spec: Record<string, unknown> } } };
+    const ksvc = structuredClone(
+      objects.find((o) => o.kind === 'Service' && o.metadata?.name === 'captf-mirror-sync')!,
+    ) as KubernetesObject & { spec: { template: { spec: Record<string, unknown> } } };
     ksvc.spec.template.spec.containerConcurency = 5;
     await assert.rejects(dryRunApply(ksvc), (e: unknown) => {
       assert.equal(apiStatus(e), 400, describeError(e));
       assert.match(describeError(e), /unknown field "spec\.template\.spec\.containerConcurency"/);
       return true;
     });
-    const trigger = structuredClone(objects.find((o) => o.kind === 'Trigger')!) as KubernetesObject & { spec: { delivery: Record<string, unknown> } };
+    const trigger = structuredClone(objects.find((o) => o.kind === 'Trigger')!) as KubernetesObject & {
+      spec: { delivery: Record<string, unknown> };
+    };
     trigger.spec.delivery.retry = 'five';
     await assert.rejects(dryRunApply(trigger), (e: unknown) => apiStatus(e) === 422 && /retry/.test(describeError(e)));
-    const cert = structuredClone(objects.find((o) => o.kind === 'Certificate')!) as KubernetesObject & { spec: Record<string, unknown> };
+    const cert = structuredClone(objects.find((o) => o.kind === 'Certificate')!) as KubernetesObject & {
+      spec: Record<string, unknown>;
+    };
     cert.spec.dnsName = ['typo'];
     // Built-in kinds too: the rendered YAML reaches the API server as it is.
-    const role = structuredClone(objects.find((o) => o.kind === 'ClusterRole')!) as KubernetesObject & { rules: Record<string, unknown>[] };
+    const role = structuredClone(objects.find((o) => o.kind === 'ClusterRole')!) as KubernetesObject & {
+      rules: Record<string, unknown>[];
+    };
     role.rules[0]!.verb = ['get'];
-    await assert.rejects(dryRunApply(role), (e: unknown) => apiStatus(e) === 400 && /unknown field "rules\[0\]\.verb"/.test(describeError(e)));
+    await assert.rejects(
+      dryRunApply(role),
+      (e: unknown) => apiStatus(e) === 400 && /unknown field "rules\[0\]\.verb"/.test(describeError(e)),
+    );
     await assert.rejects(dryRunApply(cert), (e: unknown) => apiStatus(e) === 400 && /dnsName/.test(describeError(e)));
   });
 });

@@ -23,7 +23,10 @@ const source = { name: 'creds', namespace: '' };
 
 before(async () => {
   source.namespace = await ns.create();
-  await a.core.createNamespacedSecret({ namespace: source.namespace, body: { metadata: { name: source.name }, stringData: { token: 'adapter-e2e' } } });
+  await a.core.createNamespacedSecret({
+    namespace: source.namespace,
+    body: { metadata: { name: source.name }, stringData: { token: 'adapter-e2e' } },
+  });
   fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
 });
 after(async () => {
@@ -41,7 +44,12 @@ for (const mode of ['Reference', 'Resource'] as const) {
       const adapter = await startApiServerSourceAdapter({
         kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
         sink: `http://127.0.0.1:${fn.port}/`,
-        source: { namespaces: [n], allNamespaces: false, mode, resources: [{ gvr: { Group: GROUP, Version: VERSION, Resource: 'terraformclusters' } }] },
+        source: {
+          namespaces: [n],
+          allNamespaces: false,
+          mode,
+          resources: [{ gvr: { Group: GROUP, Version: VERSION, Resource: 'terraformclusters' } }],
+        },
         name: `e2e-${mode.toLowerCase()}`,
       });
       adapters.push(adapter);
@@ -53,22 +61,40 @@ for (const mode of ['Reference', 'Resource'] as const) {
       await createConsumer(a, n, 'e2e', id);
       let touch = 0;
       let polls = 0;
-      const line = await eventually('an adapter-driven reconcile', async () => {
-        const found = log.entries().find((e) => e.message === 'reconcile' && e.object === `${n}/e2e` && e.outcome === 'mirrored');
-        if (found) return found;
-        // About once a second: a reconcile takes a moment after the event that caused it.
-        if (polls++ % 5 === 0) {
-          await a.custom.patchNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'e2e', body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++touch) } }] });
-        }
-        return undefined;
-      }, 90_000);
+      const line = await eventually(
+        'an adapter-driven reconcile',
+        async () => {
+          const found = log
+            .entries()
+            .find((e) => e.message === 'reconcile' && e.object === `${n}/e2e` && e.outcome === 'mirrored');
+          if (found) return found;
+          // About once a second: a reconcile takes a moment after the event that caused it.
+          if (polls++ % 5 === 0) {
+            await a.custom.patchNamespacedCustomObject({
+              group: GROUP,
+              version: VERSION,
+              plural: 'terraformclusters',
+              namespace: n,
+              name: 'e2e',
+              body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++touch) } }],
+            });
+          }
+          return undefined;
+        },
+        90_000,
+      );
       t.diagnostic(`reconcile log line: ${JSON.stringify(line)}`);
       // The mirror is written before the reconcile logs its line.
       const mirror = await getMirror(a, n, id);
       assert.equal(mirror?.metadata!.ownerReferences![0]!.name, 'e2e');
 
       await deleteConsumer(a, n, 'e2e');
-      await eventually('mirror-sync to see the delete event', async () => log.entries().some((e) => e.message === 'reconcile' && e.object === `${n}/e2e` && e.outcome === 'gone'), 90_000);
+      await eventually(
+        'mirror-sync to see the delete event',
+        async () =>
+          log.entries().some((e) => e.message === 'reconcile' && e.object === `${n}/e2e` && e.outcome === 'gone'),
+        90_000,
+      );
       await eventually('the mirror to be gone', async () => (await getMirror(a, n, id)) === undefined, 90_000);
       await adapter.stop();
     });

@@ -22,7 +22,16 @@ import { pingEvent } from '../helpers/events.ts';
 import { startFaultProxy } from '../helpers/fault-proxy.ts';
 import { invariantViolations, foreignSecrets } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
-import { conditionOf, consumerEvent, createConsumer, deleteIdentity, deliver, getConsumer, getMirror, putIdentity } from '../helpers/mirror-sync.ts';
+import {
+  conditionOf,
+  consumerEvent,
+  createConsumer,
+  deleteIdentity,
+  deliver,
+  getConsumer,
+  getMirror,
+  putIdentity,
+} from '../helpers/mirror-sync.ts';
 
 const a = admin();
 const ns = namespaces('msk');
@@ -32,7 +41,10 @@ const started: FunctionHandle[] = [];
 
 before(async () => {
   source.namespace = await ns.create();
-  await a.core.createNamespacedSecret({ namespace: source.namespace, body: { metadata: { name: source.name }, data: { token: Buffer.from('keys').toString('base64') } } });
+  await a.core.createNamespacedSecret({
+    namespace: source.namespace,
+    body: { metadata: { name: source.name }, data: { token: Buffer.from('keys').toString('base64') } },
+  });
 });
 after(async () => {
   for (const f of started) await f.close();
@@ -46,12 +58,21 @@ async function newIdentity(allowed: Parameters<typeof putIdentity>[3]): Promise<
 }
 
 /** A mirror-sync instance in this process, as a user of its own; returns its URL and username. */
-async function instance(env: Record<string, string> = {}, kubeconfigPath?: string): Promise<{ url: string; user: string }> {
+async function instance(
+  env: Record<string, string> = {},
+  kubeconfigPath?: string,
+): Promise<{ url: string; user: string }> {
   const user = `mirror-sync-${suffix()}`;
   const u = await asUser(user, ['system:masters']);
   const kc = new KubeConfig();
   kc.loadFromFile(kubeconfigPath ?? u.kubeconfigPath);
-  const fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: captureLogger('mirror-sync').logger, env });
+  const fn = await start({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: kc,
+    logger: captureLogger('mirror-sync').logger,
+    env,
+  });
   started.push(fn);
   return { url: `http://127.0.0.1:${fn.port}/`, user };
 }
@@ -59,12 +80,18 @@ async function instance(env: Record<string, string> = {}, kubeconfigPath?: strin
 /** Delivers each consumer's event, `inFlight` at a time, round-robin over `urls`, retrying 5xx like a Trigger. */
 async function burst(urls: string[], consumers: Consumer[], inFlight: number): Promise<void> {
   const limit = pLimit(inFlight);
-  const answers = await Promise.all(consumers.map((c, i) => limit(() => deliver(urls[i % urls.length]!, consumerEvent(c), { retries: 10 }))));
-  assert.deepEqual(answers.filter((r) => r.status !== 200).map((r) => r.text), []);
+  const answers = await Promise.all(
+    consumers.map((c, i) => limit(() => deliver(urls[i % urls.length]!, consumerEvent(c), { retries: 10 }))),
+  );
+  assert.deepEqual(
+    answers.filter((r) => r.status !== 200).map((r) => r.text),
+    [],
+  );
 }
 
 async function allMirrored(n: string, names: string[], kind = 'TerraformCluster'): Promise<void> {
-  for (const name of names) assert.equal(conditionOf(await getConsumer(a, n, name, kind), 'CredentialsMirrored')?.reason, 'Mirrored', name);
+  for (const name of names)
+    assert.equal(conditionOf(await getConsumer(a, n, name, kind), 'CredentialsMirrored')?.reason, 'Mirrored', name);
 }
 
 describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
@@ -78,7 +105,10 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
     await burst([url], consumers, 8);
     const writes = audit.countFor(user, mark);
     assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 60);
-    await allMirrored(n, consumers.map((c) => c.metadata.name!));
+    await allMirrored(
+      n,
+      consumers.map((c) => c.metadata.name!),
+    );
     // One reconcile per event would write the mirror 60 times; coalesced, a handful of
     // reconciles each add every consumer that arrived meanwhile.
     assert.ok(writes.mirrorWrites <= 30, `${writes.mirrorWrites} mirror writes for 60 consumers`);
@@ -88,7 +118,11 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
   it('the same burst split over two instances converges to exactly the live consumers', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
-    const consumers = await Promise.all(Array.from({ length: 40 }, (_, i) => createConsumer(a, n, `t-${i}`, id, i % 2 ? 'TerraformMachine' : 'TerraformCluster')));
+    const consumers = await Promise.all(
+      Array.from({ length: 40 }, (_, i) =>
+        createConsumer(a, n, `t-${i}`, id, i % 2 ? 'TerraformMachine' : 'TerraformCluster'),
+      ),
+    );
     const one = await instance();
     const two = await instance();
     await burst([one.url, two.url], consumers, 8);
@@ -105,14 +139,32 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
     const { url } = await instance();
     const first = burst([url], consumers, 8);
     // Five switch to B while their A events are still being delivered.
-    const switched = await Promise.all(consumers.slice(0, 5).map((c) => a.custom.patchNamespacedCustomObject({
-      group: 'infrastructure.cluster.x-k8s.io', version: 'v1beta2', plural: 'terraformclusters', namespace: n, name: c.metadata.name!,
-      body: [{ op: 'replace', path: '/spec/identityRef/name', value: idB }],
-    }) as Promise<Consumer>));
+    const switched = await Promise.all(
+      consumers.slice(0, 5).map(
+        (c) =>
+          a.custom.patchNamespacedCustomObject({
+            group: 'infrastructure.cluster.x-k8s.io',
+            version: 'v1beta2',
+            plural: 'terraformclusters',
+            namespace: n,
+            name: c.metadata.name!,
+            body: [{ op: 'replace', path: '/spec/identityRef/name', value: idB }],
+          }) as Promise<Consumer>,
+      ),
+    );
     await first;
     await burst([url], switched, 8);
-    assert.deepEqual((await getMirror(a, n, idA))!.metadata!.ownerReferences!.map((r) => r.name).sort(), consumers.slice(5).map((c) => c.metadata.name!).sort());
-    assert.deepEqual((await getMirror(a, n, idB))!.metadata!.ownerReferences!.map((r) => r.name).sort(), switched.map((c) => c.metadata.name!).sort());
+    assert.deepEqual(
+      (await getMirror(a, n, idA))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
+      consumers
+        .slice(5)
+        .map((c) => c.metadata.name!)
+        .sort(),
+    );
+    assert.deepEqual(
+      (await getMirror(a, n, idB))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
+      switched.map((c) => c.metadata.name!).sort(),
+    );
     assert.deepEqual(await invariantViolations(a, [n]), []);
   });
 });
@@ -122,11 +174,23 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
  * compaction — to the first `times` cluster-wide TerraformCluster list pages that carry a
  * continue token.
  */
-async function expiringProxy(times: number): Promise<{ kubeconfigPath: string; expired: () => number; close: () => void }> {
+async function expiringProxy(
+  times: number,
+): Promise<{ kubeconfigPath: string; expired: () => number; close: () => void }> {
   const proxy = await startFaultProxy((method, url) => {
-    if (method !== 'GET' || !/^\/apis\/infrastructure\.cluster\.x-k8s\.io\/v1beta2\/terraformclusters\?/.test(url) || !/[?&]continue=/.test(url)) return undefined;
+    if (
+      method !== 'GET' ||
+      !/^\/apis\/infrastructure\.cluster\.x-k8s\.io\/v1beta2\/terraformclusters\?/.test(url) ||
+      !/[?&]continue=/.test(url)
+    )
+      return undefined;
     if (proxy && proxy.faults() >= times) return undefined;
-    return { status: 410, reason: 'Expired', message: 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.' };
+    return {
+      status: 410,
+      reason: 'Expired',
+      message:
+        'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.',
+    };
   });
   return { kubeconfigPath: proxy.kubeconfigPath, expired: proxy.faults, close: proxy.close };
 }
@@ -150,14 +214,17 @@ describe('the resync is made of lists (SPEC §12)', () => {
       assert.equal(proxy.expired(), 1, 'the proxy expired one continue token');
       const m = (await getMirror(a, n, id))!;
       assert.equal(m.metadata!.uid, before.metadata!.uid, 'the mirror of the live consumer was never collected');
-      assert.deepEqual(m.metadata!.ownerReferences!.map((o) => o.uid).sort(), [kept.metadata.uid, fresh.metadata.uid].sort());
+      assert.deepEqual(
+        m.metadata!.ownerReferences!.map((o) => o.uid).sort(),
+        [kept.metadata.uid, fresh.metadata.uid].sort(),
+      );
       assert.deepEqual(await invariantViolations(a, [n]), []);
     } finally {
       proxy.close();
     }
   });
 
-  it('never collects a look-alike: a labelled Secret whose name is not its identity\'s mirror name', async () => {
+  it("never collects a look-alike: a labelled Secret whose name is not its identity's mirror name", async () => {
     const n = await ns.create();
     const idA = await newIdentity({ list: [n] });
     const idB = await newIdentity({ list: [n] });
@@ -188,7 +255,11 @@ describe('the resync is made of lists (SPEC §12)', () => {
       const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
       assert.ok(r.status >= 500, `${r.status} ${r.text}`);
       assert.ok(proxy.expired() >= 3, 'restarted before giving up');
-      assert.equal((await getMirror(a, n, id))!.metadata!.resourceVersion, before.metadata!.resourceVersion, 'untouched');
+      assert.equal(
+        (await getMirror(a, n, id))!.metadata!.resourceVersion,
+        before.metadata!.resourceVersion,
+        'untouched',
+      );
     } finally {
       proxy.close();
     }
@@ -196,13 +267,19 @@ describe('the resync is made of lists (SPEC §12)', () => {
 });
 
 describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () => {
-  const unavailable = { status: 503, reason: 'ServiceUnavailable', message: 'the server is currently unable to handle the request' };
+  const unavailable = {
+    status: 503,
+    reason: 'ServiceUnavailable',
+    message: 'the server is currently unable to handle the request',
+  };
 
   /** A mirror-sync instance behind a fault proxy, as a user of its own (its requests are told apart in the audit log). */
   async function behindProxy(fault: (method: string, url: string) => boolean) {
     const user = `flaky-${suffix()}`;
     const u = await asUser(user, ['system:masters']);
-    const proxy = await startFaultProxy((method, url) => (fault(method, url) ? unavailable : undefined), { kubeconfigPath: u.kubeconfigPath });
+    const proxy = await startFaultProxy((method, url) => (fault(method, url) ? unavailable : undefined), {
+      kubeconfigPath: u.kubeconfigPath,
+    });
     const { url } = await instance({}, proxy.kubeconfigPath);
     return { user, url, proxy };
   }
@@ -211,7 +288,9 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     const c = await createConsumer(a, n, 'flaky-read', id);
-    const { user, url, proxy } = await behindProxy((method, u) => method === 'GET' && u.startsWith(`/api/v1/namespaces/${n}/secrets/${mirrorName(id)}`));
+    const { user, url, proxy } = await behindProxy(
+      (method, u) => method === 'GET' && u.startsWith(`/api/v1/namespaces/${n}/secrets/${mirrorName(id)}`),
+    );
     try {
       const mark = audit.mark();
       const r = await deliver(url, consumerEvent(c), { retries: 0 });
@@ -229,7 +308,9 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     const c = await createConsumer(a, n, 'flaky-write', id);
-    const { user, url, proxy } = await behindProxy((method, u) => (method === 'POST' || method === 'PUT') && u.startsWith(`/api/v1/namespaces/${n}/secrets`));
+    const { user, url, proxy } = await behindProxy(
+      (method, u) => (method === 'POST' || method === 'PUT') && u.startsWith(`/api/v1/namespaces/${n}/secrets`),
+    );
     try {
       const mark = audit.mark();
       const r = await deliver(url, consumerEvent(c), { retries: 0 });

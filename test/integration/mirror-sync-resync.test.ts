@@ -10,7 +10,14 @@ import { spawnFunction } from '../helpers/process.ts';
 import { apiServerEvent, pingEvent, startSink } from '../helpers/events.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import {
-  conditionOf, consumerEvent, createConsumer, deleteIdentity, deliver, getConsumer, getMirror, putIdentity,
+  conditionOf,
+  consumerEvent,
+  createConsumer,
+  deleteIdentity,
+  deliver,
+  getConsumer,
+  getMirror,
+  putIdentity,
 } from '../helpers/mirror-sync.ts';
 
 const a = admin();
@@ -30,8 +37,17 @@ async function newIdentity(allowed: Parameters<typeof putIdentity>[3], ref = sou
 
 before(async () => {
   source.namespace = await ns.create();
-  await a.core.createNamespacedSecret({ namespace: source.namespace, body: { metadata: { name: source.name }, data: { token: b64('t0') } } });
-  fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: { CAPTF_CONCURRENCY: '16' } });
+  await a.core.createNamespacedSecret({
+    namespace: source.namespace,
+    body: { metadata: { name: source.name }, data: { token: b64('t0') } },
+  });
+  fn = await start({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: a.kc,
+    logger: log.logger,
+    env: { CAPTF_CONCURRENCY: '16' },
+  });
   url = `http://127.0.0.1:${fn.port}/`;
 });
 after(async () => {
@@ -42,16 +58,27 @@ describe('concurrency (SPEC §15)', () => {
   it('50 consumers in one namespace, events duplicated and reordered: exactly 50 owner references, no error left', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
-    const consumers = await Promise.all(Array.from({ length: 50 }, (_, i) => createConsumer(a, n, `c-${i}`, id, i % 2 ? 'TerraformMachine' : 'TerraformCluster')));
+    const consumers = await Promise.all(
+      Array.from({ length: 50 }, (_, i) =>
+        createConsumer(a, n, `c-${i}`, id, i % 2 ? 'TerraformMachine' : 'TerraformCluster'),
+      ),
+    );
     // Each consumer's add event twice, once per mode, shuffled, sent all at once in
     // separate requests (as a Broker would), with Knative-style retries on 5xx.
-    const events = consumers.flatMap((c) => [consumerEvent(c, 'ref', 'add'), consumerEvent(c, 'resource', 'add'), consumerEvent(c, 'ref', 'update')]);
+    const events = consumers.flatMap((c) => [
+      consumerEvent(c, 'ref', 'add'),
+      consumerEvent(c, 'resource', 'add'),
+      consumerEvent(c, 'ref', 'update'),
+    ]);
     for (let i = events.length - 1; i > 0; i--) {
       const j = Math.floor(Math.random() * (i + 1));
       [events[i], events[j]] = [events[j]!, events[i]!];
     }
     const answers = await Promise.all(events.map((e) => deliver(url, e, { retries: 10 })));
-    assert.deepEqual(answers.filter((r) => r.status !== 200).map((r) => r.text), []);
+    assert.deepEqual(
+      answers.filter((r) => r.status !== 200).map((r) => r.text),
+      [],
+    );
     const m = (await getMirror(a, n, id))!;
     const refs = m.metadata!.ownerReferences!;
     assert.equal(refs.length, 50);
@@ -69,12 +96,30 @@ describe('concurrency (SPEC §15)', () => {
     await Promise.all(consumers.map((c) => deliver(url, consumerEvent(c), { retries: 10 })));
     const survivor = consumers[0]!;
     const doomed = consumers.slice(1);
-    await Promise.all(doomed.map((c) => a.custom.deleteNamespacedCustomObject({ group: 'infrastructure.cluster.x-k8s.io', version: 'v1beta2', plural: 'terraformclusters', namespace: n, name: c.metadata.name! })));
-    const answers = await Promise.all(doomed.map((c) => deliver(url, consumerEvent(c, 'resource', 'delete'), { retries: 10 })));
-    assert.deepEqual(answers.filter((r) => r.status !== 200).map((r) => r.text), []);
+    await Promise.all(
+      doomed.map((c) =>
+        a.custom.deleteNamespacedCustomObject({
+          group: 'infrastructure.cluster.x-k8s.io',
+          version: 'v1beta2',
+          plural: 'terraformclusters',
+          namespace: n,
+          name: c.metadata.name!,
+        }),
+      ),
+    );
+    const answers = await Promise.all(
+      doomed.map((c) => deliver(url, consumerEvent(c, 'resource', 'delete'), { retries: 10 })),
+    );
+    assert.deepEqual(
+      answers.filter((r) => r.status !== 200).map((r) => r.text),
+      [],
+    );
     const m = await getMirror(a, n, id);
     assert.ok(m, 'the survivor still uses the mirror');
-    assert.deepEqual(m.metadata!.ownerReferences!.map((r) => r.uid), [survivor.metadata.uid]);
+    assert.deepEqual(
+      m.metadata!.ownerReferences!.map((r) => r.uid),
+      [survivor.metadata.uid],
+    );
   });
 });
 
@@ -94,11 +139,26 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     // resync does (this ping's, or another test file's running at the same time) does not
     // matter: it is the same code; if resyncs stopped collecting orphans it would stay.
     const orphanId = `id-${suffix()}`;
-    const orphan = desiredMirror(orphanId, n, { k: b64('v') }, { apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'long-gone', uid: '00000000-0000-0000-0000-000000000001' });
+    const orphan = desiredMirror(
+      orphanId,
+      n,
+      { k: b64('v') },
+      {
+        apiVersion: API_VERSION,
+        kind: 'TerraformCluster',
+        name: 'long-gone',
+        uid: '00000000-0000-0000-0000-000000000001',
+      },
+    );
     orphan.metadata.ownerReferences = [];
     await a.core.createNamespacedSecret({ namespace: n, body: orphan });
     // A Secret that only looks like a mirror (not ours: no identity annotation) is left alone.
-    const foreign = desiredMirror(`other-${suffix()}`, n, {}, { apiVersion: 'v1', kind: 'ConfigMap', name: 'x', uid: '1' });
+    const foreign = desiredMirror(
+      `other-${suffix()}`,
+      n,
+      {},
+      { apiVersion: 'v1', kind: 'ConfigMap', name: 'x', uid: '1' },
+    );
     foreign.metadata.annotations = {};
     foreign.metadata.ownerReferences = []; // else Kubernetes' own garbage collector removes it
     foreign.metadata.name = `lookalike-${suffix()}`;
@@ -112,11 +172,21 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     // The ping is answered after the work: this pass listed 'missed' after it was created.
     const m = await getMirror(a, n, id);
     assert.ok(m, 'the missed consumer got its mirror');
-    assert.deepEqual(m.metadata!.ownerReferences!.map((o) => o.uid), [missed.metadata.uid]);
+    assert.deepEqual(
+      m.metadata!.ownerReferences!.map((o) => o.uid),
+      [missed.metadata.uid],
+    );
     assert.equal(conditionOf(await getConsumer(a, n, 'missed'), 'CredentialsMirrored')?.reason, 'Mirrored');
-    await eventually('the orphaned mirror to be collected', async () => (await getMirror(a, n, orphanId)) === undefined);
+    await eventually(
+      'the orphaned mirror to be collected',
+      async () => (await getMirror(a, n, orphanId)) === undefined,
+    );
     const foreignAfter = await a.core.readNamespacedSecret({ name: foreign.metadata.name, namespace: n });
-    assert.equal(foreignAfter.metadata!.resourceVersion, foreignBefore.metadata!.resourceVersion, 'not ours: untouched');
+    assert.equal(
+      foreignAfter.metadata!.resourceVersion,
+      foreignBefore.metadata!.resourceVersion,
+      'not ours: untouched',
+    );
     const resyncLine = log.entries().findLast((e) => e.message === 'resync');
     assert.ok(resyncLine && typeof resyncLine.durationMs === 'number');
   });
@@ -127,12 +197,22 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     const m = await createConsumer(a, n, 'machine-owner', id, 'TerraformMachine');
     await deliver(url, consumerEvent(m));
     const before = (await getMirror(a, n, id))!;
-    const narrow = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: captureLogger('mirror-sync').logger, env: { CAPTF_CONSUMER_KINDS: 'infrastructure.cluster.x-k8s.io/v1beta2/TerraformCluster' } });
+    const narrow = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: a.kc,
+      logger: captureLogger('mirror-sync').logger,
+      env: { CAPTF_CONSUMER_KINDS: 'infrastructure.cluster.x-k8s.io/v1beta2/TerraformCluster' },
+    });
     try {
       assert.equal((await deliver(`http://127.0.0.1:${narrow.port}/`, pingEvent())).status, 200);
       // The same Secret, not one recreated since: another file's resync reconciling the
       // TerraformMachine at the same time would recreate a mirror the narrow one deleted.
-      assert.equal((await getMirror(a, n, id))?.metadata!.uid, before.metadata!.uid, 'still used by a TerraformMachine the narrow instance does not know');
+      assert.equal(
+        (await getMirror(a, n, id))?.metadata!.uid,
+        before.metadata!.uid,
+        'still used by a TerraformMachine the narrow instance does not know',
+      );
     } finally {
       await narrow.close();
     }
@@ -145,7 +225,13 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     await createConsumer(a, n, 'sunk-2', id, 'TerraformMachine');
     const { url: sinkUrl, received, server: sink } = await startSink();
     const fanoutLog = captureLogger('mirror-sync');
-    const fanout = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: fanoutLog.logger, env: { K_SINK: sinkUrl } });
+    const fanout = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: a.kc,
+      logger: fanoutLog.logger,
+      env: { K_SINK: sinkUrl },
+    });
     try {
       const r = await deliver(`http://127.0.0.1:${fanout.port}/`, pingEvent());
       assert.equal(r.status, 200, r.text);
@@ -161,13 +247,27 @@ describe('resync on a ping (SPEC §6, §12)', () => {
       const summary = (r.body as { events: { resync: { changed: number; sent: number } }[] }).events[0]!.resync;
       assert.equal(summary.changed, 0, 'a fan-out instance reconciles nothing itself, whatever the cluster holds');
       assert.ok(summary.sent >= 1);
-      assert.deepEqual(fanoutLog.entries().filter((e) => e.message === 'reconcile'), []);
+      assert.deepEqual(
+        fanoutLog.entries().filter((e) => e.message === 'reconcile'),
+        [],
+      );
       // The sink's event, delivered back (as the Trigger routes it), reconciles the key.
-      const back = await fetch(url, { method: 'POST', headers: Object.fromEntries(Object.entries(x.headers).filter(([k]) => k.startsWith('ce-') || k === 'content-type')) as Record<string, string>, body: x.body });
+      const back = await fetch(url, {
+        method: 'POST',
+        headers: Object.fromEntries(
+          Object.entries(x.headers).filter(([k]) => k.startsWith('ce-') || k === 'content-type'),
+        ) as Record<string, string>,
+        body: x.body,
+      });
       const text = await back.text();
       assert.equal(back.status, 200, text);
-      const results = (JSON.parse(text) as { events: { results?: { object: string; outcome: string }[] }[] }).events.flatMap((e) => e.results ?? []);
-      assert.deepEqual(results.map((res) => [res.object, res.outcome]).sort(), [[`${n}/sunk-1`, 'mirrored'], [`${n}/sunk-2`, 'mirrored']]);
+      const results = (
+        JSON.parse(text) as { events: { results?: { object: string; outcome: string }[] }[] }
+      ).events.flatMap((e) => e.results ?? []);
+      assert.deepEqual(results.map((res) => [res.object, res.outcome]).sort(), [
+        [`${n}/sunk-1`, 'mirrored'],
+        [`${n}/sunk-2`, 'mirrored'],
+      ]);
       assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 2);
     } finally {
       await fanout.close();
@@ -177,26 +277,52 @@ describe('resync on a ping (SPEC §6, §12)', () => {
 });
 
 describe('source-Secret fast path (SPEC §8, opt-in)', () => {
-  it('a labelled source change fans out to the identity\'s consumers', async () => {
+  it("a labelled source change fans out to the identity's consumers", async () => {
     const srcNs = await ns.create();
     const src = { name: `fast-${suffix()}`, namespace: srcNs };
-    const secret = await a.core.createNamespacedSecret({ namespace: srcNs, body: { metadata: { name: src.name, labels: { 'captf.io/identity-source': 'true' } }, data: { k: b64('one') } } });
+    const secret = await a.core.createNamespacedSecret({
+      namespace: srcNs,
+      body: { metadata: { name: src.name, labels: { 'captf.io/identity-source': 'true' } }, data: { k: b64('one') } },
+    });
     const n = await ns.create();
     const id = await newIdentity({ list: [n] }, src);
     const c = await createConsumer(a, n, 'fast', id);
-    const fast = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: captureLogger('mirror-sync').logger, env: { CAPTF_SOURCE_SECRET_EVENTS: 'true' } });
+    const fast = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: a.kc,
+      logger: captureLogger('mirror-sync').logger,
+      env: { CAPTF_SOURCE_SECRET_EVENTS: 'true' },
+    });
     try {
       const furl = `http://127.0.0.1:${fast.port}/`;
       await deliver(furl, consumerEvent(c));
       secret.data = { k: b64('two') };
       const updated = await a.core.replaceNamespacedSecret({ name: src.name, namespace: srcNs, body: secret });
       // Resource mode carries the labels; the event itself carries no data we use.
-      const r = await deliver(furl, apiServerEvent({ apiVersion: 'v1', kind: 'Secret', metadata: { name: src.name, namespace: srcNs, labels: updated.metadata!.labels } }, 'resource', 'update', 'secrets'));
+      const r = await deliver(
+        furl,
+        apiServerEvent(
+          {
+            apiVersion: 'v1',
+            kind: 'Secret',
+            metadata: { name: src.name, namespace: srcNs, labels: updated.metadata!.labels },
+          },
+          'resource',
+          'update',
+          'secrets',
+        ),
+      );
       assert.equal(r.status, 200, r.text);
       // This instance reconciled the consumer because of the Secret event (other files'
       // resyncs may reconcile it too, so the mirror's data alone would not prove that).
-      const results = (r.body as { events: { results?: { object: string; outcome: string }[] }[] }).events.flatMap((e) => e.results ?? []);
-      assert.deepEqual(results.map((x) => [x.object, x.outcome]), [[`${n}/fast`, 'mirrored']]);
+      const results = (r.body as { events: { results?: { object: string; outcome: string }[] }[] }).events.flatMap(
+        (e) => e.results ?? [],
+      );
+      assert.deepEqual(
+        results.map((x) => [x.object, x.outcome]),
+        [[`${n}/fast`, 'mirrored']],
+      );
       assert.equal((await getMirror(a, n, id))!.data!.k, b64('two'));
     } finally {
       await fast.close();
@@ -207,15 +333,27 @@ describe('source-Secret fast path (SPEC §8, opt-in)', () => {
 describe('configuration', () => {
   it('refuses bad settings at start with the variable named', async () => {
     await assert.rejects(start({ port: 0, kubeconfig: a.kc, env: { CAPTF_CONCURRENCY: '0' } }), /CAPTF_CONCURRENCY=0/);
-    await assert.rejects(start({ port: 0, kubeconfig: a.kc, env: { CAPTF_SOURCE_SECRET_EVENTS: 'yes' } }), /CAPTF_SOURCE_SECRET_EVENTS=yes/);
-    await assert.rejects(start({ port: 0, kubeconfig: a.kc, env: { CAPTF_CONSUMER_KINDS: 'TerraformCluster' } }), /CAPTF_CONSUMER_KINDS/);
+    await assert.rejects(
+      start({ port: 0, kubeconfig: a.kc, env: { CAPTF_SOURCE_SECRET_EVENTS: 'yes' } }),
+      /CAPTF_SOURCE_SECRET_EVENTS=yes/,
+    );
+    await assert.rejects(
+      start({ port: 0, kubeconfig: a.kc, env: { CAPTF_CONSUMER_KINDS: 'TerraformCluster' } }),
+      /CAPTF_CONSUMER_KINDS/,
+    );
     await assert.rejects(start({ port: 0, kubeconfig: a.kc, env: { K_SINK: 'not a url' } }), /Invalid URL/);
   });
 
   it('an extra consumer kind from configuration is reconciled like the shipped ones', async () => {
     // TerraformMachine only, as if an installation listed a single kind.
     const onlyLog = captureLogger('mirror-sync');
-    const only = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: onlyLog.logger, env: { CAPTF_CONSUMER_KINDS: 'infrastructure.cluster.x-k8s.io/v1beta2/TerraformMachine' } });
+    const only = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: a.kc,
+      logger: onlyLog.logger,
+      env: { CAPTF_CONSUMER_KINDS: 'infrastructure.cluster.x-k8s.io/v1beta2/TerraformMachine' },
+    });
     try {
       const n = await ns.create();
       const id = await newIdentity({ list: [n] });
@@ -223,12 +361,23 @@ describe('configuration', () => {
       const c = await createConsumer(a, n, 'cluster', id, 'TerraformCluster');
       const u = `http://127.0.0.1:${only.port}/`;
       assert.equal((await deliver(u, consumerEvent(m))).status, 200);
-      assert.equal((await deliver(u, consumerEvent(c), { retries: 0 })).status, 400, 'TerraformCluster is not configured here');
+      assert.equal(
+        (await deliver(u, consumerEvent(c), { retries: 0 })).status,
+        400,
+        'TerraformCluster is not configured here',
+      );
       // The TerraformMachine's reference is on the mirror. Other test files' resyncs (all
       // kinds configured) may add the TerraformCluster's meanwhile, so what this instance
       // did not do is read from its own log, not from the mirror's owner list.
-      assert.ok((await getMirror(a, n, id))!.metadata!.ownerReferences!.some((r) => r.kind === 'TerraformMachine' && r.uid === m.metadata.uid));
-      const reconciled = onlyLog.entries().filter((e) => e.message === 'reconcile').map((e) => e.object);
+      assert.ok(
+        (await getMirror(a, n, id))!.metadata!.ownerReferences!.some(
+          (r) => r.kind === 'TerraformMachine' && r.uid === m.metadata.uid,
+        ),
+      );
+      const reconciled = onlyLog
+        .entries()
+        .filter((e) => e.message === 'reconcile')
+        .map((e) => e.object);
       assert.deepEqual([...new Set(reconciled)], [`${n}/machine`]);
     } finally {
       await only.close();
@@ -236,13 +385,15 @@ describe('configuration', () => {
   });
 });
 
-
 describe('the real process (functions/main.ts mirror-sync)', () => {
   it('listens on PORT, logs JSON, and on SIGTERM finishes an in-flight resync before exiting 0', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     await Promise.all(Array.from({ length: 15 }, (_, i) => createConsumer(a, n, `p-${i}`, id)));
-    const proc = await spawnFunction('mirror-sync', { KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`, CAPTF_CONCURRENCY: '2' });
+    const proc = await spawnFunction('mirror-sync', {
+      KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`,
+      CAPTF_CONCURRENCY: '2',
+    });
     try {
       assert.equal((await fetch(`http://127.0.0.1:${proc.port}/healthz`)).status, 200);
       const pending = deliver(`http://127.0.0.1:${proc.port}/`, pingEvent(), { retries: 0 });

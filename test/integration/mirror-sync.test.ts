@@ -2,14 +2,31 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { API_VERSION, GROUP, VERSION } from '../../functions/lib/api.ts';
 import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import { isOurs, mirrorName, sourceHash, ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MANAGED, LABEL_MIRRORED, LABEL_MIRROR_OF } from '../../functions/lib/mirror.ts';
+import {
+  isOurs,
+  mirrorName,
+  sourceHash,
+  ANNOTATION_IDENTITY,
+  ANNOTATION_SOURCE_HASH,
+  LABEL_MANAGED,
+  LABEL_MIRRORED,
+  LABEL_MIRROR_OF,
+} from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { admin, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import {
-  conditionOf, consumerEvent, createConsumer, deleteConsumer, deleteIdentity, deliver, getConsumer, getMirror, putIdentity,
+  conditionOf,
+  consumerEvent,
+  createConsumer,
+  deleteConsumer,
+  deleteIdentity,
+  deliver,
+  getConsumer,
+  getMirror,
+  putIdentity,
 } from '../helpers/mirror-sync.ts';
 
 const a = admin();
@@ -39,7 +56,13 @@ async function newIdentity(allowed: Parameters<typeof putIdentity>[3]) {
 before(async () => {
   sourceNs = await ns.create();
   source.namespace = sourceNs;
-  await a.core.createNamespacedSecret({ namespace: sourceNs, body: { metadata: { name: source.name }, data: { AWS_ACCESS_KEY_ID: b64(SECRET_VALUES[0]!), AWS_SECRET_ACCESS_KEY: b64(SECRET_VALUES[1]!) } } });
+  await a.core.createNamespacedSecret({
+    namespace: sourceNs,
+    body: {
+      metadata: { name: source.name },
+      data: { AWS_ACCESS_KEY_ID: b64(SECRET_VALUES[0]!), AWS_SECRET_ACCESS_KEY: b64(SECRET_VALUES[1]!) },
+    },
+  });
   fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
   url = `http://127.0.0.1:${fn.port}`;
 });
@@ -59,11 +82,17 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.equal(m.type, 'Opaque');
     assert.deepEqual(m.metadata!.labels, { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true', [LABEL_MIRROR_OF]: id });
     const src = await a.core.readNamespacedSecret({ name: source.name, namespace: sourceNs });
-    assert.deepEqual(m.metadata!.annotations, { [ANNOTATION_SOURCE_HASH]: sourceHash(src.data), [ANNOTATION_IDENTITY]: id });
+    assert.deepEqual(m.metadata!.annotations, {
+      [ANNOTATION_SOURCE_HASH]: sourceHash(src.data),
+      [ANNOTATION_IDENTITY]: id,
+    });
     assert.deepEqual(m.data, src.data);
     assert.equal(m.metadata!.ownerReferences!.length, 1);
     const ref = m.metadata!.ownerReferences![0]!;
-    assert.deepEqual({ apiVersion: ref.apiVersion, kind: ref.kind, name: ref.name, uid: ref.uid }, { apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'cluster-1', uid: c.metadata.uid });
+    assert.deepEqual(
+      { apiVersion: ref.apiVersion, kind: ref.kind, name: ref.name, uid: ref.uid },
+      { apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'cluster-1', uid: c.metadata.uid },
+    );
     assert.equal(ref.controller, undefined);
     assert.equal(ref.blockOwnerDeletion, undefined);
     const obj = await getConsumer(a, n, 'cluster-1');
@@ -71,8 +100,16 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.equal(conditionOf(obj, 'IdentityAllowed')?.status, 'True');
     assert.equal(conditionOf(obj, 'CredentialsMirrored')?.status, 'True');
     assert.equal(conditionOf(obj, 'CredentialsMirrored')?.reason, 'Mirrored');
-    assert.equal((obj.status!.conditions!.find((x) => x.type === 'CredentialsMirrored') as { observedGeneration?: number }).observedGeneration, obj.metadata.generation);
-    const events = { items: (await a.events.listNamespacedEvent({ namespace: n })).items.filter((e) => e.regarding?.name === 'cluster-1') };
+    assert.equal(
+      (obj.status!.conditions!.find((x) => x.type === 'CredentialsMirrored') as { observedGeneration?: number })
+        .observedGeneration,
+      obj.metadata.generation,
+    );
+    const events = {
+      items: (await a.events.listNamespacedEvent({ namespace: n })).items.filter(
+        (e) => e.regarding?.name === 'cluster-1',
+      ),
+    };
     assert.deepEqual(events.items.map((e) => e.reason).sort(), ['Mirrored', 'NamespaceAllowed']);
     assert.ok(events.items.every((e) => e.reportingController === 'captf.io/mirror-sync'));
   });
@@ -81,9 +118,17 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     const c = await createConsumer(a, n, 'raced', id);
-    const answers = await Promise.all(Array.from({ length: 6 }, (_, i) => send(`${url}/`, consumerEvent(c, i % 2 ? 'ref' : 'resource', 'add'))));
-    assert.deepEqual(answers.map((r) => r.status), [200, 200, 200, 200, 200, 200]);
-    const reasons = (await a.events.listNamespacedEvent({ namespace: n })).items.filter((e) => e.regarding?.name === 'raced').map((e) => e.reason).sort();
+    const answers = await Promise.all(
+      Array.from({ length: 6 }, (_, i) => send(`${url}/`, consumerEvent(c, i % 2 ? 'ref' : 'resource', 'add'))),
+    );
+    assert.deepEqual(
+      answers.map((r) => r.status),
+      [200, 200, 200, 200, 200, 200],
+    );
+    const reasons = (await a.events.listNamespacedEvent({ namespace: n })).items
+      .filter((e) => e.regarding?.name === 'raced')
+      .map((e) => e.reason)
+      .sort();
     assert.deepEqual(reasons, ['Mirrored', 'NamespaceAllowed']);
   });
 
@@ -108,7 +153,10 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     // (cluster-wide, on the same control plane) may reconcile this consumer between its
     // creation and our event and create the mirror first. After our first answer the
     // mirror is current, so every later reconcile, ours or theirs, changes nothing.
-    assert.deepEqual(lines.slice(1).map((l) => l.mirrorAction), lines.slice(1).map(() => 'unchanged'));
+    assert.deepEqual(
+      lines.slice(1).map((l) => l.mirrorAction),
+      lines.slice(1).map(() => 'unchanged'),
+    );
     assert.equal(typeof last.durationMs, 'number');
     assert.equal(typeof last.apiCalls, 'number');
     // Events are hints: every reconcile re-reads. The event's own lookup read the object and
@@ -119,14 +167,21 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
   it('a rotated source reaches the mirror on the next reconcile', async () => {
     const n = await ns.create();
     const srcName = `rot-${suffix()}`;
-    await a.core.createNamespacedSecret({ namespace: sourceNs, body: { metadata: { name: srcName }, data: { k: b64('v1') } } });
+    await a.core.createNamespacedSecret({
+      namespace: sourceNs,
+      body: { metadata: { name: srcName }, data: { k: b64('v1') } },
+    });
     const id = `id-${suffix()}`;
     ns.onCleanup(() => deleteIdentity(a, id));
     await putIdentity(a, id, { name: srcName, namespace: sourceNs }, { list: [n] });
     const c = await createConsumer(a, n, 'rot', id);
     await send(`${url}/`, consumerEvent(c));
     assert.equal((await getMirror(a, n, id))!.data!.k, b64('v1'));
-    await a.core.replaceNamespacedSecret({ name: srcName, namespace: sourceNs, body: { metadata: { name: srcName }, data: { k: b64('v2'), extra: b64('x') } } });
+    await a.core.replaceNamespacedSecret({
+      name: srcName,
+      namespace: sourceNs,
+      body: { metadata: { name: srcName }, data: { k: b64('v2'), extra: b64('x') } },
+    });
     await send(`${url}/`, consumerEvent(c));
     const m = (await getMirror(a, n, id))!;
     assert.deepEqual(m.data, { k: b64('v2'), extra: b64('x') });
@@ -153,7 +208,11 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     // The consumer's own event after the revocation (the echo of our status write) changes
     // nothing: one revocation, one Warning Event.
     assert.equal((await send(`${url}/`, consumerEvent(c))).status, 200);
-    const events = { items: (await a.events.listNamespacedEvent({ namespace: n })).items.filter((e) => e.regarding?.name === 'narrowed') };
+    const events = {
+      items: (await a.events.listNamespacedEvent({ namespace: n })).items.filter(
+        (e) => e.regarding?.name === 'narrowed',
+      ),
+    };
     assert.equal(events.items.filter((e) => e.reason === 'NamespaceNotAllowed' && e.type === 'Warning').length, 1);
   });
 
@@ -180,7 +239,16 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     await send(`${url}/`, consumerEvent(c));
     assert.ok(await getMirror(a, n, id));
     await deleteIdentity(a, id);
-    const r = await send(`${url}/`, apiServerEvent({ apiVersion: API_VERSION, kind: 'TerraformClusterIdentity', metadata: { name: id } }, 'ref', 'delete', 'terraformclusteridentities'), { retries: 0 });
+    const r = await send(
+      `${url}/`,
+      apiServerEvent(
+        { apiVersion: API_VERSION, kind: 'TerraformClusterIdentity', metadata: { name: id } },
+        'ref',
+        'delete',
+        'terraformclusteridentities',
+      ),
+      { retries: 0 },
+    );
     assert.equal(r.status, 503, 'IdentityNotFound is retryable');
     assert.equal(await getMirror(a, n, id), undefined);
     const cond = conditionOf(await getConsumer(a, n, 'orphaned'), 'IdentityAllowed');
@@ -200,7 +268,10 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     await send(`${url}/`, consumerEvent(c2, 'resource', 'add'));
     const refs = (await getMirror(a, n, id))!.metadata!.ownerReferences!;
     const phoenix = refs.filter((r) => r.name === 'phoenix');
-    assert.deepEqual(phoenix.map((r) => r.uid), [c2.metadata.uid]);
+    assert.deepEqual(
+      phoenix.map((r) => r.uid),
+      [c2.metadata.uid],
+    );
     assert.ok(refs.some((r) => r.name === 'keeper' && r.kind === 'TerraformMachine'));
   });
 
@@ -216,7 +287,10 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     const m = (await getMirror(a, n, id))!;
     m.data = { ...m.data, AWS_SECRET_ACCESS_KEY: b64('tampered') };
     await a.core.replaceNamespacedSecret({ name: mirrorName(id), namespace: n, body: m });
-    assert.equal((await getMirror(a, n, id))!.metadata!.annotations![ANNOTATION_SOURCE_HASH], good.metadata!.annotations![ANNOTATION_SOURCE_HASH]);
+    assert.equal(
+      (await getMirror(a, n, id))!.metadata!.annotations![ANNOTATION_SOURCE_HASH],
+      good.metadata!.annotations![ANNOTATION_SOURCE_HASH],
+    );
     await send(`${url}/`, consumerEvent(c));
     assert.deepEqual((await getMirror(a, n, id))!.data, good.data);
   });
@@ -224,7 +298,17 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
   it('a blocking non-mirror Secret is never written; MirrorFailed until it is removed, then the mirror appears', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
-    const blocker = await a.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: mirrorName(id), labels: { [LABEL_MIRRORED]: 'true' }, annotations: { [ANNOTATION_IDENTITY]: 'some-other-identity' } }, data: { mine: b64('hands off') } } });
+    const blocker = await a.core.createNamespacedSecret({
+      namespace: n,
+      body: {
+        metadata: {
+          name: mirrorName(id),
+          labels: { [LABEL_MIRRORED]: 'true' },
+          annotations: { [ANNOTATION_IDENTITY]: 'some-other-identity' },
+        },
+        data: { mine: b64('hands off') },
+      },
+    });
     const c = await createConsumer(a, n, 'blocked', id);
     const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
     assert.equal(r.status, 200, 'a blocking Secret needs a human, not a retry storm');
@@ -256,7 +340,7 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.equal(await getMirror(a, n, id), undefined);
   });
 
-  it('the last user\'s deletion deletes the mirror, but not while another user exists', async () => {
+  it("the last user's deletion deletes the mirror, but not while another user exists", async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     const c1 = await createConsumer(a, n, 'first', id);
@@ -267,29 +351,66 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     await send(`${url}/`, consumerEvent(c1, 'resource', 'delete'));
     const m = await getMirror(a, n, id);
     assert.ok(m, 'still used by the second consumer');
-    assert.deepEqual(m.metadata!.ownerReferences!.map((r) => r.name), ['second']);
+    assert.deepEqual(
+      m.metadata!.ownerReferences!.map((r) => r.name),
+      ['second'],
+    );
     await deleteConsumer(a, n, 'second', 'TerraformMachine');
     await send(`${url}/`, consumerEvent(c2, 'ref', 'delete'));
     // Our delete, or the garbage collector's: either way the credentials are gone.
     await eventually('mirror deleted after the last user', async () => (await getMirror(a, n, id)) === undefined);
   });
 
-  it('removing identityRef releases the mirror and clears our conditions, keeping other writers\' conditions', async () => {
+  it("removing identityRef releases the mirror and clears our conditions, keeping other writers' conditions", async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     const c = await createConsumer(a, n, 'quitter', id);
     await send(`${url}/`, consumerEvent(c));
     // Another controller owns a condition type of its own on the same object.
     await a.custom.patchNamespacedCustomObjectStatus(
-      { group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'quitter', fieldManager: 'provider-manager', force: true,
-        body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'quitter', namespace: n }, status: { conditions: [{ type: 'Provisioned', status: 'True', reason: 'Applied', message: 'done', lastTransitionTime: '2026-01-01T00:00:00Z' }] } } },
+      {
+        group: GROUP,
+        version: VERSION,
+        plural: 'terraformclusters',
+        namespace: n,
+        name: 'quitter',
+        fieldManager: 'provider-manager',
+        force: true,
+        body: {
+          apiVersion: API_VERSION,
+          kind: 'TerraformCluster',
+          metadata: { name: 'quitter', namespace: n },
+          status: {
+            conditions: [
+              {
+                type: 'Provisioned',
+                status: 'True',
+                reason: 'Applied',
+                message: 'done',
+                lastTransitionTime: '2026-01-01T00:00:00Z',
+              },
+            ],
+          },
+        },
+      },
       (await import('@kubernetes/client-node')).setHeaderOptions('Content-Type', 'application/apply-patch+yaml'),
     );
     await send(`${url}/`, consumerEvent(c));
-    assert.equal(conditionOf(await getConsumer(a, n, 'quitter'), 'Provisioned')?.reason, 'Applied', 'other writers\' types survive our apply');
+    assert.equal(
+      conditionOf(await getConsumer(a, n, 'quitter'), 'Provisioned')?.reason,
+      'Applied',
+      "other writers' types survive our apply",
+    );
     const obj = await getConsumer(a, n, 'quitter');
     obj.spec = {};
-    await a.custom.replaceNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'quitter', body: obj });
+    await a.custom.replaceNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: 'terraformclusters',
+      namespace: n,
+      name: 'quitter',
+      body: obj,
+    });
     await send(`${url}/`, consumerEvent(c));
     const after = await getConsumer(a, n, 'quitter');
     assert.equal(conditionOf(after, 'CredentialsMirrored'), undefined);
@@ -306,7 +427,14 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     await send(`${url}/`, consumerEvent(c));
     const obj = await getConsumer(a, n, 'switcher');
     obj.spec = { identityRef: { name: id2 } };
-    await a.custom.replaceNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'switcher', body: obj });
+    await a.custom.replaceNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: 'terraformclusters',
+      namespace: n,
+      name: 'switcher',
+      body: obj,
+    });
     await send(`${url}/`, consumerEvent(c));
     assert.equal(await getMirror(a, n, id1), undefined);
     assert.ok(await getMirror(a, n, id2));
@@ -324,7 +452,11 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
 
 describe('prepare (SPEC §5)', () => {
   const prepare = async (body: unknown) => {
-    const res = await fetch(`${url}/prepare`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+    const res = await fetch(`${url}/prepare`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: typeof body === 'string' ? body : JSON.stringify(body),
+    });
     const text = await res.text();
     responses.push(text);
     return { status: res.status, body: JSON.parse(text) as Record<string, string> };
@@ -350,10 +482,20 @@ describe('prepare (SPEC §5)', () => {
       const o = await getConsumer(a, n, 'doomed').catch(() => undefined);
       if (o) {
         o.metadata.finalizers = [];
-        await a.custom.replaceNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace: n, name: 'doomed', body: o });
+        await a.custom.replaceNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          plural: 'terraformclusters',
+          namespace: n,
+          name: 'doomed',
+          body: o,
+        });
       }
     });
-    assert.equal((await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' })).status, 200);
+    assert.equal(
+      (await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' })).status,
+      200,
+    );
     await putIdentity(a, id, source, { list: [] });
     await deleteConsumer(a, n, 'doomed');
     const r = await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' });
@@ -368,19 +510,30 @@ describe('prepare (SPEC §5)', () => {
     assert.equal(ev.status, 503, 'a deleting object in a disallowed namespace keeps being retried');
     // The way out: allow the namespace again.
     await putIdentity(a, id, source, { list: [n] });
-    assert.equal((await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' })).status, 200);
+    assert.equal(
+      (await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' })).status,
+      200,
+    );
     assert.equal(conditionOf(await getConsumer(a, n, 'doomed'), 'ApplyJobSucceeded'), undefined);
   });
 
   it('answers the other reasons with non-2xx JSON', async () => {
     const n = await ns.create();
-    assert.equal((await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'nope' })).body.reason, 'ObjectNotFound');
+    assert.equal(
+      (await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'nope' })).body.reason,
+      'ObjectNotFound',
+    );
     const missing = `id-missing-${suffix()}`;
     await createConsumer(a, n, 'lost', missing);
     const r = await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'lost' });
     assert.equal(r.status, 503);
     assert.equal(r.body.reason, 'IdentityNotFound');
-    for (const bad of ['not json', '[]', { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n }, { apiVersion: 'v1', kind: 'Pod', namespace: n, name: 'x' }]) {
+    for (const bad of [
+      'not json',
+      '[]',
+      { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n },
+      { apiVersion: 'v1', kind: 'Pod', namespace: n, name: 'x' },
+    ]) {
       const b = await prepare(bad);
       assert.equal(b.status, 400, JSON.stringify(bad));
       assert.ok(b.body.error);
@@ -399,30 +552,139 @@ describe('bad input (SPEC §15)', () => {
     const cases: [string, Record<string, string>, string, RegExp][] = [
       ['no CloudEvent at all', { 'content-type': 'application/json' }, '{}', /not a CloudEvent/],
       ['structured, not JSON', { 'content-type': 'application/cloudevents+json' }, '{nope', /not a CloudEvent/],
-      ['missing type', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'content-type': 'application/json' }, '{}', /invalid CloudEvent/],
-      ['unknown type', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'com.example.other', 'content-type': 'application/json' }, '{}', /unsupported event type/],
-      ['ref event naming nothing', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.add', 'content-type': 'application/json' }, '{}', /must name the object/],
-      ['unknown kind', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.add', 'content-type': 'application/json' }, '{"apiVersion":"v1","kind":"Pod","name":"p","namespace":"x"}', /does not handle/],
-      ['source Secret event while the fast path is off', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': 'dev.knative.apiserver.ref.update', 'content-type': 'application/json' }, '{"apiVersion":"v1","kind":"Secret","name":"p","namespace":"x"}', /fast path is off/],
-      ['empty batch', { 'content-type': 'application/cloudevents-batch+json' }, '[]', /empty CloudEvents batch|not a CloudEvent/],
-      ['key event without data', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '{}', /must be \{"namespace"/],
-      ['key event with a path in the namespace', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '{"namespace":"../kube-system","identity":"aws"}', /must be \{"namespace"/],
-      ['key event with a bad identity name', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '{"namespace":"team","identity":".."}', /must be \{"namespace"/],
-      ['key event whose data is not an object', { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': KEY_EVENT_TYPE, 'content-type': 'application/json' }, '["team","aws"]', /data must be a JSON object/],
+      [
+        'missing type',
+        { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'content-type': 'application/json' },
+        '{}',
+        /invalid CloudEvent/,
+      ],
+      [
+        'unknown type',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': 'com.example.other',
+          'content-type': 'application/json',
+        },
+        '{}',
+        /unsupported event type/,
+      ],
+      [
+        'ref event naming nothing',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': 'dev.knative.apiserver.ref.add',
+          'content-type': 'application/json',
+        },
+        '{}',
+        /must name the object/,
+      ],
+      [
+        'unknown kind',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': 'dev.knative.apiserver.ref.add',
+          'content-type': 'application/json',
+        },
+        '{"apiVersion":"v1","kind":"Pod","name":"p","namespace":"x"}',
+        /does not handle/,
+      ],
+      [
+        'source Secret event while the fast path is off',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': 'dev.knative.apiserver.ref.update',
+          'content-type': 'application/json',
+        },
+        '{"apiVersion":"v1","kind":"Secret","name":"p","namespace":"x"}',
+        /fast path is off/,
+      ],
+      [
+        'empty batch',
+        { 'content-type': 'application/cloudevents-batch+json' },
+        '[]',
+        /empty CloudEvents batch|not a CloudEvent/,
+      ],
+      [
+        'key event without data',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': KEY_EVENT_TYPE,
+          'content-type': 'application/json',
+        },
+        '{}',
+        /must be \{"namespace"/,
+      ],
+      [
+        'key event with a path in the namespace',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': KEY_EVENT_TYPE,
+          'content-type': 'application/json',
+        },
+        '{"namespace":"../kube-system","identity":"aws"}',
+        /must be \{"namespace"/,
+      ],
+      [
+        'key event with a bad identity name',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': KEY_EVENT_TYPE,
+          'content-type': 'application/json',
+        },
+        '{"namespace":"team","identity":".."}',
+        /must be \{"namespace"/,
+      ],
+      [
+        'key event whose data is not an object',
+        {
+          'ce-id': '1',
+          'ce-source': 's',
+          'ce-specversion': '1.0',
+          'ce-type': KEY_EVENT_TYPE,
+          'content-type': 'application/json',
+        },
+        '["team","aws"]',
+        /data must be a JSON object/,
+      ],
     ];
     for (const [what, headers, body, re] of cases) {
       const r = await post(headers, body);
       assert.ok(r.status >= 400 && r.status < 500, `${what}: ${r.status}`);
       assert.match(r.body.error, re, what);
     }
-    const big = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: 'x'.repeat(5 * 1024 * 1024) });
+    const big = await fetch(`${url}/`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: 'x'.repeat(5 * 1024 * 1024),
+    });
     assert.equal(big.status, 413);
     assert.equal((await fetch(`${url}/healthz`)).status, 200);
   });
 });
 
 describe('names and batches (SPEC §12, §15)', () => {
-  const ce = (type: string, data: object) => ({ 'ce-id': String(Math.random()), 'ce-source': 's', 'ce-specversion': '1.0', 'ce-type': type, 'content-type': 'application/json', _body: JSON.stringify(data) });
+  const ce = (type: string, data: object) => ({
+    'ce-id': String(Math.random()),
+    'ce-source': 's',
+    'ce-specversion': '1.0',
+    'ce-type': type,
+    'content-type': 'application/json',
+    _body: JSON.stringify(data),
+  });
   const post = async (h: ReturnType<typeof ce>) => {
     const { _body, ...headers } = h;
     const r = await fetch(`${url}/`, { method: 'POST', headers, body: _body });
@@ -434,14 +696,20 @@ describe('names and batches (SPEC §12, §15)', () => {
     const cases: [object, RegExp][] = [
       [{ apiVersion: 'v1', kind: 'Namespace', name: '..' }, /not a valid Kubernetes object name/],
       [{ apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'x', namespace: '..' }, /not a valid namespace name/],
-      [{ apiVersion: API_VERSION, kind: 'TerraformClusterIdentity', name: 'aws,metadata.namespace=x' }, /not a valid Kubernetes object name/],
+      [
+        { apiVersion: API_VERSION, kind: 'TerraformClusterIdentity', name: 'aws,metadata.namespace=x' },
+        /not a valid Kubernetes object name/,
+      ],
     ];
     for (const [data, re] of cases) {
       const r = await post(ce('dev.knative.apiserver.ref.update', data));
       assert.equal(r.status, 400, JSON.stringify(data));
       assert.match(r.body.error, re);
     }
-    const p = await fetch(`${url}/prepare`, { method: 'POST', body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team', name: '.' }) });
+    const p = await fetch(`${url}/prepare`, {
+      method: 'POST',
+      body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team', name: '.' }),
+    });
     assert.equal(p.status, 400);
     assert.match(((await p.json()) as { error: string }).error, /not a valid object name/);
   });
@@ -451,7 +719,11 @@ describe('names and batches (SPEC §12, §15)', () => {
     const id = await newIdentity({ list: [n] });
     const c = await createConsumer(a, n, 'batched', id);
     const body = JSON.stringify([consumerEvent(c).toJSON(), { specversion: '1.0', id: 'x' }, 'not an object']);
-    const r = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body });
+    const r = await fetch(`${url}/`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/cloudevents-batch+json' },
+      body,
+    });
     const text = await r.text();
     responses.push(text);
     assert.equal(r.status, 400);
@@ -463,18 +735,44 @@ describe('names and batches (SPEC §12, §15)', () => {
   });
 
   it('refuses a batch over 100 events whole, and a batch that is not an array', async () => {
-    const big = JSON.stringify(Array.from({ length: 101 }, () => ({ specversion: '1.0', id: '1', source: 's', type: 'dev.knative.sources.ping' })));
-    const r = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body: big });
+    const big = JSON.stringify(
+      Array.from({ length: 101 }, () => ({
+        specversion: '1.0',
+        id: '1',
+        source: 's',
+        type: 'dev.knative.sources.ping',
+      })),
+    );
+    const r = await fetch(`${url}/`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/cloudevents-batch+json' },
+      body: big,
+    });
     assert.equal(r.status, 400);
     assert.match(((await r.json()) as { error: string }).error, /batch holds 101 events; at most 100/);
-    const obj = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body: '{"specversion":"1.0"}' });
+    const obj = await fetch(`${url}/`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/cloudevents-batch+json' },
+      body: '{"specversion":"1.0"}',
+    });
     assert.match(((await obj.json()) as { error: string }).error, /a batch must be a JSON array/);
   });
 
   it('a batch of 40 pings runs one resync, not 40', async () => {
     const before = log.entries().filter((e) => e.message === 'resync').length;
-    const body = JSON.stringify(Array.from({ length: 40 }, (_, i) => ({ specversion: '1.0', id: `p${i}`, source: 's', type: 'dev.knative.sources.ping' })));
-    const r = await fetch(`${url}/`, { method: 'POST', headers: { 'content-type': 'application/cloudevents-batch+json' }, body });
+    const body = JSON.stringify(
+      Array.from({ length: 40 }, (_, i) => ({
+        specversion: '1.0',
+        id: `p${i}`,
+        source: 's',
+        type: 'dev.knative.sources.ping',
+      })),
+    );
+    const r = await fetch(`${url}/`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/cloudevents-batch+json' },
+      body,
+    });
     responses.push(await r.text());
     assert.equal(r.status, 200);
     assert.equal(log.entries().filter((e) => e.message === 'resync').length - before, 1);
@@ -489,20 +787,52 @@ describe('errors never carry Secret data (SPEC §15)', () => {
     const admReg = await import('@kubernetes/client-node');
     const vap = a.kc.makeApiClient(admReg.AdmissionregistrationV1Api);
     // A careless policy whose message echoes the Secret's data back to the writer.
-    await vap.createValidatingAdmissionPolicy({ body: { metadata: { name: label }, spec: { failurePolicy: 'Fail', matchConstraints: { resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE', 'UPDATE'], resources: ['secrets'] }] }, validations: [{ expression: 'false', messageExpression: "'rejected data: ' + string(object.data)" }] } } });
+    await vap.createValidatingAdmissionPolicy({
+      body: {
+        metadata: { name: label },
+        spec: {
+          failurePolicy: 'Fail',
+          matchConstraints: {
+            resourceRules: [
+              { apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE', 'UPDATE'], resources: ['secrets'] },
+            ],
+          },
+          validations: [{ expression: 'false', messageExpression: "'rejected data: ' + string(object.data)" }],
+        },
+      },
+    });
     ns.onCleanup(() => vap.deleteValidatingAdmissionPolicy({ name: label }));
-    await vap.createValidatingAdmissionPolicyBinding({ body: { metadata: { name: label }, spec: { policyName: label, validationActions: ['Deny'], matchResources: { namespaceSelector: { matchLabels: { [label]: 'true' } } } } } });
+    await vap.createValidatingAdmissionPolicyBinding({
+      body: {
+        metadata: { name: label },
+        spec: {
+          policyName: label,
+          validationActions: ['Deny'],
+          matchResources: { namespaceSelector: { matchLabels: { [label]: 'true' } } },
+        },
+      },
+    });
     ns.onCleanup(() => vap.deleteValidatingAdmissionPolicyBinding({ name: label }));
     const c = await createConsumer(a, n, 'refused', id);
     // The policy takes a moment to be enforced; until then the write may succeed.
-    await eventually('the policy to refuse the mirror write', async () => {
-      await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n }).catch(() => undefined);
-      const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
-      return r.status === 503 && conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored')?.reason === 'MirrorFailed';
-    }, 60_000);
+    await eventually(
+      'the policy to refuse the mirror write',
+      async () => {
+        await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n }).catch(() => undefined);
+        const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
+        return (
+          r.status === 503 &&
+          conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored')?.reason === 'MirrorFailed'
+        );
+      },
+      60_000,
+    );
     const cond = conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored')!;
     assert.match(cond.message, /HTTP \d{3}.*withheld because the request carried Secret data/);
-    const prep = await fetch(`${url}/prepare`, { method: 'POST', body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'refused' }) });
+    const prep = await fetch(`${url}/prepare`, {
+      method: 'POST',
+      body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'refused' }),
+    });
     const prepText = await prep.text();
     responses.push(prepText);
     assert.equal(prep.status, 409);

@@ -16,7 +16,15 @@ import { ANNOTATION_SOURCE_HASH, mirrorName } from '../../functions/lib/mirror.t
 import { start } from '../../functions/mirror-sync/index.ts';
 import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
-import { conditionOf, createConsumer, deleteConsumer, deleteIdentity, getConsumer, getMirror, putIdentity } from '../helpers/mirror-sync.ts';
+import {
+  conditionOf,
+  createConsumer,
+  deleteConsumer,
+  deleteIdentity,
+  getConsumer,
+  getMirror,
+  putIdentity,
+} from '../helpers/mirror-sync.ts';
 
 const a = admin();
 const ns = namespaces('prepjob');
@@ -31,7 +39,13 @@ let url: string;
 before(async () => {
   source.namespace = await ns.create();
   const b64 = (s: string) => Buffer.from(s).toString('base64');
-  await a.core.createNamespacedSecret({ namespace: source.namespace, body: { metadata: { name: source.name }, data: { AWS_SECRET_ACCESS_KEY: b64(SECRET_VALUES[0]!), TF_VAR_token: b64(SECRET_VALUES[1]!) } } });
+  await a.core.createNamespacedSecret({
+    namespace: source.namespace,
+    body: {
+      metadata: { name: source.name },
+      data: { AWS_SECRET_ACCESS_KEY: b64(SECRET_VALUES[0]!), TF_VAR_token: b64(SECRET_VALUES[1]!) },
+    },
+  });
   fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
   url = `http://127.0.0.1:${fn.port}`;
 });
@@ -45,7 +59,12 @@ async function prepare(c: Consumer): Promise<{ status: number; body: Record<stri
   const res = await fetch(`${url}/prepare`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: c.metadata.namespace, name: c.metadata.name }),
+    body: JSON.stringify({
+      apiVersion: API_VERSION,
+      kind: 'TerraformCluster',
+      namespace: c.metadata.namespace,
+      name: c.metadata.name,
+    }),
   });
   const text = await res.text();
   answers.push(text);
@@ -63,12 +82,18 @@ const terraformJob = (c: Consumer, action: 'apply' | 'destroy'): V1Job => ({
       spec: {
         restartPolicy: 'Never',
         securityContext: { runAsNonRoot: true, runAsUser: 65532 },
-        containers: [{
-          name: 'terraform',
-          image: 'registry.example/captf-terraform:1.0',
-          command: ['captf-runner', '--', 'terraform', action, '-auto-approve', '-input=false'],
-          env: [{ name: 'TF_IN_AUTOMATION', value: '1' }, { name: 'TF_INPUT', value: '0' }, { name: 'KUBE_NAMESPACE', value: c.metadata.namespace! }],
-        }],
+        containers: [
+          {
+            name: 'terraform',
+            image: 'registry.example/captf-terraform:1.0',
+            command: ['captf-runner', '--', 'terraform', action, '-auto-approve', '-input=false'],
+            env: [
+              { name: 'TF_IN_AUTOMATION', value: '1' },
+              { name: 'TF_INPUT', value: '0' },
+              { name: 'KUBE_NAMESPACE', value: c.metadata.namespace! },
+            ],
+          },
+        ],
       },
     },
   },
@@ -78,21 +103,37 @@ const terraformJob = (c: Consumer, action: 'apply' | 'destroy'): V1Job => ({
 async function managerIn(namespace: string): Promise<BatchV1Api> {
   const user = `manager-${suffix()}`;
   const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
-  await rbac.createNamespacedRole({ namespace, body: { metadata: { name: 'terraform-jobs' }, rules: [{ apiGroups: ['batch'], resources: ['jobs'], verbs: ['create', 'get'] }] } });
-  await rbac.createNamespacedRoleBinding({ namespace, body: {
-    metadata: { name: 'terraform-jobs' },
-    roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'terraform-jobs' },
-    subjects: [{ kind: 'User', name: user, apiGroup: 'rbac.authorization.k8s.io' }],
-  } });
+  await rbac.createNamespacedRole({
+    namespace,
+    body: {
+      metadata: { name: 'terraform-jobs' },
+      rules: [{ apiGroups: ['batch'], resources: ['jobs'], verbs: ['create', 'get'] }],
+    },
+  });
+  await rbac.createNamespacedRoleBinding({
+    namespace,
+    body: {
+      metadata: { name: 'terraform-jobs' },
+      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name: 'terraform-jobs' },
+      subjects: [{ kind: 'User', name: user, apiGroup: 'rbac.authorization.k8s.io' }],
+    },
+  });
   const u = await asUser(user);
-  await assert.rejects(u.core.readNamespacedSecret({ name: 'anything', namespace }), (e: unknown) => apiStatus(e) === 403, 'the manager cannot read Secrets');
+  await assert.rejects(
+    u.core.readNamespacedSecret({ name: 'anything', namespace }),
+    (e: unknown) => apiStatus(e) === 403,
+    'the manager cannot read Secrets',
+  );
   return u.kc.makeApiClient(BatchV1Api);
 }
 
 /** Creates the Job only after the RBAC above is in effect (a dry run first, retried). */
 async function createJob(batch: BatchV1Api, job: V1Job): Promise<V1Job> {
   const namespace = job.metadata!.namespace!;
-  await eventually('the manager to be allowed to create Jobs', async () => !!(await batch.createNamespacedJob({ namespace, body: job, dryRun: 'All' })));
+  await eventually(
+    'the manager to be allowed to create Jobs',
+    async () => !!(await batch.createNamespacedJob({ namespace, body: job, dryRun: 'All' })),
+  );
   return batch.createNamespacedJob({ namespace, body: job });
 }
 
@@ -120,11 +161,23 @@ describe('prepare, then the Job (SPEC §5, §11)', () => {
     const mirror = (await getMirror(a, n, identity))!;
     assert.equal(mirror.metadata!.name, secretName, 'the Secret the Job references exists in its namespace');
     assert.equal(mirror.metadata!.annotations![ANNOTATION_SOURCE_HASH], p.body.sourceHash);
-    assert.ok(mirror.metadata!.ownerReferences!.some((o) => o.uid === c.metadata.uid), 'owned by the consumer');
+    assert.ok(
+      mirror.metadata!.ownerReferences!.some((o) => o.uid === c.metadata.uid),
+      'owned by the consumer',
+    );
 
     // The job controller creates the Pod with the same references (it never starts: no kubelet).
-    const jobPod = await eventually('the job controller to create the Pod', async () =>
-      (await a.core.listNamespacedPod({ namespace: n, labelSelector: `batch.kubernetes.io/job-name=${job.metadata!.name}` })).items[0], 120_000);
+    const jobPod = await eventually(
+      'the job controller to create the Pod',
+      async () =>
+        (
+          await a.core.listNamespacedPod({
+            namespace: n,
+            labelSelector: `batch.kubernetes.io/job-name=${job.metadata!.name}`,
+          })
+        ).items[0],
+      120_000,
+    );
     assert.equal(jobPod.spec!.volumes!.find((v) => v.name === CREDENTIALS_VOLUME)!.secret!.secretName, p.body.mirror);
   });
 
@@ -177,7 +230,13 @@ describe('prepare, then the Job (SPEC §5, §11)', () => {
     assert.equal((await prepare(c)).body.reason, 'IdentityNotAllowed');
 
     await dropFinalizer(n, 'cluster-c');
-    await eventually('the consumer to be gone', async () => (await getConsumer(a, n, 'cluster-c').catch((e: unknown) => (apiStatus(e) === 404 ? undefined : Promise.reject(e)))) === undefined);
+    await eventually(
+      'the consumer to be gone',
+      async () =>
+        (await getConsumer(a, n, 'cluster-c').catch((e: unknown) =>
+          apiStatus(e) === 404 ? undefined : Promise.reject(e),
+        )) === undefined,
+    );
     assert.equal(await getMirror(a, n, identity), undefined);
     assert.equal((await prepare(c)).body.reason, 'ObjectNotFound');
   });
@@ -188,5 +247,12 @@ async function dropFinalizer(namespace: string, name: string): Promise<void> {
   const o = await getConsumer(a, namespace, name).catch(() => undefined);
   if (!o?.metadata.finalizers?.length) return;
   o.metadata.finalizers = o.metadata.finalizers.filter((f) => f !== FINALIZER);
-  await a.custom.replaceNamespacedCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters', namespace, name, body: o });
+  await a.custom.replaceNamespacedCustomObject({
+    group: GROUP,
+    version: VERSION,
+    plural: 'terraformclusters',
+    namespace,
+    name,
+    body: o,
+  });
 }

@@ -49,13 +49,24 @@ after(async () => {
 });
 
 /** Asks the API server (SubjectAccessReview) whether `sa` may do `verb` on a resource. */
-async function can(sa: Account, verb: string, resource: string, opts: { group?: string; namespace?: string; subresource?: string } = {}): Promise<boolean> {
+async function can(
+  sa: Account,
+  verb: string,
+  resource: string,
+  opts: { group?: string; namespace?: string; subresource?: string } = {},
+): Promise<boolean> {
   const r = await a.authz.createSubjectAccessReview({
     body: {
       spec: {
         user: `system:serviceaccount:${home}:${sa}`,
         groups: ['system:serviceaccounts', `system:serviceaccounts:${home}`, 'system:authenticated'],
-        resourceAttributes: { verb, resource, group: opts.group ?? '', namespace: opts.namespace ?? 'anywhere', subresource: opts.subresource ?? '' },
+        resourceAttributes: {
+          verb,
+          resource,
+          group: opts.group ?? '',
+          namespace: opts.namespace ?? 'anywhere',
+          subresource: opts.subresource ?? '',
+        },
       },
     },
   });
@@ -103,8 +114,17 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
   ['captf-identity-status', 'delete', 'secrets', '', '', false],
   ['captf-identity-status', 'patch', 'terraformclusters', INFRA, 'status', false],
   ...(['terraformclusters', 'terraformmachines', IDENTITY_PLURAL] as const).flatMap((r) =>
-    (['get', 'list', 'watch', 'create', 'update', 'patch', 'delete'] as const).map((v): [Account, string, string, string, string, boolean] =>
-      ['captf-event-sources', v, r, INFRA, '', ['get', 'list', 'watch'].includes(v)])),
+    (['get', 'list', 'watch', 'create', 'update', 'patch', 'delete'] as const).map(
+      (v): [Account, string, string, string, string, boolean] => [
+        'captf-event-sources',
+        v,
+        r,
+        INFRA,
+        '',
+        ['get', 'list', 'watch'].includes(v),
+      ],
+    ),
+  ),
   ['captf-event-sources', 'watch', 'namespaces', '', '', true],
   ['captf-event-sources', 'delete', 'namespaces', '', '', false],
   ['captf-event-sources', 'get', 'secrets', '', '', false],
@@ -118,14 +138,20 @@ describe('least-privilege RBAC from the rendered manifests', () => {
     const wrong: string[] = [];
     for (const [sa, verb, resource, group, subresource, allowed] of TABLE) {
       const got = await can(sa, verb, resource, { group, subresource });
-      if (got !== allowed) wrong.push(`${sa} ${verb} ${group || 'core'}/${resource}${subresource ? `/${subresource}` : ''}: ${got}, expected ${allowed}`);
+      if (got !== allowed)
+        wrong.push(
+          `${sa} ${verb} ${group || 'core'}/${resource}${subresource ? `/${subresource}` : ''}: ${got}, expected ${allowed}`,
+        );
     }
     assert.deepEqual(wrong, []);
   });
 
   it('real requests: admission cannot read Secrets; identity-status cannot write them; the event-source account only reads what it sources', async () => {
     const n = await ns.create();
-    await a.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: 'creds' }, stringData: { k: 'v' } } });
+    await a.core.createNamespacedSecret({
+      namespace: n,
+      body: { metadata: { name: 'creds' }, stringData: { k: 'v' } },
+    });
     const forbidden = (e: unknown) => apiStatus(e) === 403;
     const adm = kcs.get('captf-admission')!.clients;
     await assert.rejects(adm.core.readNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
@@ -133,8 +159,18 @@ describe('least-privilege RBAC from the rendered manifests', () => {
 
     const st = kcs.get('captf-identity-status')!.clients;
     assert.equal((await st.core.readNamespacedSecret({ name: 'creds', namespace: n })).metadata?.name, 'creds');
-    await assert.rejects(st.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: 'x' }, stringData: { k: 'v' } } }), forbidden);
-    await assert.rejects(st.core.replaceNamespacedSecret({ name: 'creds', namespace: n, body: { metadata: { name: 'creds' }, stringData: { k: 'changed' } } }), forbidden);
+    await assert.rejects(
+      st.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: 'x' }, stringData: { k: 'v' } } }),
+      forbidden,
+    );
+    await assert.rejects(
+      st.core.replaceNamespacedSecret({
+        name: 'creds',
+        namespace: n,
+        body: { metadata: { name: 'creds' }, stringData: { k: 'changed' } },
+      }),
+      forbidden,
+    );
     await assert.rejects(st.core.deleteNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
 
     const src = kcs.get('captf-event-sources')!.clients;
@@ -148,8 +184,16 @@ describe('least-privilege RBAC from the rendered manifests', () => {
     });
     await assert.rejects(src.core.readNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
     await assert.rejects(src.core.listNamespacedConfigMap({ namespace: n }), forbidden);
-    await assert.rejects(src.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: n, plural: 'terraformclusters',
-      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'x' }, spec: {} } }), forbidden);
+    await assert.rejects(
+      src.custom.createNamespacedCustomObject({
+        group: GROUP,
+        version: VERSION,
+        namespace: n,
+        plural: 'terraformclusters',
+        body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'x' }, spec: {} },
+      }),
+      forbidden,
+    );
     // The secret is unchanged.
     const s = await a.core.readNamespacedSecret({ name: 'creds', namespace: n });
     assert.equal(Buffer.from(s.data!.k!, 'base64').toString(), 'v');
@@ -162,17 +206,45 @@ describe('each function works as its ServiceAccount', () => {
     const operator = await ns.create();
     const tenant = await ns.create();
     const idName = `rbac-${suffix()}`;
-    await a.core.createNamespacedSecret({ namespace: operator, body: { metadata: { name: 'creds' }, stringData: { token: 'x' } } });
-    ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }));
-    await a.custom.createClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL,
-      body: { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: idName, labels: { [SCOPE_LABEL]: SCOPE_VALUE } }, spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } } } });
+    await a.core.createNamespacedSecret({
+      namespace: operator,
+      body: { metadata: { name: 'creds' }, stringData: { token: 'x' } },
+    });
+    ns.onCleanup(() =>
+      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }),
+    );
+    await a.custom.createClusterCustomObject({
+      group: GROUP,
+      version: VERSION,
+      plural: IDENTITY_PLURAL,
+      body: {
+        apiVersion: API_VERSION,
+        kind: IDENTITY_KIND,
+        metadata: { name: idName, labels: { [SCOPE_LABEL]: SCOPE_VALUE } },
+        spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } },
+      },
+    });
     const consumer = `tc-${suffix()}`;
-    await a.custom.createNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: tenant, plural: 'terraformclusters',
-      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: consumer }, spec: { identityRef: { name: idName } } } });
+    await a.custom.createNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: tenant,
+      plural: 'terraformclusters',
+      body: {
+        apiVersion: API_VERSION,
+        kind: 'TerraformCluster',
+        metadata: { name: consumer },
+        spec: { identityRef: { name: idName } },
+      },
+    });
     return { operator, tenant, idName, consumer };
   }
 
-  async function startAs<T extends { start(o: object): Promise<FunctionHandle> }>(mod: Promise<T>, sa: Account, env: NodeJS.ProcessEnv = {}) {
+  async function startAs<T extends { start(o: object): Promise<FunctionHandle> }>(
+    mod: Promise<T>,
+    sa: Account,
+    env: NodeJS.ProcessEnv = {},
+  ) {
     const { logger, lines } = captureLogger(sa);
     const fn = await (await mod).start({ port: 0, host: '127.0.0.1', kubeconfig: kcs.get(sa)!.kc, logger, env });
     running.push(fn);
@@ -182,52 +254,113 @@ describe('each function works as its ServiceAccount', () => {
   it('mirror-sync: prepare creates the mirror and writes conditions', async () => {
     const w = await world();
     const { url, lines } = await startAs(import('../../functions/mirror-sync/index.ts'), 'captf-mirror-sync');
-    const res = await fetch(`${url}/prepare`, { method: 'POST', headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: w.tenant, name: w.consumer }) });
+    const res = await fetch(`${url}/prepare`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        apiVersion: API_VERSION,
+        kind: 'TerraformCluster',
+        namespace: w.tenant,
+        name: w.consumer,
+      }),
+    });
     const body = (await res.json()) as { mirror?: string };
     assert.equal(res.status, 200, `${JSON.stringify(body)}\n${lines.join('\n')}`);
     assert.equal(body.mirror, mirrorName(w.idName));
     const mirror = await a.core.readNamespacedSecret({ name: mirrorName(w.idName), namespace: w.tenant });
     assert.equal(mirror.metadata?.ownerReferences?.[0]?.name, w.consumer);
-    const obj = (await a.custom.getNamespacedCustomObject({ group: GROUP, version: VERSION, namespace: w.tenant, plural: 'terraformclusters', name: w.consumer })) as { status?: { conditions?: { type: string; status: string }[] } };
-    assert.ok(obj.status?.conditions?.some((c) => c.type === 'CredentialsMirrored' && c.status === 'True'), JSON.stringify(obj.status));
-    assert.deepEqual(lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)), []);
+    const obj = (await a.custom.getNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: w.tenant,
+      plural: 'terraformclusters',
+      name: w.consumer,
+    })) as { status?: { conditions?: { type: string; status: string }[] } };
+    assert.ok(
+      obj.status?.conditions?.some((c) => c.type === 'CredentialsMirrored' && c.status === 'True'),
+      JSON.stringify(obj.status),
+    );
+    assert.deepEqual(
+      lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)),
+      [],
+    );
   });
 
   it('identity-status: a ping sets Ready and status.namespaces', async () => {
     const w = await world();
-    const { url, lines } = await startAs(import('../../functions/identity-status/index.ts'), 'captf-identity-status', { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${SCOPE_VALUE}` });
+    const { url, lines } = await startAs(import('../../functions/identity-status/index.ts'), 'captf-identity-status', {
+      CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${SCOPE_VALUE}`,
+    });
     const r = await postEvents(`${url}/`, pingEvent('captf-identity-status'));
     assert.ok(r.status >= 200 && r.status < 300, `${r.status} ${r.text}\n${lines.join('\n')}`);
     const id = await eventually('Ready=True on the identity', async () => {
-      const o = (await a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: w.idName })) as { status?: { conditions?: { type: string; status: string }[]; namespaces?: string[] } };
-      return o.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') && o.status.namespaces?.length ? o : undefined;
+      const o = (await a.custom.getClusterCustomObject({
+        group: GROUP,
+        version: VERSION,
+        plural: IDENTITY_PLURAL,
+        name: w.idName,
+      })) as { status?: { conditions?: { type: string; status: string }[]; namespaces?: string[] } };
+      return o.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') && o.status.namespaces?.length
+        ? o
+        : undefined;
     });
     assert.deepEqual(id.status?.namespaces, [w.tenant]);
-    assert.deepEqual(lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)), []);
+    assert.deepEqual(
+      lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)),
+      [],
+    );
   });
 
   it('admission: a SubjectAccessReview decides, and a deletion in use is refused', async () => {
     const w = await world();
-    const { url } = await startAs(import('../../functions/admission/index.ts'), 'captf-admission', { CAPTF_ADMISSION_PLAIN_HTTP: 'true' });
+    const { url } = await startAs(import('../../functions/admission/index.ts'), 'captf-admission', {
+      CAPTF_ADMISSION_PLAIN_HTTP: 'true',
+    });
     const review = (operation: string, username: string, groups: string[], object: unknown, oldObject?: unknown) => ({
       apiVersion: 'admission.k8s.io/v1',
       kind: 'AdmissionReview',
       request: {
-        uid: randomUUID(), operation, userInfo: { username, groups },
-        kind: { group: GROUP, version: VERSION, kind: IDENTITY_KIND }, resource: { group: GROUP, version: VERSION, resource: IDENTITY_PLURAL },
-        name: (object as { metadata: { name: string } } | null)?.metadata.name ?? w.idName, object, oldObject: oldObject ?? null, dryRun: false,
+        uid: randomUUID(),
+        operation,
+        userInfo: { username, groups },
+        kind: { group: GROUP, version: VERSION, kind: IDENTITY_KIND },
+        resource: { group: GROUP, version: VERSION, resource: IDENTITY_PLURAL },
+        name: (object as { metadata: { name: string } } | null)?.metadata.name ?? w.idName,
+        object,
+        oldObject: oldObject ?? null,
+        dryRun: false,
       },
     });
     const post = async (body: unknown) => {
-      const res = await fetch(`${url}/validate`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+      const res = await fetch(`${url}/validate`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
       return ((await res.json()) as { response: { allowed: boolean; status?: { message?: string } } }).response;
     };
-    const identity = { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: `new-${suffix()}` }, spec: { secretRef: { name: 'creds', namespace: w.operator }, allowedNamespaces: { list: [w.tenant] } } };
-    assert.equal((await post(review('CREATE', `nobody-${suffix()}`, ['system:authenticated'], identity))).allowed, false);
-    assert.equal((await post(review('CREATE', 'admin', ['system:masters', 'system:authenticated'], identity))).allowed, true);
+    const identity = {
+      apiVersion: API_VERSION,
+      kind: IDENTITY_KIND,
+      metadata: { name: `new-${suffix()}` },
+      spec: { secretRef: { name: 'creds', namespace: w.operator }, allowedNamespaces: { list: [w.tenant] } },
+    };
+    assert.equal(
+      (await post(review('CREATE', `nobody-${suffix()}`, ['system:authenticated'], identity))).allowed,
+      false,
+    );
+    assert.equal(
+      (await post(review('CREATE', 'admin', ['system:masters', 'system:authenticated'], identity))).allowed,
+      true,
+    );
     // DELETE: the live consumer lookup (list with a field selector) runs with this account.
-    const old = { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name: w.idName }, spec: { secretRef: { name: 'creds', namespace: w.operator } }, status: {} };
+    const old = {
+      apiVersion: API_VERSION,
+      kind: IDENTITY_KIND,
+      metadata: { name: w.idName },
+      spec: { secretRef: { name: 'creds', namespace: w.operator } },
+      status: {},
+    };
     const del = await post(review('DELETE', 'admin', ['system:masters'], null, old));
     assert.equal(del.allowed, false);
     assert.match(del.status?.message ?? '', new RegExp(w.tenant));

@@ -33,11 +33,20 @@ interface Run {
 function runRunner(
   args: string[],
   env: Record<string, string>,
-  opts: { stdin?: Buffer | string; whenStdout?: [text: string, act: (c: ChildProcess) => void]; detached?: boolean; argv0?: string[] } = {},
+  opts: {
+    stdin?: Buffer | string;
+    whenStdout?: [text: string, act: (c: ChildProcess) => void];
+    detached?: boolean;
+    argv0?: string[];
+  } = {},
 ): Promise<Run> {
   return new Promise((resolve, reject) => {
     const argv = opts.argv0 ?? [NODE, RUNNER];
-    const child = spawn(argv[0]!, [...argv.slice(1), ...args], { env, stdio: 'pipe', detached: opts.detached ?? false });
+    const child = spawn(argv[0]!, [...argv.slice(1), ...args], {
+      env,
+      stdio: 'pipe',
+      detached: opts.detached ?? false,
+    });
     const out: Buffer[] = [];
     let err = '';
     let acted = false;
@@ -57,7 +66,11 @@ function runRunner(
 }
 
 const baseEnv = (): Record<string, string> => ({ PATH: process.env.PATH ?? '/usr/bin:/bin' });
-const jsonLines = (stderr: string) => stderr.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>);
+const jsonLines = (stderr: string) =>
+  stderr
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as Record<string, unknown>);
 
 // A command that prints {name: sha256(value)} for its whole environment (values never printed).
 const PRINT_ENV = `const {createHash}=require('node:crypto');const o={};for(const[k,v]of Object.entries(process.env))o[k]=createHash('sha256').update(v).digest('hex');process.stdout.write(JSON.stringify(o))`;
@@ -68,19 +81,33 @@ after(() => rmSync(tmp, { recursive: true, force: true }));
 describe('captf-runner filters the environment', () => {
   it('removes TF_/KUBE_ variables in any case, keeps the three exceptions and everything else, logs names only', async () => {
     const planted = {
-      TF_VAR_token: sentinel(), TF_LOG: sentinel(), TF_CLI_ARGS_apply: sentinel(), KUBE_CONFIG_PATH: sentinel(),
-      tf_var_lower: sentinel(), Kube_Token: sentinel(), 'TF_VAR_a.b': sentinel(), tf_input: sentinel(),
+      TF_VAR_token: sentinel(),
+      TF_LOG: sentinel(),
+      TF_CLI_ARGS_apply: sentinel(),
+      KUBE_CONFIG_PATH: sentinel(),
+      tf_var_lower: sentinel(),
+      Kube_Token: sentinel(),
+      'TF_VAR_a.b': sentinel(),
+      tf_input: sentinel(),
     };
     const kept = {
-      TF_IN_AUTOMATION: '1', TF_INPUT: '0', KUBE_NAMESPACE: 'team-a',
-      AWS_ACCESS_KEY_ID: sentinel(), AWS_SECRET_ACCESS_KEY: sentinel(), 'aws.key': sentinel(), '1token': sentinel(), 'my-key': sentinel(),
-      KUBECONFIG: '/nonexistent', LOG_LEVEL: 'error',
+      TF_IN_AUTOMATION: '1',
+      TF_INPUT: '0',
+      KUBE_NAMESPACE: 'team-a',
+      AWS_ACCESS_KEY_ID: sentinel(),
+      AWS_SECRET_ACCESS_KEY: sentinel(),
+      'aws.key': sentinel(),
+      '1token': sentinel(),
+      'my-key': sentinel(),
+      KUBECONFIG: '/nonexistent',
+      LOG_LEVEL: 'error',
     };
     const r = await runRunner(['--', NODE, '-e', PRINT_ENV], { ...baseEnv(), ...planted, ...kept });
     assert.equal(r.code, 0, r.stderr);
     const seen = JSON.parse(r.stdout.toString()) as Record<string, string>;
     for (const name of Object.keys(planted)) assert.ok(!(name in seen), `${name} reached the command`);
-    for (const [name, value] of Object.entries(kept)) assert.equal(seen[name], sha(value), `${name} reached the command unchanged`);
+    for (const [name, value] of Object.entries(kept))
+      assert.equal(seen[name], sha(value), `${name} reached the command unchanged`);
     assert.equal(seen.PATH, sha(baseEnv().PATH!));
 
     // Exactly one line, even with LOG_LEVEL=error; names sorted; no values anywhere.
@@ -89,19 +116,31 @@ describe('captf-runner filters the environment', () => {
     assert.equal(lines[0]!.message, 'environment filtered');
     assert.equal(lines[0]!.component, 'captf-runner');
     assert.deepEqual(lines[0]!.removed, Object.keys(planted).sort());
-    assertNoSecret(r.stdout.toString() + r.stderr, [...Object.values(planted), ...Object.values(kept).filter((v) => v.startsWith('SENTINEL-'))], 'runner output');
+    assertNoSecret(
+      r.stdout.toString() + r.stderr,
+      [...Object.values(planted), ...Object.values(kept).filter((v) => v.startsWith('SENTINEL-'))],
+      'runner output',
+    );
   });
 
   it('leaves the removed keys readable as files (the credentials volume stands in as a temp dir)', async () => {
     const dir = join(tmp, 'credentials');
-    const files = { TF_VAR_token: sentinel(), KUBE_CONFIG_PATH: sentinel(), 'credentials.json': `{"k":"${sentinel()}"}` };
+    const files = {
+      TF_VAR_token: sentinel(),
+      KUBE_CONFIG_PATH: sentinel(),
+      'credentials.json': `{"k":"${sentinel()}"}`,
+    };
     (await import('node:fs')).mkdirSync(dir);
     for (const [k, v] of Object.entries(files)) {
       writeFileSync(join(dir, k), v);
       chmodSync(join(dir, k), 0o440);
     }
     const read = `const fs=require('node:fs'),{createHash}=require('node:crypto');const o={};for(const f of fs.readdirSync(process.argv[1]))o[f]=createHash('sha256').update(fs.readFileSync(process.argv[1]+'/'+f)).digest('hex');o.envHasToken='TF_VAR_token' in process.env;process.stdout.write(JSON.stringify(o))`;
-    const r = await runRunner(['--', NODE, '-e', read, dir], { ...baseEnv(), TF_VAR_token: files.TF_VAR_token, KUBE_CONFIG_PATH: files.KUBE_CONFIG_PATH });
+    const r = await runRunner(['--', NODE, '-e', read, dir], {
+      ...baseEnv(),
+      TF_VAR_token: files.TF_VAR_token,
+      KUBE_CONFIG_PATH: files.KUBE_CONFIG_PATH,
+    });
     assert.equal(r.code, 0, r.stderr);
     const seen = JSON.parse(r.stdout.toString()) as Record<string, unknown>;
     for (const [k, v] of Object.entries(files)) assert.equal(seen[k], sha(v), `${k} readable as a file`);
@@ -128,7 +167,11 @@ describe('captf-runner passes the command through', () => {
   });
 
   it('exits 128 + n when the command is killed by signal n', async () => {
-    for (const [sig, status] of [['SIGKILL', 137], ['SIGTERM', 143], ['SIGSEGV', 139]] as const) {
+    for (const [sig, status] of [
+      ['SIGKILL', 137],
+      ['SIGTERM', 143],
+      ['SIGSEGV', 139],
+    ] as const) {
       const r = await runRunner(['--', NODE, '-e', `process.kill(process.pid, '${sig}')`], baseEnv());
       assert.equal(r.code, status, sig);
       assert.equal(r.signal, null, 'the runner itself exits normally');
@@ -157,7 +200,9 @@ describe('captf-runner passes the command through', () => {
   for (const [i, sig] of (['SIGTERM', 'SIGINT', 'SIGHUP', 'SIGQUIT'] as const).entries()) {
     it(`forwards ${sig} to the command and exits with the command's status`, async () => {
       const status = 40 + i;
-      const r = await runRunner(['--', NODE, '-e', TRAP(sig, status)], baseEnv(), { whenStdout: ['ready', (c) => c.kill(sig)] });
+      const r = await runRunner(['--', NODE, '-e', TRAP(sig, status)], baseEnv(), {
+        whenStdout: ['ready', (c) => c.kill(sig)],
+      });
       assert.equal(r.stdout.toString(), `ready\ngot ${sig}\n`);
       assert.equal(r.code, status);
       assert.equal(r.signal, null);
@@ -165,9 +210,13 @@ describe('captf-runner passes the command through', () => {
   }
 
   it('forwards SIGTERM to a command without a handler and reports 143 (the runner does not die first)', async () => {
-    const r = await runRunner(['--', NODE, '-e', `process.stdout.write('ready\\n');setInterval(()=>{},1000)`], baseEnv(), {
-      whenStdout: ['ready', (c) => c.kill('SIGTERM')],
-    });
+    const r = await runRunner(
+      ['--', NODE, '-e', `process.stdout.write('ready\\n');setInterval(()=>{},1000)`],
+      baseEnv(),
+      {
+        whenStdout: ['ready', (c) => c.kill('SIGTERM')],
+      },
+    );
     assert.equal(r.code, 143);
     assert.equal(r.signal, null);
   });
@@ -187,8 +236,18 @@ describe('captf-runner refuses clearly', () => {
   const cases: { name: string; args: () => string[]; status: number; message: RegExp }[] = [
     { name: 'no arguments', args: () => [], status: 2, message: /no command given; usage: captf-runner -- <command>/ },
     { name: 'nothing after --', args: () => ['--'], status: 2, message: /no command given after "--"/ },
-    { name: 'a command without --', args: () => ['terraform', 'apply'], status: 2, message: /expected "--" before the command, got "terraform"/ },
-    { name: 'a command that does not exist', args: () => ['--', 'captf-no-such-command-xyz'], status: 127, message: /command not found: captf-no-such-command-xyz/ },
+    {
+      name: 'a command without --',
+      args: () => ['terraform', 'apply'],
+      status: 2,
+      message: /expected "--" before the command, got "terraform"/,
+    },
+    {
+      name: 'a command that does not exist',
+      args: () => ['--', 'captf-no-such-command-xyz'],
+      status: 127,
+      message: /command not found: captf-no-such-command-xyz/,
+    },
     {
       name: 'a file that is not executable',
       args: () => {
@@ -224,7 +283,9 @@ describe('captf-runner as the package bin', () => {
   it('is executable and runs through its #!/usr/bin/env node line with Node 24 on PATH', async () => {
     assert.ok((statSync(RUNNER).mode & 0o111) !== 0, 'functions/runner/index.ts has the executable bit');
     const env = { PATH: `${dirname(NODE)}:${baseEnv().PATH}`, TF_LOG: sentinel() };
-    const r = await runRunner(['--', NODE, '-e', `process.stdout.write(String('TF_LOG' in process.env))`], env, { argv0: [RUNNER] });
+    const r = await runRunner(['--', NODE, '-e', `process.stdout.write(String('TF_LOG' in process.env))`], env, {
+      argv0: [RUNNER],
+    });
     assert.equal(r.code, 0, r.stderr);
     assert.equal(r.stdout.toString(), 'false');
     assert.deepEqual(jsonLines(r.stderr)[0]!.removed, ['TF_LOG']);

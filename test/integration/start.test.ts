@@ -55,7 +55,12 @@ interface StartRun {
 }
 
 function start(args: string[], env: NodeJS.ProcessEnv = {}): StartRun {
-  const child = spawn(process.execPath, [START, ...args], { cwd: REPO, env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env }, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  const child = spawn(process.execPath, [START, ...args], {
+    cwd: REPO,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+    detached: true,
+  });
   running.push(child);
   let out = '';
   child.stdout!.on('data', (d: Buffer) => (out += d.toString()));
@@ -74,7 +79,10 @@ function start(args: string[], env: NodeJS.ProcessEnv = {}): StartRun {
 /** Pids of the direct children of `pid` (from ps). */
 function childrenOf(pid: number): number[] {
   try {
-    return execFileSync('ps', ['-o', 'pid=', '--ppid', String(pid)], { encoding: 'utf8' }).split('\n').map((s) => Number(s.trim())).filter((n) => n > 0);
+    return execFileSync('ps', ['-o', 'pid=', '--ppid', String(pid)], { encoding: 'utf8' })
+      .split('\n')
+      .map((s) => Number(s.trim()))
+      .filter((n) => n > 0);
   } catch {
     return [];
   }
@@ -101,7 +109,9 @@ describe('npm start on an embedded control plane', () => {
     const kc = new KubeConfig();
     kc.loadFromFile(kubeconfig);
     assert.match(kc.getCurrentCluster()!.server, /^https:\/\/127\.0\.0\.1:\d+$/);
-    const vwc = await kc.makeApiClient(AdmissionregistrationV1Api).readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION });
+    const vwc = await kc
+      .makeApiClient(AdmissionregistrationV1Api)
+      .readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION });
     assert.equal(vwc.webhooks?.[0]?.failurePolicy, 'Fail');
     assert.deepEqual(vwc.webhooks?.[0]?.rules?.[0]?.resources, ['terraformclusteridentities']);
 
@@ -112,26 +122,44 @@ describe('npm start on an embedded control plane', () => {
       /mirror-sync\s+TerraformMachine team-c\/dev-worker-0\s+mirrored \(captf-creds-gcp-dev/,
       /identity-status\s+identity gcp-dev\s+Ready=True \(SecretFound\), in use in \[team-c\]/,
     ];
-    await eventually('the readable lines about the examples', async () => expected.every((re) => re.test(run.output())), 60_000);
+    await eventually(
+      'the readable lines about the examples',
+      async () => expected.every((re) => re.test(run.output())),
+      60_000,
+    );
     const core = kc.makeApiClient(CoreV1Api);
-    const mirror = await eventually('the team-b mirror', () => core.readNamespacedSecret({ namespace: 'team-b', name: 'captf-creds-aws-prod' }).catch(() => undefined));
-    assert.deepEqual(mirror.metadata?.ownerReferences?.map((o) => `${o.kind}/${o.name}`), ['TerraformCluster/staging']);
+    const mirror = await eventually('the team-b mirror', () =>
+      core.readNamespacedSecret({ namespace: 'team-b', name: 'captf-creds-aws-prod' }).catch(() => undefined),
+    );
+    assert.deepEqual(
+      mirror.metadata?.ownerReferences?.map((o) => `${o.kind}/${o.name}`),
+      ['TerraformCluster/staging'],
+    );
     // A few resync and status ticks later, nothing new is printed for unchanged objects.
-    const lines = () => run.output().split('\n').filter((l) => /TerraformCluster team-a\/prod\s+mirrored/.test(l)).length;
+    const lines = () =>
+      run
+        .output()
+        .split('\n')
+        .filter((l) => /TerraformCluster team-a\/prod\s+mirrored/.test(l)).length;
     const before = lines();
     await new Promise((r) => setTimeout(r, 7000));
     assert.equal(lines(), before, 'an unchanged reconcile is not printed again');
 
     const pid = run.child.pid!;
     const children = childrenOf(pid);
-    assert.ok(children.length >= 6, `etcd, apiserver, controller-manager and three functions run under it (${children.length})`);
+    assert.ok(
+      children.length >= 6,
+      `etcd, apiserver, controller-manager and three functions run under it (${children.length})`,
+    );
     run.child.kill('SIGINT');
     assert.equal(await run.exited, 0);
     await eventually('every child to be gone', async () => children.every((c) => !alive(c)), 20_000);
     assert.match(run.output(), /SIGINT: stopping/);
 
     // No credential value from the examples appeared in the output.
-    const values = loadExamples().flatMap((o) => Object.values((o as { stringData?: Record<string, string> }).stringData ?? {}));
+    const values = loadExamples().flatMap((o) =>
+      Object.values((o as { stringData?: Record<string, string> }).stringData ?? {}),
+    );
     for (const v of values) assert.ok(!run.output().includes(v), 'no Secret value in the output');
   });
 });
@@ -154,12 +182,17 @@ describe('npm start against a named cluster', () => {
     const banner = await run.ready;
     assert.match(banner, /webhook NOT registered/);
     assert.ok(banner.includes(`export KUBECONFIG=${cp.kubeconfigPath}`));
-    await kc.makeApiClient(AdmissionregistrationV1Api).readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).then(
-      () => assert.fail('no webhook configuration is registered on a named cluster without --install'),
-      (e: unknown) => assert.ok(isNotFound(e)),
-    );
+    await kc
+      .makeApiClient(AdmissionregistrationV1Api)
+      .readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION })
+      .then(
+        () => assert.fail('no webhook configuration is registered on a named cluster without --install'),
+        (e: unknown) => assert.ok(isNotFound(e)),
+      );
     await applyExamples(kc);
-    await eventually('the mirror in team-a', async () => /mirror-sync\s+TerraformCluster team-a\/prod\s+mirrored/.test(run.output()));
+    await eventually('the mirror in team-a', async () =>
+      /mirror-sync\s+TerraformCluster team-a\/prod\s+mirrored/.test(run.output()),
+    );
     run.child.kill('SIGINT');
     assert.equal(await run.exited, 0);
     assert.doesNotMatch(run.output(), /and the control plane/);
@@ -168,7 +201,14 @@ describe('npm start against a named cluster', () => {
 
     // --install on a cluster on this machine registers the webhook, and removes it on exit
     // (left behind, failurePolicy Fail would block every identity write).
-    const installing = start(['--kubeconfig', cp.kubeconfigPath, '--dir', join(work, 'named-state'), '--local-events', '--install']);
+    const installing = start([
+      '--kubeconfig',
+      cp.kubeconfigPath,
+      '--dir',
+      join(work, 'named-state'),
+      '--local-events',
+      '--install',
+    ]);
     assert.match(await installing.ready, /webhook registered/);
     const adm = kc.makeApiClient(AdmissionregistrationV1Api);
     await adm.readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION });

@@ -1,17 +1,33 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { validateIdentitySpec } from '../../functions/lib/identity-spec.ts';
-import { deleteDecision, planReview, secretAccessDecision, secretAccessReview, statusNamespacesOf, type IdentityRequest } from '../../functions/admission/decide.ts';
+import {
+  deleteDecision,
+  planReview,
+  secretAccessDecision,
+  secretAccessReview,
+  statusNamespacesOf,
+  type IdentityRequest,
+} from '../../functions/admission/decide.ts';
 
 const ref = { name: 'creds', namespace: 'captf-system' };
-const identity = (spec: Record<string, unknown>, status?: Record<string, unknown>, labels?: Record<string, string>) => ({
+const identity = (
+  spec: Record<string, unknown>,
+  status?: Record<string, unknown>,
+  labels?: Record<string, string>,
+) => ({
   apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
   kind: 'TerraformClusterIdentity',
   metadata: { name: 'aws', ...(labels ? { labels } : {}) },
   spec,
   ...(status ? { status } : {}),
 });
-const req = (operation: string, object?: unknown, oldObject?: unknown, extra: Partial<IdentityRequest> = {}): IdentityRequest => ({
+const req = (
+  operation: string,
+  object?: unknown,
+  oldObject?: unknown,
+  extra: Partial<IdentityRequest> = {},
+): IdentityRequest => ({
   uid: 'u-1',
   operation,
   name: 'aws',
@@ -24,48 +40,147 @@ const req = (operation: string, object?: unknown, oldObject?: unknown, extra: Pa
 describe('validateIdentitySpec (SPEC §1, §2)', () => {
   const rows: [string, unknown, RegExp | null][] = [
     ['minimal valid spec', { secretRef: ref }, null],
-    ['with list and selector', { secretRef: ref, allowedNamespaces: { list: ['a'], selector: { matchLabels: { x: 'y' } } } }, null],
+    [
+      'with list and selector',
+      { secretRef: ref, allowedNamespaces: { list: ['a'], selector: { matchLabels: { x: 'y' } } } },
+      null,
+    ],
     ['allowedNamespaces null', { secretRef: ref, allowedNamespaces: null }, null],
     ['spec missing', undefined, /^spec: must be an object/],
     ['secretRef missing', {}, /spec\.secretRef: required/],
     ['secretRef.name missing', { secretRef: { namespace: 'ns' } }, /spec\.secretRef\.name: required/],
     ['secretRef.namespace missing', { secretRef: { name: 'n' } }, /spec\.secretRef\.namespace: required/],
     ['secretRef.name empty', { secretRef: { name: '', namespace: 'ns' } }, /spec\.secretRef\.name: required/],
-    ['secretRef.name invalid', { secretRef: { name: 'Bad_Name', namespace: 'ns' } }, /spec\.secretRef\.name: "Bad_Name" is not a valid Secret name/],
+    [
+      'secretRef.name invalid',
+      { secretRef: { name: 'Bad_Name', namespace: 'ns' } },
+      /spec\.secretRef\.name: "Bad_Name" is not a valid Secret name/,
+    ],
     ['secretRef.name may have dots', { secretRef: { name: 'a.b-c', namespace: 'ns' } }, null],
-    ['secretRef.namespace with a dot is invalid', { secretRef: { name: 'n', namespace: 'a.b' } }, /spec\.secretRef\.namespace: "a\.b" is not a valid namespace name/],
-    ['secretRef.namespace too long', { secretRef: { name: 'n', namespace: 'x'.repeat(64) } }, /namespace: .* is not a valid namespace name/],
+    [
+      'secretRef.namespace with a dot is invalid',
+      { secretRef: { name: 'n', namespace: 'a.b' } },
+      /spec\.secretRef\.namespace: "a\.b" is not a valid namespace name/,
+    ],
+    [
+      'secretRef.namespace too long',
+      { secretRef: { name: 'n', namespace: 'x'.repeat(64) } },
+      /namespace: .* is not a valid namespace name/,
+    ],
     ['allowedNamespaces {} rejected', { secretRef: ref, allowedNamespaces: {} }, /\{\} is ambiguous/],
-    ['unknown operator named', { secretRef: ref, allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near', values: ['v'] }] } } }, /matchExpressions\[0\]\.operator: "Near" is not a valid operator/],
-    ['In without values', { secretRef: ref, allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'In' }] } } }, /matchExpressions\[0\]\.values: must be non-empty when operator is In/],
-    ['Exists with values', { secretRef: ref, allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Exists', values: ['v'] }] } } }, /values: must be empty when operator is Exists/],
-    ['bad label key', { secretRef: ref, allowedNamespaces: { selector: { matchLabels: { 'bad key': 'v' } } } }, /matchLabels: key "bad key"/],
-    ['bad label value', { secretRef: ref, allowedNamespaces: { selector: { matchLabels: { k: 'bad value!' } } } }, /matchLabels\["k"\]: value "bad value!"/],
-    ['bad list entry', { secretRef: ref, allowedNamespaces: { list: ['Team_A'] } }, /list\[0\]: "Team_A" is not a valid namespace name/],
+    [
+      'unknown operator named',
+      {
+        secretRef: ref,
+        allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near', values: ['v'] }] } },
+      },
+      /matchExpressions\[0\]\.operator: "Near" is not a valid operator/,
+    ],
+    [
+      'In without values',
+      { secretRef: ref, allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'In' }] } } },
+      /matchExpressions\[0\]\.values: must be non-empty when operator is In/,
+    ],
+    [
+      'Exists with values',
+      {
+        secretRef: ref,
+        allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Exists', values: ['v'] }] } },
+      },
+      /values: must be empty when operator is Exists/,
+    ],
+    [
+      'bad label key',
+      { secretRef: ref, allowedNamespaces: { selector: { matchLabels: { 'bad key': 'v' } } } },
+      /matchLabels: key "bad key"/,
+    ],
+    [
+      'bad label value',
+      { secretRef: ref, allowedNamespaces: { selector: { matchLabels: { k: 'bad value!' } } } },
+      /matchLabels\["k"\]: value "bad value!"/,
+    ],
+    [
+      'bad list entry',
+      { secretRef: ref, allowedNamespaces: { list: ['Team_A'] } },
+      /list\[0\]: "Team_A" is not a valid namespace name/,
+    ],
   ];
   for (const [name, spec, expected] of rows) {
     it(name, () => {
       const errors = validateIdentitySpec(spec);
       if (expected === null) assert.deepEqual(errors, []);
-      else assert.ok(errors.some((e) => expected.test(e)), `${JSON.stringify(errors)} should match ${expected}`);
+      else
+        assert.ok(
+          errors.some((e) => expected.test(e)),
+          `${JSON.stringify(errors)} should match ${expected}`,
+        );
     });
   }
 });
 
 describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', () => {
-  const base = identity({ secretRef: ref, allowedNamespaces: { list: ['a', 'b'], selector: { matchLabels: { env: 'prod' } } } });
+  const base = identity({
+    secretRef: ref,
+    allowedNamespaces: { list: ['a', 'b'], selector: { matchLabels: { env: 'prod' } } },
+  });
   const withSpec = (spec: Record<string, unknown>) => identity(spec);
   const rows: [string, IdentityRequest, 'allow' | 'deny' | 'check-secret-access' | 'check-in-use'][] = [
     ['CREATE valid', req('CREATE', base), 'check-secret-access'],
-    ['CREATE dry run is reviewed the same way', req('CREATE', base, undefined, { dryRun: true }), 'check-secret-access'],
+    [
+      'CREATE dry run is reviewed the same way',
+      req('CREATE', base, undefined, { dryRun: true }),
+      'check-secret-access',
+    ],
     ['CREATE invalid spec', req('CREATE', withSpec({ secretRef: { name: 'x' } })), 'deny'],
     ['CREATE with {}', req('CREATE', withSpec({ secretRef: ref, allowedNamespaces: {} })), 'deny'],
-    ['UPDATE secretRef.name changed', req('UPDATE', withSpec({ ...base.spec, secretRef: { ...ref, name: 'other' } }), base), 'check-secret-access'],
-    ['UPDATE secretRef.namespace changed', req('UPDATE', withSpec({ ...base.spec, secretRef: { ...ref, namespace: 'ops' } }), base), 'check-secret-access'],
-    ['UPDATE list gains a name', req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: { list: ['a', 'b', 'c'], selector: { matchLabels: { env: 'prod' } } } }), base), 'check-secret-access'],
-    ['UPDATE list loses a name', req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: { list: ['a'], selector: { matchLabels: { env: 'prod' } } } }), base), 'allow'],
-    ['UPDATE selector gains a requirement', req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: { list: ['a', 'b'], selector: { matchLabels: { env: 'prod', t: 'x' } } } }), base), 'allow'],
-    ['UPDATE selector loses a requirement', req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: { list: ['a', 'b'], selector: {} } }), base), 'check-secret-access'],
+    [
+      'UPDATE secretRef.name changed',
+      req('UPDATE', withSpec({ ...base.spec, secretRef: { ...ref, name: 'other' } }), base),
+      'check-secret-access',
+    ],
+    [
+      'UPDATE secretRef.namespace changed',
+      req('UPDATE', withSpec({ ...base.spec, secretRef: { ...ref, namespace: 'ops' } }), base),
+      'check-secret-access',
+    ],
+    [
+      'UPDATE list gains a name',
+      req(
+        'UPDATE',
+        withSpec({
+          secretRef: ref,
+          allowedNamespaces: { list: ['a', 'b', 'c'], selector: { matchLabels: { env: 'prod' } } },
+        }),
+        base,
+      ),
+      'check-secret-access',
+    ],
+    [
+      'UPDATE list loses a name',
+      req(
+        'UPDATE',
+        withSpec({ secretRef: ref, allowedNamespaces: { list: ['a'], selector: { matchLabels: { env: 'prod' } } } }),
+        base,
+      ),
+      'allow',
+    ],
+    [
+      'UPDATE selector gains a requirement',
+      req(
+        'UPDATE',
+        withSpec({
+          secretRef: ref,
+          allowedNamespaces: { list: ['a', 'b'], selector: { matchLabels: { env: 'prod', t: 'x' } } },
+        }),
+        base,
+      ),
+      'allow',
+    ],
+    [
+      'UPDATE selector loses a requirement',
+      req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: { list: ['a', 'b'], selector: {} } }), base),
+      'check-secret-access',
+    ],
     ['UPDATE metadata only', req('UPDATE', identity(base.spec, undefined, { team: 'x' }), base), 'allow'],
     ['UPDATE to an invalid spec', req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: {} }), base), 'deny'],
     ['UPDATE of the status subresource', req('UPDATE', base, base, { subResource: 'status' }), 'allow'],
@@ -79,7 +194,9 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   }
 
   it('asks about the new Secret when secretRef changes', () => {
-    const plan = planReview(req('UPDATE', withSpec({ ...base.spec, secretRef: { name: 'new', namespace: 'ops' } }), base));
+    const plan = planReview(
+      req('UPDATE', withSpec({ ...base.spec, secretRef: { name: 'new', namespace: 'ops' } }), base),
+    );
     assert.equal(plan.action, 'check-secret-access');
     if (plan.action === 'check-secret-access') {
       assert.deepEqual(plan.secret, { namespace: 'ops', name: 'new' });
@@ -88,12 +205,31 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   });
 
   it('names the widening in the rule', () => {
-    const plan = planReview(req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: { list: ['a', 'b', 'zz'], selector: { matchLabels: { env: 'prod' } } } }), base));
-    assert.ok(plan.action === 'check-secret-access' && /widening spec\.allowedNamespaces \(list gains zz\)/.test(plan.rule));
+    const plan = planReview(
+      req(
+        'UPDATE',
+        withSpec({
+          secretRef: ref,
+          allowedNamespaces: { list: ['a', 'b', 'zz'], selector: { matchLabels: { env: 'prod' } } },
+        }),
+        base,
+      ),
+    );
+    assert.ok(
+      plan.action === 'check-secret-access' && /widening spec\.allowedNamespaces \(list gains zz\)/.test(plan.rule),
+    );
   });
 
   it('an invalid spec is denied with 422 naming the bad part', () => {
-    const plan = planReview(req('CREATE', withSpec({ secretRef: ref, allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } } })));
+    const plan = planReview(
+      req(
+        'CREATE',
+        withSpec({
+          secretRef: ref,
+          allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } },
+        }),
+      ),
+    );
     assert.ok(plan.action === 'deny');
     if (plan.action === 'deny') {
       assert.equal(plan.decision.code, 422);
@@ -127,11 +263,19 @@ describe('secretAccessDecision', () => {
     assert.equal(secretAccessDecision('alice', secret, 'rule', { status: {} }).allowed, false);
   });
   it('a denial names the user, verb, Secret and rule', () => {
-    const d = secretAccessDecision('alice', secret, 'creating an identity requires permission to get the Secret it names', { status: { allowed: false, reason: 'no RBAC policy matched' } });
+    const d = secretAccessDecision(
+      'alice',
+      secret,
+      'creating an identity requires permission to get the Secret it names',
+      { status: { allowed: false, reason: 'no RBAC policy matched' } },
+    );
     assert.ok(!d.allowed);
     if (!d.allowed) {
       assert.equal(d.code, 403);
-      assert.match(d.message, /user "alice" may not get Secret captf-system\/creds: creating an identity requires permission/);
+      assert.match(
+        d.message,
+        /user "alice" may not get Secret captf-system\/creds: creating an identity requires permission/,
+      );
       assert.match(d.message, /no RBAC policy matched/);
     }
   });
@@ -145,7 +289,11 @@ describe('deleteDecision (SPEC §10)', () => {
   it('unused → allowed', () => assert.equal(deleteDecision('aws', 'bob', [], []).allowed, true));
   it('status namespaces → refused, listing them', () => {
     const d = deleteDecision('aws', 'bob', ['t-b', 't-a'], []);
-    assert.ok(!d.allowed && /in use in namespace\(s\) t-a, t-b/.test(d.message) && /user "bob" may not delete TerraformClusterIdentity "aws"/.test(d.message));
+    assert.ok(
+      !d.allowed &&
+        /in use in namespace\(s\) t-a, t-b/.test(d.message) &&
+        /user "bob" may not delete TerraformClusterIdentity "aws"/.test(d.message),
+    );
   });
   it('a live consumer with empty status → refused', () => {
     const d = deleteDecision('aws', 'bob', [], ['t-c', 't-c']);
@@ -164,16 +312,35 @@ describe('deleteDecision (SPEC §10)', () => {
 describe('secretAccessReview: the SubjectAccessReview copies the requesting user', () => {
   const secret = { namespace: 'captf-system', name: 'creds' };
   it('copies user, groups, uid and extra, and asks for get on the named Secret', () => {
-    assert.deepEqual(secretAccessReview({ username: 'alice', uid: 'u-1', groups: ['a', 'system:authenticated'], extra: { scopes: ['x', 'y'] } }, secret), {
-      apiVersion: 'authorization.k8s.io/v1',
-      kind: 'SubjectAccessReview',
-      spec: {
-        user: 'alice', uid: 'u-1', groups: ['a', 'system:authenticated'], extra: { scopes: ['x', 'y'] },
-        resourceAttributes: { group: '', version: 'v1', resource: 'secrets', verb: 'get', namespace: 'captf-system', name: 'creds' },
+    assert.deepEqual(
+      secretAccessReview(
+        { username: 'alice', uid: 'u-1', groups: ['a', 'system:authenticated'], extra: { scopes: ['x', 'y'] } },
+        secret,
+      ),
+      {
+        apiVersion: 'authorization.k8s.io/v1',
+        kind: 'SubjectAccessReview',
+        spec: {
+          user: 'alice',
+          uid: 'u-1',
+          groups: ['a', 'system:authenticated'],
+          extra: { scopes: ['x', 'y'] },
+          resourceAttributes: {
+            group: '',
+            version: 'v1',
+            resource: 'secrets',
+            verb: 'get',
+            namespace: 'captf-system',
+            name: 'creds',
+          },
+        },
       },
-    });
+    );
   });
   it('leaves out what the user does not have', () => {
-    assert.deepEqual(Object.keys(secretAccessReview({ username: 'bob', groups: [], extra: {} }, secret).spec), ['user', 'resourceAttributes']);
+    assert.deepEqual(Object.keys(secretAccessReview({ username: 'bob', groups: [], extra: {} }, secret).spec), [
+      'user',
+      'resourceAttributes',
+    ]);
   });
 });

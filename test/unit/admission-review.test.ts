@@ -3,22 +3,45 @@ import { describe, it } from 'node:test';
 import { admissionConfigFromEnv } from '../../functions/admission/index.ts';
 import { parseReview, reviewResponse } from '../../functions/admission/admission-review.ts';
 
-const review = (request: unknown, over: Record<string, unknown> = {}) => JSON.stringify({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request, ...over });
-const good = { uid: 'abc', operation: 'CREATE', name: 'aws', userInfo: { username: 'alice', uid: 'u1', groups: ['g'], extra: { scopes: ['a', 'b'] } }, object: { spec: {} }, dryRun: true };
+const review = (request: unknown, over: Record<string, unknown> = {}) =>
+  JSON.stringify({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request, ...over });
+const good = {
+  uid: 'abc',
+  operation: 'CREATE',
+  name: 'aws',
+  userInfo: { username: 'alice', uid: 'u1', groups: ['g'], extra: { scopes: ['a', 'b'] } },
+  object: { spec: {} },
+  dryRun: true,
+};
 
 describe('parseReview: malformed reviews get a 400 or a denial echoing the uid', () => {
   const rows: [string, unknown, 400 | 'deny', RegExp][] = [
     ['empty body', '', 400, /empty/],
     ['not JSON', '{nope', 400, /not JSON/],
     ['a JSON array', '[]', 400, /not a JSON object/],
-    ['wrong apiVersion', review(good, { apiVersion: 'admission.k8s.io/v1beta1' }), 400, /expected apiVersion admission\.k8s\.io\/v1 .*"admission\.k8s\.io\/v1beta1"/],
+    [
+      'wrong apiVersion',
+      review(good, { apiVersion: 'admission.k8s.io/v1beta1' }),
+      400,
+      /expected apiVersion admission\.k8s\.io\/v1 .*"admission\.k8s\.io\/v1beta1"/,
+    ],
     ['wrong kind', review(good, { kind: 'Pod' }), 400, /kind AdmissionReview/],
     ['missing request', review(undefined), 400, /has no request/],
     ['missing uid', review({ ...good, uid: undefined }), 400, /no uid/],
     ['missing userInfo', review({ ...good, userInfo: undefined }), 'deny', /request\.userInfo is missing/],
     ['userInfo without username', review({ ...good, userInfo: { groups: [] } }), 'deny', /username is missing/],
-    ['groups not strings', review({ ...good, userInfo: { username: 'a', groups: [1] } }), 'deny', /groups must be a list of strings/],
-    ['extra not lists', review({ ...good, userInfo: { username: 'a', extra: { k: 'v' } } }), 'deny', /extra\["k"\] must be a list/],
+    [
+      'groups not strings',
+      review({ ...good, userInfo: { username: 'a', groups: [1] } }),
+      'deny',
+      /groups must be a list of strings/,
+    ],
+    [
+      'extra not lists',
+      review({ ...good, userInfo: { username: 'a', extra: { k: 'v' } } }),
+      'deny',
+      /extra\["k"\] must be a list/,
+    ],
     ['missing operation', review({ ...good, operation: undefined }), 'deny', /operation is missing/],
   ];
   for (const [name, body, expected, message] of rows) {
@@ -48,7 +71,12 @@ describe('parseReview: malformed reviews get a 400 or a denial echoing the uid',
     const p = parseReview(review(good));
     assert.ok(p.ok);
     if (p.ok) {
-      assert.deepEqual(p.request.userInfo, { username: 'alice', uid: 'u1', groups: ['g'], extra: { scopes: ['a', 'b'] } });
+      assert.deepEqual(p.request.userInfo, {
+        username: 'alice',
+        uid: 'u1',
+        groups: ['g'],
+        extra: { scopes: ['a', 'b'] },
+      });
       assert.equal(p.request.dryRun, true);
       assert.equal(p.request.operation, 'CREATE');
       assert.equal(p.request.name, 'aws');
@@ -59,7 +87,9 @@ describe('parseReview: malformed reviews get a 400 or a denial echoing the uid',
 describe('reviewResponse', () => {
   it('echoes the uid and carries the status of a denial', () => {
     assert.deepEqual(reviewResponse('x', { allowed: false, code: 403, reason: 'Forbidden', message: 'm' }), {
-      apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', response: { uid: 'x', allowed: false, status: { code: 403, reason: 'Forbidden', message: 'm' } },
+      apiVersion: 'admission.k8s.io/v1',
+      kind: 'AdmissionReview',
+      response: { uid: 'x', allowed: false, status: { code: 403, reason: 'Forbidden', message: 'm' } },
     });
     assert.deepEqual(reviewResponse('y', { allowed: true, why: 'ok' }).response, { uid: 'y', allowed: true });
   });
@@ -67,10 +97,20 @@ describe('reviewResponse', () => {
 
 describe('admissionConfigFromEnv', () => {
   it('defaults to cert-manager file names and HTTPS', () => {
-    assert.deepEqual(admissionConfigFromEnv({}), { plainHttp: false, certFile: '/var/run/captf/tls/tls.crt', keyFile: '/var/run/captf/tls/tls.key', reloadMs: 10_000 });
+    assert.deepEqual(admissionConfigFromEnv({}), {
+      plainHttp: false,
+      certFile: '/var/run/captf/tls/tls.crt',
+      keyFile: '/var/run/captf/tls/tls.key',
+      reloadMs: 10_000,
+    });
   });
   it('reads the flag and paths', () => {
-    const c = admissionConfigFromEnv({ CAPTF_ADMISSION_PLAIN_HTTP: 'true', CAPTF_TLS_CERT_FILE: '/c', CAPTF_TLS_KEY_FILE: '/k', CAPTF_TLS_RELOAD_MS: '200' });
+    const c = admissionConfigFromEnv({
+      CAPTF_ADMISSION_PLAIN_HTTP: 'true',
+      CAPTF_TLS_CERT_FILE: '/c',
+      CAPTF_TLS_KEY_FILE: '/k',
+      CAPTF_TLS_RELOAD_MS: '200',
+    });
     assert.deepEqual(c, { plainHttp: true, certFile: '/c', keyFile: '/k', reloadMs: 200 });
   });
   it('rejects bad values by name', () => {

@@ -7,7 +7,11 @@ import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { apiServerEvent, pingEvent } from '../helpers/events.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
-const cluster = { apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformCluster', metadata: { name: 'c', namespace: 'team', uid: 'u-1', labels: { a: 'b' } } };
+const cluster = {
+  apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+  kind: 'TerraformCluster',
+  metadata: { name: 'c', namespace: 'team', uid: 'u-1', labels: { a: 'b' } },
+};
 const parseBinary = (e: CloudEvent<unknown>) => {
   const m = HTTP.binary(e);
   return parseCloudEvents(m.headers as Record<string, string>, m.body as string);
@@ -16,23 +20,51 @@ const parseBinary = (e: CloudEvent<unknown>) => {
 describe('CloudEvents parsing and classification (SPEC §12)', () => {
   it('Resource mode: the object names itself, UID and labels known', () => {
     const [e] = parseBinary(apiServerEvent(cluster, 'resource', 'add', 'terraformclusters'));
-    assert.deepEqual(classifyEvent(e!, kinds), { type: 'object', id: e!.id, verb: 'add', mode: 'resource', target: 'consumer', ref: { apiVersion: cluster.apiVersion, kind: 'TerraformCluster', name: 'c', namespace: 'team', uid: 'u-1' }, labels: { a: 'b' } });
+    assert.deepEqual(classifyEvent(e!, kinds), {
+      type: 'object',
+      id: e!.id,
+      verb: 'add',
+      mode: 'resource',
+      target: 'consumer',
+      ref: { apiVersion: cluster.apiVersion, kind: 'TerraformCluster', name: 'c', namespace: 'team', uid: 'u-1' },
+      labels: { a: 'b' },
+    });
   });
   it('Reference mode: data is the reference, no UID', () => {
     const [e] = parseBinary(apiServerEvent(cluster, 'ref', 'delete', 'terraformclusters'));
     const r = classifyEvent(e!, kinds);
-    assert.ok(r.type === 'object' && r.mode === 'ref' && r.verb === 'delete' && r.ref.uid === undefined && r.ref.namespace === 'team');
+    assert.ok(
+      r.type === 'object' &&
+        r.mode === 'ref' &&
+        r.verb === 'delete' &&
+        r.ref.uid === undefined &&
+        r.ref.namespace === 'team',
+    );
   });
   it('classifies identities, namespaces, Secrets and other kinds', () => {
     const t = (o: { apiVersion: string; kind: string; metadata: { name: string; namespace?: string } }) => {
       const r = classifyEvent(parseBinary(apiServerEvent(o, 'ref', 'update', 'x'))[0]!, kinds);
       return r.type === 'object' ? r.target : 'ping';
     };
-    assert.equal(t({ apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformClusterIdentity', metadata: { name: 'i' } }), 'identity');
+    assert.equal(
+      t({
+        apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+        kind: 'TerraformClusterIdentity',
+        metadata: { name: 'i' },
+      }),
+      'identity',
+    );
     assert.equal(t({ apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'n' } }), 'namespace');
     assert.equal(t({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 's', namespace: 'n' } }), 'secret');
     assert.equal(t({ apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'd', namespace: 'n' } }), 'other');
-    assert.equal(t({ apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformMachine', metadata: { name: 'm', namespace: 'n' } }), 'consumer');
+    assert.equal(
+      t({
+        apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+        kind: 'TerraformMachine',
+        metadata: { name: 'm', namespace: 'n' },
+      }),
+      'consumer',
+    );
   });
   it('a ping is a ping, in structured mode too', () => {
     const m = HTTP.structured(pingEvent());
@@ -40,28 +72,52 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
     assert.equal(classifyEvent(e!, kinds).type, 'ping');
   });
   it('a batch yields each event', () => {
-    const body = JSON.stringify([pingEvent().toJSON(), apiServerEvent(cluster, 'ref', 'add', 'terraformclusters').toJSON()]);
+    const body = JSON.stringify([
+      pingEvent().toJSON(),
+      apiServerEvent(cluster, 'ref', 'add', 'terraformclusters').toJSON(),
+    ]);
     assert.equal(parseCloudEvents({ 'content-type': 'application/cloudevents-batch+json' }, body).length, 2);
   });
   it('rejects what is not a usable CloudEvent, saying why', () => {
     assert.throws(() => parseCloudEvents({ 'content-type': 'application/json' }, '{}'), BadEventError);
-    assert.throws(() => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '1.0', 'ce-source': 's' }, ''), /invalid CloudEvent/);
-    assert.throws(() => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '0.3', 'ce-source': 's', 'ce-type': 't' }, ''), /specversion 0.3 is not supported/);
-    const typed = (type: string, data: unknown) => new CloudEvent<unknown>({ id: '1', source: 's', type, datacontenttype: 'application/json', data });
+    assert.throws(
+      () => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '1.0', 'ce-source': 's' }, ''),
+      /invalid CloudEvent/,
+    );
+    assert.throws(
+      () => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '0.3', 'ce-source': 's', 'ce-type': 't' }, ''),
+      /specversion 0.3 is not supported/,
+    );
+    const typed = (type: string, data: unknown) =>
+      new CloudEvent<unknown>({ id: '1', source: 's', type, datacontenttype: 'application/json', data });
     assert.throws(() => classifyEvent(typed('com.example.x', {}), kinds), /unsupported event type/);
     assert.throws(() => classifyEvent(typed('dev.knative.apiserver.ref.patch', {}), kinds), /unsupported event type/);
-    assert.throws(() => classifyEvent(typed('dev.knative.apiserver.ref.add', { kind: 'X' }), kinds), /must name the object/);
-    assert.throws(() => classifyEvent(typed('dev.knative.apiserver.ref.add', 'text'), kinds), /data is not JSON|must be a JSON object/);
+    assert.throws(
+      () => classifyEvent(typed('dev.knative.apiserver.ref.add', { kind: 'X' }), kinds),
+      /must name the object/,
+    );
+    assert.throws(
+      () => classifyEvent(typed('dev.knative.apiserver.ref.add', 'text'), kinds),
+      /data is not JSON|must be a JSON object/,
+    );
   });
 });
 
 describe('consumer kinds from configuration (SPEC §1)', () => {
   it('defaults to the two shipped kinds and parses group/version/Kind[/plural]', () => {
     assert.deepEqual(consumerKindsFromEnv({}), [...DEFAULT_CONSUMER_KINDS]);
-    assert.deepEqual(consumerKindsFromEnv({ CAPTF_CONSUMER_KINDS: 'example.io/v1/TerraformBucket, example.io/v2/TerraformQueue/queues' }), [
-      { group: 'example.io', version: 'v1', kind: 'TerraformBucket', plural: 'terraformbuckets' },
-      { group: 'example.io', version: 'v2', kind: 'TerraformQueue', plural: 'queues' },
-    ]);
-    assert.throws(() => consumerKindsFromEnv({ CAPTF_CONSUMER_KINDS: 'TerraformCluster' }), /"TerraformCluster" is not group\/version\/Kind/);
+    assert.deepEqual(
+      consumerKindsFromEnv({
+        CAPTF_CONSUMER_KINDS: 'example.io/v1/TerraformBucket, example.io/v2/TerraformQueue/queues',
+      }),
+      [
+        { group: 'example.io', version: 'v1', kind: 'TerraformBucket', plural: 'terraformbuckets' },
+        { group: 'example.io', version: 'v2', kind: 'TerraformQueue', plural: 'queues' },
+      ],
+    );
+    assert.throws(
+      () => consumerKindsFromEnv({ CAPTF_CONSUMER_KINDS: 'TerraformCluster' }),
+      /"TerraformCluster" is not group\/version\/Kind/,
+    );
   });
 });

@@ -1,15 +1,34 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Condition } from '../../functions/lib/api.ts';
-import { conditionChanged, getCondition, removeCondition, rfc3339, setCondition } from '../../functions/lib/conditions.ts';
+import {
+  conditionChanged,
+  getCondition,
+  removeCondition,
+  rfc3339,
+  setCondition,
+} from '../../functions/lib/conditions.ts';
 
 const t1 = new Date('2026-01-01T00:00:00.123Z');
 const t2 = new Date('2026-01-02T00:00:00Z');
 
 describe('conditions (SPEC §16, Cluster API util/conditions)', () => {
   it('adds a new condition with lastTransitionTime = now (RFC 3339, seconds)', () => {
-    const out = setCondition(undefined, { type: 'Ready', status: 'True', reason: 'SecretFound', message: 'm', observedGeneration: 2 }, t1);
-    assert.deepEqual(out, [{ type: 'Ready', status: 'True', reason: 'SecretFound', message: 'm', observedGeneration: 2, lastTransitionTime: '2026-01-01T00:00:00Z' }]);
+    const out = setCondition(
+      undefined,
+      { type: 'Ready', status: 'True', reason: 'SecretFound', message: 'm', observedGeneration: 2 },
+      t1,
+    );
+    assert.deepEqual(out, [
+      {
+        type: 'Ready',
+        status: 'True',
+        reason: 'SecretFound',
+        message: 'm',
+        observedGeneration: 2,
+        lastTransitionTime: '2026-01-01T00:00:00Z',
+      },
+    ]);
   });
   it('keeps lastTransitionTime when only reason or message changes', () => {
     const a = setCondition([], { type: 'X', status: 'False', reason: 'A', message: 'a' }, t1);
@@ -22,8 +41,14 @@ describe('conditions (SPEC §16, Cluster API util/conditions)', () => {
     const b = setCondition(a, { type: 'X', status: 'True', reason: 'A', message: 'a' }, t2);
     assert.equal(b[0]!.lastTransitionTime, rfc3339(t2));
   });
-  it('leaves other writers\' conditions and their order alone, and does not mutate input', () => {
-    const theirs: Condition = { type: 'Provisioned', status: 'True', reason: 'Done', message: '', lastTransitionTime: '2025-01-01T00:00:00Z' };
+  it("leaves other writers' conditions and their order alone, and does not mutate input", () => {
+    const theirs: Condition = {
+      type: 'Provisioned',
+      status: 'True',
+      reason: 'Done',
+      message: '',
+      lastTransitionTime: '2025-01-01T00:00:00Z',
+    };
     const input = [theirs];
     const out = setCondition(input, { type: 'X', status: 'True', reason: 'R', message: '' }, t1);
     assert.deepEqual(out[0], theirs);
@@ -33,9 +58,18 @@ describe('conditions (SPEC §16, Cluster API util/conditions)', () => {
   });
   it('conditionChanged compares what a reader sees, not the timestamp', () => {
     const a = setCondition([], { type: 'X', status: 'True', reason: 'R', message: 'm', observedGeneration: 1 }, t1);
-    assert.equal(conditionChanged(a, { type: 'X', status: 'True', reason: 'R', message: 'm', observedGeneration: 1 }), false);
-    assert.equal(conditionChanged(a, { type: 'X', status: 'True', reason: 'R', message: 'm2', observedGeneration: 1 }), true);
-    assert.equal(conditionChanged(a, { type: 'X', status: 'True', reason: 'R', message: 'm', observedGeneration: 2 }), true);
+    assert.equal(
+      conditionChanged(a, { type: 'X', status: 'True', reason: 'R', message: 'm', observedGeneration: 1 }),
+      false,
+    );
+    assert.equal(
+      conditionChanged(a, { type: 'X', status: 'True', reason: 'R', message: 'm2', observedGeneration: 1 }),
+      true,
+    );
+    assert.equal(
+      conditionChanged(a, { type: 'X', status: 'True', reason: 'R', message: 'm', observedGeneration: 2 }),
+      true,
+    );
     assert.equal(conditionChanged(a, { type: 'Y', status: 'True', reason: 'R', message: 'm' }), true);
   });
 });

@@ -2,14 +2,21 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { V1Job, V1PodSpec } from '@kubernetes/client-node';
 import {
-  CREDENTIALS_FILE_MODE, CREDENTIALS_MOUNT_PATH, CREDENTIALS_VOLUME, DEFAULT_FS_GROUP,
-  credentialDelivery, jobWithCredentials, withCredentialDelivery,
+  CREDENTIALS_FILE_MODE,
+  CREDENTIALS_MOUNT_PATH,
+  CREDENTIALS_VOLUME,
+  DEFAULT_FS_GROUP,
+  credentialDelivery,
+  jobWithCredentials,
+  withCredentialDelivery,
 } from '../../functions/lib/delivery.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 
 const pod = (over: Partial<V1PodSpec> = {}): V1PodSpec => ({
   restartPolicy: 'Never',
-  containers: [{ name: 'terraform', image: 'example.invalid/captf:dev', command: ['captf-runner', '--', 'terraform', 'apply'] }],
+  containers: [
+    { name: 'terraform', image: 'example.invalid/captf:dev', command: ['captf-runner', '--', 'terraform', 'apply'] },
+  ],
   ...over,
 });
 
@@ -21,7 +28,12 @@ describe('credentialDelivery (SPEC §11)', () => {
       containerName: 'terraform',
       envFrom: [{ secretRef: { name: 'captf-creds-aws-prod', optional: false } }],
       volumeMounts: [{ name: 'captf-credentials', mountPath: '/var/run/captf/credentials', readOnly: true }],
-      volumes: [{ name: 'captf-credentials', secret: { secretName: 'captf-creds-aws-prod', defaultMode: 288, optional: false } }],
+      volumes: [
+        {
+          name: 'captf-credentials',
+          secret: { secretName: 'captf-creds-aws-prod', defaultMode: 288, optional: false },
+        },
+      ],
       securityContext: { fsGroup: DEFAULT_FS_GROUP },
     });
     assert.equal(CREDENTIALS_FILE_MODE, 0o440);
@@ -40,7 +52,11 @@ describe('credentialDelivery (SPEC §11)', () => {
   it('takes a chosen fsGroup and refuses ones the API server or a non-root runner cannot use', () => {
     assert.equal(credentialDelivery('a', undefined, { fsGroup: 1000 }).securityContext.fsGroup, 1000);
     for (const bad of [0, -1, 1.5, 2 ** 31, Number.NaN]) {
-      assert.throws(() => credentialDelivery('a', undefined, { fsGroup: bad }), /fsGroup must be an integer/, String(bad));
+      assert.throws(
+        () => credentialDelivery('a', undefined, { fsGroup: bad }),
+        /fsGroup must be an integer/,
+        String(bad),
+      );
     }
     assert.throws(() => credentialDelivery(''), /identityName is required/);
   });
@@ -55,7 +71,9 @@ describe('withCredentialDelivery', () => {
     const c = out.containers[0]!;
     assert.deepEqual(c.envFrom, [{ secretRef: { name: 'captf-creds-aws', optional: false } }]);
     assert.deepEqual(c.volumeMounts, [{ name: CREDENTIALS_VOLUME, mountPath: CREDENTIALS_MOUNT_PATH, readOnly: true }]);
-    assert.deepEqual(out.volumes, [{ name: CREDENTIALS_VOLUME, secret: { secretName: 'captf-creds-aws', defaultMode: 288, optional: false } }]);
+    assert.deepEqual(out.volumes, [
+      { name: CREDENTIALS_VOLUME, secret: { secretName: 'captf-creds-aws', defaultMode: 288, optional: false } },
+    ]);
     assert.deepEqual(out.securityContext, { runAsNonRoot: true, runAsUser: 10001, fsGroup: DEFAULT_FS_GROUP });
     assert.deepEqual(c.command, input.containers[0]!.command);
   });
@@ -63,17 +81,26 @@ describe('withCredentialDelivery', () => {
   it('gives the credentials to the named container only (not sidecars or init containers)', () => {
     const input = pod({
       initContainers: [{ name: 'fetch-modules', image: 'busybox' }],
-      containers: [{ name: 'log-shipper', image: 'busybox' }, { name: 'terraform', image: 'tf', envFrom: [{ configMapRef: { name: 'settings' } }] }],
+      containers: [
+        { name: 'log-shipper', image: 'busybox' },
+        { name: 'terraform', image: 'tf', envFrom: [{ configMapRef: { name: 'settings' } }] },
+      ],
     });
     const out = withCredentialDelivery(input, credentialDelivery('aws', 'terraform'));
     assert.deepEqual(out.initContainers, input.initContainers);
     assert.deepEqual(out.containers[0], input.containers[0]);
     // Appended after existing sources, so the mirror wins over them; the container's env still wins over both.
-    assert.deepEqual(out.containers[1]!.envFrom, [{ configMapRef: { name: 'settings' } }, { secretRef: { name: 'captf-creds-aws', optional: false } }]);
+    assert.deepEqual(out.containers[1]!.envFrom, [
+      { configMapRef: { name: 'settings' } },
+      { secretRef: { name: 'captf-creds-aws', optional: false } },
+    ]);
   });
 
   it('keeps an fsGroup the pod already sets', () => {
-    const out = withCredentialDelivery(pod({ securityContext: { fsGroup: 2000 } }), credentialDelivery('aws', undefined, { fsGroup: 3000 }));
+    const out = withCredentialDelivery(
+      pod({ securityContext: { fsGroup: 2000 } }),
+      credentialDelivery('aws', undefined, { fsGroup: 3000 }),
+    );
     assert.equal(out.securityContext!.fsGroup, 2000);
   });
 
@@ -85,7 +112,11 @@ describe('withCredentialDelivery', () => {
 
   const refusals: { name: string; spec: V1PodSpec; container?: string; error: RegExp }[] = [
     { name: 'no container of that name', spec: pod(), container: 'tf', error: /no container named "tf"/ },
-    { name: 'several containers and none named', spec: pod({ containers: [{ name: 'a' }, { name: 'b' }] }), error: /2 containers: name the one/ },
+    {
+      name: 'several containers and none named',
+      spec: pod({ containers: [{ name: 'a' }, { name: 'b' }] }),
+      error: /2 containers: name the one/,
+    },
     { name: 'no containers at all', spec: pod({ containers: [] }), error: /0 containers/ },
     {
       name: 'another volume already uses the name',
@@ -94,17 +125,27 @@ describe('withCredentialDelivery', () => {
     },
     {
       name: 'the volume exists for another identity',
-      spec: pod({ volumes: [{ name: CREDENTIALS_VOLUME, secret: { secretName: 'captf-creds-gcp', defaultMode: 288, optional: false } }] }),
+      spec: pod({
+        volumes: [
+          { name: CREDENTIALS_VOLUME, secret: { secretName: 'captf-creds-gcp', defaultMode: 288, optional: false } },
+        ],
+      }),
       error: /different volume/,
     },
     {
       name: 'the container already mounts something at the path',
-      spec: pod({ containers: [{ name: 'terraform', volumeMounts: [{ name: 'scratch', mountPath: CREDENTIALS_MOUNT_PATH }] }] }),
+      spec: pod({
+        containers: [{ name: 'terraform', volumeMounts: [{ name: 'scratch', mountPath: CREDENTIALS_MOUNT_PATH }] }],
+      }),
       error: /already mounts "scratch" at "\/var\/run\/captf\/credentials"/,
     },
     {
       name: 'the mount exists but is writable',
-      spec: pod({ containers: [{ name: 'terraform', volumeMounts: [{ name: CREDENTIALS_VOLUME, mountPath: CREDENTIALS_MOUNT_PATH }] }] }),
+      spec: pod({
+        containers: [
+          { name: 'terraform', volumeMounts: [{ name: CREDENTIALS_VOLUME, mountPath: CREDENTIALS_MOUNT_PATH }] },
+        ],
+      }),
       error: /already mounts/,
     },
     { name: 'a Windows pod (fsGroup is not allowed there)', spec: pod({ os: { name: 'windows' } }), error: /Windows/ },
@@ -118,8 +159,15 @@ describe('withCredentialDelivery', () => {
   it('accepts pieces that are already present when they are identical (e.g. read back from the API)', () => {
     const d = credentialDelivery('aws');
     const present = pod({
-      volumes: [{ name: CREDENTIALS_VOLUME, secret: { optional: false, defaultMode: 288, secretName: 'captf-creds-aws' } }],
-      containers: [{ name: 'terraform', volumeMounts: [{ readOnly: true, mountPath: CREDENTIALS_MOUNT_PATH, name: CREDENTIALS_VOLUME }] }],
+      volumes: [
+        { name: CREDENTIALS_VOLUME, secret: { optional: false, defaultMode: 288, secretName: 'captf-creds-aws' } },
+      ],
+      containers: [
+        {
+          name: 'terraform',
+          volumeMounts: [{ readOnly: true, mountPath: CREDENTIALS_MOUNT_PATH, name: CREDENTIALS_VOLUME }],
+        },
+      ],
     });
     const out = withCredentialDelivery(present, d);
     assert.equal(out.volumes!.length, 1);
@@ -130,7 +178,8 @@ describe('withCredentialDelivery', () => {
 describe('jobWithCredentials', () => {
   it('applies the delivery to the Job pod template and leaves the rest of the Job alone', () => {
     const job: V1Job = {
-      apiVersion: 'batch/v1', kind: 'Job',
+      apiVersion: 'batch/v1',
+      kind: 'Job',
       metadata: { name: 'apply', labels: { a: 'b' } },
       spec: { backoffLimit: 0, template: { metadata: { labels: { app: 'tf' } }, spec: pod() } },
     };
@@ -138,7 +187,10 @@ describe('jobWithCredentials', () => {
     assert.deepEqual(out.metadata, job.metadata);
     assert.equal(out.spec!.backoffLimit, 0);
     assert.deepEqual(out.spec!.template.metadata, { labels: { app: 'tf' } });
-    assert.deepEqual(out.spec!.template.spec, withCredentialDelivery(pod(), credentialDelivery('aws', 'terraform', { fsGroup: 4242 })));
+    assert.deepEqual(
+      out.spec!.template.spec,
+      withCredentialDelivery(pod(), credentialDelivery('aws', 'terraform', { fsGroup: 4242 })),
+    );
     assert.equal(job.spec!.template.spec!.volumes, undefined, 'input not mutated');
   });
   it('refuses a Job without a pod template spec', () => {

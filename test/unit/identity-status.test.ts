@@ -1,12 +1,24 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { CloudEvent } from 'cloudevents';
-import { API_VERSION, DEFAULT_CONSUMER_KINDS, IDENTITY_KIND, type Condition, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import {
+  API_VERSION,
+  DEFAULT_CONSUMER_KINDS,
+  IDENTITY_KIND,
+  type Condition,
+  type TerraformClusterIdentity,
+} from '../../functions/lib/api.ts';
 import { classifyEvent } from '../../functions/lib/cloudevents.ts';
 import { HttpError } from '../../functions/lib/http.ts';
 import { planFor } from '../../functions/identity-status/handler.ts';
 import { statusConfigFromEnv } from '../../functions/identity-status/index.ts';
-import { decideStatus, namespacesInUse, readyCondition, statusApplyBody, type SourceState } from '../../functions/identity-status/decide.ts';
+import {
+  decideStatus,
+  namespacesInUse,
+  readyCondition,
+  statusApplyBody,
+  type SourceState,
+} from '../../functions/identity-status/decide.ts';
 
 const t1 = new Date('2026-03-01T10:00:00.500Z');
 const t2 = new Date('2026-03-02T10:00:00Z');
@@ -17,7 +29,15 @@ const identity = (status?: TerraformClusterIdentity['status'], generation = 3): 
   spec: { secretRef: { name: 'aws-creds', namespace: 'captf-system' } },
   ...(status ? { status } : {}),
 });
-const cond = (c: Partial<Condition>): Condition => ({ type: 'Ready', status: 'True', reason: 'SecretFound', message: 'source Secret captf-system/aws-creds exists', lastTransitionTime: '2026-01-01T00:00:00Z', observedGeneration: 3, ...c });
+const cond = (c: Partial<Condition>): Condition => ({
+  type: 'Ready',
+  status: 'True',
+  reason: 'SecretFound',
+  message: 'source Secret captf-system/aws-creds exists',
+  lastTransitionTime: '2026-01-01T00:00:00Z',
+  observedGeneration: 3,
+  ...c,
+});
 const noUse = { consumerNamespaces: [], mirrorNamespaces: [] };
 
 describe('identity-status: Ready condition (SPEC §9)', () => {
@@ -58,12 +78,24 @@ describe('identity-status: change detection', () => {
     ['nothing changed', { conditions: [cond({})], namespaces: ['a'] }, 'found', ['a'], []],
     ['absent namespaces equal an empty list', { conditions: [cond({})] }, 'found', [], []],
     ['status flips', { conditions: [cond({})], namespaces: [] }, 'not-found', [], ['Ready']],
-    ['reason changes, status does not', { conditions: [cond({ status: 'False', reason: 'SecretNotFound', message: 'x' })], namespaces: [] }, 'forbidden', [], ['Ready']],
+    [
+      'reason changes, status does not',
+      { conditions: [cond({ status: 'False', reason: 'SecretNotFound', message: 'x' })], namespaces: [] },
+      'forbidden',
+      [],
+      ['Ready'],
+    ],
     ['message changes only', { conditions: [cond({ message: 'old words' })], namespaces: [] }, 'found', [], ['Ready']],
     ['generation moved on', { conditions: [cond({ observedGeneration: 2 })], namespaces: [] }, 'found', [], ['Ready']],
     ['namespace added', { conditions: [cond({})], namespaces: ['a'] }, 'found', ['a', 'b'], ['namespaces']],
     ['namespace removed', { conditions: [cond({})], namespaces: ['a', 'b'] }, 'found', ['b'], ['namespaces']],
-    ['other condition types are not ours to compare', { conditions: [cond({}), cond({ type: 'Audited', status: 'False' })], namespaces: [] }, 'found', [], []],
+    [
+      'other condition types are not ours to compare',
+      { conditions: [cond({}), cond({ type: 'Audited', status: 'False' })], namespaces: [] },
+      'found',
+      [],
+      [],
+    ],
   ];
   for (const [what, status, source, used, changed] of table) {
     it(what, () => {
@@ -94,10 +126,20 @@ describe('identity-status: change detection', () => {
 });
 
 describe('identity-status: which events refresh what', () => {
-  const ev = (type: string, data: unknown) => new CloudEvent<unknown>({ specversion: '1.0', id: 'x', source: '/s', type, datacontenttype: 'application/json', data });
+  const ev = (type: string, data: unknown) =>
+    new CloudEvent<unknown>({
+      specversion: '1.0',
+      id: 'x',
+      source: '/s',
+      type,
+      datacontenttype: 'application/json',
+      data,
+    });
   const classify = (e: CloudEvent<unknown>) => classifyEvent(e, DEFAULT_CONSUMER_KINDS);
-  const idRef = (name: string) => ev('dev.knative.apiserver.ref.update', { apiVersion: API_VERSION, kind: IDENTITY_KIND, name });
-  const idObj = (name: string) => ev('dev.knative.apiserver.resource.delete', { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name } });
+  const idRef = (name: string) =>
+    ev('dev.knative.apiserver.ref.update', { apiVersion: API_VERSION, kind: IDENTITY_KIND, name });
+  const idObj = (name: string) =>
+    ev('dev.knative.apiserver.resource.delete', { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name } });
 
   it('identity events in either mode name identities, once each, in order', () => {
     assert.deepEqual(planFor([idRef('b'), idObj('a'), idRef('b')].map(classify)), { kind: 'named', names: ['b', 'a'] });
@@ -106,17 +148,37 @@ describe('identity-status: which events refresh what', () => {
     assert.deepEqual(planFor([idRef('b'), ev('dev.knative.sources.ping', {})].map(classify)), { kind: 'all' });
   });
   it('an event about another kind is refused with 422 naming it', () => {
-    const consumer = ev('dev.knative.apiserver.ref.add', { apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'c', namespace: 'team-a' });
-    assert.throws(() => planFor([idRef('a'), consumer].map(classify)), (e: unknown) => e instanceof HttpError && e.status === 422 && /TerraformCluster team-a\/c/.test(e.message));
-    const ns = ev('dev.knative.apiserver.resource.update', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'team-a' } });
-    assert.throws(() => planFor([classify(ns)]), (e: unknown) => e instanceof HttpError && e.status === 422);
+    const consumer = ev('dev.knative.apiserver.ref.add', {
+      apiVersion: API_VERSION,
+      kind: 'TerraformCluster',
+      name: 'c',
+      namespace: 'team-a',
+    });
+    assert.throws(
+      () => planFor([idRef('a'), consumer].map(classify)),
+      (e: unknown) => e instanceof HttpError && e.status === 422 && /TerraformCluster team-a\/c/.test(e.message),
+    );
+    const ns = ev('dev.knative.apiserver.resource.update', {
+      apiVersion: 'v1',
+      kind: 'Namespace',
+      metadata: { name: 'team-a' },
+    });
+    assert.throws(
+      () => planFor([classify(ns)]),
+      (e: unknown) => e instanceof HttpError && e.status === 422,
+    );
   });
 });
 
 describe('identity-status: configuration', () => {
-  it('defaults to concurrency 8 and every identity', () => assert.deepEqual(statusConfigFromEnv({}), { concurrency: 8, identitySelector: undefined }));
+  it('defaults to concurrency 8 and every identity', () =>
+    assert.deepEqual(statusConfigFromEnv({}), { concurrency: 8, identitySelector: undefined }));
   it('reads both variables', () =>
-    assert.deepEqual(statusConfigFromEnv({ CAPTF_STATUS_CONCURRENCY: '3', CAPTF_STATUS_IDENTITY_SELECTOR: ' team=a ' }), { concurrency: 3, identitySelector: 'team=a' }));
+    assert.deepEqual(
+      statusConfigFromEnv({ CAPTF_STATUS_CONCURRENCY: '3', CAPTF_STATUS_IDENTITY_SELECTOR: ' team=a ' }),
+      { concurrency: 3, identitySelector: 'team=a' },
+    ));
   for (const bad of ['0', '65', '2.5', 'many'])
-    it(`refuses CAPTF_STATUS_CONCURRENCY=${bad}`, () => assert.throws(() => statusConfigFromEnv({ CAPTF_STATUS_CONCURRENCY: bad }), /CAPTF_STATUS_CONCURRENCY/));
+    it(`refuses CAPTF_STATUS_CONCURRENCY=${bad}`, () =>
+      assert.throws(() => statusConfigFromEnv({ CAPTF_STATUS_CONCURRENCY: bad }), /CAPTF_STATUS_CONCURRENCY/));
 });

@@ -18,55 +18,196 @@ const b64 = (s: string) => Buffer.from(s).toString('base64');
 const data = { k: b64('v') };
 const found: SourceState = { state: 'found', data, hash: sourceHash(data) };
 const key = { namespace: 'team', identity: 'aws' };
-const owner = (name: string, uid: string, kind = 'TerraformCluster'): OwnerReference => ({ apiVersion: AV, kind, name, uid });
-const consumer = (name: string, uid: string, extra: Partial<Consumer['metadata']> = {}): Consumer => ({ apiVersion: AV, kind: 'TerraformCluster', metadata: { name, namespace: 'team', uid, generation: 1, ...extra }, spec: { identityRef: { name: 'aws' } } });
-const identity = (allowed: unknown = { list: ['team'] }): TerraformClusterIdentity => ({ apiVersion: AV, kind: 'TerraformClusterIdentity', metadata: { name: 'aws' }, spec: { secretRef: { name: 's', namespace: 'ops' }, allowedNamespaces: allowed } } as TerraformClusterIdentity);
+const owner = (name: string, uid: string, kind = 'TerraformCluster'): OwnerReference => ({
+  apiVersion: AV,
+  kind,
+  name,
+  uid,
+});
+const consumer = (name: string, uid: string, extra: Partial<Consumer['metadata']> = {}): Consumer => ({
+  apiVersion: AV,
+  kind: 'TerraformCluster',
+  metadata: { name, namespace: 'team', uid, generation: 1, ...extra },
+  spec: { identityRef: { name: 'aws' } },
+});
+const identity = (allowed: unknown = { list: ['team'] }): TerraformClusterIdentity =>
+  ({
+    apiVersion: AV,
+    kind: 'TerraformClusterIdentity',
+    metadata: { name: 'aws' },
+    spec: { secretRef: { name: 's', namespace: 'ops' }, allowedNamespaces: allowed },
+  }) as TerraformClusterIdentity;
 const mirror = (owners: OwnerReference[], d = data) => {
   const m = desiredMirror('aws', 'team', d, owners[0] ?? owner('x', '0'));
   m.metadata.ownerReferences = owners;
   return { ...m, metadata: { ...m.metadata, resourceVersion: '7', uid: 'm-uid' } };
 };
-const snap = (over: Partial<Snapshot>): Snapshot => ({ key, identity: identity(), namespace: { labels: {} }, source: found, mirror: undefined, consumers: [consumer('a', '1')], scope: 'all', ...over });
+const snap = (over: Partial<Snapshot>): Snapshot => ({
+  key,
+  identity: identity(),
+  namespace: { labels: {} },
+  source: found,
+  mirror: undefined,
+  consumers: [consumer('a', '1')],
+  scope: 'all',
+  ...over,
+});
 
 describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
-  const notOurs = { metadata: { name: 'captf-creds-aws', namespace: 'team', labels: {}, resourceVersion: '3' }, data: {} };
+  const notOurs = {
+    metadata: { name: 'captf-creds-aws', namespace: 'team', labels: {}, resourceVersion: '3' },
+    data: {},
+  };
   const rows: [string, Partial<Snapshot>, string, string, [string, string, string][]][] = [
     // name, snapshot, mirror action, outcome, conditions [type, status, reason]
-    ['identity missing', { identity: undefined, source: undefined }, 'none', 'identity-not-found', [['IdentityAllowed', 'False', 'IdentityNotFound']]],
-    ['identity missing, our mirror present', { identity: undefined, source: undefined, mirror: mirror([owner('a', '1')]) }, 'delete', 'identity-not-found', [['IdentityAllowed', 'False', 'IdentityNotFound']]],
-    ['namespace not allowed', { identity: identity({ list: ['other'] }), source: undefined, mirror: mirror([owner('a', '1')]) }, 'delete', 'not-allowed', [['IdentityAllowed', 'False', 'NamespaceNotAllowed']]],
-    ['namespace missing', { namespace: undefined, source: undefined }, 'none', 'not-allowed', [['IdentityAllowed', 'False', 'NamespaceNotAllowed']]],
-    ['allowed by selector labels', { identity: identity({ selector: { matchLabels: { t: 'y' } } }), namespace: { labels: { t: 'y' } } }, 'create', 'mirrored', [['IdentityAllowed', 'True', 'NamespaceAllowed'], ['CredentialsMirrored', 'True', 'Mirrored']]],
-    ['source missing, no mirror', { source: { state: 'missing', message: 'gone' } }, 'none', 'source-not-found', [['IdentityAllowed', 'True', 'NamespaceAllowed'], ['CredentialsMirrored', 'False', 'SourceNotFound']]],
-    ['source unreadable, mirror kept', { source: { state: 'unreadable', message: '403' }, mirror: mirror([owner('a', '1')]) }, 'none', 'source-not-found', [['IdentityAllowed', 'True', 'NamespaceAllowed'], ['CredentialsMirrored', 'False', 'SourceNotFound']]],
-    ['a Secret that is not ours holds the name', { mirror: notOurs }, 'blocked', 'mirror-failed', [['IdentityAllowed', 'True', 'NamespaceAllowed'], ['CredentialsMirrored', 'False', 'MirrorFailed']]],
-    ['no mirror yet', {}, 'create', 'mirrored', [['IdentityAllowed', 'True', 'NamespaceAllowed'], ['CredentialsMirrored', 'True', 'Mirrored']]],
-    ['mirror current and owned: no write', { mirror: mirror([owner('a', '1')]) }, 'none', 'mirrored', [['IdentityAllowed', 'True', 'NamespaceAllowed'], ['CredentialsMirrored', 'True', 'Mirrored']]],
-    ['mirror stale after a rotation', { mirror: mirror([owner('a', '1')], { k: b64('old') }) }, 'update', 'mirrored', [['IdentityAllowed', 'True', 'NamespaceAllowed'], ['CredentialsMirrored', 'True', 'Mirrored']]],
+    [
+      'identity missing',
+      { identity: undefined, source: undefined },
+      'none',
+      'identity-not-found',
+      [['IdentityAllowed', 'False', 'IdentityNotFound']],
+    ],
+    [
+      'identity missing, our mirror present',
+      { identity: undefined, source: undefined, mirror: mirror([owner('a', '1')]) },
+      'delete',
+      'identity-not-found',
+      [['IdentityAllowed', 'False', 'IdentityNotFound']],
+    ],
+    [
+      'namespace not allowed',
+      { identity: identity({ list: ['other'] }), source: undefined, mirror: mirror([owner('a', '1')]) },
+      'delete',
+      'not-allowed',
+      [['IdentityAllowed', 'False', 'NamespaceNotAllowed']],
+    ],
+    [
+      'namespace missing',
+      { namespace: undefined, source: undefined },
+      'none',
+      'not-allowed',
+      [['IdentityAllowed', 'False', 'NamespaceNotAllowed']],
+    ],
+    [
+      'allowed by selector labels',
+      { identity: identity({ selector: { matchLabels: { t: 'y' } } }), namespace: { labels: { t: 'y' } } },
+      'create',
+      'mirrored',
+      [
+        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
+        ['CredentialsMirrored', 'True', 'Mirrored'],
+      ],
+    ],
+    [
+      'source missing, no mirror',
+      { source: { state: 'missing', message: 'gone' } },
+      'none',
+      'source-not-found',
+      [
+        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
+        ['CredentialsMirrored', 'False', 'SourceNotFound'],
+      ],
+    ],
+    [
+      'source unreadable, mirror kept',
+      { source: { state: 'unreadable', message: '403' }, mirror: mirror([owner('a', '1')]) },
+      'none',
+      'source-not-found',
+      [
+        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
+        ['CredentialsMirrored', 'False', 'SourceNotFound'],
+      ],
+    ],
+    [
+      'a Secret that is not ours holds the name',
+      { mirror: notOurs },
+      'blocked',
+      'mirror-failed',
+      [
+        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
+        ['CredentialsMirrored', 'False', 'MirrorFailed'],
+      ],
+    ],
+    [
+      'no mirror yet',
+      {},
+      'create',
+      'mirrored',
+      [
+        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
+        ['CredentialsMirrored', 'True', 'Mirrored'],
+      ],
+    ],
+    [
+      'mirror current and owned: no write',
+      { mirror: mirror([owner('a', '1')]) },
+      'none',
+      'mirrored',
+      [
+        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
+        ['CredentialsMirrored', 'True', 'Mirrored'],
+      ],
+    ],
+    [
+      'mirror stale after a rotation',
+      { mirror: mirror([owner('a', '1')], { k: b64('old') }) },
+      'update',
+      'mirrored',
+      [
+        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
+        ['CredentialsMirrored', 'True', 'Mirrored'],
+      ],
+    ],
   ];
   for (const [name, over, action, outcome, conditions] of rows) {
     it(name, () => {
       const plan = decide(snap(over), kinds);
       assert.equal(plan.mirror.action, action);
-      assert.deepEqual(plan.consumers.map((c) => c.outcome), [outcome]);
-      assert.deepEqual(plan.consumers[0]!.conditions.map((c) => [c.type, c.status, c.reason]), conditions);
+      assert.deepEqual(
+        plan.consumers.map((c) => c.outcome),
+        [outcome],
+      );
+      assert.deepEqual(
+        plan.consumers[0]!.conditions.map((c) => [c.type, c.status, c.reason]),
+        conditions,
+      );
       for (const c of plan.consumers[0]!.conditions) assert.equal(c.observedGeneration, 1);
     });
   }
   it('a deleting consumer in a namespace that is not allowed: ApplyJobSucceeded=False/IdentityNotAllowed, retried', () => {
-    const plan = decide(snap({ identity: identity({ list: [] }), source: undefined, consumers: [consumer('a', '1', { deletionTimestamp: '2026-01-01T00:00:00Z' })] }), kinds);
-    assert.deepEqual(plan.consumers[0]!.conditions.map((c) => c.reason), ['NamespaceNotAllowed', 'IdentityNotAllowed']);
+    const plan = decide(
+      snap({
+        identity: identity({ list: [] }),
+        source: undefined,
+        consumers: [consumer('a', '1', { deletionTimestamp: '2026-01-01T00:00:00Z' })],
+      }),
+      kinds,
+    );
+    assert.deepEqual(
+      plan.consumers[0]!.conditions.map((c) => c.reason),
+      ['NamespaceNotAllowed', 'IdentityNotAllowed'],
+    );
     assert.equal(plan.consumers[0]!.reason, 'IdentityNotAllowed');
     assert.equal(plan.consumers[0]!.retry, true);
   });
   it('never deletes, writes or claims a Secret that is not ours, even when the identity is gone', () => {
-    const plan = decide(snap({ identity: undefined, source: undefined, mirror: { metadata: { name: 'captf-creds-aws', labels: { 'captf.io/mirrored': 'true' } } } }), kinds);
+    const plan = decide(
+      snap({
+        identity: undefined,
+        source: undefined,
+        mirror: { metadata: { name: 'captf-creds-aws', labels: { 'captf.io/mirrored': 'true' } } },
+      }),
+      kinds,
+    );
     assert.equal(plan.mirror.action, 'none');
   });
   it('messages name the mirror, never data or hash', () => {
     const plan = decide(snap({}), kinds);
     for (const c of plan.consumers[0]!.conditions) {
-      assert.ok(!c.message.includes(b64('v')) && !c.message.includes(found.state === 'found' ? found.hash : 'x'), c.message);
+      assert.ok(
+        !c.message.includes(b64('v')) && !c.message.includes(found.state === 'found' ? found.hash : 'x'),
+        c.message,
+      );
     }
     assert.match(plan.consumers[0]!.message, /captf-creds-aws/);
   });
@@ -77,17 +218,32 @@ describe('decide: the mirror of a listed key (scope all)', () => {
     const plan = decide(snap({ consumers: [consumer('a', '1'), consumer('b', '2')] }), kinds);
     assert.equal(plan.mirror.action, 'create');
     if (plan.mirror.action !== 'create') return;
-    assert.deepEqual(plan.mirror.body.metadata?.ownerReferences?.map((r) => [r.name, r.uid]), [['a', '1'], ['b', '2']]);
+    assert.deepEqual(
+      plan.mirror.body.metadata?.ownerReferences?.map((r) => [r.name, r.uid]),
+      [
+        ['a', '1'],
+        ['b', '2'],
+      ],
+    );
     assert.equal(plan.mirror.body.metadata?.labels?.['captf.io/mirror-of'], mirrorOfLabel('aws'));
     assert.deepEqual(plan.mirror.body.data, data);
     assert.equal(plan.consumers.length, 2);
   });
-  it('drops former users and stale UIDs, keeps other kinds\' references, keeps the resourceVersion', () => {
+  it("drops former users and stale UIDs, keeps other kinds' references, keeps the resourceVersion", () => {
     const foreign = { apiVersion: 'apps/v1', kind: 'Deployment', name: 'd', uid: 'f' };
-    const plan = decide(snap({ mirror: mirror([owner('gone', '9'), foreign, owner('a', 'old')]), consumers: [consumer('a', '1')] }), kinds);
+    const plan = decide(
+      snap({ mirror: mirror([owner('gone', '9'), foreign, owner('a', 'old')]), consumers: [consumer('a', '1')] }),
+      kinds,
+    );
     assert.equal(plan.mirror.action, 'update');
     if (plan.mirror.action !== 'update') return;
-    assert.deepEqual(plan.mirror.body.metadata?.ownerReferences?.map((r) => [r.kind, r.uid]), [['Deployment', 'f'], ['TerraformCluster', '1']]);
+    assert.deepEqual(
+      plan.mirror.body.metadata?.ownerReferences?.map((r) => [r.kind, r.uid]),
+      [
+        ['Deployment', 'f'],
+        ['TerraformCluster', '1'],
+      ],
+    );
     assert.equal(plan.mirror.body.metadata?.resourceVersion, '7');
   });
   it('deletes an unused mirror (SPEC §6) with its resourceVersion; leaves alone one a kind not configured here still owns', () => {
@@ -97,17 +253,32 @@ describe('decide: the mirror of a listed key (scope all)', () => {
       assert.equal(unused.mirror.why, 'unused');
       assert.equal(unused.mirror.secret.metadata?.resourceVersion, '7');
     }
-    const foreign = decide(snap({ mirror: mirror([owner('gone', '9'), { apiVersion: 'example.com/v1', kind: 'TerraformThing', name: 't', uid: 't' }]), consumers: [] }), kinds);
+    const foreign = decide(
+      snap({
+        mirror: mirror([
+          owner('gone', '9'),
+          { apiVersion: 'example.com/v1', kind: 'TerraformThing', name: 't', uid: 't' },
+        ]),
+        consumers: [],
+      }),
+      kinds,
+    );
     // Another instance's configuration (a rollout) may know that kind: never collected here (SPEC §12).
     assert.equal(foreign.mirror.action, 'none');
   });
   it('a missing source keeps the last good data while owners follow the consumers', () => {
     const old = mirror([owner('a', '1'), owner('b', '2')], { k: b64('last-good') });
-    const plan = decide(snap({ source: { state: 'missing', message: 'm' }, mirror: old, consumers: [consumer('a', '1')] }), kinds);
+    const plan = decide(
+      snap({ source: { state: 'missing', message: 'm' }, mirror: old, consumers: [consumer('a', '1')] }),
+      kinds,
+    );
     assert.equal(plan.mirror.action, 'update');
     if (plan.mirror.action === 'update') {
       assert.deepEqual(plan.mirror.body.data, { k: b64('last-good') });
-      assert.deepEqual(plan.mirror.body.metadata?.ownerReferences?.map((r) => r.name), ['a']);
+      assert.deepEqual(
+        plan.mirror.body.metadata?.ownerReferences?.map((r) => r.name),
+        ['a'],
+      );
     }
   });
   it('a mirror of another type than Opaque that needs new data is blocked (type is immutable)', () => {
@@ -119,27 +290,68 @@ describe('decide: the mirror of a listed key (scope all)', () => {
 describe('desiredOwnerReferences: consumers looked at by name', () => {
   const existing = [owner('a', '1'), owner('b', '2'), owner('c', '3', 'TerraformMachine')];
   it('adds a new consumer and leaves every other reference alone', () => {
-    const refs = desiredOwnerReferences(existing, { consumers: [consumer('d', '4')], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'd' }] }, kinds);
-    assert.deepEqual(refs.map((r) => r.name), ['a', 'b', 'c', 'd']);
+    const refs = desiredOwnerReferences(
+      existing,
+      { consumers: [consumer('d', '4')], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'd' }] },
+      kinds,
+    );
+    assert.deepEqual(
+      refs.map((r) => r.name),
+      ['a', 'b', 'c', 'd'],
+    );
   });
   it('removes a consumer that was looked at and is gone (or names another identity)', () => {
-    const refs = desiredOwnerReferences(existing, { consumers: [], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'b' }] }, kinds);
-    assert.deepEqual(refs.map((r) => r.name), ['a', 'c']);
+    const refs = desiredOwnerReferences(
+      existing,
+      { consumers: [], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'b' }] },
+      kinds,
+    );
+    assert.deepEqual(
+      refs.map((r) => r.name),
+      ['a', 'c'],
+    );
   });
   it('replaces a stale UID in place; a same-named object of another kind is another owner', () => {
-    const refs = desiredOwnerReferences(existing, { consumers: [consumer('a', '11')], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'a' }] }, kinds);
-    assert.deepEqual(refs.map((r) => [r.name, r.uid]), [['a', '11'], ['b', '2'], ['c', '3']]);
+    const refs = desiredOwnerReferences(
+      existing,
+      { consumers: [consumer('a', '11')], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'a' }] },
+      kinds,
+    );
+    assert.deepEqual(
+      refs.map((r) => [r.name, r.uid]),
+      [
+        ['a', '11'],
+        ['b', '2'],
+        ['c', '3'],
+      ],
+    );
   });
   it('never lists one owner twice', () => {
-    const refs = desiredOwnerReferences([owner('a', '1'), owner('a', '1')], { consumers: [consumer('a', '1')], scope: 'all' }, kinds);
+    const refs = desiredOwnerReferences(
+      [owner('a', '1'), owner('a', '1')],
+      { consumers: [consumer('a', '1')], scope: 'all' },
+      kinds,
+    );
     assert.equal(refs.length, 1);
   });
 });
 
 describe('planConditions (SPEC §4, §16)', () => {
   const t = new Date('2026-05-01T00:00:00Z');
-  const theirs: Condition = { type: 'Provisioned', status: 'True', reason: 'Done', message: '', lastTransitionTime: '2026-01-01T00:00:00Z' };
-  const mirrored = { type: 'CredentialsMirrored', status: 'True' as const, reason: 'Mirrored', message: 'm', observedGeneration: 1 };
+  const theirs: Condition = {
+    type: 'Provisioned',
+    status: 'True',
+    reason: 'Done',
+    message: '',
+    lastTransitionTime: '2026-01-01T00:00:00Z',
+  };
+  const mirrored = {
+    type: 'CredentialsMirrored',
+    status: 'True' as const,
+    reason: 'Mirrored',
+    message: 'm',
+    observedGeneration: 1,
+  };
   it('reports no change when the owned conditions already match', () => {
     const first = planConditions([theirs], [mirrored], t);
     assert.equal(first.changed, true);
@@ -147,13 +359,30 @@ describe('planConditions (SPEC §4, §16)', () => {
     assert.equal(again.changed, false);
     assert.deepEqual(again.changedInputs, []);
   });
-  it('removes owned types that are no longer stated and keeps other writers\' types', () => {
-    const first = planConditions([theirs], [mirrored, { type: 'IdentityAllowed', status: 'True', reason: 'NamespaceAllowed', message: '' }], t);
-    const next = planConditions(first.conditions, [{ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message: 'no' }], t);
+  it("removes owned types that are no longer stated and keeps other writers' types", () => {
+    const first = planConditions(
+      [theirs],
+      [mirrored, { type: 'IdentityAllowed', status: 'True', reason: 'NamespaceAllowed', message: '' }],
+      t,
+    );
+    const next = planConditions(
+      first.conditions,
+      [{ type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message: 'no' }],
+      t,
+    );
     assert.equal(next.changed, true);
-    assert.deepEqual(next.conditions.map((c) => c.type), ['Provisioned', 'IdentityAllowed']);
-    assert.deepEqual(next.owned.map((c) => c.type), ['IdentityAllowed']);
-    assert.deepEqual(next.changedInputs.map((c) => c.reason), ['NamespaceNotAllowed']);
+    assert.deepEqual(
+      next.conditions.map((c) => c.type),
+      ['Provisioned', 'IdentityAllowed'],
+    );
+    assert.deepEqual(
+      next.owned.map((c) => c.type),
+      ['IdentityAllowed'],
+    );
+    assert.deepEqual(
+      next.changedInputs.map((c) => c.reason),
+      ['NamespaceNotAllowed'],
+    );
   });
   it('a removal alone is a change (so stale Mirrored=True never survives)', () => {
     const first = planConditions([], [mirrored], t);

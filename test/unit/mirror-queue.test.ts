@@ -11,7 +11,11 @@ import { KeyQueue } from '../../functions/mirror-sync/queue.ts';
 import type { KeyResult } from '../../functions/mirror-sync/reconcile.ts';
 
 const key = { namespace: 'team', identity: 'aws' };
-const n = (name: string): ConsumerName => ({ apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformCluster', name });
+const n = (name: string): ConsumerName => ({
+  apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+  kind: 'TerraformCluster',
+  name,
+});
 
 /** A reconcile that waits for `release()`; records each call's key, scope and start order. */
 function gated() {
@@ -20,7 +24,14 @@ function gated() {
   const q = new KeyQueue(async (k, scope) => {
     calls.push({ key: k, scope });
     await new Promise<void>((r) => gates.push(r));
-    return { key: k, mirrorAction: 'unchanged', consumers: [], retry: false, durationMs: calls.length, apiCalls: 0 } satisfies KeyResult;
+    return {
+      key: k,
+      mirrorAction: 'unchanged',
+      consumers: [],
+      retry: false,
+      durationMs: calls.length,
+      apiCalls: 0,
+    } satisfies KeyResult;
   });
   const release = async () => {
     gates.shift()!();
@@ -42,7 +53,11 @@ describe('KeyQueue (SPEC §4)', () => {
     const c = q.run(key, [n('c')]);
     const d = q.run(key, [n('d')]);
     await release();
-    assert.deepEqual([(await b1).durationMs, (await b2).durationMs], [2, 2], 'both answered by the follow-up, not the first run');
+    assert.deepEqual(
+      [(await b1).durationMs, (await b2).durationMs],
+      [2, 2],
+      'both answered by the follow-up, not the first run',
+    );
     assert.equal(calls[2]!.scope, 'all');
     await release();
     await Promise.all([c, d]);

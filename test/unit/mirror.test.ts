@@ -2,8 +2,17 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { describe, it } from 'node:test';
 import {
-  ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MANAGED, LABEL_MIRRORED,
-  desiredMirror, isCurrent, isOurs, mirrorName, sourceHash, withOwnerReference, withoutOwnerReference,
+  ANNOTATION_IDENTITY,
+  ANNOTATION_SOURCE_HASH,
+  LABEL_MANAGED,
+  LABEL_MIRRORED,
+  desiredMirror,
+  isCurrent,
+  isOurs,
+  mirrorName,
+  sourceHash,
+  withOwnerReference,
+  withoutOwnerReference,
 } from '../../functions/lib/mirror.ts';
 
 const b64 = (s: string | Buffer) => Buffer.from(s).toString('base64');
@@ -51,7 +60,11 @@ describe('source hash (SPEC §3)', () => {
     // Independent construction of the canonical input.
     const frame = (k: string, v: Buffer) => {
       const kb = Buffer.from(k);
-      const l = (n: number) => { const x = Buffer.alloc(4); x.writeUInt32BE(n); return x; };
+      const l = (n: number) => {
+        const x = Buffer.alloc(4);
+        x.writeUInt32BE(n);
+        return x;
+      };
       return Buffer.concat([l(kb.length), kb, l(v.length), v]);
     };
     const input = Buffer.concat([
@@ -70,23 +83,42 @@ describe('source hash (SPEC §3)', () => {
     // U+FF5E (EF BD 9E) sorts before U+1F600 (F0 9F 98 80) in UTF-8, after it in UTF-16.
     const a = sourceHash({ '\uff5e': b64('1'), '\u{1f600}': b64('2') });
     const frame = (k: string, v: string) => {
-      const kb = Buffer.from(k); const vb = Buffer.from(v);
-      const l = (n: number) => { const x = Buffer.alloc(4); x.writeUInt32BE(n); return x; };
+      const kb = Buffer.from(k);
+      const vb = Buffer.from(v);
+      const l = (n: number) => {
+        const x = Buffer.alloc(4);
+        x.writeUInt32BE(n);
+        return x;
+      };
       return Buffer.concat([l(kb.length), kb, l(vb.length), vb]);
     };
-    const expected = createHash('sha256').update(Buffer.concat([frame('\uff5e', '1'), frame('\u{1f600}', '2')])).digest('hex');
+    const expected = createHash('sha256')
+      .update(Buffer.concat([frame('\uff5e', '1'), frame('\u{1f600}', '2')]))
+      .digest('hex');
     assert.equal(a, expected);
   });
 });
 
 describe('ours and current (SPEC §3)', () => {
-  const owner = { apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformCluster', name: 'c1', uid: 'u1' };
+  const owner = {
+    apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+    kind: 'TerraformCluster',
+    name: 'c1',
+    uid: 'u1',
+  };
   const m = desiredMirror('aws', 'team-a', { k: b64('v') }, owner);
   it('builds the mirror with labels, annotations, one owner reference and the data', () => {
     assert.equal(m.metadata.name, 'captf-creds-aws');
     assert.equal(m.type, 'Opaque');
-    assert.deepEqual(m.metadata.labels, { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true', 'captf.io/mirror-of': 'aws' });
-    assert.deepEqual(m.metadata.annotations, { [ANNOTATION_SOURCE_HASH]: sourceHash({ k: b64('v') }), [ANNOTATION_IDENTITY]: 'aws' });
+    assert.deepEqual(m.metadata.labels, {
+      [LABEL_MIRRORED]: 'true',
+      [LABEL_MANAGED]: 'true',
+      'captf.io/mirror-of': 'aws',
+    });
+    assert.deepEqual(m.metadata.annotations, {
+      [ANNOTATION_SOURCE_HASH]: sourceHash({ k: b64('v') }),
+      [ANNOTATION_IDENTITY]: 'aws',
+    });
     assert.deepEqual(m.metadata.ownerReferences, [owner]);
     assert.deepEqual(m.data, { k: b64('v') });
   });
@@ -107,7 +139,12 @@ describe('ours and current (SPEC §3)', () => {
 });
 
 describe('owner references (SPEC §3, §6)', () => {
-  const ref = (name: string, uid: string, kind = 'TerraformCluster', apiVersion = 'infrastructure.cluster.x-k8s.io/v1beta2') => ({ apiVersion, kind, name, uid });
+  const ref = (
+    name: string,
+    uid: string,
+    kind = 'TerraformCluster',
+    apiVersion = 'infrastructure.cluster.x-k8s.io/v1beta2',
+  ) => ({ apiVersion, kind, name, uid });
   const foreign = { apiVersion: 'apps/v1', kind: 'Deployment', name: 'x', uid: 'd1', controller: true };
   it('adds a missing reference', () => {
     assert.deepEqual(withOwnerReference([foreign], ref('a', '1')), { refs: [foreign, ref('a', '1')], changed: true });
@@ -121,7 +158,10 @@ describe('owner references (SPEC §3, §6)', () => {
     assert.deepEqual(out, { refs: [foreign, ref('b', '2'), ref('a', 'new')], changed: true });
   });
   it('treats another version of the same group as the same owner', () => {
-    const out = withOwnerReference([ref('a', '1', 'TerraformCluster', 'infrastructure.cluster.x-k8s.io/v1beta1')], ref('a', '1'));
+    const out = withOwnerReference(
+      [ref('a', '1', 'TerraformCluster', 'infrastructure.cluster.x-k8s.io/v1beta1')],
+      ref('a', '1'),
+    );
     assert.deepEqual(out, { refs: [ref('a', '1')], changed: true });
   });
   it('clears controller/blockOwnerDeletion on our own reference', () => {

@@ -2,8 +2,12 @@ import assert from 'node:assert/strict';
 import { constants } from 'node:os';
 import { describe, it } from 'node:test';
 import {
-  EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_RUNNER_FAILED,
-  exitStatusForSpawnError, exitStatusOf, parseCommandLine,
+  EXIT_NOT_EXECUTABLE,
+  EXIT_NOT_FOUND,
+  EXIT_RUNNER_FAILED,
+  exitStatusForSpawnError,
+  exitStatusOf,
+  parseCommandLine,
 } from '../../functions/runner/command-line.ts';
 import { KEPT_NAMES, filterEnvironment, isRemoved } from '../../functions/runner/filter-env.ts';
 
@@ -46,10 +50,22 @@ describe('which variables captf-runner removes (SPEC §11)', () => {
 
   it('splits an environment into the command environment and the sorted removed names, values untouched', () => {
     const { env, removed } = filterEnvironment({
-      PATH: '/usr/bin', TF_LOG: 'TRACE', tf_var_x: 'v', TF_INPUT: '0', KUBE_NAMESPACE: 'team-a',
-      AWS_SECRET_ACCESS_KEY: 'k', 'aws.key': 'dotted', GONE: undefined,
+      PATH: '/usr/bin',
+      TF_LOG: 'TRACE',
+      tf_var_x: 'v',
+      TF_INPUT: '0',
+      KUBE_NAMESPACE: 'team-a',
+      AWS_SECRET_ACCESS_KEY: 'k',
+      'aws.key': 'dotted',
+      GONE: undefined,
     });
-    assert.deepEqual(env, { PATH: '/usr/bin', TF_INPUT: '0', KUBE_NAMESPACE: 'team-a', AWS_SECRET_ACCESS_KEY: 'k', 'aws.key': 'dotted' });
+    assert.deepEqual(env, {
+      PATH: '/usr/bin',
+      TF_INPUT: '0',
+      KUBE_NAMESPACE: 'team-a',
+      AWS_SECRET_ACCESS_KEY: 'k',
+      'aws.key': 'dotted',
+    });
     assert.deepEqual(removed, ['TF_LOG', 'tf_var_x']);
   });
 
@@ -60,7 +76,10 @@ describe('which variables captf-runner removes (SPEC §11)', () => {
 
 describe('captf-runner command line', () => {
   const table: [argv: string[], expected: ReturnType<typeof parseCommandLine>][] = [
-    [['--', 'terraform', 'apply', '-auto-approve'], { kind: 'run', command: 'terraform', args: ['apply', '-auto-approve'] }],
+    [
+      ['--', 'terraform', 'apply', '-auto-approve'],
+      { kind: 'run', command: 'terraform', args: ['apply', '-auto-approve'] },
+    ],
     [['--', 'sh', '-c', 'echo -- "$1"', '--'], { kind: 'run', command: 'sh', args: ['-c', 'echo -- "$1"', '--'] }],
     [['-h'], { kind: 'help' }],
     [['--help'], { kind: 'help' }],

@@ -26,10 +26,22 @@ describe('guessPlural follows apimachinery UnsafeGuessKindToResource', () => {
 
 describe('refEvent builds what the ApiServerSource adapter sends in Reference mode', () => {
   it('a namespaced consumer: subject, extensions and a Go-ordered ObjectReference body', () => {
-    const m = refEvent('update', { apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformCluster', name: 'prod', namespace: 'team-a' }, 'https://127.0.0.1:6443');
+    const m = refEvent(
+      'update',
+      {
+        apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+        kind: 'TerraformCluster',
+        name: 'prod',
+        namespace: 'team-a',
+      },
+      'https://127.0.0.1:6443',
+    );
     assert.equal(m.headers['ce-type'], 'dev.knative.apiserver.ref.update');
     assert.equal(m.headers['ce-source'], 'https://127.0.0.1:6443');
-    assert.equal(m.headers['ce-subject'], '/apis/infrastructure.cluster.x-k8s.io/v1beta2/namespaces/team-a/terraformclusters/prod');
+    assert.equal(
+      m.headers['ce-subject'],
+      '/apis/infrastructure.cluster.x-k8s.io/v1beta2/namespaces/team-a/terraformclusters/prod',
+    );
     assert.equal(m.headers['ce-kind'], 'TerraformCluster');
     assert.equal(m.headers['ce-apiversion'], 'infrastructure.cluster.x-k8s.io/v1beta2');
     assert.equal(m.headers['ce-name'], 'prod');
@@ -38,9 +50,18 @@ describe('refEvent builds what the ApiServerSource adapter sends in Reference mo
     assert.equal(m.headers['kn-namespace'], 'captf-system');
     assert.match(m.headers['ce-id']!, /^[0-9a-f-]{36}$/);
     assert.ok(!Number.isNaN(Date.parse(m.headers['ce-time']!)));
-    assert.equal(m.body, '{"kind":"TerraformCluster","namespace":"team-a","name":"prod","apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2"}');
+    assert.equal(
+      m.body,
+      '{"kind":"TerraformCluster","namespace":"team-a","name":"prod","apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2"}',
+    );
     const req = classifyEvent(parseCloudEvents(m.headers, m.body)[0]!, kinds);
-    assert.ok(req.type === 'object' && req.target === 'consumer' && req.verb === 'update' && req.ref.name === 'prod' && req.ref.namespace === 'team-a');
+    assert.ok(
+      req.type === 'object' &&
+        req.target === 'consumer' &&
+        req.verb === 'update' &&
+        req.ref.name === 'prod' &&
+        req.ref.namespace === 'team-a',
+    );
   });
 
   it('a cluster-scoped object keeps the empty namespace segment and an empty namespace extension', () => {
@@ -62,7 +83,14 @@ describe('refEvent builds what the ApiServerSource adapter sends in Reference mo
 });
 
 describe('parseDuration', () => {
-  for (const [text, ms] of [['500ms', 500], ['30s', 30_000], ['5m', 300_000], ['1h', 3_600_000], ['1m30s', 90_000], ['1.5s', 1500]] as const) {
+  for (const [text, ms] of [
+    ['500ms', 500],
+    ['30s', 30_000],
+    ['5m', 300_000],
+    ['1h', 3_600_000],
+    ['1m30s', 90_000],
+    ['1.5s', 1500],
+  ] as const) {
     it(`${text} = ${ms} ms`, () => assert.equal(parseDuration(text), ms));
   }
   for (const bad of ['', '30', 's', '5 m', '-1s', '0s', '5d', '1m x']) {
@@ -70,7 +98,21 @@ describe('parseDuration', () => {
   }
 });
 
-const reconcile = (over: Record<string, unknown>) => JSON.stringify({ level: 'info', message: 'reconcile', component: 'mirror-sync', object: 'team-a/prod', kind: 'TerraformCluster', identity: 'aws-prod', outcome: 'mirrored', reason: 'Mirrored', retry: false, mirror: 'captf-creds-aws-prod', detail: 'mirror team-a/captf-creds-aws-prod is current and owned by this object', ...over });
+const reconcile = (over: Record<string, unknown>) =>
+  JSON.stringify({
+    level: 'info',
+    message: 'reconcile',
+    component: 'mirror-sync',
+    object: 'team-a/prod',
+    kind: 'TerraformCluster',
+    identity: 'aws-prod',
+    outcome: 'mirrored',
+    reason: 'Mirrored',
+    retry: false,
+    mirror: 'captf-creds-aws-prod',
+    detail: 'mirror team-a/captf-creds-aws-prod is current and owned by this object',
+    ...over,
+  });
 
 describe('LogPrinter: one readable line per change', () => {
   it('prints an outcome once, then repeats of it only as debug, and again when it changes', () => {
@@ -80,9 +122,20 @@ describe('LogPrinter: one readable line per change', () => {
     assert.equal(first.subject, 'TerraformCluster team-a/prod');
     assert.equal(first.text, 'mirrored (captf-creds-aws-prod of identity aws-prod)');
     assert.equal(p.line('mirror-sync', reconcile({}))!.debug, true);
-    const revoked = p.line('mirror-sync', reconcile({ outcome: 'not-allowed', reason: 'NamespaceNotAllowed', mirror: undefined, detail: 'namespace team-a is not allowed' }))!;
+    const revoked = p.line(
+      'mirror-sync',
+      reconcile({
+        outcome: 'not-allowed',
+        reason: 'NamespaceNotAllowed',
+        mirror: undefined,
+        detail: 'namespace team-a is not allowed',
+      }),
+    )!;
     assert.deepEqual([revoked.debug, revoked.text], [false, 'NamespaceNotAllowed: namespace team-a is not allowed']);
-    const gone = p.line('mirror-sync', reconcile({ outcome: 'gone', reason: 'ObjectGone', detail: 'object is gone; released 1 mirror(s)' }))!;
+    const gone = p.line(
+      'mirror-sync',
+      reconcile({ outcome: 'gone', reason: 'ObjectGone', detail: 'object is gone; released 1 mirror(s)' }),
+    )!;
     assert.deepEqual([gone.debug, gone.text], [false, 'deleted; released 1 mirror(s)']);
     // After "gone" the object starts afresh: the same name created again is news.
     assert.equal(p.line('mirror-sync', reconcile({}))!.debug, false);
@@ -97,24 +150,66 @@ describe('LogPrinter: one readable line per change', () => {
 
   it('identity-status: a written status is printed, an unchanged one is debug', () => {
     const p = new LogPrinter();
-    const base = { level: 'info', message: 'identity refreshed', identity: 'aws-prod', outcome: 'refreshed', ready: 'True', reason: 'SecretFound', namespaces: ['team-a', 'team-b'] };
+    const base = {
+      level: 'info',
+      message: 'identity refreshed',
+      identity: 'aws-prod',
+      outcome: 'refreshed',
+      ready: 'True',
+      reason: 'SecretFound',
+      namespaces: ['team-a', 'team-b'],
+    };
     const w = p.line('identity-status', JSON.stringify({ ...base, changed: ['namespaces'] }))!;
-    assert.deepEqual([w.debug, w.subject, w.text], [false, 'identity aws-prod', 'Ready=True (SecretFound), in use in [team-a,team-b]; wrote namespaces']);
+    assert.deepEqual(
+      [w.debug, w.subject, w.text],
+      [false, 'identity aws-prod', 'Ready=True (SecretFound), in use in [team-a,team-b]; wrote namespaces'],
+    );
     assert.equal(p.line('identity-status', JSON.stringify({ ...base, changed: [] }))!.debug, true);
   });
 
   it('admission: denials are printed with who and why; allowed requests are debug', () => {
     const p = new LogPrinter();
-    const d = p.line('admission', JSON.stringify({ level: 'info', message: 'reviewed', operation: 'CREATE', name: 'x', user: 'alice', allowed: false, code: 403, denial: 'user "alice" may not get Secret s/n' }))!;
+    const d = p.line(
+      'admission',
+      JSON.stringify({
+        level: 'info',
+        message: 'reviewed',
+        operation: 'CREATE',
+        name: 'x',
+        user: 'alice',
+        allowed: false,
+        code: 403,
+        denial: 'user "alice" may not get Secret s/n',
+      }),
+    )!;
     assert.deepEqual([d.debug, d.text], [false, 'DENIED create by alice: user "alice" may not get Secret s/n']);
-    assert.equal(p.line('admission', JSON.stringify({ level: 'info', message: 'reviewed', operation: 'UPDATE', name: 'x', user: 'admin', allowed: true, why: 'narrowing' }))!.debug, true);
+    assert.equal(
+      p.line(
+        'admission',
+        JSON.stringify({
+          level: 'info',
+          message: 'reviewed',
+          operation: 'UPDATE',
+          name: 'x',
+          user: 'admin',
+          allowed: true,
+          why: 'narrowing',
+        }),
+      )!.debug,
+      true,
+    );
   });
 
   it('warnings are printed; plain text lines are printed as they are; blank lines are skipped', () => {
     const p = new LogPrinter();
     const w = p.line('mirror-sync', JSON.stringify({ level: 'warn', message: 'bad event', error: 'unknown type' }))!;
     assert.deepEqual([w.debug, w.text], [false, 'warn: bad event (error=unknown type)']);
-    assert.deepEqual(p.line('admission', 'admission: cannot start: cannot read the TLS key'), { debug: false, component: 'admission', subject: '', text: 'admission: cannot start: cannot read the TLS key' });
+    assert.deepEqual(p.line('admission', 'admission: cannot start: cannot read the TLS key'), {
+      debug: false,
+      component: 'admission',
+      subject: '',
+      text: 'admission: cannot start: cannot read the TLS key',
+    });
     assert.equal(p.line('admission', '   '), undefined);
     assert.equal(p.line('admission', JSON.stringify({ level: 'info', message: 'listening', port: 1 }))!.debug, true);
   });
@@ -124,18 +219,38 @@ describe('LogPrinter: one readable line per change', () => {
     const lines = [
       reconcile({ extra: 'PLANTED-1' }),
       JSON.stringify({ level: 'warn', message: 'x', stringData: 'PLANTED-2' }),
-      JSON.stringify({ level: 'info', message: 'identity refreshed', identity: 'i', changed: ['Ready'], namespaces: [], token: 'PLANTED-3' }),
+      JSON.stringify({
+        level: 'info',
+        message: 'identity refreshed',
+        identity: 'i',
+        changed: ['Ready'],
+        namespaces: [],
+        token: 'PLANTED-3',
+      }),
     ];
     for (const l of lines) assert.doesNotMatch(formatLine(p.line('c', l)!), /PLANTED/);
   });
 });
 
 describe('describeMirrorChange', () => {
-  const v = (over: Partial<MirrorView> = {}): MirrorView => ({ namespace: 'team-a', name: 'captf-creds-aws-prod', identity: 'aws-prod', owners: ['TerraformCluster/prod'], hash: 'h1', ...over });
+  const v = (over: Partial<MirrorView> = {}): MirrorView => ({
+    namespace: 'team-a',
+    name: 'captf-creds-aws-prod',
+    identity: 'aws-prod',
+    owners: ['TerraformCluster/prod'],
+    hash: 'h1',
+    ...over,
+  });
   it('created, deleted, owners changed, data rotated (the hash is compared, never shown), nothing changed', () => {
-    assert.equal(describeMirrorChange('add', v())!.text, 'created for identity aws-prod; owners: TerraformCluster/prod');
+    assert.equal(
+      describeMirrorChange('add', v())!.text,
+      'created for identity aws-prod; owners: TerraformCluster/prod',
+    );
     assert.equal(describeMirrorChange('delete', v())!.text, 'deleted (identity aws-prod)');
-    assert.equal(describeMirrorChange('update', v({ owners: ['TerraformCluster/prod', 'TerraformMachine/m'] }), v())!.text, 'updated; owners: TerraformCluster/prod, TerraformMachine/m');
+    assert.equal(
+      describeMirrorChange('update', v({ owners: ['TerraformCluster/prod', 'TerraformMachine/m'] }), v())!.text,
+      'updated; owners: TerraformCluster/prod, TerraformMachine/m',
+    );
     const rotated = describeMirrorChange('update', v({ hash: 'h2' }), v())!;
     assert.equal(rotated.text, 'updated; data replaced from the rotated source');
     assert.doesNotMatch(formatLine(rotated), /h2|h1/);

@@ -13,7 +13,9 @@ const FORMS: Record<string, unknown> = {
   'list [a,b]': { list: ['a', 'b'] },
   'selector {}': { selector: {} },
   'selector env=prod': { selector: { matchLabels: { env: 'prod' } } },
-  'selector env=prod,tier In(x)': { selector: { matchLabels: { env: 'prod' }, matchExpressions: [{ key: 'tier', operator: 'In', values: ['x'] }] } },
+  'selector env=prod,tier In(x)': {
+    selector: { matchLabels: { env: 'prod' }, matchExpressions: [{ key: 'tier', operator: 'In', values: ['x'] }] },
+  },
   'selector env=dev': { selector: { matchLabels: { env: 'dev' } } },
   'list [a] + selector env=prod': { list: ['a'], selector: { matchLabels: { env: 'prod' } } },
   '{} (invalid)': {},
@@ -24,17 +26,17 @@ const FORMS: Record<string, unknown> = {
 const F = Object.keys(FORMS);
 const TABLE: Record<string, string> = {
   //                                 absent null  l[]  l[a] l[ab] s{}  s=p  s=p+ s=d  l+s  {}
-  absent:                          ' n     n     n    W    W     W    W    W    W    W    W',
-  null:                            ' n     n     n    W    W     W    W    W    W    W    W',
-  'list []':                       ' n     n     n    W    W     W    W    W    W    W    W',
-  'list [a]':                      ' n     n     n    n    W     W    W    W    W    W    W',
-  'list [a,b]':                    ' n     n     n    n    n     W    W    W    W    W    W',
-  'selector {}':                   ' n     n     n    W    W     n    n    n    n    W    W',
-  'selector env=prod':             ' n     n     n    W    W     W    n    n    W    W    W',
-  'selector env=prod,tier In(x)':  ' n     n     n    W    W     W    W    n    W    W    W',
-  'selector env=dev':              ' n     n     n    W    W     W    W    W    n    W    W',
-  'list [a] + selector env=prod':  ' n     n     n    n    W     W    n    n    W    n    W',
-  '{} (invalid)':                  ' W     W     W    W    W     W    W    W    W    W    W',
+  absent: ' n     n     n    W    W     W    W    W    W    W    W',
+  null: ' n     n     n    W    W     W    W    W    W    W    W',
+  'list []': ' n     n     n    W    W     W    W    W    W    W    W',
+  'list [a]': ' n     n     n    n    W     W    W    W    W    W    W',
+  'list [a,b]': ' n     n     n    n    n     W    W    W    W    W    W',
+  'selector {}': ' n     n     n    W    W     n    n    n    n    W    W',
+  'selector env=prod': ' n     n     n    W    W     W    n    n    W    W    W',
+  'selector env=prod,tier In(x)': ' n     n     n    W    W     W    W    n    W    W    W',
+  'selector env=dev': ' n     n     n    W    W     W    W    W    n    W    W',
+  'list [a] + selector env=prod': ' n     n     n    n    W     W    n    n    W    n    W',
+  '{} (invalid)': ' W     W     W    W    W     W    W    W    W    W    W',
 };
 
 describe('isWidening: every pair of allowedNamespaces forms (SPEC §10)', () => {
@@ -56,19 +58,93 @@ describe('isWidening: changes within one form', () => {
     ['list loses a name', { list: ['a', 'b'] }, { list: ['b'] }, false],
     ['list reordered', { list: ['a', 'b'] }, { list: ['b', 'a'] }, false],
     ['list swaps a name', { list: ['a'] }, { list: ['b'] }, true],
-    ['selector gains a requirement', { selector: { matchLabels: { env: 'prod' } } }, { selector: { matchLabels: { env: 'prod', team: 'x' } } }, false],
-    ['selector gains an expression', { selector: { matchLabels: { env: 'prod' } } }, { selector: { matchLabels: { env: 'prod' }, matchExpressions: [{ key: 'k', operator: 'Exists' }] } }, false],
-    ['selector loses a requirement', { selector: { matchLabels: { env: 'prod', team: 'x' } } }, { selector: { matchLabels: { env: 'prod' } } }, true],
-    ['selector value changed', { selector: { matchLabels: { env: 'prod' } } }, { selector: { matchLabels: { env: 'dev' } } }, true],
-    ['In values narrowed is still conservative widening', { selector: { matchExpressions: [{ key: 'env', operator: 'In', values: ['a', 'b'] }] } }, { selector: { matchExpressions: [{ key: 'env', operator: 'In', values: ['a'] }] } }, true],
-    ['operator changed', { selector: { matchExpressions: [{ key: 'env', operator: 'Exists' }] } }, { selector: { matchExpressions: [{ key: 'env', operator: 'DoesNotExist' }] } }, true],
-    ['expressions reordered', { selector: { matchExpressions: [{ key: 'a', operator: 'Exists' }, { key: 'b', operator: 'In', values: ['y', 'x'] }] } }, { selector: { matchExpressions: [{ key: 'b', operator: 'In', values: ['x', 'y'] }, { key: 'a', operator: 'Exists' }] } }, false],
-    ['matchLabels rewritten as In', { selector: { matchLabels: { env: 'prod' } } }, { selector: { matchExpressions: [{ key: 'env', operator: 'In', values: ['prod'] }] } }, false],
-    ['empty matchLabels is the same as {}', { selector: {} }, { selector: { matchLabels: {}, matchExpressions: [] } }, false],
-    ['selector removed, list kept', { list: ['a'], selector: { matchLabels: { env: 'prod' } } }, { list: ['a'] }, false],
+    [
+      'selector gains a requirement',
+      { selector: { matchLabels: { env: 'prod' } } },
+      { selector: { matchLabels: { env: 'prod', team: 'x' } } },
+      false,
+    ],
+    [
+      'selector gains an expression',
+      { selector: { matchLabels: { env: 'prod' } } },
+      { selector: { matchLabels: { env: 'prod' }, matchExpressions: [{ key: 'k', operator: 'Exists' }] } },
+      false,
+    ],
+    [
+      'selector loses a requirement',
+      { selector: { matchLabels: { env: 'prod', team: 'x' } } },
+      { selector: { matchLabels: { env: 'prod' } } },
+      true,
+    ],
+    [
+      'selector value changed',
+      { selector: { matchLabels: { env: 'prod' } } },
+      { selector: { matchLabels: { env: 'dev' } } },
+      true,
+    ],
+    [
+      'In values narrowed is still conservative widening',
+      { selector: { matchExpressions: [{ key: 'env', operator: 'In', values: ['a', 'b'] }] } },
+      { selector: { matchExpressions: [{ key: 'env', operator: 'In', values: ['a'] }] } },
+      true,
+    ],
+    [
+      'operator changed',
+      { selector: { matchExpressions: [{ key: 'env', operator: 'Exists' }] } },
+      { selector: { matchExpressions: [{ key: 'env', operator: 'DoesNotExist' }] } },
+      true,
+    ],
+    [
+      'expressions reordered',
+      {
+        selector: {
+          matchExpressions: [
+            { key: 'a', operator: 'Exists' },
+            { key: 'b', operator: 'In', values: ['y', 'x'] },
+          ],
+        },
+      },
+      {
+        selector: {
+          matchExpressions: [
+            { key: 'b', operator: 'In', values: ['x', 'y'] },
+            { key: 'a', operator: 'Exists' },
+          ],
+        },
+      },
+      false,
+    ],
+    [
+      'matchLabels rewritten as In',
+      { selector: { matchLabels: { env: 'prod' } } },
+      { selector: { matchExpressions: [{ key: 'env', operator: 'In', values: ['prod'] }] } },
+      false,
+    ],
+    [
+      'empty matchLabels is the same as {}',
+      { selector: {} },
+      { selector: { matchLabels: {}, matchExpressions: [] } },
+      false,
+    ],
+    [
+      'selector removed, list kept',
+      { list: ['a'], selector: { matchLabels: { env: 'prod' } } },
+      { list: ['a'] },
+      false,
+    ],
     ['selector {} → list', { selector: {} }, { list: ['a'] }, true],
-    ['new name the old selector matched is still widening', { selector: { matchLabels: { env: 'prod' } } }, { selector: { matchLabels: { env: 'prod' } }, list: ['prod-ns'] }, true],
-    ['invalid new selector', { list: ['a'] }, { list: ['a'], selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } }, true],
+    [
+      'new name the old selector matched is still widening',
+      { selector: { matchLabels: { env: 'prod' } } },
+      { selector: { matchLabels: { env: 'prod' } }, list: ['prod-ns'] },
+      true,
+    ],
+    [
+      'invalid new selector',
+      { list: ['a'] },
+      { list: ['a'], selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } },
+      true,
+    ],
   ];
   for (const [name, from, to, expected] of rows) {
     it(`${name}: ${expected ? 'widening' : 'not widening'}`, () => {
@@ -97,9 +173,16 @@ describe('isWidening is conservative: never "not widening" when a namespace beca
     for (const to of F) {
       it(`${from} → ${to}`, () => {
         const gained = samples.filter(
-          (n) => isNamespaceAllowed(FORMS[to] as AllowedNamespaces, n) && !isNamespaceAllowed(FORMS[from] as AllowedNamespaces, n),
+          (n) =>
+            isNamespaceAllowed(FORMS[to] as AllowedNamespaces, n) &&
+            !isNamespaceAllowed(FORMS[from] as AllowedNamespaces, n),
         );
-        if (gained.length > 0) assert.equal(isWidening(FORMS[from], FORMS[to]).widening, true, `gains ${gained.map((g) => g.name).join(',')}`);
+        if (gained.length > 0)
+          assert.equal(
+            isWidening(FORMS[from], FORMS[to]).widening,
+            true,
+            `gains ${gained.map((g) => g.name).join(',')}`,
+          );
       });
     }
   }

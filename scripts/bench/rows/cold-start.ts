@@ -7,7 +7,16 @@
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { bareNodeServer } from '../baselines.ts';
-import { consumerBody, consumerEvent, consumersPath, createNamespaces, hasTrue, pingEvent, postEvent, type Consumer } from '../fixtures.ts';
+import {
+  consumerBody,
+  consumerEvent,
+  consumersPath,
+  createNamespaces,
+  hasTrue,
+  pingEvent,
+  postEvent,
+  type Consumer,
+} from '../fixtures.ts';
 import type { Figure } from '../report.ts';
 import { spawnBundle, type FunctionName } from '../system.ts';
 import type { RowContext } from './context.ts';
@@ -32,7 +41,15 @@ const review = JSON.stringify({
     operation: 'CREATE',
     name: 'bench-cold',
     userInfo: { username: 'admin', groups: ['system:masters'] },
-    object: { apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2', kind: 'TerraformClusterIdentity', metadata: { name: 'bench-cold' }, spec: { secretRef: { name: 'bench-resync-creds', namespace: 'captf-system' }, allowedNamespaces: { list: ['a'] } } },
+    object: {
+      apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+      kind: 'TerraformClusterIdentity',
+      metadata: { name: 'bench-cold' },
+      spec: {
+        secretRef: { name: 'bench-resync-creds', namespace: 'captf-system' },
+        allowedNamespaces: { list: ['a'] },
+      },
+    },
   },
 });
 
@@ -46,9 +63,18 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
   const ns = ctx.next('cold');
   await createNamespaces(sys.admin, [ns]);
   sys.relay.setMode({ kind: 'deliver', targets: [`${sys.functions['mirror-sync'].url}/`], concurrency: 1 });
-  await sys.admin.call('POST', consumersPath('terraformmachines', ns), consumerBody('terraformmachines', 'm-0', BURST_IDENTITY));
+  await sys.admin.call(
+    'POST',
+    consumersPath('terraformmachines', ns),
+    consumerBody('terraformmachines', 'm-0', BURST_IDENTITY),
+  );
   const deadline = Date.now() + ctx.timeoutMs;
-  while (!hasTrue(await sys.admin.call<Consumer>('GET', `${consumersPath('terraformmachines', ns)}/m-0`), 'CredentialsMirrored')) {
+  while (
+    !hasTrue(
+      await sys.admin.call<Consumer>('GET', `${consumersPath('terraformmachines', ns)}/m-0`),
+      'CredentialsMirrored',
+    )
+  ) {
     if (Date.now() > deadline) throw new Error('the cold-start fixture consumer was never mirrored');
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -66,7 +92,12 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
     const samples: number[] = [];
     for (let i = 0; i < runs; i++) {
       const t0 = performance.now();
-      const fn = await spawnBundle(sys.main, name, sys.functionEnv(name), join(sys.dir, 'logs', `cold-${name}-${i}.log`));
+      const fn = await spawnBundle(
+        sys.main,
+        name,
+        sys.functionEnv(name),
+        join(sys.dir, 'logs', `cold-${name}-${i}.log`),
+      );
       try {
         const status = await first[name](fn.url);
         if (status < 200 || status > 299) throw new Error(`${name}'s first request answered ${status}`);
@@ -75,7 +106,13 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
         await fn.stop();
       }
     }
-    figures.push({ row: 'cold start', what: `${name}: spawn → first real answer`, unit: 'ms', samples, baseline: { what: 'bare Node HTTP server', samples: bare } });
+    figures.push({
+      row: 'cold start',
+      what: `${name}: spawn → first real answer`,
+      unit: 'ms',
+      samples,
+      baseline: { what: 'bare Node HTTP server', samples: bare },
+    });
   }
   return figures;
 }

@@ -4,7 +4,15 @@
  */
 import type { KubeObject } from '../client.ts';
 import { WatchedCollection } from '../collection.ts';
-import { consumersPath, createConsumers, createNamespaces, hasTrue, mirrorOf, spreadOver, type Consumer } from '../fixtures.ts';
+import {
+  consumersPath,
+  createConsumers,
+  createNamespaces,
+  hasTrue,
+  mirrorOf,
+  spreadOver,
+  type Consumer,
+} from '../fixtures.ts';
 import { responseBytes, samplePeaks, type Peaks, type RequestCounts } from '../measure.ts';
 import type { RelayCounts, RelayMode } from '../relay.ts';
 import { USERS, type BenchSystem } from '../system.ts';
@@ -49,13 +57,20 @@ export interface BurstResult {
  * @param pids processes whose peak RSS and sockets are sampled.
  * @throws Error when convergence takes longer than `ctx.timeoutMs`.
  */
-export async function burst(ctx: RowContext, opts: { identity: string; namespaces: string[]; perNamespace: number; mode: RelayMode; pids: Record<string, number> }): Promise<BurstResult> {
+export async function burst(
+  ctx: RowContext,
+  opts: { identity: string; namespaces: string[]; perNamespace: number; mode: RelayMode; pids: Record<string, number> },
+): Promise<BurstResult> {
   const { sys } = ctx;
   const label = ctx.next('burst');
   await createNamespaces(sys.admin, opts.namespaces);
   sys.relay.setMode(opts.mode);
   await sys.relay.quiet(500);
-  const consumers = await new WatchedCollection<Consumer>(sys.admin, consumersPath('terraformmachines'), `labelSelector=${encodeURIComponent(`captf-bench/burst=${label}`)}`).start();
+  const consumers = await new WatchedCollection<Consumer>(
+    sys.admin,
+    consumersPath('terraformmachines'),
+    `labelSelector=${encodeURIComponent(`captf-bench/burst=${label}`)}`,
+  ).start();
   const items = spreadOver(opts.namespaces, opts.perNamespace, 'm');
   const total = items.length;
   const mirrorKey = (ns: string) => `${ns}/${mirrorOf(opts.identity)}`;
@@ -79,12 +94,27 @@ export async function burst(ctx: RowContext, opts: { identity: string; namespace
   try {
     const t0 = performance.now();
     await createConsumers(sys.admin, 'terraformmachines', items, opts.identity, { 'captf-bench/burst': label });
-    const allMirrored = await consumers.until(`${total} consumers mirrored`, (m) => m.size === total && [...m.values()].every((c) => hasTrue(c, 'CredentialsMirrored')), ctx.timeoutMs);
-    const exact = await ctx.mirrors.until(`owner references of ${opts.namespaces.length} mirror(s)`, ownersExact, ctx.timeoutMs);
+    const allMirrored = await consumers.until(
+      `${total} consumers mirrored`,
+      (m) => m.size === total && [...m.values()].every((c) => hasTrue(c, 'CredentialsMirrored')),
+      ctx.timeoutMs,
+    );
+    const exact = await ctx.mirrors.until(
+      `owner references of ${opts.namespaces.length} mirror(s)`,
+      ownersExact,
+      ctx.timeoutMs,
+    );
     const ms = Math.max(allMirrored, exact) - t0;
     await sys.relay.quiet(1000, ctx.timeoutMs);
     const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
-    return { ms, counts, bytes: (await responseBytes(sys.admin)) - bytes0, peaks: sampler.stop(), relay: { ...sys.relay.counts }, consumers: total };
+    return {
+      ms,
+      counts,
+      bytes: (await responseBytes(sys.admin)) - bytes0,
+      peaks: sampler.stop(),
+      relay: { ...sys.relay.counts },
+      consumers: total,
+    };
   } finally {
     sampler.stop();
     consumers.stop();

@@ -27,9 +27,21 @@ export async function eventToMirrorRow(ctx: RowContext, samples: number): Promis
     floor.push(await secretRoundTrip(sys.admin, baseNs, `s-${i}`));
     const t0 = performance.now();
     const seen = ctx.mirrors.until(`mirror in ${ns}`, (m) => m.has(`${ns}/${mirrorOf(BURST_IDENTITY)}`), ctx.timeoutMs);
-    await sys.admin.call('POST', consumersPath('terraformmachines', ns), consumerBody('terraformmachines', 'm-0', BURST_IDENTITY));
+    await sys.admin.call(
+      'POST',
+      consumersPath('terraformmachines', ns),
+      consumerBody('terraformmachines', 'm-0', BURST_IDENTITY),
+    );
     times.push((await seen) - t0);
     await sys.relay.quiet(300);
   }
-  return [{ row: 'event → mirror', what: 'consumer create → mirror exists', unit: 'ms', samples: times, baseline: { what: 'Secret create round trip', samples: floor } }];
+  return [
+    {
+      row: 'event → mirror',
+      what: 'consumer create → mirror exists',
+      unit: 'ms',
+      samples: times,
+      baseline: { what: 'Secret create round trip', samples: floor },
+    },
+  ];
 }

@@ -20,8 +20,20 @@ export const BURST_IDENTITY = 'bench-burst';
 function burstFigures(row: string, r: BurstResult, baseline: { ms: number; requestsPerObject: number }): Figure[] {
   const per = (v: number) => v / r.consumers;
   return [
-    { row, what: 'time until all mirrored', unit: 'ms', samples: [r.ms], baseline: { what: `${r.consumers} Secret creates`, samples: [baseline.ms] } },
-    { row, what: 'mirror-sync API requests per consumer', unit: 'count', samples: [per(r.counts.requests)], baseline: { what: 'requests per Secret create', samples: [baseline.requestsPerObject] } },
+    {
+      row,
+      what: 'time until all mirrored',
+      unit: 'ms',
+      samples: [r.ms],
+      baseline: { what: `${r.consumers} Secret creates`, samples: [baseline.ms] },
+    },
+    {
+      row,
+      what: 'mirror-sync API requests per consumer',
+      unit: 'count',
+      samples: [per(r.counts.requests)],
+      baseline: { what: 'requests per Secret create', samples: [baseline.requestsPerObject] },
+    },
     { row, what: 'bytes read per consumer (GET+LIST)', unit: 'bytes', samples: [per(r.bytes)] },
     { row, what: '409 conflicts', unit: 'count', samples: [r.counts.conflicts] },
     { row, what: 'mirror writes', unit: 'count', samples: [r.counts.mirrorWrites] },
@@ -54,7 +66,13 @@ export async function fanInRows(ctx: RowContext, sizes: readonly number[], concu
   for (const n of sizes) {
     ctx.log(`fan-in: ${n} consumers in one namespace`);
     const base = await createsBaseline(ctx, n);
-    const r = await burst(ctx, { identity: BURST_IDENTITY, namespaces: [ctx.next('fi')], perNamespace: n, mode: serial, pids });
+    const r = await burst(ctx, {
+      identity: BURST_IDENTITY,
+      namespaces: [ctx.next('fi')],
+      perNamespace: n,
+      mode: serial,
+      pids,
+    });
     if (n === concurrentSize) serialAtConcurrentSize = r;
     figures.push(...burstFigures(`fan-in N=${n}`, r, base));
   }
@@ -74,13 +92,42 @@ async function concurrentFanIn(ctx: RowContext, n: number, serial: BurstResult):
   const one = sys.functions['mirror-sync'];
   const figures: Figure[] = [];
   const row = (label: string, r: BurstResult): Figure[] => [
-    { row: `concurrent fan-in N=${n}, ${label}`, what: 'time until all mirrored', unit: 'ms', samples: [r.ms], baseline: { what: 'serial burst', samples: [serial.ms] } },
-    { row: `concurrent fan-in N=${n}, ${label}`, what: '409 conflicts', unit: 'count', samples: [r.counts.conflicts], baseline: { what: 'serial burst', samples: [serial.counts.conflicts] } },
-    { row: `concurrent fan-in N=${n}, ${label}`, what: 'mirror writes', unit: 'count', samples: [r.counts.mirrorWrites], baseline: { what: 'serial burst', samples: [serial.counts.mirrorWrites] } },
-    { row: `concurrent fan-in N=${n}, ${label}`, what: 'mirror-sync API requests per consumer', unit: 'count', samples: [r.counts.requests / n] },
+    {
+      row: `concurrent fan-in N=${n}, ${label}`,
+      what: 'time until all mirrored',
+      unit: 'ms',
+      samples: [r.ms],
+      baseline: { what: 'serial burst', samples: [serial.ms] },
+    },
+    {
+      row: `concurrent fan-in N=${n}, ${label}`,
+      what: '409 conflicts',
+      unit: 'count',
+      samples: [r.counts.conflicts],
+      baseline: { what: 'serial burst', samples: [serial.counts.conflicts] },
+    },
+    {
+      row: `concurrent fan-in N=${n}, ${label}`,
+      what: 'mirror writes',
+      unit: 'count',
+      samples: [r.counts.mirrorWrites],
+      baseline: { what: 'serial burst', samples: [serial.counts.mirrorWrites] },
+    },
+    {
+      row: `concurrent fan-in N=${n}, ${label}`,
+      what: 'mirror-sync API requests per consumer',
+      unit: 'count',
+      samples: [r.counts.requests / n],
+    },
   ];
   ctx.log(`concurrent fan-in: ${n} consumers, 8 in flight to one instance`);
-  const a = await burst(ctx, { identity: BURST_IDENTITY, namespaces: [ctx.next('cf')], perNamespace: n, mode: { kind: 'deliver', targets: [`${one.url}/`], concurrency: 8 }, pids: { 'mirror-sync': one.pid } });
+  const a = await burst(ctx, {
+    identity: BURST_IDENTITY,
+    namespaces: [ctx.next('cf')],
+    perNamespace: n,
+    mode: { kind: 'deliver', targets: [`${one.url}/`], concurrency: 8 },
+    pids: { 'mirror-sync': one.pid },
+  });
   figures.push(...row('8 in flight, 1 instance', a));
   ctx.log(`concurrent fan-in: ${n} consumers, 8 in flight over two instances`);
   const two = await sys.startFunction('mirror-sync');

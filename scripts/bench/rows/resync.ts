@@ -10,7 +10,18 @@
  * mirrors, so the event path does not slow the set-up.
  */
 import { paginatedLists } from '../baselines.ts';
-import { MIRROR_SELECTOR, consumersPath, createConsumers, createIdentity, createNamespaces, mirrorOf, pingEvent, postEvent, putSourceSecret, spreadOver } from '../fixtures.ts';
+import {
+  MIRROR_SELECTOR,
+  consumersPath,
+  createConsumers,
+  createIdentity,
+  createNamespaces,
+  mirrorOf,
+  pingEvent,
+  postEvent,
+  putSourceSecret,
+  spreadOver,
+} from '../fixtures.ts';
 import { responseBytes, samplePeaks } from '../measure.ts';
 import type { Figure } from '../report.ts';
 import { USERS } from '../system.ts';
@@ -19,7 +30,10 @@ import type { RowContext } from './context.ts';
 const SOURCE = 'bench-resync-creds';
 
 /** One ping answered 2xx, retried (at most 3 pings) while the answer asks for a retry. */
-async function pingUntilDone(url: string, pingSource: 'captf-resync' | 'captf-identity-status'): Promise<{ ms: number; status: number }> {
+async function pingUntilDone(
+  url: string,
+  pingSource: 'captf-resync' | 'captf-identity-status',
+): Promise<{ ms: number; status: number }> {
   let last = { ms: 0, status: 0 };
   for (let i = 0; i < 3; i++) {
     const r = await postEvent(`${url}/`, pingEvent(pingSource));
@@ -55,7 +69,11 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[], figu
     namespaces.push(...added);
     const first = await pingUntilDone(ms.url, 'captf-resync');
     if (first.status !== 200) throw new Error(`the resync that creates the mirrors answered ${first.status}`);
-    await ctx.mirrors.until(`${namespaces.length} resync mirrors`, (m) => namespaces.every((ns) => m.has(`${ns}/${mirrorOf(identity)}`)), ctx.timeoutMs);
+    await ctx.mirrors.until(
+      `${namespaces.length} resync mirrors`,
+      (m) => namespaces.every((ns) => m.has(`${ns}/${mirrorOf(identity)}`)),
+      ctx.timeoutMs,
+    );
 
     const floor = await paginatedLists(sys.admin, [
       [consumersPath('terraformclusters'), ''],
@@ -75,12 +93,44 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[], figu
     let counts = sys.audit.countFor(USERS['mirror-sync'], mark);
     figures.push(
       { row, what: 'resync, all current: ping → answer', unit: 'ms', samples: [current.ms], baseline },
-      { row, what: 'resync, all current: API requests', unit: 'count', samples: [counts.requests], baseline: { what: 'LIST pages', samples: [floor.pages] } },
-      { row, what: 'resync, all current: API requests per consumer', unit: 'count', samples: [counts.requests / consumers] },
-      { row, what: 'resync, all current: bytes read (GET+LIST)', unit: 'bytes', samples: [(await responseBytes(sys.admin)) - bytes0] },
-      { row, what: 'resync, all current: writes', unit: 'count', samples: [counts.requests - (counts.verbs.get ?? 0) - (counts.verbs.list ?? 0)] },
-      { row, what: 'mirror-sync peak RSS (resync)', unit: 'bytes', samples: [peaks.rss['mirror-sync'] ?? 0], baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] } },
-      { row, what: 'mirror-sync peak open sockets (resync)', unit: 'count', samples: [peaks.sockets['mirror-sync'] ?? 0] },
+      {
+        row,
+        what: 'resync, all current: API requests',
+        unit: 'count',
+        samples: [counts.requests],
+        baseline: { what: 'LIST pages', samples: [floor.pages] },
+      },
+      {
+        row,
+        what: 'resync, all current: API requests per consumer',
+        unit: 'count',
+        samples: [counts.requests / consumers],
+      },
+      {
+        row,
+        what: 'resync, all current: bytes read (GET+LIST)',
+        unit: 'bytes',
+        samples: [(await responseBytes(sys.admin)) - bytes0],
+      },
+      {
+        row,
+        what: 'resync, all current: writes',
+        unit: 'count',
+        samples: [counts.requests - (counts.verbs.get ?? 0) - (counts.verbs.list ?? 0)],
+      },
+      {
+        row,
+        what: 'mirror-sync peak RSS (resync)',
+        unit: 'bytes',
+        samples: [peaks.rss['mirror-sync'] ?? 0],
+        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] },
+      },
+      {
+        row,
+        what: 'mirror-sync peak open sockets (resync)',
+        unit: 'count',
+        samples: [peaks.sockets['mirror-sync'] ?? 0],
+      },
     );
     if (current.status !== 200) ctx.log(`resync, all current, answered ${current.status}`);
 
@@ -93,7 +143,11 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[], figu
     sampler = samplePeaks({ 'mirror-sync': ms.pid });
     await putSourceSecret(sys.admin, SOURCE, { token: value });
     const t0 = performance.now();
-    const allNew = ctx.mirrors.until('every mirror rotated', (m) => namespaces.every((ns) => m.get(`${ns}/${mirrorOf(identity)}`)?.data?.token === want), ctx.timeoutMs);
+    const allNew = ctx.mirrors.until(
+      'every mirror rotated',
+      (m) => namespaces.every((ns) => m.get(`${ns}/${mirrorOf(identity)}`)?.data?.token === want),
+      ctx.timeoutMs,
+    );
     const rotated = await postEvent(`${ms.url}/`, pingEvent('captf-resync'));
     const currentMs = (await allNew) - t0;
     peaks = sampler.stop();
@@ -101,10 +155,22 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[], figu
     figures.push(
       { row, what: 'rotation: ping → answer', unit: 'ms', samples: [rotated.ms], baseline },
       { row, what: 'rotation: ping → every mirror current', unit: 'ms', samples: [currentMs], baseline },
-      { row, what: 'rotation: mirror writes', unit: 'count', samples: [counts.mirrorWrites], baseline: { what: 'mirrors', samples: [namespaces.length] } },
+      {
+        row,
+        what: 'rotation: mirror writes',
+        unit: 'count',
+        samples: [counts.mirrorWrites],
+        baseline: { what: 'mirrors', samples: [namespaces.length] },
+      },
       { row, what: 'rotation: 409 conflicts', unit: 'count', samples: [counts.conflicts] },
       { row, what: 'rotation: API requests', unit: 'count', samples: [counts.requests] },
-      { row, what: 'mirror-sync peak RSS (rotation)', unit: 'bytes', samples: [peaks.rss['mirror-sync'] ?? 0], baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] } },
+      {
+        row,
+        what: 'mirror-sync peak RSS (rotation)',
+        unit: 'bytes',
+        samples: [peaks.rss['mirror-sync'] ?? 0],
+        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] },
+      },
     );
 
     // identity-status's refresh at this size.
@@ -116,7 +182,13 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[], figu
     figures.push(
       { row, what: 'identity-status ping → answer', unit: 'ms', samples: [refresh.ms], baseline },
       { row, what: 'identity-status API requests', unit: 'count', samples: [counts.requests] },
-      { row, what: 'identity-status peak RSS', unit: 'bytes', samples: [peaks.rss['identity-status'] ?? 0], baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['identity-status']] } },
+      {
+        row,
+        what: 'identity-status peak RSS',
+        unit: 'bytes',
+        samples: [peaks.rss['identity-status'] ?? 0],
+        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['identity-status']] },
+      },
     );
   }
   return figures;

@@ -22,20 +22,47 @@ export async function revocationRow(ctx: RowContext, perNamespace: number): Prom
   await createIdentity(sys.admin, identity, 'bench-revoke-creds', { list: namespaces });
   ctx.log(`revocation: ${10 * perNamespace} consumers over 10 namespaces`);
   const ms = sys.functions['mirror-sync'];
-  await burst(ctx, { identity, namespaces, perNamespace, mode: { kind: 'deliver', targets: [`${ms.url}/`], concurrency: 1 }, pids: { 'mirror-sync': ms.pid } });
+  await burst(ctx, {
+    identity,
+    namespaces,
+    perNamespace,
+    mode: { kind: 'deliver', targets: [`${ms.url}/`], concurrency: 1 },
+    pids: { 'mirror-sync': ms.pid },
+  });
   const dropped = namespaces.slice(5);
   const mark = sys.audit.mark();
   const t0 = performance.now();
-  const gone = ctx.mirrors.until('revoked mirrors deleted', (m) => dropped.every((ns) => !m.has(`${ns}/${mirrorOf(identity)}`)), ctx.timeoutMs);
-  await sys.admin.call('PATCH', `${IDENTITIES}/${identity}`, { spec: { allowedNamespaces: { list: namespaces.slice(0, 5) } } }, 'application/merge-patch+json');
+  const gone = ctx.mirrors.until(
+    'revoked mirrors deleted',
+    (m) => dropped.every((ns) => !m.has(`${ns}/${mirrorOf(identity)}`)),
+    ctx.timeoutMs,
+  );
+  await sys.admin.call(
+    'PATCH',
+    `${IDENTITIES}/${identity}`,
+    { spec: { allowedNamespaces: { list: namespaces.slice(0, 5) } } },
+    'application/merge-patch+json',
+  );
   const revokedMs = (await gone) - t0;
   await sys.relay.quiet(1000, ctx.timeoutMs);
   const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
   const floor = await secretDeletes(sys.admin, dropped, 'bl-revoke');
   const row = `revocation, 5 of 10 namespaces, ${10 * perNamespace} consumers`;
   return [
-    { row, what: 'identity narrowed → 5 mirrors gone', unit: 'ms', samples: [revokedMs], baseline: { what: 'delete 5 Secrets', samples: [floor] } },
-    { row, what: 'Secret DELETEs by mirror-sync', unit: 'count', samples: [counts.secretDeletes], baseline: { what: 'mirrors to delete', samples: [5] } },
+    {
+      row,
+      what: 'identity narrowed → 5 mirrors gone',
+      unit: 'ms',
+      samples: [revokedMs],
+      baseline: { what: 'delete 5 Secrets', samples: [floor] },
+    },
+    {
+      row,
+      what: 'Secret DELETEs by mirror-sync',
+      unit: 'count',
+      samples: [counts.secretDeletes],
+      baseline: { what: 'mirrors to delete', samples: [5] },
+    },
     { row, what: 'mirror-sync API requests', unit: 'count', samples: [counts.requests] },
   ];
 }
