@@ -26,27 +26,73 @@ function isStringArray(v: unknown): v is string[] {
   return Array.isArray(v) && v.every((x) => typeof x === 'string');
 }
 
+const isSet = (v: unknown): boolean => v !== undefined && v !== null;
+const refused = (error: string): { refused: ParsedReview } => ({ refused: bad(error) });
+
+/** Validates `userInfo.extra`; returns the error or the map (empty when absent). */
+function readExtra(v: unknown): Record<string, string[]> | string {
+  const extra: Record<string, string[]> = {};
+  if (!isSet(v)) return extra;
+  if (!isPlainObject(v)) return 'request.userInfo.extra must be a map of string lists';
+  for (const [k, vals] of Object.entries(v)) {
+    if (!isStringArray(vals)) return `request.userInfo.extra[${JSON.stringify(k)}] must be a list of strings`;
+    extra[k] = vals;
+  }
+  return extra;
+}
+
+/** The first problem with `userInfo`'s fields other than `extra`, or undefined. */
+function userInfoError(v: Record<string, unknown>): string | undefined {
+  if (typeof v.username !== 'string' || v.username === '') return 'request.userInfo.username is missing';
+  if (isSet(v.groups) && !isStringArray(v.groups)) return 'request.userInfo.groups must be a list of strings';
+  if (isSet(v.uid) && typeof v.uid !== 'string') return 'request.userInfo.uid must be a string';
+  return undefined;
+}
+
 /** Validates `request.userInfo`; returns the error or the typed value. */
 function readUserInfo(v: unknown): UserInfo | string {
   if (!isPlainObject(v)) return 'request.userInfo is missing';
-  if (typeof v.username !== 'string' || v.username === '') return 'request.userInfo.username is missing';
-  if (v.groups !== undefined && v.groups !== null && !isStringArray(v.groups))
-    return 'request.userInfo.groups must be a list of strings';
-  if (v.uid !== undefined && v.uid !== null && typeof v.uid !== 'string')
-    return 'request.userInfo.uid must be a string';
-  const extra: Record<string, string[]> = {};
-  if (v.extra !== undefined && v.extra !== null) {
-    if (!isPlainObject(v.extra)) return 'request.userInfo.extra must be a map of string lists';
-    for (const [k, vals] of Object.entries(v.extra)) {
-      if (!isStringArray(vals)) return `request.userInfo.extra[${JSON.stringify(k)}] must be a list of strings`;
-      extra[k] = vals;
-    }
-  }
+  const error = userInfoError(v);
+  if (error) return error;
+  const extra = readExtra(v.extra);
+  if (typeof extra === 'string') return extra;
   return {
-    username: v.username,
+    username: v.username as string,
     ...(typeof v.uid === 'string' && v.uid ? { uid: v.uid } : {}),
     ...(isStringArray(v.groups) ? { groups: v.groups } : {}),
     ...(Object.keys(extra).length > 0 ? { extra } : {}),
+  };
+}
+
+/** Reads the body as an `admission.k8s.io/v1` AdmissionReview; returns its `request` or a 400. */
+function readReviewRequest(body: unknown): { request: Record<string, unknown> } | { refused: ParsedReview } {
+  if (typeof body !== 'string' || body.trim() === '')
+    return refused('request body is empty; expected an AdmissionReview (admission.k8s.io/v1) as JSON');
+  let doc: unknown;
+  try {
+    doc = JSON.parse(body);
+  } catch {
+    return refused('request body is not JSON; expected an AdmissionReview (admission.k8s.io/v1)');
+  }
+  if (!isPlainObject(doc)) return refused('request body is not a JSON object; expected an AdmissionReview');
+  if (doc.apiVersion !== ADMISSION_API_VERSION || doc.kind !== 'AdmissionReview') {
+    const got = `${JSON.stringify(String(doc.apiVersion ?? ''))} ${JSON.stringify(String(doc.kind ?? ''))}`;
+    return refused(
+      `expected apiVersion ${ADMISSION_API_VERSION} and kind AdmissionReview, got ${got}; register the webhook with admissionReviewVersions: [v1]`,
+    );
+  }
+  if (!isPlainObject(doc.request)) return refused('AdmissionReview has no request');
+  return { request: doc.request };
+}
+
+/** The optional fields of a request that were set, typed. */
+function optionalRequestFields(req: Record<string, unknown>): Partial<IdentityRequest> {
+  return {
+    ...(typeof req.subResource === 'string' && req.subResource ? { subResource: req.subResource } : {}),
+    ...(typeof req.name === 'string' && req.name ? { name: req.name } : {}),
+    ...(isSet(req.object) ? { object: req.object } : {}),
+    ...(isSet(req.oldObject) ? { oldObject: req.oldObject } : {}),
+    ...(req.dryRun === true ? { dryRun: true } : {}),
   };
 }
 
@@ -59,22 +105,9 @@ function readUserInfo(v: unknown): UserInfo | string {
  *   Messages never quote the body.
  */
 export function parseReview(body: unknown): ParsedReview {
-  if (typeof body !== 'string' || body.trim() === '')
-    return bad('request body is empty; expected an AdmissionReview (admission.k8s.io/v1) as JSON');
-  let doc: unknown;
-  try {
-    doc = JSON.parse(body);
-  } catch {
-    return bad('request body is not JSON; expected an AdmissionReview (admission.k8s.io/v1)');
-  }
-  if (!isPlainObject(doc)) return bad('request body is not a JSON object; expected an AdmissionReview');
-  if (doc.apiVersion !== ADMISSION_API_VERSION || doc.kind !== 'AdmissionReview') {
-    return bad(
-      `expected apiVersion ${ADMISSION_API_VERSION} and kind AdmissionReview, got ${JSON.stringify(String(doc.apiVersion ?? ''))} ${JSON.stringify(String(doc.kind ?? ''))}; register the webhook with admissionReviewVersions: [v1]`,
-    );
-  }
-  const req = doc.request;
-  if (!isPlainObject(req)) return bad('AdmissionReview has no request');
+  const read = readReviewRequest(body);
+  if ('refused' in read) return read.refused;
+  const req = read.request;
   if (typeof req.uid !== 'string' || req.uid === '') return bad('AdmissionReview request has no uid to answer');
   const uid = req.uid;
   const refuse = (message: string): ParsedReview => ({
@@ -90,19 +123,7 @@ export function parseReview(body: unknown): ParsedReview {
   if (typeof req.operation !== 'string' || req.operation === '') return refuse('request.operation is missing');
   const userInfo = readUserInfo(req.userInfo);
   if (typeof userInfo === 'string') return refuse(userInfo);
-  return {
-    ok: true,
-    request: {
-      uid,
-      operation: req.operation,
-      userInfo,
-      ...(typeof req.subResource === 'string' && req.subResource ? { subResource: req.subResource } : {}),
-      ...(typeof req.name === 'string' && req.name ? { name: req.name } : {}),
-      ...(req.object !== undefined && req.object !== null ? { object: req.object } : {}),
-      ...(req.oldObject !== undefined && req.oldObject !== null ? { oldObject: req.oldObject } : {}),
-      ...(req.dryRun === true ? { dryRun: true } : {}),
-    },
-  };
+  return { ok: true, request: { uid, operation: req.operation, userInfo, ...optionalRequestFields(req) } };
 }
 
 /** An `admission.k8s.io/v1` AdmissionReview answer. */

@@ -97,55 +97,14 @@ function nameOf(req: IdentityRequest): string {
  * @param req a parsed request (see admission-review.ts) whose userInfo is already known to be present.
  */
 export function planReview(req: IdentityRequest): Plan {
-  const name = nameOf(req);
-  const what = `TerraformClusterIdentity ${JSON.stringify(name)}`;
   if (req.subResource) return { action: 'allow', why: `subresource ${req.subResource} is not reviewed` };
   switch (req.operation) {
-    case 'CREATE': {
-      const errors = validateIdentitySpec(isPlainObject(req.object) ? req.object.spec : undefined);
-      if (errors.length > 0)
-        return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
-      return {
-        action: 'check-secret-access',
-        secret: secretRefOf(req.object)!,
-        rule: 'creating an identity requires permission to get the Secret it names',
-      };
-    }
-    case 'UPDATE': {
-      const errors = validateIdentitySpec(isPlainObject(req.object) ? req.object.spec : undefined);
-      if (errors.length > 0)
-        return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
-      const newRef = secretRefOf(req.object)!;
-      const oldRef = secretRefOf(req.oldObject);
-      if (!oldRef || oldRef.name !== newRef.name || oldRef.namespace !== newRef.namespace) {
-        return {
-          action: 'check-secret-access',
-          secret: newRef,
-          rule: 'changing spec.secretRef requires permission to get the new Secret',
-        };
-      }
-      const verdict = isWidening(specOf(req.oldObject)?.allowedNamespaces, specOf(req.object)?.allowedNamespaces);
-      if (verdict.widening) {
-        return {
-          action: 'check-secret-access',
-          secret: newRef,
-          rule: `widening spec.allowedNamespaces (${verdict.reason}) requires permission to get the Secret`,
-        };
-      }
-      return { action: 'allow', why: 'secretRef unchanged and allowedNamespaces not widened' };
-    }
-    case 'DELETE': {
-      if (!name)
-        return {
-          action: 'deny',
-          decision: deny(
-            400,
-            'BadRequest',
-            'DELETE review names no identity (request.name and oldObject.metadata.name are empty)',
-          ),
-        };
-      return { action: 'check-in-use', identity: name, statusNamespaces: statusNamespacesOf(req.oldObject) };
-    }
+    case 'CREATE':
+      return planCreate(req);
+    case 'UPDATE':
+      return planUpdate(req);
+    case 'DELETE':
+      return planDelete(req);
     default:
       return {
         action: 'deny',
@@ -156,6 +115,61 @@ export function planReview(req: IdentityRequest): Plan {
         ),
       };
   }
+}
+
+/** A 422 denial when the new object's spec is invalid, else undefined. */
+function invalidSpec(req: IdentityRequest): Plan | undefined {
+  const errors = validateIdentitySpec(isPlainObject(req.object) ? req.object.spec : undefined);
+  if (errors.length === 0) return undefined;
+  const what = `TerraformClusterIdentity ${JSON.stringify(nameOf(req))}`;
+  return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
+}
+
+function planCreate(req: IdentityRequest): Plan {
+  return (
+    invalidSpec(req) ?? {
+      action: 'check-secret-access',
+      secret: secretRefOf(req.object)!,
+      rule: 'creating an identity requires permission to get the Secret it names',
+    }
+  );
+}
+
+function planUpdate(req: IdentityRequest): Plan {
+  const invalid = invalidSpec(req);
+  if (invalid) return invalid;
+  const newRef = secretRefOf(req.object)!;
+  const oldRef = secretRefOf(req.oldObject);
+  if (!oldRef || oldRef.name !== newRef.name || oldRef.namespace !== newRef.namespace) {
+    return {
+      action: 'check-secret-access',
+      secret: newRef,
+      rule: 'changing spec.secretRef requires permission to get the new Secret',
+    };
+  }
+  const verdict = isWidening(specOf(req.oldObject)?.allowedNamespaces, specOf(req.object)?.allowedNamespaces);
+  if (verdict.widening) {
+    return {
+      action: 'check-secret-access',
+      secret: newRef,
+      rule: `widening spec.allowedNamespaces (${verdict.reason}) requires permission to get the Secret`,
+    };
+  }
+  return { action: 'allow', why: 'secretRef unchanged and allowedNamespaces not widened' };
+}
+
+function planDelete(req: IdentityRequest): Plan {
+  const name = nameOf(req);
+  if (!name)
+    return {
+      action: 'deny',
+      decision: deny(
+        400,
+        'BadRequest',
+        'DELETE review names no identity (request.name and oldObject.metadata.name are empty)',
+      ),
+    };
+  return { action: 'check-in-use', identity: name, statusNamespaces: statusNamespacesOf(req.oldObject) };
 }
 
 /** `oldObject.status.namespaces` as strings (anything else ignored). */

@@ -53,16 +53,24 @@ export function admissionConfigFromEnv(env: NodeJS.ProcessEnv): AdmissionConfig 
   const plain = (env.CAPTF_ADMISSION_PLAIN_HTTP ?? '').trim().toLowerCase();
   if (!['', 'true', 'false'].includes(plain))
     throw new Error(`CAPTF_ADMISSION_PLAIN_HTTP=${plain} must be true or false`);
-  const reloadRaw = env.CAPTF_TLS_RELOAD_MS?.trim() || '10000';
+  return {
+    plainHttp: plain === 'true',
+    certFile: setting(env.CAPTF_TLS_CERT_FILE, `${DEFAULT_TLS_DIR}/tls.crt`),
+    keyFile: setting(env.CAPTF_TLS_KEY_FILE, `${DEFAULT_TLS_DIR}/tls.key`),
+    reloadMs: reloadMsFromEnv(env),
+  };
+}
+
+/** A trimmed variable, or the default when unset or blank. */
+const setting = (value: string | undefined, fallback: string): string => value?.trim() || fallback;
+
+/** `CAPTF_TLS_RELOAD_MS` in milliseconds (default 10000, at least 50); throws naming the variable. */
+function reloadMsFromEnv(env: NodeJS.ProcessEnv): number {
+  const reloadRaw = setting(env.CAPTF_TLS_RELOAD_MS, '10000');
   const reloadMs = Number(reloadRaw);
   if (!Number.isFinite(reloadMs) || reloadMs < 50)
     throw new Error(`CAPTF_TLS_RELOAD_MS=${reloadRaw} must be a number of milliseconds ≥ 50`);
-  return {
-    plainHttp: plain === 'true',
-    certFile: env.CAPTF_TLS_CERT_FILE?.trim() || `${DEFAULT_TLS_DIR}/tls.crt`,
-    keyFile: env.CAPTF_TLS_KEY_FILE?.trim() || `${DEFAULT_TLS_DIR}/tls.key`,
-    reloadMs,
-  };
+  return reloadMs;
 }
 
 /**

@@ -79,6 +79,74 @@ export function handleEvents(cfg: HandlerConfig): RequestHandler {
     sendOutcome(res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''));
 }
 
+/** The events of one request split into those to refresh and the reasons the others are unusable. */
+interface Sorted {
+  usable: EventRequest[];
+  bad: string[];
+  others: string[];
+}
+
+/** Reads and sorts a request's events; an Outcome when nothing can be refreshed. */
+function sortEvents(
+  cfg: HandlerConfig,
+  headers: Record<string, string | string[] | undefined>,
+  body: string,
+): Sorted | Outcome {
+  let read: ReturnType<typeof readEventRequests>;
+  try {
+    read = readEventRequests(headers, body, cfg.consumerKinds);
+  } catch (err) {
+    if (!(err instanceof BadEventError)) throw err;
+    cfg.logger.warn('bad event', { error: err.message });
+    return { kind: 'bad-input', error: err.message, reason: 'BadEvent' };
+  }
+  const others = read.requests.map(unsupported).filter((m): m is string => m !== undefined);
+  const usable = read.requests.filter((r) => unsupported(r) === undefined);
+  if (usable.length > 0) return { usable, bad: read.bad, others };
+  const errors = [...read.bad, ...others];
+  cfg.logger.warn('bad event', { errors });
+  const error = errors.join('; ') || 'no event to handle';
+  return others.length && !read.bad.length
+    ? { kind: 'unprocessable', error, reason: 'UnsupportedObject' }
+    : { kind: 'bad-input', error, reason: 'BadEvent' };
+}
+
+/** Runs the plan; a `retry` Outcome when the full refresh's lists failed. */
+async function runPlan(
+  cfg: HandlerConfig,
+  plan: RefreshPlan,
+  counter: { calls: number },
+): Promise<RefreshResult[] | Outcome> {
+  const deps: RefreshDeps = {
+    clients: makeClients(cfg.kc, counter),
+    consumerKinds: cfg.consumerKinds,
+    concurrency: cfg.concurrency,
+    identitySelector: cfg.identitySelector,
+    logger: cfg.logger,
+  };
+  if (plan.kind === 'named') return pLimit(cfg.concurrency).map(plan.names, (name) => refreshNamed(deps, name));
+  try {
+    return await refreshAll(deps);
+  } catch (err) {
+    const error = describeError(err);
+    cfg.logger.warn('refresh of all identities failed', { error, apiCalls: counter.calls });
+    return { kind: 'retry', error: `listing identities, consumers or mirrors failed: ${error}`, reason: 'ListFailed' };
+  }
+}
+
+/** The answer's counts (see {@link handleEvents}). */
+function summarise(plan: RefreshPlan, results: RefreshResult[], apiCalls: number, t0: number) {
+  return {
+    trigger: plan.kind === 'all' ? 'ping' : 'identity',
+    refreshed: results.filter((r) => r.outcome === 'refreshed').length,
+    written: results.filter((r) => (r.changed?.length ?? 0) > 0).length,
+    gone: results.filter((r) => r.outcome === 'gone').length,
+    failed: results.filter((r) => r.outcome === 'failed').map((r) => ({ identity: r.identity, error: r.error })),
+    apiCalls,
+    durationMs: Math.round(performance.now() - t0),
+  };
+}
+
 /**
  * Decides and runs one request. SPEC §12 batch policy: each event is judged on its own — the
  * good ones of a batch are refreshed even when others are malformed or about other kinds —
@@ -91,62 +159,14 @@ export async function refreshFor(
   body: string,
 ): Promise<Outcome> {
   const t0 = performance.now();
-  let requests: EventRequest[];
-  let bad: string[];
-  try {
-    ({ requests, bad } = readEventRequests(headers, body, cfg.consumerKinds));
-  } catch (err) {
-    if (err instanceof BadEventError) {
-      cfg.logger.warn('bad event', { error: err.message });
-      return { kind: 'bad-input', error: err.message, reason: 'BadEvent' };
-    }
-    throw err;
-  }
-  const others = requests.map(unsupported).filter((m): m is string => m !== undefined);
-  const usable = requests.filter((r) => unsupported(r) === undefined);
-  if (usable.length === 0) {
-    const error = [...bad, ...others].join('; ') || 'no event to handle';
-    cfg.logger.warn('bad event', { errors: [...bad, ...others] });
-    return others.length && !bad.length
-      ? { kind: 'unprocessable', error, reason: 'UnsupportedObject' }
-      : { kind: 'bad-input', error, reason: 'BadEvent' };
-  }
-  const plan = planFor(usable);
+  const sorted = sortEvents(cfg, headers, body);
+  if ('kind' in sorted) return sorted;
+  const plan = planFor(sorted.usable);
   const counter = { calls: 0 };
-  const deps: RefreshDeps = {
-    clients: makeClients(cfg.kc, counter),
-    consumerKinds: cfg.consumerKinds,
-    concurrency: cfg.concurrency,
-    identitySelector: cfg.identitySelector,
-    logger: cfg.logger,
-  };
-  let results: RefreshResult[];
-  if (plan.kind === 'all') {
-    try {
-      results = await refreshAll(deps);
-    } catch (err) {
-      const error = describeError(err);
-      cfg.logger.warn('refresh of all identities failed', { error, apiCalls: counter.calls });
-      return {
-        kind: 'retry',
-        error: `listing identities, consumers or mirrors failed: ${error}`,
-        reason: 'ListFailed',
-      };
-    }
-  } else {
-    const limit = pLimit(cfg.concurrency);
-    results = await limit.map(plan.names, (name) => refreshNamed(deps, name));
-  }
-  const failed = results.filter((r) => r.outcome === 'failed').map((r) => ({ identity: r.identity, error: r.error }));
-  const summary = {
-    trigger: plan.kind === 'all' ? 'ping' : 'identity',
-    refreshed: results.filter((r) => r.outcome === 'refreshed').length,
-    written: results.filter((r) => (r.changed?.length ?? 0) > 0).length,
-    gone: results.filter((r) => r.outcome === 'gone').length,
-    failed,
-    apiCalls: counter.calls,
-    durationMs: Math.round(performance.now() - t0),
-  };
+  const results = await runPlan(cfg, plan, counter);
+  if (!Array.isArray(results)) return results;
+  const summary = summarise(plan, results, counter.calls, t0);
+  const { failed } = summary;
   cfg.logger.info('refresh done', { ...summary, failed: failed.length });
   const answer = { ...summary, ...(plan.kind === 'named' ? { identities: results } : {}) };
   if (failed.length > 0)
@@ -155,7 +175,7 @@ export async function refreshFor(
       error: `${failed.length} identit${failed.length === 1 ? 'y' : 'ies'} could not be refreshed`,
       body: answer,
     };
-  const unusable = [...bad, ...others];
+  const unusable = [...sorted.bad, ...sorted.others];
   if (unusable.length > 0) {
     cfg.logger.warn('bad event', { errors: unusable });
     return { kind: 'bad-input', error: unusable.join('; '), reason: 'BadEvent', body: answer };

@@ -78,36 +78,40 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
  * @returns one message per problem, each naming the bad field and value; empty when valid.
  */
 export function validateLabelSelector(selector: unknown, path: string): string[] {
-  const errors: string[] = [];
   if (!isPlainObject(selector)) return [`${path}: must be an object`];
-  for (const field of Object.keys(selector)) {
-    if (field !== 'matchLabels' && field !== 'matchExpressions') {
-      errors.push(`${path}.${field}: unknown field (only matchLabels and matchExpressions)`);
-    }
-  }
-  const { matchLabels, matchExpressions } = selector;
-  if (matchLabels !== undefined && matchLabels !== null) {
-    if (!isPlainObject(matchLabels)) {
-      errors.push(`${path}.matchLabels: must be a map of label key to value`);
-    } else {
-      for (const [k, v] of Object.entries(matchLabels)) {
-        const keyErr = labelKeyError(k);
-        if (keyErr) errors.push(`${path}.matchLabels: key ${JSON.stringify(k)} ${keyErr}`);
-        const valErr = labelValueError(v);
-        if (valErr) errors.push(`${path}.matchLabels[${JSON.stringify(k)}]: value ${JSON.stringify(v)} ${valErr}`);
-      }
-    }
-  }
-  if (matchExpressions !== undefined && matchExpressions !== null) {
-    if (!Array.isArray(matchExpressions)) {
-      errors.push(`${path}.matchExpressions: must be a list`);
-    } else {
-      matchExpressions.forEach((req: unknown, i: number) => {
-        errors.push(...requirementErrors(req, `${path}.matchExpressions[${i}]`));
-      });
-    }
+  return [
+    ...unknownFields(selector, ['matchLabels', 'matchExpressions'], path),
+    ...matchLabelsErrors(selector.matchLabels, `${path}.matchLabels`),
+    ...matchExpressionsErrors(selector.matchExpressions, `${path}.matchExpressions`),
+  ];
+}
+
+const isSet = (v: unknown): boolean => v !== undefined && v !== null;
+
+/** One message per field of `obj` not in `known`. */
+function unknownFields(obj: Record<string, unknown>, known: readonly string[], path: string): string[] {
+  return Object.keys(obj)
+    .filter((field) => !known.includes(field))
+    .map((field) => `${path}.${field}: unknown field (only ${known.join(' and ')})`);
+}
+
+function matchLabelsErrors(matchLabels: unknown, path: string): string[] {
+  if (!isSet(matchLabels)) return [];
+  if (!isPlainObject(matchLabels)) return [`${path}: must be a map of label key to value`];
+  const errors: string[] = [];
+  for (const [k, v] of Object.entries(matchLabels)) {
+    const keyErr = labelKeyError(k);
+    if (keyErr) errors.push(`${path}: key ${JSON.stringify(k)} ${keyErr}`);
+    const valErr = labelValueError(v);
+    if (valErr) errors.push(`${path}[${JSON.stringify(k)}]: value ${JSON.stringify(v)} ${valErr}`);
   }
   return errors;
+}
+
+function matchExpressionsErrors(matchExpressions: unknown, path: string): string[] {
+  if (!isSet(matchExpressions)) return [];
+  if (!Array.isArray(matchExpressions)) return [`${path}: must be a list`];
+  return matchExpressions.flatMap((req: unknown, i: number) => requirementErrors(req, `${path}[${i}]`));
 }
 
 function requirementErrors(req: unknown, path: string): string[] {
@@ -115,32 +119,30 @@ function requirementErrors(req: unknown, path: string): string[] {
   const errors: string[] = [];
   const keyErr = labelKeyError(req.key);
   if (keyErr) errors.push(`${path}.key: ${JSON.stringify(req.key ?? null)} ${keyErr}`);
-  const op = req.operator;
-  const values = req.values;
-  if (values !== undefined && values !== null && !Array.isArray(values)) {
-    errors.push(`${path}.values: must be a list of strings`);
-    return errors;
-  }
-  const vals = (values ?? []) as unknown[];
-  switch (op) {
-    case 'In':
-    case 'NotIn':
-      if (vals.length === 0) errors.push(`${path}.values: must be non-empty when operator is ${op}`);
-      break;
-    case 'Exists':
-    case 'DoesNotExist':
-      if (vals.length > 0) errors.push(`${path}.values: must be empty when operator is ${op}`);
-      break;
-    default:
-      errors.push(
-        `${path}.operator: ${JSON.stringify(op ?? null)} is not a valid operator (use ${SELECTOR_OPERATORS.join(', ')})`,
-      );
-  }
+  if (isSet(req.values) && !Array.isArray(req.values)) return [...errors, `${path}.values: must be a list of strings`];
+  const vals = (req.values ?? []) as unknown[];
+  errors.push(...operatorErrors(req.operator, vals.length, path));
   vals.forEach((v, j) => {
     const valErr = labelValueError(v);
     if (valErr) errors.push(`${path}.values[${j}]: ${JSON.stringify(v)} ${valErr}`);
   });
   return errors;
+}
+
+/** Does the operator exist, and does the number of values suit it? */
+function operatorErrors(op: unknown, valueCount: number, path: string): string[] {
+  switch (op) {
+    case 'In':
+    case 'NotIn':
+      return valueCount === 0 ? [`${path}.values: must be non-empty when operator is ${op}`] : [];
+    case 'Exists':
+    case 'DoesNotExist':
+      return valueCount > 0 ? [`${path}.values: must be empty when operator is ${op}`] : [];
+    default:
+      return [
+        `${path}.operator: ${JSON.stringify(op ?? null)} is not a valid operator (use ${SELECTOR_OPERATORS.join(', ')})`,
+      ];
+  }
 }
 
 /**
@@ -150,31 +152,25 @@ function requirementErrors(req: unknown, path: string): string[] {
  * @returns one actionable message per problem (`{}` is rejected as ambiguous); empty when valid.
  */
 export function validateAllowedNamespaces(allowed: unknown, path = 'spec.allowedNamespaces'): string[] {
-  if (allowed === undefined || allowed === null) return [];
+  if (!isSet(allowed)) return [];
   if (!isPlainObject(allowed)) return [`${path}: must be an object with list and/or selector`];
-  const errors: string[] = [];
-  for (const field of Object.keys(allowed)) {
-    if (field !== 'list' && field !== 'selector')
-      errors.push(`${path}.${field}: unknown field (only list and selector)`);
-  }
-  const hasList = allowed.list !== undefined && allowed.list !== null;
-  const hasSelector = allowed.selector !== undefined && allowed.selector !== null;
-  if (!hasList && !hasSelector) {
+  const errors = unknownFields(allowed, ['list', 'selector'], path);
+  if (!isSet(allowed.list) && !isSet(allowed.selector)) {
     errors.push(
       `${path}: {} is ambiguous; set list (named namespaces), selector ({} for every namespace), or remove the field to allow none`,
     );
   }
-  if (hasList) {
-    if (!Array.isArray(allowed.list)) {
-      errors.push(`${path}.list: must be a list of namespace names`);
-    } else {
-      allowed.list.forEach((n: unknown, i: number) => {
-        if (!isDns1123Label(n)) errors.push(`${path}.list[${i}]: ${JSON.stringify(n)} is not a valid namespace name`);
-      });
-    }
-  }
-  if (hasSelector) errors.push(...validateLabelSelector(allowed.selector, `${path}.selector`));
+  errors.push(...listErrors(allowed.list, `${path}.list`));
+  if (isSet(allowed.selector)) errors.push(...validateLabelSelector(allowed.selector, `${path}.selector`));
   return errors;
+}
+
+function listErrors(list: unknown, path: string): string[] {
+  if (!isSet(list)) return [];
+  if (!Array.isArray(list)) return [`${path}: must be a list of namespace names`];
+  return list.flatMap((n: unknown, i: number) =>
+    isDns1123Label(n) ? [] : [`${path}[${i}]: ${JSON.stringify(n)} is not a valid namespace name`],
+  );
 }
 
 /**
@@ -184,19 +180,16 @@ export function validateAllowedNamespaces(allowed: unknown, path = 'spec.allowed
 function requirementMatches(req: LabelSelectorRequirement, labels: Record<string, string>): boolean {
   const has = Object.hasOwn(labels, req.key);
   const values = req.values ?? [];
-  switch (req.operator) {
-    case 'In':
-      return has && values.length > 0 && values.includes(labels[req.key]!);
-    case 'NotIn':
-      return values.length > 0 && (!has || !values.includes(labels[req.key]!));
-    case 'Exists':
-      return has && values.length === 0;
-    case 'DoesNotExist':
-      return !has && values.length === 0;
-    default:
-      return false;
-  }
+  return OPERATOR_MATCHES.get(req.operator)?.(has, values, has && values.includes(labels[req.key]!)) ?? false;
 }
+
+/** Per operator (a Map: no inherited keys): does it match, given whether the key is present, the values, and whether the label's value is listed? */
+const OPERATOR_MATCHES = new Map<string, (has: boolean, values: readonly string[], listed: boolean) => boolean>([
+  ['In', (_has, values, listed) => values.length > 0 && listed],
+  ['NotIn', (_has, values, listed) => values.length > 0 && !listed],
+  ['Exists', (has, values) => has && values.length === 0],
+  ['DoesNotExist', (has, values) => !has && values.length === 0],
+]);
 
 /**
  * Does a label selector match a label set? An empty selector matches everything; an invalid

@@ -186,76 +186,100 @@ const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== 
  */
 export function classifyEvent(event: CloudEvent<unknown>, consumerKinds: readonly ConsumerKind[]): EventRequest {
   if (event.type === PING_EVENT_TYPE) return { type: 'ping', id: event.id };
-  if (event.type === KEY_EVENT_TYPE) {
-    const d = dataObject(event);
-    const namespace = str(d.namespace) ?? '';
-    const identity = str(d.identity) ?? '';
-    if (!isDns1123Label(namespace) || !isDns1123Subdomain(identity)) {
-      throw new BadEventError(
-        `event ${event.type}: data must be {"namespace": <namespace name>, "identity": <identity name>}`,
-      );
-    }
-    return { type: 'key', id: event.id, namespace, identity };
-  }
-  let mode: 'resource' | 'ref';
-  let verb: string;
-  if (event.type.startsWith(RESOURCE_EVENT_PREFIX)) {
-    mode = 'resource';
-    verb = event.type.slice(RESOURCE_EVENT_PREFIX.length);
-  } else if (event.type.startsWith(REF_EVENT_PREFIX)) {
-    mode = 'ref';
-    verb = event.type.slice(REF_EVENT_PREFIX.length);
-  } else {
+  if (event.type === KEY_EVENT_TYPE) return classifyKeyEvent(event);
+  const { mode, verb } = objectEventType(event.type);
+  const data = dataObject(event);
+  const ref = mode === 'resource' ? refFromResource(data) : refFromReference(data);
+  fillFromExtensions(ref, event as unknown as Record<string, unknown>);
+  checkRef(ref, event.type, mode);
+  const md = data.metadata as Record<string, unknown> | undefined;
+  const labels =
+    mode === 'resource' && typeof md?.labels === 'object' && md.labels !== null
+      ? (md.labels as Record<string, string>)
+      : undefined;
+  return { type: 'object', id: event.id, verb, mode, target: targetOf(ref, consumerKinds), ref, labels };
+}
+
+/** A mirror-sync key event: data `{namespace, identity}`, both valid names. */
+function classifyKeyEvent(event: CloudEvent<unknown>): EventRequest {
+  const d = dataObject(event);
+  const namespace = str(d.namespace) ?? '';
+  const identity = str(d.identity) ?? '';
+  if (!isDns1123Label(namespace) || !isDns1123Subdomain(identity)) {
     throw new BadEventError(
-      `unsupported event type ${JSON.stringify(event.type)} (expected ${PING_EVENT_TYPE}, ${KEY_EVENT_TYPE} or dev.knative.apiserver.{resource,ref}.{add,update,delete})`,
+      `event ${event.type}: data must be {"namespace": <namespace name>, "identity": <identity name>}`,
     );
   }
-  if (verb !== 'add' && verb !== 'update' && verb !== 'delete')
-    throw new BadEventError(`unsupported event type ${JSON.stringify(event.type)}`);
-  const data = dataObject(event);
-  let ref: ObjectRef;
-  let labels: Record<string, string> | undefined;
-  if (mode === 'resource') {
-    const md = (data.metadata ?? {}) as Record<string, unknown>;
-    ref = {
-      apiVersion: str(data.apiVersion) ?? '',
-      kind: str(data.kind) ?? '',
-      name: str(md.name) ?? '',
-      namespace: str(md.namespace),
-      uid: str(md.uid),
-    };
-    if (typeof md.labels === 'object' && md.labels !== null) labels = md.labels as Record<string, string>;
-  } else {
-    ref = {
-      apiVersion: str(data.apiVersion) ?? '',
-      kind: str(data.kind) ?? '',
-      name: str(data.name) ?? '',
-      namespace: str(data.namespace),
-      uid: str(data.uid),
-    };
+  return { type: 'key', id: event.id, namespace, identity };
+}
+
+/** ApiServerSource's `dev.knative.apiserver.{resource,ref}.{add,update,delete}`, split. */
+function objectEventType(type: string): { mode: 'resource' | 'ref'; verb: 'add' | 'update' | 'delete' } {
+  const mode = type.startsWith(RESOURCE_EVENT_PREFIX)
+    ? 'resource'
+    : type.startsWith(REF_EVENT_PREFIX)
+      ? 'ref'
+      : undefined;
+  if (!mode) {
+    throw new BadEventError(
+      `unsupported event type ${JSON.stringify(type)} (expected ${PING_EVENT_TYPE}, ${KEY_EVENT_TYPE} or dev.knative.apiserver.{resource,ref}.{add,update,delete})`,
+    );
   }
-  // ApiServerSource also carries kind/name/namespace as extensions; fill gaps from them.
-  const ext = event as unknown as Record<string, unknown>;
+  const verb = type.slice((mode === 'resource' ? RESOURCE_EVENT_PREFIX : REF_EVENT_PREFIX).length);
+  if (verb !== 'add' && verb !== 'update' && verb !== 'delete')
+    throw new BadEventError(`unsupported event type ${JSON.stringify(type)}`);
+  return { mode, verb };
+}
+
+/** Resource mode: the object itself. */
+function refFromResource(data: Record<string, unknown>): ObjectRef {
+  const md = (data.metadata ?? {}) as Record<string, unknown>;
+  return {
+    apiVersion: str(data.apiVersion) ?? '',
+    kind: str(data.kind) ?? '',
+    name: str(md.name) ?? '',
+    namespace: str(md.namespace),
+    uid: str(md.uid),
+  };
+}
+
+/** Reference mode: an ObjectReference. */
+function refFromReference(data: Record<string, unknown>): ObjectRef {
+  return {
+    apiVersion: str(data.apiVersion) ?? '',
+    kind: str(data.kind) ?? '',
+    name: str(data.name) ?? '',
+    namespace: str(data.namespace),
+    uid: str(data.uid),
+  };
+}
+
+/** ApiServerSource also carries kind/name/namespace as extensions; fill gaps from them. */
+function fillFromExtensions(ref: ObjectRef, ext: Record<string, unknown>): void {
   ref.kind ||= str(ext.kind) ?? '';
   ref.name ||= str(ext.name) ?? '';
   ref.apiVersion ||= str(ext.apiversion) ?? '';
   ref.namespace ??= str(ext.namespace);
+}
+
+/**
+ * The object must be named, and names end up in API paths and field selectors: only valid
+ * Kubernetes names get through (".." would otherwise turn a namespaced call into a cluster-wide one).
+ */
+function checkRef(ref: ObjectRef, type: string, mode: 'resource' | 'ref'): void {
   if (!ref.apiVersion || !ref.kind || !ref.name) {
     throw new BadEventError(
-      `event ${event.type}: data must name the object (apiVersion, kind, name${mode === 'resource' ? ' under metadata' : ''})`,
+      `event ${type}: data must name the object (apiVersion, kind, name${mode === 'resource' ? ' under metadata' : ''})`,
     );
   }
-  // Names end up in API paths and field selectors: only valid Kubernetes names get through
-  // (".." would otherwise turn a namespaced call into a cluster-wide one).
   if (!isDns1123Subdomain(ref.name))
     throw new BadEventError(
-      `event ${event.type}: name ${JSON.stringify(ref.name).slice(0, 80)} is not a valid Kubernetes object name`,
+      `event ${type}: name ${JSON.stringify(ref.name).slice(0, 80)} is not a valid Kubernetes object name`,
     );
   if (ref.namespace !== undefined && !isDns1123Label(ref.namespace))
     throw new BadEventError(
-      `event ${event.type}: namespace ${JSON.stringify(ref.namespace).slice(0, 80)} is not a valid namespace name`,
+      `event ${type}: namespace ${JSON.stringify(ref.namespace).slice(0, 80)} is not a valid namespace name`,
     );
-  return { type: 'object', id: event.id, verb, mode, target: targetOf(ref, consumerKinds), ref, labels };
 }
 
 /** Which kind of object a reference names. */

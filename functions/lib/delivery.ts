@@ -123,17 +123,34 @@ export function withCredentialDelivery(podSpec: V1PodSpec, delivery: CredentialD
   const containers = podSpec.containers ?? [];
   const index = targetIndex(containers, delivery.containerName);
   const target = containers[index]!;
+  const volumes = mergeVolumes(podSpec.volumes ?? [], delivery.volumes);
+  const volumeMounts = mergeMounts(target, delivery.volumeMounts);
+  const envFrom = [...(target.envFrom ?? [])];
+  for (const want of delivery.envFrom) {
+    if (!envFrom.some((e) => sameValue(e, want))) envFrom.push(structuredClone(want));
+  }
+  const securityContext: V1PodSecurityContext = { ...(podSpec.securityContext ?? {}) };
+  securityContext.fsGroup ??= delivery.securityContext.fsGroup!;
+  const newContainers = containers.map((c, i) => (i === index ? { ...c, envFrom, volumeMounts } : c));
+  return { ...podSpec, containers: newContainers, volumes, securityContext };
+}
 
-  const volumes = [...(podSpec.volumes ?? [])];
-  for (const want of delivery.volumes) {
-    const have = volumes.find((v) => v.name === want.name);
-    if (!have) volumes.push(structuredClone(want));
-    else if (!sameValue(have, want))
+/** The pod's volumes plus the delivery's; throws when a different volume has the same name. */
+function mergeVolumes(have: readonly V1Volume[], wanted: readonly V1Volume[]): V1Volume[] {
+  const volumes = [...have];
+  for (const want of wanted) {
+    const same = volumes.find((v) => v.name === want.name);
+    if (!same) volumes.push(structuredClone(want));
+    else if (!sameValue(same, want))
       throw new Error(`the pod already has a different volume named ${JSON.stringify(want.name)}`);
   }
+  return volumes;
+}
 
+/** The container's mounts plus the delivery's; throws when something else is at the path or name. */
+function mergeMounts(target: V1Container, wanted: readonly V1VolumeMount[]): V1VolumeMount[] {
   const mounts = [...(target.volumeMounts ?? [])];
-  for (const want of delivery.volumeMounts) {
+  for (const want of wanted) {
     const have = mounts.find((m) => m.mountPath === want.mountPath || m.name === want.name);
     if (!have) mounts.push(structuredClone(want));
     else if (!sameValue(have, want)) {
@@ -142,19 +159,7 @@ export function withCredentialDelivery(podSpec: V1PodSpec, delivery: CredentialD
       );
     }
   }
-
-  const envFrom = [...(target.envFrom ?? [])];
-  for (const want of delivery.envFrom) {
-    if (!envFrom.some((e) => sameValue(e, want))) envFrom.push(structuredClone(want));
-  }
-
-  const securityContext: V1PodSecurityContext = { ...(podSpec.securityContext ?? {}) };
-  if (securityContext.fsGroup === undefined || securityContext.fsGroup === null) {
-    securityContext.fsGroup = delivery.securityContext.fsGroup!;
-  }
-
-  const newContainers = containers.map((c, i) => (i === index ? { ...c, envFrom, volumeMounts: mounts } : c));
-  return { ...podSpec, containers: newContainers, volumes, securityContext };
+  return mounts;
 }
 
 /**

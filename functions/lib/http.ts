@@ -79,6 +79,16 @@ export function createApp(opts: { bodyLimit?: number } = {}): Express {
   return app;
 }
 
+/** Our words for body-parser's error types (its own messages may quote the body). */
+const BODY_PARSER_MESSAGES = new Map([
+  ['entity.too.large', 'request body too large'],
+  ['entity.parse.failed', 'request body is not valid'],
+]);
+
+/** The message of a 4xx raised by a middleware (body-parser's own words may quote the body). */
+const clientErrorMessage = (e: { type?: string; message?: string }): string =>
+  BODY_PARSER_MESSAGES.get(e.type ?? '') ?? e.message ?? 'bad request';
+
 /**
  * The last middleware: turns thrown errors into JSON answers. Body-parser errors keep their
  * status (400 malformed, 413 too large); {@link HttpError} keeps its status and message;
@@ -91,15 +101,9 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
       res.status(err.status).json({ error: err.message, ...(err.reason ? { reason: err.reason } : {}) });
       return;
     }
-    const status = e.status ?? e.statusCode;
-    if (status && status >= 400 && status < 500) {
-      const message =
-        e.type === 'entity.too.large'
-          ? 'request body too large'
-          : e.type === 'entity.parse.failed'
-            ? 'request body is not valid'
-            : (e.message ?? 'bad request');
-      res.status(status).json({ error: message });
+    const status = e.status ?? e.statusCode ?? 500;
+    if (status >= 400 && status < 500) {
+      res.status(status).json({ error: clientErrorMessage(e) });
       return;
     }
     logger.error('request failed', { path: req.path, error: e.message?.split('\n')[0] });

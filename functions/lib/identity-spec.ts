@@ -18,25 +18,25 @@ function isPlainObject(v: unknown): v is Record<string, unknown> {
  */
 export function validateIdentitySpec(spec: unknown): string[] {
   if (!isPlainObject(spec)) return ['spec: must be an object with secretRef (and optionally allowedNamespaces)'];
+  return [...secretRefErrors(spec.secretRef), ...validateAllowedNamespaces(spec.allowedNamespaces)];
+}
+
+const isEmpty = (v: unknown): boolean => v === undefined || v === null || v === '';
+
+function secretRefErrors(ref: unknown): string[] {
+  if (!isPlainObject(ref)) return ['spec.secretRef: required, with name and namespace of the source Secret'];
   const errors: string[] = [];
-  const ref = spec.secretRef;
-  if (!isPlainObject(ref)) {
-    errors.push('spec.secretRef: required, with name and namespace of the source Secret');
-  } else {
-    if (ref.name === undefined || ref.name === null || ref.name === '') errors.push('spec.secretRef.name: required');
-    else if (!isDns1123Subdomain(ref.name)) {
-      errors.push(
-        `spec.secretRef.name: ${JSON.stringify(ref.name)} is not a valid Secret name (lower-case DNS-1123 subdomain, at most 253 characters)`,
-      );
-    }
-    if (ref.namespace === undefined || ref.namespace === null || ref.namespace === '')
-      errors.push('spec.secretRef.namespace: required');
-    else if (!isDns1123Label(ref.namespace)) {
-      errors.push(
-        `spec.secretRef.namespace: ${JSON.stringify(ref.namespace)} is not a valid namespace name (lower-case DNS-1123 label, at most 63 characters)`,
-      );
-    }
+  if (isEmpty(ref.name)) errors.push('spec.secretRef.name: required');
+  else if (!isDns1123Subdomain(ref.name)) {
+    errors.push(
+      `spec.secretRef.name: ${JSON.stringify(ref.name)} is not a valid Secret name (lower-case DNS-1123 subdomain, at most 253 characters)`,
+    );
   }
-  errors.push(...validateAllowedNamespaces(spec.allowedNamespaces));
+  if (isEmpty(ref.namespace)) errors.push('spec.secretRef.namespace: required');
+  else if (!isDns1123Label(ref.namespace)) {
+    errors.push(
+      `spec.secretRef.namespace: ${JSON.stringify(ref.namespace)} is not a valid namespace name (lower-case DNS-1123 label, at most 63 characters)`,
+    );
+  }
   return errors;
 }

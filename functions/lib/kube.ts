@@ -101,22 +101,25 @@ export const isForbidden = (err: unknown): boolean => apiStatus(err) === 403;
 export function describeError(err: unknown): string {
   if (err instanceof RedactedApiError) return err.message;
   const code = apiStatus(err);
-  const body = (err as { body?: unknown })?.body;
-  let status: { reason?: string; message?: string } | undefined;
-  if (typeof body === 'string') {
-    try {
-      status = JSON.parse(body) as typeof status;
-    } catch {
-      status = undefined;
-    }
-  } else if (typeof body === 'object' && body !== null) {
-    status = body as typeof status;
+  if (code === undefined) {
+    const msg = err instanceof Error ? err.message : String(err);
+    return msg.split('\n')[0]!.slice(0, 300);
   }
-  if (code !== undefined) {
-    return `HTTP ${code}${status?.reason ? ` ${status.reason}` : ''}${status?.message ? `: ${status.message.slice(0, 300)}` : ''}`;
+  const status = statusOf((err as { body?: unknown })?.body);
+  const reason = status?.reason ? ` ${status.reason}` : '';
+  const message = status?.message ? `: ${status.message.slice(0, 300)}` : '';
+  return `HTTP ${code}${reason}${message}`;
+}
+
+/** The `metav1.Status` of an error body (text or parsed), or undefined. */
+function statusOf(body: unknown): { reason?: string; message?: string } | undefined {
+  if (typeof body === 'object' && body !== null) return body;
+  if (typeof body !== 'string') return undefined;
+  try {
+    return JSON.parse(body) as { reason?: string; message?: string };
+  } catch {
+    return undefined;
   }
-  const msg = err instanceof Error ? err.message : String(err);
-  return msg.split('\n')[0]!.slice(0, 300);
 }
 
 /**
@@ -207,21 +210,27 @@ export async function listAllPages<T>(
   page: (cont: string | undefined) => Promise<ListPage<T>>,
 ): Promise<{ items: T[]; resourceVersion: string }> {
   for (let restart = 0; ; restart++) {
-    const items: T[] = [];
-    let cont: string | undefined;
-    let resourceVersion = '';
+    const progress = { items: [] as T[], cont: undefined as string | undefined, resourceVersion: '' };
     try {
-      do {
-        const p = await page(cont);
-        items.push(...(p.items ?? []));
-        cont = p.metadata?.continue || p.metadata?._continue || undefined;
-        resourceVersion = p.metadata?.resourceVersion ?? resourceVersion;
-      } while (cont);
-      return { items, resourceVersion };
+      return await readPages(page, progress);
     } catch (err) {
-      if (apiStatus(err) !== 410 || cont === undefined || restart >= LIST_RESTARTS) throw err;
+      if (apiStatus(err) !== 410 || progress.cont === undefined || restart >= LIST_RESTARTS) throw err;
     }
   }
+}
+
+/** Reads pages into `progress` until the last; `progress.cont` tells a caller how far it got. */
+async function readPages<T>(
+  page: (cont: string | undefined) => Promise<ListPage<T>>,
+  progress: { items: T[]; cont: string | undefined; resourceVersion: string },
+): Promise<{ items: T[]; resourceVersion: string }> {
+  do {
+    const p = await page(progress.cont);
+    progress.items.push(...(p.items ?? []));
+    progress.cont = p.metadata?.continue || p.metadata?._continue || undefined;
+    progress.resourceVersion = p.metadata?.resourceVersion ?? progress.resourceVersion;
+  } while (progress.cont);
+  return { items: progress.items, resourceVersion: progress.resourceVersion };
 }
 
 /**

@@ -27,7 +27,9 @@ export function readTlsPair(files: TlsFiles): TlsPair {
     try {
       return readFileSync(path, 'utf8');
     } catch (err) {
-      throw new Error(`cannot read the TLS ${what} ${path}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`);
+      throw new Error(`cannot read the TLS ${what} ${path}: ${(err as NodeJS.ErrnoException).code ?? String(err)}`, {
+        cause: err,
+      });
     }
   };
   return { cert: read(files.certFile, 'certificate'), key: read(files.keyFile, 'key') };
