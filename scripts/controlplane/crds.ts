@@ -14,6 +14,7 @@ import {
   type V1CustomResourceDefinition,
 } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
+import { eventually } from '../wait.ts';
 import { REPO_ROOT } from './build.ts';
 
 /** Every CRD document in manifests/crds/*.yaml (kustomization.yaml excluded). */
@@ -49,21 +50,12 @@ export async function applyCRDs(
     );
   }
   const deadline = Date.now() + timeoutMs;
-  const waitFor = async (what: string, ready: () => Promise<boolean>) => {
-    for (;;) {
-      let last = '';
-      try {
-        if (await ready()) return;
-      } catch (err) {
-        last = `: ${String(err).split('\n')[0]}`;
-      }
-      if (Date.now() > deadline) throw new Error(`${what} after ${timeoutMs} ms${last}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
-  };
+  // One deadline for every CRD together.
+  const waitFor = (what: string, ready: () => Promise<boolean>) =>
+    eventually(what, ready, Math.max(0, deadline - Date.now()));
   for (const crd of crds) {
     const name = crd.metadata!.name!;
-    await waitFor(`CRD ${name} not Established`, async () =>
+    await waitFor(`CRD ${name} to be Established`, async () =>
       Boolean(
         (await ext.readCustomResourceDefinition({ name })).status?.conditions?.some(
           (c) => c.type === 'Established' && c.status === 'True',
@@ -72,7 +64,7 @@ export async function applyCRDs(
     );
     const { group, names, versions } = crd.spec;
     const version = versions.find((v) => v.storage)?.name ?? versions[0]!.name;
-    await waitFor(`CRD ${name} does not serve lists`, async () => {
+    await waitFor(`CRD ${name} to serve lists`, async () => {
       await objects.list(
         `${group}/${version}`,
         names.kind,

@@ -65,26 +65,5 @@ export function namespaces(prefix: string): {
   };
 }
 
-/**
- * Polls `fn` until it returns a truthy value or `timeoutMs` passes (a generous bound, not a
- * timing assertion).
- * @throws Error with `what` when time runs out.
- */
-export async function eventually<T>(
-  what: string,
-  fn: () => Promise<T | undefined | false>,
-  timeoutMs = 60_000,
-): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let lastErr: unknown;
-  while (Date.now() < deadline) {
-    try {
-      const v = await fn();
-      if (v) return v;
-    } catch (e) {
-      lastErr = e;
-    }
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  throw new Error(`timed out waiting for ${what}${lastErr ? `: ${String(lastErr).split('\n')[0]}` : ''}`);
-}
+/** The shared wait-until of scripts and tests (scripts/wait.ts). */
+export { eventually } from '../../scripts/wait.ts';
