@@ -5,7 +5,7 @@
  */
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 
@@ -122,6 +122,33 @@ export async function createLeaf(opts: LeafOptions): Promise<CertPair> {
     pair.cert,
   ]);
   return pair;
+}
+
+/** A webhook's serving certificate and the CA that signed it. */
+export interface WebhookPair {
+  ca: CertPair;
+  /** Serving certificate for 127.0.0.1 and localhost (CN captf-admission). */
+  leaf: CertPair;
+  /** PEM of `ca`: the webhook configuration's caBundle, and what a client trusts. */
+  caPem: string;
+}
+
+/**
+ * Creates a CA `<dir>/webhook-ca.*` named `caCN` and a serving certificate `<dir>/admission.*`
+ * for 127.0.0.1 and localhost, as cert-manager would issue the admission webhook's.
+ * @throws Error from openssl.
+ */
+export async function createWebhookPair(dir: string, caCN: string): Promise<WebhookPair> {
+  const ca = await createCA(dir, 'webhook-ca', caCN);
+  const leaf = await createLeaf({
+    ca,
+    dir,
+    name: 'admission',
+    cn: 'captf-admission',
+    sans: ['IP:127.0.0.1', 'DNS:localhost'],
+    usage: 'server',
+  });
+  return { ca, leaf, caPem: readFileSync(ca.cert, 'utf8') };
 }
 
 /**

@@ -6,34 +6,26 @@
  * ValidatingWebhookConfiguration, API events as CloudEvents (the real ApiServerSource
  * adapter when built, else ./events.ts), and PingSource-like ticks.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, readFileSync } from 'node:fs';
 import { request } from 'node:https';
+import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import {
-  AdmissionregistrationV1Api,
-  CoreV1Api,
-  KubeConfig,
-  makeInformer,
-  type KubernetesListObject,
-  type V1Secret,
-} from '@kubernetes/client-node';
-import { GROUP, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
+import { CoreV1Api, KubeConfig, makeInformer, type KubernetesListObject, type V1Secret } from '@kubernetes/client-node';
+import { GROUP, IDENTITY_PLURAL, VERSION, type ConsumerKind } from '../../functions/lib/api.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import { describeError, isNotFound } from '../../functions/lib/kube.ts';
+import { describeError } from '../../functions/lib/kube.ts';
 import { ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MIRRORED } from '../../functions/lib/mirror.ts';
 import { builtGoBinary } from '../build-lock.ts';
-import { REPO_ROOT } from '../controlplane/build.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { installCRDs } from '../controlplane/crds.ts';
-import { createCA, createLeaf } from '../controlplane/pki.ts';
+import { createWebhookPair, type CertPair } from '../controlplane/pki.ts';
 import {
   KNATIVE_TOOLS,
   ensureApiServerSourceAdapter,
   startApiServerSourceAdapter,
-  type RunningAdapter,
   type SourceConfig,
 } from '../knative.ts';
+import { isRunning, spawnFunction, type FunctionProcess } from '../process.ts';
+import { firstLine, sleep } from '../wait.ts';
 import {
   Delivery,
   pingMessage,
@@ -41,17 +33,18 @@ import {
   startLocalEventSource,
   waitForWatchCaches,
   watchedResources,
-  type LocalEventSource,
+  type DeliveryReport,
 } from './events.ts';
 import { LogPrinter, describeMirrorChange, formatLine, type MirrorView, type Printed } from './print.ts';
+import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
+
+export { WEBHOOK_CONFIGURATION, webhookConfiguration } from './webhook.ts';
 
 /** The functions `npm start` runs, in start order. */
 export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status'] as const;
 /** One of {@link FUNCTION_NAMES}. */
 export type FunctionName = (typeof FUNCTION_NAMES)[number];
 
-/** Name of the ValidatingWebhookConfiguration registered for the local admission function. */
-export const WEBHOOK_CONFIGURATION = 'captf-credentials-local';
 /** PingSource names, as in the manifests (manifests/base/eventing.yaml). */
 export const PINGS = { status: 'captf-identity-status', resync: 'captf-resync' } as const;
 
@@ -79,12 +72,8 @@ export interface SystemOptions {
   onRawLine?: (component: string, line: string) => void;
 }
 
-/** A running function process. */
-export interface RunningFunction {
-  name: FunctionName;
-  url: string;
-  process: ChildProcess;
-}
+/** A running function process (scripts/process.ts). */
+export type RunningFunction = FunctionProcess;
 
 /** The running system. */
 export interface RunningSystem {
@@ -104,157 +93,35 @@ export interface RunningSystem {
   stop(): Promise<void>;
 }
 
-/** Lines of a stream, one callback per complete line. */
-function lines(stream: NodeJS.ReadableStream, onLine: (l: string) => void): void {
-  let partial = '';
-  stream.on('data', (d: Buffer) => {
-    const parts = (partial + d.toString()).split('\n');
-    partial = parts.pop() ?? '';
-    for (const p of parts) onLine(p);
-  });
-  stream.on('end', () => partial && onLine(partial));
+/** What the steps of {@link startSystem} share: the options, what to undo, where lines go. */
+interface Startup {
+  opts: SystemOptions;
+  /** Undo actions of every step so far, run in reverse by `stop()`. */
+  cleanups: (() => Promise<void> | void)[];
+  printer: LogPrinter;
+  emit: (p: Printed | undefined) => void;
+  stop(): Promise<void>;
+}
+
+/** The cluster the system runs against. */
+interface Cluster {
+  /** Set when the control plane is embedded. */
+  controlPlane: ControlPlane | undefined;
+  kubeconfigPath: string;
+  kc: KubeConfig;
+  /** API server URL. */
+  server: string;
+}
+
+/** The Trigger-like deliveries to the two event-driven functions. */
+interface Deliveries {
+  toMirrorSync: Delivery;
+  toIdentityStatus: Delivery;
 }
 
 function isLoopback(server: string): boolean {
   const host = new URL(server).hostname;
   return host === '127.0.0.1' || host === 'localhost' || host === '[::1]';
-}
-
-/** GET `url` until it answers 200 (https with `caPem` when given). */
-async function waitHealthy(
-  url: string,
-  caPem: string | undefined,
-  child: ChildProcess,
-  timeoutMs = 30_000,
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  let last = '';
-  while (Date.now() < deadline) {
-    if (child.exitCode !== null || child.signalCode !== null)
-      throw new Error(`exited (${child.exitCode ?? child.signalCode})`);
-    try {
-      const status = caPem
-        ? await new Promise<number>((res, rej) => {
-            const req = request(url, { ca: caPem, timeout: 2000 }, (r) => {
-              r.resume();
-              res(r.statusCode ?? 0);
-            });
-            req.on('error', rej);
-            req.on('timeout', () => req.destroy(new Error('timeout')));
-            req.end();
-          })
-        : (await fetch(url, { signal: AbortSignal.timeout(2000) })).status;
-      if (status === 200) return;
-      last = `HTTP ${status}`;
-    } catch (err) {
-      last = (err as Error).message;
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  throw new Error(`${url} not healthy after ${timeoutMs} ms: ${last}`);
-}
-
-/**
- * Starts the function `name` as `node functions/main.ts <name>` with `PORT=0` and resolves
- * with its URL once it logged the port it bound and `/healthz` answered 200.
- * @throws Error with its last output lines when it exits or does not become healthy.
- */
-async function startFunction(
-  name: FunctionName,
-  env: NodeJS.ProcessEnv,
-  caPem: string | undefined,
-  onLine: (l: string) => void,
-): Promise<RunningFunction> {
-  const child = spawn(process.execPath, [join(REPO_ROOT, 'functions', 'main.ts'), name], {
-    env,
-    stdio: ['ignore', 'pipe', 'pipe'],
-    cwd: REPO_ROOT,
-  });
-  // Last resort, as for the control plane: a parent that exits abruptly leaves no function behind.
-  const killOnExit = () => child.kill('SIGKILL');
-  process.once('exit', killOnExit);
-  child.once('exit', () => process.off('exit', killOnExit));
-  const tail: string[] = [];
-  let portSeen!: (p: { port: number; scheme: string }) => void;
-  const bound = new Promise<{ port: number; scheme: string }>((r) => (portSeen = r));
-  const handle = (l: string) => {
-    tail.push(l);
-    if (tail.length > 20) tail.shift();
-    try {
-      const j = JSON.parse(l) as { message?: string; port?: number; scheme?: string };
-      if (j.message === 'listening' && typeof j.port === 'number')
-        portSeen({ port: j.port, scheme: j.scheme ?? 'http' });
-    } catch {
-      // plain text (e.g. "cannot start"): printed as is
-    }
-    onLine(l);
-  };
-  lines(child.stdout!, handle);
-  lines(child.stderr!, handle);
-  const exited = new Promise<'exited'>((r) => child.once('exit', () => r('exited')));
-  const first = await Promise.race([
-    bound,
-    exited,
-    new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 30_000).unref()),
-  ]);
-  if (first === 'exited' || first === 'timeout') {
-    child.kill('SIGKILL');
-    throw new Error(
-      `${name} ${first === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : 'did not listen within 30 s'}:\n${tail.join('\n')}`,
-    );
-  }
-  const url = `${first.scheme}://127.0.0.1:${first.port}`;
-  try {
-    await waitHealthy(`${url}/healthz`, first.scheme === 'https' ? caPem : undefined, child);
-  } catch (err) {
-    child.kill('SIGKILL');
-    throw new Error(`${name}: ${(err as Error).message}\n${tail.join('\n')}`);
-  }
-  return { name, url, process: child };
-}
-
-/** SIGTERM (graceful: in-flight requests finish), SIGKILL after `graceMs`. */
-async function stopProcess(child: ChildProcess, graceMs = 10_000): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise<void>((r) => child.once('exit', () => r()));
-  child.kill('SIGTERM');
-  const t = setTimeout(() => child.kill('SIGKILL'), graceMs);
-  await exited;
-  clearTimeout(t);
-}
-
-/**
- * The ValidatingWebhookConfiguration of SPEC §10 for a webhook at `url`: CREATE, UPDATE and
- * DELETE of identities only, failurePolicy Fail, sideEffects None, AdmissionReview v1.
- */
-export function webhookConfiguration(url: string, caBundlePem: string) {
-  return {
-    apiVersion: 'admissionregistration.k8s.io/v1',
-    kind: 'ValidatingWebhookConfiguration',
-    metadata: {
-      name: WEBHOOK_CONFIGURATION,
-      labels: { 'app.kubernetes.io/part-of': 'captf-credentials', 'app.kubernetes.io/managed-by': 'captf-local' },
-    },
-    webhooks: [
-      {
-        name: 'identities.captf-credentials.local',
-        clientConfig: { url: `${url}/validate`, caBundle: Buffer.from(caBundlePem).toString('base64') },
-        rules: [
-          {
-            apiGroups: [GROUP],
-            apiVersions: [VERSION],
-            operations: ['CREATE', 'UPDATE', 'DELETE'],
-            resources: [IDENTITY_PLURAL],
-            scope: 'Cluster',
-          },
-        ],
-        failurePolicy: 'Fail',
-        sideEffects: 'None',
-        admissionReviewVersions: ['v1'],
-        timeoutSeconds: 10,
-      },
-    ],
-  };
 }
 
 /** Path of the receive adapter when it was built already (nothing is built here). */
@@ -270,7 +137,36 @@ export function builtAdapterPath(): string | undefined {
  * @throws Error saying which step failed; everything started before it is stopped first.
  */
 export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
-  const cleanups: (() => Promise<void> | void)[] = [];
+  const s = newStartup(opts);
+  try {
+    const cluster = await connectControlPlane(s);
+    const install = await installCRDsWhenAsked(s, cluster);
+    const tls = await createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca');
+    const functions = await startFunctions(s, functionEnvs(cluster.kubeconfigPath, tls.leaf), tls.caPem);
+    const webhook = install && (await registerLocalWebhook(s, cluster, functions.admission.url, tls.caPem));
+    const deliveries = startDeliveries(s, functions);
+    const eventSource = await startEventSource(s, cluster, functions, deliveries);
+    s.cleanups.push(await watchMirrors(cluster.kc, s.emit));
+    schedulePings(s, deliveries);
+    return {
+      kubeconfigPath: cluster.kubeconfigPath,
+      server: cluster.server,
+      ...(cluster.controlPlane ? { controlPlane: cluster.controlPlane } : {}),
+      functions,
+      eventSource,
+      webhook,
+      ping: (which) => ping(deliveries, which),
+      stop: s.stop,
+    };
+  } catch (err) {
+    await s.stop();
+    throw err;
+  }
+}
+
+/** The shared state of the steps, with a `stop()` that runs their cleanups once, in reverse. */
+function newStartup(opts: SystemOptions): Startup {
+  const cleanups: Startup['cleanups'] = [];
   let stopped = false;
   const stop = async () => {
     if (stopped) return;
@@ -279,220 +175,275 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
       try {
         await c();
       } catch (err) {
-        opts.progress(`while stopping: ${(err as Error).message.split('\n')[0]}`);
+        opts.progress(`while stopping: ${firstLine(err)}`);
       }
     }
   };
-  const printer = new LogPrinter();
-  const emit = (p: Printed | undefined) => p && opts.print(p);
+  return { opts, cleanups, printer: new LogPrinter(), emit: (p) => p && opts.print(p), stop };
+}
 
-  try {
-    // 1. The control plane.
-    let controlPlane: ControlPlane | undefined;
-    let kubeconfigPath: string;
-    if (opts.kubeconfig) {
-      kubeconfigPath = opts.kubeconfig;
-      mkdirSync(opts.dir, { recursive: true });
-    } else {
-      controlPlane = await startControlPlane({ dir: opts.dir, log: opts.progress });
-      cleanups.push(() => controlPlane!.stop());
-      kubeconfigPath = controlPlane.kubeconfigPath;
-    }
-    const kc = new KubeConfig();
-    kc.loadFromFile(kubeconfigPath);
-    const server = kc.getCurrentCluster()?.server;
-    if (!server) throw new Error(`${kubeconfigPath}: the current context names no cluster`);
-
-    // 2. CRDs: always on the embedded control plane; on a named cluster only with --install.
-    const install = !opts.kubeconfig || Boolean(opts.install);
-    if (install) {
-      opts.progress(`installing CRDs into ${server}`);
-      await installCRDs(kc);
-    }
-
-    // 3. The webhook's serving certificate (openssl, like cert-manager would issue it).
-    const pkiDir = join(opts.dir, 'webhook-pki');
-    const ca = await createCA(pkiDir, 'webhook-ca', 'captf-local-webhook-ca');
-    const leaf = await createLeaf({
-      ca,
-      dir: pkiDir,
-      name: 'admission',
-      cn: 'captf-admission',
-      sans: ['IP:127.0.0.1', 'DNS:localhost'],
-      usage: 'server',
-    });
-    const caPem = readFileSync(ca.cert, 'utf8');
-
-    // 4. The functions, from the container's entrypoint, on free ports.
-    const baseEnv: NodeJS.ProcessEnv = {
-      PATH: process.env.PATH,
-      HOME: process.env.HOME,
-      KUBECONFIG: kubeconfigPath,
-      PORT: '0',
-      HOST: '127.0.0.1', // local mode: reachable from this machine only
-      LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
-      ...(process.env.CAPTF_CONSUMER_KINDS ? { CAPTF_CONSUMER_KINDS: process.env.CAPTF_CONSUMER_KINDS } : {}),
-    };
-    const envs: Record<FunctionName, NodeJS.ProcessEnv> = {
-      admission: { ...baseEnv, CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
-      'mirror-sync': baseEnv,
-      'identity-status': baseEnv,
-    };
-    const functions = {} as Record<FunctionName, RunningFunction>;
-    for (const name of FUNCTION_NAMES) {
-      opts.progress(`starting ${name}`);
-      const fn = await startFunction(name, envs[name], caPem, (l) => {
-        opts.onRawLine?.(name, l);
-        emit(printer.line(name, l));
-      });
-      cleanups.push(() => stopProcess(fn.process));
-      functions[name] = fn;
-    }
-
-    // 5. The webhook registration (never on a remote cluster: it could not reach this machine).
-    let webhook = false;
-    if (install && isLoopback(server)) {
-      const adm = kc.makeApiClient(AdmissionregistrationV1Api);
-      const body = webhookConfiguration(functions.admission.url, caPem);
-      await adm.deleteValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).catch((e: unknown) => {
-        if (!isNotFound(e)) throw e;
-      });
-      await adm.createValidatingWebhookConfiguration({ body });
-      webhook = true;
-      cleanups.push(async () => {
-        // Left behind on a named cluster it would block every identity write (failurePolicy Fail).
-        if (opts.kubeconfig)
-          await adm.deleteValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).catch(() => undefined);
-      });
-    } else if (install) {
-      opts.progress(
-        `not registering the webhook: ${server} is not on this machine, so it could not call ${functions.admission.url}`,
-      );
-    }
-
-    // 6. Deliveries (Trigger-like) to the two event-driven functions.
-    const report = (r: {
-      sink: string;
-      type: string;
-      subject: string;
-      status: number;
-      attempts: number;
-      failed: boolean;
-      error?: string;
-    }) => {
-      const fn = r.sink === functions['mirror-sync'].url + '/' ? 'mirror-sync' : 'identity-status';
-      emit({
-        debug: !r.failed,
-        component: 'events',
-        subject: fn,
-        text: `${r.failed ? 'gave up on' : 'delivered'} ${r.type} ${r.subject} → ${r.status || 'unreachable'} after ${r.attempts} attempt(s)${r.error ? ` (${r.error})` : ''}`,
-      });
-    };
-    const toMirrorSync = new Delivery(`${functions['mirror-sync'].url}/`, {
-      onReport: report,
-      ...(opts.backoffMs ? { backoffMs: opts.backoffMs } : {}),
-    });
-    const toIdentityStatus = new Delivery(`${functions['identity-status'].url}/`, {
-      onReport: report,
-      ...(opts.backoffMs ? { backoffMs: opts.backoffMs } : {}),
-    });
-    cleanups.push(() => {
-      toMirrorSync.stop();
-      toIdentityStatus.stop();
-    });
-
-    // 7. API events: the real adapter (one per Trigger's worth of resources), or the local source.
-    const kinds = consumerKindsFromEnv(process.env);
-    const resources = watchedResources(kc, kinds, toMirrorSync, toIdentityStatus);
-    await waitForWatchCaches(
-      kc,
-      resources.map((r) => r.path),
-    );
-    const mode = opts.eventSource ?? 'auto';
-    const adapterBin =
-      mode === 'build'
-        ? await ensureApiServerSourceAdapter(opts.progress)
-        : mode === 'auto'
-          ? builtAdapterPath()
-          : undefined;
-    let eventSource: 'adapter' | 'local';
-    if (adapterBin) {
-      eventSource = 'adapter';
-      const gvr = (Group: string, Version: string, Resource: string) => ({ gvr: { Group, Version, Resource } });
-      const sources: [string, string, SourceConfig][] = [
-        [
-          'captf-objects',
-          functions['mirror-sync'].url,
-          {
-            namespaces: [],
-            allNamespaces: true,
-            mode: 'Reference',
-            resources: [
-              ...kinds.map((k) => gvr(k.group, k.version, k.plural)),
-              gvr(GROUP, VERSION, IDENTITY_PLURAL),
-              gvr('', 'v1', 'namespaces'),
-            ],
-          },
-        ],
-        [
-          'captf-identities',
-          functions['identity-status'].url,
-          { namespaces: [], allNamespaces: true, mode: 'Reference', resources: [gvr(GROUP, VERSION, IDENTITY_PLURAL)] },
-        ],
-      ];
-      for (const [name, sink, source] of sources) {
-        const adapter: RunningAdapter = await startApiServerSourceAdapter({
-          kubeconfigPath,
-          sink: `${sink}/`,
-          source,
-          name,
-          onLog: (l) => {
-            opts.onRawLine?.(`adapter ${name}`, l);
-            emit(adapterLine(name, l));
-          },
-        });
-        cleanups.push(() => adapter.stop());
-        // startApiServerSourceAdapter resolves at the first STARTING line, before discovery;
-        // the reflectors start after "Starting in … mode".
-        const deadline = Date.now() + 30_000;
-        while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline)
-          await new Promise((r) => setTimeout(r, 50));
-      }
-      // Their first list/watch round trip; objects created before it ends produce no event.
-      await new Promise((r) => setTimeout(r, 1000));
-    } else {
-      eventSource = 'local';
-      const local: LocalEventSource = await startLocalEventSource(kc, server, resources, {
-        onError: (msg) => emit({ debug: false, component: 'events', subject: '', text: msg }),
-      });
-      cleanups.push(() => local.stop());
-    }
-
-    // 8. A metadata-level watch of mirrors, only to print what happened to them.
-    cleanups.push(await watchMirrors(kc, emit));
-
-    // 9. PingSource ticks.
-    cleanups.push(schedulePing(toIdentityStatus, PINGS.status, opts.statusEveryMs ?? 5 * 60_000));
-    cleanups.push(schedulePing(toMirrorSync, PINGS.resync, opts.resyncEveryMs ?? 10 * 60_000));
-
-    return {
-      kubeconfigPath,
-      server,
-      ...(controlPlane ? { controlPlane } : {}),
-      functions,
-      eventSource,
-      webhook,
-      async ping(which) {
-        const d = which === 'status' ? toIdentityStatus : toMirrorSync;
-        d.send(pingMessage(PINGS[which]));
-        await d.idle();
-      },
-      stop,
-    };
-  } catch (err) {
-    await stop();
-    throw err;
+/** Step 1: the control plane, embedded unless the options name a kubeconfig. */
+async function connectControlPlane(s: Startup): Promise<Cluster> {
+  let controlPlane: ControlPlane | undefined;
+  let kubeconfigPath: string;
+  if (s.opts.kubeconfig) {
+    kubeconfigPath = s.opts.kubeconfig;
+    mkdirSync(s.opts.dir, { recursive: true });
+  } else {
+    const cp = await startControlPlane({ dir: s.opts.dir, log: s.opts.progress });
+    s.cleanups.push(() => cp.stop());
+    controlPlane = cp;
+    kubeconfigPath = cp.kubeconfigPath;
   }
+  const kc = new KubeConfig();
+  kc.loadFromFile(kubeconfigPath);
+  const server = kc.getCurrentCluster()?.server;
+  if (!server) throw new Error(`${kubeconfigPath}: the current context names no cluster`);
+  return { controlPlane, kubeconfigPath, kc, server };
+}
+
+/**
+ * Step 2, the CRDs: always on the embedded control plane; on a named cluster only with
+ * `install`.
+ * @returns whether this system installs things (CRDs, webhook) into the cluster.
+ */
+async function installCRDsWhenAsked(s: Startup, cluster: Cluster): Promise<boolean> {
+  const install = !s.opts.kubeconfig || Boolean(s.opts.install);
+  if (install) {
+    s.opts.progress(`installing CRDs into ${cluster.server}`);
+    await installCRDs(cluster.kc);
+  }
+  return install;
+}
+
+/** The environment of each function: local mode, reachable from this machine only. */
+function functionEnvs(kubeconfigPath: string, leaf: CertPair): Record<FunctionName, NodeJS.ProcessEnv> {
+  const base: NodeJS.ProcessEnv = {
+    PATH: process.env.PATH,
+    HOME: process.env.HOME,
+    KUBECONFIG: kubeconfigPath,
+    PORT: '0',
+    HOST: '127.0.0.1',
+    LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
+    ...(process.env.CAPTF_CONSUMER_KINDS ? { CAPTF_CONSUMER_KINDS: process.env.CAPTF_CONSUMER_KINDS } : {}),
+  };
+  return {
+    admission: { ...base, CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
+    'mirror-sync': base,
+    'identity-status': base,
+  };
+}
+
+/** Step 4: the functions, from the container's entrypoint, on free ports, one after the other. */
+async function startFunctions(
+  s: Startup,
+  envs: Record<FunctionName, NodeJS.ProcessEnv>,
+  caPem: string,
+): Promise<Record<FunctionName, RunningFunction>> {
+  const functions = {} as Record<FunctionName, RunningFunction>;
+  for (const name of FUNCTION_NAMES) {
+    s.opts.progress(`starting ${name}`);
+    const onLine = (l: string) => {
+      s.opts.onRawLine?.(name, l);
+      s.emit(s.printer.line(name, l));
+    };
+    const fn = await startFunction({ name, env: envs[name], onLine }, caPem);
+    s.cleanups.push(() => fn.stop());
+    functions[name] = fn;
+  }
+  return functions;
+}
+
+/**
+ * Starts a function and resolves once it logged the port it bound and `/healthz` answered
+ * 200 (over https trusting `caPem` when it serves TLS).
+ * @throws Error with its last output lines when it exits or does not become healthy.
+ */
+async function startFunction(
+  opts: { name: FunctionName; env: NodeJS.ProcessEnv; onLine: (l: string) => void },
+  caPem: string,
+): Promise<RunningFunction> {
+  const fn = await spawnFunction(opts);
+  try {
+    await waitHealthy(fn, fn.scheme === 'https' ? caPem : undefined);
+  } catch (err) {
+    fn.kill();
+    throw new Error(`${opts.name}: ${(err as Error).message}\n${fn.tail().join('\n')}`, { cause: err });
+  }
+  return fn;
+}
+
+/** GET `url` once: its status (https with `caPem` when given). */
+function getStatus(url: string, caPem: string | undefined): Promise<number> {
+  if (!caPem) return fetch(url, { signal: AbortSignal.timeout(2000) }).then((r) => r.status);
+  return new Promise<number>((res, rej) => {
+    const req = request(url, { ca: caPem, timeout: 2000 }, (r) => {
+      r.resume();
+      res(r.statusCode ?? 0);
+    });
+    req.on('error', rej);
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.end();
+  });
+}
+
+/**
+ * GETs the function's `/healthz` until it answers 200.
+ * @throws Error when the function exits first or `timeoutMs` passes.
+ */
+async function waitHealthy(fn: RunningFunction, caPem: string | undefined, timeoutMs = 30_000): Promise<void> {
+  const url = `${fn.url}/healthz`;
+  const deadline = Date.now() + timeoutMs;
+  let last = '';
+  while (Date.now() < deadline) {
+    if (!isRunning(fn.child)) throw new Error(`exited (${fn.child.exitCode ?? fn.child.signalCode})`);
+    try {
+      const status = await getStatus(url, caPem);
+      if (status === 200) return;
+      last = `HTTP ${status}`;
+    } catch (err) {
+      last = (err as Error).message;
+    }
+    await sleep(100);
+  }
+  throw new Error(`${url} not healthy after ${timeoutMs} ms: ${last}`);
+}
+
+/**
+ * Step 5, the webhook registration — never on a remote cluster: it could not reach this
+ * machine.
+ * @returns whether it was registered.
+ */
+async function registerLocalWebhook(s: Startup, cluster: Cluster, url: string, caPem: string): Promise<boolean> {
+  if (!isLoopback(cluster.server)) {
+    s.opts.progress(
+      `not registering the webhook: ${cluster.server} is not on this machine, so it could not call ${url}`,
+    );
+    return false;
+  }
+  const unregister = await registerWebhook(cluster.kc, { url, caBundlePem: caPem, name: WEBHOOK_CONFIGURATION });
+  // Left behind on a named cluster it would block every identity write (failurePolicy Fail).
+  s.cleanups.push(() => (s.opts.kubeconfig ? unregister() : undefined));
+  return true;
+}
+
+/** Step 6: deliveries (Trigger-like) to the two event-driven functions; each outcome is a (debug) line. */
+function startDeliveries(s: Startup, functions: Record<FunctionName, RunningFunction>): Deliveries {
+  const report = (r: DeliveryReport) => {
+    const fn = r.sink === functions['mirror-sync'].url + '/' ? 'mirror-sync' : 'identity-status';
+    s.emit({
+      debug: !r.failed,
+      component: 'events',
+      subject: fn,
+      text: `${r.failed ? 'gave up on' : 'delivered'} ${r.type} ${r.subject} → ${r.status || 'unreachable'} after ${r.attempts} attempt(s)${r.error ? ` (${r.error})` : ''}`,
+    });
+  };
+  const options = { onReport: report, ...(s.opts.backoffMs ? { backoffMs: s.opts.backoffMs } : {}) };
+  const toMirrorSync = new Delivery(`${functions['mirror-sync'].url}/`, options);
+  const toIdentityStatus = new Delivery(`${functions['identity-status'].url}/`, options);
+  s.cleanups.push(() => {
+    toMirrorSync.stop();
+    toIdentityStatus.stop();
+  });
+  return { toMirrorSync, toIdentityStatus };
+}
+
+/** Which adapter binary to use, building it when asked; undefined for the local source. */
+async function adapterBinary(s: Startup): Promise<string | undefined> {
+  const mode = s.opts.eventSource ?? 'auto';
+  if (mode === 'build') return ensureApiServerSourceAdapter(s.opts.progress);
+  return mode === 'auto' ? builtAdapterPath() : undefined;
+}
+
+/**
+ * Step 7, API events: the real adapter (one per Trigger's worth of resources) when there is
+ * one, else the local source.
+ */
+async function startEventSource(
+  s: Startup,
+  cluster: Cluster,
+  functions: Record<FunctionName, RunningFunction>,
+  deliveries: Deliveries,
+): Promise<'adapter' | 'local'> {
+  const kinds = consumerKindsFromEnv(process.env);
+  const resources = watchedResources(cluster.kc, kinds, deliveries.toMirrorSync, deliveries.toIdentityStatus);
+  await waitForWatchCaches(
+    cluster.kc,
+    resources.map((r) => r.path),
+  );
+  if (await adapterBinary(s)) {
+    await startAdapters(s, cluster.kubeconfigPath, adapterSources(kinds, functions));
+    return 'adapter';
+  }
+  const local = await startLocalEventSource(cluster.kc, cluster.server, resources, {
+    onError: (msg) => s.emit({ debug: false, component: 'events', subject: '', text: msg }),
+  });
+  s.cleanups.push(() => local.stop());
+  return 'local';
+}
+
+/** The two ApiServerSources of the manifests, as [name, sink URL, config]. */
+function adapterSources(
+  kinds: readonly ConsumerKind[],
+  functions: Record<FunctionName, RunningFunction>,
+): [string, string, SourceConfig][] {
+  const gvr = (Group: string, Version: string, Resource: string) => ({ gvr: { Group, Version, Resource } });
+  const objects = [
+    ...kinds.map((k) => gvr(k.group, k.version, k.plural)),
+    gvr(GROUP, VERSION, IDENTITY_PLURAL),
+    gvr('', 'v1', 'namespaces'),
+  ];
+  const config = (resources: SourceConfig['resources']): SourceConfig => ({
+    namespaces: [],
+    allNamespaces: true,
+    mode: 'Reference',
+    resources,
+  });
+  return [
+    ['captf-objects', functions['mirror-sync'].url, config(objects)],
+    ['captf-identities', functions['identity-status'].url, config([gvr(GROUP, VERSION, IDENTITY_PLURAL)])],
+  ];
+}
+
+/** Starts one adapter per source, each once its reflectors start, then waits out their first list. */
+async function startAdapters(
+  s: Startup,
+  kubeconfigPath: string,
+  sources: [string, string, SourceConfig][],
+): Promise<void> {
+  for (const [name, sink, source] of sources) {
+    const adapter = await startApiServerSourceAdapter({
+      kubeconfigPath,
+      sink: `${sink}/`,
+      source,
+      name,
+      onLog: (l) => {
+        s.opts.onRawLine?.(`adapter ${name}`, l);
+        s.emit(adapterLine(name, l));
+      },
+    });
+    s.cleanups.push(() => adapter.stop());
+    // startApiServerSourceAdapter resolves at the first STARTING line, before discovery;
+    // the reflectors start after "Starting in … mode".
+    const deadline = Date.now() + 30_000;
+    while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline)
+      await sleep(50);
+  }
+  // Their first list/watch round trip; objects created before it ends produce no event.
+  await sleep(1000);
+}
+
+/** Step 9: PingSource ticks. */
+function schedulePings(s: Startup, deliveries: Deliveries): void {
+  s.cleanups.push(schedulePing(deliveries.toIdentityStatus, PINGS.status, s.opts.statusEveryMs ?? 5 * 60_000));
+  s.cleanups.push(schedulePing(deliveries.toMirrorSync, PINGS.resync, s.opts.resyncEveryMs ?? 10 * 60_000));
+}
+
+/** Sends one PingSource tick now and resolves when it was delivered (or given up on). */
+async function ping(deliveries: Deliveries, which: keyof typeof PINGS): Promise<void> {
+  const d = which === 'status' ? deliveries.toIdentityStatus : deliveries.toMirrorSync;
+  d.send(pingMessage(PINGS[which]));
+  await d.idle();
 }
 
 /** The adapter's zap JSON lines: errors and warnings are shown, the rest is debug. */
@@ -516,12 +467,14 @@ function adapterLine(name: string, raw: string): Printed | undefined {
 }
 
 function mirrorView(s: V1Secret): MirrorView {
+  const meta = s.metadata ?? {};
+  const annotations = meta.annotations ?? {};
   return {
-    namespace: s.metadata?.namespace ?? '',
-    name: s.metadata?.name ?? '',
-    identity: s.metadata?.annotations?.[ANNOTATION_IDENTITY] ?? '?',
-    owners: (s.metadata?.ownerReferences ?? []).map((o) => `${o.kind}/${o.name}`).sort(),
-    hash: s.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] ?? '',
+    namespace: meta.namespace ?? '',
+    name: meta.name ?? '',
+    identity: annotations[ANNOTATION_IDENTITY] ?? '?',
+    owners: (meta.ownerReferences ?? []).map((o) => `${o.kind}/${o.name}`).sort(),
+    hash: annotations[ANNOTATION_SOURCE_HASH] ?? '',
   };
 }
 
