@@ -10,22 +10,17 @@
  * - Knative's real ApiServerSource adapter, configured from the rendered `captf-objects`
  *   ApiServerSource as Knative's controller would, sending to the bench's {@link Relay}.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { createWriteStream, mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
 import { buildBundles } from '../build.ts';
-import { REPO_ROOT } from '../controlplane/build.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { installCRDs } from '../controlplane/crds.ts';
-import { createCA, createLeaf } from '../controlplane/pki.ts';
-import {
-  sourceConfigFor,
-  startApiServerSourceAdapter,
-  type ApiServerSourceSpec,
-  type RunningAdapter,
-} from '../knative.ts';
+import { createWebhookPair, type CertPair } from '../controlplane/pki.ts';
+import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../knative.ts';
 import { render } from '../kustomize.ts';
+import { spawnFunction, type FunctionProcess } from '../process.ts';
+import { sleep } from '../wait.ts';
 import { warmCompileCache } from '../warm-compile-cache.ts';
 import { BenchClient } from './client.ts';
 import { AuditLog } from './measure.ts';
@@ -53,18 +48,8 @@ const SERVICE_ACCOUNTS: Record<keyof typeof USERS, string> = {
   'event-source': 'captf-event-sources',
 };
 
-/** A running function process. */
-export interface FunctionProcess {
-  name: FunctionName;
-  /** `http(s)://127.0.0.1:<port>` */
-  url: string;
-  pid: number;
-  child: ChildProcess;
-  /** Milliseconds from spawn to the `listening` line. */
-  listenedMs: number;
-  /** SIGTERM, SIGKILL after 10 s. */
-  stop(): Promise<void>;
-}
+/** A running function process (scripts/process.ts); `stop()` also closes its log file. */
+export type { FunctionProcess } from '../process.ts';
 
 /** Everything a row needs. */
 export interface BenchSystem {
@@ -93,6 +78,12 @@ interface Container {
   env?: { name: string; value?: string }[];
   resources?: { limits?: { memory?: string } };
 }
+
+/** Every function, in start order. */
+const FUNCTIONS = ['admission', 'mirror-sync', 'identity-status'] as const;
+
+/** Undo actions, run in reverse by {@link runCleanups}. */
+type Cleanups = (() => Promise<void> | void)[];
 
 /** Parses a Kubernetes memory quantity (`192Mi`, `1Gi`, `500M`) into bytes. */
 export function quantityBytes(q: string): number {
@@ -142,100 +133,27 @@ async function bindAsUser(
 export async function startBenchSystem(dir: string, log: (line: string) => void): Promise<BenchSystem> {
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(join(dir, 'logs'), { recursive: true });
-  const cleanups: (() => Promise<void> | void)[] = [];
-  const stop = async () => {
-    for (const c of cleanups.splice(0).reverse()) await Promise.resolve(c()).catch(() => undefined);
-  };
+  const cleanups: Cleanups = [];
+  const stop = () => runCleanups(cleanups);
   try {
     log('building the production bundles and warming their compile cache');
-    const app = join(dir, 'app');
-    const built = await buildBundles({ outdir: join(app, 'dist') });
-    const compileCache = join(app, 'compile-cache');
-    await warmCompileCache(compileCache, built.outdir);
-
+    const app = await buildApp(dir);
     log('starting the control plane');
-    const cp = await startControlPlane({ dir: join(dir, 'controlplane'), log, auditLogMaxSizeMB: 100_000 });
-    cleanups.push(() => cp.stop());
-    const kc = new KubeConfig();
-    kc.loadFromFile(cp.kubeconfigPath);
-    await installCRDs(kc);
-    const admin = new BenchClient(cp.kubeconfigPath, CLIENT_CONCURRENCY);
-    cleanups.push(() => admin.close());
-
+    const { cp, kc, admin } = await startCluster(dir, log, cleanups);
     log('rendering the manifests: RBAC, container settings and the ApiServerSource');
     const rendered = await render('manifests/overlays/without-crds');
-    const kubeconfigs = {} as Record<keyof typeof USERS, string>;
-    for (const [who, username] of Object.entries(USERS) as [keyof typeof USERS, string][]) {
-      await bindAsUser(admin, rendered, SERVICE_ACCOUNTS[who], username);
-      kubeconfigs[who] = await cp.userKubeConfig(username);
-    }
-    const containers = new Map<string, Container>();
-    for (const o of rendered) {
-      if (o.kind !== 'Service' || o.apiVersion !== 'serving.knative.dev/v1') continue;
-      containers.set(
-        o.metadata!.name!.replace(/^captf-/, ''),
-        (o as unknown as { spec: { template: { spec: { containers: Container[] } } } }).spec.template.spec
-          .containers[0]!,
-      );
-    }
-    const memoryLimits = {} as Record<FunctionName, number>;
-    for (const fn of ['admission', 'mirror-sync', 'identity-status'] as const) {
-      const limit = containers.get(fn)?.resources?.limits?.memory;
-      if (!limit) throw new Error(`the rendered Knative Service captf-${fn} sets no memory limit`);
-      memoryLimits[fn] = quantityBytes(limit);
-    }
-
-    const pki = join(dir, 'webhook-pki');
-    const ca = await createCA(pki, 'webhook-ca', 'captf-bench-webhook-ca');
-    const leaf = await createLeaf({
-      ca,
-      dir: pki,
-      name: 'admission',
-      cn: 'captf-admission',
-      sans: ['IP:127.0.0.1', 'DNS:localhost'],
-      usage: 'server',
-    });
-    const functionEnv = (name: FunctionName): NodeJS.ProcessEnv => ({
-      PATH: process.env.PATH,
-      NODE_ENV: 'production',
-      NODE_COMPILE_CACHE: compileCache,
-      PORT: '0',
-      HOST: '127.0.0.1',
-      KUBECONFIG: kubeconfigs[name],
-      ...Object.fromEntries((containers.get(name)?.env ?? []).map((e) => [e.name, e.value ?? ''])),
-      ...(name === 'admission'
-        ? { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key, CAPTF_ADMISSION_PLAIN_HTTP: 'false' }
-        : {}),
-    });
-    let instance = 0;
-    const startFunction = async (name: FunctionName): Promise<FunctionProcess> => {
-      const fn = await spawnBundle(built.main, name, functionEnv(name), join(dir, 'logs', `${name}-${instance++}.log`));
-      cleanups.push(() => fn.stop());
-      return fn;
-    };
+    const kubeconfigs = await bindUsers(admin, rendered, cp);
+    const containers = knativeContainers(rendered);
+    const webhook = await createWebhookPair(join(dir, 'webhook-pki'), 'captf-bench-webhook-ca');
+    const functionEnv = (name: FunctionName) =>
+      bundleEnv({ name, ...app, kubeconfig: kubeconfigs[name], container: containers.get(name), leaf: webhook.leaf });
+    const startFunction = functionStarter({ dir, main: app.main, functionEnv, cleanups });
     log('starting the functions');
-    const functions = {
-      admission: await startFunction('admission'),
-      'mirror-sync': await startFunction('mirror-sync'),
-      'identity-status': await startFunction('identity-status'),
-    };
-
-    const relay = await new Relay().start();
-    cleanups.push(() => relay.stop());
-    const source = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
-    if (!source) throw new Error('the rendered manifests hold no ApiServerSource captf-objects');
+    const functions = {} as Record<FunctionName, FunctionProcess>;
+    for (const name of FUNCTIONS) functions[name] = await startFunction(name);
     log('starting the ApiServerSource adapter');
-    const adapterLog = createWriteStream(join(dir, 'logs', 'adapter.log'));
-    const adapter: RunningAdapter = await startApiServerSourceAdapter({
-      kubeconfigPath: kubeconfigs['event-source'],
-      sink: relay.url,
-      source: await sourceConfigFor(kc, source as unknown as ApiServerSourceSpec),
-      name: 'captf-objects',
-      onLog: (l) => adapterLog.write(l + '\n'),
-    });
-    cleanups.push(() => adapter.stop());
+    const relay = await startEvents({ dir, kc, rendered, kubeconfig: kubeconfigs['event-source'] }, cleanups);
     await adapterDelivering(admin, relay);
-
     return {
       dir,
       cp,
@@ -245,15 +163,145 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
       functions,
       startFunction,
       functionEnv,
-      main: built.main,
-      webhookCaPem: readFileSync(ca.cert, 'utf8'),
-      memoryLimits,
+      main: app.main,
+      webhookCaPem: webhook.caPem,
+      memoryLimits: memoryLimits(containers),
       stop,
     };
   } catch (err) {
     await stop();
     throw err;
   }
+}
+
+/** Runs every cleanup once, newest first, ignoring their errors. */
+async function runCleanups(cleanups: Cleanups): Promise<void> {
+  for (const c of cleanups.splice(0).reverse()) await Promise.resolve(c()).catch(() => undefined);
+}
+
+/** The production bundles in `<dir>/app/dist` and their warmed compile cache. */
+async function buildApp(dir: string): Promise<{ main: string; compileCache: string }> {
+  const app = join(dir, 'app');
+  const built = await buildBundles({ outdir: join(app, 'dist') });
+  const compileCache = join(app, 'compile-cache');
+  await warmCompileCache(compileCache, built.outdir);
+  return { main: built.main, compileCache };
+}
+
+/** The control plane with the CRDs, and the bench's admin client. */
+async function startCluster(
+  dir: string,
+  log: (line: string) => void,
+  cleanups: Cleanups,
+): Promise<{ cp: ControlPlane; kc: KubeConfig; admin: BenchClient }> {
+  const cp = await startControlPlane({ dir: join(dir, 'controlplane'), log, auditLogMaxSizeMB: 100_000 });
+  cleanups.push(() => cp.stop());
+  const kc = new KubeConfig();
+  kc.loadFromFile(cp.kubeconfigPath);
+  await installCRDs(kc);
+  const admin = new BenchClient(cp.kubeconfigPath, CLIENT_CONCURRENCY);
+  cleanups.push(() => admin.close());
+  return { cp, kc, admin };
+}
+
+/** Each {@link USERS} user, bound to its ServiceAccount's roles; returns their kubeconfigs. */
+async function bindUsers(
+  admin: BenchClient,
+  rendered: readonly KubernetesObject[],
+  cp: ControlPlane,
+): Promise<Record<keyof typeof USERS, string>> {
+  const kubeconfigs = {} as Record<keyof typeof USERS, string>;
+  for (const [who, username] of Object.entries(USERS) as [keyof typeof USERS, string][]) {
+    await bindAsUser(admin, rendered, SERVICE_ACCOUNTS[who], username);
+    kubeconfigs[who] = await cp.userKubeConfig(username);
+  }
+  return kubeconfigs;
+}
+
+/** The container of each rendered Knative Service, by function name. */
+function knativeContainers(rendered: readonly KubernetesObject[]): Map<string, Container> {
+  const containers = new Map<string, Container>();
+  for (const o of rendered) {
+    if (o.kind !== 'Service' || o.apiVersion !== 'serving.knative.dev/v1') continue;
+    containers.set(
+      o.metadata!.name!.replace(/^captf-/, ''),
+      (o as unknown as { spec: { template: { spec: { containers: Container[] } } } }).spec.template.spec.containers[0]!,
+    );
+  }
+  return containers;
+}
+
+/** Each function container's memory limit, in bytes. @throws Error when one sets none. */
+function memoryLimits(containers: Map<string, Container>): Record<FunctionName, number> {
+  const limits = {} as Record<FunctionName, number>;
+  for (const fn of FUNCTIONS) {
+    const limit = containers.get(fn)?.resources?.limits?.memory;
+    if (!limit) throw new Error(`the rendered Knative Service captf-${fn} sets no memory limit`);
+    limits[fn] = quantityBytes(limit);
+  }
+  return limits;
+}
+
+/** The environment a function bundle is started with: its Knative Service's, as its own user. */
+function bundleEnv(opts: {
+  name: FunctionName;
+  compileCache: string;
+  kubeconfig: string;
+  container: Container | undefined;
+  leaf: CertPair;
+}): NodeJS.ProcessEnv {
+  return {
+    PATH: process.env.PATH,
+    NODE_ENV: 'production',
+    NODE_COMPILE_CACHE: opts.compileCache,
+    PORT: '0',
+    HOST: '127.0.0.1',
+    KUBECONFIG: opts.kubeconfig,
+    ...Object.fromEntries((opts.container?.env ?? []).map((e) => [e.name, e.value ?? ''])),
+    ...(opts.name === 'admission'
+      ? { CAPTF_TLS_CERT_FILE: opts.leaf.cert, CAPTF_TLS_KEY_FILE: opts.leaf.key, CAPTF_ADMISSION_PLAIN_HTTP: 'false' }
+      : {}),
+  };
+}
+
+/** Starts instances of functions, each logging to `<dir>/logs/<name>-<n>.log`, stopped with the system. */
+function functionStarter(opts: {
+  dir: string;
+  main: string;
+  functionEnv: (name: FunctionName) => NodeJS.ProcessEnv;
+  cleanups: Cleanups;
+}): (name: FunctionName) => Promise<FunctionProcess> {
+  let instance = 0;
+  return async (name) => {
+    const logPath = join(opts.dir, 'logs', `${name}-${instance++}.log`);
+    const fn = await spawnBundle({ main: opts.main, name, env: opts.functionEnv(name), logPath });
+    opts.cleanups.push(() => fn.stop());
+    return fn;
+  };
+}
+
+/**
+ * The relay and Knative's ApiServerSource adapter, configured from the rendered
+ * `captf-objects` ApiServerSource and sending to the relay.
+ */
+async function startEvents(
+  opts: { dir: string; kc: KubeConfig; rendered: readonly KubernetesObject[]; kubeconfig: string },
+  cleanups: Cleanups,
+): Promise<Relay> {
+  const relay = await new Relay().start();
+  cleanups.push(() => relay.stop());
+  const source = opts.rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
+  if (!source) throw new Error('the rendered manifests hold no ApiServerSource captf-objects');
+  const adapterLog = createWriteStream(join(opts.dir, 'logs', 'adapter.log'));
+  const adapter = await startApiServerSourceAdapter({
+    kubeconfigPath: opts.kubeconfig,
+    sink: relay.url,
+    source: await sourceConfigFor(opts.kc, source as unknown as ApiServerSourceSpec),
+    name: 'captf-objects',
+    onLog: (l) => adapterLog.write(l + '\n'),
+  });
+  cleanups.push(() => adapter.stop());
+  return relay;
 }
 
 /**
@@ -276,72 +324,33 @@ async function adapterDelivering(admin: BenchClient, relay: Relay): Promise<void
         { metadata: { labels: body.metadata.labels } },
         'application/merge-patch+json',
       );
-    await new Promise((res) => setTimeout(res, 250));
+    await sleep(250);
   }
 }
 
 /**
- * Spawns `node <main> <name>` and resolves once it logged `listening` with its port.
+ * Spawns `node <main> <name>` (scripts/process.ts) with its output written to `logPath`, and
+ * resolves once it logged `listening` with its port.
  * @throws Error with the tail of its output when it exits or does not listen within 30 s.
  */
-export async function spawnBundle(
-  main: string,
-  name: FunctionName,
-  env: NodeJS.ProcessEnv,
-  logPath: string,
-): Promise<FunctionProcess> {
-  const t0 = performance.now();
-  const child = spawn(process.execPath, [main, name], { env, cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
-  // A bench that dies leaves no function behind.
-  const killOnExit = () => child.kill('SIGKILL');
-  process.once('exit', killOnExit);
-  child.once('exit', () => process.off('exit', killOnExit));
-  const out = createWriteStream(logPath);
-  const tail: string[] = [];
-  let partial = '';
-  let seen!: (v: { port: number; scheme: string }) => void;
-  const listening = new Promise<{ port: number; scheme: string }>((r) => (seen = r));
-  const onData = (d: Buffer) => {
-    out.write(d);
-    const lines = (partial + d.toString()).split('\n');
-    partial = lines.pop() ?? '';
-    for (const l of lines) {
-      tail.push(l);
-      if (tail.length > 20) tail.shift();
-      if (!l.includes('"listening"')) continue;
-      const j = JSON.parse(l) as { port: number; scheme?: string };
-      seen({ port: j.port, scheme: j.scheme ?? 'http' });
-    }
-  };
-  child.stdout!.on('data', onData);
-  child.stderr!.on('data', onData);
-  const exited = new Promise<void>((r) => child.once('exit', () => r()));
-  const first = await Promise.race([
-    listening,
-    exited.then(() => 'exited' as const),
-    new Promise<'timeout'>((r) => setTimeout(() => r('timeout'), 30_000).unref()),
-  ]);
-  if (first === 'exited' || first === 'timeout') {
-    child.kill('SIGKILL');
-    throw new Error(
-      `${name} ${first === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : 'did not listen within 30 s'}:\n${tail.join('\n')}`,
-    );
+export async function spawnBundle(opts: {
+  main: string;
+  name: FunctionName;
+  env: NodeJS.ProcessEnv;
+  logPath: string;
+}): Promise<FunctionProcess> {
+  const out = createWriteStream(opts.logPath);
+  try {
+    const fn = await spawnFunction({ name: opts.name, main: opts.main, env: opts.env, onData: (d) => out.write(d) });
+    return {
+      ...fn,
+      async stop(graceMs) {
+        await fn.stop(graceMs);
+        out.end();
+      },
+    };
+  } catch (err) {
+    out.end();
+    throw err;
   }
-  const listenedMs = performance.now() - t0;
-  return {
-    name,
-    url: `${first.scheme}://127.0.0.1:${first.port}`,
-    pid: child.pid!,
-    child,
-    listenedMs,
-    async stop() {
-      if (child.exitCode === null && child.signalCode === null) {
-        child.kill('SIGTERM');
-        const t = setTimeout(() => child.kill('SIGKILL'), 10_000);
-        await exited;
-        clearTimeout(t);
-      }
-      out.end();
-    },
-  };
 }

@@ -92,12 +92,12 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
     const samples: number[] = [];
     for (let i = 0; i < runs; i++) {
       const t0 = performance.now();
-      const fn = await spawnBundle(
-        sys.main,
+      const fn = await spawnBundle({
+        main: sys.main,
         name,
-        sys.functionEnv(name),
-        join(sys.dir, 'logs', `cold-${name}-${i}.log`),
-      );
+        env: sys.functionEnv(name),
+        logPath: join(sys.dir, 'logs', `cold-${name}-${i}.log`),
+      });
       try {
         const status = await first[name](fn.url);
         if (status < 200 || status > 299) throw new Error(`${name}'s first request answered ${status}`);
