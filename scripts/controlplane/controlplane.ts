@@ -12,6 +12,8 @@ import { request } from 'node:https';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { KubeConfig, dumpYaml } from '@kubernetes/client-node';
+import { isRunning, stopProcess } from '../process.ts';
+import { sleep } from '../wait.ts';
 import { ensureControlPlaneBinaries, type ControlPlaneBinaries } from './build.ts';
 import { createCA, createLeaf, createServiceAccountKeys, type CertPair } from './pki.ts';
 
@@ -69,7 +71,10 @@ export function freePort(): Promise<number> {
  * Writes a kubeconfig for a client-certificate user (data embedded, so the file stands alone).
  * @returns the path written.
  */
-export function writeKubeConfig(path: string, server: string, caPem: string, user: string, cert: CertPair): string {
+export function writeKubeConfig(
+  path: string,
+  { server, caPem, user, cert }: { server: string; caPem: string; user: string; cert: CertPair },
+): string {
   const b64 = (p: string) => readFileSync(p).toString('base64');
   const config = {
     apiVersion: 'v1',
@@ -108,6 +113,42 @@ process.on('exit', () => {
   for (const c of live) c.kill('SIGKILL');
 });
 
+/** The certificates and keys of a control plane (in `<dir>/pki`). */
+interface Pki {
+  servingCA: CertPair;
+  clientCA: CertPair;
+  /** The service-account signing key pair. */
+  sa: { key: string; pub: string };
+  /** The API server's serving certificate. */
+  serving: CertPair;
+  /** Client certificate of `admin` in `system:masters`. */
+  admin: CertPair;
+  /** PEM of `servingCA`. */
+  caPem: string;
+}
+
+/** Loopback ports of a control plane. */
+interface Ports {
+  etcd: number;
+  peer: number;
+  api: number;
+}
+
+/** A component process and its log file. */
+interface Component {
+  name: string;
+  child: ChildProcess;
+  logPath: string;
+}
+
+/** The component processes of one control plane, started in order and stopped in reverse. */
+interface Components {
+  list: Component[];
+  start(name: string, bin: string, args: string[]): void;
+  /** Stops every process (SIGTERM, then SIGKILL after 10 s), newest first; idempotent. */
+  stop(): Promise<void>;
+}
+
 /**
  * Starts etcd, kube-apiserver and (when available) kube-controller-manager in `opts.dir`,
  * building the binaries first if needed, and resolves once `/readyz` answers 200.
@@ -119,10 +160,49 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
   const dir = resolve(opts.dir);
   const binaries = await ensureControlPlaneBinaries(log);
   rmSync(dir, { recursive: true, force: true });
-  const pkiDir = join(dir, 'pki');
-  const logDir = join(dir, 'logs');
-  mkdirSync(logDir, { recursive: true });
+  mkdirSync(join(dir, 'logs'), { recursive: true });
+  const pki = await createPki(join(dir, 'pki'));
+  const ports = await freePorts();
+  const server = `https://127.0.0.1:${ports.api}`;
+  const kubeconfigPath = writeKubeConfig(join(dir, 'admin.kubeconfig'), {
+    server,
+    caPem: pki.caPem,
+    user: 'admin',
+    cert: pki.admin,
+  });
+  writeAuditPolicy(dir);
+  const components = newComponents(join(dir, 'logs'));
+  try {
+    components.start('etcd', binaries.etcd, etcdArgs(dir, ports));
+    components.start('kube-apiserver', binaries.kubeApiserver, apiServerArgs({ dir, ports, pki, opts }));
+    await waitReady({ server, pki, components, timeoutMs: opts.readyTimeoutMs ?? 120_000 });
+    if (binaries.kubeControllerManager)
+      components.start(
+        'kube-controller-manager',
+        binaries.kubeControllerManager,
+        controllerManagerArgs(kubeconfigPath, pki),
+      );
+    else log('[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run');
+  } catch (err) {
+    await components.stop();
+    throw err;
+  }
+  return {
+    dir,
+    server,
+    kubeconfigPath,
+    caPem: pki.caPem,
+    clientCA: pki.clientCA,
+    servingCA: pki.servingCA,
+    binaries,
+    hasControllerManager: Boolean(binaries.kubeControllerManager),
+    userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
+    stop: components.stop,
+  };
+}
 
+/** The CAs, the service-account keys, the API server's serving certificate and admin's client certificate. */
+async function createPki(pkiDir: string): Promise<Pki> {
   const [servingCA, clientCA, sa] = await Promise.all([
     createCA(pkiDir, 'ca', 'captf-local-ca'),
     createCA(pkiDir, 'client-ca', 'captf-local-client-ca'),
@@ -139,10 +219,16 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     }),
     createLeaf({ ca: clientCA, dir: pkiDir, name: 'admin', cn: 'admin', orgs: ['system:masters'], usage: 'client' }),
   ]);
-  const caPem = readFileSync(servingCA.cert, 'utf8');
-  const [etcdPort, peerPort, apiPort] = [await freePort(), await freePort(), await freePort()];
-  const server = `https://127.0.0.1:${apiPort}`;
-  const kubeconfigPath = writeKubeConfig(join(dir, 'admin.kubeconfig'), server, caPem, 'admin', admin);
+  return { servingCA, clientCA, sa, serving, admin, caPem: readFileSync(servingCA.cert, 'utf8') };
+}
+
+/** Three free loopback ports, one after the other. */
+async function freePorts(): Promise<Ports> {
+  return { etcd: await freePort(), peer: await freePort(), api: await freePort() };
+}
+
+/** `<dir>/audit-policy.yaml`: every request at Metadata level. */
+function writeAuditPolicy(dir: string): void {
   writeFileSync(
     join(dir, 'audit-policy.yaml'),
     dumpYaml({
@@ -152,132 +238,122 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
       rules: [{ level: 'Metadata' }],
     }),
   );
+}
 
-  const procs: { name: string; child: ChildProcess; logPath: string }[] = [];
+/** Components that log to `<logDir>/<name>.log`. */
+function newComponents(logDir: string): Components {
+  const list: Component[] = [];
   let stopping = false;
-  const startProc = (name: string, bin: string, args: string[]) => {
-    const logPath = join(logDir, `${name}.log`);
-    const fd = openSync(logPath, 'a');
-    const child = spawn(bin, args, { stdio: ['ignore', fd, fd] });
-    closeSync(fd);
-    live.add(child);
-    child.on('exit', () => live.delete(child));
-    procs.push({ name, child, logPath });
-    return child;
-  };
-  const tail = (p: string) => {
-    try {
-      return readFileSync(p, 'utf8').split('\n').slice(-25).join('\n');
-    } catch {
-      return '';
-    }
-  };
-
-  const stop = async () => {
-    if (stopping) return;
-    stopping = true;
-    // Reverse order: controller-manager and API server before etcd.
-    for (const { child } of [...procs].reverse()) {
-      if (child.exitCode !== null || child.signalCode !== null) continue;
-      const exited = new Promise<void>((r) => child.once('exit', () => r()));
-      child.kill('SIGTERM');
-      const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
-      await exited;
-      clearTimeout(timer);
-    }
-  };
-
-  try {
-    startProc('etcd', binaries.etcd, [
-      '--name=captf',
-      `--data-dir=${join(dir, 'etcd')}`,
-      `--listen-client-urls=http://127.0.0.1:${etcdPort}`,
-      `--advertise-client-urls=http://127.0.0.1:${etcdPort}`,
-      `--listen-peer-urls=http://127.0.0.1:${peerPort}`,
-      `--initial-advertise-peer-urls=http://127.0.0.1:${peerPort}`,
-      `--initial-cluster=captf=http://127.0.0.1:${peerPort}`,
-      '--unsafe-no-fsync=true',
-      '--log-level=warn',
-    ]);
-    startProc('kube-apiserver', binaries.kubeApiserver, [
-      `--etcd-servers=http://127.0.0.1:${etcdPort}`,
-      '--bind-address=127.0.0.1',
-      '--advertise-address=127.0.0.1',
-      `--secure-port=${apiPort}`,
-      `--tls-cert-file=${serving.cert}`,
-      `--tls-private-key-file=${serving.key}`,
-      `--client-ca-file=${clientCA.cert}`,
-      '--authorization-mode=Node,RBAC',
-      '--service-cluster-ip-range=10.0.0.0/24',
-      '--allow-privileged=true',
-      '--service-account-issuer=https://kubernetes.default.svc.cluster.local',
-      `--service-account-key-file=${sa.pub}`,
-      `--service-account-signing-key-file=${sa.key}`,
-      `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`,
-      `--audit-log-path=${join(logDir, 'audit.log')}`,
-      `--audit-log-maxsize=${opts.auditLogMaxSizeMB ?? 200}`,
-    ]);
-    await waitReady(server, caPem, admin, procs, opts.readyTimeoutMs ?? 120_000, tail);
-    if (binaries.kubeControllerManager) {
-      startProc('kube-controller-manager', binaries.kubeControllerManager, [
-        `--kubeconfig=${kubeconfigPath}`,
-        `--controllers=${CONTROLLERS.join(',')}`,
-        `--service-account-private-key-file=${sa.key}`,
-        `--root-ca-file=${servingCA.cert}`,
-        '--leader-elect=false',
-        '--secure-port=0',
-        '--use-service-account-credentials=false',
-      ]);
-    } else {
-      log('[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run');
-    }
-  } catch (err) {
-    await stop();
-    throw err;
-  }
-
   return {
-    dir,
-    server,
-    kubeconfigPath,
-    caPem,
-    clientCA,
-    servingCA,
-    binaries,
-    hasControllerManager: Boolean(binaries.kubeControllerManager),
-    userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
-    stop,
+    list,
+    start(name, bin, args) {
+      const logPath = join(logDir, `${name}.log`);
+      const fd = openSync(logPath, 'a');
+      const child = spawn(bin, args, { stdio: ['ignore', fd, fd] });
+      closeSync(fd);
+      live.add(child);
+      child.on('exit', () => live.delete(child));
+      list.push({ name, child, logPath });
+    },
+    async stop() {
+      if (stopping) return;
+      stopping = true;
+      // Reverse order: controller-manager and API server before etcd.
+      for (const { child } of [...list].reverse()) await stopProcess(child);
+    },
   };
 }
 
-async function waitReady(
-  server: string,
-  caPem: string,
-  admin: CertPair,
-  procs: { name: string; child: ChildProcess; logPath: string }[],
-  timeoutMs: number,
-  tail: (p: string) => string,
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
+/** The last 25 lines of a log file ('' when it cannot be read). */
+function logTail(path: string): string {
+  try {
+    return readFileSync(path, 'utf8').split('\n').slice(-25).join('\n');
+  } catch {
+    return '';
+  }
+}
+
+function etcdArgs(dir: string, ports: Ports): string[] {
+  return [
+    '--name=captf',
+    `--data-dir=${join(dir, 'etcd')}`,
+    `--listen-client-urls=http://127.0.0.1:${ports.etcd}`,
+    `--advertise-client-urls=http://127.0.0.1:${ports.etcd}`,
+    `--listen-peer-urls=http://127.0.0.1:${ports.peer}`,
+    `--initial-advertise-peer-urls=http://127.0.0.1:${ports.peer}`,
+    `--initial-cluster=captf=http://127.0.0.1:${ports.peer}`,
+    '--unsafe-no-fsync=true',
+    '--log-level=warn',
+  ];
+}
+
+function apiServerArgs({
+  dir,
+  ports,
+  pki,
+  opts,
+}: {
+  dir: string;
+  ports: Ports;
+  pki: Pki;
+  opts: StartOptions;
+}): string[] {
+  return [
+    `--etcd-servers=http://127.0.0.1:${ports.etcd}`,
+    '--bind-address=127.0.0.1',
+    '--advertise-address=127.0.0.1',
+    `--secure-port=${ports.api}`,
+    `--tls-cert-file=${pki.serving.cert}`,
+    `--tls-private-key-file=${pki.serving.key}`,
+    `--client-ca-file=${pki.clientCA.cert}`,
+    '--authorization-mode=Node,RBAC',
+    '--service-cluster-ip-range=10.0.0.0/24',
+    '--allow-privileged=true',
+    '--service-account-issuer=https://kubernetes.default.svc.cluster.local',
+    `--service-account-key-file=${pki.sa.pub}`,
+    `--service-account-signing-key-file=${pki.sa.key}`,
+    `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`,
+    `--audit-log-path=${join(dir, 'logs', 'audit.log')}`,
+    `--audit-log-maxsize=${opts.auditLogMaxSizeMB ?? 200}`,
+  ];
+}
+
+function controllerManagerArgs(kubeconfigPath: string, pki: Pki): string[] {
+  return [
+    `--kubeconfig=${kubeconfigPath}`,
+    `--controllers=${CONTROLLERS.join(',')}`,
+    `--service-account-private-key-file=${pki.sa.key}`,
+    `--root-ca-file=${pki.servingCA.cert}`,
+    '--leader-elect=false',
+    '--secure-port=0',
+    '--use-service-account-credentials=false',
+  ];
+}
+
+/**
+ * Polls `/readyz` (as admin) until it answers 200.
+ * @throws Error when a component exits first (with the tail of its log) or time runs out.
+ */
+async function waitReady(opts: { server: string; pki: Pki; components: Components; timeoutMs: number }): Promise<void> {
+  const deadline = Date.now() + opts.timeoutMs;
   let last = '';
   while (Date.now() < deadline) {
-    for (const p of procs) {
-      if (p.child.exitCode !== null || p.child.signalCode !== null) {
-        throw new Error(
-          `${p.name} exited (${p.child.exitCode ?? p.child.signalCode}) before the control plane was ready:\n${tail(p.logPath)}`,
-        );
-      }
-    }
+    const gone = opts.components.list.find((p) => !isRunning(p.child));
+    if (gone)
+      throw new Error(
+        `${gone.name} exited (${gone.child.exitCode ?? gone.child.signalCode}) before the control plane was ready:\n${logTail(gone.logPath)}`,
+      );
     try {
-      const r = await get(`${server}/readyz`, caPem, admin);
+      const r = await get(`${opts.server}/readyz`, opts.pki.caPem, opts.pki.admin);
       if (r.status === 200) return;
       last = `${r.status} ${r.body.slice(0, 500)}`;
     } catch (e) {
       last = String(e);
     }
-    await new Promise((r) => setTimeout(r, 250));
+    await sleep(250);
   }
-  throw new Error(`kube-apiserver not ready after ${timeoutMs} ms: ${last}\n${tail(procs[1]?.logPath ?? '')}`);
+  const apiServerLog = opts.components.list[1]?.logPath ?? '';
+  throw new Error(`kube-apiserver not ready after ${opts.timeoutMs} ms: ${last}\n${logTail(apiServerLog)}`);
 }
 
 /**
@@ -293,7 +369,7 @@ export async function userKubeConfig(dir: string, name: string, groups: readonly
   const usersDir = join(dir, 'users');
   const base = `${name}-${groups.join('+')}-${randomBytes(3).toString('hex')}`.replace(/[^A-Za-z0-9_.+-]/g, '_');
   const cert = await createLeaf({ ca: clientCA, dir: usersDir, name: base, cn: name, orgs: groups, usage: 'client' });
-  return writeKubeConfig(join(usersDir, `${base}.kubeconfig`), server, caPem, name, cert);
+  return writeKubeConfig(join(usersDir, `${base}.kubeconfig`), { server, caPem, user: name, cert });
 }
 
 /** Server URL and CA PEM from `<dir>/admin.kubeconfig`. @throws Error when absent. */
