@@ -26,12 +26,13 @@ import {
   type Consumer,
   type TerraformClusterIdentity,
 } from '../functions/lib/api.ts';
-import { isNotFound } from '../functions/lib/kube.ts';
+import { describeError, isNotFound } from '../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, isCurrent, mirrorName, sourceHash, type SecretLike } from '../functions/lib/mirror.ts';
 import { REPO_ROOT } from './controlplane/build.ts';
 import { applyExamples, loadExamples } from './local/examples.ts';
 import { formatLine, type Printed } from './local/print.ts';
 import { startSystem, type RunningSystem } from './local/system.ts';
+import { eventually } from './wait.ts';
 
 const { values } = parseArgs({
   options: { dir: { type: 'string', default: '.local/demo' }, verbose: { type: 'boolean', default: false } },
@@ -45,40 +46,6 @@ const show = (p: Printed) => {
   recent.push(line);
   if (recent.length > 40) recent.shift();
 };
-
-/** Polls `fn` until it returns something other than undefined/false; throws `what` on timeout. */
-async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 60_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  let lastError = '';
-  for (;;) {
-    try {
-      const v = await fn();
-      if (v !== undefined && v !== false) return v as T;
-    } catch (err) {
-      lastError = (err as Error).message.split('\n')[0]!;
-    }
-    if (Date.now() > deadline)
-      throw new Error(
-        `timed out after ${timeoutMs / 1000}s waiting for ${what}${lastError ? ` (last error: ${lastError})` : ''}`,
-      );
-    await new Promise((r) => setTimeout(r, 250));
-  }
-}
-
-/** The message of a failed API call, as kubectl would print it. */
-function apiMessage(err: unknown): string {
-  const body = (err as { body?: unknown }).body;
-  try {
-    const parsed =
-      typeof body === 'string'
-        ? (JSON.parse(body) as { message?: string })
-        : (body as { message?: string } | undefined);
-    if (parsed?.message) return parsed.message;
-  } catch {
-    // fall through
-  }
-  return (err as Error).message.split('\n')[0]!;
-}
 
 let failed = 0;
 let stepNo = 0;
@@ -111,6 +78,11 @@ process.on('SIGTERM', () => void onSignal());
 
 const ids = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
 const plural: Record<string, string> = { TerraformCluster: 'terraformclusters', TerraformMachine: 'terraformmachines' };
+const SOURCE = { namespace: 'captf-system', name: 'aws-prod-credentials' };
+/** Variables the runner removes before Terraform starts. */
+const TF_OR_KUBE = /^(tf|kube)_/i;
+/** The variables the runner must report removing for the runner step's environment. */
+const RUNNER_REMOVES = ['KUBE_CONFIG_PATH', 'TF_TOKEN_app_terraform_io', 'TF_VAR_region'];
 
 try {
   await run();
@@ -127,341 +99,370 @@ console.log(
 );
 process.exit(failed === 0 ? 0 : 1);
 
+/** The walkthrough: each step a named function below, stopping at the first that fails. */
 async function run(): Promise<void> {
   const ok = await step(
     'start a fresh control plane, the CRDs, the three functions, the webhook and the events',
-    async () => {
-      system = await startSystem({
-        dir: values.dir!,
-        print: show,
-        progress: (l) => values.verbose && console.log(`    ${l}`),
-        onRawLine: (_c, l) => raw.push(l),
-        // Short back-off so a retried event does not stall a step.
-        backoffMs: 200,
-      });
-      return `events from ${system.eventSource === 'adapter' ? "Knative's ApiServerSource adapter" : 'the local event source'}; KUBECONFIG=${system.kubeconfigPath}`;
-    },
+    startTheSystem,
   );
   if (!ok || !system) return;
-  const sys = system;
-  const cp = sys.controlPlane!;
-  const kc = new KubeConfig();
-  kc.loadFromFile(sys.kubeconfigPath);
-  const core = kc.makeApiClient(CoreV1Api);
-  const custom = kc.makeApiClient(CustomObjectsApi);
-  const readMirror = async (namespace: string, identity: string): Promise<V1Secret | undefined> => {
-    try {
-      return await core.readNamespacedSecret({ namespace, name: mirrorName(identity) });
-    } catch (err) {
-      if (isNotFound(err)) return undefined;
-      throw err;
-    }
-  };
-  const identity = (name: string) =>
-    custom.getClusterCustomObject({ ...ids, name }) as Promise<TerraformClusterIdentity>;
-  const consumers = loadExamples().filter(
-    (o) => o.kind === 'TerraformCluster' || o.kind === 'TerraformMachine',
-  ) as Consumer[];
-
-  const steps: [string, () => Promise<string | void>][] = [
-    [
-      'apply examples/ (server-side, as `kubectl apply` would)',
-      async () => {
-        const applied = await applyExamples(kc);
-        return `${applied.length} objects: namespaces, 2 source Secrets, 2 identities, ${consumers.length} consumers, tenant RBAC`;
-      },
-    ],
-
+  const demo = newDemo(system);
+  const steps: [string, (d: Demo) => Promise<string>][] = [
+    ['apply examples/ (server-side, as `kubectl apply` would)', applyTheExamples],
     [
       "each namespace gets its mirror, owned by exactly the objects that use it, with the source's data",
-      async () => {
-        const groups = new Map<string, Consumer[]>();
-        for (const c of consumers) {
-          const key = `${c.metadata.namespace}/${c.spec!.identityRef!.name}`;
-          groups.set(key, [...(groups.get(key) ?? []), c]);
-        }
-        const seen: string[] = [];
-        for (const [key, users] of groups) {
-          const [namespace, id] = key.split('/') as [string, string];
-          const idObj = await identity(id);
-          const source = await core.readNamespacedSecret({
-            namespace: idObj.spec.secretRef.namespace,
-            name: idObj.spec.secretRef.name,
-          });
-          const uids = await Promise.all(
-            users.map(
-              async (u) =>
-                `${u.kind}/${u.metadata.name}/${((await custom.getNamespacedCustomObject({ group: GROUP, version: VERSION, namespace, plural: plural[u.kind!]!, name: u.metadata.name! })) as Consumer).metadata.uid}`,
-            ),
-          );
-          await waitFor(
-            `mirror ${namespace}/${mirrorName(id)} owned by ${users.map((u) => u.metadata.name).join(', ')}`,
-            async () => {
-              const m = await readMirror(namespace, id);
-              if (!m || !isCurrent(m as SecretLike, sourceHash(source.data))) return false;
-              const owners = (m.metadata?.ownerReferences ?? []).map((o) => `${o.kind}/${o.name}/${o.uid}`).sort();
-              return (
-                owners.join(',') === [...uids].sort().join(',') &&
-                (m.metadata?.ownerReferences ?? []).every((o) => o.apiVersion === API_VERSION)
-              );
-            },
-          );
-          seen.push(`${namespace}/${mirrorName(id)} ← ${users.map((u) => `${u.kind}/${u.metadata.name}`).join(' + ')}`);
-        }
-        return seen.join('; ');
-      },
+      mirrorsOwnedByTheirUsers,
     ],
-
-    [
-      'every consumer reports CredentialsMirrored=True (Mirrored)',
-      async () => {
-        for (const c of consumers) {
-          await waitFor(`${c.metadata.namespace}/${c.metadata.name} CredentialsMirrored=True`, async () => {
-            const o = (await custom.getNamespacedCustomObject({
-              group: GROUP,
-              version: VERSION,
-              namespace: c.metadata.namespace!,
-              plural: plural[c.kind!]!,
-              name: c.metadata.name!,
-            })) as Consumer;
-            return o.status?.conditions?.some(
-              (x) => x.type === 'CredentialsMirrored' && x.status === 'True' && x.reason === 'Mirrored',
-            );
-          });
-        }
-        return `${consumers.length} of ${consumers.length}`;
-      },
-    ],
-
-    [
-      'a status ping makes each identity Ready=True (SecretFound) and lists where it is in use',
-      async () => {
-        await sys.ping('status');
-        const want: Record<string, string[]> = { 'aws-prod': ['team-a', 'team-b'], 'gcp-dev': ['team-c'] };
-        for (const [id, namespaces] of Object.entries(want)) {
-          await waitFor(`${id} status`, async () => {
-            const o = await identity(id);
-            return (
-              o.status?.conditions?.some(
-                (x) => x.type === 'Ready' && x.status === 'True' && x.reason === 'SecretFound',
-              ) && JSON.stringify(o.status?.namespaces) === JSON.stringify(namespaces)
-            );
-          });
-        }
-        return 'aws-prod in [team-a, team-b], gcp-dev in [team-c]';
-      },
-    ],
-
-    [
-      'rotation: a new source value reaches every mirror after one resync',
-      async () => {
-        await core.patchNamespacedSecret(
-          {
-            namespace: 'captf-system',
-            name: 'aws-prod-credentials',
-            body: { stringData: { AWS_SECRET_ACCESS_KEY: `rotated-fake-key-${Date.now()}` } },
-          },
-          // A strategic merge patch, as `kubectl patch secret … -p '{"stringData":…}'` sends.
-          setHeaderOptions('Content-Type', PatchStrategy.StrategicMergePatch),
-        );
-        const source = await core.readNamespacedSecret({ namespace: 'captf-system', name: 'aws-prod-credentials' });
-        const hash = sourceHash(source.data);
-        await sys.ping('resync');
-        for (const ns of ['team-a', 'team-b']) {
-          await waitFor(`${ns} mirror of aws-prod to carry the new data`, async () => {
-            const m = await readMirror(ns, 'aws-prod');
-            return m && isCurrent(m as SecretLike, hash) && m.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] === hash;
-          });
-        }
-        return 'team-a and team-b mirrors match the rotated source';
-      },
-    ],
-
+    ['every consumer reports CredentialsMirrored=True (Mirrored)', consumersReportMirrored],
+    ['a status ping makes each identity Ready=True (SecretFound) and lists where it is in use', identitiesReady],
+    ['rotation: a new source value reaches every mirror after one resync', rotationReachesMirrors],
     [
       'captf-runner drops TF_* and KUBE_* variables before Terraform starts (env built from the team-c mirror)',
-      async () => {
-        const m = await readMirror('team-c', 'gcp-dev');
-        if (!m?.data) throw new Error('no mirror in team-c');
-        const env: Record<string, string> = {
-          PATH: process.env.PATH ?? '/usr/bin:/bin',
-          TF_VAR_region: 'europe-west1',
-          KUBE_CONFIG_PATH: '/nonexistent',
-        };
-        for (const [k, v] of Object.entries(m.data)) env[k] = Buffer.from(v, 'base64').toString('utf8');
-        const printKeys = 'process.stdout.write(JSON.stringify(Object.keys(process.env).sort()))';
-        const { code, stdout, stderr } = await new Promise<{ code: number | null; stdout: string; stderr: string }>(
-          (resolve, reject) => {
-            const child = spawn(
-              process.execPath,
-              [join(REPO_ROOT, 'functions', 'runner', 'index.ts'), '--', process.execPath, '-e', printKeys],
-              { env, stdio: ['ignore', 'pipe', 'pipe'] },
-            );
-            let out = '';
-            let err = '';
-            child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-            child.stderr.on('data', (d: Buffer) => (err += d.toString()));
-            child.on('error', reject);
-            child.on('close', (c) => resolve({ code: c, stdout: out, stderr: err }));
-          },
-        );
-        raw.push(stdout, stderr);
-        if (code !== 0) throw new Error(`runner exited ${code}`);
-        const seen = JSON.parse(stdout) as string[];
-        const leaked = seen.filter((k) => /^(tf|kube)_/i.test(k));
-        if (leaked.length) throw new Error(`the command still saw ${leaked.join(', ')}`);
-        const kept = Object.keys(m.data).filter((k) => !/^(tf|kube)_/i.test(k));
-        const missing = kept.filter((k) => !seen.includes(k));
-        if (missing.length) throw new Error(`the command lost ${missing.join(', ')}`);
-        const line = JSON.parse(stderr.split('\n').find((l) => l.includes('environment filtered')) ?? '{}') as {
-          removed?: string[];
-        };
-        const expected = ['KUBE_CONFIG_PATH', 'TF_TOKEN_app_terraform_io', 'TF_VAR_region'];
-        if (JSON.stringify(line.removed) !== JSON.stringify(expected))
-          throw new Error(
-            `runner reported removed=${JSON.stringify(line.removed)}, expected ${JSON.stringify(expected)}`,
-          );
-        return `removed ${expected.join(', ')}; kept ${kept.sort().join(', ')}`;
-      },
+      runnerDropsTerraformVariables,
     ],
-
     [
       'narrowing aws-prod to [team-a] revokes team-b: its mirror is deleted and staging says NamespaceNotAllowed',
-      async () => {
-        await custom.patchClusterCustomObject(
-          { ...ids, name: 'aws-prod', body: { spec: { allowedNamespaces: { list: ['team-a'] } } } },
-          setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
-        );
-        await waitFor(
-          'the team-b mirror to be deleted',
-          async () => (await readMirror('team-b', 'aws-prod')) === undefined,
-        );
-        await waitFor('team-b/staging IdentityAllowed=False', async () => {
-          const o = (await custom.getNamespacedCustomObject({
-            group: GROUP,
-            version: VERSION,
-            namespace: 'team-b',
-            plural: 'terraformclusters',
-            name: 'staging',
-          })) as Consumer;
-          return (
-            o.status?.conditions?.some(
-              (x) => x.type === 'IdentityAllowed' && x.status === 'False' && x.reason === 'NamespaceNotAllowed',
-            ) && !o.status?.conditions?.some((x) => x.type === 'CredentialsMirrored' && x.status === 'True')
-          );
-        });
-        if (!(await readMirror('team-a', 'aws-prod'))) throw new Error('team-a lost its mirror too');
-        return 'team-b/captf-creds-aws-prod gone; team-a keeps its mirror';
-      },
+      narrowingRevokesTeamB,
     ],
-
     [
       'an unprivileged user who may create identities but not read the Secret is denied by the webhook',
-      async () => {
-        // examples/40-tenant-rbac.yaml lets the group "tenants" create identities.
-        const aliceKc = new KubeConfig();
-        aliceKc.loadFromFile(await cp.userKubeConfig('alice', ['tenants']));
-        const alice = aliceKc.makeApiClient(CustomObjectsApi);
-        const canRead = await aliceKc
-          .makeApiClient(CoreV1Api)
-          .readNamespacedSecret({ namespace: 'captf-system', name: 'aws-prod-credentials' })
-          .then(
-            () => true,
-            () => false,
-          );
-        if (canRead) throw new Error('alice can read the source Secret; the step would prove nothing');
-        const body = {
-          apiVersion: API_VERSION,
-          kind: IDENTITY_KIND,
-          metadata: { name: 'alice-borrows-aws' },
-          spec: {
-            secretRef: { namespace: 'captf-system', name: 'aws-prod-credentials' },
-            allowedNamespaces: { list: ['team-b'] },
-          },
-        };
-        const denial = await waitFor(
-          'the webhook to deny alice',
-          async () => {
-            try {
-              await alice.createClusterCustomObject({ ...ids, body });
-            } catch (err) {
-              const msg = apiMessage(err);
-              if (/denied the request/.test(msg)) return msg;
-              throw err; // e.g. RBAC not yet effective: try again
-            }
-            await custom.deleteClusterCustomObject({ ...ids, name: 'alice-borrows-aws' });
-            throw new Error('alice was allowed to create an identity on a Secret she cannot read');
-          },
-          30_000,
-        );
-        return denial.length > 160 ? `${denial.slice(0, 157)}…` : denial;
-      },
+      webhookDeniesAlice,
     ],
-
-    [
-      'deleting an identity still in use is refused',
-      async () => {
-        try {
-          await custom.deleteClusterCustomObject({ ...ids, name: 'gcp-dev' });
-        } catch (err) {
-          const msg = apiMessage(err);
-          if (!/denied the request/.test(msg)) throw err;
-          return msg.length > 160 ? `${msg.slice(0, 157)}…` : msg;
-        }
-        throw new Error('gcp-dev was deleted while team-c used it');
-      },
-    ],
-
-    [
-      '…and allowed once unused: consumers deleted, mirror gone, status refreshed',
-      async () => {
-        for (const c of consumers.filter((x) => x.spec?.identityRef?.name === 'gcp-dev')) {
-          await custom.deleteNamespacedCustomObject({
-            group: GROUP,
-            version: VERSION,
-            namespace: c.metadata.namespace!,
-            plural: plural[c.kind!]!,
-            name: c.metadata.name!,
-          });
-        }
-        await waitFor(
-          'the team-c mirror to be gone',
-          async () => (await readMirror('team-c', 'gcp-dev')) === undefined,
-        );
-        await sys.ping('status');
-        await waitFor(
-          'gcp-dev status.namespaces to be empty',
-          async () => ((await identity('gcp-dev')).status?.namespaces ?? []).length === 0,
-        );
-        await custom.deleteClusterCustomObject({ ...ids, name: 'gcp-dev' });
-        await waitFor('gcp-dev to be gone', async () =>
-          identity('gcp-dev').then(
-            () => false,
-            (e: unknown) => isNotFound(e),
-          ),
-        );
-        return 'gcp-dev deleted';
-      },
-    ],
-
+    ['deleting an identity still in use is refused', deletingInUseIdentityRefused],
+    ['…and allowed once unused: consumers deleted, mirror gone, status refreshed', deletingUnusedIdentityAllowed],
     [
       'no credential value appeared in any output line of the functions, the event source or the runner',
-      async () => {
-        const values = new Set<string>();
-        for (const o of loadExamples()) {
-          for (const v of Object.values((o as { stringData?: Record<string, string> }).stringData ?? {})) values.add(v);
-        }
-        const src = await core.readNamespacedSecret({ namespace: 'captf-system', name: 'aws-prod-credentials' });
-        for (const v of Object.values(src.data ?? {})) values.add(Buffer.from(v, 'base64').toString('utf8'));
-        const hits = raw.filter((l) => [...values].some((v) => v.length >= 8 && l.includes(v)));
-        if (hits.length) throw new Error(`${hits.length} line(s) contain a credential value`);
-        return `${raw.length} lines scanned for ${values.size} values`;
-      },
+      noCredentialInOutput,
     ],
   ];
   for (const [what, fn] of steps) {
-    if (!(await step(what, fn))) {
+    if (!(await step(what, () => fn(demo)))) {
       console.log(`  (stopping: later steps depend on this one)`);
       return;
     }
   }
+}
+
+/** What the steps after the first work with. */
+interface Demo {
+  sys: RunningSystem;
+  kc: KubeConfig;
+  core: CoreV1Api;
+  custom: CustomObjectsApi;
+  /** The TerraformClusters and TerraformMachines of examples/. */
+  consumers: Consumer[];
+}
+
+function newDemo(sys: RunningSystem): Demo {
+  const kc = new KubeConfig();
+  kc.loadFromFile(sys.kubeconfigPath);
+  const consumers = loadExamples().filter(
+    (o) => o.kind === 'TerraformCluster' || o.kind === 'TerraformMachine',
+  ) as Consumer[];
+  return { sys, kc, core: kc.makeApiClient(CoreV1Api), custom: kc.makeApiClient(CustomObjectsApi), consumers };
+}
+
+/** The mirror of `identity` in `namespace`, or undefined. */
+async function readMirror(d: Demo, namespace: string, identity: string): Promise<V1Secret | undefined> {
+  try {
+    return await d.core.readNamespacedSecret({ namespace, name: mirrorName(identity) });
+  } catch (err) {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  }
+}
+
+function readIdentity(d: Demo, name: string): Promise<TerraformClusterIdentity> {
+  return d.custom.getClusterCustomObject({ ...ids, name }) as Promise<TerraformClusterIdentity>;
+}
+
+/** A consumer as it is now (`c` names it: kind, namespace, name). */
+async function readConsumer(d: Demo, c: Consumer): Promise<Consumer> {
+  return (await d.custom.getNamespacedCustomObject({
+    group: GROUP,
+    version: VERSION,
+    namespace: c.metadata.namespace!,
+    plural: plural[c.kind!]!,
+    name: c.metadata.name!,
+  })) as Consumer;
+}
+
+/** Whether `o` has a condition `type` with `status` (and `reason` when given). */
+function hasCondition(
+  o: { status?: { conditions?: { type: string; status: string; reason?: string }[] } },
+  want: { type: string; status: string; reason?: string },
+): boolean {
+  return Boolean(
+    o.status?.conditions?.some(
+      (x) => x.type === want.type && x.status === want.status && (!want.reason || x.reason === want.reason),
+    ),
+  );
+}
+
+/** The message of a failed API call, as kubectl would print it (without describeError's `HTTP <code>: `). */
+function kubectlMessage(err: unknown): string {
+  return describeError(err).replace(/^HTTP \d+( \w+)?: /, '');
+}
+
+/** At most 160 characters of `text`. */
+function shorten(text: string): string {
+  return text.length > 160 ? `${text.slice(0, 157)}…` : text;
+}
+
+async function startTheSystem(): Promise<string> {
+  system = await startSystem({
+    dir: values.dir!,
+    print: show,
+    progress: (l) => values.verbose && console.log(`    ${l}`),
+    onRawLine: (_c, l) => raw.push(l),
+    // Short back-off so a retried event does not stall a step.
+    backoffMs: 200,
+  });
+  return `events from ${system.eventSource === 'adapter' ? "Knative's ApiServerSource adapter" : 'the local event source'}; KUBECONFIG=${system.kubeconfigPath}`;
+}
+
+async function applyTheExamples(d: Demo): Promise<string> {
+  const applied = await applyExamples(d.kc);
+  return `${applied.length} objects: namespaces, 2 source Secrets, 2 identities, ${d.consumers.length} consumers, tenant RBAC`;
+}
+
+async function mirrorsOwnedByTheirUsers(d: Demo): Promise<string> {
+  const groups = new Map<string, Consumer[]>();
+  for (const c of d.consumers) {
+    const key = `${c.metadata.namespace}/${c.spec!.identityRef!.name}`;
+    groups.set(key, [...(groups.get(key) ?? []), c]);
+  }
+  const seen: string[] = [];
+  for (const [key, users] of groups) {
+    const [namespace, id] = key.split('/') as [string, string];
+    await mirrorOwnedBy(d, { namespace, id, users });
+    seen.push(`${namespace}/${mirrorName(id)} ← ${users.map((u) => `${u.kind}/${u.metadata.name}`).join(' + ')}`);
+  }
+  return seen.join('; ');
+}
+
+/** Waits until the mirror of `id` in `namespace` is current and owned by exactly `users`. */
+async function mirrorOwnedBy(d: Demo, { namespace, id, users }: { namespace: string; id: string; users: Consumer[] }) {
+  const idObj = await readIdentity(d, id);
+  const { namespace: sourceNamespace, name: sourceName } = idObj.spec.secretRef;
+  const source = await d.core.readNamespacedSecret({ namespace: sourceNamespace, name: sourceName });
+  const uids = await Promise.all(
+    users.map(async (u) => `${u.kind}/${u.metadata.name}/${(await readConsumer(d, u)).metadata.uid}`),
+  );
+  await eventually(
+    `mirror ${namespace}/${mirrorName(id)} owned by ${users.map((u) => u.metadata.name).join(', ')}`,
+    async () => {
+      const m = await readMirror(d, namespace, id);
+      if (!m || !isCurrent(m as SecretLike, sourceHash(source.data))) return false;
+      const refs = m.metadata?.ownerReferences ?? [];
+      const owners = refs.map((o) => `${o.kind}/${o.name}/${o.uid}`).sort();
+      return owners.join(',') === [...uids].sort().join(',') && refs.every((o) => o.apiVersion === API_VERSION);
+    },
+  );
+}
+
+async function consumersReportMirrored(d: Demo): Promise<string> {
+  for (const c of d.consumers) {
+    await eventually(`${c.metadata.namespace}/${c.metadata.name} CredentialsMirrored=True`, async () =>
+      hasCondition(await readConsumer(d, c), { type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored' }),
+    );
+  }
+  return `${d.consumers.length} of ${d.consumers.length}`;
+}
+
+async function identitiesReady(d: Demo): Promise<string> {
+  await d.sys.ping('status');
+  const want: Record<string, string[]> = { 'aws-prod': ['team-a', 'team-b'], 'gcp-dev': ['team-c'] };
+  for (const [id, namespaces] of Object.entries(want)) {
+    await eventually(`${id} status`, async () => {
+      const o = await readIdentity(d, id);
+      return (
+        hasCondition(o, { type: 'Ready', status: 'True', reason: 'SecretFound' }) &&
+        JSON.stringify(o.status?.namespaces) === JSON.stringify(namespaces)
+      );
+    });
+  }
+  return 'aws-prod in [team-a, team-b], gcp-dev in [team-c]';
+}
+
+async function rotationReachesMirrors(d: Demo): Promise<string> {
+  await d.core.patchNamespacedSecret(
+    { ...SOURCE, body: { stringData: { AWS_SECRET_ACCESS_KEY: `rotated-fake-key-${Date.now()}` } } },
+    // A strategic merge patch, as `kubectl patch secret … -p '{"stringData":…}'` sends.
+    setHeaderOptions('Content-Type', PatchStrategy.StrategicMergePatch),
+  );
+  const hash = sourceHash((await d.core.readNamespacedSecret(SOURCE)).data);
+  await d.sys.ping('resync');
+  for (const ns of ['team-a', 'team-b']) {
+    await eventually(`${ns} mirror of aws-prod to carry the new data`, async () => {
+      const m = await readMirror(d, ns, 'aws-prod');
+      return m && isCurrent(m as SecretLike, hash) && m.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] === hash;
+    });
+  }
+  return 'team-a and team-b mirrors match the rotated source';
+}
+
+/** Runs `node <args>` with exactly `env`, capturing its output. */
+function runNode(
+  args: string[],
+  env: NodeJS.ProcessEnv,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+async function runnerDropsTerraformVariables(d: Demo): Promise<string> {
+  const m = await readMirror(d, 'team-c', 'gcp-dev');
+  if (!m?.data) throw new Error('no mirror in team-c');
+  const env: Record<string, string> = {
+    PATH: process.env.PATH ?? '/usr/bin:/bin',
+    TF_VAR_region: 'europe-west1',
+    KUBE_CONFIG_PATH: '/nonexistent',
+  };
+  for (const [k, v] of Object.entries(m.data)) env[k] = Buffer.from(v, 'base64').toString('utf8');
+  const printKeys = 'process.stdout.write(JSON.stringify(Object.keys(process.env).sort()))';
+  const runner = join(REPO_ROOT, 'functions', 'runner', 'index.ts');
+  const { code, stdout, stderr } = await runNode([runner, '--', process.execPath, '-e', printKeys], env);
+  raw.push(stdout, stderr);
+  if (code !== 0) throw new Error(`runner exited ${code}`);
+  const kept = checkRunnerOutput({ mirrorKeys: Object.keys(m.data), seen: JSON.parse(stdout) as string[], stderr });
+  return `removed ${RUNNER_REMOVES.join(', ')}; kept ${kept.sort().join(', ')}`;
+}
+
+/**
+ * Checks what the command saw (`seen`) and what the runner reported (`stderr`).
+ * @returns the mirror's keys the command kept.
+ * @throws Error saying what leaked, went missing or was misreported.
+ */
+function checkRunnerOutput(out: { mirrorKeys: string[]; seen: string[]; stderr: string }): string[] {
+  const leaked = out.seen.filter((k) => TF_OR_KUBE.test(k));
+  if (leaked.length) throw new Error(`the command still saw ${leaked.join(', ')}`);
+  const kept = out.mirrorKeys.filter((k) => !TF_OR_KUBE.test(k));
+  const missing = kept.filter((k) => !out.seen.includes(k));
+  if (missing.length) throw new Error(`the command lost ${missing.join(', ')}`);
+  const line = JSON.parse(out.stderr.split('\n').find((l) => l.includes('environment filtered')) ?? '{}') as {
+    removed?: string[];
+  };
+  if (JSON.stringify(line.removed) !== JSON.stringify(RUNNER_REMOVES))
+    throw new Error(
+      `runner reported removed=${JSON.stringify(line.removed)}, expected ${JSON.stringify(RUNNER_REMOVES)}`,
+    );
+  return kept;
+}
+
+async function narrowingRevokesTeamB(d: Demo): Promise<string> {
+  await d.custom.patchClusterCustomObject(
+    { ...ids, name: 'aws-prod', body: { spec: { allowedNamespaces: { list: ['team-a'] } } } },
+    setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+  );
+  await eventually(
+    'the team-b mirror to be deleted',
+    async () => (await readMirror(d, 'team-b', 'aws-prod')) === undefined,
+  );
+  const staging = { kind: 'TerraformCluster', metadata: { namespace: 'team-b', name: 'staging' } } as Consumer;
+  await eventually('team-b/staging IdentityAllowed=False', async () => {
+    const o = await readConsumer(d, staging);
+    return (
+      hasCondition(o, { type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed' }) &&
+      !hasCondition(o, { type: 'CredentialsMirrored', status: 'True' })
+    );
+  });
+  if (!(await readMirror(d, 'team-a', 'aws-prod'))) throw new Error('team-a lost its mirror too');
+  return 'team-b/captf-creds-aws-prod gone; team-a keeps its mirror';
+}
+
+async function webhookDeniesAlice(d: Demo): Promise<string> {
+  // examples/40-tenant-rbac.yaml lets the group "tenants" create identities.
+  const aliceKc = new KubeConfig();
+  aliceKc.loadFromFile(await d.sys.controlPlane!.userKubeConfig('alice', ['tenants']));
+  const alice = aliceKc.makeApiClient(CustomObjectsApi);
+  const canRead = await aliceKc
+    .makeApiClient(CoreV1Api)
+    .readNamespacedSecret(SOURCE)
+    .then(
+      () => true,
+      () => false,
+    );
+  if (canRead) throw new Error('alice can read the source Secret; the step would prove nothing');
+  const body = {
+    apiVersion: API_VERSION,
+    kind: IDENTITY_KIND,
+    metadata: { name: 'alice-borrows-aws' },
+    spec: { secretRef: SOURCE, allowedNamespaces: { list: ['team-b'] } },
+  };
+  const denial = await eventually(
+    'the webhook to deny alice',
+    async () => {
+      try {
+        await alice.createClusterCustomObject({ ...ids, body });
+      } catch (err) {
+        const msg = kubectlMessage(err);
+        if (/denied the request/.test(msg)) return msg;
+        throw err; // e.g. RBAC not yet effective: try again
+      }
+      await d.custom.deleteClusterCustomObject({ ...ids, name: 'alice-borrows-aws' });
+      throw new Error('alice was allowed to create an identity on a Secret she cannot read');
+    },
+    30_000,
+  );
+  return shorten(denial);
+}
+
+async function deletingInUseIdentityRefused(d: Demo): Promise<string> {
+  try {
+    await d.custom.deleteClusterCustomObject({ ...ids, name: 'gcp-dev' });
+  } catch (err) {
+    const msg = kubectlMessage(err);
+    if (!/denied the request/.test(msg)) throw err;
+    return shorten(msg);
+  }
+  throw new Error('gcp-dev was deleted while team-c used it');
+}
+
+async function deletingUnusedIdentityAllowed(d: Demo): Promise<string> {
+  for (const c of d.consumers.filter((x) => x.spec?.identityRef?.name === 'gcp-dev')) {
+    await d.custom.deleteNamespacedCustomObject({
+      group: GROUP,
+      version: VERSION,
+      namespace: c.metadata.namespace!,
+      plural: plural[c.kind!]!,
+      name: c.metadata.name!,
+    });
+  }
+  await eventually(
+    'the team-c mirror to be gone',
+    async () => (await readMirror(d, 'team-c', 'gcp-dev')) === undefined,
+  );
+  await d.sys.ping('status');
+  await eventually(
+    'gcp-dev status.namespaces to be empty',
+    async () => ((await readIdentity(d, 'gcp-dev')).status?.namespaces ?? []).length === 0,
+  );
+  await d.custom.deleteClusterCustomObject({ ...ids, name: 'gcp-dev' });
+  await eventually('gcp-dev to be gone', async () =>
+    readIdentity(d, 'gcp-dev').then(
+      () => false,
+      (e: unknown) => isNotFound(e),
+    ),
+  );
+  return 'gcp-dev deleted';
+}
+
+async function noCredentialInOutput(d: Demo): Promise<string> {
+  const secrets = new Set<string>();
+  for (const o of loadExamples()) {
+    for (const v of Object.values((o as { stringData?: Record<string, string> }).stringData ?? {})) secrets.add(v);
+  }
+  const src = await d.core.readNamespacedSecret(SOURCE);
+  for (const v of Object.values(src.data ?? {})) secrets.add(Buffer.from(v, 'base64').toString('utf8'));
+  const hits = raw.filter((l) => [...secrets].some((v) => v.length >= 8 && l.includes(v)));
+  if (hits.length) throw new Error(`${hits.length} line(s) contain a credential value`);
+  return `${raw.length} lines scanned for ${secrets.size} values`;
 }
