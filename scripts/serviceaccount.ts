@@ -11,18 +11,16 @@ import { CoreV1Api, KubeConfig, KubernetesObjectApi, dumpYaml, type KubernetesOb
  * Requests a token for ServiceAccount `namespace/name` (TokenRequest API, default audience)
  * and writes a kubeconfig that uses it.
  * @param admin kubeconfig allowed to create `serviceaccounts/token`.
- * @param dir folder for the kubeconfig (created).
- * @param expirationSeconds token lifetime (default 3600, the API's minimum is 600).
+ * @param sa.dir folder for the kubeconfig (created).
+ * @param sa.expirationSeconds token lifetime (default 3600, the API's minimum is 600).
  * @returns the kubeconfig path and a loaded KubeConfig for it.
  * @throws the API error when the ServiceAccount does not exist or the request is refused.
  */
 export async function serviceAccountKubeConfig(
   admin: KubeConfig,
-  namespace: string,
-  name: string,
-  dir: string,
-  expirationSeconds = 3600,
+  sa: { namespace: string; name: string; dir: string; expirationSeconds?: number },
 ): Promise<{ path: string; kc: KubeConfig }> {
+  const { namespace, name, dir, expirationSeconds = 3600 } = sa;
   const core = admin.makeApiClient(CoreV1Api);
   const tr = await core.createNamespacedServiceAccountToken({
     name,
@@ -60,6 +58,23 @@ export async function serviceAccountKubeConfig(
 const RBAC_KINDS = new Set(['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'Role', 'RoleBinding']);
 
 /**
+ * A copy of RBAC object `o` for one test: namespaced objects (and subjects in `opts.from`)
+ * moved to `opts.namespace`, cluster-scoped names (and role references) given `-<suffix>`.
+ */
+function forTest(o: KubernetesObject, opts: { namespace: string; suffix: string; from: string }): KubernetesObject {
+  const rename = (n: string) => `${n}-${opts.suffix}`;
+  const c = structuredClone(o) as KubernetesObject & {
+    roleRef?: { kind: string; name: string };
+    subjects?: { kind: string; namespace?: string }[];
+  };
+  if (c.kind === 'ClusterRole' || c.kind === 'ClusterRoleBinding') c.metadata!.name = rename(c.metadata!.name!);
+  else c.metadata!.namespace = opts.namespace;
+  if (c.roleRef?.kind === 'ClusterRole') c.roleRef.name = rename(c.roleRef.name);
+  for (const s of c.subjects ?? []) if (s.namespace === opts.from) s.namespace = opts.namespace;
+  return c;
+}
+
+/**
  * Installs the RBAC part of rendered manifests (ServiceAccounts, Roles, ClusterRoles and
  * their bindings) into a test control plane: namespaced objects go to `namespace`,
  * cluster-scoped ones get `-<suffix>` appended (and bindings follow), so concurrent tests
@@ -75,19 +90,9 @@ export async function installRbac(
 ): Promise<{ objects: KubernetesObject[]; cleanup(): Promise<void> }> {
   const from = opts.from ?? 'captf-system';
   const api = KubernetesObjectApi.makeApiClient(admin);
-  const rename = (n: string) => `${n}-${opts.suffix}`;
   const out: KubernetesObject[] = [];
   for (const o of objects) {
-    if (!RBAC_KINDS.has(o.kind!)) continue;
-    const c = structuredClone(o) as KubernetesObject & {
-      roleRef?: { kind: string; name: string };
-      subjects?: { kind: string; namespace?: string }[];
-    };
-    if (c.kind === 'ClusterRole' || c.kind === 'ClusterRoleBinding') c.metadata!.name = rename(c.metadata!.name!);
-    else c.metadata!.namespace = opts.namespace;
-    if (c.roleRef?.kind === 'ClusterRole') c.roleRef.name = rename(c.roleRef.name);
-    for (const s of c.subjects ?? []) if (s.namespace === from) s.namespace = opts.namespace;
-    out.push(await api.create(c));
+    if (RBAC_KINDS.has(o.kind!)) out.push(await api.create(forTest(o, { ...opts, from })));
   }
   return {
     objects: out,

@@ -53,8 +53,13 @@ before(async () => {
   rendered = await render('manifests/overlays/without-crds');
   const rbac = await installRbac(a.kc, rendered, { namespace: target, suffix: suffix() });
   cleanupRbac = rbac.cleanup;
-  kubeconfigPath = (await serviceAccountKubeConfig(a.kc, target, 'captf-event-sources', `${controlPlaneDir()}/users`))
-    .path;
+  kubeconfigPath = (
+    await serviceAccountKubeConfig(a.kc, {
+      namespace: target,
+      name: 'captf-event-sources',
+      dir: `${controlPlaneDir()}/users`,
+    })
+  ).path;
 });
 
 after(async () => {
@@ -323,7 +328,11 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
         spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } },
       },
     });
-    const { kc } = await serviceAccountKubeConfig(a.kc, target, 'captf-mirror-sync', `${controlPlaneDir()}/users`);
+    const { kc } = await serviceAccountKubeConfig(a.kc, {
+      namespace: target,
+      name: 'captf-mirror-sync',
+      dir: `${controlPlaneDir()}/users`,
+    });
     const fn = await (
       await import('../../functions/mirror-sync/index.ts')
     ).start({

@@ -39,7 +39,11 @@ before(async () => {
   const rbac = await installRbac(a.kc, objects, { namespace: home, suffix: suffix() });
   cleanup = rbac.cleanup;
   for (const sa of ACCOUNTS) {
-    const { path, kc } = await serviceAccountKubeConfig(a.kc, home, sa, `${controlPlaneDir()}/users`);
+    const { path, kc } = await serviceAccountKubeConfig(a.kc, {
+      namespace: home,
+      name: sa,
+      dir: `${controlPlaneDir()}/users`,
+    });
     kcs.set(sa, { path, kc, clients: makeClients(kc) });
   }
 });
