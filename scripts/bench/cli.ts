@@ -75,8 +75,10 @@ const results: BenchResults = { figures: [], failures: [] };
 try {
   await sys.admin.call('POST', '/api/v1/namespaces', { metadata: { name: 'captf-system' } });
   await putSourceSecret(sys.admin, 'bench-creds', { token: 'bench' });
-  await createIdentity(sys.admin, BURST_IDENTITY, 'bench-creds', {
-    selector: { matchLabels: { [ALLOWED_LABEL]: 'true' } },
+  await createIdentity(sys.admin, {
+    name: BURST_IDENTITY,
+    secret: 'bench-creds',
+    allowedNamespaces: { selector: { matchLabels: { [ALLOWED_LABEL]: 'true' } } },
   });
   let n = 0;
   const ctx: RowContext = {

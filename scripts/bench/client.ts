@@ -148,7 +148,7 @@ export class BenchClient {
     const items: T[] = [];
     let cont = '';
     let pages = 0;
-    let resourceVersion = '';
+    let resourceVersion: string;
     do {
       const sep = path.includes('?') ? '&' : '?';
       const q = `limit=${pageSize}${cont ? `&continue=${encodeURIComponent(cont)}` : ''}${query ? `&${query}` : ''}`;
@@ -170,20 +170,22 @@ export class BenchClient {
    * from the measured requests.
    * @returns `stop()`; `onEnd` is called when the server closes the stream or it fails.
    */
-  watch<T>(
-    path: string,
-    resourceVersion: string,
-    onEvent: (e: WatchEvent<T>) => void,
-    onEnd: (err?: Error) => void,
-    query = '',
-  ): () => void {
+  watch<T>(opts: {
+    path: string;
+    resourceVersion: string;
+    /** Extra query parameters, e.g. `labelSelector=…`. */
+    query?: string;
+    onEvent: (e: WatchEvent<T>) => void;
+    onEnd: (err?: Error) => void;
+  }): () => void {
+    const { path, resourceVersion, onEvent, onEnd, query = '' } = opts;
     const sep = path.includes('?') ? '&' : '?';
     const url = `${this.server}${path}${sep}watch=1&allowWatchBookmarks=true&resourceVersion=${resourceVersion}${query ? `&${query}` : ''}`;
-    const opts = this.agent.options;
+    const tls = this.agent.options;
     let stopped = false;
     const req = request(
       url,
-      { ca: opts.ca, cert: opts.cert, key: opts.key, headers: { accept: 'application/json' } },
+      { ca: tls.ca, cert: tls.cert, key: tls.key, headers: { accept: 'application/json' } },
       (r) => {
         if (r.statusCode !== 200) {
           r.resume();

@@ -48,18 +48,18 @@ export class WatchedCollection<T extends KubeObject> {
   }
 
   private open(): void {
-    this.stopWatch = this.client.watch<T>(
-      this.path,
-      this.resourceVersion,
-      (e) => this.apply(e),
-      (err) => {
+    this.stopWatch = this.client.watch<T>({
+      path: this.path,
+      resourceVersion: this.resourceVersion,
+      query: this.query,
+      onEvent: (e) => this.apply(e),
+      onEnd: (err) => {
         if (this.stopped) return;
         // Watches end (timeout) or expire (410); re-list when the resourceVersion is too old.
         if (err?.message.includes('410')) void this.relist();
         else setTimeout(() => !this.stopped && this.open(), 100).unref();
       },
-      this.query,
-    );
+    });
   }
 
   private async relist(): Promise<void> {

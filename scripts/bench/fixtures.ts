@@ -59,14 +59,12 @@ export async function putSourceSecret(admin: BenchClient, name: string, data: Re
   else if (r.status >= 300) throw new Error(`creating Secret ${name}: HTTP ${r.status}`);
 }
 
-/** Creates an identity on source Secret `secret`, allowing `allowedNamespaces` (SPEC §2). */
+/** Creates identity `name` on source Secret `secret`, allowing `allowedNamespaces` (SPEC §2). */
 export async function createIdentity(
   admin: BenchClient,
-  name: string,
-  secret: string,
-  allowedNamespaces: unknown,
-  labels: Record<string, string> = {},
+  identity: { name: string; secret: string; allowedNamespaces: unknown; labels?: Record<string, string> },
 ): Promise<void> {
+  const { name, secret, allowedNamespaces, labels = {} } = identity;
   await admin.call('POST', IDENTITIES, {
     apiVersion: GROUP_VERSION,
     kind: 'TerraformClusterIdentity',
@@ -89,16 +87,19 @@ export const consumerBody = (
 });
 
 /**
- * Creates consumers `(namespace, name)` at the bench's client concurrency.
+ * Creates consumers `(namespace, name)` of `plural` on `identity` at the bench's client concurrency.
  * @returns milliseconds from the first request to the last answer.
  */
 export async function createConsumers(
   admin: BenchClient,
-  plural: ConsumerPlural,
-  items: readonly { namespace: string; name: string }[],
-  identity: string,
-  labels: Record<string, string> = {},
+  consumers: {
+    plural: ConsumerPlural;
+    items: readonly { namespace: string; name: string }[];
+    identity: string;
+    labels?: Record<string, string>;
+  },
 ): Promise<number> {
+  const { plural, items, identity, labels = {} } = consumers;
   const t0 = performance.now();
   await inParallel(items.length, CLIENT_CONCURRENCY, (i) =>
     admin.call(

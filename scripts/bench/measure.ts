@@ -71,7 +71,19 @@ export class AuditLog {
    */
   count(from: number, to = this.mark()): Map<string, RequestCounts> {
     const out = new Map<string, RequestCounts>();
-    if (to <= from) return out;
+    for (const a of this.entries(from, to)) {
+      if (a.stage !== 'ResponseComplete' || a.verb === 'watch') continue;
+      const user = a.user?.username ?? '?';
+      const c = out.get(user) ?? emptyCounts();
+      out.set(user, c);
+      countRequest(c, a);
+    }
+    return out;
+  }
+
+  /** The complete lines logged between two marks, parsed. */
+  private entries(from: number, to: number): AuditLine[] {
+    if (to <= from) return [];
     const buf = Buffer.alloc(to - from);
     const fd = openSync(this.path, 'r');
     try {
@@ -81,29 +93,35 @@ export class AuditLog {
     }
     const text = buf.toString('utf8');
     const end = text.lastIndexOf('\n');
-    for (const line of text.slice(0, end + 1).split('\n')) {
-      if (!line) continue;
-      const a = JSON.parse(line) as AuditLine;
-      if (a.stage !== 'ResponseComplete' || a.verb === 'watch') continue;
-      const user = a.user?.username ?? '?';
-      const c = out.get(user) ?? emptyCounts();
-      out.set(user, c);
-      c.requests++;
-      c.verbs[a.verb ?? '?'] = (c.verbs[a.verb ?? '?'] ?? 0) + 1;
-      const code = a.responseStatus?.code ?? 0;
-      if (code === 409) c.conflicts++;
-      if (code >= 500 || code === 429) c.serverErrors++;
-      const secret = a.objectRef?.resource === 'secrets' && !a.objectRef.subresource;
-      if (secret && a.verb === 'delete') c.secretDeletes++;
-      if (secret && WRITE_VERBS.has(a.verb ?? '') && a.objectRef?.name?.startsWith('captf-creds-')) c.mirrorWrites++;
-    }
-    return out;
+    return text
+      .slice(0, end + 1)
+      .split('\n')
+      .filter(Boolean)
+      .map((line) => JSON.parse(line) as AuditLine);
   }
 
   /** Counts of one user between two marks (zeros when it made none). */
   countFor(user: string, from: number, to?: number): RequestCounts {
     return this.count(from, to).get(user) ?? emptyCounts();
   }
+}
+
+/** Adds one request to `c`: its verb, its status, and whether it wrote a Secret. */
+function countRequest(c: RequestCounts, a: AuditLine): void {
+  const verb = a.verb ?? '?';
+  c.requests++;
+  c.verbs[verb] = (c.verbs[verb] ?? 0) + 1;
+  const code = a.responseStatus?.code ?? 0;
+  if (code === 409) c.conflicts++;
+  if (code >= 500 || code === 429) c.serverErrors++;
+  countSecretWrite(c, a);
+}
+
+/** Counts Secret deletes and writes of mirrors (`captf-creds-*`); subresources are not Secrets. */
+function countSecretWrite(c: RequestCounts, a: AuditLine): void {
+  if (a.objectRef?.resource !== 'secrets' || a.objectRef.subresource) return;
+  if (a.verb === 'delete') c.secretDeletes++;
+  if (WRITE_VERBS.has(a.verb ?? '') && a.objectRef.name?.startsWith('captf-creds-')) c.mirrorWrites++;
 }
 
 /**

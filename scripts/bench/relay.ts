@@ -130,7 +130,7 @@ export class Relay {
   }
 
   private async deliver(target: string, q: Queued): Promise<void> {
-    let status = 0;
+    let status: number;
     try {
       const res = await fetch(target, {
         method: 'POST',

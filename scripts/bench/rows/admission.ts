@@ -9,9 +9,12 @@ import { IDENTITIES, createIdentity, putSourceSecret } from '../fixtures.ts';
 import { samplePeaks } from '../measure.ts';
 import type { Figure } from '../report.ts';
 import { summarize } from '../stats.ts';
-import { USERS } from '../system.ts';
+import { USERS, type BenchSystem } from '../system.ts';
+import { webhookConfiguration } from '../../local/webhook.ts';
+import { sleep } from '../../wait.ts';
 import type { RowContext } from './context.ts';
 
+const WEBHOOKS = '/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations';
 const WEBHOOK = 'captf-bench-admission';
 const REVIEWED = 'captf-bench/admission';
 
@@ -28,116 +31,120 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
  */
 export async function admissionRow(ctx: RowContext, requests: number): Promise<Figure[]> {
   const { sys } = ctx;
-  const adm = sys.functions.admission;
   sys.relay.setMode({ kind: 'drop' });
   await putSourceSecret(sys.admin, 'bench-admission-creds', { token: 'admission' });
-  await sys.admin.call('POST', '/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations', {
-    metadata: { name: WEBHOOK },
-    webhooks: [
-      {
-        name: 'identities.captf-bench.local',
-        clientConfig: { url: `${adm.url}/validate`, caBundle: Buffer.from(sys.webhookCaPem).toString('base64') },
-        rules: [
-          {
-            apiGroups: ['infrastructure.cluster.x-k8s.io'],
-            apiVersions: ['v1beta2'],
-            operations: ['CREATE', 'UPDATE', 'DELETE'],
-            resources: ['terraformclusteridentities'],
-            scope: 'Cluster',
-          },
-        ],
-        objectSelector: { matchLabels: { [REVIEWED]: 'true' } },
-        failurePolicy: 'Fail',
-        sideEffects: 'None',
-        admissionReviewVersions: ['v1'],
-        timeoutSeconds: 10,
-      },
-    ],
-  });
+  await sys.admin.call(
+    'POST',
+    WEBHOOKS,
+    webhookConfiguration({
+      url: sys.functions.admission.url,
+      caBundlePem: sys.webhookCaPem,
+      name: WEBHOOK,
+      matchLabels: { [REVIEWED]: 'true' },
+    }),
+  );
   try {
-    // The API server picks the configuration up asynchronously: wait until it denies a bad spec.
-    const deadline = Date.now() + 30_000;
-    for (let i = 0; ; i++) {
-      const r = await sys.admin.raw('POST', IDENTITIES, {
-        apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-        kind: 'TerraformClusterIdentity',
-        metadata: { name: `bench-probe-${i}`, labels: { [REVIEWED]: 'true' } },
-        spec: {
-          secretRef: { name: 'bench-admission-creds', namespace: 'captf-system' },
-          allowedNamespaces: { selector: { matchExpressions: [{ key: 'a', operator: 'In' }] } },
-        },
-      });
-      if (r.status >= 400) break;
-      if (Date.now() > deadline) throw new Error('the admission webhook did not take effect within 30 s');
-      await new Promise((res) => setTimeout(res, 200));
-    }
-    const pairs = Math.max(1, Math.floor(requests / 4));
-    const reviewed: number[] = [];
-    const plain: number[] = [];
+    await webhookActive(sys);
     const mark = sys.audit.mark();
-    const sampler = samplePeaks({ admission: adm.pid });
-    const prefix = ctx.next('adm');
-    for (let i = 0; i < pairs; i++) {
-      reviewed.push(
-        await timed(() =>
-          createIdentity(
-            sys.admin,
-            `${prefix}-r-${i}`,
-            'bench-admission-creds',
-            { list: ['a'] },
-            { [REVIEWED]: 'true' },
-          ),
-        ),
-      );
-      plain.push(
-        await timed(() => createIdentity(sys.admin, `${prefix}-p-${i}`, 'bench-admission-creds', { list: ['a'] })),
-      );
-    }
-    // Widening updates: each reviewed one needs a SubjectAccessReview.
-    const widen = { spec: { allowedNamespaces: { list: ['a', 'b'] } } };
-    for (let i = 0; i < pairs; i++) {
-      reviewed.push(
-        await timed(() =>
-          sys.admin.call('PATCH', `${IDENTITIES}/${prefix}-r-${i}`, widen, 'application/merge-patch+json'),
-        ),
-      );
-      plain.push(
-        await timed(() =>
-          sys.admin.call('PATCH', `${IDENTITIES}/${prefix}-p-${i}`, widen, 'application/merge-patch+json'),
-        ),
-      );
-    }
+    const sampler = samplePeaks({ admission: sys.functions.admission.pid });
+    const { reviewed, plain } = await measure(sys, ctx.next('adm'), Math.max(1, Math.floor(requests / 4)));
     const peaks = sampler.stop();
-    const counts = sys.audit.countFor(USERS.admission, mark);
-    const r = summarize(reviewed);
-    const p = summarize(plain);
-    const row = `admission overhead, ${reviewed.length + plain.length} requests`;
-    return [
-      {
-        row,
-        what: 'identity create/update, reviewed',
-        unit: 'ms',
-        samples: reviewed,
-        baseline: { what: 'not reviewed', samples: plain },
-      },
-      { row, what: 'added by the webhook, p50', unit: 'ms', samples: [r.median - p.median] },
-      { row, what: 'added by the webhook, p99', unit: 'ms', samples: [r.p99 - p.p99] },
-      {
-        row,
-        what: 'SubjectAccessReviews',
-        unit: 'count',
-        samples: [counts.verbs.create ?? 0],
-        baseline: { what: 'reviewed requests', samples: [reviewed.length] },
-      },
-      {
-        row,
-        what: 'admission peak RSS',
-        unit: 'bytes',
-        samples: [peaks.rss.admission ?? 0],
-        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits.admission] },
-      },
-    ];
+    return figures(sys, {
+      reviewed,
+      plain,
+      sars: sys.audit.countFor(USERS.admission, mark).verbs.create ?? 0,
+      peakRss: peaks.rss.admission ?? 0,
+    });
   } finally {
-    await sys.admin.raw('DELETE', `/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/${WEBHOOK}`);
+    await sys.admin.raw('DELETE', `${WEBHOOKS}/${WEBHOOK}`);
   }
+}
+
+/**
+ * The API server picks the configuration up asynchronously: waits until it denies a bad spec.
+ * @throws Error after 30 s.
+ */
+async function webhookActive(sys: BenchSystem): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  for (let i = 0; ; i++) {
+    const r = await sys.admin.raw('POST', IDENTITIES, {
+      apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+      kind: 'TerraformClusterIdentity',
+      metadata: { name: `bench-probe-${i}`, labels: { [REVIEWED]: 'true' } },
+      spec: {
+        secretRef: { name: 'bench-admission-creds', namespace: 'captf-system' },
+        allowedNamespaces: { selector: { matchExpressions: [{ key: 'a', operator: 'In' }] } },
+      },
+    });
+    if (r.status >= 400) return;
+    if (Date.now() > deadline) throw new Error('the admission webhook did not take effect within 30 s');
+    await sleep(200);
+  }
+}
+
+/** `pairs` creates, then `pairs` widening updates, each a reviewed one and an unreviewed one in turn. */
+async function measure(
+  sys: BenchSystem,
+  prefix: string,
+  pairs: number,
+): Promise<{ reviewed: number[]; plain: number[] }> {
+  const reviewed: number[] = [];
+  const plain: number[] = [];
+  const create = (name: string, labels?: Record<string, string>) =>
+    timed(() =>
+      createIdentity(sys.admin, {
+        name,
+        secret: 'bench-admission-creds',
+        allowedNamespaces: { list: ['a'] },
+        ...(labels ? { labels } : {}),
+      }),
+    );
+  for (let i = 0; i < pairs; i++) {
+    reviewed.push(await create(`${prefix}-r-${i}`, { [REVIEWED]: 'true' }));
+    plain.push(await create(`${prefix}-p-${i}`));
+  }
+  // Widening updates: each reviewed one needs a SubjectAccessReview.
+  const widen = { spec: { allowedNamespaces: { list: ['a', 'b'] } } };
+  const update = (name: string) =>
+    timed(() => sys.admin.call('PATCH', `${IDENTITIES}/${name}`, widen, 'application/merge-patch+json'));
+  for (let i = 0; i < pairs; i++) {
+    reviewed.push(await update(`${prefix}-r-${i}`));
+    plain.push(await update(`${prefix}-p-${i}`));
+  }
+  return { reviewed, plain };
+}
+
+/** The row's figures from the timings, the SubjectAccessReviews counted and the peak RSS. */
+function figures(
+  sys: BenchSystem,
+  m: { reviewed: number[]; plain: number[]; sars: number; peakRss: number },
+): Figure[] {
+  const r = summarize(m.reviewed);
+  const p = summarize(m.plain);
+  const row = `admission overhead, ${m.reviewed.length + m.plain.length} requests`;
+  return [
+    {
+      row,
+      what: 'identity create/update, reviewed',
+      unit: 'ms',
+      samples: m.reviewed,
+      baseline: { what: 'not reviewed', samples: m.plain },
+    },
+    { row, what: 'added by the webhook, p50', unit: 'ms', samples: [r.median - p.median] },
+    { row, what: 'added by the webhook, p99', unit: 'ms', samples: [r.p99 - p.p99] },
+    {
+      row,
+      what: 'SubjectAccessReviews',
+      unit: 'count',
+      samples: [m.sars],
+      baseline: { what: 'reviewed requests', samples: [m.reviewed.length] },
+    },
+    {
+      row,
+      what: 'admission peak RSS',
+      unit: 'bytes',
+      samples: [m.peakRss],
+      baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits.admission] },
+    },
+  ];
 }

@@ -50,6 +50,30 @@ export interface BurstResult {
 }
 
 /**
+ * A predicate over the mirrors: each of `burst.namespaces` has the mirror of `burst.identity`
+ * with exactly the owner references (by UID) of the consumers in that namespace.
+ */
+function ownersExact(
+  consumers: WatchedCollection<Consumer>,
+  burst: { identity: string; namespaces: string[] },
+): (mirrors: ReadonlyMap<string, Mirror>) => boolean {
+  const mirrorKey = (ns: string) => `${ns}/${mirrorOf(burst.identity)}`;
+  return (mirrors) => {
+    const uidsByNs = new Map<string, Set<string>>();
+    for (const c of consumers.objects.values()) {
+      const ns = c.metadata.namespace!;
+      if (!uidsByNs.has(ns)) uidsByNs.set(ns, new Set());
+      uidsByNs.get(ns)!.add(c.metadata.uid!);
+    }
+    return burst.namespaces.every((ns) => {
+      const refs = mirrors.get(mirrorKey(ns))?.metadata.ownerReferences ?? [];
+      const want = uidsByNs.get(ns) ?? new Set();
+      return refs.length === want.size && refs.every((r) => want.has(r.uid));
+    });
+  };
+}
+
+/**
  * Creates `namespaces.length × perNamespace` TerraformMachines on `identity` in one burst and
  * waits until every one has `CredentialsMirrored=True` and each namespace's mirror carries
  * exactly the owner references of its consumers (by UID).
@@ -73,27 +97,18 @@ export async function burst(
   ).start();
   const items = spreadOver(opts.namespaces, opts.perNamespace, 'm');
   const total = items.length;
-  const mirrorKey = (ns: string) => `${ns}/${mirrorOf(opts.identity)}`;
-  const ownersExact = (mirrors: ReadonlyMap<string, Mirror>) => {
-    const uidsByNs = new Map<string, Set<string>>();
-    for (const c of consumers.objects.values()) {
-      const ns = c.metadata.namespace!;
-      if (!uidsByNs.has(ns)) uidsByNs.set(ns, new Set());
-      uidsByNs.get(ns)!.add(c.metadata.uid!);
-    }
-    return opts.namespaces.every((ns) => {
-      const refs = mirrors.get(mirrorKey(ns))?.metadata.ownerReferences ?? [];
-      const want = uidsByNs.get(ns) ?? new Set();
-      return refs.length === want.size && refs.every((r) => want.has(r.uid));
-    });
-  };
   const mark = sys.audit.mark();
   const bytes0 = await responseBytes(sys.admin);
   sys.relay.resetCounts();
   const sampler = samplePeaks(opts.pids);
   try {
     const t0 = performance.now();
-    await createConsumers(sys.admin, 'terraformmachines', items, opts.identity, { 'captf-bench/burst': label });
+    await createConsumers(sys.admin, {
+      plural: 'terraformmachines',
+      items,
+      identity: opts.identity,
+      labels: { 'captf-bench/burst': label },
+    });
     const allMirrored = await consumers.until(
       `${total} consumers mirrored`,
       (m) => m.size === total && [...m.values()].every((c) => hasTrue(c, 'CredentialsMirrored')),
@@ -101,7 +116,7 @@ export async function burst(
     );
     const exact = await ctx.mirrors.until(
       `owner references of ${opts.namespaces.length} mirror(s)`,
-      ownersExact,
+      ownersExact(consumers, opts),
       ctx.timeoutMs,
     );
     const ms = Math.max(allMirrored, exact) - t0;

@@ -43,6 +43,22 @@ async function pingUntilDone(
   return last;
 }
 
+/** What every measurement at one size shares. */
+interface AtSize {
+  ctx: RowContext;
+  row: string;
+  /** Every namespace of the row so far (each with one mirror of {@link IDENTITY}). */
+  namespaces: string[];
+  /** The paginated LIST of every consumer and mirror, timed. */
+  baseline: NonNullable<Figure['baseline']>;
+  /** Its pages. */
+  pages: number;
+  /** Every consumer in the cluster (other rows' too): the resync reconciles them all. */
+  consumers: number;
+}
+
+const IDENTITY = 'bench-resync';
+
 /**
  * Grows the cluster to each size in turn and measures there.
  * @param sizes consumer counts, ascending.
@@ -51,145 +67,175 @@ async function pingUntilDone(
  * @throws Error when a resync never answers 2xx or mirrors do not converge.
  */
 export async function resyncRows(ctx: RowContext, sizes: readonly number[], figures: Figure[] = []): Promise<Figure[]> {
-  const { sys } = ctx;
-  const identity = 'bench-resync';
-  const ms = sys.functions['mirror-sync'];
-  const status = sys.functions['identity-status'];
-  await putSourceSecret(sys.admin, SOURCE, { token: 'resync-0' });
-  await createIdentity(sys.admin, identity, SOURCE, { selector: { matchLabels: { 'captf-bench/resync': 'true' } } });
+  await putSourceSecret(ctx.sys.admin, SOURCE, { token: 'resync-0' });
+  await createIdentity(ctx.sys.admin, {
+    name: IDENTITY,
+    secret: SOURCE,
+    allowedNamespaces: { selector: { matchLabels: { 'captf-bench/resync': 'true' } } },
+  });
   const namespaces: string[] = [];
-  let rotation = 0;
-  for (const size of sizes) {
-    const row = `resync, ${size} consumers`;
-    sys.relay.setMode({ kind: 'drop' });
-    const added = Array.from({ length: size / 10 - namespaces.length }, () => ctx.next('rs'));
-    ctx.log(`resync: growing to ${size} consumers (${added.length} more namespaces)`);
-    await createNamespaces(sys.admin, added, { 'captf-bench/resync': 'true' });
-    await createConsumers(sys.admin, 'terraformmachines', spreadOver(added, 10, 'm'), identity);
-    namespaces.push(...added);
-    const first = await pingUntilDone(ms.url, 'captf-resync');
-    if (first.status !== 200) throw new Error(`the resync that creates the mirrors answered ${first.status}`);
-    await ctx.mirrors.until(
-      `${namespaces.length} resync mirrors`,
-      (m) => namespaces.every((ns) => m.has(`${ns}/${mirrorOf(identity)}`)),
-      ctx.timeoutMs,
-    );
-
-    const floor = await paginatedLists(sys.admin, [
-      [consumersPath('terraformclusters'), ''],
-      [consumersPath('terraformmachines'), ''],
-      ['/api/v1/secrets', MIRROR_SELECTOR],
-    ]);
-    const baseline = { what: `LIST consumers + mirrors (${floor.pages} pages)`, samples: [floor.ms] };
-    // Every consumer in the cluster (other rows' too): the resync reconciles them all.
-    const consumers = (floor.items[0] ?? 0) + (floor.items[1] ?? 0);
-
-    // All current.
-    let mark = sys.audit.mark();
-    let bytes0 = await responseBytes(sys.admin);
-    let sampler = samplePeaks({ 'mirror-sync': ms.pid });
-    const current = await postEvent(`${ms.url}/`, pingEvent('captf-resync'));
-    let peaks = sampler.stop();
-    let counts = sys.audit.countFor(USERS['mirror-sync'], mark);
-    figures.push(
-      { row, what: 'resync, all current: ping → answer', unit: 'ms', samples: [current.ms], baseline },
-      {
-        row,
-        what: 'resync, all current: API requests',
-        unit: 'count',
-        samples: [counts.requests],
-        baseline: { what: 'LIST pages', samples: [floor.pages] },
-      },
-      {
-        row,
-        what: 'resync, all current: API requests per consumer',
-        unit: 'count',
-        samples: [counts.requests / consumers],
-      },
-      {
-        row,
-        what: 'resync, all current: bytes read (GET+LIST)',
-        unit: 'bytes',
-        samples: [(await responseBytes(sys.admin)) - bytes0],
-      },
-      {
-        row,
-        what: 'resync, all current: writes',
-        unit: 'count',
-        samples: [counts.requests - (counts.verbs.get ?? 0) - (counts.verbs.list ?? 0)],
-      },
-      {
-        row,
-        what: 'mirror-sync peak RSS (resync)',
-        unit: 'bytes',
-        samples: [peaks.rss['mirror-sync'] ?? 0],
-        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] },
-      },
-      {
-        row,
-        what: 'mirror-sync peak open sockets (resync)',
-        unit: 'count',
-        samples: [peaks.sockets['mirror-sync'] ?? 0],
-      },
-    );
-    if (current.status !== 200) ctx.log(`resync, all current, answered ${current.status}`);
-
-    // Rotation: every mirror must change.
-    rotation++;
-    const value = `resync-${rotation}`;
-    const want = Buffer.from(value).toString('base64');
-    mark = sys.audit.mark();
-    bytes0 = await responseBytes(sys.admin);
-    sampler = samplePeaks({ 'mirror-sync': ms.pid });
-    await putSourceSecret(sys.admin, SOURCE, { token: value });
-    const t0 = performance.now();
-    const allNew = ctx.mirrors.until(
-      'every mirror rotated',
-      (m) => namespaces.every((ns) => m.get(`${ns}/${mirrorOf(identity)}`)?.data?.token === want),
-      ctx.timeoutMs,
-    );
-    const rotated = await postEvent(`${ms.url}/`, pingEvent('captf-resync'));
-    const currentMs = (await allNew) - t0;
-    peaks = sampler.stop();
-    counts = sys.audit.countFor(USERS['mirror-sync'], mark);
-    figures.push(
-      { row, what: 'rotation: ping → answer', unit: 'ms', samples: [rotated.ms], baseline },
-      { row, what: 'rotation: ping → every mirror current', unit: 'ms', samples: [currentMs], baseline },
-      {
-        row,
-        what: 'rotation: mirror writes',
-        unit: 'count',
-        samples: [counts.mirrorWrites],
-        baseline: { what: 'mirrors', samples: [namespaces.length] },
-      },
-      { row, what: 'rotation: 409 conflicts', unit: 'count', samples: [counts.conflicts] },
-      { row, what: 'rotation: API requests', unit: 'count', samples: [counts.requests] },
-      {
-        row,
-        what: 'mirror-sync peak RSS (rotation)',
-        unit: 'bytes',
-        samples: [peaks.rss['mirror-sync'] ?? 0],
-        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] },
-      },
-    );
-
-    // identity-status's refresh at this size.
-    mark = sys.audit.mark();
-    sampler = samplePeaks({ 'identity-status': status.pid });
-    const refresh = await pingUntilDone(status.url, 'captf-identity-status');
-    peaks = sampler.stop();
-    counts = sys.audit.countFor(USERS['identity-status'], mark);
-    figures.push(
-      { row, what: 'identity-status ping → answer', unit: 'ms', samples: [refresh.ms], baseline },
-      { row, what: 'identity-status API requests', unit: 'count', samples: [counts.requests] },
-      {
-        row,
-        what: 'identity-status peak RSS',
-        unit: 'bytes',
-        samples: [peaks.rss['identity-status'] ?? 0],
-        baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['identity-status']] },
-      },
-    );
+  for (const [i, size] of sizes.entries()) {
+    await growTo(ctx, namespaces, size);
+    const at = { ctx, row: `resync, ${size} consumers`, namespaces, ...(await listFloor(ctx)) };
+    figures.push(...(await allCurrent(at)));
+    figures.push(...(await rotation(at, i + 1)));
+    figures.push(...(await identityStatusRefresh(at)));
   }
   return figures;
+}
+
+/**
+ * Adds namespaces of 10 consumers each (while the relay drops events) until there are
+ * `size` consumers, and lets one resync create their mirrors.
+ * @throws Error when that resync does not answer 200 or the mirrors do not appear.
+ */
+async function growTo(ctx: RowContext, namespaces: string[], size: number): Promise<void> {
+  const { sys } = ctx;
+  sys.relay.setMode({ kind: 'drop' });
+  const added = Array.from({ length: size / 10 - namespaces.length }, () => ctx.next('rs'));
+  ctx.log(`resync: growing to ${size} consumers (${added.length} more namespaces)`);
+  await createNamespaces(sys.admin, added, { 'captf-bench/resync': 'true' });
+  await createConsumers(sys.admin, {
+    plural: 'terraformmachines',
+    items: spreadOver(added, 10, 'm'),
+    identity: IDENTITY,
+  });
+  namespaces.push(...added);
+  const first = await pingUntilDone(sys.functions['mirror-sync'].url, 'captf-resync');
+  if (first.status !== 200) throw new Error(`the resync that creates the mirrors answered ${first.status}`);
+  await ctx.mirrors.until(
+    `${namespaces.length} resync mirrors`,
+    (m) => namespaces.every((ns) => m.has(`${ns}/${mirrorOf(IDENTITY)}`)),
+    ctx.timeoutMs,
+  );
+}
+
+/** The baseline: a paginated LIST of every consumer kind and every mirror, as the resync pages. */
+async function listFloor(ctx: RowContext): Promise<Pick<AtSize, 'baseline' | 'pages' | 'consumers'>> {
+  const floor = await paginatedLists(ctx.sys.admin, [
+    [consumersPath('terraformclusters'), ''],
+    [consumersPath('terraformmachines'), ''],
+    ['/api/v1/secrets', MIRROR_SELECTOR],
+  ]);
+  return {
+    baseline: { what: `LIST consumers + mirrors (${floor.pages} pages)`, samples: [floor.ms] },
+    pages: floor.pages,
+    consumers: (floor.items[0] ?? 0) + (floor.items[1] ?? 0),
+  };
+}
+
+/** One resync ping with every mirror current: time, requests, bytes read, writes, peaks. */
+async function allCurrent(at: AtSize): Promise<Figure[]> {
+  const { sys } = at.ctx;
+  const { row, baseline } = at;
+  const ms = sys.functions['mirror-sync'];
+  const mark = sys.audit.mark();
+  const bytes0 = await responseBytes(sys.admin);
+  const sampler = samplePeaks({ 'mirror-sync': ms.pid });
+  const current = await postEvent(`${ms.url}/`, pingEvent('captf-resync'));
+  const peaks = sampler.stop();
+  const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
+  const bytes = (await responseBytes(sys.admin)) - bytes0;
+  if (current.status !== 200) at.ctx.log(`resync, all current, answered ${current.status}`);
+  return [
+    { row, what: 'resync, all current: ping → answer', unit: 'ms', samples: [current.ms], baseline },
+    {
+      row,
+      what: 'resync, all current: API requests',
+      unit: 'count',
+      samples: [counts.requests],
+      baseline: { what: 'LIST pages', samples: [at.pages] },
+    },
+    {
+      row,
+      what: 'resync, all current: API requests per consumer',
+      unit: 'count',
+      samples: [counts.requests / at.consumers],
+    },
+    { row, what: 'resync, all current: bytes read (GET+LIST)', unit: 'bytes', samples: [bytes] },
+    {
+      row,
+      what: 'resync, all current: writes',
+      unit: 'count',
+      samples: [counts.requests - (counts.verbs.get ?? 0) - (counts.verbs.list ?? 0)],
+    },
+    {
+      row,
+      what: 'mirror-sync peak RSS (resync)',
+      unit: 'bytes',
+      samples: [peaks.rss['mirror-sync'] ?? 0],
+      baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] },
+    },
+    {
+      row,
+      what: 'mirror-sync peak open sockets (resync)',
+      unit: 'count',
+      samples: [peaks.sockets['mirror-sync'] ?? 0],
+    },
+  ];
+}
+
+/** Rotation number `n` of the source (every mirror must change) and one resync ping. */
+async function rotation(at: AtSize, n: number): Promise<Figure[]> {
+  const { sys } = at.ctx;
+  const { row, baseline, namespaces } = at;
+  const ms = sys.functions['mirror-sync'];
+  const value = `resync-${n}`;
+  const want = Buffer.from(value).toString('base64');
+  const mark = sys.audit.mark();
+  const sampler = samplePeaks({ 'mirror-sync': ms.pid });
+  await putSourceSecret(sys.admin, SOURCE, { token: value });
+  const t0 = performance.now();
+  const allNew = at.ctx.mirrors.until(
+    'every mirror rotated',
+    (m) => namespaces.every((ns) => m.get(`${ns}/${mirrorOf(IDENTITY)}`)?.data?.token === want),
+    at.ctx.timeoutMs,
+  );
+  const rotated = await postEvent(`${ms.url}/`, pingEvent('captf-resync'));
+  const currentMs = (await allNew) - t0;
+  const peaks = sampler.stop();
+  const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
+  return [
+    { row, what: 'rotation: ping → answer', unit: 'ms', samples: [rotated.ms], baseline },
+    { row, what: 'rotation: ping → every mirror current', unit: 'ms', samples: [currentMs], baseline },
+    {
+      row,
+      what: 'rotation: mirror writes',
+      unit: 'count',
+      samples: [counts.mirrorWrites],
+      baseline: { what: 'mirrors', samples: [namespaces.length] },
+    },
+    { row, what: 'rotation: 409 conflicts', unit: 'count', samples: [counts.conflicts] },
+    { row, what: 'rotation: API requests', unit: 'count', samples: [counts.requests] },
+    {
+      row,
+      what: 'mirror-sync peak RSS (rotation)',
+      unit: 'bytes',
+      samples: [peaks.rss['mirror-sync'] ?? 0],
+      baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['mirror-sync']] },
+    },
+  ];
+}
+
+/** identity-status's refresh at this size: its ping, timed the same way. */
+async function identityStatusRefresh(at: AtSize): Promise<Figure[]> {
+  const { sys } = at.ctx;
+  const { row, baseline } = at;
+  const status = sys.functions['identity-status'];
+  const mark = sys.audit.mark();
+  const sampler = samplePeaks({ 'identity-status': status.pid });
+  const refresh = await pingUntilDone(status.url, 'captf-identity-status');
+  const peaks = sampler.stop();
+  const counts = sys.audit.countFor(USERS['identity-status'], mark);
+  return [
+    { row, what: 'identity-status ping → answer', unit: 'ms', samples: [refresh.ms], baseline },
+    { row, what: 'identity-status API requests', unit: 'count', samples: [counts.requests] },
+    {
+      row,
+      what: 'identity-status peak RSS',
+      unit: 'bytes',
+      samples: [peaks.rss['identity-status'] ?? 0],
+      baseline: { what: 'manifest memory limit', samples: [sys.memoryLimits['identity-status']] },
+    },
+  ];
 }

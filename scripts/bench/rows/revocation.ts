@@ -19,7 +19,11 @@ export async function revocationRow(ctx: RowContext, perNamespace: number): Prom
   const identity = ctx.next('revoke');
   const namespaces = Array.from({ length: 10 }, () => ctx.next('rv'));
   await putSourceSecret(sys.admin, 'bench-revoke-creds', { token: 'revocation' });
-  await createIdentity(sys.admin, identity, 'bench-revoke-creds', { list: namespaces });
+  await createIdentity(sys.admin, {
+    name: identity,
+    secret: 'bench-revoke-creds',
+    allowedNamespaces: { list: namespaces },
+  });
   ctx.log(`revocation: ${10 * perNamespace} consumers over 10 namespaces`);
   const ms = sys.functions['mirror-sync'];
   await burst(ctx, {
