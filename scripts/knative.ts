@@ -79,6 +79,28 @@ export interface ApiServerSourceSpec {
   };
 }
 
+/** A label selector as the adapter takes it (`k=v,…`). @throws Error for matchExpressions. */
+function labels(s?: { matchLabels?: Record<string, string>; matchExpressions?: unknown[] }): string {
+  if (s?.matchExpressions?.length) throw new Error('matchExpressions are not supported here');
+  return Object.entries(s?.matchLabels ?? {})
+    .map(([k, v]) => `${k}=${v}`)
+    .join(',');
+}
+
+/** One resource of an ApiServerSource as a GVR (plural from discovery) with its label selector. */
+async function sourceResource(
+  disco: Discovery,
+  r: ApiServerSourceSpec['spec']['resources'][number],
+): Promise<SourceResource> {
+  const res = await disco.plural(r.apiVersion, r.kind);
+  if (!res) throw new Error(`the API server does not serve ${r.apiVersion} ${r.kind}`);
+  const [group, version] = r.apiVersion.includes('/')
+    ? (r.apiVersion.split('/') as [string, string])
+    : ['', r.apiVersion];
+  const selector = labels(r.selector);
+  return { gvr: { Group: group, Version: version, Resource: res.name }, ...(selector ? { selector } : {}) };
+}
+
 /** Exposes client-node's discovery (kind → plural resource) for {@link sourceConfigFor}. */
 class Discovery extends KubernetesObjectApi {
   plural(apiVersion: string, kind: string): Promise<{ name: string } | undefined> {
@@ -96,22 +118,8 @@ class Discovery extends KubernetesObjectApi {
  */
 export async function sourceConfigFor(kc: KubeConfig, source: ApiServerSourceSpec): Promise<SourceConfig> {
   const disco = kc.makeApiClient(Discovery);
-  const labels = (s?: { matchLabels?: Record<string, string>; matchExpressions?: unknown[] }) => {
-    if (s?.matchExpressions?.length) throw new Error('matchExpressions are not supported here');
-    return Object.entries(s?.matchLabels ?? {})
-      .map(([k, v]) => `${k}=${v}`)
-      .join(',');
-  };
   const resources: SourceResource[] = [];
-  for (const r of source.spec.resources) {
-    const res = await disco.plural(r.apiVersion, r.kind);
-    if (!res) throw new Error(`the API server does not serve ${r.apiVersion} ${r.kind}`);
-    const [group, version] = r.apiVersion.includes('/')
-      ? (r.apiVersion.split('/') as [string, string])
-      : ['', r.apiVersion];
-    const selector = labels(r.selector);
-    resources.push({ gvr: { Group: group, Version: version, Resource: res.name }, ...(selector ? { selector } : {}) });
-  }
+  for (const r of source.spec.resources) resources.push(await sourceResource(disco, r));
   const ns = source.spec.namespaceSelector;
   const all = ns !== undefined && !labels(ns);
   if (ns && !all) throw new Error('namespaceSelector with labels is not supported here');

@@ -92,20 +92,35 @@ export function relocate<T extends KubernetesObject>(
   from = 'captf-system',
 ): T[] {
   return objects.map((o) => {
-    const c = structuredClone(o) as T & {
-      subjects?: { namespace?: string }[];
-      webhooks?: { clientConfig?: { service?: { namespace?: string } } }[];
-    };
+    const c = structuredClone(o) as Relocatable & T;
     if (!CLUSTER_SCOPED_KINDS.has(c.kind!) && c.metadata) c.metadata.namespace = namespace;
-    for (const s of c.subjects ?? []) if (s.namespace === from) s.namespace = namespace;
-    for (const w of c.webhooks ?? [])
-      if (w.clientConfig?.service?.namespace === from) w.clientConfig.service.namespace = namespace;
-    const ann = c.metadata?.annotations;
-    if (ann?.['cert-manager.io/inject-ca-from']?.startsWith(`${from}/`))
-      ann['cert-manager.io/inject-ca-from'] = ann['cert-manager.io/inject-ca-from'].replace(
-        `${from}/`,
-        `${namespace}/`,
-      );
+    relocateReferences(c, { from, to: namespace });
     return c;
   });
+}
+
+/** The parts of an object that may name the namespace it lives in. */
+type Relocatable = KubernetesObject & {
+  subjects?: { namespace?: string }[];
+  webhooks?: { clientConfig?: { service?: { namespace?: string } } }[];
+};
+
+/** Points `c`'s binding subjects, webhook services and cainjector annotation in `from` at `to` (in place). */
+function relocateReferences(c: Relocatable, { from, to }: { from: string; to: string }): void {
+  const move = (ref: { namespace?: string } | undefined) => {
+    if (ref?.namespace === from) ref.namespace = to;
+  };
+  for (const s of c.subjects ?? []) move(s);
+  for (const w of c.webhooks ?? []) move(w.clientConfig?.service);
+  relocateCaInjection(c.metadata?.annotations, { from, to });
+}
+
+/** cert-manager's `inject-ca-from` annotation (`<namespace>/<certificate>`) from `from` to `to`. */
+function relocateCaInjection(
+  ann: Record<string, string> | undefined,
+  { from, to }: { from: string; to: string },
+): void {
+  const key = 'cert-manager.io/inject-ca-from';
+  const value = ann?.[key];
+  if (ann && value?.startsWith(`${from}/`)) ann[key] = value.replace(`${from}/`, `${to}/`);
 }

@@ -27,7 +27,7 @@ const flags = extra.filter((a) => a.startsWith('-'));
 
 const t0 = Date.now();
 const cp = await startControlPlane({ dir, log: (l) => console.error(l) });
-let code = 1;
+let code: number;
 const onSignal = (sig: NodeJS.Signals) => {
   console.error(`${sig}: stopping the control plane`);
   void cp.stop().then(() => process.exit(130));

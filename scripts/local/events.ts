@@ -168,7 +168,7 @@ export class Delivery {
     if (this.stopped) return;
     if (this.queue.length >= this.opts.maxQueue) {
       const dropped = this.queue.shift()!;
-      this.report(dropped, 0, 0, true, 'queue full; dropped the oldest event');
+      this.report(dropped, { status: 0, attempts: 0, failed: true, error: 'queue full; dropped the oldest event' });
     }
     this.queue.push(msg);
     this.pump();
@@ -221,22 +221,26 @@ export class Delivery {
       }
       const retryable = status === 0 || status === 429 || status >= 500;
       if (!retryable) {
-        this.report(msg, status, attempt, status >= 300);
+        this.report(msg, { status, attempts: attempt, failed: status >= 300 });
         return;
       }
       if (attempt <= this.opts.retries) await sleep(this.opts.backoffMs * 2 ** (attempt - 1), this.abort.signal);
     }
-    this.report(msg, status, this.opts.retries + 1, true, error ?? 'retries exhausted');
+    this.report(msg, {
+      status,
+      attempts: this.opts.retries + 1,
+      failed: true,
+      error: error ?? 'retries exhausted',
+    });
   }
 
-  private report(msg: EventMessage, status: number, attempts: number, failed: boolean, error?: string): void {
+  private report(msg: EventMessage, outcome: Pick<DeliveryReport, 'status' | 'attempts' | 'failed' | 'error'>): void {
+    const { error, ...rest } = outcome;
     this.opts.onReport?.({
       sink: this.sink,
       type: msg.headers['ce-type'] ?? '',
       subject: msg.headers['ce-subject'] ?? msg.headers['ce-source'] ?? '',
-      status,
-      attempts,
-      failed,
+      ...rest,
       ...(error ? { error } : {}),
     });
   }

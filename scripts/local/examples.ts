@@ -50,7 +50,9 @@ export async function applyExamples(
         PatchStrategy.ServerSideApply,
       );
     } catch (err) {
-      throw new Error(`applying ${what}: ${(err as { body?: string }).body ?? (err as Error).message}`);
+      throw new Error(`applying ${what}: ${(err as { body?: string }).body ?? (err as Error).message}`, {
+        cause: err,
+      });
     }
     done.push(what);
   }

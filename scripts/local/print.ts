@@ -26,6 +26,66 @@ type Json = Record<string, unknown>;
 const str = (v: unknown): string =>
   typeof v === 'string' ? v : v === undefined || v === null ? '' : JSON.stringify(v);
 
+/** The summary fields of mirror-sync's `resync` line, in print order. */
+const RESYNC_FIELDS = [
+  'consumers',
+  'mirrors',
+  'keys',
+  'changed',
+  'orphanedMirrorsDeleted',
+  'revoked',
+  'sent',
+  'failed',
+  'needRetry',
+  'durationMs',
+];
+/** The summary fields of identity-status's `refresh done` line, in print order. */
+const REFRESH_FIELDS = ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs'];
+
+/** `text` parsed when it is a JSON object; undefined for plain text (e.g. a crash message). */
+function jsonObject(text: string): Json | undefined {
+  try {
+    const parsed: unknown = JSON.parse(text);
+    return typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed) ? (parsed as Json) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** identity-status wrote (or found unchanged) an identity's status; unchanged ones are debug. */
+function identityRefreshed(component: string, j: Json): Printed {
+  const changed = Array.isArray(j.changed) ? (j.changed as unknown[]).map(str) : [];
+  const ns = Array.isArray(j.namespaces) ? (j.namespaces as unknown[]).map(str).join(',') : '';
+  return {
+    debug: changed.length === 0,
+    component,
+    subject: `identity ${str(j.identity)}`,
+    text: `Ready=${str(j.ready)} (${str(j.reason)}), in use in [${ns}]${changed.length ? `; wrote ${changed.join(' and ')}` : ''}`,
+  };
+}
+
+/** The admission function's decision: a denial is shown, an allowed request is debug. */
+function reviewed(component: string, j: Json): Printed {
+  const who = `${str(j.operation).toLowerCase()} by ${str(j.user)}${j.dryRun ? ' (dry run)' : ''}`;
+  const subject = `identity ${str(j.name)}`;
+  if (j.allowed === false) return { debug: false, component, subject, text: `DENIED ${who}: ${str(j.denial)}` };
+  return { debug: true, component, subject, text: `allowed ${who} (${str(j.why)})` };
+}
+
+/** Any other line: warnings and errors are shown with their named fields, the rest is debug. */
+function otherLine(component: string, j: Json, { level, message }: { level: string; message: string }): Printed {
+  const warn = level === 'warn' || level === 'error';
+  const extra = ['error', 'errors', 'object', 'identity', 'denial', 'reason']
+    .filter((k) => j[k] !== undefined)
+    .map((k) => `${k}=${str(j[k])}`);
+  return {
+    debug: !warn,
+    component,
+    subject: '',
+    text: `${warn ? `${level}: ` : ''}${message}${extra.length ? ` (${extra.join(', ')})` : ''}`,
+  };
+}
+
 /**
  * Reads the log lines of the functions and remembers, per consumer, the last outcome seen,
  * so a line is printed only when it changed.
@@ -41,77 +101,23 @@ export class LogPrinter {
   line(component: string, raw: string): Printed | undefined {
     const trimmed = raw.trim();
     if (!trimmed) return undefined;
-    let j: Json;
-    try {
-      const parsed: unknown = JSON.parse(trimmed);
-      if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) throw new Error('not an object');
-      j = parsed as Json;
-    } catch {
-      return { debug: false, component, subject: '', text: trimmed };
-    }
+    const j = jsonObject(trimmed);
+    if (!j) return { debug: false, component, subject: '', text: trimmed };
     const level = str(j.level);
     const message = str(j.message);
     switch (message) {
       case 'reconcile':
         return this.reconcile(component, j, level);
-      case 'identity refreshed': {
-        const changed = Array.isArray(j.changed) ? (j.changed as unknown[]).map(str) : [];
-        const ns = Array.isArray(j.namespaces) ? (j.namespaces as unknown[]).map(str).join(',') : '';
-        return {
-          debug: changed.length === 0,
-          component,
-          subject: `identity ${str(j.identity)}`,
-          text: `Ready=${str(j.ready)} (${str(j.reason)}), in use in [${ns}]${changed.length ? `; wrote ${changed.join(' and ')}` : ''}`,
-        };
-      }
-      case 'reviewed': {
-        const who = `${str(j.operation).toLowerCase()} by ${str(j.user)}${j.dryRun ? ' (dry run)' : ''}`;
-        if (j.allowed === false)
-          return {
-            debug: false,
-            component,
-            subject: `identity ${str(j.name)}`,
-            text: `DENIED ${who}: ${str(j.denial)}`,
-          };
-        return { debug: true, component, subject: `identity ${str(j.name)}`, text: `allowed ${who} (${str(j.why)})` };
-      }
+      case 'identity refreshed':
+        return identityRefreshed(component, j);
+      case 'reviewed':
+        return reviewed(component, j);
       case 'resync':
-        return {
-          debug: true,
-          component,
-          subject: 'resync',
-          text: summary(j, [
-            'consumers',
-            'mirrors',
-            'keys',
-            'changed',
-            'orphanedMirrorsDeleted',
-            'revoked',
-            'sent',
-            'failed',
-            'needRetry',
-            'durationMs',
-          ]),
-        };
+        return { debug: true, component, subject: 'resync', text: summary(j, RESYNC_FIELDS) };
       case 'refresh done':
-        return {
-          debug: true,
-          component,
-          subject: 'refresh',
-          text: summary(j, ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs']),
-        };
-      default: {
-        const warn = level === 'warn' || level === 'error';
-        const extra = ['error', 'errors', 'object', 'identity', 'denial', 'reason']
-          .filter((k) => j[k] !== undefined)
-          .map((k) => `${k}=${str(j[k])}`);
-        return {
-          debug: !warn,
-          component,
-          subject: '',
-          text: `${warn ? `${level}: ` : ''}${message}${extra.length ? ` (${extra.join(', ')})` : ''}`,
-        };
-      }
+        return { debug: true, component, subject: 'refresh', text: summary(j, REFRESH_FIELDS) };
+      default:
+        return otherLine(component, j, { level, message });
     }
   }
 
