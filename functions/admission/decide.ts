@@ -4,6 +4,7 @@
  * of that check becomes allowed/denied with a message that names the user, the verb, the
  * Secret and the rule. Never reads or mentions Secret data.
  */
+import { isDeepStrictEqual } from 'node:util';
 import { validateIdentitySpec } from '../lib/identity-spec.ts';
 import { isWidening } from '../lib/widening.ts';
 
@@ -89,9 +90,11 @@ function nameOf(req: IdentityRequest): string {
  * Decides what a request needs (SPEC §10).
  * - `status` subresource: allowed (never reviewed; only reachable through a misconfigured webhook).
  * - CREATE: spec invalid → deny 422; else a SubjectAccessReview on `spec.secretRef`.
- * - UPDATE: new spec invalid → deny 422; `secretRef` changed or `allowedNamespaces` widened
- *   ({@link isWidening}) → SubjectAccessReview on the new `secretRef`; otherwise allowed
- *   (metadata-only and narrowing updates need no SAR).
+ * - UPDATE: `spec` unchanged (deep equality) → allowed without validating it (ratcheting: an
+ *   identity stored under older rules can still get labels or lose its finalizers); new spec
+ *   invalid → deny 422; `secretRef` changed or `allowedNamespaces` widened ({@link isWidening})
+ *   → SubjectAccessReview on the new `secretRef`; otherwise allowed (narrowing updates need no
+ *   SAR).
  * - DELETE: in-use lookup, seeded with `oldObject.status.namespaces`.
  * - anything else (CONNECT, unknown) → deny 400: this webhook only reviews the three above.
  * @param req a parsed request (see admission-review.ts) whose userInfo is already known to be present.
@@ -135,7 +138,16 @@ function planCreate(req: IdentityRequest): Plan {
   );
 }
 
+/** Does an UPDATE leave `spec` as stored (deep equality; key order does not matter)? */
+function specUnchanged(req: IdentityRequest): boolean {
+  const { object, oldObject } = req;
+  return isPlainObject(object) && isPlainObject(oldObject) && isDeepStrictEqual(object.spec, oldObject.spec);
+}
+
 function planUpdate(req: IdentityRequest): Plan {
+  // Ratcheting: an update that leaves spec alone (labels, finalizers, a deletion's last
+  // step) is not judged by rules the stored spec may predate.
+  if (specUnchanged(req)) return { action: 'allow', why: 'spec unchanged (not validated: ratcheting)' };
   const invalid = invalidSpec(req);
   if (invalid) return invalid;
   const newRef = secretRefOf(req.object)!;
