@@ -134,20 +134,23 @@ export interface AdmissionReviewResponse {
     uid: string;
     allowed: boolean;
     status?: { code: number; reason: string; message: string };
+    /** Shown by kubectl as `Warning:` lines; only on allowed answers that have some. */
+    warnings?: string[];
   };
 }
 
 /**
  * Builds the answer to one review.
  * @param uid `request.uid`, echoed as the API server requires.
- * @param decision allowed, or denied with code/reason/message (shown to the user by the API server).
+ * @param decision allowed (with its `warnings`, SPEC §10, passed on when there are any), or
+ *   denied with code/reason/message (shown to the user by the API server).
  */
 export function reviewResponse(uid: string, decision: Decision): AdmissionReviewResponse {
   return {
     apiVersion: ADMISSION_API_VERSION,
     kind: 'AdmissionReview',
     response: decision.allowed
-      ? { uid, allowed: true }
+      ? { uid, allowed: true, ...(decision.warnings?.length ? { warnings: [...decision.warnings] } : {}) }
       : { uid, allowed: false, status: { code: decision.code, reason: decision.reason, message: decision.message } },
   };
 }

@@ -5,6 +5,8 @@
  * Secret and the rule. Never reads or mentions Secret data.
  */
 import { isDeepStrictEqual } from 'node:util';
+import type { AllowedNamespaces } from '../lib/api.ts';
+import { isNamespaceAllowed, validateAllowedNamespaces } from '../lib/allowed-namespaces.ts';
 import { validateIdentitySpec } from '../lib/identity-spec.ts';
 import { isWidening } from '../lib/widening.ts';
 
@@ -36,12 +38,31 @@ export interface SecretKey {
   name: string;
 }
 
+/**
+ * An `allowedNamespaces` change whose impact the shell looks up before answering (SPEC §10
+ * warnings): the consumers of `identity` per namespace, and the labels of the namespaces
+ * {@link namespacesNeedingLabels} names; then {@link revocationWarnings}.
+ */
+export interface ImpactCheck {
+  identity: string;
+  oldAllowed: unknown;
+  newAllowed: unknown;
+}
+
+/** What an UPDATE that is (or will be) allowed tells the user besides yes. */
+export interface UpdateNotes {
+  /** Warnings known without a lookup (a changed `secretRef`). */
+  warnings: string[];
+  /** Set when `allowedNamespaces` changed and the old value allowed something. */
+  impact?: ImpactCheck;
+}
+
 /** What the shell must do next for a request. */
 export type Plan =
-  | { action: 'allow'; why: string }
+  | { action: 'allow'; why: string; notes?: UpdateNotes }
   | { action: 'deny'; decision: Denied }
   /** SubjectAccessReview: may `userInfo` get `secret`? `rule` says why the check is needed. */
-  | { action: 'check-secret-access'; secret: SecretKey; rule: string }
+  | { action: 'check-secret-access'; secret: SecretKey; rule: string; notes?: UpdateNotes }
   /** Look up live consumers of `identity`; `statusNamespaces` come from `oldObject.status`. */
   | { action: 'check-in-use'; identity: string; statusNamespaces: string[] };
 
@@ -50,6 +71,8 @@ export interface Allowed {
   allowed: true;
   /** Short why, for logs. */
   why: string;
+  /** AdmissionReview `warnings` (kubectl prints each as a `Warning:` line); each under 256 characters. */
+  warnings?: string[];
 }
 
 /** A denied request: HTTP-like `code`, a `reason` word and the message the user sees. */
@@ -68,6 +91,8 @@ const deny = (code: number, reason: string, message: string): Denied => ({ allow
 function isPlainObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
+
+const isSet = (v: unknown): boolean => v !== undefined && v !== null;
 
 const specOf = (obj: unknown): Record<string, unknown> | undefined =>
   isPlainObject(obj) && isPlainObject(obj.spec) ? obj.spec : undefined;
@@ -94,7 +119,8 @@ function nameOf(req: IdentityRequest): string {
  *   identity stored under older rules can still get labels or lose its finalizers); new spec
  *   invalid → deny 422; `secretRef` changed or `allowedNamespaces` widened ({@link isWidening})
  *   → SubjectAccessReview on the new `secretRef`; otherwise allowed (narrowing updates need no
- *   SAR).
+ *   SAR). Either way the plan carries {@link UpdateNotes}: the secretRef warning, and an
+ *   {@link ImpactCheck} when `allowedNamespaces` changed from a value that allowed something.
  * - DELETE: in-use lookup, seeded with `oldObject.status.namespaces`.
  * - anything else (CONNECT, unknown) → deny 400: this webhook only reviews the three above.
  * @param req a parsed request (see admission-review.ts) whose userInfo is already known to be present.
@@ -151,23 +177,36 @@ function planUpdate(req: IdentityRequest): Plan {
   const invalid = invalidSpec(req);
   if (invalid) return invalid;
   const newRef = secretRefOf(req.object)!;
-  const oldRef = secretRefOf(req.oldObject);
-  if (!oldRef || oldRef.name !== newRef.name || oldRef.namespace !== newRef.namespace) {
-    return {
-      action: 'check-secret-access',
-      secret: newRef,
-      rule: 'changing spec.secretRef requires permission to get the new Secret',
-    };
-  }
+  const notes = updateNotes(req, newRef);
+  const rule = secretAccessRule(req, newRef);
+  if (rule) return { action: 'check-secret-access', secret: newRef, rule, notes };
+  return { action: 'allow', why: 'secretRef unchanged and allowedNamespaces not widened', notes };
+}
+
+/** Why an UPDATE needs a SubjectAccessReview (secretRef changed, or a widening), or undefined. */
+function secretAccessRule(req: IdentityRequest, newRef: SecretKey): string | undefined {
+  if (secretRefChanged(req, newRef)) return 'changing spec.secretRef requires permission to get the new Secret';
   const verdict = isWidening(specOf(req.oldObject)?.allowedNamespaces, specOf(req.object)?.allowedNamespaces);
-  if (verdict.widening) {
-    return {
-      action: 'check-secret-access',
-      secret: newRef,
-      rule: `widening spec.allowedNamespaces (${verdict.reason}) requires permission to get the Secret`,
-    };
-  }
-  return { action: 'allow', why: 'secretRef unchanged and allowedNamespaces not widened' };
+  if (verdict.widening)
+    return `widening spec.allowedNamespaces (${verdict.reason}) requires permission to get the Secret`;
+  return undefined;
+}
+
+function secretRefChanged(req: IdentityRequest, newRef: SecretKey): boolean {
+  const oldRef = secretRefOf(req.oldObject);
+  return !oldRef || oldRef.name !== newRef.name || oldRef.namespace !== newRef.namespace;
+}
+
+/** The warnings and the impact lookup an allowed, spec-changing UPDATE gets (SPEC §10). */
+function updateNotes(req: IdentityRequest, newRef: SecretKey): UpdateNotes {
+  const identity = nameOf(req);
+  const warnings = secretRefChanged(req, newRef) ? [secretRefWarning(identity, newRef)] : [];
+  const oldAllowed = specOf(req.oldObject)?.allowedNamespaces;
+  const newAllowed = specOf(req.object)?.allowedNamespaces;
+  // An old value that allowed nothing (absent, null, invalid) cannot revoke anything.
+  const oldAllowedSomething = isSet(oldAllowed) && validateAllowedNamespaces(oldAllowed).length === 0;
+  if (!oldAllowedSomething || isDeepStrictEqual(oldAllowed, newAllowed)) return { warnings };
+  return { warnings, impact: { identity, oldAllowed, newAllowed } };
 }
 
 function planDelete(req: IdentityRequest): Plan {
@@ -289,4 +328,133 @@ export function deleteDecision(
     'Forbidden',
     `user ${JSON.stringify(user)} may not delete TerraformClusterIdentity ${JSON.stringify(identity)}: it is in use in namespace(s) ${inUse.join(', ')}; an identity in use cannot be deleted — point its consumers elsewhere or delete them first`,
   );
+}
+
+/**
+ * The longest warning this webhook sends: Kubernetes may cut a webhook's warning longer than
+ * 256 characters before it reaches the client.
+ */
+export const MAX_WARNING_LENGTH = 255;
+
+/** The longest identity or namespace name quoted in a warning (longer ones are shortened). */
+const NAME_IN_WARNING = 63;
+
+/** `text` cut to `max` characters, ending in `...` when cut. */
+function shorten(text: string, max: number): string {
+  return text.length <= max ? text : `${text.slice(0, Math.max(0, max - 3))}...`;
+}
+
+/** Printable ASCII only (a warning travels in an HTTP header); then at most {@link MAX_WARNING_LENGTH}. */
+const fit = (text: string): string => shorten(text.replace(/[^\x20-\x7e]/g, ' '), MAX_WARNING_LENGTH);
+
+const identityLabel = (identity: string): string => `identity ${JSON.stringify(shorten(identity, NAME_IN_WARNING))}`;
+const count = (n: number, noun: string): string => `${n} ${noun}${n === 1 ? '' : 's'}`;
+
+/**
+ * Joins `items` with `, ` in at most `budget` characters; when they do not all fit, as many as
+ * fit are followed by `and N more` (counted).
+ * @returns the joined list or its summary (at least `and N more` when not even one item fits).
+ */
+export function summariseList(items: readonly string[], budget: number): string {
+  const all = items.join(', ');
+  if (all.length <= budget) return all;
+  const shown: string[] = [];
+  for (const item of items) {
+    const rest = items.length - shown.length - 1;
+    if ([...shown, item, `and ${rest} more`].join(', ').length > budget) break;
+    shown.push(item);
+  }
+  return [...shown, `and ${items.length - shown.length} more`].join(', ');
+}
+
+/**
+ * SPEC §10: the warning of an allowed UPDATE that changes `spec.secretRef`.
+ * @param identity the identity's name; @param secret the new Secret (names only, never data).
+ * @returns e.g. `identity "aws-prod": spec.secretRef changed; every mirror will be rewritten from captf-system/new-creds`.
+ */
+export function secretRefWarning(identity: string, secret: SecretKey): string {
+  const head = `${identityLabel(identity)}: spec.secretRef changed; every mirror will be rewritten from `;
+  return fit(head + shorten(`${secret.namespace}/${secret.name}`, MAX_WARNING_LENGTH - head.length));
+}
+
+/** Number of consumers per namespace, from the namespaces of the consumers found ('' ignored). */
+export function consumerCounts(namespaces: readonly string[]): Record<string, number> {
+  const counts: Record<string, number> = {};
+  for (const ns of namespaces) if (ns) counts[ns] = (counts[ns] ?? 0) + 1;
+  return counts;
+}
+
+function hasSelector(allowed: unknown): boolean {
+  return isPlainObject(allowed) && isSet(allowed.selector);
+}
+
+const listOf = (allowed: unknown): unknown[] =>
+  isPlainObject(allowed) && Array.isArray(allowed.list) ? allowed.list : [];
+
+/**
+ * Which namespaces' labels the impact of `check` depends on: none when neither value has a
+ * selector; when only the new one has, the in-use namespaces the old list named; otherwise
+ * every namespace in use.
+ * @param inUse namespaces where the identity has consumers.
+ * @returns sorted namespace names (the shell reads each one's labels).
+ */
+export function namespacesNeedingLabels(check: ImpactCheck, inUse: readonly string[]): string[] {
+  if (hasSelector(check.oldAllowed)) return [...inUse].sort();
+  if (!hasSelector(check.newAllowed)) return [];
+  const listed = listOf(check.oldAllowed);
+  return inUse.filter((n) => listed.includes(n)).sort();
+}
+
+/**
+ * What the impact lookup of an {@link ImpactCheck} found: consumers per namespace and the
+ * labels of the namespaces {@link namespacesNeedingLabels} named (a namespace missing from
+ * `labels` no longer exists).
+ */
+export interface ImpactFound {
+  consumers: Record<string, number>;
+  labels: Record<string, Record<string, string>>;
+}
+
+/** The impact lookup's result, or why it failed (an API error, or the time budget ran out). */
+export type ImpactFacts = ImpactFound | { error: string };
+
+/**
+ * SPEC §2/§10: the namespaces in use that the change revokes — allowed by the old value and
+ * not by the new one, both decided by {@link isNamespaceAllowed}. A namespace whose labels were
+ * needed but not found is gone and loses nothing.
+ * @returns sorted namespace names.
+ */
+export function namespacesLosingAccess(check: ImpactCheck, facts: ImpactFound): string[] {
+  const inUse = Object.keys(facts.consumers);
+  const needed = new Set(namespacesNeedingLabels(check, inUse));
+  const allows = (allowed: unknown, name: string) =>
+    isNamespaceAllowed(allowed as AllowedNamespaces | null | undefined, { name, labels: facts.labels[name] ?? {} });
+  return inUse
+    .filter((name) => !needed.has(name) || Object.hasOwn(facts.labels, name))
+    .filter((name) => allows(check.oldAllowed, name) && !allows(check.newAllowed, name))
+    .sort();
+}
+
+/**
+ * SPEC §10 revocation warnings for an allowed change of `allowedNamespaces`.
+ * @param check the identity and its old and new `allowedNamespaces`.
+ * @param facts the impact lookup's result, or `{ error }` when it failed or timed out.
+ * @returns nothing when no namespace in use loses access; one warning naming the namespaces
+ *   that do (each with its consumer count, summarised as `and N more` when long) and the total
+ *   number of consumers that lose their credentials; or, when the lookup failed, one warning
+ *   that the impact could not be computed. Each under 256 characters, names only.
+ */
+export function revocationWarnings(check: ImpactCheck, facts: ImpactFacts): string[] {
+  if ('error' in facts) {
+    const head = `${identityLabel(check.identity)}: could not compute which namespaces in use lose access (`;
+    const tail = '); consumers in namespaces no longer allowed will lose their credentials';
+    return [fit(head + shorten(facts.error, MAX_WARNING_LENGTH - head.length - tail.length) + tail)];
+  }
+  const lost = namespacesLosingAccess(check, facts);
+  if (lost.length === 0) return [];
+  const consumers = lost.reduce((sum, ns) => sum + facts.consumers[ns]!, 0);
+  const head = `${identityLabel(check.identity)}: spec.allowedNamespaces no longer allows ${count(lost.length, 'namespace')} in use: `;
+  const tail = `; ${count(consumers, 'consumer')} there will lose ${consumers === 1 ? 'its' : 'their'} credentials`;
+  const items = lost.map((ns) => `${shorten(ns, NAME_IN_WARNING)} (${count(facts.consumers[ns]!, 'consumer')})`);
+  return [fit(head + summariseList(items, MAX_WARNING_LENGTH - head.length - tail.length) + tail)];
 }

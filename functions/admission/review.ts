@@ -1,23 +1,32 @@
 /**
  * The imperative part of one review: runs what {@link planReview} asks for — a
  * SubjectAccessReview (`authorization.k8s.io/v1`) for the requesting user, or the live
- * in-use lookup of an identity's consumers — and returns the decision. No HTTP here; never
- * reads a Secret (admission needs no Secret RBAC, only `create subjectaccessreviews` and
- * `list` on the consumer kinds).
+ * in-use lookup of an identity's consumers — and returns the decision, with the warnings of
+ * an allowed UPDATE (the consumers and namespace labels behind a revocation). No HTTP here;
+ * never reads a Secret (admission needs no Secret RBAC, only `create subjectaccessreviews`,
+ * `list` on the consumer kinds and `get` on namespaces).
  */
+import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
 import { consumersOfIdentity } from '../lib/consumers.ts';
-import { apiStatus, describeError, type Clients } from '../lib/kube.ts';
+import { apiStatus, describeError, ignoreNotFound, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import {
+  consumerCounts,
   deleteDecision,
+  namespacesNeedingLabels,
   planReview,
+  revocationWarnings,
   secretAccessDecision,
   secretAccessReview,
   type Decision,
   type IdentityRequest,
+  type ImpactCheck,
+  type ImpactFacts,
+  type Plan,
   type SarOutcome,
   type SecretKey,
+  type UpdateNotes,
   type UserInfo,
 } from './decide.ts';
 
@@ -26,6 +35,8 @@ export interface ReviewDeps {
   clients: Clients;
   consumerKinds: readonly ConsumerKind[];
   logger: Logger;
+  /** Time budget of the revocation-impact lookup in ms (default {@link IMPACT_LOOKUP_BUDGET_MS}). */
+  impactBudgetMs?: number;
 }
 
 /** Attempts of one API read that the server answered 429 (e.g. "storage is (re)initializing"). */
@@ -73,58 +84,124 @@ export async function checkSecretAccess(clients: Clients, user: UserInfo, secret
   }
 }
 
+/** Which API lookups a review made, for its log line. */
+interface Trace {
+  subjectAccessReview: boolean;
+  consumerLookup: boolean;
+  impactLookup: boolean;
+}
+
 /**
  * Reviews one parsed request (SPEC §10) and logs one line about it (uid, operation, name,
- * user, dry run, whether a SubjectAccessReview was made, the outcome) — never the object.
+ * user, dry run, which lookups were made, the outcome and any warnings) — never the object.
+ * An allowed UPDATE that changed `secretRef` or `allowedNamespaces` gets its warnings here
+ * (see {@link warningsFor}); dry runs are reviewed the same way.
  * @returns the decision; never throws (an unexpected error denies).
  */
 export async function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Promise<Decision> {
   const plan = planReview(req);
-  const user = req.userInfo.username;
-  let decision: Decision;
-  let sar = false;
-  let lookup = false;
-  switch (plan.action) {
-    case 'allow':
-      decision = { allowed: true, why: plan.why };
-      break;
-    case 'deny':
-      decision = plan.decision;
-      break;
-    case 'check-secret-access':
-      sar = true;
-      decision = secretAccessDecision(
-        user,
-        plan.secret,
-        plan.rule,
-        await checkSecretAccess(deps.clients, req.userInfo, plan.secret),
-      );
-      break;
-    case 'check-in-use': {
-      lookup = true;
-      let found: string[] | { error: string };
-      try {
-        found = (await retryTooManyRequests(() => consumersOfIdentity(deps.clients, deps.consumerKinds, plan.identity)))
-          .map((c) => c.metadata.namespace ?? '')
-          .filter(Boolean);
-      } catch (err) {
-        found = { error: describeError(err) };
-      }
-      decision = deleteDecision(plan.identity, user, plan.statusNamespaces, found);
-      break;
-    }
+  const trace: Trace = { subjectAccessReview: false, consumerLookup: false, impactLookup: false };
+  let decision = await carryOut(plan, req, deps, trace);
+  if (decision.allowed && 'notes' in plan && plan.notes) {
+    const warnings = await warningsFor(plan.notes, deps, trace);
+    if (warnings.length > 0) decision = { ...decision, warnings };
   }
   deps.logger.info('reviewed', {
     uid: req.uid,
     operation: req.operation,
     ...(req.subResource ? { subResource: req.subResource } : {}),
     name: req.name,
-    user,
+    user: req.userInfo.username,
     dryRun: Boolean(req.dryRun),
-    subjectAccessReview: sar,
-    consumerLookup: lookup,
+    ...trace,
     allowed: decision.allowed,
-    ...(decision.allowed ? { why: decision.why } : { code: decision.code, denial: decision.message }),
+    ...(decision.allowed
+      ? { why: decision.why, ...(decision.warnings ? { warnings: decision.warnings } : {}) }
+      : { code: decision.code, denial: decision.message }),
   });
   return decision;
+}
+
+/** Runs the check a plan asks for and turns its answer into a decision. */
+async function carryOut(plan: Plan, req: IdentityRequest, deps: ReviewDeps, trace: Trace): Promise<Decision> {
+  const user = req.userInfo.username;
+  switch (plan.action) {
+    case 'allow':
+      return { allowed: true, why: plan.why };
+    case 'deny':
+      return plan.decision;
+    case 'check-secret-access':
+      trace.subjectAccessReview = true;
+      return secretAccessDecision(
+        user,
+        plan.secret,
+        plan.rule,
+        await checkSecretAccess(deps.clients, req.userInfo, plan.secret),
+      );
+    case 'check-in-use': {
+      trace.consumerLookup = true;
+      let found: string[] | { error: string };
+      try {
+        found = (await consumersInUse(deps, plan.identity)).map((c) => c.metadata.namespace ?? '').filter(Boolean);
+      } catch (err) {
+        found = { error: describeError(err) };
+      }
+      return deleteDecision(plan.identity, user, plan.statusNamespaces, found);
+    }
+  }
+}
+
+/** Every consumer referencing `identity` (deleting ones too), retrying a warming cache's 429. */
+const consumersInUse = (deps: ReviewDeps, identity: string) =>
+  retryTooManyRequests(() => consumersOfIdentity(deps.clients, deps.consumerKinds, identity));
+
+/** How long the impact lookup of one review may take before it gives up and warns instead. */
+export const IMPACT_LOOKUP_BUDGET_MS = 3_000;
+
+/** Namespaces read at once by the impact lookup. */
+const NAMESPACE_READS = 8;
+
+/**
+ * The warnings of an allowed UPDATE (SPEC §10): the plan's own (a secretRef change), then,
+ * when `allowedNamespaces` changed, the revocation warning computed from a live lookup of the
+ * identity's consumers and the labels of their namespaces. The lookup never denies: when it
+ * fails or takes longer than the budget, the warning says the impact could not be computed.
+ */
+async function warningsFor(notes: UpdateNotes, deps: ReviewDeps, trace: Trace): Promise<string[]> {
+  if (!notes.impact) return notes.warnings;
+  trace.impactLookup = true;
+  const facts = await lookUpImpact(notes.impact, deps);
+  return [...notes.warnings, ...revocationWarnings(notes.impact, facts)];
+}
+
+/** Consumers per namespace and the labels the decision needs, within the time budget; `{ error }` on failure. */
+async function lookUpImpact(check: ImpactCheck, deps: ReviewDeps): Promise<ImpactFacts> {
+  const budget = deps.impactBudgetMs ?? IMPACT_LOOKUP_BUDGET_MS;
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`the lookup took longer than ${budget} ms`)), budget);
+  });
+  try {
+    return await Promise.race([readImpact(check, deps), deadline]);
+  } catch (err) {
+    return { error: describeError(err) };
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+async function readImpact(check: ImpactCheck, deps: ReviewDeps): Promise<ImpactFacts> {
+  const found = await consumersInUse(deps, check.identity);
+  const consumers = consumerCounts(found.map((c) => c.metadata.namespace ?? ''));
+  const limit = pLimit(NAMESPACE_READS);
+  const labels: Record<string, Record<string, string>> = {};
+  await Promise.all(
+    namespacesNeedingLabels(check, Object.keys(consumers)).map((name) =>
+      limit(async () => {
+        const ns = await ignoreNotFound(retryTooManyRequests(() => deps.clients.core.readNamespace({ name })));
+        if (ns) labels[name] = ns.metadata?.labels ?? {};
+      }),
+    ),
+  );
+  return { consumers, labels };
 }
