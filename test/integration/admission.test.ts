@@ -6,9 +6,12 @@
  * identities are never affected.
  */
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { readFileSync, mkdtempSync } from 'node:fs';
+import { request as httpsRequest, type RequestOptions } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import { after, before, describe, it } from 'node:test';
 import {
   AdmissionregistrationV1Api,
@@ -28,6 +31,7 @@ import {
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
 import { createCA, createLeaf } from '../../scripts/controlplane/pki.ts';
+import { builtKubectlPath } from '../../scripts/local/kubectl.ts';
 import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 
@@ -51,7 +55,8 @@ let fn: FunctionHandle;
 let secretsNs: string;
 let otherSecretsNs: string;
 let consumerNs: string;
-const users: Record<'direct' | 'member' | 'scoped' | 'nobody' | 'lister', Clients> = {} as never;
+const users: Record<'direct' | 'member' | 'scoped' | 'nobody' | 'lister', Clients & { kubeconfigPath: string }> =
+  {} as never;
 
 const ids = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
 const body = (name: string, spec: Record<string, unknown>, labels: Record<string, string> = {}) => ({
@@ -168,13 +173,14 @@ before(async () => {
     });
   }
 
-  // The function runs as a least-privilege user: SubjectAccessReviews and consumer lists only,
-  // no Secret access at all.
+  // The function runs as a least-privilege user (manifests/base/rbac/admission.yaml):
+  // SubjectAccessReviews, consumer lists and namespace reads, no Secret access at all.
   await clusterRole(
     `captf-admission-fn-${sfx}`,
     [
       { apiGroups: ['authorization.k8s.io'], resources: ['subjectaccessreviews'], verbs: ['create'] },
       { apiGroups: [GROUP], resources: ['terraformclusters', 'terraformmachines'], verbs: ['list'] },
+      { apiGroups: [''], resources: ['namespaces'], verbs: ['get'] },
     ],
     { kind: 'User', name: adminUser },
   );
@@ -677,6 +683,269 @@ describe('admission on DELETE: refused while the identity is in use', () => {
     await createAllowed('identity', a, body(name, ref()));
     await remove(users.nobody, name);
     await assert.rejects(read(name), (e: unknown) => apiStatus(e) === 404);
+  });
+});
+
+describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without validation', () => {
+  // `operator: In` without values passes the CRD schema (and its CEL rule, which only refuses
+  // `{}`) but not the webhook. Created without this run's label, the webhook's objectSelector
+  // does not match, so the API server stores it as if the webhook had been down.
+  const name = `rat-${sfx}`;
+  const FINALIZER = 'test.captf.io/hold';
+  const invalid = () => ({
+    ...ref(),
+    allowedNamespaces: { selector: { matchExpressions: [{ key: 'tier', operator: 'In' }] } },
+  });
+  after(async () => {
+    await a.custom
+      .patchClusterCustomObject({ ...ids, name, body: [{ op: 'replace', path: '/metadata/finalizers', value: [] }] })
+      .catch(() => undefined);
+  });
+
+  it('an identity stored with a spec the webhook rejects gets a label, is deleted, and loses its finalizer', async () => {
+    await a.custom.createClusterCustomObject({
+      ...ids,
+      body: {
+        apiVersion: API_VERSION,
+        kind: IDENTITY_KIND,
+        metadata: { name, finalizers: [FINALIZER] },
+        spec: invalid(),
+      },
+    });
+    // The same spec is refused by the webhook on create (so the stored one predates the rule).
+    const refused = await rejection(create(a, body(`rat-new-${sfx}`, invalid())));
+    assert.match(refused.message, /values: must be non-empty when operator is In/);
+
+    // Adding this run's label is an UPDATE the webhook sees (the new object matches its
+    // objectSelector); the spec is unchanged, so it is admitted without validation or SAR.
+    let mark = cap.lines.length;
+    const sars = sarCount();
+    await update(users.nobody, name, (o) => {
+      o.metadata.labels = { ...o.metadata.labels, [LABEL]: sfx, team: 'blue' };
+    });
+    await assertNoSar(mark, sars, 'adding labels');
+    assert.equal(reviewedSince(mark)[0]!.why, 'spec unchanged (not validated: ratcheting)');
+    assert.equal((await read(name)).metadata.labels?.team, 'blue');
+
+    // A change of the spec is still validated.
+    const r = await rejection(
+      update(users.nobody, name, (o) => {
+        (
+          o.spec.allowedNamespaces as { selector: { matchExpressions: { key: string }[] } }
+        ).selector.matchExpressions[0]!.key = 'other';
+      }),
+    );
+    assert.equal(r.code, 422);
+
+    // Deleting it leaves it Terminating behind the finalizer; removing the finalizer is an
+    // UPDATE with the invalid spec unchanged, and the identity goes away.
+    await remove(users.nobody, name);
+    assert.ok((await read(name)).metadata.deletionTimestamp, 'Terminating');
+    mark = cap.lines.length;
+    await update(users.nobody, name, (o) => {
+      o.metadata.finalizers = [];
+    });
+    await eventually('the identity to be gone', async () =>
+      read(name).then(
+        () => false,
+        (e) => apiStatus(e) === 404,
+      ),
+    );
+    assert.ok(
+      reviewedSince(mark).some(
+        (e) => e.operation === 'UPDATE' && e.allowed === true && e.subjectAccessReview === false,
+      ),
+      'the finalizer removal was reviewed and allowed',
+    );
+  });
+});
+
+/** The text of one `Warning` header (`299 - "text"`, RFC 7234 as the API server writes it). */
+function warningText(header: string): string {
+  const m = /^\d{3} \S+ "((?:[^"\\]|\\.)*)"/.exec(header);
+  return m ? (JSON.parse(`"${m[1]}"`) as string) : header;
+}
+
+/**
+ * A raw request as the kubeconfig's user, the way kubectl makes it: the status, the body, and
+ * every `Warning` response header (one per warning; client-node does not expose them).
+ */
+async function raw(
+  kubeconfigPath: string,
+  method: string,
+  path: string,
+  payload?: unknown,
+): Promise<{ status: number; body: Record<string, unknown>; warnings: string[] }> {
+  const kc = new KubeConfig();
+  kc.loadFromFile(kubeconfigPath);
+  const url = new URL(path, kc.getCurrentCluster()!.server);
+  const opts: RequestOptions = {
+    method,
+    hostname: url.hostname,
+    port: url.port,
+    path: url.pathname + url.search,
+    headers: { 'content-type': 'application/json', accept: 'application/json' },
+  };
+  await kc.applyToHTTPSOptions(opts);
+  return new Promise((resolve, reject) => {
+    const req = httpsRequest(opts, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const warnings: string[] = [];
+        for (let i = 0; i + 1 < res.rawHeaders.length; i += 2)
+          if (res.rawHeaders[i]!.toLowerCase() === 'warning') warnings.push(warningText(res.rawHeaders[i + 1]!));
+        resolve({ status: res.statusCode ?? 0, body: JSON.parse(Buffer.concat(chunks).toString()), warnings });
+      });
+    });
+    req.on('error', reject);
+    req.end(payload === undefined ? undefined : JSON.stringify(payload));
+  });
+}
+
+describe('warnings before a revocation (SPEC §10)', () => {
+  const TIER = 'captf-test/warn-tier';
+  let nsA: string, nsB: string, nsC: string;
+  let nobody: string;
+  const consumers: { namespace: string; plural: string; name: string }[] = [];
+  const path = (name: string, dryRun = false) =>
+    `/apis/${GROUP}/${VERSION}/${IDENTITY_PLURAL}/${name}${dryRun ? '?dryRun=All' : ''}`;
+  /** PUTs the identity with `change` applied, as `user`, through the raw client. */
+  const put = async (user: string, name: string, change: (o: Identity) => void, dryRun = false) => {
+    const o = await read(name);
+    change(o);
+    const r = await raw(user, 'PUT', path(name, dryRun), o);
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    seen.push(...r.warnings);
+    return r;
+  };
+  const ours = (ws: string[]) => ws.filter((w) => w.startsWith('identity "'));
+
+  before(async () => {
+    [nsA, nsB, nsC] = await Promise.all([
+      ns.create({ [TIER]: 'gold' }),
+      ns.create({ [TIER]: 'gold' }),
+      ns.create({ [TIER]: 'silver' }),
+    ]);
+    nobody = users.nobody.kubeconfigPath;
+  });
+  after(async () => {
+    for (const c of consumers)
+      await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, ...c }).catch(() => undefined);
+  });
+
+  /** An identity of this run and its consumers: `counts` per namespace, half clusters, half machines. */
+  async function identityInUse(name: string, allowedNamespaces: unknown, counts: [string, number][]) {
+    await createAllowed('the identity', a, body(name, { ...ref(), allowedNamespaces }));
+    for (const [namespace, n] of counts) {
+      for (let i = 0; i < n; i++) {
+        const [plural, kind] =
+          i % 2 ? ['terraformmachines', 'TerraformMachine'] : ['terraformclusters', 'TerraformCluster'];
+        const c = { namespace, plural, name: `${name}-${i}` };
+        await a.custom.createNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          namespace,
+          plural,
+          body: { apiVersion: API_VERSION, kind, metadata: { name: c.name }, spec: { identityRef: { name } } },
+        });
+        consumers.push(c);
+      }
+    }
+  }
+
+  it('a dry-run narrowing previews the warning and changes nothing; the real one returns it too', async () => {
+    const name = `w-list-${sfx}`;
+    await identityInUse(name, { list: [nsA, nsB, nsC] }, [
+      [nsA, 1],
+      [nsB, 2],
+      [nsC, 1],
+    ]);
+    const lost = [`${nsB} (2 consumers)`, `${nsC} (1 consumer)`].sort().join(', ');
+    const expected = [
+      `identity "${name}": spec.allowedNamespaces no longer allows 2 namespaces in use: ${lost}; ` +
+        '3 consumers there will lose their credentials',
+    ];
+    const before = await read(name);
+    const sars = sarCount();
+    const dry = await put(nobody, name, (o) => void (o.spec.allowedNamespaces = { list: [nsA] }), true);
+    assert.deepEqual(ours(dry.warnings), expected);
+    const after = await read(name);
+    assert.deepEqual(after.spec.allowedNamespaces, { list: [nsA, nsB, nsC] }, 'a dry run changes nothing');
+    assert.equal(after.metadata.resourceVersion, before.metadata.resourceVersion);
+
+    const real = await put(nobody, name, (o) => void (o.spec.allowedNamespaces = { list: [nsA] }));
+    assert.deepEqual(ours(real.warnings), expected);
+    assert.deepEqual((await read(name)).spec.allowedNamespaces, { list: [nsA] });
+    assert.equal(sarCount(), sars, 'a narrowing needs no SubjectAccessReview');
+  });
+
+  it('a tightened selector: the webhook reads namespace labels (get namespaces) and names who loses access', async () => {
+    const name = `w-sel-${sfx}`;
+    await identityInUse(name, { selector: { matchExpressions: [{ key: TIER, operator: 'Exists' }] } }, [
+      [nsA, 1],
+      [nsC, 3],
+    ]);
+    // The selector only gains a requirement: narrowing, no SubjectAccessReview.
+    const r = await put(
+      nobody,
+      name,
+      (o) =>
+        void (o.spec.allowedNamespaces = {
+          selector: { matchLabels: { [TIER]: 'gold' }, matchExpressions: [{ key: TIER, operator: 'Exists' }] },
+        }),
+    );
+    assert.deepEqual(ours(r.warnings), [
+      `identity "${name}": spec.allowedNamespaces no longer allows 1 namespace in use: ${nsC} (3 consumers); ` +
+        `3 consumers there will lose their credentials`,
+    ]);
+  });
+
+  it('no warning when nobody loses access; a widening that passes the SAR is warned about what it drops', async () => {
+    const name = `w-none-${sfx}`;
+    await identityInUse(name, { list: [nsA, nsB] }, [[nsA, 1]]);
+    const none = await put(nobody, name, (o) => void (o.spec.allowedNamespaces = { list: [nsA] }));
+    assert.deepEqual(ours(none.warnings), []);
+    const direct = users.direct.kubeconfigPath;
+    const swap = await put(direct, name, (o) => void (o.spec.allowedNamespaces = { list: [nsC] }));
+    assert.deepEqual(ours(swap.warnings), [
+      `identity "${name}": spec.allowedNamespaces no longer allows 1 namespace in use: ${nsA} (1 consumer); ` +
+        `1 consumer there will lose its credentials`,
+    ]);
+  });
+
+  it('a secretRef change that passes the SAR warns that every mirror will be rewritten from the new Secret', async () => {
+    const name = `w-ref-${sfx}`;
+    await identityInUse(name, { list: [nsA] }, [[nsA, 1]]);
+    const direct = users.direct.kubeconfigPath;
+    const r = await put(direct, name, (o) => void (o.spec.secretRef = { name: 'other-creds', namespace: secretsNs }));
+    assert.deepEqual(ours(r.warnings), [
+      `identity "${name}": spec.secretRef changed; every mirror will be rewritten from ${secretsNs}/other-creds`,
+    ]);
+  });
+
+  it('kubectl prints the warnings as Warning: lines, and --dry-run=server is a preview', async (t) => {
+    const kubectl = builtKubectlPath();
+    if (!kubectl) {
+      t.skip('kubectl is not built (node scripts/local/kubectl.ts)');
+      return;
+    }
+    const name = `w-kubectl-${sfx}`;
+    await identityInUse(name, { list: [nsA, nsB] }, [[nsB, 2]]);
+    const patch = JSON.stringify({ spec: { allowedNamespaces: { list: [nsA] } } });
+    const args = ['--kubeconfig', nobody, 'patch', `${IDENTITY_PLURAL}.${GROUP}`, name, '--type', 'merge', '-p', patch];
+    // Not spawnSync: the webhook runs in this process and must keep answering meanwhile.
+    const out = await promisify(execFile)(kubectl, [...args, '--dry-run=server'], { encoding: 'utf8' });
+    t.diagnostic(`kubectl said:\n${out.stderr}${out.stdout}`);
+    assert.match(out.stdout, new RegExp(`${name} patched`));
+    assert.ok(
+      out.stderr.includes(
+        `Warning: identity "${name}": spec.allowedNamespaces no longer allows 1 namespace in use: ${nsB} (2 consumers); ` +
+          `2 consumers there will lose their credentials\n`,
+      ),
+      out.stderr,
+    );
+    assert.deepEqual((await read(name)).spec.allowedNamespaces, { list: [nsA, nsB] });
   });
 });
 

@@ -29,6 +29,7 @@ const ACCOUNTS = ['captf-admission', 'captf-mirror-sync', 'captf-identity-status
 type Account = (typeof ACCOUNTS)[number];
 
 let home: string;
+let rendered: KubernetesObject[] = [];
 const kcs = new Map<Account, { path: string; kc: KubeConfig; clients: Clients }>();
 let cleanup: () => Promise<void>;
 const running: FunctionHandle[] = [];
@@ -36,6 +37,7 @@ const running: FunctionHandle[] = [];
 before(async () => {
   home = await ns.create();
   const objects: KubernetesObject[] = await render('manifests/overlays/without-crds');
+  rendered = objects;
   const rbac = await installRbac(a.kc, objects, { namespace: home, suffix: suffix() });
   cleanup = rbac.cleanup;
   for (const sa of ACCOUNTS) {
@@ -87,6 +89,11 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
   ['captf-admission', 'list', 'secrets', '', '', false],
   ['captf-admission', 'get', IDENTITY_PLURAL, INFRA, '', false],
   ['captf-admission', 'watch', 'terraformclusters', INFRA, '', false],
+  // Namespace labels for the revocation warnings: get only.
+  ['captf-admission', 'get', 'namespaces', '', '', true],
+  ...(['list', 'watch', 'create', 'update', 'patch', 'delete'] as const).map(
+    (v): [Account, string, string, string, string, boolean] => ['captf-admission', v, 'namespaces', '', '', false],
+  ),
   ['captf-mirror-sync', 'get', 'terraformclusters', INFRA, '', true],
   ['captf-mirror-sync', 'patch', 'terraformclusters', INFRA, 'status', true],
   ['captf-mirror-sync', 'patch', 'terraformmachines', INFRA, 'status', true],
@@ -148,6 +155,16 @@ describe('least-privilege RBAC from the rendered manifests', () => {
         );
     }
     assert.deepEqual(wrong, []);
+  });
+
+  it('the admission ClusterRole grants exactly SubjectAccessReviews, consumer lists and namespace gets', () => {
+    const role = rendered.find((o) => o.kind === 'ClusterRole' && o.metadata?.name === 'captf-admission') as
+      (KubernetesObject & { rules?: unknown[] }) | undefined;
+    assert.deepEqual(role?.rules, [
+      { apiGroups: ['authorization.k8s.io'], resources: ['subjectaccessreviews'], verbs: ['create'] },
+      { apiGroups: [INFRA], resources: ['terraformclusters', 'terraformmachines'], verbs: ['list'] },
+      { apiGroups: [''], resources: ['namespaces'], verbs: ['get'] },
+    ]);
   });
 
   it('real requests: admission cannot read Secrets; identity-status cannot write them; the event-source account only reads what it sources', async () => {
@@ -341,7 +358,9 @@ describe('each function works as its ServiceAccount', () => {
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify(body),
       });
-      return ((await res.json()) as { response: { allowed: boolean; status?: { message?: string } } }).response;
+      return (
+        (await res.json()) as { response: { allowed: boolean; status?: { message?: string }; warnings?: string[] } }
+      ).response;
     };
     const identity = {
       apiVersion: API_VERSION,
@@ -368,5 +387,15 @@ describe('each function works as its ServiceAccount', () => {
     const del = await post(review('DELETE', 'admin', ['system:masters'], null, old));
     assert.equal(del.allowed, false);
     assert.match(del.status?.message ?? '', new RegExp(w.tenant));
+    // A narrowing from a selector: the consumer lookup, then a get of the tenant namespace's
+    // labels, both as this account; the warning names the namespace (not "could not compute").
+    const everywhere = { ...old, spec: { ...old.spec, allowedNamespaces: { selector: {} } } };
+    const nowhere = { ...old, spec: { ...old.spec, allowedNamespaces: { list: [] } } };
+    const narrowing = await post(review('UPDATE', `nobody-${suffix()}`, ['system:authenticated'], nowhere, everywhere));
+    assert.equal(narrowing.allowed, true);
+    assert.deepEqual(narrowing.warnings, [
+      `identity "${w.idName}": spec.allowedNamespaces no longer allows 1 namespace in use: ${w.tenant} (1 consumer); ` +
+        '1 consumer there will lose its credentials',
+    ]);
   });
 });
