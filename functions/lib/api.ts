@@ -118,3 +118,9 @@ export const DEFAULT_CONSUMER_KINDS: readonly ConsumerKind[] = Object.freeze([
 
 /** Field path of the CRD selectable field used to find an identity's consumers (SPEC §1). */
 export const IDENTITY_REF_FIELD = 'spec.identityRef.name';
+
+/**
+ * Selectable fields of the identity CRD (manifests/crds): which identities name a Secret as
+ * their source is one field-selected list (SPEC §3: a source is never a mirror).
+ */
+export const SECRET_REF_FIELDS = { namespace: 'spec.secretRef.namespace', name: 'spec.secretRef.name' } as const;

@@ -4,6 +4,7 @@
  * Nothing here caches API objects: handlers always re-read (SPEC §0).
  */
 import {
+  AuthenticationV1Api,
   AuthorizationV1Api,
   CoreV1Api,
   CustomObjectsApi,
@@ -142,10 +143,16 @@ export async function retryOnConflict<T>(fn: (attempt: number) => Promise<T>, at
 /** An API error stripped of everything the server echoed back: code, reason, field names. */
 export class RedactedApiError extends Error {
   readonly code: number | undefined;
-  /** @param code HTTP status kept so `isConflict`/`isNotFound` still work. */
-  constructor(code: number | undefined, message: string) {
+  /** The Status's `details.causes[].reason` values (machine words such as `NamespaceTerminating`; never data). */
+  readonly causes: readonly string[];
+  /**
+   * @param code HTTP status kept so `isConflict`/`isNotFound` still work.
+   * @param causes cause reasons kept from the Status.
+   */
+  constructor(code: number | undefined, message: string, causes: readonly string[] = []) {
     super(message);
     this.code = code;
+    this.causes = causes;
   }
 }
 
@@ -159,21 +166,42 @@ export class RedactedApiError extends Error {
 export function redactApiError(err: unknown): unknown {
   const code = apiStatus(err);
   if (code === undefined) return err;
-  const body = (err as { body?: unknown }).body;
-  let status: { reason?: string; details?: { causes?: { field?: string }[] } } | undefined;
-  try {
-    status = (typeof body === 'string' ? JSON.parse(body) : body) as typeof status;
-  } catch {
-    status = undefined;
-  }
-  const fields = [
-    ...new Set((status?.details?.causes ?? []).map((c) => c.field).filter((f): f is string => typeof f === 'string')),
+  const status = statusOf((err as { body?: unknown }).body) as
+    { reason?: unknown; details?: { causes?: { field?: unknown; reason?: unknown }[] } } | undefined;
+  const causes = Array.isArray(status?.details?.causes) ? status.details.causes : [];
+  const words = (key: 'field' | 'reason') => [
+    ...new Set(
+      causes.map((c) => c?.[key]).filter((f): f is string => typeof f === 'string' && /^[\w.\-[\]]{1,100}$/.test(f)),
+    ),
   ];
+  const fields = words('field');
   const reason = typeof status?.reason === 'string' ? ` ${status.reason}` : '';
   return new RedactedApiError(
     code,
     `HTTP ${code}${reason}${fields.length ? ` (fields: ${fields.join(', ').slice(0, 200)})` : ''}; the API server's message is withheld because the request carried Secret data`,
+    words('reason'),
   );
+}
+
+const users = new WeakMap<KubeConfig, Promise<string>>();
+
+/**
+ * The user this process acts as, asked once per kubeconfig with a SelfSubjectReview
+ * (`authentication.k8s.io/v1`, allowed to every authenticated user by the default
+ * `system:basic-user` role); for messages that say who lacks a permission.
+ * @returns the username, or `its ServiceAccount` when the review failed (never throws).
+ */
+export function whoAmI(kc: KubeConfig): Promise<string> {
+  let user = users.get(kc);
+  if (!user) {
+    user = kc
+      .makeApiClient(AuthenticationV1Api)
+      .createSelfSubjectReview({ body: { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview' } })
+      .then((r) => r.status?.userInfo?.username ?? 'its ServiceAccount')
+      .catch(() => 'its ServiceAccount');
+    users.set(kc, user);
+  }
+  return user;
 }
 
 /**

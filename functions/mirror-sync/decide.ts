@@ -55,6 +55,12 @@ export interface Snapshot {
   source: SourceState | undefined;
   /** The Secret holding the mirror's name, if any (with data and resourceVersion). */
   mirror: (SecretLike & { metadata?: { uid?: string } }) | undefined;
+  /**
+   * Identities whose `spec.secretRef` names the Secret at the mirror's name (SPEC §3: a source
+   * is never a mirror, whatever its labels). Empty when none does, or when no Secret there
+   * looks like our mirror.
+   */
+  sourceOf: string[];
   /** Consumers in the namespace whose `spec.identityRef.name` is the identity (deleting ones included). */
   consumers: Consumer[];
   /**
@@ -78,7 +84,11 @@ export interface ConsumerPlan {
   reason: string;
   /** Human-readable; names objects, never Secret data. */
   message: string;
-  /** True when a retry may change the outcome (a CloudEvent is answered 5xx). */
+  /**
+   * True when a retry may change the outcome (a CloudEvent is answered 5xx). Decisions never
+   * set it: a missing identity or source, or a namespace not allowed, waits for a person
+   * (SPEC §4); only failures of the act step do.
+   */
   retry: boolean;
 }
 
@@ -126,23 +136,34 @@ export function desiredOwnerReferences(
   const out: OwnerReference[] = [];
   const placed = new Set<string>();
   for (const r of existing) {
-    const id = ownerId(r);
-    if (!isConsumerKindRef(kinds, r)) {
-      out.push(r);
-      continue;
-    }
-    const want = live.get(id);
-    if (want) {
-      if (placed.has(id)) continue;
-      placed.add(id);
-      const exact = r.uid === want.uid && r.apiVersion === want.apiVersion && !r.controller && !r.blockOwnerDeletion;
-      out.push(exact ? r : want);
-    } else if (lookedAt && !lookedAt.has(id)) {
-      out.push(r); // not looked at: left alone
-    }
+    const kept = keptReference(r, { kinds, live, lookedAt, placed });
+    if (kept) out.push(kept);
   }
   for (const [id, ref] of live) if (!placed.has(id)) out.push(ref);
   return out;
+}
+
+/**
+ * What an existing owner reference becomes: itself (another kind, or a consumer not looked
+ * at), the live consumer's exact reference (once per consumer), or nothing (a former user).
+ */
+function keptReference(
+  r: OwnerReference,
+  s: {
+    kinds: readonly ConsumerKind[];
+    live: Map<string, OwnerReference>;
+    lookedAt: Set<string> | undefined;
+    placed: Set<string>;
+  },
+): OwnerReference | undefined {
+  if (!isConsumerKindRef(s.kinds, r)) return r;
+  const id = ownerId(r);
+  const want = s.live.get(id);
+  if (!want) return s.lookedAt && !s.lookedAt.has(id) ? r : undefined;
+  if (s.placed.has(id)) return undefined;
+  s.placed.add(id);
+  const exact = r.uid === want.uid && r.apiVersion === want.apiVersion && !r.controller && !r.blockOwnerDeletion;
+  return exact ? r : want;
 }
 
 const sameRefs = (a: readonly OwnerReference[], b: readonly OwnerReference[]): boolean =>
@@ -204,6 +225,27 @@ function needsUpdate(
   return Boolean(source && !isCurrent(existing, source.hash));
 }
 
+/** What every branch of {@link decide} shares: the snapshot and the owner references it leads to. */
+interface Ctx {
+  snapshot: Snapshot;
+  key: MirrorKey;
+  name: string;
+  existing: Snapshot['mirror'];
+  /** The Secret at the mirror's name is our mirror (labels, annotation, and no identity's source). */
+  ours: boolean;
+  refs: OwnerReference[];
+  /** Some owner reference points at a consumer kind (the mirror has users). */
+  users: boolean;
+  /** Some owner reference points at a kind this instance does not know. */
+  foreign: boolean;
+}
+
+const gen = (c: Consumer) => (c.metadata.generation === undefined ? {} : { observedGeneration: c.metadata.generation });
+
+/** One plan per consumer, from a function of the consumer. */
+const each = (ctx: Ctx, f: (c: Consumer) => Omit<ConsumerPlan, 'consumer'>): ConsumerPlan[] =>
+  ctx.snapshot.consumers.map((c) => ({ consumer: c, ...f(c) }));
+
 /**
  * SPEC §4 step 2: decides one key.
  * @param snapshot fresh reads of the key (see {@link Snapshot}).
@@ -211,125 +253,175 @@ function needsUpdate(
  * @returns the plan: one mirror action and every observed consumer's conditions and outcome.
  */
 export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan {
-  const { key, identity, consumers } = snapshot;
-  const existing = snapshot.mirror;
-  const ours = existing !== undefined && isOurs(existing, key.identity);
-  const refs = desiredOwnerReferences(existing?.metadata?.ownerReferences ?? [], snapshot, kinds);
-  const users = refs.some((r) => isConsumerKindRef(kinds, r));
-  const foreign = refs.some((r) => !isConsumerKindRef(kinds, r));
-  const name = mirrorName(key.identity);
-  const each = (f: (c: Consumer) => Omit<ConsumerPlan, 'consumer'>): ConsumerPlan[] =>
-    consumers.map((c) => ({ consumer: c, ...f(c) }));
-  const gen = (c: Consumer) =>
-    c.metadata.generation === undefined ? {} : { observedGeneration: c.metadata.generation };
-  const revoke: MirrorAction = ours ? { action: 'delete', secret: existing, why: 'revoked' } : { action: 'none' };
-
-  if (!identity) {
-    const message = `TerraformClusterIdentity ${key.identity} does not exist`;
-    return {
-      key,
-      mirror: revoke,
-      consumers: each((c) => ({
-        outcome: 'identity-not-found',
-        reason: 'IdentityNotFound',
-        message,
-        retry: true,
-        conditions: [{ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message, ...gen(c) }],
-      })),
-    };
-  }
+  const ctx = contextOf(snapshot, kinds);
+  const { key, identity } = snapshot;
+  if (!identity) return identityMissing(ctx);
+  const labels = snapshot.namespace?.labels;
   const allowed =
     snapshot.namespace !== undefined &&
-    isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: snapshot.namespace.labels });
-  if (!allowed) {
-    // The same words before and after the mirror is gone: a message that changed would be a
-    // new condition write and a second Event for one revocation.
-    const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces); no mirror is kept there`;
-    return {
-      key,
-      mirror: revoke,
-      consumers: each((c) => {
-        const deleting = Boolean(c.metadata.deletionTimestamp);
-        const conditions: ConditionInput[] = [
-          { type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message, ...gen(c) },
-        ];
-        if (deleting) {
-          conditions.push({
-            type: 'ApplyJobSucceeded',
-            status: 'False',
-            reason: 'IdentityNotAllowed',
-            message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer`,
-            ...gen(c),
-          });
-        }
-        return {
-          outcome: 'not-allowed',
-          reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed',
-          message,
-          retry: deleting,
-          conditions,
-        };
-      }),
-    };
+    isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
+  if (!allowed) return notAllowed(ctx);
+  if (ctx.existing && !ctx.ours) return blocked(ctx, inTheWay(ctx));
+  const source = snapshot.source;
+  if (source?.state !== 'found') return sourceMissing(ctx, identity, source);
+  return mirrored(ctx, source);
+}
+
+function contextOf(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Ctx {
+  const { key } = snapshot;
+  const existing = snapshot.mirror;
+  const refs = desiredOwnerReferences(existing?.metadata?.ownerReferences ?? [], snapshot, kinds);
+  return {
+    snapshot,
+    key,
+    name: mirrorName(key.identity),
+    existing,
+    ours: existing !== undefined && isOurs(existing, key.identity) && snapshot.sourceOf.length === 0,
+    refs,
+    users: refs.some((r) => isConsumerKindRef(kinds, r)),
+    foreign: refs.some((r) => !isConsumerKindRef(kinds, r)),
+  };
+}
+
+/** The mirror, if ours, is deleted: it must not outlive the permission (SPEC §7). */
+const revoke = (ctx: Ctx): MirrorAction =>
+  ctx.ours ? { action: 'delete', secret: ctx.existing!, why: 'revoked' } : { action: 'none' };
+
+function identityMissing(ctx: Ctx): Plan {
+  const message = `TerraformClusterIdentity ${ctx.key.identity} does not exist`;
+  return {
+    key: ctx.key,
+    mirror: revoke(ctx),
+    consumers: each(ctx, (c) => ({
+      outcome: 'identity-not-found',
+      reason: 'IdentityNotFound',
+      message,
+      retry: false,
+      conditions: [{ type: 'IdentityAllowed', status: 'False', reason: 'IdentityNotFound', message, ...gen(c) }],
+    })),
+  };
+}
+
+function notAllowed(ctx: Ctx): Plan {
+  const { key } = ctx;
+  // The same words before and after the mirror is gone: a message that changed would be a
+  // new condition write and a second Event for one revocation.
+  const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces); no mirror is kept there`;
+  return {
+    key,
+    mirror: revoke(ctx),
+    consumers: each(ctx, (c) => notAllowedPlan(c, message)),
+  };
+}
+
+/**
+ * A consumer's part when its namespace is not allowed: `IdentityAllowed=False/NamespaceNotAllowed`,
+ * and for a deleting one also `ApplyJobSucceeded=False/IdentityNotAllowed` (its destroy waits, SPEC §5).
+ */
+function notAllowedPlan(c: Consumer, message: string): Omit<ConsumerPlan, 'consumer'> {
+  const deleting = Boolean(c.metadata.deletionTimestamp);
+  const conditions: ConditionInput[] = [
+    { type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message, ...gen(c) },
+  ];
+  if (deleting) {
+    conditions.push({
+      type: 'ApplyJobSucceeded',
+      status: 'False',
+      reason: 'IdentityNotAllowed',
+      message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer`,
+      ...gen(c),
+    });
   }
-  const allowedCond = (c: Consumer): ConditionInput => ({
-    type: 'IdentityAllowed',
-    status: 'True',
-    reason: 'NamespaceAllowed',
-    message: `namespace ${key.namespace} is allowed by TerraformClusterIdentity ${key.identity}`,
-    ...gen(c),
-  });
-  const failed = (message: string, retry: boolean) =>
-    each((c) => ({
+  return {
+    outcome: 'not-allowed',
+    reason: deleting ? 'IdentityNotAllowed' : 'NamespaceNotAllowed',
+    message,
+    retry: false,
+    conditions,
+  };
+}
+
+/**
+ * SPEC §2, §4: a cluster-scoped consumer (no namespace) is never allowed; it has no key and
+ * nothing is listed or written for it but its own conditions.
+ */
+export function clusterScopedPlan(c: Consumer): ConsumerPlan {
+  const identity = c.spec?.identityRef?.name;
+  const message = `${c.kind ?? 'the object'} ${c.metadata.name} is cluster-scoped: cluster-scoped objects cannot use credentials (mirrors live in a namespace)${identity ? `; TerraformClusterIdentity ${identity} is not used` : ''}`;
+  return { consumer: c, ...notAllowedPlan(c, message) };
+}
+
+/** Why the Secret at the mirror's name is not ours (SPEC §3). */
+function inTheWay(ctx: Ctx): string {
+  const { key, name, snapshot } = ctx;
+  if (snapshot.sourceOf.length > 0) {
+    const users = snapshot.sourceOf.slice(0, 3).join(', ') + (snapshot.sourceOf.length > 3 ? ', …' : '');
+    return `Secret ${key.namespace}/${name} is the source Secret of TerraformClusterIdentity ${users} (spec.secretRef), so it is never used as a mirror; move the source to another name or namespace so the mirror can be created`;
+  }
+  return `Secret ${key.namespace}/${name} exists and is not a mirror of identity ${key.identity} (it lacks label captf.io/mirrored=true or annotation captf.io/identity=${key.identity}); rename or delete it so the mirror can be created`;
+}
+
+/** The condition saying the namespace is allowed. */
+const allowedCond = (key: MirrorKey, c: Consumer): ConditionInput => ({
+  type: 'IdentityAllowed',
+  status: 'True',
+  reason: 'NamespaceAllowed',
+  message: `namespace ${key.namespace} is allowed by TerraformClusterIdentity ${key.identity}`,
+  ...gen(c),
+});
+
+/** A Secret is in the way (or cannot be repaired): never touched; `MirrorFailed` says why. */
+function blocked(ctx: Ctx, message: string): Plan {
+  return {
+    key: ctx.key,
+    mirror: { action: 'blocked', message },
+    consumers: each(ctx, (c) => ({
       outcome: 'mirror-failed',
       reason: 'MirrorFailed',
       message,
-      retry,
+      retry: false,
       conditions: [
-        allowedCond(c),
+        allowedCond(ctx.key, c),
         { type: 'CredentialsMirrored', status: 'False', reason: 'MirrorFailed', message, ...gen(c) },
       ],
-    }));
+    })),
+  };
+}
 
-  if (existing && !ours) {
-    const message = `Secret ${key.namespace}/${name} exists and is not a mirror of identity ${key.identity} (it lacks label captf.io/mirrored=true or annotation captf.io/identity=${key.identity}); rename or delete it so the mirror can be created`;
-    return { key, mirror: { action: 'blocked', message }, consumers: failed(message, false) };
-  }
+/** No consumer left (and no owner of a kind this instance does not know): SPEC §6 cleanup. */
+const unused = (ctx: Ctx): MirrorAction =>
+  ctx.existing && !ctx.foreign ? { action: 'delete', secret: ctx.existing, why: 'unused' } : { action: 'none' };
 
-  // No consumer left (and no owner of a kind this instance does not know): SPEC §6 cleanup.
-  const unused: MirrorAction =
-    existing && !foreign ? { action: 'delete', secret: existing, why: 'unused' } : { action: 'none' };
-  const source = snapshot.source;
-  if (!source || source.state !== 'found') {
-    const ref = identity.spec.secretRef;
-    const message =
-      source?.message ??
-      `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${key.identity} was not read`;
-    // The last good copy stays; only the owner references follow the consumers.
-    const mirror: MirrorAction = !existing
-      ? { action: 'none' }
-      : !users
-        ? unused
-        : needsUpdate(existing, key.identity, refs, undefined)
-          ? { action: 'update', body: updatedMirror(existing, key.identity, refs, undefined) }
-          : { action: 'none' };
-    return {
-      key,
-      mirror,
-      consumers: each((c) => ({
-        outcome: 'source-not-found',
-        reason: 'SourceNotFound',
-        message,
-        retry: true,
-        conditions: [
-          allowedCond(c),
-          { type: 'CredentialsMirrored', status: 'False', reason: 'SourceNotFound', message, ...gen(c) },
-        ],
-      })),
-    };
-  }
-  if (!users) return { key, mirror: unused, consumers: [] };
+function sourceMissing(ctx: Ctx, identity: TerraformClusterIdentity, source: SourceState | undefined): Plan {
+  const { key, existing, refs } = ctx;
+  const ref = identity.spec.secretRef;
+  const message =
+    (source?.state !== 'found' ? source?.message : undefined) ??
+    `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${key.identity} was not read`;
+  // The last good copy stays; only the owner references follow the consumers.
+  let mirror: MirrorAction = { action: 'none' };
+  if (existing && !ctx.users) mirror = unused(ctx);
+  else if (existing && needsUpdate(existing, key.identity, refs, undefined))
+    mirror = { action: 'update', body: updatedMirror(existing, key.identity, refs, undefined) };
+  return {
+    key,
+    mirror,
+    consumers: each(ctx, (c) => ({
+      outcome: 'source-not-found',
+      reason: 'SourceNotFound',
+      message,
+      retry: false,
+      conditions: [
+        allowedCond(key, c),
+        { type: 'CredentialsMirrored', status: 'False', reason: 'SourceNotFound', message, ...gen(c) },
+      ],
+    })),
+  };
+}
 
+function mirrored(ctx: Ctx, source: Extract<SourceState, { state: 'found' }>): Plan {
+  const { key, existing, refs, name } = ctx;
+  if (!ctx.users) return { key, mirror: unused(ctx), consumers: [] };
   let mirror: MirrorAction;
   if (!existing) {
     const body = desiredMirror(key.identity, key.namespace, source.data, refs[0]!);
@@ -339,8 +431,10 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
     mirror = { action: 'none' };
   } else if (existing.type !== undefined && existing.type !== 'Opaque' && !isCurrent(existing, source.hash)) {
     // `type` is immutable: such a mirror cannot be repaired in place.
-    const message = `mirror ${key.namespace}/${name} has type ${existing.type}, not Opaque; delete it so it can be recreated`;
-    return { key, mirror: { action: 'blocked', message }, consumers: failed(message, false) };
+    return blocked(
+      ctx,
+      `mirror ${key.namespace}/${name} has type ${existing.type}, not Opaque; delete it so it can be recreated`,
+    );
   } else {
     mirror = { action: 'update', body: updatedMirror(existing, key.identity, refs, source) };
   }
@@ -349,13 +443,13 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
     key,
     mirror,
     sourceHash: source.hash,
-    consumers: each((c) => ({
+    consumers: each(ctx, (c) => ({
       outcome: 'mirrored',
       reason: 'Mirrored',
       message,
       retry: false,
       conditions: [
-        allowedCond(c),
+        allowedCond(key, c),
         { type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message, ...gen(c) },
       ],
     })),

@@ -7,13 +7,19 @@
  */
 import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
-import { BadEventError, readEventRequests, type EventRequest } from '../lib/cloudevents.ts';
+import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } from '../lib/cloudevents.ts';
 import { sendOutcome, type Outcome } from '../lib/http.ts';
-import { describeError, makeClients } from '../lib/kube.ts';
+import { describeError, makeClients, type Clients } from '../lib/kube.ts';
 import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
 import { keyString } from './decide.ts';
 import type { KeyQueue } from './queue.ts';
-import { settleWithoutKey, type ConsumerResult, type KeyResult, type ReconcileDeps } from './reconcile.ts';
+import {
+  consumerFields,
+  settleWithoutKey,
+  type ConsumerResult,
+  type KeyResult,
+  type ReconcileDeps,
+} from './reconcile.ts';
 import { resync, type ResyncSummary } from './resync.ts';
 
 /** Handler configuration (from the environment, see index.ts). */
@@ -29,12 +35,17 @@ export interface EventConfig {
 /** Label that opts a source Secret into the rotation fast path (SPEC §8). */
 export const SOURCE_LABEL = 'captf.io/identity-source';
 
+/** An object event (not a ping or a key). */
+type ObjectEvent = Extract<EventRequest, { type: 'object' }>;
+
 type Done = {
   id: string;
   results?: Pick<ConsumerResult, 'object' | 'outcome' | 'reason' | 'retry'>[];
   keys?: string[];
   resync?: ResyncSummary;
   ignored?: string;
+  /** Why an event needed no work (a Secret without the source label). */
+  skipped?: string;
 };
 
 /**
@@ -97,12 +108,29 @@ export class MirrorSyncHandler {
   /** Handles one classified event. @throws BadEventError for events this function cannot use; API errors. */
   async handleOne(ev: EventRequest): Promise<Done> {
     if (ev.type === 'ping') return { id: ev.id, resync: await this.resyncOnce() };
-    if (ev.type === 'key')
-      return this.done(
-        ev.id,
-        await this.runKeys([{ key: { namespace: ev.namespace, identity: ev.identity }, scope: 'all' }]),
-        [],
-      );
+    if (ev.type === 'key') {
+      const key = { namespace: ev.namespace, identity: ev.identity };
+      return this.done(ev.id, await this.runKeys([{ key, scope: 'all' }]), []);
+    }
+    this.checkTarget(ev);
+    const clients = makeClients(this.deps.kc);
+    switch (ev.target) {
+      case 'consumer':
+        return this.consumerEvent(clients, ev);
+      case 'identity':
+        return this.done(ev.id, await this.runKeys(await keysForIdentity(clients, this.deps.kinds, ev.ref.name)), []);
+      case 'namespace': {
+        const { keys, unkeyed } = await keysForNamespace(clients, this.deps.kinds, ev.ref.name);
+        const direct = await Promise.all(unkeyed.map((c) => settleWithoutKey(clients, this.deps, c)));
+        return this.done(ev.id, await this.runKeys(keys), direct);
+      }
+      default:
+        return this.secretEvent(clients, ev);
+    }
+  }
+
+  /** @throws BadEventError for objects of other kinds, and Secrets while the fast path is off. */
+  private checkTarget(ev: ObjectEvent): void {
     if (ev.target === 'other')
       throw new BadEventError(
         `event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`,
@@ -112,54 +140,33 @@ export class MirrorSyncHandler {
         `event ${ev.id} is about a Secret, but the source-Secret fast path is off (set CAPTF_SOURCE_SECRET_EVENTS=true)`,
       );
     }
-    const clients = makeClients(this.deps.kc);
-    const { kinds } = this.deps;
-    switch (ev.target) {
-      case 'consumer': {
-        const { keys, consumer } = await keysForConsumer(clients, kinds, ev.ref, ev.verb);
-        const identity = consumer?.spec?.identityRef?.name;
-        const direct: ConsumerResult[] = [];
-        if (consumer && !keys.some((k) => k.key.identity === identity))
-          direct.push(await settleWithoutKey(clients, this.deps, consumer));
-        const results = await this.runKeys(keys);
-        if (!consumer && ev.ref.namespace) {
-          const released = results.filter((r) => r.mirrorAction === 'updated' || r.mirrorAction === 'deleted').length;
-          direct.push({
-            object: `${ev.ref.namespace}/${ev.ref.name}`,
-            kind: ev.ref.kind,
-            outcome: 'gone',
-            reason: 'ObjectGone',
-            message: `object is gone; released ${released} mirror(s)`,
-            retry: false,
-          });
-        }
-        for (const d of direct)
-          this.deps.logger.info('reconcile', {
-            object: d.object,
-            kind: d.kind,
-            outcome: d.outcome,
-            reason: d.reason,
-            retry: d.retry,
-            detail: d.message,
-          });
-        return this.done(ev.id, results, direct);
-      }
-      case 'identity':
-        return this.done(ev.id, await this.runKeys(await keysForIdentity(clients, kinds, ev.ref.name)), []);
-      case 'namespace': {
-        const { keys, unkeyed } = await keysForNamespace(clients, kinds, ev.ref.name);
-        const direct = await Promise.all(unkeyed.map((c) => settleWithoutKey(clients, this.deps, c)));
-        return this.done(ev.id, await this.runKeys(keys), direct);
-      }
-      default: {
-        if (!ev.ref.namespace || (ev.labels && ev.labels[SOURCE_LABEL] !== 'true')) return { id: ev.id, results: [] };
-        return this.done(
-          ev.id,
-          await this.runKeys(await keysForSecret(clients, kinds, ev.ref.namespace, ev.ref.name)),
-          [],
-        );
-      }
+  }
+
+  /**
+   * A consumer's keys; a consumer without a key (no usable identity, or cluster-scoped) has
+   * its conditions settled; a gone one says what it released. Each is logged once.
+   */
+  private async consumerEvent(clients: Clients, ev: ObjectEvent): Promise<Done> {
+    const { keys, consumer } = await keysForConsumer(clients, this.deps.kinds, ev.ref, ev.verb);
+    const identity = consumer?.spec?.identityRef?.name;
+    const direct: ConsumerResult[] = [];
+    if (consumer && !keys.some((k) => k.key.identity === identity))
+      direct.push(await settleWithoutKey(clients, this.deps, consumer));
+    const results = await this.runKeys(keys);
+    if (!consumer) direct.push(goneResult(ev.ref, results));
+    for (const d of direct) this.deps.logger.info('reconcile', { ...consumerFields(d), detail: d.message });
+    return this.done(ev.id, results, direct);
+  }
+
+  /** SPEC §8 fast path: a labelled source Secret's change reaches the keys of the identities using it. */
+  private async secretEvent(clients: Clients, ev: ObjectEvent): Promise<Done> {
+    if (!ev.ref.namespace || (ev.labels && ev.labels[SOURCE_LABEL] !== 'true')) {
+      const skipped = `Secret ${ev.ref.namespace ?? ''}/${ev.ref.name} is not labelled ${SOURCE_LABEL}=true`;
+      this.deps.logger.info('event skipped', { id: ev.id, detail: skipped });
+      return { id: ev.id, results: [], skipped };
     }
+    const keys = await keysForSecret(clients, this.deps.kinds, ev.ref.namespace, ev.ref.name);
+    return this.done(ev.id, await this.runKeys(keys), []);
   }
 
   private done(id: string, results: readonly KeyResult[], direct: readonly ConsumerResult[]): Done {
@@ -189,42 +196,53 @@ export class MirrorSyncHandler {
    * `bad-input` when some events were unusable, else `done`.
    */
   async answer(body: string, headers: Request['headers']): Promise<Outcome> {
-    let requests: EventRequest[];
-    let bad: string[];
+    let read: ReturnType<typeof readEventRequests>;
     try {
-      ({ requests, bad } = readEventRequests(headers, body, this.deps.kinds));
+      read = readEventRequests(headers, body, this.deps.kinds);
     } catch (err) {
-      if (err instanceof BadEventError) {
-        this.deps.logger.warn('bad event', { error: err.message });
-        return { kind: 'bad-input', error: err.message };
-      }
-      throw err;
+      if (!(err instanceof BadEventError)) throw err;
+      this.deps.logger.warn('bad event', { error: err.message });
+      return { kind: 'bad-input', error: err.message };
     }
+    const bad = [...read.bad];
     const done: Done[] = [];
-    let retry = false;
-    for (const r of coalesce(requests)) {
-      try {
-        const d = await this.handleOne(r);
-        if (d.results?.some((x) => x.retry) || d.ignored) retry = true;
-        done.push(d);
-      } catch (err) {
-        if (err instanceof BadEventError) {
-          bad.push(err.message);
-          continue;
-        }
-        retry = true;
-        this.deps.logger.warn('event failed', { id: r.id, error: describeError(err) });
-        done.push({ id: r.id, ignored: `failed: ${describeError(err)}` });
-      }
+    for (const r of coalesce(read.requests)) {
+      const d = await this.settle(r);
+      if (typeof d === 'string') bad.push(d);
+      else done.push(d);
     }
     if (bad.length) this.deps.logger.warn('bad event', { errors: bad });
-    if (retry)
-      return {
-        kind: 'retry',
-        error: 'some reconciles must be retried',
-        body: { events: done, ...(bad.length ? { badEvents: bad } : {}) },
-      };
+    const badEvents = bad.length ? { badEvents: bad } : {};
+    if (done.some(needsRetry))
+      return { kind: 'retry', error: 'some reconciles must be retried', body: { events: done, ...badEvents } };
     if (bad.length) return { kind: 'bad-input', error: bad.join('; '), body: { events: done } };
     return { kind: 'done', body: { events: done } };
   }
+
+  /** One event's work, its failure as `ignored`, or the message of a bad event. */
+  private async settle(r: EventRequest): Promise<Done | string> {
+    try {
+      return await this.handleOne(r);
+    } catch (err) {
+      if (err instanceof BadEventError) return err.message;
+      this.deps.logger.warn('event failed', { id: r.id, error: describeError(err) });
+      return { id: r.id, ignored: `failed: ${describeError(err)}` };
+    }
+  }
+}
+
+/** Whether an event's work must be retried (a result asks for it, or the work failed). */
+const needsRetry = (d: Done): boolean => Boolean(d.results?.some((x) => x.retry) || d.ignored);
+
+/** The result for a consumer event whose object is gone: what its keys released. */
+function goneResult(ref: ObjectRef, results: readonly KeyResult[]): ConsumerResult {
+  const released = results.filter((r) => r.mirrorAction === 'updated' || r.mirrorAction === 'deleted').length;
+  return {
+    object: `${ref.namespace ?? ''}/${ref.name}`,
+    kind: ref.kind,
+    outcome: 'gone',
+    reason: 'ObjectGone',
+    message: `object is gone; released ${released} mirror(s)`,
+    retry: false,
+  };
 }

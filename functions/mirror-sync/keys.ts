@@ -10,30 +10,16 @@
  */
 import type { V1Secret } from '@kubernetes/client-node';
 import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
-import {
-  GROUP,
-  IDENTITY_PLURAL,
-  VERSION,
-  type Consumer,
-  type ConsumerKind,
-  type TerraformClusterIdentity,
-} from '../lib/api.ts';
+import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ObjectRef } from '../lib/cloudevents.ts';
 import { consumersOfIdentity, findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, listAllPages, type Clients } from '../lib/kube.ts';
 import pLimit from 'p-limit';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName, sameOwner } from '../lib/mirror.ts';
-import type { ConsumerName, MirrorKey, Snapshot } from './decide.ts';
-import { readIdentity, readNamespace, readSource, type Seed } from './observe.ts';
+import type { ConsumerName } from './decide.ts';
+import { identitiesUsingSecret, readIdentity, readNamespace, readSource, type KeyWork } from './observe.ts';
 
-/** One key to reconcile for an event. */
-export interface KeyWork {
-  key: MirrorKey;
-  scope: Snapshot['scope'];
-  seed?: Seed;
-  /** Known (from the seed) to lose its mirror: reconciled before the others (SPEC §7). */
-  revoking?: boolean;
-}
+export type { KeyWork } from './observe.ts';
 
 /** A consumer event's lookups: its keys, and the consumer as read (undefined when gone). */
 export interface ConsumerKeys {
@@ -68,7 +54,8 @@ function mayHaveMoved(consumer: Consumer, verb: 'add' | 'update' | 'delete'): bo
  * since we last decided it — the key of any mirror in its namespace that still lists it as an
  * owner by kind and name. The hot path (a consumer's own add, or the echo of our status
  * write) is one GET: a LIST on a busy API server can wait for its watch cache (up to 100 ms).
- * The keys' consumers are read again by the reconcile, after the mirror.
+ * The keys' consumers are read again by the reconcile, after the mirror. A cluster-scoped
+ * consumer (no namespace) has no key (SPEC §2, §4): it is returned for its conditions alone.
  * @param verb the event's verb (`update` for prepare).
  * @throws API errors of the lookups.
  */
@@ -79,32 +66,56 @@ export async function keysForConsumer(
   verb: 'add' | 'update' | 'delete' = 'update',
 ): Promise<ConsumerKeys> {
   const kind = findConsumerKind(kinds, ref.apiVersion, ref.kind);
-  if (!kind || !ref.namespace) return { keys: [], consumer: undefined };
+  if (!kind) return { keys: [], consumer: undefined };
+  const consumer = await readConsumer(clients, kind, ref);
+  if (!ref.namespace) return { keys: [], consumer };
   const namespace = ref.namespace;
   const name: ConsumerName = { apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind, name: ref.name };
-  const found = await ignoreNotFound(
-    clients.custom.getNamespacedCustomObject({
-      group: kind.group,
-      version: kind.version,
-      plural: kind.plural,
-      namespace,
-      name: ref.name,
-    }),
-  );
-  const consumer = found ? { ...(found as Consumer), apiVersion: name.apiVersion, kind: kind.kind } : undefined;
-  const identity = consumer?.spec?.identityRef?.name;
-  const keys: KeyWork[] = [];
-  if (consumer && identity && isDns1123Subdomain(identity)) keys.push({ key: { namespace, identity }, scope: [name] });
+  const identity = usableIdentity(consumer);
+  const keys: KeyWork[] = identity ? [{ key: { namespace, identity }, scope: [name] }] : [];
   if (consumer && !mayHaveMoved(consumer, verb)) return { keys, consumer };
+  keys.push(...(await formerMirrorKeys(clients, namespace, name, identity)));
+  return { keys, consumer };
+}
+
+/** The identity a consumer names, when that can be an identity's name (else it has no key). */
+function usableIdentity(consumer: Consumer | undefined): string | undefined {
+  const id = consumer?.spec?.identityRef?.name;
+  return id && isDns1123Subdomain(id) ? id : undefined;
+}
+
+/** GETs a consumer (cluster-scoped when `ref` has no namespace), typed with its kind; undefined when absent. */
+async function readConsumer(clients: Clients, kind: ConsumerKind, ref: ObjectRef): Promise<Consumer | undefined> {
+  const where = { group: kind.group, version: kind.version, plural: kind.plural, name: ref.name };
+  const found = await ignoreNotFound(
+    ref.namespace
+      ? clients.custom.getNamespacedCustomObject({ ...where, namespace: ref.namespace })
+      : clients.custom.getClusterCustomObject(where),
+  );
+  return found ? { ...(found as Consumer), apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind } : undefined;
+}
+
+/** Keys of the namespace's mirrors of other identities that still list the consumer as an owner. */
+async function formerMirrorKeys(
+  clients: Clients,
+  namespace: string,
+  name: ConsumerName,
+  identity: string | undefined,
+): Promise<KeyWork[]> {
+  const keys: KeyWork[] = [];
   for (const m of await mirrorsIn(clients, namespace)) {
     const other = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
     // Only that identity's mirror by name: a look-alike Secret is never taken for one (SPEC §3).
-    if (!other || other === identity || !isOurs(m, other) || m.metadata?.name !== mirrorName(other)) continue;
+    if (!other || other === identity || !isMirrorOf(m, other)) continue;
     if (!(m.metadata?.ownerReferences ?? []).some((r) => sameOwner(r, { ...name, uid: '' }))) continue;
     keys.push({ key: { namespace, identity: other }, scope: [name], seed: { mirror: m } });
   }
-  return { keys, consumer };
+  return keys;
 }
+
+/** Our labels and annotation, and the mirror's name for that identity (SPEC §3). */
+const isMirrorOf = (m: V1Secret, identity: string): boolean =>
+  isOurs(m, identity) && m.metadata?.name === mirrorName(identity);
 
 /**
  * Keys of one identity: every namespace where it has consumers or a mirror, seeded with the
@@ -184,18 +195,7 @@ export async function keysForNamespace(
   const [mirrors, ns] = await Promise.all([mirrorsIn(clients, namespace), readNamespace(clients, namespace)]);
   const consumers: Consumer[] = [];
   for (const k of kinds) for await (const c of listConsumers(clients, k, { namespace })) consumers.push(c);
-  const byIdentity = new Map<string, { consumers: Consumer[]; mirror: V1Secret | null }>();
-  const entry = (id: string) => byIdentity.get(id) ?? byIdentity.set(id, { consumers: [], mirror: null }).get(id)!;
-  const unkeyed: Consumer[] = [];
-  for (const c of consumers) {
-    const id = c.spec?.identityRef?.name;
-    if (id && isDns1123Subdomain(id)) entry(id).consumers.push(c);
-    else unkeyed.push(c);
-  }
-  for (const m of mirrors) {
-    const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
-    if (id && isOurs(m, id) && m.metadata?.name === mirrorName(id)) entry(id).mirror = m;
-  }
+  const { byIdentity, unkeyed } = groupByIdentity(consumers, mirrors);
   const limit = pLimit(8);
   const keys = await Promise.all(
     [...byIdentity].map(([identity, e]) =>
@@ -216,9 +216,29 @@ export async function keysForNamespace(
   return { keys, unkeyed };
 }
 
+/** One namespace's consumers and mirrors by identity; consumers naming no usable identity apart. */
+function groupByIdentity(
+  consumers: readonly Consumer[],
+  mirrors: readonly V1Secret[],
+): { byIdentity: Map<string, { consumers: Consumer[]; mirror: V1Secret | null }>; unkeyed: Consumer[] } {
+  const byIdentity = new Map<string, { consumers: Consumer[]; mirror: V1Secret | null }>();
+  const entry = (id: string) => byIdentity.get(id) ?? byIdentity.set(id, { consumers: [], mirror: null }).get(id)!;
+  const unkeyed: Consumer[] = [];
+  for (const c of consumers) {
+    const id = usableIdentity(c);
+    if (id) entry(id).consumers.push(c);
+    else unkeyed.push(c);
+  }
+  for (const m of mirrors) {
+    const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
+    if (id && isMirrorOf(m, id)) entry(id).mirror = m;
+  }
+  return { byIdentity, unkeyed };
+}
+
 /**
  * Keys of a source Secret (SPEC §8 fast path): the keys of every identity whose
- * `spec.secretRef` names it.
+ * `spec.secretRef` names it (one field-selected list).
  * @throws API errors of the lookups.
  */
 export async function keysForSecret(
@@ -227,18 +247,6 @@ export async function keysForSecret(
   namespace: string,
   name: string,
 ): Promise<KeyWork[]> {
-  const identities = await listAllPages(
-    (cont) =>
-      clients.custom.listClusterCustomObject({
-        group: GROUP,
-        version: VERSION,
-        plural: IDENTITY_PLURAL,
-        limit: pageSize(),
-        _continue: cont,
-      }) as Promise<{ items?: TerraformClusterIdentity[] }>,
-  );
-  const users = identities.items.filter(
-    (i) => i.spec?.secretRef?.namespace === namespace && i.spec.secretRef.name === name,
-  );
-  return (await Promise.all(users.map((i) => keysForIdentity(clients, kinds, i.metadata.name!)))).flat();
+  const users = await identitiesUsingSecret(clients, namespace, name);
+  return (await Promise.all(users.map((i) => keysForIdentity(clients, kinds, i)))).flat();
 }

@@ -9,14 +9,15 @@ import {
   GROUP,
   IDENTITY_PLURAL,
   IDENTITY_REF_FIELD,
+  SECRET_REF_FIELDS,
   VERSION,
   type Consumer,
   type ConsumerKind,
   type TerraformClusterIdentity,
 } from '../lib/api.ts';
-import { findConsumerKind, listConsumers } from '../lib/consumers.ts';
-import { ignoreNotFound, isForbidden, type Clients } from '../lib/kube.ts';
-import { mirrorName, sourceHash } from '../lib/mirror.ts';
+import { findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
+import { ignoreNotFound, isForbidden, listAllPages, type Clients, type ListPage } from '../lib/kube.ts';
+import { isOurs, mirrorName, sourceHash } from '../lib/mirror.ts';
 import type { ConsumerName, MirrorKey, Snapshot, SourceState } from './decide.ts';
 
 /**
@@ -31,6 +32,17 @@ export interface Seed {
   mirror?: Snapshot['mirror'] | null;
   /** The key's consumers as the scope asks for them. */
   consumers?: Consumer[];
+  /** Identities whose source is the Secret at the mirror's name (see {@link Snapshot}). */
+  sourceOf?: string[];
+}
+
+/** One key to observe: which consumers to look at, and reads already made for it. */
+export interface KeyWork {
+  key: MirrorKey;
+  scope: Snapshot['scope'];
+  seed?: Seed;
+  /** Known (from the seed) to lose its mirror: reconciled before the others (SPEC §7). */
+  revoking?: boolean;
 }
 
 /** GETs an identity; undefined when absent or when the name cannot be an object name. */
@@ -112,38 +124,75 @@ async function getKeyConsumers(
 }
 
 /**
+ * Names of the identities whose `spec.secretRef` is `namespace/name`: one list on the
+ * identity CRD's selectable fields (SPEC §3).
+ * @throws API errors of the list.
+ */
+export async function identitiesUsingSecret(clients: Clients, namespace: string, name: string): Promise<string[]> {
+  const list = await listAllPages(
+    (cont) =>
+      clients.custom.listClusterCustomObject({
+        group: GROUP,
+        version: VERSION,
+        plural: IDENTITY_PLURAL,
+        fieldSelector: `${SECRET_REF_FIELDS.namespace}=${namespace},${SECRET_REF_FIELDS.name}=${name}`,
+        limit: pageSize(),
+        _continue: cont,
+      }) as Promise<ListPage<TerraformClusterIdentity>>,
+  );
+  return list.items.map((i) => i.metadata.name!).sort();
+}
+
+/**
  * Reads everything that decides one key.
- * @param scope `all` (list the key's consumers) or the consumers to look at by name.
- * @param seed reads already made for this key after the request arrived.
+ * @param work the key, `scope` (`all` lists the key's consumers, or the consumers to look
+ *   at by name) and `seed` (reads already made for this key after the request arrived).
  * @throws API errors other than 404 (and 403 on the source), for the caller to retry.
  */
 export async function observe(
   clients: Clients,
   kinds: readonly ConsumerKind[],
-  key: MirrorKey,
-  scope: Snapshot['scope'],
-  seed: Seed = {},
+  work: Pick<KeyWork, 'key' | 'scope' | 'seed'>,
 ): Promise<Snapshot> {
+  const { key, scope, seed = {} } = work;
   const [identity, namespace, mirror] = await Promise.all([
-    seed.identity !== undefined ? (seed.identity ?? undefined) : readIdentity(clients, key.identity),
-    seed.namespace !== undefined ? (seed.namespace ?? undefined) : readNamespace(clients, key.namespace),
-    seed.mirror !== undefined
-      ? (seed.mirror ?? undefined)
-      : ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace })),
+    seeded(seed.identity, () => readIdentity(clients, key.identity)),
+    seeded(seed.namespace, () => readNamespace(clients, key.namespace)),
+    seeded(seed.mirror, () =>
+      ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace })),
+    ),
   ]);
   // The consumers are read after the mirror (SPEC §12): any owner reference the mirror holds
   // then belongs to a consumer that existed before the read, so a consumer that arrived
   // meanwhile is never taken for a dead one — its write changes the mirror's resourceVersion
   // and ours conflicts.
-  // The source matters only where the mirror may exist.
-  const allowed =
-    identity &&
-    namespace &&
-    isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
-  const [consumers, source] = await Promise.all([
+  const [consumers, source, sourceOf] = await Promise.all([
     seed.consumers ??
       (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
-    identity && allowed ? (seed.source ?? readSource(clients, identity)) : undefined,
+    // The source matters only where the mirror may exist.
+    identity && isAllowed(key, identity, namespace) ? (seed.source ?? readSource(clients, identity)) : undefined,
+    seed.sourceOf ?? sourcesAt(clients, key, mirror as Snapshot['mirror']),
   ]);
-  return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope };
+  return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope, sourceOf };
+}
+
+/** Is the key's namespace allowed by the identity (SPEC §2)? */
+const isAllowed = (
+  key: MirrorKey,
+  identity: TerraformClusterIdentity,
+  namespace: { labels?: Record<string, string> | undefined } | undefined,
+): boolean =>
+  namespace !== undefined &&
+  isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
+
+/** Identities whose source is the Secret at the mirror's name; only one that looks like our mirror could be taken for one. */
+async function sourcesAt(clients: Clients, key: MirrorKey, mirror: Snapshot['mirror']): Promise<string[]> {
+  return mirror && isOurs(mirror, key.identity)
+    ? identitiesUsingSecret(clients, key.namespace, mirrorName(key.identity))
+    : [];
+}
+
+/** A seeded read (`null` = read and absent), or a fresh one. */
+async function seeded<T>(value: T | null | undefined, read: () => Promise<T | undefined>): Promise<T | undefined> {
+  return value !== undefined ? (value ?? undefined) : read();
 }

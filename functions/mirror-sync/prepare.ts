@@ -5,12 +5,13 @@
  * body with the reason, so a destroy never starts with stale or missing credentials.
  */
 import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
-import type { ConsumerKind } from '../lib/api.ts';
+import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import { HttpError, type Outcome } from '../lib/http.ts';
 import { describeError, ignoreNotFound, makeClients, type Clients } from '../lib/kube.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import type { MirrorSyncHandler } from './handler.ts';
+import type { MirrorKey } from './decide.ts';
 import { keysForConsumer } from './keys.ts';
 import { settleWithoutKey, type ConsumerResult, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
@@ -23,13 +24,38 @@ export interface PrepareRequest {
 }
 
 /**
- * Parses and validates the body of `POST /prepare`.
+ * Parses and validates the body of `POST /prepare`. An empty `namespace` names a
+ * cluster-scoped object (answered like any object whose namespace is not allowed, SPEC §2).
  * @throws HttpError 400 naming the missing or bad field, or the unknown kind.
  */
 export function parsePrepareRequest(
   raw: string,
   kinds: readonly ConsumerKind[],
 ): { req: PrepareRequest; kind: ConsumerKind } {
+  const b = jsonObject(raw);
+  for (const f of ['apiVersion', 'kind', 'namespace', 'name']) {
+    if (typeof b[f] !== 'string' || (b[f] === '' && f !== 'namespace'))
+      throw new HttpError(400, `field ${f} must be a ${f === 'namespace' ? '' : 'non-empty '}string`, 'BadRequest');
+  }
+  const req = {
+    apiVersion: b.apiVersion as string,
+    kind: b.kind as string,
+    namespace: b.namespace as string,
+    name: b.name as string,
+  };
+  if (req.namespace !== '' && !isDns1123Label(req.namespace))
+    throw new HttpError(
+      400,
+      `namespace ${JSON.stringify(req.namespace).slice(0, 80)} is not a valid namespace name`,
+      'BadRequest',
+    );
+  if (!isDns1123Subdomain(req.name))
+    throw new HttpError(400, `name ${JSON.stringify(req.name).slice(0, 80)} is not a valid object name`, 'BadRequest');
+  return { req, kind: configuredKind(kinds, req) };
+}
+
+/** The body as a JSON object. @throws HttpError 400. */
+function jsonObject(raw: string): Record<string, unknown> {
   let body: unknown;
   try {
     body = JSON.parse(raw);
@@ -38,34 +64,18 @@ export function parsePrepareRequest(
   }
   if (typeof body !== 'object' || body === null || Array.isArray(body))
     throw new HttpError(400, 'body must be a JSON object', 'BadRequest');
-  const b = body as Record<string, unknown>;
-  for (const f of ['apiVersion', 'kind', 'namespace', 'name']) {
-    if (typeof b[f] !== 'string' || b[f] === '')
-      throw new HttpError(400, `field ${f} must be a non-empty string`, 'BadRequest');
-  }
-  const req = {
-    apiVersion: b.apiVersion as string,
-    kind: b.kind as string,
-    namespace: b.namespace as string,
-    name: b.name as string,
-  };
-  if (!isDns1123Label(req.namespace))
-    throw new HttpError(
-      400,
-      `namespace ${JSON.stringify(req.namespace).slice(0, 80)} is not a valid namespace name`,
-      'BadRequest',
-    );
-  if (!isDns1123Subdomain(req.name))
-    throw new HttpError(400, `name ${JSON.stringify(req.name).slice(0, 80)} is not a valid object name`, 'BadRequest');
+  return body as Record<string, unknown>;
+}
+
+/** The configured consumer kind of the request. @throws HttpError 400 `UnknownKind`. */
+function configuredKind(kinds: readonly ConsumerKind[], req: PrepareRequest): ConsumerKind {
   const kind = findConsumerKind(kinds, req.apiVersion, req.kind);
-  if (!kind) {
-    throw new HttpError(
-      400,
-      `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map((k) => `${k.group}/${k.version}/${k.kind}`).join(', ')})`,
-      'UnknownKind',
-    );
-  }
-  return { req, kind };
+  if (kind) return kind;
+  throw new HttpError(
+    400,
+    `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map((k) => `${k.group}/${k.version}/${k.kind}`).join(', ')})`,
+    'UnknownKind',
+  );
 }
 
 /** What prepare learned about its consumer, for {@link prepareAnswer}. */
@@ -81,7 +91,10 @@ export interface PrepareOutcome {
   sourceHash?: string;
 }
 
-/** Maps prepare's outcome to its answer (SPEC §5/§16; statuses from lib/http.ts `OUTCOME_STATUS`). */
+/**
+ * Maps prepare's outcome to its answer (SPEC §5: 403/404/409 for states that wait for a
+ * person, 503 only for failures a retry can fix; statuses from lib/http.ts `OUTCOME_STATUS`).
+ */
 export function prepareAnswer(r: PrepareOutcome, ready: boolean): Outcome {
   switch (r.outcome) {
     case 'mirrored':
@@ -93,9 +106,8 @@ export function prepareAnswer(r: PrepareOutcome, ready: boolean): Outcome {
     case 'mirror-failed':
       return { kind: 'conflict', reason: 'MirrorFailed', error: r.message };
     case 'source-not-found':
-      return { kind: 'retry', reason: 'SourceNotFound', error: r.message };
     case 'identity-not-found':
-      return { kind: 'retry', reason: 'IdentityNotFound', error: r.message };
+      return { kind: 'not-found', reason: r.reason, error: r.message };
     case 'gone':
       return { kind: 'not-found', reason: 'ObjectNotFound', error: `${r.kind} ${r.object} does not exist` };
     case 'no-identity-ref':
@@ -121,76 +133,73 @@ export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, r
   }
   const { req, kind } = parsed;
   const clients = makeClients(deps.kc);
-  const object = `${req.namespace}/${req.name}`;
+  const base = { object: `${req.namespace}/${req.name}`, kind: kind.kind };
   let found: Awaited<ReturnType<typeof keysForConsumer>>;
   let results: KeyResult[];
   try {
-    found = await keysForConsumer(clients, deps.kinds, {
-      apiVersion: req.apiVersion,
-      kind: req.kind,
-      namespace: req.namespace,
-      name: req.name,
-    });
+    found = await keysForConsumer(clients, deps.kinds, { ...req, namespace: req.namespace || undefined });
     results = await handler.runKeys(found.keys);
   } catch (err) {
     // The API server failed the lookups: a retry can fix that (SPEC §5).
-    return prepareAnswer(
-      { object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: describeError(err) },
-      false,
-    );
+    return prepareAnswer({ ...base, outcome: 'error', reason: 'APIError', message: describeError(err) }, false);
   }
   const { consumer } = found;
-  if (!consumer)
-    return prepareAnswer({ object, kind: kind.kind, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
+  if (!consumer) return prepareAnswer({ ...base, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
   const identity = consumer.spec?.identityRef?.name;
   const own = results.find((r) => r.key.identity === identity);
-  if (!own) {
-    const settled = await settleWithoutKey(clients, deps, consumer);
-    return prepareAnswer({ ...settled }, false);
-  }
-  if (own.error)
-    return prepareAnswer({ object, kind: kind.kind, outcome: 'error', reason: 'APIError', message: own.error }, false);
-  const mine = own.consumers.find((c) => c.object === object && c.kind === kind.kind);
+  if (!own) return prepareAnswer(await settleWithoutKey(clients, deps, consumer), false);
+  return answerFor(clients, { req, consumer, own, base });
+}
+
+/** The answer once the consumer's own key was reconciled: ready only when the mirror is current and carries its owner reference. */
+async function answerFor(
+  clients: Clients,
+  r: { req: PrepareRequest; consumer: Consumer; own: KeyResult; base: { object: string; kind: string } },
+): Promise<Outcome> {
+  const { req, consumer, own, base } = r;
+  if (own.error) return prepareAnswer({ ...base, outcome: 'error', reason: 'APIError', message: own.error }, false);
+  const mine = own.consumers.find((c) => c.object === base.object && c.kind === base.kind);
   if (!mine)
     return prepareAnswer(
       {
-        object,
-        kind: kind.kind,
+        ...base,
         outcome: 'error',
         reason: 'MirrorFailed',
         message: 'the object changed while preparing; call prepare again',
       },
       false,
     );
+  const identity = own.key.identity;
   const outcome: PrepareOutcome = {
     ...mine,
-    mirror: mirrorName(identity!),
+    mirror: mirrorName(identity),
     ...(own.sourceHash ? { sourceHash: own.sourceHash } : {}),
   };
   const ready =
     mine.outcome === 'mirrored' &&
     own.sourceHash !== undefined &&
-    (await mirrorReadyFor(clients, req.namespace, identity!, own.sourceHash, {
-      kind: req.kind,
-      name: req.name,
-      uid: consumer.metadata.uid!,
+    (await mirrorReadyFor(clients, {
+      key: own.key,
+      hash: own.sourceHash,
+      owner: { kind: req.kind, name: req.name, uid: consumer.metadata.uid! },
     }));
   return prepareAnswer(outcome, ready);
 }
 
 /**
- * SPEC §5: is the namespace's mirror of `identityName` current for `hash`, and does it carry
- * this consumer's owner reference (exact UID)? Read fresh, after the reconcile.
+ * SPEC §5: is the key's mirror current for `hash`, and does it carry this consumer's owner
+ * reference (exact UID)? Read fresh, after the reconcile.
+ * @throws API errors other than 404.
  */
 export async function mirrorReadyFor(
   clients: Clients,
-  namespace: string,
-  identityName: string,
-  hash: string,
-  owner: { kind: string; name: string; uid: string },
+  want: { key: MirrorKey; hash: string; owner: { kind: string; name: string; uid: string } },
 ): Promise<boolean> {
-  const m = await ignoreNotFound(clients.core.readNamespacedSecret({ name: mirrorName(identityName), namespace }));
-  if (!m || !isOurs(m as SecretLike, identityName) || !isCurrent(m as SecretLike, hash)) return false;
+  const { key, hash, owner } = want;
+  const m = await ignoreNotFound(
+    clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace }),
+  );
+  if (!m || !isOurs(m as SecretLike, key.identity) || !isCurrent(m as SecretLike, hash)) return false;
   return (m.metadata?.ownerReferences ?? []).some(
     (r) => r.uid === owner.uid && r.kind === owner.kind && r.name === owner.name,
   );

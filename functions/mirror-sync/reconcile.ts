@@ -20,10 +20,13 @@ import {
   isConflict,
   makeClients,
   redactApiError,
+  RedactedApiError,
+  whoAmI,
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import {
+  clusterScopedPlan,
   decide,
   keyString,
   type ConsumerPlan,
@@ -33,7 +36,7 @@ import {
   type Snapshot,
 } from './decide.ts';
 import { observe, readIdentity, readNamespace, type Seed } from './observe.ts';
-import { writeConditions } from './status.ts';
+import { writeConditions, type WriteContext } from './status.ts';
 
 /** What a reconcile needs from its caller. */
 export interface ReconcileDeps {
@@ -141,6 +144,18 @@ const resultOf = (key: MirrorKey, p: ConsumerPlan): ConsumerResult => ({
   changed: false,
 });
 
+/** Writes one consumer's conditions when they changed; false for a kind this instance does not know. */
+async function writeFor(
+  clients: Clients,
+  deps: ReconcileDeps,
+  p: Pick<ConsumerPlan, 'consumer' | 'conditions'>,
+  now: Date,
+): Promise<boolean> {
+  const kind = findConsumerKind(deps.kinds, p.consumer.apiVersion!, p.consumer.kind!);
+  const ctx: WriteContext = { now, logger: deps.logger };
+  return kind ? writeConditions(clients, { kind, consumer: p.consumer }, p.conditions, ctx) : false;
+}
+
 /** Writes each consumer's conditions where they changed (a few at a time); returns the results. */
 async function writeAllConditions(
   clients: Clients,
@@ -152,13 +167,88 @@ async function writeAllConditions(
   const limit = pLimit(STATUS_CONCURRENCY);
   return Promise.all(
     consumers.map((p) =>
-      limit(async (): Promise<ConsumerResult> => {
-        const kind = findConsumerKind(deps.kinds, p.consumer.apiVersion!, p.consumer.kind!);
-        const changed = kind ? await writeConditions(clients, kind, p.consumer, p.conditions, now, deps.logger) : false;
-        return { ...resultOf(key, p), changed };
-      }),
+      limit(async (): Promise<ConsumerResult> => ({
+        ...resultOf(key, p),
+        changed: await writeFor(clients, deps, p, now),
+      })),
     ),
   );
+}
+
+/** A failure a retry can fix: throttling, a server error, or no answer (SPEC §4, §16). */
+const isTransient = (status: number | undefined): boolean => status === undefined || status === 429 || status >= 500;
+
+/** The verb and name of the mirror write a plan makes. */
+function writeOf(plan: Plan): { verb: string; name: string | undefined } {
+  const m = plan.mirror;
+  if (m.action === 'delete') return { verb: 'delete', name: m.secret.metadata?.name };
+  const body = (m as { body?: { metadata?: { name?: string } } }).body;
+  return { verb: m.action, name: body?.metadata?.name };
+}
+
+/**
+ * Why the API server refused a mirror write for good, from what the request was (the
+ * server's own text may echo the Secret data a webhook or policy saw, so it is not used):
+ * a namespace being deleted, or who lacks which permission.
+ */
+export async function refusedWriteMessage(clients: Clients, plan: Plan, err: unknown): Promise<string> {
+  const { verb, name } = writeOf(plan);
+  const { namespace } = plan.key;
+  const what = `${verb} mirror Secret ${namespace}/${name}`;
+  const causes = err instanceof RedactedApiError ? err.causes : [];
+  if (causes.includes('NamespaceTerminating'))
+    return `cannot ${what}: namespace ${namespace} is being deleted (NamespaceTerminating)`;
+  if (apiStatus(err) !== 403) return `the API server refused to ${what}: ${describeError(err)}`;
+  const user = await whoAmI(clients.kc);
+  return `the API server refused to ${what} (HTTP 403 Forbidden): user ${user} may lack ${verb} on secrets in namespace ${namespace} (RBAC), or an admission webhook or policy there refused it; its message is withheld because the request carried Secret data`;
+}
+
+/** The plan after a refused write: each consumer `MirrorFailed` with `message` (a revocation keeps its decision). */
+function failedPlan(plan: Plan, message: string): ConsumerPlan[] {
+  if (plan.mirror.action === 'delete') return plan.consumers;
+  return plan.consumers.map((p): ConsumerPlan => ({
+    ...p,
+    outcome: 'mirror-failed',
+    reason: 'MirrorFailed',
+    message,
+    conditions: [
+      ...p.conditions.filter((c) => c.type === 'IdentityAllowed'),
+      {
+        type: 'CredentialsMirrored',
+        status: 'False',
+        reason: 'MirrorFailed',
+        message,
+        ...(p.consumer.metadata.generation === undefined ? {} : { observedGeneration: p.consumer.metadata.generation }),
+      },
+    ],
+  }));
+}
+
+/** What a failed mirror write leads to: observe again, retry without touching conditions, or `MirrorFailed`. */
+async function onWriteFailed(
+  clients: Clients,
+  deps: ReconcileDeps,
+  plan: Plan,
+  err: unknown,
+): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
+  const status = apiStatus(err);
+  // The mirror changed since it was read (409), or went away (an update answers 404): observe again.
+  if (err instanceof Conflict || status === 404) return 'conflict';
+  if (isTransient(status)) {
+    // A retry can fix it: no condition, no Event; the caller answers 5xx and the delivery retries.
+    const { verb, name } = writeOf(plan);
+    return {
+      key: plan.key,
+      mirrorAction: 'unchanged',
+      consumers: plan.consumers.map((p) => ({ ...resultOf(plan.key, p), retry: true })),
+      retry: true,
+      error: `${verb} of mirror ${plan.key.namespace}/${name} failed: ${describeError(err)}`,
+    };
+  }
+  // Refused for good: it waits for a person, so the conditions say why and nothing retries.
+  const message = await refusedWriteMessage(clients, plan, err);
+  const results = await writeAllConditions(clients, deps, plan.key, failedPlan(plan, message));
+  return { key: plan.key, mirrorAction: 'unchanged', consumers: results, retry: false };
 }
 
 /**
@@ -166,7 +256,7 @@ async function writeAllConditions(
  * the conditions.
  * @returns the result, or `'conflict'` when the mirror changed since it was read (or a
  *   create raced a revocation and was undone): the caller observes the key again.
- * @throws API errors (safe text) other than 409.
+ * @throws API errors (safe text) of the re-check and the condition writes.
  */
 export async function act(
   clients: Clients,
@@ -177,55 +267,7 @@ export async function act(
   try {
     mirrorAction = await writeMirror(clients, plan);
   } catch (err) {
-    if (err instanceof Conflict) return 'conflict';
-    const status = apiStatus(err);
-    // The mirror went away since it was read (an update answers 404): observe again.
-    if (status === 404) return 'conflict';
-    const target =
-      plan.mirror.action === 'delete'
-        ? plan.mirror.secret.metadata?.name
-        : (plan.mirror as { body?: { metadata?: { name?: string } } }).body?.metadata?.name;
-    const message = `writing mirror ${plan.key.namespace}/${target} failed: ${describeError(err)}`;
-    // SPEC §4, §16: a failure a retry can fix (throttling, a server error, no answer) changes
-    // no condition and records no Event; the caller answers 5xx and the delivery retries.
-    if (status === undefined || status === 429 || status >= 500) {
-      return {
-        key: plan.key,
-        mirrorAction: 'unchanged',
-        consumers: plan.consumers.map((p) => ({ ...resultOf(plan.key, p), retry: true })),
-        retry: true,
-        error: message,
-      };
-    }
-    // Refused for good. A revocation whose delete was refused still states what it decided.
-    const failed =
-      plan.mirror.action === 'delete'
-        ? plan.consumers
-        : plan.consumers.map((p): ConsumerPlan => ({
-            ...p,
-            outcome: 'mirror-failed',
-            reason: 'MirrorFailed',
-            message,
-            conditions: [
-              ...p.conditions.filter((c) => c.type === 'IdentityAllowed'),
-              {
-                type: 'CredentialsMirrored',
-                status: 'False',
-                reason: 'MirrorFailed',
-                message,
-                ...(p.consumer.metadata.generation === undefined
-                  ? {}
-                  : { observedGeneration: p.consumer.metadata.generation }),
-              },
-            ],
-          }));
-    const results = await writeAllConditions(clients, deps, plan.key, failed);
-    return {
-      key: plan.key,
-      mirrorAction: 'unchanged',
-      consumers: results.map((r) => ({ ...r, retry: true })),
-      retry: true,
-    };
+    return onWriteFailed(clients, deps, plan, err);
   }
   // A revocation may have landed after our reads and found no mirror to delete: read the
   // permission again after creating, and undo (observing again decides the revocation).
@@ -259,13 +301,12 @@ export async function reconcileKey(
     for (let attempt = 1; attempt <= ATTEMPTS && !result; attempt++) {
       // Another writer got there first: a short jittered pause so two instances do not collide in lockstep.
       if (attempt > 1) await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 25 * attempt)));
-      const snapshot = await observe(
-        clients,
-        deps.kinds,
+      const first = attempt === 1;
+      const snapshot = await observe(clients, deps.kinds, {
         key,
-        attempt === 1 ? scope : 'all',
-        attempt === 1 ? seed : undefined,
-      );
+        scope: first ? scope : 'all',
+        seed: first ? seed : undefined,
+      });
       const r = await act(clients, deps, decide(snapshot, deps.kinds));
       if (r !== 'conflict') result = r;
     }
@@ -302,22 +343,12 @@ export function logKey(logger: Logger, r: KeyResult, scope: Snapshot['scope'] = 
     durationMs: r.durationMs,
     apiCalls: r.apiCalls,
   };
-  let logged = 0;
-  for (const c of r.consumers) {
-    if (!c.changed && c.outcome === 'mirrored' && !named.has(`${c.kind}/${c.object.split('/')[1]}`)) continue;
-    logged++;
-    // `message` would be merged into winston's own message field, so it is logged as `detail`.
-    logger.log('info', 'reconcile', {
-      object: c.object,
-      kind: c.kind,
-      outcome: c.outcome,
-      reason: c.reason,
-      retry: c.retry,
-      ...common,
-      detail: c.message,
-    });
-  }
-  if (r.error || (logged === 0 && (r.mirrorAction !== 'unchanged' || named.size > 0))) {
+  const worth = (c: ConsumerResult) =>
+    c.changed || c.outcome !== 'mirrored' || named.has(`${c.kind}/${c.object.split('/')[1]}`);
+  const lines = r.consumers.filter(worth);
+  // `message` would be merged into winston's own message field, so it is logged as `detail`.
+  for (const c of lines) logger.log('info', 'reconcile', { ...consumerFields(c), ...common, detail: c.message });
+  if (r.error || (lines.length === 0 && (r.mirrorAction !== 'unchanged' || named.size > 0))) {
     logger.log(r.error ? 'warn' : 'info', 'reconcile key', {
       key: keyString(r.key),
       namespace: r.key.namespace,
@@ -329,10 +360,20 @@ export function logKey(logger: Logger, r: KeyResult, scope: Snapshot['scope'] = 
   }
 }
 
+/** A consumer result's log fields (without its message). */
+export const consumerFields = (c: ConsumerResult) => ({
+  object: c.object,
+  kind: c.kind,
+  outcome: c.outcome,
+  reason: c.reason,
+  retry: c.retry,
+});
+
 /**
- * A consumer that names no usable identity has no key (SPEC §4): without `identityRef` its
- * owned conditions are cleared; with a name that cannot be an identity it is
- * `IdentityAllowed=False/IdentityNotFound`. Writes only when that changes something.
+ * A consumer that has no key (SPEC §4): without `identityRef` its owned conditions are
+ * cleared; with a name that cannot be an identity it is `IdentityAllowed=False/IdentityNotFound`;
+ * a cluster-scoped one is `IdentityAllowed=False/NamespaceNotAllowed` (SPEC §2). Writes only
+ * when that changes something.
  * @returns its result (never retried: it waits for a person). @throws API errors of the write.
  */
 export async function settleWithoutKey(
@@ -340,21 +381,27 @@ export async function settleWithoutKey(
   deps: ReconcileDeps,
   consumer: Consumer,
 ): Promise<ConsumerResult> {
-  const kind = findConsumerKind(deps.kinds, consumer.apiVersion!, consumer.kind!);
-  const object = `${consumer.metadata.namespace}/${consumer.metadata.name}`;
+  const plan = keylessPlan(consumer);
+  const changed = await writeFor(clients, deps, plan, deps.now?.() ?? new Date());
+  return {
+    object: `${consumer.metadata.namespace ?? ''}/${consumer.metadata.name}`,
+    kind: consumer.kind ?? '',
+    identity: consumer.spec?.identityRef?.name,
+    outcome: plan.outcome,
+    reason: plan.reason,
+    message: plan.message,
+    retry: false,
+    changed,
+  };
+}
+
+/** The decision for a consumer without a key (see {@link settleWithoutKey}). */
+function keylessPlan(consumer: Consumer): Omit<ConsumerPlan, 'outcome'> & { outcome: ConsumerResult['outcome'] } {
+  if (!consumer.metadata.namespace) return clusterScopedPlan(consumer);
   const identity = consumer.spec?.identityRef?.name;
-  const now = deps.now?.() ?? new Date();
   if (!identity) {
-    const changed = kind ? await writeConditions(clients, kind, consumer, [], now, deps.logger) : false;
-    return {
-      object,
-      kind: consumer.kind ?? '',
-      outcome: 'no-identity-ref',
-      reason: 'NoIdentityRef',
-      message: 'spec.identityRef is not set; no credentials are mirrored',
-      retry: false,
-      changed,
-    };
+    const message = 'spec.identityRef is not set; no credentials are mirrored';
+    return { consumer, outcome: 'no-identity-ref', reason: 'NoIdentityRef', message, retry: false, conditions: [] };
   }
   const message = `spec.identityRef.name ${JSON.stringify(identity).slice(0, 80)} is not a valid TerraformClusterIdentity name`;
   const cond: ConditionInput = {
@@ -364,14 +411,12 @@ export async function settleWithoutKey(
     message,
     ...(consumer.metadata.generation === undefined ? {} : { observedGeneration: consumer.metadata.generation }),
   };
-  const changed = kind ? await writeConditions(clients, kind, consumer, [cond], now, deps.logger) : false;
   return {
-    object,
-    kind: consumer.kind ?? '',
+    consumer,
     outcome: 'identity-not-found',
     reason: 'IdentityNotFound',
     message,
     retry: false,
-    changed,
+    conditions: [cond],
   };
 }

@@ -13,7 +13,7 @@
 import { randomUUID } from 'node:crypto';
 import { CloudEvent, HTTP } from 'cloudevents';
 import type { V1Namespace, V1Secret } from '@kubernetes/client-node';
-import pLimit from 'p-limit';
+import pLimit, { type LimitFunction } from 'p-limit';
 import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
 import { GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type TerraformClusterIdentity } from '../lib/api.ts';
 import { KEY_EVENT_TYPE } from '../lib/cloudevents.ts';
@@ -104,18 +104,22 @@ async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Li
   };
 }
 
-/** Groups consumers and mirrors by key. */
-function groupByKey(
-  lists: Lists,
-): Map<string, { key: MirrorKey; consumers: Consumer[]; mirror: V1Secret | undefined }> {
-  const keys = new Map<string, { key: MirrorKey; consumers: Consumer[]; mirror: V1Secret | undefined }>();
+/** One key's listed consumers and mirror. */
+interface Listed {
+  key: MirrorKey;
+  consumers: Consumer[];
+  mirror: V1Secret | undefined;
+}
+
+/** Groups consumers and mirrors by key (consumers without a key are left out). */
+function groupByKey(lists: Lists): Map<string, Listed> {
+  const keys = new Map<string, Listed>();
   const entry = (key: MirrorKey) =>
     keys.get(keyString(key)) ??
     keys.set(keyString(key), { key, consumers: [], mirror: undefined }).get(keyString(key))!;
   for (const c of lists.consumers) {
-    const id = c.spec?.identityRef?.name;
-    if (id && isDns1123Subdomain(id) && c.metadata.namespace)
-      entry({ namespace: c.metadata.namespace, identity: id }).consumers.push(c);
+    if (!isKeyless(c))
+      entry({ namespace: c.metadata.namespace!, identity: c.spec!.identityRef!.name! }).consumers.push(c);
   }
   for (const m of lists.mirrors) {
     const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
@@ -125,10 +129,25 @@ function groupByKey(
   return keys;
 }
 
+/** A consumer with no key: cluster-scoped, or naming no usable identity (SPEC §4). */
+const isKeyless = (c: Consumer): boolean => {
+  const id = c.spec?.identityRef?.name;
+  return !c.metadata.namespace || !id || !isDns1123Subdomain(id);
+};
+
 /** Whether acting on a plan would write anything (mirror or any consumer's conditions). */
 function needsWork(plan: Plan, now: Date): boolean {
   if (plan.mirror.action !== 'none' && plan.mirror.action !== 'blocked') return true;
   return plan.consumers.some((p) => planConditions(p.consumer.status?.conditions, p.conditions, now).changed);
+}
+
+/** What one pass works with. */
+interface Pass {
+  deps: ReconcileDeps;
+  clients: Clients;
+  limit: LimitFunction;
+  summary: ResyncSummary;
+  queue: KeyQueue;
 }
 
 /**
@@ -147,10 +166,28 @@ export async function resync(
   const clients = makeClients(deps.kc, { calls: 0 });
   const lists = await listEverything(clients, deps);
   const keys = groupByKey(lists);
-  const summary: ResyncSummary = {
+  const pass: Pass = {
+    deps,
+    clients,
+    limit: pLimit(Math.max(1, opts.concurrency)),
+    summary: emptySummary(lists, keys.size),
+    queue: opts.queue,
+  };
+  await settleKeyless(pass, lists.consumers.filter(isKeyless));
+  if (opts.sink) await sendKeys(pass, opts.sink, [...keys.values()]);
+  else await reconcileListed(pass, lists, [...keys.values()]);
+  const { summary } = pass;
+  summary.durationMs = Math.round(performance.now() - started);
+  summary.apiCalls = clients.counter.calls;
+  deps.logger.info('resync', { ...summary });
+  return summary;
+}
+
+function emptySummary(lists: Lists, keys: number): ResyncSummary {
+  return {
     consumers: lists.consumers.length,
     mirrors: lists.mirrors.length,
-    keys: keys.size,
+    keys,
     changed: 0,
     orphanedMirrorsDeleted: 0,
     revoked: 0,
@@ -160,101 +197,122 @@ export async function resync(
     durationMs: 0,
     apiCalls: 0,
   };
-  const limit = pLimit(Math.max(1, opts.concurrency));
+}
 
-  // Consumers that name no usable identity have no key; settle their conditions here (one
-  // failed write is counted, it never aborts the pass).
+/** Settles the conditions of consumers without a key; one failed write is counted, it never aborts the pass. */
+async function settleKeyless(pass: Pass, consumers: readonly Consumer[]): Promise<void> {
   await Promise.all(
-    lists.consumers
-      .filter((c) => !c.spec?.identityRef?.name || !isDns1123Subdomain(c.spec.identityRef.name))
-      .map((c) =>
-        limit(async () => {
-          try {
-            await settleWithoutKey(clients, deps, c);
-          } catch (err) {
-            summary.needRetry++;
-            deps.logger.warn('could not settle a consumer without identity', {
-              object: `${c.metadata.namespace}/${c.metadata.name}`,
-              error: describeError(err),
-            });
-          }
-        }),
-      ),
+    consumers.map((c) =>
+      pass.limit(async () => {
+        try {
+          await settleWithoutKey(pass.clients, pass.deps, c);
+        } catch (err) {
+          pass.summary.needRetry++;
+          pass.deps.logger.warn('could not settle a consumer without a key', {
+            object: `${c.metadata.namespace ?? ''}/${c.metadata.name}`,
+            error: describeError(err),
+          });
+        }
+      }),
+    ),
   );
+}
 
-  if (opts.sink) {
-    await Promise.all(
-      [...keys.values()].map(({ key }) =>
-        limit(async () => {
-          if (await sendKey(opts.sink!, key, deps)) summary.sent++;
-          else summary.failed++;
-        }),
-      ),
-    );
-  } else {
-    // Each distinct source is read once, on first need.
-    const sources = new Map<string, Promise<SourceState>>();
-    const sourceOf = (i: TerraformClusterIdentity) => {
-      const id = `${i.spec.secretRef.namespace}/${i.spec.secretRef.name}`;
-      if (!sources.has(id)) sources.set(id, readSource(clients, i));
-      return sources.get(id)!;
-    };
-    const now = deps.now?.() ?? new Date();
-    const plans: Plan[] = [];
-    for (const { key, consumers, mirror } of keys.values()) {
-      const identity = lists.identities.get(key.identity);
-      const ns = lists.namespaces.get(key.namespace);
-      const labels = ns?.metadata?.labels;
-      const allowed =
-        identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
-      const snapshot: Snapshot = {
-        key,
-        identity,
-        namespace: ns ? { labels } : undefined,
-        source: allowed ? await sourceOf(identity) : undefined,
-        mirror,
-        consumers,
-        scope: 'all',
-      };
-      const plan = decide(snapshot, deps.kinds);
-      if (needsWork(plan, now)) plans.push(plan);
-    }
-    // Revocations first (SPEC §7): credentials leave before anything else is written.
-    const revokedFirst = [...plans].sort((a, b) => Number(isRevocation(b)) - Number(isRevocation(a)));
-    summary.changed = plans.length;
-    const results = await Promise.all(
-      revokedFirst.map((plan) =>
-        limit(async (): Promise<KeyResult | Omit<KeyResult, 'durationMs' | 'apiCalls'>> => {
-          const t0 = performance.now();
-          try {
-            // Only conditions to change: the lists may be minutes old and a status write carries
-            // no precondition, so such a key is reconciled from fresh reads instead.
-            if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked')
-              return await opts.queue.run(plan.key, 'all');
-            const r = await act(clients, deps, plan);
-            // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
-            if (r === 'conflict') return await opts.queue.run(plan.key, 'all');
-            logKey(deps.logger, { ...r, durationMs: Math.round(performance.now() - t0), apiCalls: 0 });
-            return r;
-          } catch (err) {
-            return { key: plan.key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
-          }
-        }),
-      ),
-    );
-    for (const [i, r] of results.entries()) {
-      const plan = revokedFirst[i]!;
-      if (r.retry) summary.needRetry++;
-      if (r.mirrorAction === 'deleted' && plan.mirror.action === 'delete') {
-        if (plan.mirror.why === 'unused') summary.orphanedMirrorsDeleted++;
-        else summary.revoked++;
-      }
-    }
+/** Fan-out mode: one event per key to the sink, so the keys spread over many instances. */
+async function sendKeys(pass: Pass, sink: string, keys: readonly Listed[]): Promise<void> {
+  await Promise.all(
+    keys.map(({ key }) =>
+      pass.limit(async () => {
+        if (await sendKey(sink, key, pass.deps)) pass.summary.sent++;
+        else pass.summary.failed++;
+      }),
+    ),
+  );
+}
+
+/** Identities by the Secret they name as source (`<namespace>/<name>`), SPEC §3. */
+function sourcesByName(identities: Map<string, TerraformClusterIdentity>): Map<string, string[]> {
+  const out = new Map<string, string[]>();
+  for (const [name, i] of identities) {
+    const id = `${i.spec?.secretRef?.namespace}/${i.spec?.secretRef?.name}`;
+    out.set(id, [...(out.get(id) ?? []), name].sort());
   }
-  summary.durationMs = Math.round(performance.now() - started);
-  summary.apiCalls = clients.counter.calls;
-  deps.logger.info('resync', { ...summary });
-  return summary;
+  return out;
+}
+
+/** A key's snapshot from the lists (and its source, read once per pass). */
+async function snapshotOf(
+  lists: Lists,
+  { key, consumers, mirror }: Listed,
+  reads: {
+    readOnce: (i: TerraformClusterIdentity) => Promise<SourceState>;
+    sourceNames: Map<string, string[]>;
+  },
+): Promise<Snapshot> {
+  const identity = lists.identities.get(key.identity);
+  const ns = lists.namespaces.get(key.namespace);
+  const labels = ns?.metadata?.labels;
+  const allowed =
+    identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
+  return {
+    key,
+    identity,
+    namespace: ns ? { labels } : undefined,
+    source: allowed ? await reads.readOnce(identity) : undefined,
+    mirror,
+    consumers,
+    scope: 'all',
+    sourceOf: reads.sourceNames.get(`${key.namespace}/${mirrorName(key.identity)}`) ?? [],
+  };
+}
+
+/** Decides every key from the lists and acts on those that need a write. */
+async function reconcileListed(pass: Pass, lists: Lists, keys: readonly Listed[]): Promise<void> {
+  // Each distinct source is read once, on first need.
+  const sources = new Map<string, Promise<SourceState>>();
+  const readOnce = (i: TerraformClusterIdentity) => {
+    const id = `${i.spec.secretRef.namespace}/${i.spec.secretRef.name}`;
+    if (!sources.has(id)) sources.set(id, readSource(pass.clients, i));
+    return sources.get(id)!;
+  };
+  const sourceNames = sourcesByName(lists.identities);
+  const now = pass.deps.now?.() ?? new Date();
+  const plans: Plan[] = [];
+  for (const listed of keys) {
+    const snapshot = await snapshotOf(lists, listed, { readOnce, sourceNames });
+    const plan = decide(snapshot, pass.deps.kinds);
+    if (needsWork(plan, now)) plans.push(plan);
+  }
+  // Revocations first (SPEC §7): credentials leave before anything else is written.
+  const revokedFirst = [...plans].sort((a, b) => Number(isRevocation(b)) - Number(isRevocation(a)));
+  pass.summary.changed = plans.length;
+  const results = await Promise.all(revokedFirst.map((plan) => pass.limit(() => actListed(pass, plan))));
+  for (const [i, r] of results.entries()) count(pass.summary, revokedFirst[i]!, r);
+}
+
+/** Acts on one listed key's plan; keys with only conditions to change, or whose write conflicts, go through the queue fresh. */
+async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'>> {
+  const t0 = performance.now();
+  try {
+    // Only conditions to change: the lists may be minutes old and a status write carries
+    // no precondition, so such a key is reconciled from fresh reads instead.
+    if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked') return await pass.queue.run(plan.key, 'all');
+    const r = await act(pass.clients, pass.deps, plan);
+    // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
+    if (r === 'conflict') return await pass.queue.run(plan.key, 'all');
+    logKey(pass.deps.logger, { ...r, durationMs: Math.round(performance.now() - t0), apiCalls: 0 });
+    return r;
+  } catch (err) {
+    return { key: plan.key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
+  }
+}
+
+/** Adds one key's result to the summary. */
+function count(summary: ResyncSummary, plan: Plan, r: Omit<KeyResult, 'durationMs' | 'apiCalls'>): void {
+  if (r.retry) summary.needRetry++;
+  if (r.mirrorAction !== 'deleted' || plan.mirror.action !== 'delete') return;
+  if (plan.mirror.why === 'unused') summary.orphanedMirrorsDeleted++;
+  else summary.revoked++;
 }
 
 const isRevocation = (p: Plan): boolean => p.mirror.action === 'delete' && p.mirror.why === 'revoked';

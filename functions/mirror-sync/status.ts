@@ -16,46 +16,55 @@ import { planConditions } from '../lib/conditions.ts';
 /** `reportingController` of the Events this function records. */
 export const REPORTING_CONTROLLER = 'captf.io/mirror-sync';
 
+/** The consumer whose conditions are written, with its configured kind. */
+export interface ConditionTarget {
+  kind: ConsumerKind;
+  consumer: Consumer;
+}
+
+/** The clock (lastTransitionTime, Event times) and the logger for Event failures. */
+export interface WriteContext {
+  now: Date;
+  logger: Logger;
+}
+
+/** Namespace of Events about cluster-scoped objects (kubectl's convention). */
+const CLUSTER_EVENTS_NAMESPACE = 'default';
+
 /**
- * Applies the desired owned conditions to `obj`'s status when they differ from what it has.
- * @param obj the consumer as just read (its conditions are compared; nothing is written when equal).
+ * Applies the desired owned conditions to the consumer's status when they differ from what it has.
+ * A cluster-scoped consumer (no namespace) is patched at cluster scope.
+ * @param target the consumer as just read (its conditions are compared; nothing is written when equal).
  * @returns whether a write happened. API errors other than 404 (object gone meanwhile) are thrown.
  */
 export async function writeConditions(
   clients: Clients,
-  kind: ConsumerKind,
-  obj: Consumer,
+  target: ConditionTarget,
   desired: readonly ConditionInput[],
-  now: Date,
-  logger: Logger,
+  ctx: WriteContext,
 ): Promise<boolean> {
-  const plan = planConditions(obj.status?.conditions, desired, now);
+  const { kind, consumer } = target;
+  const plan = planConditions(consumer.status?.conditions, desired, ctx.now);
   if (!plan.changed) return false;
-  const { name, namespace } = obj.metadata;
+  const { name, namespace } = consumer.metadata;
+  const where = { group: kind.group, version: kind.version, plural: kind.plural, name: name! };
+  const body = {
+    apiVersion: `${kind.group}/${kind.version}`,
+    kind: kind.kind,
+    metadata: namespace ? { name, namespace } : { name },
+    status: { conditions: plan.owned },
+  };
+  const apply = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
+  const patch = { ...where, fieldManager: FIELD_MANAGER, force: true, body };
   try {
-    await clients.custom.patchNamespacedCustomObjectStatus(
-      {
-        group: kind.group,
-        version: kind.version,
-        plural: kind.plural,
-        namespace: namespace!,
-        name: name!,
-        fieldManager: FIELD_MANAGER,
-        force: true,
-        body: {
-          apiVersion: `${kind.group}/${kind.version}`,
-          kind: kind.kind,
-          metadata: { name, namespace },
-          status: { conditions: plan.owned },
-        },
-      },
-      setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply),
-    );
+    await (namespace
+      ? clients.custom.patchNamespacedCustomObjectStatus({ ...patch, namespace }, apply)
+      : clients.custom.patchClusterCustomObjectStatus(patch, apply));
   } catch (err) {
     if (isNotFound(err)) return false;
     throw err;
   }
-  await Promise.all(plan.changedInputs.map((c) => recordEvent(clients, kind, obj, c, now, logger)));
+  await Promise.all(plan.changedInputs.map((c) => recordEvent(clients, target, c, ctx)));
   return true;
 }
 
@@ -65,20 +74,19 @@ export async function writeConditions(
  */
 async function recordEvent(
   clients: Clients,
-  kind: ConsumerKind,
-  obj: Consumer,
+  target: ConditionTarget,
   c: ConditionInput,
-  now: Date,
-  logger: Logger,
+  ctx: WriteContext,
 ): Promise<void> {
-  const { name, namespace, uid } = obj.metadata;
+  const { kind, consumer } = target;
+  const { name, namespace, uid } = consumer.metadata;
   try {
     await clients.events.createNamespacedEvent({
-      namespace: namespace!,
+      namespace: namespace || CLUSTER_EVENTS_NAMESPACE,
       body: {
-        metadata: { name: eventName(obj, c) },
+        metadata: { name: eventName(consumer, c) },
         // metav1.MicroTime needs six fractional digits; a Date would serialise with three.
-        eventTime: now.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z') as unknown as Date,
+        eventTime: ctx.now.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z') as unknown as Date,
         reportingController: REPORTING_CONTROLLER,
         reportingInstance: hostname().slice(0, 128),
         action: 'Reconcile',
@@ -91,8 +99,8 @@ async function recordEvent(
   } catch (err) {
     // 409: a concurrent reconcile of the same object recorded this very change already.
     if (isConflict(err)) return;
-    logger.warn('could not record event', {
-      object: `${namespace}/${name}`,
+    ctx.logger.warn('could not record event', {
+      object: `${namespace ?? ''}/${name}`,
       reason: c.reason,
       error: describeError(err),
     });

@@ -274,35 +274,43 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
   };
 
   /** A mirror-sync instance behind a fault proxy, as a user of its own (its requests are told apart in the audit log). */
-  async function behindProxy(fault: (method: string, url: string) => boolean) {
+  async function behindProxy(
+    fault: (method: string, url: string) => boolean,
+    answer: typeof unavailable = unavailable,
+  ) {
     const user = `flaky-${suffix()}`;
     const u = await asUser(user, ['system:masters']);
-    const proxy = await startFaultProxy((method, url) => (fault(method, url) ? unavailable : undefined), {
+    const proxy = await startFaultProxy((method, url) => (fault(method, url) ? answer : undefined), {
       kubeconfigPath: u.kubeconfigPath,
     });
     const { url } = await instance({}, proxy.kubeconfigPath);
     return { user, url, proxy };
   }
 
-  it('a 503 reading the mirror answers 503 and writes no condition and no Event', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    const c = await createConsumer(a, n, 'flaky-read', id);
-    const { user, url, proxy } = await behindProxy(
-      (method, u) => method === 'GET' && u.startsWith(`/api/v1/namespaces/${n}/secrets/${mirrorName(id)}`),
-    );
-    try {
-      const mark = audit.mark();
-      const r = await deliver(url, consumerEvent(c), { retries: 0 });
-      assert.equal(r.status, 503, r.text);
-      assert.ok(proxy.faults() >= 1);
-      const mine = audit.countFor(user, mark);
-      assert.equal(mine.verbs.patch ?? 0, 0, 'no status write');
-      assert.equal(mine.verbs.create ?? 0, 0, 'no mirror, no Event');
-    } finally {
-      proxy.close();
-    }
-  });
+  for (const answer of [
+    unavailable,
+    { status: 429, reason: 'TooManyRequests', message: 'too many requests, please try again later' },
+  ])
+    it(`a ${answer.status} reading the mirror answers 503 and writes no condition and no Event`, async () => {
+      const n = await ns.create();
+      const id = await newIdentity({ list: [n] });
+      const c = await createConsumer(a, n, 'flaky-read', id);
+      const { user, url, proxy } = await behindProxy(
+        (method, u) => method === 'GET' && u.startsWith(`/api/v1/namespaces/${n}/secrets/${mirrorName(id)}`),
+        answer,
+      );
+      try {
+        const mark = audit.mark();
+        const r = await deliver(url, consumerEvent(c), { retries: 0 });
+        assert.equal(r.status, 503, r.text);
+        assert.ok(proxy.faults() >= 1);
+        const mine = audit.countFor(user, mark);
+        assert.equal(mine.verbs.patch ?? 0, 0, 'no status write');
+        assert.equal(mine.verbs.create ?? 0, 0, 'no mirror, no Event');
+      } finally {
+        proxy.close();
+      }
+    });
 
   it('a 503 writing the mirror answers 503 and writes no condition and no Event; the retry mirrors', async () => {
     const n = await ns.create();

@@ -232,7 +232,7 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.equal(conditionOf(await getConsumer(a, n, 'relabel'), 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
   });
 
-  it('deleting the identity revokes: mirror deleted, IdentityNotFound, and the event asks for a retry', async () => {
+  it('deleting the identity revokes: mirror deleted, IdentityNotFound, answered as handled (it waits for a person)', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     const c = await createConsumer(a, n, 'orphaned', id);
@@ -249,7 +249,7 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
       ),
       { retries: 0 },
     );
-    assert.equal(r.status, 503, 'IdentityNotFound is retryable');
+    assert.equal(r.status, 200, 'IdentityNotFound waits for a person: a retry cannot fix it (SPEC §4)');
     assert.equal(await getMirror(a, n, id), undefined);
     const cond = conditionOf(await getConsumer(a, n, 'orphaned'), 'IdentityAllowed');
     assert.equal(cond?.status, 'False');
@@ -326,14 +326,14 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.equal(conditionOf(await getConsumer(a, n, 'blocked'), 'CredentialsMirrored')?.reason, 'Mirrored');
   });
 
-  it('a missing source Secret gives SourceNotFound and a retry', async () => {
+  it('a missing source Secret gives SourceNotFound, answered as handled', async () => {
     const n = await ns.create();
     const id = `id-${suffix()}`;
     ns.onCleanup(() => deleteIdentity(a, id));
     await putIdentity(a, id, { name: 'does-not-exist', namespace: sourceNs }, { list: [n] });
     const c = await createConsumer(a, n, 'nosource', id);
     const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
-    assert.equal(r.status, 503);
+    assert.equal(r.status, 200, 'the source event (or the resync) brings the change, not a retry');
     const cond = conditionOf(await getConsumer(a, n, 'nosource'), 'CredentialsMirrored');
     assert.equal(cond?.reason, 'SourceNotFound');
     assert.match(cond!.message, /does-not-exist/);
@@ -474,7 +474,7 @@ describe('prepare (SPEC §5)', () => {
     assert.ok(m.metadata!.ownerReferences!.some((o) => o.uid === c.metadata.uid));
   });
 
-  it('refuses a namespace that is not allowed; a deleting object shows ApplyJobSucceeded=False/IdentityNotAllowed and stays retryable', async () => {
+  it('refuses a namespace that is not allowed; a deleting object shows ApplyJobSucceeded=False/IdentityNotAllowed and prepare keeps refusing', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
     const c = await createConsumer(a, n, 'doomed', id, 'TerraformCluster', { finalizers: ['captf.io/test-destroy'] });
@@ -507,7 +507,12 @@ describe('prepare (SPEC §5)', () => {
     assert.equal(conditionOf(obj, 'ApplyJobSucceeded')?.status, 'False');
     assert.equal(conditionOf(obj, 'ApplyJobSucceeded')?.reason, 'IdentityNotAllowed');
     const ev = await send(`${url}/`, consumerEvent(c), { retries: 0 });
-    assert.equal(ev.status, 503, 'a deleting object in a disallowed namespace keeps being retried');
+    assert.equal(ev.status, 200, 'the event is handled: the namespace waits for a person');
+    assert.equal(
+      (await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'doomed' })).status,
+      403,
+      'prepare keeps refusing the destroy',
+    );
     // The way out: allow the namespace again.
     await putIdentity(a, id, source, { list: [n] });
     assert.equal(
@@ -526,7 +531,7 @@ describe('prepare (SPEC §5)', () => {
     const missing = `id-missing-${suffix()}`;
     await createConsumer(a, n, 'lost', missing);
     const r = await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'lost' });
-    assert.equal(r.status, 503);
+    assert.equal(r.status, 404, 'IdentityNotFound waits for a person (SPEC §5)');
     assert.equal(r.body.reason, 'IdentityNotFound');
     for (const bad of [
       'not json',
@@ -820,8 +825,9 @@ describe('errors never carry Secret data (SPEC §15)', () => {
       async () => {
         await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n }).catch(() => undefined);
         const r = await send(`${url}/`, consumerEvent(c), { retries: 0 });
+        // Refused for good: the condition says so and the event is not retried.
         return (
-          r.status === 503 &&
+          r.status === 200 &&
           conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored')?.reason === 'MirrorFailed'
         );
       },

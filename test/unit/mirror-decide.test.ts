@@ -10,7 +10,13 @@ import type { Condition, Consumer, OwnerReference, TerraformClusterIdentity } fr
 import { DEFAULT_CONSUMER_KINDS } from '../../functions/lib/api.ts';
 import { desiredMirror, mirrorOfLabel, sourceHash } from '../../functions/lib/mirror.ts';
 import { planConditions } from '../../functions/lib/conditions.ts';
-import { decide, desiredOwnerReferences, type Snapshot, type SourceState } from '../../functions/mirror-sync/decide.ts';
+import {
+  clusterScopedPlan,
+  decide,
+  desiredOwnerReferences,
+  type Snapshot,
+  type SourceState,
+} from '../../functions/mirror-sync/decide.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
 const AV = 'infrastructure.cluster.x-k8s.io/v1beta2';
@@ -50,6 +56,7 @@ const snap = (over: Partial<Snapshot>): Snapshot => ({
   mirror: undefined,
   consumers: [consumer('a', '1')],
   scope: 'all',
+  sourceOf: [],
   ...over,
 });
 
@@ -188,7 +195,8 @@ describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
       ['NamespaceNotAllowed', 'IdentityNotAllowed'],
     );
     assert.equal(plan.consumers[0]!.reason, 'IdentityNotAllowed');
-    assert.equal(plan.consumers[0]!.retry, true);
+    // It waits for a person (SPEC §4): answered as handled, never retried.
+    assert.equal(plan.consumers[0]!.retry, false);
   });
   it('never deletes, writes or claims a Secret that is not ours, even when the identity is gone', () => {
     const plan = decide(
@@ -389,5 +397,40 @@ describe('planConditions (SPEC §4, §16)', () => {
     const cleared = planConditions(first.conditions, [], t);
     assert.equal(cleared.changed, true);
     assert.deepEqual(cleared.conditions, []);
+  });
+});
+
+describe('decide: states that wait for a person, and sources (issue 14)', () => {
+  it('never retries a missing identity, a missing source or a namespace not allowed', () => {
+    for (const over of [
+      { identity: undefined },
+      { source: { state: 'missing', message: 'gone' } as const },
+      { identity: identity({ list: ['other'] }) },
+    ]) {
+      const plan = decide(snap(over), kinds);
+      assert.equal(plan.consumers[0]!.retry, false, JSON.stringify(Object.keys(over)));
+    }
+  });
+  it('treats a Secret that an identity names as its source as in the way, whatever its labels', () => {
+    const m = mirror([owner('a', '1')]);
+    for (const over of [{}, { identity: undefined }, { identity: identity({ list: [] }) }, { consumers: [] }]) {
+      const plan = decide(snap({ mirror: m, sourceOf: ['aws'], ...over }), kinds);
+      assert.ok(plan.mirror.action === 'none' || plan.mirror.action === 'blocked', JSON.stringify(plan.mirror));
+    }
+    const plan = decide(snap({ mirror: m, sourceOf: ['aws', 'gcp'] }), kinds);
+    assert.equal(plan.consumers[0]!.reason, 'MirrorFailed');
+    assert.match(plan.consumers[0]!.message, /source Secret of TerraformClusterIdentity aws, gcp/);
+  });
+  it('says a cluster-scoped consumer cannot use credentials', () => {
+    const c = consumer('c', '9');
+    delete (c.metadata as { namespace?: string }).namespace;
+    const p = clusterScopedPlan(c);
+    assert.equal(p.outcome, 'not-allowed');
+    assert.equal(p.retry, false);
+    assert.deepEqual(
+      p.conditions.map((x) => `${x.type}=${x.status}/${x.reason}`),
+      ['IdentityAllowed=False/NamespaceNotAllowed'],
+    );
+    assert.match(p.message, /cluster-scoped objects cannot use credentials/);
   });
 });
