@@ -119,6 +119,8 @@ export function readCloudEvents(
     });
     return { events, errors };
   }
+  const missing = missingAttributes(flat, body);
+  if (missing) throw new BadEventError(`not a CloudEvent: ${missing}`);
   let parsed: CloudEvent<unknown>;
   try {
     parsed = HTTP.toEvent({ headers: flat, body }) as CloudEvent<unknown>;
@@ -126,6 +128,33 @@ export function readCloudEvents(
     throw new BadEventError(`not a CloudEvent: ${eventErrorText(err)}`);
   }
   return { events: [checked(parsed)], errors: [] };
+}
+
+/** The attributes CloudEvents 1.0 requires of every event. */
+const REQUIRED_ATTRIBUTES = ['id', 'source', 'type', 'specversion'] as const;
+
+/**
+ * Names the required attributes a request that tries to be one event lacks (the SDK only
+ * says "no cloud event detected"): binary mode when it has any `ce-` header, structured
+ * mode when its content type is `application/cloudevents+json`. Undefined when none is
+ * missing or the request is neither (the SDK then says so).
+ */
+function missingAttributes(flat: Record<string, string>, body: string): string | undefined {
+  const contentType = flat['content-type'] ?? '';
+  if (contentType.startsWith('application/cloudevents+json')) {
+    let doc: unknown;
+    try {
+      doc = JSON.parse(body);
+    } catch {
+      return undefined;
+    }
+    if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) return undefined;
+    const absent = REQUIRED_ATTRIBUTES.filter((a) => !(a in doc));
+    return absent.length ? `structured-mode event lacks required attribute(s) ${absent.join(', ')}` : undefined;
+  }
+  if (!Object.keys(flat).some((h) => h.startsWith('ce-'))) return undefined;
+  const absent = REQUIRED_ATTRIBUTES.map((a) => `ce-${a}`).filter((h) => !flat[h]);
+  return absent.length ? `binary-mode event lacks required header(s) ${absent.join(', ')}` : undefined;
 }
 
 /**

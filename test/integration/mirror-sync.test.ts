@@ -561,7 +561,13 @@ describe('bad input (SPEC §15)', () => {
         'missing type',
         { 'ce-id': '1', 'ce-source': 's', 'ce-specversion': '1.0', 'content-type': 'application/json' },
         '{}',
-        /invalid CloudEvent/,
+        /lacks required header\(s\) ce-type/,
+      ],
+      [
+        'missing id',
+        { 'ce-type': 't', 'ce-source': 's', 'ce-specversion': '1.0', 'content-type': 'application/json' },
+        '{}',
+        /lacks required header\(s\) ce-id/,
       ],
       [
         'unknown type',

@@ -80,9 +80,22 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
   });
   it('rejects what is not a usable CloudEvent, saying why', () => {
     assert.throws(() => parseCloudEvents({ 'content-type': 'application/json' }, '{}'), BadEventError);
+    // Which required attribute is missing, in binary and structured mode (issue 14 item 7).
     assert.throws(
       () => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '1.0', 'ce-source': 's' }, ''),
-      /invalid CloudEvent/,
+      /binary-mode event lacks required header\(s\) ce-type$/,
+    );
+    assert.throws(
+      () => parseCloudEvents({ 'ce-type': 't', 'ce-specversion': '1.0', 'ce-source': 's' }, '{}'),
+      /binary-mode event lacks required header\(s\) ce-id$/,
+    );
+    assert.throws(
+      () =>
+        parseCloudEvents(
+          { 'content-type': 'application/cloudevents+json' },
+          JSON.stringify({ specversion: '1.0', type: 't' }),
+        ),
+      /structured-mode event lacks required attribute\(s\) id, source$/,
     );
     assert.throws(
       () => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '0.3', 'ce-source': 's', 'ce-type': 't' }, ''),
