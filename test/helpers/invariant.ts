@@ -9,6 +9,7 @@
  * - no Secret that is not ours changed (compared with {@link foreignSecrets} taken before).
  * Returns every violation, not just the first.
  */
+import type { V1Namespace, V1Secret } from '@kubernetes/client-node';
 import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
 import {
   DEFAULT_CONSUMER_KINDS,
@@ -40,6 +41,16 @@ export async function foreignSecrets(a: Clients, namespaces: readonly string[]):
   return out;
 }
 
+/** What the invariant looks at in one namespace. */
+interface NamespaceState {
+  ns: string;
+  /** The Namespace object (its labels), or undefined when it is gone. */
+  nsObj: V1Namespace | undefined;
+  /** Every consumer of every default kind in it, with its kind set. */
+  consumers: Consumer[];
+  secrets: V1Secret[];
+}
+
 /**
  * Checks the invariant in `namespaces`.
  * @param foreign a {@link foreignSecrets} snapshot taken before the work.
@@ -51,8 +62,19 @@ export async function invariantViolations(
   foreign?: Map<string, string>,
 ): Promise<string[]> {
   const v: string[] = [];
+  const identity = identityCache(a);
+  for (const ns of namespaces) {
+    const state = await readNamespaceState(a, ns);
+    for (const id of mirrorKeys(state)) v.push(...(await keyViolations(a, state, { id, idObj: await identity(id) })));
+    v.push(...foreignViolations(state, foreign));
+  }
+  return v;
+}
+
+/** Reads identities by name, each once. */
+function identityCache(a: Clients): (name: string) => Promise<TerraformClusterIdentity | undefined> {
   const identities = new Map<string, TerraformClusterIdentity | undefined>();
-  const identity = async (name: string) => {
+  return async (name) => {
     if (!identities.has(name))
       identities.set(
         name,
@@ -62,67 +84,90 @@ export async function invariantViolations(
       );
     return identities.get(name);
   };
-  for (const ns of namespaces) {
-    const nsObj = await ignoreNotFound(a.core.readNamespace({ name: ns }));
-    const consumers: Consumer[] = [];
-    for (const k of DEFAULT_CONSUMER_KINDS) {
-      const list = (await a.custom.listNamespacedCustomObject({
-        group: k.group,
-        version: k.version,
-        plural: k.plural,
-        namespace: ns,
-      })) as { items: Consumer[] };
-      consumers.push(...list.items.map((c) => ({ ...c, kind: k.kind })));
-    }
-    const secrets = (await a.core.listNamespacedSecret({ namespace: ns })).items;
-    const keys = new Set([...consumers.map((c) => c.spec?.identityRef?.name).filter((x): x is string => Boolean(x))]);
-    for (const s of secrets) {
-      const id = s.metadata?.annotations?.[ANNOTATION_IDENTITY];
-      if (id && isOurs(s, id)) keys.add(id);
-    }
-    for (const id of keys) {
-      const idObj = await identity(id);
-      const users = consumers.filter((c) => c.spec?.identityRef?.name === id);
-      const mirror = secrets.find((s) => s.metadata?.name === mirrorName(id));
-      const ours = mirror !== undefined && isOurs(mirror, id);
-      const allowed = Boolean(
-        idObj &&
-        nsObj &&
-        isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: ns, labels: nsObj.metadata?.labels }),
-      );
-      if (!allowed) {
-        if (ours)
-          v.push(
-            `${ns}: mirror of ${id} exists although ${idObj ? 'the namespace is not allowed' : 'the identity is gone'}`,
-          );
-        continue;
-      }
-      if (mirror && !ours) continue; // a Secret in the way: never touched (checked below)
-      const ref = idObj!.spec.secretRef;
-      const source = await ignoreNotFound(a.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }));
-      if (!mirror) {
-        if (users.length && source) v.push(`${ns}: ${users.length} consumer(s) of ${id} but no mirror`);
-        continue;
-      }
-      const want = users.map((c) => `${c.kind}/${c.metadata.name}/${c.metadata.uid}`).sort();
-      const got = (mirror.metadata?.ownerReferences ?? [])
-        .filter((r) => r.kind.startsWith('Terraform'))
-        .map((r) => `${r.kind}/${r.name}/${r.uid}`)
-        .sort();
-      if (JSON.stringify(want) !== JSON.stringify(got))
-        v.push(`${ns}: mirror of ${id} is owned by [${got.join(', ')}], its consumers are [${want.join(', ')}]`);
-      if (source) {
-        const h = sourceHash(source.data);
-        if (mirror.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] !== h || sourceHash(mirror.data) !== h)
-          v.push(`${ns}: mirror of ${id} is not current for its source`);
-      }
-    }
-    for (const [k, rv] of foreign ?? []) {
-      if (!k.startsWith(`${ns}/`)) continue;
-      const s = secrets.find((x) => `${ns}/${x.metadata!.name}` === k);
-      if (!s) v.push(`${k}: a Secret that is not ours was deleted`);
-      else if (s.metadata!.resourceVersion !== rv) v.push(`${k}: a Secret that is not ours was changed`);
-    }
+}
+
+async function readNamespaceState(a: Clients, ns: string): Promise<NamespaceState> {
+  const nsObj = await ignoreNotFound(a.core.readNamespace({ name: ns }));
+  const consumers: Consumer[] = [];
+  for (const k of DEFAULT_CONSUMER_KINDS) {
+    const list = (await a.custom.listNamespacedCustomObject({
+      group: k.group,
+      version: k.version,
+      plural: k.plural,
+      namespace: ns,
+    })) as { items: Consumer[] };
+    consumers.push(...list.items.map((c) => ({ ...c, kind: k.kind })));
+  }
+  const secrets = (await a.core.listNamespacedSecret({ namespace: ns })).items;
+  return { ns, nsObj, consumers, secrets };
+}
+
+/** Identities named by a consumer or by a mirror of ours in the namespace. */
+function mirrorKeys({ consumers, secrets }: NamespaceState): Set<string> {
+  const keys = new Set([...consumers.map((c) => c.spec?.identityRef?.name).filter((x): x is string => Boolean(x))]);
+  for (const s of secrets) {
+    const id = s.metadata?.annotations?.[ANNOTATION_IDENTITY];
+    if (id && isOurs(s, id)) keys.add(id);
+  }
+  return keys;
+}
+
+/** The violations of one key (namespace, identity). */
+async function keyViolations(
+  a: Clients,
+  state: NamespaceState,
+  { id, idObj }: { id: string; idObj: TerraformClusterIdentity | undefined },
+): Promise<string[]> {
+  const { ns, nsObj, consumers, secrets } = state;
+  const users = consumers.filter((c) => c.spec?.identityRef?.name === id);
+  const mirror = secrets.find((s) => s.metadata?.name === mirrorName(id));
+  const ours = mirror !== undefined && isOurs(mirror, id);
+  const allowed = Boolean(
+    idObj && nsObj && isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: ns, labels: nsObj.metadata?.labels }),
+  );
+  if (!allowed)
+    return ours
+      ? [`${ns}: mirror of ${id} exists although ${idObj ? 'the namespace is not allowed' : 'the identity is gone'}`]
+      : [];
+  if (mirror && !ours) return []; // a Secret in the way: never touched (checked by foreignViolations)
+  const ref = idObj!.spec.secretRef;
+  const source = await ignoreNotFound(a.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }));
+  if (!mirror) return users.length && source ? [`${ns}: ${users.length} consumer(s) of ${id} but no mirror`] : [];
+  return mirrorViolations({ ns, id, users, mirror, source });
+}
+
+/** An existing mirror's owner references and currency. */
+function mirrorViolations(m: {
+  ns: string;
+  id: string;
+  users: Consumer[];
+  mirror: V1Secret;
+  source: V1Secret | undefined;
+}): string[] {
+  const v: string[] = [];
+  const want = m.users.map((c) => `${c.kind}/${c.metadata.name}/${c.metadata.uid}`).sort();
+  const got = (m.mirror.metadata?.ownerReferences ?? [])
+    .filter((r) => r.kind.startsWith('Terraform'))
+    .map((r) => `${r.kind}/${r.name}/${r.uid}`)
+    .sort();
+  if (JSON.stringify(want) !== JSON.stringify(got))
+    v.push(`${m.ns}: mirror of ${m.id} is owned by [${got.join(', ')}], its consumers are [${want.join(', ')}]`);
+  if (m.source) {
+    const h = sourceHash(m.source.data);
+    if (m.mirror.metadata?.annotations?.[ANNOTATION_SOURCE_HASH] !== h || sourceHash(m.mirror.data) !== h)
+      v.push(`${m.ns}: mirror of ${m.id} is not current for its source`);
+  }
+  return v;
+}
+
+/** Secrets of the {@link foreignSecrets} snapshot in this namespace that were deleted or changed. */
+function foreignViolations({ ns, secrets }: NamespaceState, foreign: Map<string, string> | undefined): string[] {
+  const v: string[] = [];
+  for (const [k, rv] of foreign ?? []) {
+    if (!k.startsWith(`${ns}/`)) continue;
+    const s = secrets.find((x) => `${ns}/${x.metadata!.name}` === k);
+    if (!s) v.push(`${k}: a Secret that is not ours was deleted`);
+    else if (s.metadata!.resourceVersion !== rv) v.push(`${k}: a Secret that is not ours was changed`);
   }
   return v;
 }

@@ -31,7 +31,7 @@ export function connectionsTo(pid: number, port: number): number {
   const hexPort = port.toString(16).toUpperCase().padStart(4, '0');
   let n = 0;
   for (const table of ['tcp', 'tcp6']) {
-    let text = '';
+    let text: string;
     try {
       text = readFileSync(`/proc/${pid}/net/${table}`, 'utf8');
     } catch {

@@ -287,6 +287,15 @@ describe('identity-status (SPEC §9)', () => {
     assertNoSecret(responses.join('\n'), planted, 'identity-status HTTP responses');
   });
 
+  readyTests();
+  usageTests();
+  writeTests();
+  httpTests();
+  processTests();
+});
+
+/** Ready from the source Secret: found, deleted, unreadable. */
+function readyTests(): void {
   it('sets Ready=True/SecretFound with observedGeneration when the source exists, and SecretNotFound after it is deleted', async () => {
     const name = idName('present');
     await createSource(src, `${name}-src`);
@@ -341,7 +350,10 @@ describe('identity-status (SPEC §9)', () => {
     const line = cap.entries().find((e) => e.message === 'identity refreshed' && e.identity === name);
     assert.equal(line?.reason, 'SecretUnreadable');
   });
+}
 
+/** status.namespaces: which namespaces use the identity. */
+function usageTests(): void {
   it('status.namespaces follows consumers of several kinds appearing and disappearing across namespaces', async () => {
     const name = idName('users');
     await createSource(src, `${name}-src`);
@@ -467,7 +479,10 @@ describe('identity-status (SPEC §9)', () => {
     await ping();
     assert.deepEqual((await getIdentity(name)).status?.namespaces, []);
   });
+}
 
+/** How the status is written: no empty writes, other writers' conditions kept, conflicts redone. */
+function writeTests(): void {
   it('repeated refreshes with no change leave the identity resourceVersion unchanged', async () => {
     const name = idName('steady');
     const data = await createSource(src, `${name}-src`);
@@ -561,7 +576,10 @@ describe('identity-status (SPEC §9)', () => {
     assert.deepEqual(id.status?.namespaces, [n], 'the stale usage was never written');
     assert.equal(ready(id)?.reason, 'SecretFound');
   });
+}
 
+/** The function's HTTP interface. */
+function httpTests(): void {
   it('answers over HTTP: binary, structured and batch events, healthz, 4xx with a reason, gone identities', async () => {
     const name = idName('http');
     await createSource(src, `${name}-src`);
@@ -723,7 +741,10 @@ describe('identity-status (SPEC §9)', () => {
     // Still serving after all of that.
     assert.equal((await identityEvent(name)).status, 200);
   });
+}
 
+/** As a process, and at scale. */
+function processTests(): void {
   it('runs as a process (npm run function -- identity-status): PORT, JSON logs, and SIGTERM lets an in-flight ping finish', async () => {
     const name = idName('process');
     await createSource(src, `${name}-src`);
@@ -822,4 +843,4 @@ describe('identity-status (SPEC §9)', () => {
       `a second ping with no change: ${String(again.body.written)} written, ${String(again.body.apiCalls)} API calls`,
     );
   });
-});
+}

@@ -89,6 +89,12 @@ async function awaitEvent(
 }
 
 describe('the real ApiServerSource adapter, as the event-source ServiceAccount', () => {
+  referenceModeTests();
+  resourceModeAndEndToEndTests();
+});
+
+/** Reference mode, as the manifests configure the adapter. */
+function referenceModeTests(): void {
   it('Reference mode, configured as the manifests configure it: consumer, identity and namespace events reach the sink and parse as the functions expect', async (t) => {
     const manifest = rendered.find(
       (o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects',
@@ -249,7 +255,10 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
       [],
     );
   });
+}
 
+/** Resource mode, and the adapter driving mirror-sync end to end. */
+function resourceModeAndEndToEndTests(): void {
   it('Resource mode: the event carries the whole object', async (t) => {
     const n = await ns.create();
     const adapter = await startApiServerSourceAdapter({
@@ -407,4 +416,4 @@ describe('the real ApiServerSource adapter, as the event-source ServiceAccount',
       ),
     );
   });
-});
+}

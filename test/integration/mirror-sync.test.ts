@@ -71,6 +71,12 @@ after(async () => {
 });
 
 describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
+  mirrorLifecycleTests();
+  repairAndReleaseTests();
+});
+
+/** A consumer's mirror: created, left alone when current, rotated, revoked. */
+function mirrorLifecycleTests(): void {
   it('creating a consumer makes a mirror with exact labels, annotations, data and one owner reference', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
@@ -255,7 +261,10 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.equal(cond?.status, 'False');
     assert.equal(cond?.reason, 'IdentityNotFound');
   });
+}
 
+/** Stale owners, hand edits, Secrets in the way, missing sources, and releasing a mirror. */
+function repairAndReleaseTests(): void {
   it('an object deleted and recreated under the same name gets its stale owner reference replaced', async () => {
     const n = await ns.create();
     const id = await newIdentity({ list: [n] });
@@ -448,7 +457,7 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
     assert.equal(r.status, 200, r.text);
     assert.ok(await getMirror(a, n, id));
   });
-});
+}
 
 describe('prepare (SPEC §5)', () => {
   const prepare = async (body: unknown) => {
