@@ -6,7 +6,7 @@
  * labeled with this run's label, so other test files are unaffected.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -24,7 +24,8 @@ import {
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
-import { createCA, createLeaf } from '../../scripts/controlplane/pki.ts';
+import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
+import { webhookConfiguration } from '../../scripts/local/webhook.ts';
 import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
@@ -114,15 +115,7 @@ describe('identity-status with admission: deleting an identity in use', () => {
 
     // admission over HTTPS with a test CA; its own RBAC matrix is admission.test.ts's job.
     const dir = mkdtempSync(join(tmpdir(), 'captf-idst-adm-'));
-    const ca = await createCA(dir, 'webhook-ca', `captf-idst-adm-ca-${run}`);
-    const leaf = await createLeaf({
-      ca,
-      dir,
-      name: 'tls',
-      cn: 'captf-admission',
-      sans: ['IP:127.0.0.1', 'DNS:localhost'],
-      usage: 'server',
-    });
+    const { leaf, caPem } = await createWebhookPair(dir, `captf-idst-adm-ca-${run}`);
     admissionFn = await startAdmission({
       port: 0,
       host: '127.0.0.1',
@@ -131,32 +124,12 @@ describe('identity-status with admission: deleting an identity in use', () => {
       env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
     });
     await webhooks.createValidatingWebhookConfiguration({
-      body: {
-        metadata: { name: webhookName },
-        webhooks: [
-          {
-            name: 'identities.admission.captf.io',
-            clientConfig: {
-              url: `https://127.0.0.1:${admissionFn.port}/validate`,
-              caBundle: readFileSync(ca.cert).toString('base64'),
-            },
-            rules: [
-              {
-                apiGroups: [GROUP],
-                apiVersions: [VERSION],
-                operations: ['CREATE', 'UPDATE', 'DELETE'],
-                resources: [IDENTITY_PLURAL],
-                scope: 'Cluster',
-              },
-            ],
-            objectSelector: { matchLabels: { [LABEL]: run } },
-            failurePolicy: 'Fail',
-            sideEffects: 'None',
-            admissionReviewVersions: ['v1'],
-            timeoutSeconds: 10,
-          },
-        ],
-      },
+      body: webhookConfiguration({
+        url: `https://127.0.0.1:${admissionFn.port}`,
+        caBundlePem: caPem,
+        name: webhookName,
+        matchLabels: { [LABEL]: run },
+      }),
     });
     // The webhook is active once it refuses what only it refuses (an unknown selector operator).
     await eventually('the webhook to be active', async () => {
