@@ -23,6 +23,11 @@ function subject(cn: string, orgs: readonly string[] = []): string {
   return `/CN=${esc(cn)}${orgs.map((o) => `/O=${esc(o)}`).join('')}`;
 }
 
+/** `openssl req` arguments for a new unencrypted ECDSA P-256 key written to `keyPath`. */
+function newEcKey(keyPath: string): string[] {
+  return ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', keyPath];
+}
+
 /**
  * Creates a self-signed CA (ECDSA P-256, 10 years) at `<dir>/<name>.crt|.key`.
  * @throws Error from openssl.
@@ -33,13 +38,7 @@ export async function createCA(dir: string, name: string, cn: string): Promise<C
   await exec('openssl', [
     'req',
     '-x509',
-    '-newkey',
-    'ec',
-    '-pkeyopt',
-    'ec_paramgen_curve:prime256v1',
-    '-nodes',
-    '-keyout',
-    pair.key,
+    ...newEcKey(pair.key),
     '-out',
     pair.cert,
     '-days',
@@ -87,21 +86,7 @@ export async function createLeaf(opts: LeafOptions): Promise<CertPair> {
   ];
   if (opts.sans?.length) lines.push(`subjectAltName=${opts.sans.join(',')}`);
   writeFileSync(ext, lines.join('\n') + '\n');
-  await exec('openssl', [
-    'req',
-    '-new',
-    '-newkey',
-    'ec',
-    '-pkeyopt',
-    'ec_paramgen_curve:prime256v1',
-    '-nodes',
-    '-keyout',
-    pair.key,
-    '-out',
-    csr,
-    '-subj',
-    subject(opts.cn, opts.orgs),
-  ]);
+  await exec('openssl', ['req', '-new', ...newEcKey(pair.key), '-out', csr, '-subj', subject(opts.cn, opts.orgs)]);
   await exec('openssl', [
     'x509',
     '-req',
