@@ -30,7 +30,8 @@ import {
 } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
-import { createCA, createLeaf } from '../../scripts/controlplane/pki.ts';
+import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
+import { webhookConfiguration } from '../../scripts/local/webhook.ts';
 import { builtKubectlPath } from '../../scripts/local/kubectl.ts';
 import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
@@ -234,15 +235,7 @@ before(async () => {
   ]);
 
   const dir = mkdtempSync(join(tmpdir(), 'captf-adm-'));
-  const ca = await createCA(dir, 'webhook-ca', `captf-admission-test-ca-${sfx}`);
-  const leaf = await createLeaf({
-    ca,
-    dir,
-    name: 'tls',
-    cn: 'captf-admission',
-    sans: ['IP:127.0.0.1', 'DNS:localhost'],
-    usage: 'server',
-  });
+  const { leaf, caPem } = await createWebhookPair(dir, `captf-admission-test-ca-${sfx}`);
   const fnKc = new KubeConfig();
   fnKc.loadFromFile((await asUser(adminUser)).kubeconfigPath);
   fn = await start({
@@ -254,32 +247,12 @@ before(async () => {
   });
 
   await a.kc.makeApiClient(AdmissionregistrationV1Api).createValidatingWebhookConfiguration({
-    body: {
-      metadata: { name: webhookName },
-      webhooks: [
-        {
-          name: 'identities.admission.captf.io',
-          clientConfig: {
-            url: `https://127.0.0.1:${fn.port}/validate`,
-            caBundle: readFileSync(ca.cert).toString('base64'),
-          },
-          rules: [
-            {
-              apiGroups: [GROUP],
-              apiVersions: [VERSION],
-              operations: ['CREATE', 'UPDATE', 'DELETE'],
-              resources: [IDENTITY_PLURAL],
-              scope: 'Cluster',
-            },
-          ],
-          objectSelector: { matchLabels: { [LABEL]: sfx } },
-          failurePolicy: 'Fail',
-          sideEffects: 'None',
-          admissionReviewVersions: ['v1'],
-          timeoutSeconds: 10,
-        },
-      ],
-    },
+    body: webhookConfiguration({
+      url: `https://127.0.0.1:${fn.port}`,
+      caBundlePem: caPem,
+      name: webhookName,
+      matchLabels: { [LABEL]: sfx },
+    }),
   });
 
   // Wait until the API server calls the webhook (an invalid operator passes the CRD schema,
@@ -369,7 +342,7 @@ describe('admission on CREATE: a SubjectAccessReview for get on the named Secret
   it('denied without RBAC, naming user, verb, Secret and rule', async () => {
     const r = await rejection(create(users.nobody, body(`c-nobody-${sfx}`, ref())));
     assert.equal(r.code, 403);
-    assert.match(r.message, /admission webhook "identities\.admission\.captf\.io" denied the request/);
+    assert.match(r.message, /admission webhook "identities\.captf-credentials\.local" denied the request/);
     assert.match(
       r.message,
       new RegExp(
