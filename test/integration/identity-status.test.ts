@@ -668,6 +668,17 @@ function httpTests(): void {
         /CloudEvent/,
       ],
       [
+        'binary event without ce-id',
+        () =>
+          fetch(url, {
+            method: 'POST',
+            headers: { 'ce-type': 'dev.knative.sources.ping', 'ce-source': '/x', 'ce-specversion': '1.0' },
+            body: '',
+          }).then(async (r) => ({ status: r.status, text: await r.text(), body: null })),
+        400,
+        /lacks required header\(s\) ce-id/,
+      ],
+      [
         'malformed JSON',
         () =>
           fetch(url, {
