@@ -167,10 +167,29 @@ export interface MirrorView {
   hash: string;
 }
 
+/** At most `max` names, then `and N more`: a line stays short on a mirror with hundreds of owners. */
+function someOf(names: readonly string[], max = 3): string {
+  return names.length <= max ? names.join(', ') : `${names.slice(0, max).join(', ')} and ${names.length - max} more`;
+}
+
+const plural = (n: number, word: string): string => `${n} ${word}${n === 1 ? '' : 's'}`;
+
+/** What changed in the owner list: `owners +A, B −C (now N)`; undefined when nothing did. */
+function ownerChange(now: readonly string[], before: readonly string[]): string | undefined {
+  const had = new Set(before);
+  const has = new Set(now);
+  const added = now.filter((o) => !had.has(o));
+  const removed = before.filter((o) => !has.has(o));
+  if (!added.length && !removed.length) return undefined;
+  const parts = [...(added.length ? [`+${someOf(added)}`] : []), ...(removed.length ? [`−${someOf(removed)}`] : [])];
+  return `owners ${parts.join(' ')} (now ${plural(now.length, 'owner')})`;
+}
+
 /**
  * One line about a mirror Secret that was created, updated or deleted (from a metadata
- * watch of Secrets labelled `captf.io/mirrored=true`). Says what changed: owners, or the
- * data (by a different source-hash annotation, which is compared but never shown).
+ * watch of Secrets labelled `captf.io/mirrored=true`). Says what changed: owners added and
+ * removed (a few names and the new count, never the whole list), or the data (by a
+ * different source-hash annotation, which is compared but never shown).
  * @returns undefined when nothing a reader cares about changed.
  */
 export function describeMirrorChange(
@@ -179,19 +198,60 @@ export function describeMirrorChange(
   before?: MirrorView,
 ): Printed | undefined {
   const subject = `${now.namespace}/${now.name}`;
-  const owners = now.owners.length ? now.owners.join(', ') : 'none';
   if (verb === 'add')
     return {
       debug: false,
       component: 'mirror',
       subject,
-      text: `created for identity ${now.identity}; owners: ${owners}`,
+      text: `created for identity ${now.identity}; ${plural(now.owners.length, 'owner')}${now.owners.length ? `: ${someOf(now.owners)}` : ''}`,
     };
   if (verb === 'delete')
     return { debug: false, component: 'mirror', subject, text: `deleted (identity ${now.identity})` };
   const what: string[] = [];
   if (before && before.hash !== now.hash) what.push('data replaced from the rotated source');
-  if (!before || before.owners.join(',') !== now.owners.join(',')) what.push(`owners: ${owners}`);
+  const owners = ownerChange(now.owners, before?.owners ?? []);
+  if (owners) what.push(owners);
   if (!what.length) return undefined;
   return { debug: false, component: 'mirror', subject, text: `updated; ${what.join('; ')}` };
+}
+
+/** Levels of the adapter's log lines that are printed without `--debug`. */
+const ADAPTER_SHOWN = new Set(['warn', 'warning', 'error', 'fatal', 'panic', 'dpanic']);
+/**
+ * Warnings the adapter prints at every start with the local configuration, which a user can
+ * do nothing about (no sink timeout is configured, as on a cluster by default).
+ */
+const ADAPTER_BENIGN = [/^Sink timeout configuration is invalid/];
+/** klog's one-letter severities (`E1130 16:45:36.43 …`). */
+const KLOG_LEVELS: Record<string, string> = { I: 'info', W: 'warning', E: 'error', F: 'fatal' };
+
+/**
+ * One line of Knative's ApiServerSource adapter. Its JSON lines name the level `severity`
+ * and the text `message` (Knative's zap configuration), older ones `level`/`msg`, and the
+ * Kubernetes client inside it writes klog lines; warnings and errors are shown, the rest is
+ * debug.
+ * @param name the ApiServerSource the adapter runs for.
+ */
+export function adapterLine(name: string, raw: string): Printed | undefined {
+  const line = raw.trim();
+  if (!line) return undefined;
+  const { level, text } = adapterLevelAndText(line);
+  const shown = ADAPTER_SHOWN.has(level) && !ADAPTER_BENIGN.some((re) => re.test(text));
+  return {
+    debug: !shown,
+    component: 'events',
+    subject: `adapter ${name}`,
+    text: shown ? `${level === 'warning' ? 'warn' : level}: ${text}` : text,
+  };
+}
+
+/** The level (lower case) and text of one adapter line: zap JSON, or klog. */
+function adapterLevelAndText(line: string): { level: string; text: string } {
+  const j = jsonObject(line);
+  if (!j) return { level: /^[IWEF]\d{4} /.test(line) ? KLOG_LEVELS[line[0]!]! : 'info', text: line };
+  const message = str(j.message ?? j.msg ?? line);
+  return {
+    level: str(j.severity ?? j.level ?? 'info').toLowerCase(),
+    text: j.error ? `${message} (${str(j.error)})` : message,
+  };
 }

@@ -35,7 +35,7 @@ import {
   watchedResources,
   type DeliveryReport,
 } from './events.ts';
-import { LogPrinter, describeMirrorChange, formatLine, type MirrorView, type Printed } from './print.ts';
+import { LogPrinter, adapterLine, describeMirrorChange, formatLine, type MirrorView, type Printed } from './print.ts';
 import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
 
 export { WEBHOOK_CONFIGURATION, webhookConfiguration } from './webhook.ts';
@@ -446,26 +446,7 @@ async function ping(deliveries: Deliveries, which: keyof typeof PINGS): Promise<
   await d.idle();
 }
 
-/** The adapter's zap JSON lines: errors and warnings are shown, the rest is debug. */
-function adapterLine(name: string, raw: string): Printed | undefined {
-  if (!raw.trim()) return undefined;
-  let level = 'info';
-  let msg = raw;
-  try {
-    const j = JSON.parse(raw) as { level?: string; msg?: string; error?: string };
-    level = j.level ?? level;
-    msg = `${j.msg ?? raw}${j.error ? ` (${j.error})` : ''}`;
-  } catch {
-    // keep the raw line
-  }
-  return {
-    debug: !['warn', 'error', 'fatal', 'panic'].includes(level),
-    component: 'events',
-    subject: `adapter ${name}`,
-    text: msg,
-  };
-}
-
+/** What the printer needs of a mirror Secret seen by the watch. */
 function mirrorView(s: V1Secret): MirrorView {
   const meta = s.metadata ?? {};
   const annotations = meta.annotations ?? {};

@@ -6,7 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -161,6 +161,35 @@ describe('npm start on an embedded control plane', () => {
       Object.values((o as { stringData?: Record<string, string> }).stringData ?? {}),
     );
     for (const v of values) assert.ok(!run.output().includes(v), 'no Secret value in the output');
+  });
+});
+
+describe('npm start with the real event source (issue 14 item 6)', () => {
+  it("prints the ApiServerSource adapter's errors when it cannot deliver (mirror-sync down)", async () => {
+    const run = start(['--dir', join(work, 'adapter'), '--resync', '1h', '--status', '1h']);
+    const banner = await run.ready;
+    assert.match(banner, /ApiServerSource adapter/);
+    const kubeconfig = /export KUBECONFIG=(\S+)/.exec(banner)![1]!;
+    const mirrorSync = childrenOf(run.child.pid!).find((pid) => {
+      try {
+        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes('mirror-sync');
+      } catch {
+        return false;
+      }
+    });
+    assert.ok(mirrorSync, 'mirror-sync runs under npm start');
+    process.kill(mirrorSync, 'SIGKILL');
+    const kc = new KubeConfig();
+    kc.loadFromFile(kubeconfig);
+    // A namespace event goes to mirror-sync through the adapter, which now cannot reach it.
+    await kc.makeApiClient(CoreV1Api).createNamespace({ body: { metadata: { name: 'nobody-listens' } } });
+    await eventually(
+      "the adapter's error line",
+      async () => /events\s+adapter captf-objects\s+error: /.test(run.output()),
+      60_000,
+    );
+    run.child.kill('SIGINT');
+    await run.exited;
   });
 });
 

@@ -7,7 +7,13 @@ import { describe, it } from 'node:test';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { guessPlural, parseDuration, pingMessage, refEvent } from '../../scripts/local/events.ts';
-import { LogPrinter, describeMirrorChange, formatLine, type MirrorView } from '../../scripts/local/print.ts';
+import {
+  LogPrinter,
+  adapterLine,
+  describeMirrorChange,
+  formatLine,
+  type MirrorView,
+} from '../../scripts/local/print.ts';
 
 const kinds = consumerKindsFromEnv({});
 
@@ -244,16 +250,61 @@ describe('describeMirrorChange', () => {
   it('created, deleted, owners changed, data rotated (the hash is compared, never shown), nothing changed', () => {
     assert.equal(
       describeMirrorChange('add', v())!.text,
-      'created for identity aws-prod; owners: TerraformCluster/prod',
+      'created for identity aws-prod; 1 owner: TerraformCluster/prod',
     );
     assert.equal(describeMirrorChange('delete', v())!.text, 'deleted (identity aws-prod)');
     assert.equal(
       describeMirrorChange('update', v({ owners: ['TerraformCluster/prod', 'TerraformMachine/m'] }), v())!.text,
-      'updated; owners: TerraformCluster/prod, TerraformMachine/m',
+      'updated; owners +TerraformMachine/m (now 2 owners)',
+    );
+    assert.equal(
+      describeMirrorChange('update', v({ owners: ['TerraformMachine/m'] }), v())!.text,
+      'updated; owners +TerraformMachine/m −TerraformCluster/prod (now 1 owner)',
     );
     const rotated = describeMirrorChange('update', v({ hash: 'h2' }), v())!;
     assert.equal(rotated.text, 'updated; data replaced from the rotated source');
     assert.doesNotMatch(formatLine(rotated), /h2|h1/);
     assert.equal(describeMirrorChange('update', v(), v()), undefined);
+  });
+  it('stays one short line on a mirror with hundreds of owners (issue 14 item 10)', () => {
+    const many = Array.from({ length: 200 }, (_, i) => `TerraformMachine/m-${i}`);
+    const created = describeMirrorChange('add', v({ owners: many }))!.text;
+    assert.equal(
+      created,
+      'created for identity aws-prod; 200 owners: TerraformMachine/m-0, TerraformMachine/m-1, TerraformMachine/m-2 and 197 more',
+    );
+    const grown = describeMirrorChange('update', v({ owners: [...many, 'TerraformCluster/x'] }), v({ owners: many }))!;
+    assert.equal(grown.text, 'updated; owners +TerraformCluster/x (now 201 owners)');
+    const shrunk = describeMirrorChange('update', v({ owners: many.slice(50) }), v({ owners: many }))!;
+    assert.equal(
+      shrunk.text,
+      'updated; owners −TerraformMachine/m-0, TerraformMachine/m-1, TerraformMachine/m-2 and 47 more (now 150 owners)',
+    );
+  });
+});
+
+describe('adapterLine: the event source speaks up when it fails (issue 14 item 6)', () => {
+  it("shows the adapter's warnings and errors (severity/message), keeps the rest as debug", () => {
+    const error = adapterLine(
+      'captf-objects',
+      JSON.stringify({ severity: 'ERROR', message: 'failed to send cloudevent', error: 'connection refused' }),
+    )!;
+    assert.deepEqual(error, {
+      debug: false,
+      component: 'events',
+      subject: 'adapter captf-objects',
+      text: 'error: failed to send cloudevent (connection refused)',
+    });
+    assert.equal(adapterLine('x', JSON.stringify({ severity: 'WARNING', message: 'slow' }))!.text, 'warn: slow');
+    assert.equal(adapterLine('x', JSON.stringify({ level: 'error', msg: 'old style' }))!.debug, false);
+    assert.equal(adapterLine('x', JSON.stringify({ severity: 'INFO', message: 'Registering 3 clients' }))!.debug, true);
+    assert.equal(adapterLine('x', 'E1130 16:45:36.434644 5007 reflector.go:578] watch failed')!.debug, false);
+    assert.equal(adapterLine('x', 'I1130 16:45:36.434644 5007 reflector.go:578] "Warning: watch ended"')!.debug, true);
+    const benign = JSON.stringify({
+      severity: 'WARNING',
+      message: 'Sink timeout configuration is invalid, default to -1',
+    });
+    assert.equal(adapterLine('x', benign)!.debug, true);
+    assert.equal(adapterLine('x', '  '), undefined);
   });
 });
