@@ -353,7 +353,7 @@ const count = (n: number, noun: string): string => `${n} ${noun}${n === 1 ? '' :
 /**
  * Joins `items` with `, ` in at most `budget` characters; when they do not all fit, as many as
  * fit are followed by `and N more` (counted).
- * @returns the joined list or its summary (at least `and N more` when not even one item fits).
+ * @returns the joined list or its summary (the first item, shortened, when not even one fits whole).
  */
 export function summariseList(items: readonly string[], budget: number): string {
   const all = items.join(', ');
@@ -363,6 +363,11 @@ export function summariseList(items: readonly string[], budget: number): string 
     const rest = items.length - shown.length - 1;
     if ([...shown, item, `and ${rest} more`].join(', ').length > budget) break;
     shown.push(item);
+  }
+  // Never a list that names nothing: the first item, shortened, always shows.
+  if (shown.length === 0 && items.length > 0) {
+    const more = items.length > 1 ? `, and ${items.length - 1} more` : '';
+    return shorten(items[0]!, Math.max(8, budget - more.length)) + more;
   }
   return [...shown, `and ${items.length - shown.length} more`].join(', ');
 }

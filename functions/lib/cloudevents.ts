@@ -67,6 +67,8 @@ function flatHeaders(headers: Record<string, string | string[] | undefined>): Re
   const flat: Record<string, string> = {};
   for (const [k, v] of Object.entries(headers))
     if (v !== undefined) flat[k.toLowerCase()] = Array.isArray(v) ? v.join(',') : v;
+  // Media types are case-insensitive (RFC 9110); the SDK compares them as written.
+  if (flat['content-type'] !== undefined) flat['content-type'] = flat['content-type'].toLowerCase();
   return flat;
 }
 
@@ -112,6 +114,9 @@ export function readCloudEvents(
       try {
         if (typeof item !== 'object' || item === null || Array.isArray(item))
           throw new BadEventError('invalid CloudEvent: not a JSON object');
+        const absent = absentAttributes(item as Record<string, unknown>);
+        if (absent.length)
+          throw new BadEventError(`invalid CloudEvent: lacks required attribute(s) ${absent.join(', ')}`);
         events.push(checked(new CloudEvent<unknown>(item as CloudEvent<unknown>, false)));
       } catch (err) {
         errors.push(`batch[${i}]: ${err instanceof BadEventError ? err.message : eventErrorText(err)}`);
@@ -133,6 +138,10 @@ export function readCloudEvents(
 /** The attributes CloudEvents 1.0 requires of every event. */
 const REQUIRED_ATTRIBUTES = ['id', 'source', 'type', 'specversion'] as const;
 
+/** Required attributes absent, null or empty in a JSON event (the SDK would invent an id or a specversion). */
+const absentAttributes = (doc: Record<string, unknown>): string[] =>
+  REQUIRED_ATTRIBUTES.filter((a) => doc[a] === undefined || doc[a] === null || doc[a] === '');
+
 /**
  * Names the required attributes a request that tries to be one event lacks (the SDK only
  * says "no cloud event detected"): binary mode when it has any `ce-` header, structured
@@ -149,7 +158,7 @@ function missingAttributes(flat: Record<string, string>, body: string): string |
       return undefined;
     }
     if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) return undefined;
-    const absent = REQUIRED_ATTRIBUTES.filter((a) => !(a in doc));
+    const absent = absentAttributes(doc as Record<string, unknown>);
     return absent.length ? `structured-mode event lacks required attribute(s) ${absent.join(', ')}` : undefined;
   }
   if (!Object.keys(flat).some((h) => h.startsWith('ce-'))) return undefined;

@@ -157,31 +157,72 @@ export class RedactedApiError extends Error {
 }
 
 /**
- * For errors of requests whose body held Secret data (mirror create/update): the API
- * server's message may quote the rejected values (an admission policy or validation can
- * echo them), so only the status code, the reason and the names of offending fields
- * survive. SPEC §15: no Secret data in errors.
+ * For errors of requests that carried or touched Secret data (mirror create, update and
+ * delete: a webhook on DELETE sees the old object): the API server's message may quote the
+ * values (an admission policy or webhook can echo them), so only the status code, a
+ * Kubernetes-defined reason and Kubernetes-defined cause types survive. SPEC §15: no Secret
+ * data in errors.
  * @returns a {@link RedactedApiError} (the input unchanged when it is not an API error).
  */
 export function redactApiError(err: unknown): unknown {
   const code = apiStatus(err);
   if (code === undefined) return err;
   const status = statusOf((err as { body?: unknown }).body) as
-    { reason?: unknown; details?: { causes?: { field?: unknown; reason?: unknown }[] } } | undefined;
+    { reason?: unknown; details?: { causes?: { reason?: unknown }[] } } | undefined;
   const causes = Array.isArray(status?.details?.causes) ? status.details.causes : [];
-  const words = (key: 'field' | 'reason') => [
-    ...new Set(
-      causes.map((c) => c?.[key]).filter((f): f is string => typeof f === 'string' && /^[\w.\-[\]]{1,100}$/.test(f)),
-    ),
+  // Only words Kubernetes defines: a webhook chooses its reason and cause fields freely,
+  // and may put the data it saw in them.
+  const reasons = [
+    ...new Set(causes.map((c) => c?.reason).filter((r): r is string => typeof r === 'string' && CAUSE_TYPES.has(r))),
   ];
-  const fields = words('field');
-  const reason = typeof status?.reason === 'string' ? ` ${status.reason}` : '';
+  const reason = typeof status?.reason === 'string' && STATUS_REASONS.has(status.reason) ? ` ${status.reason}` : '';
   return new RedactedApiError(
     code,
-    `HTTP ${code}${reason}${fields.length ? ` (fields: ${fields.join(', ').slice(0, 200)})` : ''}; the API server's message is withheld because the request carried Secret data`,
-    words('reason'),
+    `HTTP ${code}${reason}; the API server's message is withheld because the request carried Secret data`,
+    reasons,
   );
 }
+
+/** `metav1.StatusReason` values (k8s.io/apimachinery/pkg/apis/meta/v1/types.go). */
+const STATUS_REASONS = new Set([
+  'Unauthorized',
+  'Forbidden',
+  'NotFound',
+  'AlreadyExists',
+  'Conflict',
+  'Gone',
+  'Invalid',
+  'ServerTimeout',
+  'StoreReadError',
+  'Timeout',
+  'TooManyRequests',
+  'BadRequest',
+  'MethodNotAllowed',
+  'NotAcceptable',
+  'RequestEntityTooLarge',
+  'UnsupportedMediaType',
+  'InternalError',
+  'Expired',
+  'ServiceUnavailable',
+]);
+
+/** `metav1.CauseType` values (same file). */
+const CAUSE_TYPES = new Set([
+  'FieldValueNotFound',
+  'FieldValueRequired',
+  'FieldValueDuplicate',
+  'FieldValueInvalid',
+  'FieldValueNotSupported',
+  'FieldValueForbidden',
+  'FieldValueTooLong',
+  'FieldValueTooMany',
+  'InternalError',
+  'FieldValueTypeInvalid',
+  'UnexpectedServerResponse',
+  'FieldManagerConflict',
+  'ResourceVersionTooLarge',
+  'NamespaceTerminating',
+]);
 
 const users = new WeakMap<KubeConfig, Promise<string>>();
 
@@ -198,7 +239,10 @@ export function whoAmI(kc: KubeConfig): Promise<string> {
       .makeApiClient(AuthenticationV1Api)
       .createSelfSubjectReview({ body: { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview' } })
       .then((r) => r.status?.userInfo?.username ?? 'its ServiceAccount')
-      .catch(() => 'its ServiceAccount');
+      .catch(() => {
+        users.delete(kc); // ask again next time
+        return 'its ServiceAccount';
+      });
     users.set(kc, user);
   }
   return user;

@@ -287,8 +287,14 @@ function contextOf(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Ctx {
 const revoke = (ctx: Ctx): MirrorAction =>
   ctx.ours ? { action: 'delete', secret: ctx.existing!, why: 'revoked' } : { action: 'none' };
 
+/** When a revocation leaves a Secret in place because it is some identity's source, say so (SPEC §3). */
+const keptAsSource = (ctx: Ctx): string =>
+  ctx.existing && ctx.snapshot.sourceOf.length > 0
+    ? `; Secret ${ctx.key.namespace}/${ctx.name} is left in place: it is the source Secret of TerraformClusterIdentity ${ctx.snapshot.sourceOf.slice(0, 3).join(', ')}`
+    : '';
+
 function identityMissing(ctx: Ctx): Plan {
-  const message = `TerraformClusterIdentity ${ctx.key.identity} does not exist`;
+  const message = `TerraformClusterIdentity ${ctx.key.identity} does not exist${keptAsSource(ctx)}`;
   return {
     key: ctx.key,
     mirror: revoke(ctx),
@@ -306,7 +312,8 @@ function notAllowed(ctx: Ctx): Plan {
   const { key } = ctx;
   // The same words before and after the mirror is gone: a message that changed would be a
   // new condition write and a second Event for one revocation.
-  const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces); no mirror is kept there`;
+  const kept = keptAsSource(ctx);
+  const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces); ${kept ? kept.slice(2) : 'no mirror is kept there'}`;
   return {
     key,
     mirror: revoke(ctx),
@@ -318,7 +325,11 @@ function notAllowed(ctx: Ctx): Plan {
  * A consumer's part when its namespace is not allowed: `IdentityAllowed=False/NamespaceNotAllowed`,
  * and for a deleting one also `ApplyJobSucceeded=False/IdentityNotAllowed` (its destroy waits, SPEC §5).
  */
-function notAllowedPlan(c: Consumer, message: string): Omit<ConsumerPlan, 'consumer'> {
+function notAllowedPlan(
+  c: Consumer,
+  message: string,
+  wayOut = 'allow the namespace again, or abandon the infrastructure by removing the object',
+): Omit<ConsumerPlan, 'consumer'> {
   const deleting = Boolean(c.metadata.deletionTimestamp);
   const conditions: ConditionInput[] = [
     { type: 'IdentityAllowed', status: 'False', reason: 'NamespaceNotAllowed', message, ...gen(c) },
@@ -328,7 +339,7 @@ function notAllowedPlan(c: Consumer, message: string): Omit<ConsumerPlan, 'consu
       type: 'ApplyJobSucceeded',
       status: 'False',
       reason: 'IdentityNotAllowed',
-      message: `destroy waits: ${message}; allow the namespace again, or abandon the infrastructure by removing the object's finalizer`,
+      message: `destroy waits: ${message}; ${wayOut}'s finalizer`,
       ...gen(c),
     });
   }
@@ -348,7 +359,10 @@ function notAllowedPlan(c: Consumer, message: string): Omit<ConsumerPlan, 'consu
 export function clusterScopedPlan(c: Consumer): ConsumerPlan {
   const identity = c.spec?.identityRef?.name;
   const message = `${c.kind ?? 'the object'} ${c.metadata.name} is cluster-scoped: cluster-scoped objects cannot use credentials (mirrors live in a namespace)${identity ? `; TerraformClusterIdentity ${identity} is not used` : ''}`;
-  return { consumer: c, ...notAllowedPlan(c, message) };
+  return {
+    consumer: c,
+    ...notAllowedPlan(c, message, 'it can never get credentials: abandon the infrastructure by removing the object'),
+  };
 }
 
 /** Why the Secret at the mirror's name is not ours (SPEC §3). */

@@ -11,7 +11,7 @@ import { isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
 import pLimit from 'p-limit';
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
-import { mirrorName } from '../lib/mirror.ts';
+import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import {
   apiStatus,
@@ -35,7 +35,7 @@ import {
   type Plan,
   type Snapshot,
 } from './decide.ts';
-import { observe, readIdentity, readNamespace, type Seed } from './observe.ts';
+import { identitiesUsingSecret, observe, readIdentity, readNamespace, type Seed } from './observe.ts';
 import { writeConditions, type WriteContext } from './status.ts';
 
 /** What a reconcile needs from its caller. */
@@ -75,6 +75,8 @@ export interface KeyResult {
   retry: boolean;
   /** Set when an API call failed (safe text: no Secret data). */
   error?: string | undefined;
+  /** Set when a write was refused for good: logged as a warning, not retried (safe text). */
+  warning?: string | undefined;
   durationMs: number;
   apiCalls: number;
 }
@@ -90,35 +92,75 @@ class Conflict extends Error {}
  * Carries out the mirror part of a plan.
  * @returns what happened. @throws Conflict on 409 (observe again), redacted API errors otherwise.
  */
-async function writeMirror(clients: Clients, plan: Plan): Promise<KeyResult['mirrorAction']> {
+async function writeMirror(clients: Clients, plan: Plan): Promise<Written> {
   const m = plan.mirror;
   const { namespace } = plan.key;
   try {
     switch (m.action) {
       case 'create':
-        await clients.core.createNamespacedSecret({ namespace, body: m.body as V1Secret });
-        return 'created';
+        return {
+          action: 'created',
+          stored: await clients.core.createNamespacedSecret({ namespace, body: m.body as V1Secret }),
+        };
       case 'update':
         // The body carries the resourceVersion it was read at: the precondition.
-        await clients.core.replaceNamespacedSecret({
-          name: m.body.metadata!.name!,
-          namespace,
-          body: m.body as V1Secret,
-        });
-        return 'updated';
+        return {
+          action: 'updated',
+          stored: await clients.core.replaceNamespacedSecret({
+            name: m.body.metadata!.name!,
+            namespace,
+            body: m.body as V1Secret,
+          }),
+        };
       case 'delete':
-        await deleteSecretIfUnchanged(clients, m.secret);
-        return 'deleted';
+        await deleteBeforeCheckingSources(clients, plan, m.secret);
+        return { action: 'deleted' };
       case 'blocked':
-        return 'blocked';
+        return { action: 'blocked' };
       default:
-        return 'unchanged';
+        return { action: 'unchanged' };
     }
   } catch (err) {
     if (isConflict(err)) throw new Conflict();
-    // Create and update bodies carry Secret data, which the server's message may echo.
-    throw m.action === 'delete' ? err : redactApiError(err);
+    if (err instanceof SourceNow) throw err;
+    // Bodies carry Secret data, and a webhook on DELETE sees it too: its message may echo it.
+    throw redactApiError(err);
   }
+}
+
+/** What a mirror write did, and the Secret as stored (create and update). */
+interface Written {
+  action: KeyResult['mirrorAction'];
+  stored?: V1Secret;
+}
+
+/** The Secret became an identity's source after it was observed: decide again. */
+class SourceNow extends Error {}
+
+/**
+ * SPEC §3: a source is never deleted. Deletes are rare, so the check is made again right
+ * before one (an identity may have started naming the Secret since it was observed).
+ * @throws SourceNow when some identity names it now.
+ */
+async function deleteBeforeCheckingSources(
+  clients: Clients,
+  plan: Plan,
+  secret: Parameters<typeof deleteSecretIfUnchanged>[1],
+): Promise<void> {
+  const users = await identitiesUsingSecret(clients, plan.key.namespace, mirrorName(plan.key.identity));
+  if (users.length > 0) throw new SourceNow();
+  await deleteSecretIfUnchanged(clients, secret);
+}
+
+/**
+ * Did the API server store the mirror as written? A mutating webhook or policy may change
+ * it on the way (e.g. the hash annotation or the data): then it is not current, and no
+ * retry will make it so.
+ */
+function storedAsWritten(plan: Plan, stored: V1Secret | undefined): boolean {
+  if (!stored || plan.sourceHash === undefined) return true;
+  const s = stored as SecretLike;
+  return isOurs(s, plan.key.identity) && isCurrent(s, plan.sourceHash);
 }
 
 /** Fresh reads: is the key's namespace still allowed by its identity (SPEC §2)? */
@@ -203,21 +245,28 @@ export async function refusedWriteMessage(clients: Clients, plan: Plan, err: unk
   return `the API server refused to ${what} (HTTP 403 Forbidden): user ${user} may lack ${verb} on secrets in namespace ${namespace} (RBAC), or an admission webhook or policy there refused it; its message is withheld because the request carried Secret data`;
 }
 
-/** The plan after a refused write: each consumer `MirrorFailed` with `message` (a revocation keeps its decision). */
+/**
+ * The plan after a refused write: each consumer `MirrorFailed` with `message`. A refused
+ * delete keeps the decision's `IdentityAllowed` (the namespace is still not allowed) and
+ * says that the mirror, and its credentials, are still there.
+ */
 function failedPlan(plan: Plan, message: string): ConsumerPlan[] {
-  if (plan.mirror.action === 'delete') return plan.consumers;
+  const why =
+    plan.mirror.action === 'delete'
+      ? `the mirror could not be deleted and still holds the credentials: ${message}`
+      : message;
   return plan.consumers.map((p): ConsumerPlan => ({
     ...p,
     outcome: 'mirror-failed',
     reason: 'MirrorFailed',
-    message,
+    message: why,
     conditions: [
-      ...p.conditions.filter((c) => c.type === 'IdentityAllowed'),
+      ...p.conditions.filter((c) => c.type !== 'CredentialsMirrored'),
       {
         type: 'CredentialsMirrored',
         status: 'False',
         reason: 'MirrorFailed',
-        message,
+        message: why,
         ...(p.consumer.metadata.generation === undefined ? {} : { observedGeneration: p.consumer.metadata.generation }),
       },
     ],
@@ -232,8 +281,9 @@ async function onWriteFailed(
   err: unknown,
 ): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
   const status = apiStatus(err);
-  // The mirror changed since it was read (409), or went away (an update answers 404): observe again.
-  if (err instanceof Conflict || status === 404) return 'conflict';
+  // The mirror changed since it was read (409), went away (an update answers 404), or became
+  // an identity's source: observe again and decide again.
+  if (err instanceof Conflict || err instanceof SourceNow || status === 404) return 'conflict';
   if (isTransient(status)) {
     // A retry can fix it: no condition, no Event; the caller answers 5xx and the delivery retries.
     const { verb, name } = writeOf(plan);
@@ -247,8 +297,18 @@ async function onWriteFailed(
   }
   // Refused for good: it waits for a person, so the conditions say why and nothing retries.
   const message = await refusedWriteMessage(clients, plan, err);
+  return refused(clients, deps, plan, message);
+}
+
+/** The result of a write that cannot succeed without a person: `MirrorFailed`, logged as a warning, not retried. */
+async function refused(
+  clients: Clients,
+  deps: ReconcileDeps,
+  plan: Plan,
+  message: string,
+): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'>> {
   const results = await writeAllConditions(clients, deps, plan.key, failedPlan(plan, message));
-  return { key: plan.key, mirrorAction: 'unchanged', consumers: results, retry: false };
+  return { key: plan.key, mirrorAction: 'unchanged', consumers: results, retry: false, warning: message };
 }
 
 /**
@@ -263,11 +323,21 @@ export async function act(
   deps: ReconcileDeps,
   plan: Plan,
 ): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
-  let mirrorAction: KeyResult['mirrorAction'];
+  let written: Written;
   try {
-    mirrorAction = await writeMirror(clients, plan);
+    written = await writeMirror(clients, plan);
   } catch (err) {
     return onWriteFailed(clients, deps, plan, err);
+  }
+  const mirrorAction = written.action;
+  if (!storedAsWritten(plan, written.stored)) {
+    const name = `${plan.key.namespace}/${mirrorName(plan.key.identity)}`;
+    return refused(
+      clients,
+      deps,
+      plan,
+      `the API server stored mirror Secret ${name} differently from what was written (an admission webhook or policy changed it), so it is not current; exempt the mirror from that mutation`,
+    );
   }
   // A revocation may have landed after our reads and found no mirror to delete: read the
   // permission again after creating, and undo (observing again decides the revocation).
@@ -348,16 +418,20 @@ export function logKey(logger: Logger, r: KeyResult, scope: Snapshot['scope'] = 
   const lines = r.consumers.filter(worth);
   // `message` would be merged into winston's own message field, so it is logged as `detail`.
   for (const c of lines) logger.log('info', 'reconcile', { ...consumerFields(c), ...common, detail: c.message });
-  if (r.error || (lines.length === 0 && (r.mirrorAction !== 'unchanged' || named.size > 0))) {
-    logger.log(r.error ? 'warn' : 'info', 'reconcile key', {
-      key: keyString(r.key),
-      namespace: r.key.namespace,
-      consumers: r.consumers.length,
-      retry: r.retry,
-      ...common,
-      ...(r.error ? { detail: r.error } : {}),
-    });
-  }
+  const problem = r.error ?? r.warning;
+  const untold = lines.length === 0 && (r.mirrorAction !== 'unchanged' || named.size > 0);
+  if (problem || untold) logKeyLine(logger, r, { ...common, ...(problem ? { detail: problem } : {}) });
+}
+
+/** The key's own line: a warning when something failed or was refused, else info. */
+function logKeyLine(logger: Logger, r: KeyResult, fields: Record<string, unknown>): void {
+  logger.log(r.error || r.warning ? 'warn' : 'info', 'reconcile key', {
+    key: keyString(r.key),
+    namespace: r.key.namespace,
+    consumers: r.consumers.length,
+    retry: r.retry,
+    ...fields,
+  });
 }
 
 /** A consumer result's log fields (without its message). */

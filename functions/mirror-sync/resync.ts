@@ -22,7 +22,7 @@ import { describeError, listAllPages, makeClients, type Clients, type ListPage }
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName } from '../lib/mirror.ts';
 import { planConditions } from '../lib/conditions.ts';
 import { decide, keyString, type MirrorKey, type Plan, type Snapshot, type SourceState } from './decide.ts';
-import { readSource } from './observe.ts';
+import { identitiesUsingSecret, readSource } from './observe.ts';
 import type { KeyQueue } from './queue.ts';
 import { act, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
@@ -297,6 +297,11 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
     // Only conditions to change: the lists may be minutes old and a status write carries
     // no precondition, so such a key is reconciled from fresh reads instead.
     if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked') return await pass.queue.run(plan.key, 'all');
+    // The identity list may be minutes old: an identity that started naming this mirror as its
+    // source since then must not have it rewritten (SPEC §3), so check again before an update
+    // (a delete checks for itself, reconcile.ts).
+    if (plan.mirror.action === 'update' && (await isSourceNow(pass.clients, plan.key)))
+      return await pass.queue.run(plan.key, 'all');
     const r = await act(pass.clients, pass.deps, plan);
     // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
     if (r === 'conflict') return await pass.queue.run(plan.key, 'all');
@@ -305,6 +310,11 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
   } catch (err) {
     return { key: plan.key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
   }
+}
+
+/** Does some identity name the key's mirror as its source now? */
+async function isSourceNow(clients: Clients, key: MirrorKey): Promise<boolean> {
+  return (await identitiesUsingSecret(clients, key.namespace, mirrorName(key.identity))).length > 0;
 }
 
 /** Adds one key's result to the summary. */

@@ -279,7 +279,13 @@ describe('a write refused for good says why and is not retried (issue 14 items 5
       },
       60_000,
     );
-    assert.match(cond.message, new RegExp(`user ${user} may lack create on secrets in namespace ${n}`));
+    // The user is whoever wrote the condition last: this instance, or another file's resync
+    // (cluster-wide, same control plane); either way a real name from a SelfSubjectReview.
+    assert.match(
+      cond.message,
+      new RegExp(`user (${user}|admin|[\\w:.-]+) may lack create on secrets in namespace ${n}`),
+    );
+    assert.doesNotMatch(cond.message, /user its ServiceAccount/);
     assert.match(cond.message, new RegExp(`create mirror Secret ${n}/${mirrorName(id)}`));
     assertNoSecret(JSON.stringify(cond), [SECRET, Buffer.from(SECRET).toString('base64')], 'condition');
   });
@@ -316,5 +322,78 @@ describe('a write refused for good says why and is not retried (issue 14 items 5
     assert.equal(r.status, 200, r.text);
     assert.equal(cond?.reason, 'MirrorFailed');
     assert.match(cond!.message, new RegExp(`namespace ${n} is being deleted \\(NamespaceTerminating\\)`));
+  });
+});
+
+describe('a revocation the API server refuses says so (issue 14, found by review)', () => {
+  it('a refused delete leaves MirrorFailed saying the credentials are still there, never the data', async () => {
+    const label = `captf-test-nodelete-${suffix()}`;
+    const n = await ns.create({ [label]: 'true' });
+    const id = await newIdentity({ list: [n] });
+    const c = await createConsumer(a, n, 'kept', id);
+    assert.equal((await deliver(url, consumerEvent(c), { retries: 0 })).status, 200);
+    assert.ok(await getMirror(a, n, id));
+    const vap = a.kc.makeApiClient(AdmissionregistrationV1Api);
+    await vap.createValidatingAdmissionPolicy({
+      body: {
+        metadata: { name: label },
+        spec: {
+          failurePolicy: 'Fail',
+          matchConstraints: {
+            resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['DELETE'], resources: ['secrets'] }],
+          },
+          // A careless policy that echoes the data of the Secret being deleted.
+          validations: [{ expression: 'false', messageExpression: "'keep: ' + string(oldObject.data)" }],
+        },
+      },
+    });
+    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicy({ name: label }));
+    await vap.createValidatingAdmissionPolicyBinding({
+      body: {
+        metadata: { name: label },
+        spec: {
+          policyName: label,
+          validationActions: ['Deny'],
+          matchResources: { namespaceSelector: { matchLabels: { [label]: 'true' } } },
+        },
+      },
+    });
+    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicyBinding({ name: label }));
+    // The policy takes a moment to be enforced: wait until it refuses deleting a probe Secret.
+    await a.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: 'probe' } } });
+    await eventually(
+      'the policy to refuse deletes',
+      async () => {
+        try {
+          await a.core.deleteNamespacedSecret({ namespace: n, name: 'probe', dryRun: 'All' });
+          return false;
+        } catch {
+          return true;
+        }
+      },
+      60_000,
+    );
+    await putIdentity(a, id, source, { list: [] });
+    let last = '';
+    const cond = await eventually(
+      'the refused revocation to show',
+      async () => {
+        const r = await deliver(url, consumerEvent(c), { retries: 0 });
+        const got = conditionOf(await getConsumer(a, n, 'kept'), 'CredentialsMirrored');
+        last = `${r.status} ${r.text} ${JSON.stringify(got)}`;
+        return r.status === 200 && got?.reason === 'MirrorFailed' ? got : undefined;
+      },
+      60_000,
+    ).catch((err: Error) => {
+      throw new Error(`${err.message}; last answer: ${last}; log: ${log.lines.slice(-5).join('\n')}`);
+    });
+    assert.match(cond.message, /could not be deleted and still holds the credentials/);
+    assert.equal(conditionOf(await getConsumer(a, n, 'kept'), 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
+    assert.ok(await getMirror(a, n, id), 'the policy kept it');
+    assertNoSecret(JSON.stringify(cond), [SECRET], 'condition');
+    assert.ok(
+      log.entries().some((e) => e.level === 'warn' && e.message === 'reconcile key' && e.identity === id),
+      'logged as a warning',
+    );
   });
 });

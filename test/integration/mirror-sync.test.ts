@@ -748,7 +748,7 @@ describe('names and batches (SPEC §12, §15)', () => {
     responses.push(text);
     assert.equal(r.status, 400);
     const err = (JSON.parse(text) as { error: string }).error;
-    assert.match(err, /batch\[1\]: invalid CloudEvent: .*missing required attribute/);
+    assert.match(err, /batch\[1\]: invalid CloudEvent: lacks required attribute\(s\) source, type/);
     assert.match(err, /batch\[2\]: invalid CloudEvent: not a JSON object/);
     assert.doesNotMatch(err, /instancePath|\n/);
     assert.ok(await getMirror(a, n, id), 'the valid event was processed');

@@ -144,8 +144,9 @@ describe('summariseList', () => {
     assert.ok(s.length <= 40, s);
     assert.match(s, /^ns-00, ns-01, ns-02, ns-03, and 46 more$/);
   });
-  it('says only "and N more" when not one item fits', () => {
-    assert.equal(summariseList(['x'.repeat(60), 'y'], 20), 'and 2 more');
+  it('names the first item, shortened, when not one fits whole (never a list naming nothing)', () => {
+    assert.equal(summariseList(['x'.repeat(60), 'y'], 20), 'xxxxx..., and 1 more');
+    assert.equal(summariseList(['x'.repeat(60)], 20), 'xxxxxxxxxxxxxxxxx...');
   });
 });
 

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { CloudEvent, HTTP } from 'cloudevents';
 import { DEFAULT_CONSUMER_KINDS } from '../../functions/lib/api.ts';
-import { BadEventError, classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
+import { BadEventError, classifyEvent, parseCloudEvents, readCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { apiServerEvent, pingEvent } from '../helpers/events.ts';
 
@@ -97,6 +97,24 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
         ),
       /structured-mode event lacks required attribute\(s\) id, source$/,
     );
+    // null and empty count as missing (the SDK would invent an id); media types ignore case.
+    assert.throws(
+      () =>
+        parseCloudEvents(
+          { 'content-type': 'Application/CloudEvents+JSON' },
+          JSON.stringify({ specversion: '1.0', type: 't', source: 's', id: null }),
+        ),
+      /lacks required attribute\(s\) id$/,
+    );
+    const batch = readCloudEvents(
+      { 'content-type': 'application/cloudevents-batch+json' },
+      JSON.stringify([
+        { specversion: '1.0', type: 't', source: 's' },
+        { specversion: '1.0', type: 't', source: 's', id: '2' },
+      ]),
+    );
+    assert.equal(batch.events.length, 1);
+    assert.match(batch.errors[0]!, /^batch\[0\]: invalid CloudEvent: lacks required attribute\(s\) id$/);
     assert.throws(
       () => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '0.3', 'ce-source': 's', 'ce-type': 't' }, ''),
       /specversion 0.3 is not supported/,

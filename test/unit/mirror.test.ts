@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { describe, it } from 'node:test';
+import { RedactedApiError, redactApiError } from '../../functions/lib/kube.ts';
 import {
   ANNOTATION_IDENTITY,
   ANNOTATION_SOURCE_HASH,
@@ -178,5 +179,30 @@ describe('owner references (SPEC §3, §6)', () => {
     assert.deepEqual(withoutOwnerReference(refs, ref('a', 'other')), { refs, changed: false });
     assert.deepEqual(withoutOwnerReference(refs, { ...ref('a', ''), uid: undefined }).refs, [ref('b', '2'), foreign]);
     assert.deepEqual(withoutOwnerReference(undefined, ref('a', '1')), { refs: [], changed: false });
+  });
+});
+
+describe('redactApiError keeps only Kubernetes-defined words (issue 14, found by review)', () => {
+  it('drops a webhook-chosen reason and cause fields that may carry data', () => {
+    const err = {
+      code: 422,
+      body: JSON.stringify({
+        reason: 'Bad-AKIAEXAMPLE',
+        message: 'value AKIAEXAMPLE refused',
+        details: {
+          causes: [
+            { reason: 'FieldValueInvalid', field: 'data.AKIAEXAMPLE' },
+            { reason: 'AKIAEXAMPLE', field: 'x' },
+            { reason: 'NamespaceTerminating' },
+          ],
+        },
+      }),
+    };
+    const r = redactApiError(err) as RedactedApiError;
+    assert.ok(!r.message.includes('AKIAEXAMPLE'), r.message);
+    assert.match(r.message, /^HTTP 422; the API server's message is withheld/);
+    assert.deepEqual(r.causes, ['FieldValueInvalid', 'NamespaceTerminating']);
+    const known = redactApiError({ code: 403, body: { reason: 'Forbidden' } }) as RedactedApiError;
+    assert.match(known.message, /^HTTP 403 Forbidden;/);
   });
 });
