@@ -8,7 +8,7 @@ import { isDeepStrictEqual } from 'node:util';
 import type { AllowedNamespaces } from '../lib/api.ts';
 import { isNamespaceAllowed, validateAllowedNamespaces } from '../lib/allowed-namespaces.ts';
 import { validateIdentitySpec } from '../lib/identity-spec.ts';
-import { isWidening } from '../lib/widening.ts';
+import { isWidening, mayRevoke } from '../lib/widening.ts';
 
 /** `request.userInfo` of an AdmissionReview (`authentication.k8s.io/v1` UserInfo). */
 export interface UserInfo {
@@ -205,7 +205,7 @@ function updateNotes(req: IdentityRequest, newRef: SecretKey): UpdateNotes {
   const newAllowed = specOf(req.object)?.allowedNamespaces;
   // An old value that allowed nothing (absent, null, invalid) cannot revoke anything.
   const oldAllowedSomething = isSet(oldAllowed) && validateAllowedNamespaces(oldAllowed).length === 0;
-  if (!oldAllowedSomething || isDeepStrictEqual(oldAllowed, newAllowed)) return { warnings };
+  if (!oldAllowedSomething || !mayRevoke(oldAllowed, newAllowed)) return { warnings };
   return { warnings, impact: { identity, oldAllowed, newAllowed } };
 }
 

@@ -83,3 +83,22 @@ export function isWidening(oldAllowed: unknown, newAllowed: unknown): WideningVe
   }
   return { widening: false, reason: 'allowedNamespaces only narrowed or stayed the same' };
 }
+
+/**
+ * SPEC §10 (warnings): might the change from `oldAllowed` to `newAllowed` take access away
+ * from a namespace? Pure and conservative: `false` only when every namespace the old value
+ * allowed is certainly still allowed (names kept, and the selector unchanged, loosened, or
+ * now matching everything), so the webhook can skip its impact lookup for plain widenings.
+ * @param oldAllowed `oldObject.spec.allowedNamespaces`; @param newAllowed `object.spec.allowedNamespaces`.
+ * @returns true when a namespace may lose access (the lookup decides which), or either value is invalid.
+ */
+export function mayRevoke(oldAllowed: unknown, newAllowed: unknown): boolean {
+  if (validateAllowedNamespaces(newAllowed).length > 0 || validateAllowedNamespaces(oldAllowed).length > 0) return true;
+  const before = normalize(oldAllowed);
+  const after = normalize(newAllowed);
+  if (after.selector?.size === 0) return false; // selector {}: every namespace
+  if ([...before.list].some((n) => !after.list.has(n))) return true;
+  if (!before.selector) return false;
+  // Every requirement of the new selector was already required: it matches at least as much.
+  return !after.selector || [...after.selector].some((r) => !before.selector!.has(r));
+}

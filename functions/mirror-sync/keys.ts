@@ -247,6 +247,6 @@ export async function keysForSecret(
   namespace: string,
   name: string,
 ): Promise<KeyWork[]> {
-  const users = await identitiesUsingSecret(clients, namespace, name);
+  const users = await identitiesUsingSecret(clients, { namespace, name });
   return (await Promise.all(users.map((i) => keysForIdentity(clients, kinds, i)))).flat();
 }

@@ -126,18 +126,24 @@ async function getKeyConsumers(
 /**
  * Names of the identities whose `spec.secretRef` is `namespace/name`: one list on the
  * identity CRD's selectable fields (SPEC §3).
+ * @param opts.fromCache serve it from the API server's watch cache (`resourceVersion=0`):
+ *   no wait for the cache to catch up, at the price of possibly missing an identity written
+ *   in the last moments. Reconciles use it for writes; deletes check again without it.
  * @throws API errors of the list.
  */
-export async function identitiesUsingSecret(clients: Clients, namespace: string, name: string): Promise<string[]> {
+export async function identitiesUsingSecret(
+  clients: Clients,
+  secret: { namespace: string; name: string },
+  opts: { fromCache?: boolean } = {},
+): Promise<string[]> {
   const list = await listAllPages(
     (cont) =>
       clients.custom.listClusterCustomObject({
         group: GROUP,
         version: VERSION,
         plural: IDENTITY_PLURAL,
-        fieldSelector: `${SECRET_REF_FIELDS.namespace}=${namespace},${SECRET_REF_FIELDS.name}=${name}`,
-        limit: pageSize(),
-        _continue: cont,
+        fieldSelector: `${SECRET_REF_FIELDS.namespace}=${secret.namespace},${SECRET_REF_FIELDS.name}=${secret.name}`,
+        ...(opts.fromCache ? { resourceVersion: '0' } : { limit: pageSize(), _continue: cont }),
       }) as Promise<ListPage<TerraformClusterIdentity>>,
   );
   return list.items.map((i) => i.metadata.name!).sort();
@@ -188,7 +194,7 @@ const isAllowed = (
 /** Identities whose source is the Secret at the mirror's name; only one that looks like our mirror could be taken for one. */
 async function sourcesAt(clients: Clients, key: MirrorKey, mirror: Snapshot['mirror']): Promise<string[]> {
   return mirror && isOurs(mirror, key.identity)
-    ? identitiesUsingSecret(clients, key.namespace, mirrorName(key.identity))
+    ? identitiesUsingSecret(clients, { namespace: key.namespace, name: mirrorName(key.identity) }, { fromCache: true })
     : [];
 }
 

@@ -147,7 +147,10 @@ async function deleteBeforeCheckingSources(
   plan: Plan,
   secret: Parameters<typeof deleteSecretIfUnchanged>[1],
 ): Promise<void> {
-  const users = await identitiesUsingSecret(clients, plan.key.namespace, mirrorName(plan.key.identity));
+  const users = await identitiesUsingSecret(clients, {
+    namespace: plan.key.namespace,
+    name: mirrorName(plan.key.identity),
+  });
   if (users.length > 0) throw new SourceNow();
   await deleteSecretIfUnchanged(clients, secret);
 }

@@ -314,7 +314,9 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
 
 /** Does some identity name the key's mirror as its source now? */
 async function isSourceNow(clients: Clients, key: MirrorKey): Promise<boolean> {
-  return (await identitiesUsingSecret(clients, key.namespace, mirrorName(key.identity))).length > 0;
+  return (
+    (await identitiesUsingSecret(clients, { namespace: key.namespace, name: mirrorName(key.identity) })).length > 0
+  );
 }
 
 /** Adds one key's result to the summary. */

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
 import type { AllowedNamespaces } from '../../functions/lib/api.ts';
-import { isWidening } from '../../functions/lib/widening.ts';
+import { isWidening, mayRevoke } from '../../functions/lib/widening.ts';
 
 // One representative of every SPEC §2 form; the pair table below covers forms × forms.
 const FORMS: Record<string, unknown> = {
@@ -186,4 +186,33 @@ describe('isWidening is conservative: never "not widening" when a namespace beca
       });
     }
   }
+});
+
+describe('mayRevoke: can a change take access away (the webhook skips its lookup when not)', () => {
+  const cases: [string, unknown, unknown, boolean][] = [
+    ['a name added', { list: ['a'] }, { list: ['a', 'b'] }, false],
+    ['a name removed', { list: ['a', 'b'] }, { list: ['a'] }, true],
+    ['list to selector {}', { list: ['a'] }, { selector: {} }, false],
+    [
+      'selector loosened',
+      { selector: { matchLabels: { t: 'x', e: 'p' } } },
+      { selector: { matchLabels: { t: 'x' } } },
+      false,
+    ],
+    [
+      'selector tightened',
+      { selector: { matchLabels: { t: 'x' } } },
+      { selector: { matchLabels: { t: 'x', e: 'p' } } },
+      true,
+    ],
+    ['selector removed', { selector: { matchLabels: { t: 'x' } } }, { list: ['a'] }, true],
+    [
+      'selector unchanged, name added',
+      { list: ['a'], selector: { matchLabels: { t: 'x' } } },
+      { list: ['a', 'b'], selector: { matchLabels: { t: 'x' } } },
+      false,
+    ],
+    ['invalid old value', {}, { list: ['a'] }, true],
+  ];
+  for (const [what, before, after, expected] of cases) it(what, () => assert.equal(mayRevoke(before, after), expected));
 });
