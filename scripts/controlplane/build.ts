@@ -8,7 +8,17 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -28,6 +38,28 @@ export interface GoTool {
   outName?: Record<string, string>;
   /** Extra `-ldflags` computed from the pinned version. */
   ldflags?: (version: string) => string[];
+  /**
+   * Source patches of dependencies, applied to module copies used through `go build -modfile`
+   * (the module cache and the wrapper module are never modified); part of the cache key, so
+   * changing one rebuilds.
+   */
+  patches?: readonly GoSourcePatch[];
+}
+
+/**
+ * An exact-text patch of one file of a dependency module, applied at build time to a copy of
+ * the pinned module (under the tool's cache folder) that the build uses through a generated
+ * `-modfile` with a `replace` (Go refuses `-overlay` for files in the module cache).
+ */
+export interface GoSourcePatch {
+  /** Module path the file belongs to, e.g. `knative.dev/eventing` (its folder comes from `go list -m`). */
+  module: string;
+  /** The file, relative to the module root. */
+  file: string;
+  /** Each `from` must occur exactly once in the upstream file; it becomes `to`. */
+  replace: readonly { from: string; to: string }[];
+  /** New files in the same folder (same Go package): file name → content. */
+  add?: Readonly<Record<string, string>>;
 }
 
 /** The control plane's wrapper modules (SPEC §15; issue: foundation). */
@@ -87,6 +119,8 @@ export function cacheDir(tools: readonly GoTool[], name = 'controlplane'): strin
       // Comments do not change what is built, so editing one must not force a rebuild.
       if (existsSync(p)) h.update(readFileSync(p, 'utf8').replace(/^\s*\/\/.*$/gm, ''));
     }
+    // Only tools with patches hash them, so the keys of the others stay as they were.
+    if (t.patches?.length) h.update(JSON.stringify(t.patches));
     parts.push(`${t.module}-${pinnedVersion(t)}`);
   }
   return join(REPO_ROOT, '.cache', name, `${parts.join('_')}-${h.digest('hex').slice(0, 8)}`);
@@ -136,11 +170,119 @@ function run(
 const goEnv = { CGO_ENABLED: '0', GOFLAGS: '-mod=readonly' };
 
 /**
+ * Applies one patch to `text` (the upstream file).
+ * @throws Error naming the file and the text when a `from` does not occur exactly once (the
+ *   pinned upstream file is not the one the patch was written for: update the patch).
+ */
+export function applySourcePatch(patch: GoSourcePatch, text: string): string {
+  let out = text;
+  for (const { from, to } of patch.replace) {
+    const count = out.split(from).length - 1;
+    if (count !== 1)
+      throw new Error(
+        `patch of ${patch.module}/${patch.file}: expected the text below exactly once, found it ${count} times ` +
+          `(upstream differs from what the patch was written for; update the patch):\n${from}`,
+      );
+    out = out.replace(from, () => to);
+  }
+  return out;
+}
+
+/** Copies a folder tree with files and folders writable (the module cache's are read-only). */
+function copyWritable(from: string, to: string): void {
+  mkdirSync(to, { recursive: true });
+  for (const entry of readdirSync(from, { withFileTypes: true })) {
+    const src = join(from, entry.name);
+    const dst = join(to, entry.name);
+    if (entry.isDirectory()) copyWritable(src, dst);
+    else if (entry.isFile()) {
+      copyFileSync(src, dst);
+      chmodSync(dst, 0o644);
+    }
+  }
+}
+
+/**
+ * Makes the patched module copies of `tool` under `dir/src/` and a go.mod for `-modfile`: the
+ * wrapper's go.mod (and go.sum) plus one `replace <module> => <copy>` per patched module. Go
+ * refuses `-overlay` for files in the module cache, hence whole-module copies; only the
+ * patched files differ from upstream.
+ * @returns the generated go.mod's path, or undefined when the tool has no patches.
+ * @throws Error when a module is not in the build list or a patch does not apply.
+ */
+async function writePatchedModules(tool: GoTool, cwd: string, dir: string): Promise<string | undefined> {
+  if (!tool.patches?.length) return undefined;
+  const root = join(dir, 'src');
+  rmSync(root, { recursive: true, force: true });
+  const replaces: string[] = [];
+  for (const patch of tool.patches) {
+    // Version first: a folder may contain spaces, a version cannot.
+    const info = (
+      await run('go', ['list', '-m', '-f', '{{.Version}} {{.Dir}}', patch.module], { cwd, env: goEnv })
+    ).trim();
+    const [version, moduleDir] = [info.slice(0, info.indexOf(' ')), info.slice(info.indexOf(' ') + 1)];
+    if (!version || !moduleDir) throw new Error(`${patch.module} is not downloaded in ${cwd}`);
+    const copy = join(root, `${patch.module}@${version}`);
+    if (!existsSync(copy)) {
+      copyWritable(moduleDir, copy);
+      replaces.push(`replace ${patch.module} => ${JSON.stringify(copy)}`);
+    }
+    const file = join(copy, patch.file);
+    writeFileSync(file, applySourcePatch(patch, readFileSync(file, 'utf8')));
+    for (const [name, text] of Object.entries(patch.add ?? {})) writeFileSync(join(dirname(file), name), text);
+  }
+  const gomod = join(root, 'go.mod');
+  writeFileSync(gomod, `${readFileSync(join(cwd, 'go.mod'), 'utf8')}\n${replaces.join('\n')}\n`);
+  copyFileSync(join(cwd, 'go.sum'), join(root, 'go.sum'));
+  return gomod;
+}
+
+/**
+ * Downloads and compiles one tool's packages into `tmpBin`, logging progress every 15 s.
+ * @throws Error with the tail of the `go` output when a download, a patch or the build fails.
+ */
+async function buildTool(
+  tool: GoTool,
+  { dir, tmpBin, log }: { dir: string; tmpBin: string; log: (line: string) => void },
+): Promise<void> {
+  const cwd = join(GO_DIR, tool.module);
+  const version = pinnedVersion(tool);
+  log(`[build] ${tool.module} ${version}: downloading modules through the Go module proxy…`);
+  await run('go', ['mod', 'download'], { cwd, env: goEnv });
+  const modfile = await writePatchedModules(tool, cwd, dir);
+  if (modfile) log(`[build] ${tool.module}: patched module copies under ${dirname(modfile)} (-modfile=${modfile})`);
+  const modFlags = modfile ? [`-modfile=${modfile}`] : [];
+  const deps = await run('go', ['list', ...modFlags, '-deps', ...tool.packages], { cwd, env: goEnv });
+  // `go build -v` prints each package it compiles (the standard library too, on a cold cache).
+  const total = deps.split('\n').filter(Boolean).length;
+  let compiled = 0;
+  const t0 = Date.now();
+  const tick = setInterval(() => {
+    const pct = Math.min(99, Math.round((100 * compiled) / Math.max(total, 1)));
+    log(`[build] ${tool.module}: ${compiled}/${total} packages (${pct}%), ${Math.round((Date.now() - t0) / 1000)}s`);
+  }, 15_000);
+  try {
+    const ldflags = ['-s', '-w', ...(tool.ldflags?.(version) ?? [])].join(' ');
+    const flags = ['-v', '-trimpath', '-ldflags', ldflags, ...modFlags];
+    for (const pkg of tool.packages) {
+      log(`[build] ${tool.module}: compiling ${pkg}`);
+      const out = join(tmpBin, binaryName(tool, pkg));
+      await run('go', ['build', ...flags, '-o', out, pkg], { cwd, env: goEnv, onLine: () => compiled++ });
+    }
+  } finally {
+    clearInterval(tick);
+  }
+  log(`[build] ${tool.module} ${version}: done in ${Math.round((Date.now() - t0) / 1000)}s`);
+}
+
+/**
  * Builds `tools` into `dir/bin` unless already there. Prints progress (packages compiled of
- * the total) every few seconds and the build time.
+ * the total) every few seconds and the build time. Tools with {@link GoTool.patches} are
+ * built from patched module copies (see {@link GoSourcePatch}).
  * @param log receives human-readable progress lines.
  * @returns the bin folder and whether anything was built.
- * @throws Error with the tail of the `go` output when a download or build fails.
+ * @throws Error with the tail of the `go` output when a download or build fails, or when a
+ *   patch no longer matches its upstream file.
  */
 export async function buildGoTools(
   tools: readonly GoTool[],
@@ -155,39 +297,7 @@ export async function buildGoTools(
   const tmpBin = join(dir, `bin.tmp-${process.pid}`);
   rmSync(tmpBin, { recursive: true, force: true });
   mkdirSync(tmpBin, { recursive: true });
-  for (const tool of tools) {
-    const cwd = join(GO_DIR, tool.module);
-    const version = pinnedVersion(tool);
-    log(`[build] ${tool.module} ${version}: downloading modules through the Go module proxy…`);
-    await run('go', ['mod', 'download'], { cwd, env: goEnv });
-    const deps = await run('go', ['list', '-deps', ...tool.packages], { cwd, env: goEnv });
-    // `go build -v` prints each package it compiles (the standard library too, on a cold cache).
-    const total = deps.split('\n').filter(Boolean).length;
-    let compiled = 0;
-    const t0 = Date.now();
-    const tick = setInterval(() => {
-      const pct = Math.min(99, Math.round((100 * compiled) / Math.max(total, 1)));
-      log(`[build] ${tool.module}: ${compiled}/${total} packages (${pct}%), ${Math.round((Date.now() - t0) / 1000)}s`);
-    }, 15_000);
-    try {
-      const ldflags = ['-s', '-w', ...(tool.ldflags?.(version) ?? [])].join(' ');
-      for (const pkg of tool.packages) {
-        log(`[build] ${tool.module}: compiling ${pkg}`);
-        await run(
-          'go',
-          ['build', '-v', '-trimpath', '-ldflags', ldflags, '-o', join(tmpBin, binaryName(tool, pkg)), pkg],
-          {
-            cwd,
-            env: goEnv,
-            onLine: () => compiled++,
-          },
-        );
-      }
-    } finally {
-      clearInterval(tick);
-    }
-    log(`[build] ${tool.module} ${version}: done in ${Math.round((Date.now() - t0) / 1000)}s`);
-  }
+  for (const tool of tools) await buildTool(tool, { dir, tmpBin, log });
   rmSync(binDir, { recursive: true, force: true });
   renameSync(tmpBin, binDir);
   writeFileSync(join(dir, 'BUILT'), `${new Date().toISOString()} in ${Math.round((Date.now() - started) / 1000)}s\n`);
