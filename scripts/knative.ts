@@ -9,7 +9,8 @@
  *   at the versions pinned in scripts/controlplane/go/crds/go.mod, and installed into a
  *   control plane so manifests can be server-side dry-run against them (SPEC §13).
  *
- * `npm run knative:build` builds kustomize and the adapter ahead of time and fetches the CRDs.
+ * `npm run knative:build` builds kustomize, the adapter and the Eventing data plane
+ * (scripts/eventing-build.ts) ahead of time and fetches the CRDs.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
@@ -242,8 +243,8 @@ export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise
   return { process: child, logs, stop };
 }
 
-/** A third-party CRD file and the pinned module it comes from. */
-interface CrdSource {
+/** Third-party CRD files and the pinned module they come from. */
+export interface CrdSource {
   module: string;
   files: string[];
 }
@@ -277,12 +278,15 @@ export function pinnedCrdModuleVersion(module: string): string {
 
 /**
  * Downloads (or finds in the module cache) each pinned module and parses its CRD files.
+ * @param sources which files of which modules (default {@link THIRD_PARTY_CRDS}).
  * @returns the CRDs, each with the module@version it came from.
  * @throws Error when `go mod download` fails (the module proxy does not serve a version).
  */
-export async function loadThirdPartyCRDs(): Promise<{ source: string; crd: V1CustomResourceDefinition }[]> {
+export async function loadThirdPartyCRDs(
+  sources: readonly CrdSource[] = THIRD_PARTY_CRDS,
+): Promise<{ source: string; crd: V1CustomResourceDefinition }[]> {
   const out: { source: string; crd: V1CustomResourceDefinition }[] = [];
-  for (const src of THIRD_PARTY_CRDS) {
+  for (const src of sources) {
     const { stdout } = await execFileP('go', ['mod', 'download', '-json', src.module], {
       cwd: CRDS_MODULE_DIR,
       env: { ...process.env, GOFLAGS: '-mod=readonly' },
@@ -316,9 +320,46 @@ export async function installThirdPartyCRDs(kc: KubeConfig, timeoutMs = 60_000):
   );
 }
 
+/**
+ * The CRDs Knative Eventing's broker data plane reads or writes (scripts/eventing.ts): Broker,
+ * Trigger, EventPolicy, EventType, Subscription (the ingress, filter and dispatcher watch
+ * them), PingSource, ApiServerSource, and the InMemoryChannel, all from knative.dev/eventing
+ * at the version pinned in scripts/controlplane/go/crds/go.mod.
+ */
+export const EVENTING_CRDS: readonly CrdSource[] = [
+  {
+    module: 'knative.dev/eventing',
+    files: [
+      ...['broker', 'trigger', 'eventpolicy', 'eventtype', 'subscription', 'pingsource', 'apiserversource'].map(
+        (n) => `config/core/resources/${n}.yaml`,
+      ),
+      'config/channels/in-memory-channel/resources/in-memory-channel.yaml',
+    ],
+  },
+];
+
+/**
+ * Installs {@link EVENTING_CRDS} with {@link applyCRDs}. Idempotent, and safe beside
+ * {@link installThirdPartyCRDs} (and a concurrent call): both apply the same files with the
+ * same field manager, so the CRDs they share come out unchanged.
+ * @returns the CRD names installed.
+ * @throws Error when the API server rejects one or it is not ready in `timeoutMs`.
+ */
+export async function installEventingCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
+  return applyCRDs(
+    kc,
+    (await loadThirdPartyCRDs(EVENTING_CRDS)).map((c) => c.crd),
+    timeoutMs,
+  );
+}
+
 if (import.meta.url === `file://${process.argv[1]}`) {
   const { ensureKustomize } = await import('./kustomize.ts');
   console.log(`kustomize: ${await ensureKustomize()}`);
   console.log(`apiserver_receive_adapter: ${await ensureApiServerSourceAdapter()}`);
-  for (const { source } of await loadThirdPartyCRDs()) console.log(`CRD: ${source}`);
+  const { ensureEventingDataPlane } = await import('./eventing-build.ts');
+  for (const [component, path] of Object.entries(await ensureEventingDataPlane()))
+    console.log(`eventing ${component}: ${path}`);
+  const crds = [...(await loadThirdPartyCRDs()), ...(await loadThirdPartyCRDs(EVENTING_CRDS))];
+  for (const source of new Set(crds.map((c) => c.source))) console.log(`CRD: ${source}`);
 }
