@@ -1,0 +1,223 @@
+/**
+ * The four processes of Knative Eventing's broker data plane (scripts/eventing-build.ts builds
+ * them; scripts/eventing.ts wires them): their ports, environment, start, readiness, kill and
+ * restart.
+ *
+ * Upstream binds every server to all interfaces (`:<port>`), and mtping's health-probe server
+ * tries `:8080` (failing quietly when it is taken); nothing here can make them bind loopback
+ * only. What can be guarded is: every port is chosen free on all interfaces, checked again just
+ * before the start, and a process that logs `address already in use` fails the start with a
+ * clear error.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { connect, createServer } from 'node:net';
+import { isRunning, onLines, stopProcess } from './process.ts';
+import { IMC_PORT_ENV, type EventingBinaries, type EventingComponent } from './eventing-build.ts';
+import { sleep } from './wait.ts';
+
+/** The ports of one data plane: each component's HTTP and HTTPS servers and its pprof server. */
+export interface DataPlanePorts {
+  http: Record<Exclude<EventingComponent, 'mtping'>, number>;
+  https: Record<Exclude<EventingComponent, 'mtping'>, number>;
+  profiling: Record<EventingComponent, number>;
+}
+
+/** A port that is free on every interface (the processes bind all of them). */
+function freeAnyPort(): Promise<number> {
+  return new Promise((res, rej) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', rej);
+    srv.listen(0, () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === 'object' && addr ? res(addr.port) : rej(new Error('no port'))));
+    });
+  });
+}
+
+/**
+ * Checks that `port` can be bound on every interface right now.
+ * @throws Error `port <n> for <what> is taken (…): another process listens there` otherwise.
+ */
+export function assertPortFree(port: number, what: string): Promise<void> {
+  return new Promise((res, rej) => {
+    const srv = createServer();
+    srv.unref();
+    srv.once('error', (err: NodeJS.ErrnoException) =>
+      rej(new Error(`port ${port} for ${what} is taken (${err.code}): another process listens there`)),
+    );
+    srv.listen(port, () => srv.close(() => res()));
+  });
+}
+
+/** Ten distinct ports, each free on every interface. */
+export async function choosePorts(): Promise<DataPlanePorts> {
+  const seen = new Set<number>();
+  const next = async (): Promise<number> => {
+    for (;;) {
+      const p = await freeAnyPort();
+      if (!seen.has(p)) return (seen.add(p), p);
+    }
+  };
+  const three = async () => ({ ingress: await next(), filter: await next(), dispatcher: await next() });
+  const http = await three();
+  const https = await three();
+  return { http, https, profiling: { ...(await three()), mtping: await next() } };
+}
+
+/** Every port of `component`, named for error messages. */
+function portsOf(component: EventingComponent, ports: DataPlanePorts): [number, string][] {
+  const out: [number, string][] = [[ports.profiling[component], `${component}'s PROFILING_PORT`]];
+  if (component !== 'mtping')
+    out.push([ports.http[component], `${component}'s HTTP server`], [ports.https[component], `${component}'s HTTPS`]);
+  return out;
+}
+
+/** What every component's environment is made of. */
+export interface EnvContext {
+  kubeconfigPath: string;
+  systemNamespace: string;
+  ports: DataPlanePorts;
+}
+
+/** Environment variables only one component reads (upstream config/…/deployments/*.yaml). */
+function ownEnv(component: EventingComponent, { systemNamespace: ns, ports }: EnvContext): NodeJS.ProcessEnv {
+  const port = (c: Exclude<EventingComponent, 'mtping'>) => [String(ports.http[c]), String(ports.https[c])];
+  switch (component) {
+    case 'ingress': {
+      const [http, https] = port('ingress');
+      return { NAMESPACE: ns, INGRESS_PORT: http, INGRESS_PORT_HTTPS: https };
+    }
+    case 'filter': {
+      const [http, https] = port('filter');
+      return { NAMESPACE: ns, FILTER_PORT: http, FILTER_PORT_HTTPS: https };
+    }
+    case 'dispatcher': {
+      const [http, https] = port('dispatcher');
+      return {
+        MAX_IDLE_CONNS: '1000',
+        MAX_IDLE_CONNS_PER_HOST: '1000',
+        [IMC_PORT_ENV.http]: http,
+        [IMC_PORT_ENV.https]: https,
+      };
+    }
+    case 'mtping':
+      // K_NO_SHUTDOWN_AFTER=59: exit at once on SIGTERM (upstream waits for the next minute
+      // when the signal comes after second 55, so that no tick is lost during a rollout).
+      return {
+        NAMESPACE: ns,
+        K_LOGGING_CONFIG: '',
+        K_OBSERVABILITY_CONFIG: '{}',
+        K_LEADER_ELECTION_CONFIG: '',
+        K_NO_SHUTDOWN_AFTER: '59',
+        K_SINK_TIMEOUT: '-1',
+      };
+  }
+}
+
+/**
+ * The whole environment of one component (nothing else is inherited): the kubeconfig, the
+ * system namespace (ConfigMaps and leader-election Leases live there), a pod name unique to
+ * this process, the ports, and what upstream's Deployment sets (config/brokers/mt-channel-broker,
+ * config/channels/in-memory-channel, config/core/deployments/pingsource-mt-adapter.yaml).
+ */
+export function componentEnv(component: EventingComponent, ctx: EnvContext): NodeJS.ProcessEnv {
+  return {
+    PATH: process.env.PATH,
+    HOME: process.env.HOME,
+    KUBECONFIG: ctx.kubeconfigPath,
+    SYSTEM_NAMESPACE: ctx.systemNamespace,
+    POD_NAME: `captf-${component}-${process.pid}`,
+    CONTAINER_NAME: component,
+    CONFIG_LOGGING_NAME: 'config-logging',
+    CONFIG_OBSERVABILITY_NAME: 'config-observability',
+    METRICS_DOMAIN: 'knative.dev/internal/eventing',
+    PROFILING_PORT: String(ctx.ports.profiling[component]),
+    ...ownEnv(component, ctx),
+  };
+}
+
+/** At most this many log lines are kept per component. */
+const MAX_LOG_LINES = 5000;
+
+/** One running (or stopped) component. */
+export interface ComponentProcess {
+  child: ChildProcess;
+  /** Resolves when it exited. */
+  exited: Promise<void>;
+  /** Set when a line says its port is taken. */
+  portError?: string;
+}
+
+/** Options of {@link spawnComponent}. */
+export interface SpawnOptions {
+  bins: EventingBinaries;
+  env: EnvContext;
+  /** The component's log, appended to (the oldest lines dropped past 5000). */
+  logs: string[];
+  onLog?: (component: EventingComponent, line: string) => void;
+}
+
+/**
+ * Starts one component after checking its ports are free; it is SIGKILLed if this process
+ * exits first.
+ * @throws Error when one of its ports is taken.
+ */
+export async function spawnComponent(component: EventingComponent, opts: SpawnOptions): Promise<ComponentProcess> {
+  for (const [port, what] of portsOf(component, opts.env.ports)) await assertPortFree(port, what);
+  const child = spawn(opts.bins[component], [], {
+    env: componentEnv(component, opts.env),
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const killOnExit = () => child.kill('SIGKILL');
+  process.once('exit', killOnExit);
+  const exited = new Promise<void>((r) => child.once('exit', () => (process.off('exit', killOnExit), r())));
+  const proc: ComponentProcess = { child, exited };
+  const onLine = (line: string) => {
+    opts.logs.push(line);
+    if (opts.logs.length > MAX_LOG_LINES) opts.logs.shift();
+    if (line.includes('address already in use')) proc.portError ??= line;
+    opts.onLog?.(component, line);
+  };
+  onLines(child.stdout!, onLine);
+  onLines(child.stderr!, onLine);
+  return proc;
+}
+
+/** True once something accepts TCP connections on 127.0.0.1:`port`. */
+function accepts(port: number): Promise<boolean> {
+  return new Promise((res) => {
+    const s = connect({ port, host: '127.0.0.1' });
+    s.once('connect', () => (s.destroy(), res(true)));
+    s.once('error', () => res(false));
+  });
+}
+
+/**
+ * Waits until the component listens on its HTTP port (mtping: until it ran for a moment),
+ * failing fast when it exits or reports a taken port.
+ * @throws Error `<component> exited (…)`, `… address already in use …` or a timeout, with its
+ *   last log lines.
+ */
+export async function waitListening(
+  component: EventingComponent,
+  proc: ComponentProcess,
+  { ports, logs, deadline }: { ports: DataPlanePorts; logs: string[]; deadline: number },
+): Promise<void> {
+  const port = component === 'mtping' ? undefined : ports.http[component];
+  const fail = (why: string) => new Error(`${component} ${why}:\n${logs.slice(-15).join('\n')}`);
+  for (const t0 = Date.now(); ; await sleep(100)) {
+    if (!isRunning(proc.child)) throw fail(`exited (${proc.child.exitCode ?? proc.child.signalCode})`);
+    if (proc.portError) throw fail(`could not bind a port: ${proc.portError}`);
+    if (port === undefined ? Date.now() - t0 > 500 : await accepts(port)) return;
+    if (Date.now() > deadline) throw fail(`did not listen on ${port} in time`);
+  }
+}
+
+/**
+ * Stops a component: SIGTERM, then SIGKILL after `graceMs`; resolves once it exited.
+ * Upstream's servers drain on SIGTERM (they keep answering until no request came for a quiet
+ * period), hence the short default grace.
+ */
+export const stopComponent = (proc: ComponentProcess, graceMs = 3000): Promise<void> =>
+  stopProcess(proc.child, graceMs);
