@@ -1,0 +1,190 @@
+/**
+ * The stand-in for Knative Eventing's controllers (scripts/eventing-controllers.ts): which
+ * delivery a Trigger's channel subscriber gets, how dead-letter sinks and destinations
+ * resolve, and the fields written for the data plane; plus the build-time dispatcher patch
+ * (scripts/eventing-build.ts, scripts/controlplane/build.ts applySourcePatch).
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { pinnedVersion } from '../../scripts/controlplane/build.ts';
+import { applySourcePatch } from '../../scripts/controlplane/build.ts';
+import { EVENTING_TOOLS, IMC_DISPATCHER_PORTS_PATCH } from '../../scripts/eventing-build.ts';
+import {
+  brokerChannel,
+  brokerStatus,
+  channelSubscriber,
+  pingSourceStatus,
+  resolveDestination,
+  subscriberDelivery,
+  triggerDeadLetterSinkUri,
+  triggerStatus,
+  type Broker,
+  type Delivery,
+  type PingSource,
+  type RefResolver,
+  type Trigger,
+} from '../../scripts/eventing-controllers.ts';
+import { KNATIVE_TOOLS } from '../../scripts/knative.ts';
+
+const svc = (name: string) => ({ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name } });
+const URLS: Record<string, string> = {
+  fn: 'http://127.0.0.1:1001',
+  dls: 'http://127.0.0.1:1002',
+  bdls: 'http://127.0.0.1:1003',
+};
+const resolveRef: RefResolver = (ref) => {
+  if (ref.kind === 'Broker') return 'http://127.0.0.1:2000/ns/captf';
+  const url = URLS[ref.name];
+  if (!url) throw new Error(`unknown ${ref.name}`);
+  return url;
+};
+const addresses = {
+  ingress: 'http://127.0.0.1:2000',
+  filter: 'http://127.0.0.1:3000',
+  dispatcher: 'http://127.0.0.1:4000',
+};
+const now = new Date('2026-01-02T03:04:05.678Z');
+
+const broker = (delivery?: Delivery, annotations?: Record<string, string>): Broker => ({
+  apiVersion: 'eventing.knative.dev/v1',
+  kind: 'Broker',
+  metadata: { name: 'captf', namespace: 'ns', uid: 'b-uid', generation: 1, ...(annotations ? { annotations } : {}) },
+  spec: delivery ? { delivery } : {},
+});
+const trigger = (delivery?: Delivery): Trigger => ({
+  apiVersion: 'eventing.knative.dev/v1',
+  kind: 'Trigger',
+  metadata: { name: 't', namespace: 'ns', uid: 't-uid', generation: 3 },
+  spec: { broker: 'captf', subscriber: svc('fn'), ...(delivery ? { delivery } : {}) },
+});
+const brokerDelivery: Delivery = {
+  retry: 2,
+  backoffPolicy: 'linear',
+  backoffDelay: 'PT2S',
+  deadLetterSink: svc('bdls'),
+};
+
+describe('the eventing controllers stand-in', () => {
+  it("gives a Trigger without delivery the Broker's, its dead-letter sink resolved to a URI", () => {
+    assert.deepEqual(subscriberDelivery(trigger(), broker(brokerDelivery), resolveRef), {
+      deadLetterSink: { uri: URLS.bdls },
+      retry: 2,
+      backoffPolicy: 'linear',
+      backoffDelay: 'PT2S',
+    });
+    assert.equal(triggerDeadLetterSinkUri(trigger(), broker(brokerDelivery), resolveRef), URLS.bdls);
+  });
+
+  it("keeps a Trigger's own delivery whole, and falls back to the Broker's sink only for the sink", () => {
+    const own: Delivery = { retry: 5, backoffPolicy: 'exponential', backoffDelay: 'PT1S', timeout: 'PT10S' };
+    assert.deepEqual(subscriberDelivery(trigger(own), broker(brokerDelivery), resolveRef), {
+      deadLetterSink: { uri: URLS.bdls },
+      ...own,
+    });
+    const withSink = { ...own, deadLetterSink: svc('dls') };
+    assert.equal(
+      subscriberDelivery(trigger(withSink), broker(brokerDelivery), resolveRef)?.deadLetterSink?.uri,
+      URLS.dls,
+    );
+    assert.equal(triggerDeadLetterSinkUri(trigger(withSink), broker(brokerDelivery), resolveRef), URLS.dls);
+  });
+
+  it('gives no delivery when neither the Trigger nor the Broker has one', () => {
+    assert.equal(subscriberDelivery(trigger(), broker(), resolveRef), undefined);
+    assert.equal(triggerDeadLetterSinkUri(trigger(), broker(), resolveRef), undefined);
+    assert.equal('delivery' in channelSubscriber(trigger(), broker(), { addresses, resolveRef }), false);
+  });
+
+  it('resolves destinations like knative.dev/pkg: a ref, a ref plus a relative URI, an absolute URI', () => {
+    assert.equal(resolveDestination(svc('fn'), resolveRef), URLS.fn);
+    assert.equal(resolveDestination({ ...svc('fn'), uri: '/x?y=1' }, resolveRef), `${URLS.fn}/x?y=1`);
+    assert.equal(resolveDestination({ uri: 'http://example.test:9/p' }, resolveRef), 'http://example.test:9/p');
+    assert.throws(
+      () => resolveDestination({ ...svc('fn'), uri: 'http://a/b' }, resolveRef),
+      /absolute URI is not allowed/,
+    );
+    assert.throws(() => resolveDestination({ uri: '/relative' }, resolveRef), /not absolute/);
+    assert.throws(() => resolveDestination({}, resolveRef), /missing Ref and URI/);
+    assert.throws(() => resolveDestination(svc('nope'), resolveRef), /unknown nope/);
+  });
+
+  it("builds the Broker's channel: owner, scope and messaging annotations, one subscriber per Trigger of this Broker", () => {
+    const b = broker(brokerDelivery, { 'messaging.knative.dev/async-handler': 'true', 'other.io/x': 'y' });
+    const other = { ...trigger(), spec: { ...trigger().spec, broker: 'other' } };
+    const imc = brokerChannel(b, [trigger(), other], { addresses, resolveRef });
+    assert.equal(imc.metadata?.name, 'captf-kne-trigger');
+    assert.deepEqual(imc.metadata?.annotations, {
+      'eventing.knative.dev/scope': 'cluster',
+      'messaging.knative.dev/async-handler': 'true',
+    });
+    assert.equal(imc.metadata?.ownerReferences?.[0]?.uid, 'b-uid');
+    assert.deepEqual(imc.spec.delivery, brokerDelivery);
+    assert.deepEqual(imc.spec.subscribers, [
+      {
+        uid: 't-uid',
+        generation: 3,
+        subscriberUri: 'http://127.0.0.1:3000/triggers/ns/t/t-uid',
+        replyUri: 'http://127.0.0.1:2000/ns/captf',
+        delivery: { deadLetterSink: { uri: URLS.bdls }, retry: 2, backoffPolicy: 'linear', backoffDelay: 'PT2S' },
+      },
+    ]);
+  });
+
+  it('writes the status fields the ingress, filter, dispatcher and mtping read, Ready and every dependent condition True', () => {
+    const ctx = { addresses, resolveRef, now };
+    const b = broker(brokerDelivery);
+    const imc = brokerChannel(b, [trigger()], { addresses, resolveRef });
+    const bs = brokerStatus(b, imc, ctx);
+    assert.equal(
+      (bs.annotations as Record<string, string>)['knative.dev/channelAddress'],
+      'http://127.0.0.1:4000/ns/captf-kne-trigger',
+    );
+    assert.deepEqual(bs.address, { name: 'http', url: 'http://127.0.0.1:2000/ns/captf' });
+    assert.equal(bs.deadLetterSinkUri, URLS.bdls);
+    const conditions = bs.conditions as { type: string; status: string; lastTransitionTime: string }[];
+    assert.ok(conditions.every((c) => c.status === 'True' && c.lastTransitionTime === '2026-01-02T03:04:05Z'));
+    assert.ok(conditions.some((c) => c.type === 'Ready'));
+    const ts = triggerStatus(trigger(), b, ctx);
+    assert.equal(ts.subscriberUri, URLS.fn);
+    assert.equal(ts.observedGeneration, 3);
+    const ping: PingSource = {
+      apiVersion: 'sources.knative.dev/v1',
+      kind: 'PingSource',
+      metadata: { name: 'p', namespace: 'ns', generation: 2 },
+      spec: {
+        schedule: '* * * * *',
+        sink: { ref: { apiVersion: 'eventing.knative.dev/v1', kind: 'Broker', name: 'captf' } },
+      },
+    };
+    const ps = pingSourceStatus(ping, ctx);
+    assert.equal(ps.sinkUri, 'http://127.0.0.1:2000/ns/captf');
+    assert.deepEqual(ps.ceAttributes, [
+      { type: 'dev.knative.sources.ping', source: '/apis/v1/namespaces/ns/pingsources/p' },
+    ]);
+  });
+});
+
+describe('the dispatcher port patch', () => {
+  const upstream =
+    'const (\n\treadTimeout   = 15 * time.Minute\n\thttpPort      = 8080\n\thttpsPort     = 8443\n\tfinalizerName = "x"\n)\n';
+
+  it('removes exactly the two constants and adds the file declaring them', () => {
+    const out = applySourcePatch(IMC_DISPATCHER_PORTS_PATCH, upstream);
+    assert.equal(out, 'const (\n\treadTimeout   = 15 * time.Minute\n\tfinalizerName = "x"\n)\n');
+    const added = Object.values(IMC_DISPATCHER_PORTS_PATCH.add ?? {}).join('');
+    assert.match(added, /httpPort\s+= captfPortFromEnv\("CAPTF_IMC_HTTP_PORT", 8080\)/);
+    assert.match(added, /httpsPort = captfPortFromEnv\("CAPTF_IMC_HTTPS_PORT", 8443\)/);
+  });
+
+  it('fails loudly when the upstream text differs', () => {
+    assert.throws(
+      () => applySourcePatch(IMC_DISPATCHER_PORTS_PATCH, upstream.replace('8080', '9090')),
+      /expected the text below exactly once, found it 0 times/,
+    );
+    assert.throws(() => applySourcePatch(IMC_DISPATCHER_PORTS_PATCH, upstream + upstream), /found it 2 times/);
+  });
+
+  it('pins the same knative.dev/eventing as the ApiServerSource adapter', () => {
+    assert.equal(pinnedVersion(EVENTING_TOOLS[0]!), pinnedVersion(KNATIVE_TOOLS[0]!));
+  });
+});
