@@ -11,7 +11,7 @@ import type { RequestHandler } from 'express';
 import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
 import { BadEventError, PING_EVENT_TYPE, readEventRequests, type EventRequest } from '../lib/cloudevents.ts';
-import { HttpError, sendOutcome, type Outcome } from '../lib/http.ts';
+import { HttpError, sendEventOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { refreshAll, refreshNamed, type RefreshDeps, type RefreshResult } from './refresh.ts';
@@ -76,7 +76,7 @@ function unsupported(r: EventRequest): string | undefined {
  */
 export function handleEvents(cfg: HandlerConfig): RequestHandler {
   return async (req, res) =>
-    sendOutcome(res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''));
+    sendEventOutcome(req, res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''));
 }
 
 /** The events of one request split into those to refresh and the reasons the others are unusable. */

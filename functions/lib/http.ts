@@ -4,7 +4,7 @@
  * SIGTERM that finishes in-flight requests (Knative sends SIGTERM before scaling down).
  */
 import type { Server } from 'node:http';
-import express, { type ErrorRequestHandler, type Express, type Response } from 'express';
+import express, { type ErrorRequestHandler, type Express, type Request, type Response } from 'express';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
@@ -61,6 +61,22 @@ export function sendOutcome(res: Response, o: Outcome): void {
     return;
   }
   res.status(OUTCOME_STATUS[o.kind]).json({ error: o.error, ...(o.reason ? { reason: o.reason } : {}), ...o.body });
+}
+
+/**
+ * Sends the outcome of a CloudEvents request. A sender that says `Prefer: reply` (Knative's
+ * dispatcher always does, on every delivery) reads a 2xx body as a reply event, and the
+ * Broker's filter counts a body that is not a CloudEvent as a failed delivery (502, then
+ * retries and the dead-letter sink): so that sender gets a `done` as 200 with no body.
+ * Everyone else gets {@link sendOutcome}'s JSON. Failures keep their JSON body either way
+ * (Knative puts it in `knativeerrordata` when it dead-letters the event).
+ */
+export function sendEventOutcome(req: Request, res: Response, o: Outcome): void {
+  if (o.kind === 'done' && /\breply\b/i.test(req.get('prefer') ?? '')) {
+    res.status(OUTCOME_STATUS.done).end();
+    return;
+  }
+  sendOutcome(res, o);
 }
 
 /**

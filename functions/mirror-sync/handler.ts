@@ -8,7 +8,7 @@
 import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
 import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } from '../lib/cloudevents.ts';
-import { sendOutcome, type Outcome } from '../lib/http.ts';
+import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients, type Clients } from '../lib/kube.ts';
 import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
 import { keyString } from './decide.ts';
@@ -187,7 +187,7 @@ export class MirrorSyncHandler {
    * when a reconcile asks for a retry or an API call failed.
    */
   handle = async (req: Request, res: Response): Promise<void> => {
-    sendOutcome(res, await this.answer(typeof req.body === 'string' ? req.body : '', req.headers));
+    sendEventOutcome(req, res, await this.answer(typeof req.body === 'string' ? req.body : '', req.headers));
   };
 
   /**
