@@ -1,0 +1,235 @@
+/**
+ * End to end through Knative's real event path (issue 15 item 2): the ApiServerSource
+ * adapter configured from the rendered `captf-objects`, Knative's Broker data plane
+ * (scripts/eventing.ts) with the rendered Broker, Triggers and PingSources unchanged (moved
+ * into this file's namespace), and the real mirror-sync and identity-status. Consumers,
+ * identities and namespaces reach exactly the functions their Triggers name; both
+ * PingSources deliver (schedules shortened on the applied objects, never the manifests);
+ * and a dispatcher SIGKILLed mid-stream loses nothing the resync does not repair.
+ *
+ * The adapter watches only this file's namespaces (the rendered source watches every
+ * namespace; on a control plane shared with other test files that would send them here too).
+ */
+import assert from 'node:assert/strict';
+import { createServer, request, type Server } from 'node:http';
+import { after, before, describe, it } from 'node:test';
+import type { KubernetesObject } from '@kubernetes/client-node';
+import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
+import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
+import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing.ts';
+import {
+  installEventingCRDs,
+  sourceConfigFor,
+  startApiServerSourceAdapter,
+  type ApiServerSourceSpec,
+  type RunningAdapter,
+} from '../../scripts/knative.ts';
+import { render } from '../../scripts/kustomize.ts';
+import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { invariantViolations } from '../helpers/invariant.ts';
+import { captureLogger } from '../helpers/logs.ts';
+import { createConsumer, deleteIdentity, getMirror, putIdentity } from '../helpers/mirror-sync.ts';
+
+const a = admin();
+const ns = namespaces('e2e-broker');
+const mirrorLog = captureLogger('mirror-sync');
+const statusLog = captureLogger('identity-status');
+const deadLetters: string[] = [];
+const SCOPE = { key: 'captf-test/e2e-broker', value: suffix() };
+const source = { name: 'creds', namespace: '' };
+const functions: FunctionHandle[] = [];
+let deadLetterServer: Server;
+let dp: EventingDataPlane;
+let adapter: RunningAdapter;
+let tenant: string;
+
+/** What a function was sent: the CloudEvent type and subject of each delivery. */
+const sent: Record<'mirror-sync' | 'identity-status', { type: string; subject: string }[]> = {
+  'mirror-sync': [],
+  'identity-status': [],
+};
+const proxies: Server[] = [];
+
+/** A recording pass-through in front of a function, so the test sees what the Broker delivered. */
+async function recordingProxy(fn: keyof typeof sent, port: number): Promise<string> {
+  const server = createServer((req, res) => {
+    sent[fn].push({ type: String(req.headers['ce-type'] ?? ''), subject: String(req.headers['ce-subject'] ?? '') });
+    const up = request({ host: '127.0.0.1', port, method: req.method, path: req.url, headers: req.headers }, (r) => {
+      res.writeHead(r.statusCode ?? 502, r.headers);
+      r.pipe(res);
+    });
+    up.on('error', () => res.writeHead(502).end());
+    req.pipe(up);
+  });
+  proxies.push(server);
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+}
+
+/** The dead-letter sink: records the type of every event Knative gave up on. */
+async function startDeadLetters(): Promise<string> {
+  deadLetterServer = createServer((req, res) => {
+    deadLetters.push(String(req.headers['ce-type'] ?? ''));
+    req.resume();
+    req.on('end', () => res.writeHead(202).end());
+  });
+  await new Promise<void>((r) => deadLetterServer.listen(0, '127.0.0.1', () => r()));
+  return `http://127.0.0.1:${(deadLetterServer.address() as { port: number }).port}`;
+}
+
+before(async () => {
+  source.namespace = await ns.create();
+  tenant = await ns.create();
+  await a.core.createNamespacedSecret({
+    namespace: source.namespace,
+    body: { metadata: { name: source.name }, stringData: { token: 'e2e-broker' } },
+  });
+  await installEventingCRDs(a.kc);
+  const ms = await startMirrorSync({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: mirrorLog.logger, env: {} });
+  // Its pings refresh only this file's identities: others' statuses are other files' to assert.
+  const is = await startIdentityStatus({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: a.kc,
+    logger: statusLog.logger,
+    env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE.key}=${SCOPE.value}` },
+  });
+  functions.push(ms, is);
+  const rendered: KubernetesObject[] = await render('manifests/overlays/without-crds');
+  dp = await startEventingDataPlane({
+    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
+    kc: a.kc,
+    objects: rendered,
+    namespace: source.namespace,
+    sinks: {
+      'captf-mirror-sync': await recordingProxy('mirror-sync', ms.port),
+      'captf-identity-status': await recordingProxy('identity-status', is.port),
+      'captf-dead-letters': await startDeadLetters(),
+    },
+    schedules: { 'captf-resync': '*/3 * * * * *', 'captf-identity-status': '*/3 * * * * *' },
+  });
+  const objects = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
+  const config = await sourceConfigFor(a.kc, objects as unknown as ApiServerSourceSpec);
+  adapter = await startApiServerSourceAdapter({
+    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
+    sink: dp.brokerUrl,
+    source: { ...config, namespaces: [tenant], allNamespaces: false },
+    name: `e2e-broker-${suffix()}`,
+  });
+});
+
+after(async () => {
+  await adapter?.stop();
+  await dp?.stop();
+  for (const f of functions) await f.close();
+  deadLetterServer?.close();
+  for (const p of proxies) p.close();
+});
+
+describe("through Knative's Broker, on the rendered eventing manifests", () => {
+  it('consumer, identity and namespace events reach exactly the functions their Triggers name', async () => {
+    const id = `id-${suffix()}`;
+    ns.onCleanup(() => deleteIdentity(a, id));
+    await putIdentity(a, id, source, { list: [tenant] }, { [SCOPE.key]: SCOPE.value });
+    // The adapter is at-most-once and may still be starting its watches: touch until seen.
+    let touch = 0;
+    const consumerAdds = () =>
+      sent['mirror-sync'].filter(
+        (e) => e.type === 'dev.knative.apiserver.ref.add' && e.subject.includes(`/${tenant}/`),
+      );
+    await eventually(
+      "a consumer's add event delivered to mirror-sync by the Broker",
+      async () => {
+        await createConsumer(a, tenant, `c-${++touch}`, id);
+        return consumerAdds().length > 0;
+      },
+      90_000,
+    );
+    await eventually('its mirror', async () => (await getMirror(a, tenant, id)) !== undefined);
+    // The identity's own update event reaches identity-status (its Trigger) and mirror-sync (its own).
+    await putIdentity(
+      a,
+      id,
+      source,
+      { list: [tenant], selector: { matchLabels: { never: 'x' } } },
+      {
+        [SCOPE.key]: SCOPE.value,
+      },
+    );
+    const identityUpdates = (fn: keyof typeof sent) =>
+      sent[fn].filter((e) => e.type === 'dev.knative.apiserver.ref.update' && e.subject.endsWith(`/${id}`));
+    await eventually(
+      'the identity update delivered to both functions',
+      async () => identityUpdates('mirror-sync').length > 0 && identityUpdates('identity-status').length > 0,
+    );
+    await eventually('identity-status refreshed the identity on its event', async () =>
+      statusLog.entries().some((e) => e.message === 'identity refreshed' && e.identity === id),
+    );
+    // A namespace's event reaches mirror-sync only.
+    await a.core.patchNamespace({
+      name: tenant,
+      body: [{ op: 'add', path: '/metadata/labels/touched', value: 'yes' }],
+    });
+    await eventually('the namespace update delivered to mirror-sync', async () =>
+      sent['mirror-sync'].some(
+        (e) => e.type === 'dev.knative.apiserver.ref.update' && e.subject.endsWith(`/namespaces/${tenant}`),
+      ),
+    );
+    // identity-status is sent identity events and its pings, never consumers or namespaces.
+    const foreign = sent['identity-status'].filter(
+      (e) => e.type !== 'dev.knative.sources.ping' && !e.subject.includes('terraformclusteridentities'),
+    );
+    assert.deepEqual(foreign, []);
+    assert.deepEqual(
+      statusLog.entries().filter((e) => e.message === 'bad event'),
+      [],
+    );
+    assert.deepEqual(
+      mirrorLog.entries().filter((e) => e.message === 'bad event'),
+      [],
+    );
+    assert.deepEqual(deadLetters, [], 'nothing was dead-lettered');
+  });
+
+  it('both PingSources deliver, each to its own function (schedules shortened on the applied objects)', async () => {
+    const pings = (fn: keyof typeof sent) => sent[fn].filter((e) => e.type === 'dev.knative.sources.ping');
+    await eventually(
+      'pings to both functions',
+      async () => pings('mirror-sync').length > 0 && pings('identity-status').length > 0,
+    );
+    await eventually(
+      'a resync and a status refresh done',
+      async () =>
+        mirrorLog.entries().some((e) => e.message === 'resync') &&
+        statusLog.entries().some((e) => e.message === 'refresh done' && e.trigger === 'ping'),
+    );
+  });
+
+  it('a dispatcher SIGKILLed mid-stream loses nothing the resync does not repair', async () => {
+    const id = `id-${suffix()}`;
+    ns.onCleanup(() => deleteIdentity(a, id));
+    await putIdentity(a, id, source, { list: [tenant] }, { [SCOPE.key]: SCOPE.value });
+    // A stream of creations; the dispatcher is killed after the 10th and restarted after the 25th.
+    const names = Array.from({ length: 40 }, (_, i) => `burst-${i}`);
+    for (const [i, n] of names.entries()) {
+      if (i === 10) await dp.kill('dispatcher');
+      if (i === 25) await dp.restart('dispatcher');
+      await createConsumer(a, tenant, n, id);
+      await new Promise((r) => setTimeout(r, 30));
+    }
+    // Events sent while the channel was down are lost (the adapter is at-most-once); the
+    // PingSource's resync, every 3 s here, repairs them.
+    await eventually(
+      'every burst consumer on the mirror',
+      async () => {
+        const m = await getMirror(a, tenant, id);
+        const owners = new Set((m?.metadata?.ownerReferences ?? []).map((o) => o.name));
+        return names.every((n) => owners.has(n));
+      },
+      90_000,
+    );
+    const violations = await invariantViolations(a, [tenant]);
+    assert.deepEqual(violations, []);
+  });
+});
