@@ -50,6 +50,16 @@ export interface ControlPlane {
   hasControllerManager: boolean;
   /** Mints a client certificate for `name` in `groups` and writes a kubeconfig; returns its path. */
   userKubeConfig(name: string, groups?: readonly string[]): Promise<string>;
+  /**
+   * Fault injection (reliability tests): stops one component (SIGTERM, then SIGKILL), leaving
+   * the others running. @throws Error for an unknown or already stopped component.
+   */
+  stopComponent(name: ControlPlaneComponent): Promise<void>;
+  /**
+   * Starts a stopped component again with the same arguments, ports and data; for
+   * kube-apiserver, resolves once `/readyz` answers 200 again.
+   */
+  startComponent(name: ControlPlaneComponent): Promise<void>;
   /** Stops every process (SIGTERM, then SIGKILL after 10 s); idempotent. */
   stop(): Promise<void>;
 }
@@ -139,12 +149,21 @@ interface Component {
   name: string;
   child: ChildProcess;
   logPath: string;
+  bin: string;
+  args: string[];
 }
+
+/** The processes a control plane runs. */
+export type ControlPlaneComponent = 'etcd' | 'kube-apiserver' | 'kube-controller-manager';
 
 /** The component processes of one control plane, started in order and stopped in reverse. */
 interface Components {
   list: Component[];
   start(name: string, bin: string, args: string[]): void;
+  /** Stops one component; it keeps its place (and arguments) in `list` for {@link Components.restart}. */
+  stopOne(name: string): Promise<void>;
+  /** Starts a stopped component again with the arguments it had. */
+  restart(name: string): void;
   /** Stops every process (SIGTERM, then SIGKILL after 10 s), newest first; idempotent. */
   stop(): Promise<void>;
 }
@@ -197,6 +216,11 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     binaries,
     hasControllerManager: Boolean(binaries.kubeControllerManager),
     userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
+    stopComponent: (name) => components.stopOne(name),
+    startComponent: async (name) => {
+      components.restart(name);
+      if (name === 'kube-apiserver') await waitReady({ server, pki, components, timeoutMs: 120_000 });
+    },
     stop: components.stop,
   };
 }
@@ -244,16 +268,33 @@ function writeAuditPolicy(dir: string): void {
 function newComponents(logDir: string): Components {
   const list: Component[] = [];
   let stopping = false;
+  const spawnLogged = (name: string, bin: string, args: string[]): ChildProcess => {
+    const fd = openSync(join(logDir, `${name}.log`), 'a');
+    const child = spawn(bin, args, { stdio: ['ignore', fd, fd] });
+    closeSync(fd);
+    live.add(child);
+    child.on('exit', () => live.delete(child));
+    return child;
+  };
+  const find = (name: string): Component => {
+    const c = list.find((x) => x.name === name);
+    if (!c) throw new Error(`no control-plane component named ${name}`);
+    return c;
+  };
   return {
     list,
     start(name, bin, args) {
-      const logPath = join(logDir, `${name}.log`);
-      const fd = openSync(logPath, 'a');
-      const child = spawn(bin, args, { stdio: ['ignore', fd, fd] });
-      closeSync(fd);
-      live.add(child);
-      child.on('exit', () => live.delete(child));
-      list.push({ name, child, logPath });
+      list.push({ name, child: spawnLogged(name, bin, args), logPath: join(logDir, `${name}.log`), bin, args });
+    },
+    async stopOne(name) {
+      const c = find(name);
+      if (!isRunning(c.child)) throw new Error(`${name} is already stopped`);
+      await stopProcess(c.child);
+    },
+    restart(name) {
+      const c = find(name);
+      if (isRunning(c.child)) throw new Error(`${name} is running`);
+      c.child = spawnLogged(name, c.bin, c.args);
     },
     async stop() {
       if (stopping) return;
