@@ -6,8 +6,12 @@
  * - no mirror sits in a namespace its identity does not allow (or of an identity that is gone);
  * - every allowed key with consumers has a mirror, current for its source (annotation and
  *   data), unless the source is missing — then an existing mirror keeps its last data;
- * - no Secret that is not ours changed (compared with {@link foreignSecrets} taken before).
- * Returns every violation, not just the first.
+ * - no Secret that is not ours changed (compared with {@link foreignSecrets} taken before);
+ *   a Secret an identity names as its source is never ours, whatever its labels;
+ * - every consumer's owned conditions match its state (SPEC §16): IdentityNotFound,
+ *   NamespaceNotAllowed (and ApplyJobSucceeded=False/IdentityNotAllowed when deleting),
+ *   MirrorFailed for a Secret in the way, SourceNotFound, or Mirrored; none without identityRef.
+ * Consumers being deleted count as live. Returns every violation, not just the first.
  */
 import type { V1Namespace, V1Secret } from '@kubernetes/client-node';
 import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
@@ -63,12 +67,41 @@ export async function invariantViolations(
 ): Promise<string[]> {
   const v: string[] = [];
   const identity = identityCache(a);
+  const sources = await sourceNames(a);
   for (const ns of namespaces) {
     const state = await readNamespaceState(a, ns);
-    for (const id of mirrorKeys(state)) v.push(...(await keyViolations(a, state, { id, idObj: await identity(id) })));
+    for (const id of mirrorKeys(state)) {
+      const key = await keyFacts(a, state, { id, idObj: await identity(id), sources });
+      v.push(...keyViolations(state, key), ...conditionViolations(state, key));
+    }
+    v.push(...unkeyedViolations(state));
     v.push(...foreignViolations(state, foreign));
   }
   return v;
+}
+
+/** `<namespace>/<name>` of every Secret some identity names as its source. */
+async function sourceNames(a: Clients): Promise<Set<string>> {
+  const list = (await a.custom.listClusterCustomObject({
+    group: GROUP,
+    version: VERSION,
+    plural: IDENTITY_PLURAL,
+  })) as {
+    items: TerraformClusterIdentity[];
+  };
+  return new Set(list.items.map((i) => `${i.spec?.secretRef?.namespace}/${i.spec?.secretRef?.name}`));
+}
+
+/** What decides one key (namespace, identity), read from the API server. */
+interface KeyFacts {
+  id: string;
+  idObj: TerraformClusterIdentity | undefined;
+  allowed: boolean;
+  users: Consumer[];
+  mirror: V1Secret | undefined;
+  /** The Secret at the mirror's name is our mirror (labels, annotation, and no identity's source). */
+  ours: boolean;
+  source: V1Secret | undefined;
 }
 
 /** Reads identities by name, each once. */
@@ -112,28 +145,83 @@ function mirrorKeys({ consumers, secrets }: NamespaceState): Set<string> {
   return keys;
 }
 
-/** The violations of one key (namespace, identity). */
-async function keyViolations(
+async function keyFacts(
   a: Clients,
   state: NamespaceState,
-  { id, idObj }: { id: string; idObj: TerraformClusterIdentity | undefined },
-): Promise<string[]> {
+  k: { id: string; idObj: TerraformClusterIdentity | undefined; sources: Set<string> },
+): Promise<KeyFacts> {
   const { ns, nsObj, consumers, secrets } = state;
-  const users = consumers.filter((c) => c.spec?.identityRef?.name === id);
-  const mirror = secrets.find((s) => s.metadata?.name === mirrorName(id));
-  const ours = mirror !== undefined && isOurs(mirror, id);
+  const users = consumers.filter((c) => c.spec?.identityRef?.name === k.id);
+  const mirror = secrets.find((s) => s.metadata?.name === mirrorName(k.id));
+  const ours = mirror !== undefined && isOurs(mirror, k.id) && !k.sources.has(`${ns}/${mirrorName(k.id)}`);
   const allowed = Boolean(
-    idObj && nsObj && isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: ns, labels: nsObj.metadata?.labels }),
+    k.idObj &&
+    nsObj &&
+    isNamespaceAllowed(k.idObj.spec?.allowedNamespaces, { name: ns, labels: nsObj.metadata?.labels }),
   );
+  const ref = k.idObj?.spec?.secretRef;
+  const source =
+    ref && allowed
+      ? await ignoreNotFound(a.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }))
+      : undefined;
+  return { id: k.id, idObj: k.idObj, allowed, users, mirror, ours, source };
+}
+
+/** The violations of one key's mirror (namespace, identity). */
+function keyViolations({ ns }: NamespaceState, k: KeyFacts): string[] {
+  const { id, idObj, allowed, users, mirror, ours, source } = k;
   if (!allowed)
     return ours
       ? [`${ns}: mirror of ${id} exists although ${idObj ? 'the namespace is not allowed' : 'the identity is gone'}`]
       : [];
   if (mirror && !ours) return []; // a Secret in the way: never touched (checked by foreignViolations)
-  const ref = idObj!.spec.secretRef;
-  const source = await ignoreNotFound(a.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }));
   if (!mirror) return users.length && source ? [`${ns}: ${users.length} consumer(s) of ${id} but no mirror`] : [];
+  if (!source && sourceHash(mirror.data) !== mirror.metadata?.annotations?.[ANNOTATION_SOURCE_HASH])
+    return [`${ns}: mirror of ${id} lost its last good copy while its source is missing`];
   return mirrorViolations({ ns, id, users, mirror, source });
+}
+
+/** The owned conditions SPEC §16 asks of a consumer of a key, as `Type=Status/Reason`. */
+function expectedConditions(k: KeyFacts, c: Consumer): string[] {
+  if (!k.idObj) return ['IdentityAllowed=False/IdentityNotFound'];
+  if (!k.allowed)
+    return c.metadata.deletionTimestamp
+      ? ['ApplyJobSucceeded=False/IdentityNotAllowed', 'IdentityAllowed=False/NamespaceNotAllowed']
+      : ['IdentityAllowed=False/NamespaceNotAllowed'];
+  const mirrored = k.mirror && !k.ours ? 'MirrorFailed' : !k.source ? 'SourceNotFound' : 'Mirrored';
+  return [
+    `CredentialsMirrored=${mirrored === 'Mirrored' ? 'True' : 'False'}/${mirrored}`,
+    'IdentityAllowed=True/NamespaceAllowed',
+  ];
+}
+
+const OWNED = ['IdentityAllowed', 'CredentialsMirrored', 'ApplyJobSucceeded'];
+
+/** A consumer's owned conditions as `Type=Status/Reason`, sorted. */
+const ownedConditions = (c: Consumer): string[] =>
+  (c.status?.conditions ?? [])
+    .filter((x) => OWNED.includes(x.type))
+    .map((x) => `${x.type}=${x.status}/${x.reason}`)
+    .sort();
+
+/** Consumers of a key whose conditions do not say what their state is. */
+function conditionViolations({ ns }: NamespaceState, k: KeyFacts): string[] {
+  return k.users.flatMap((c) => {
+    const want = expectedConditions(k, c);
+    const got = ownedConditions(c);
+    return JSON.stringify(want) === JSON.stringify(got)
+      ? []
+      : [`${ns}/${c.metadata.name} (${c.kind}): conditions [${got.join(', ')}], its state says [${want.join(', ')}]`];
+  });
+}
+
+/** Consumers without `identityRef` carry none of our conditions. */
+function unkeyedViolations({ ns, consumers }: NamespaceState): string[] {
+  return consumers
+    .filter((c) => !c.spec?.identityRef?.name && ownedConditions(c).length > 0)
+    .map(
+      (c) => `${ns}/${c.metadata.name} (${c.kind}): no identityRef but conditions [${ownedConditions(c).join(', ')}]`,
+    );
 }
 
 /** An existing mirror's owner references and currency. */
