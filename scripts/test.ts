@@ -10,6 +10,7 @@
  * Exit code: node --test's.
  */
 import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { globSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { KubeConfig } from '@kubernetes/client-node';
@@ -48,7 +49,13 @@ try {
       {
         cwd: REPO_ROOT,
         stdio: 'inherit',
-        env: { ...process.env, CAPTF_TEST_CONTROLPLANE: dir, KUBECONFIG: cp.kubeconfigPath },
+        // One planted-value prefix for the whole run (test/helpers/leaks.ts scans every file's output for it).
+        env: {
+          ...process.env,
+          CAPTF_TEST_CONTROLPLANE: dir,
+          KUBECONFIG: cp.kubeconfigPath,
+          CAPTF_TEST_SENTINEL: `CAPTFLEAK${randomBytes(6).toString('hex')}`,
+        },
       },
     );
     child.on('close', (c) => res(c ?? 1));

@@ -3,10 +3,12 @@
  * minted-user clients, and per-file namespaces that are deleted after the file's tests,
  * pass or fail.
  */
+import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after } from 'node:test';
 import { KubeConfig } from '@kubernetes/client-node';
 import { makeClients, type Clients } from '../../functions/lib/kube.ts';
+import { clusterLeaks, outputLeaks, plantSentinels } from './leaks.ts';
 import { userKubeConfig } from '../../scripts/controlplane/controlplane.ts';
 
 /** Folder of the running test control plane; throws when tests run outside `npm test`. */
@@ -16,11 +18,11 @@ export function controlPlaneDir(): string {
   return dir;
 }
 
-/** Admin (system:masters) clients. */
+/** Admin (system:masters) clients; every Secret they create carries a planted value (leaks.ts). */
 export function admin(): Clients {
   const kc = new KubeConfig();
   kc.loadFromFile(`${controlPlaneDir()}/admin.kubeconfig`);
-  return makeClients(kc);
+  return plantSentinels(makeClients(kc));
 }
 
 /** Clients for a freshly minted client-certificate user. */
@@ -31,7 +33,7 @@ export async function asUser(
   const kubeconfigPath = await userKubeConfig(controlPlaneDir(), name, groups);
   const kc = new KubeConfig();
   kc.loadFromFile(kubeconfigPath);
-  return { ...makeClients(kc), kubeconfigPath };
+  return { ...plantSentinels(makeClients(kc)), kubeconfigPath };
 }
 
 /** A short random suffix for names unique to this run. */
@@ -49,8 +51,11 @@ export function namespaces(prefix: string): {
   const cleanups: (() => Promise<unknown>)[] = [];
   const { core } = admin();
   after(async () => {
+    // Before anything is deleted: nothing the functions said or wrote may carry a planted value.
+    const leaks = [...outputLeaks(), ...(await clusterLeaks(admin(), created))];
     for (const fn of cleanups.reverse()) await fn().catch(() => undefined);
     await Promise.all(created.map((name) => core.deleteNamespace({ name }).catch(() => undefined)));
+    assert.deepEqual(leaks, [], 'no planted Secret value in any output, Event, condition or status');
   });
   return {
     async create(labels = {}) {

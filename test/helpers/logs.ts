@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { PassThrough } from 'node:stream';
 import { createLogger, type Logger } from '../../functions/lib/log.ts';
+import { scanLater } from './leaks.ts';
 
 /** A logger whose lines are kept in `lines` (raw JSON text) and `entries` (parsed). */
 export function captureLogger(component: string): {
@@ -22,6 +23,7 @@ export function captureLogger(component: string): {
     lines.push(...parts.filter(Boolean));
   });
   const logger = createLogger(component, { stream, level: 'debug' });
+  scanLater(`${component} log`, () => lines.join('\n'));
   return { logger, lines, entries: () => lines.map((l) => JSON.parse(l) as Record<string, unknown>) };
 }
 

@@ -4,6 +4,7 @@
  * the port it reported in its `listening` log line, and its exit.
  */
 import { spawnFunction as spawnListening, type FunctionProcess as Spawned } from '../../scripts/process.ts';
+import { scanLater } from './leaks.ts';
 
 /** A function running as a child process. */
 export interface FunctionProcess extends Spawned {
@@ -23,5 +24,6 @@ export async function spawnFunction(name: string, env: NodeJS.ProcessEnv): Promi
     env: { ...process.env, PORT: '0', ...env },
     onData: (d) => (out += d.toString()),
   });
+  scanLater(`${name} output`, () => out);
   return { ...fn, output: () => out };
 }

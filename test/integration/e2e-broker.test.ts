@@ -229,7 +229,12 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
       },
       90_000,
     );
-    const violations = await invariantViolations(a, [tenant]);
-    assert.deepEqual(violations, []);
+    // The conditions are written right after the mirror, in the same reconcile.
+    let violations: string[] = [];
+    await eventually(
+      'the invariant',
+      async () => (violations = await invariantViolations(a, [tenant])).length === 0,
+      15_000,
+    ).catch(() => assert.deepEqual(violations, []));
   });
 });

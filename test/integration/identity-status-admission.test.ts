@@ -29,6 +29,7 @@ import { webhookConfiguration } from '../../scripts/local/webhook.ts';
 import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { scanLater } from '../helpers/leaks.ts';
 
 const a = admin();
 const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
@@ -42,6 +43,7 @@ const statusLog = captureLogger('identity-status');
 const admissionLog = captureLogger('admission');
 const secretValue = sentinel();
 const responses: string[] = [];
+scanLater('HTTP answers', () => responses.join('\n'));
 let statusFn: FunctionHandle;
 let admissionFn: FunctionHandle;
 let src: string;

@@ -30,6 +30,7 @@ import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '
 import { apiServerEvent, pingEvent, postEvents } from '../helpers/events.ts';
 import { spawnFunction } from '../helpers/process.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { scanLater } from '../helpers/leaks.ts';
 
 const a = admin();
 const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
@@ -39,6 +40,7 @@ const SCOPE_LABEL = 'captf-test/identity-status';
 const cap = captureLogger('identity-status');
 const planted: string[] = [];
 const responses: string[] = [];
+scanLater('HTTP answers', () => responses.join('\n'));
 const fnUserName = `idst-fn-${run}`;
 let fnUser: Clients & { kubeconfigPath: string };
 let fn: FunctionHandle;

@@ -28,12 +28,14 @@ import {
   getMirror,
   putIdentity,
 } from '../helpers/mirror-sync.ts';
+import { scanLater } from '../helpers/leaks.ts';
 
 const a = admin();
 const ns = namespaces('ms');
 const log = captureLogger('mirror-sync');
 const SECRET_VALUES = [sentinel(), sentinel()];
 const responses: string[] = [];
+scanLater('HTTP answers', () => responses.join('\n'));
 let fn: FunctionHandle;
 let url: string;
 let sourceNs: string;

@@ -1,0 +1,105 @@
+/**
+ * No secret ever leaks, across every test file (issue 16 item 5): every Secret a test creates
+ * through the test helpers' clients (except mirrors it builds by hand) gets a planted key
+ * `CAPTF_SENTINEL` whose value starts with this run's sentinel; at the end of each file,
+ * everything the functions said is scanned for it, plain and base64: captured logs, spawned
+ * functions' output, recorded HTTP answers, and the Events, conditions and statuses of the
+ * file's objects on the API server.
+ */
+import { randomBytes } from 'node:crypto';
+import type { Clients } from '../../functions/lib/kube.ts';
+
+/** This run's sentinel (`npm test` sets one for every file; a file run alone makes its own). */
+export const RUN_SENTINEL = process.env.CAPTF_TEST_SENTINEL ?? `CAPTFLEAK${randomBytes(6).toString('hex')}`;
+
+/** Name of the planted data key (a valid environment variable name: mirrors feed `envFrom`). */
+export const SENTINEL_KEY = 'CAPTF_SENTINEL';
+
+/** The forms a planted value takes in text: as is, and base64 (a prefix of any value starting with it). */
+const FORMS = [
+  RUN_SENTINEL,
+  Buffer.from(RUN_SENTINEL.slice(0, 3 * Math.floor(RUN_SENTINEL.length / 3))).toString('base64'),
+];
+
+const sources: { where: string; text: () => string }[] = [];
+
+/** Registers output to be scanned at the end of the file (a logger's lines, a process's output, answers). */
+export function scanLater(where: string, text: () => string): void {
+  sources.push({ where, text });
+}
+
+/** Where in `text` a planted value appears (one finding per form found). */
+export function findLeaks(text: string, where: string): string[] {
+  return FORMS.filter((f) => text.includes(f)).map(() => `${where} contains a planted Secret value`);
+}
+
+/** Findings in every registered output. */
+export function outputLeaks(): string[] {
+  return sources.flatMap((s) => findLeaks(s.text(), s.where));
+}
+
+/**
+ * Wraps `clients.core.createNamespacedSecret` so each Secret created carries a planted value
+ * (`<RUN_SENTINEL>-<random>` under {@link SENTINEL_KEY}); Secrets labelled as mirrors are left as given.
+ * @returns the same clients object.
+ */
+export function plantSentinels<T extends Clients>(clients: T): T {
+  const create = clients.core.createNamespacedSecret.bind(clients.core);
+  clients.core.createNamespacedSecret = ((
+    param: Parameters<typeof create>[0],
+    options?: Parameters<typeof create>[1],
+  ) => {
+    const body = param.body;
+    if (body.metadata?.labels?.['captf.io/mirrored'] !== 'true') {
+      body.data = {
+        ...body.data,
+        [SENTINEL_KEY]: Buffer.from(`${RUN_SENTINEL}-${randomBytes(4).toString('hex')}`).toString('base64'),
+      };
+    }
+    return create(param, options);
+  }) as typeof create;
+  return clients;
+}
+
+/** Findings in the Events, consumers' conditions and identities' statuses of `namespaces` on the API server. */
+export async function clusterLeaks(a: Clients, namespaces: readonly string[]): Promise<string[]> {
+  const found: string[] = [];
+  for (const namespace of namespaces) {
+    const texts = await Promise.all([
+      a.core.listNamespacedEvent({ namespace }).then(
+        (l) => JSON.stringify(l.items),
+        () => '',
+      ),
+      a.events.listNamespacedEvent({ namespace }).then(
+        (l) => JSON.stringify(l.items),
+        () => '',
+      ),
+      ...['terraformclusters', 'terraformmachines'].map((plural) =>
+        a.custom
+          .listNamespacedCustomObject({
+            group: 'infrastructure.cluster.x-k8s.io',
+            version: 'v1beta2',
+            plural,
+            namespace,
+          })
+          .then(
+            (l) => JSON.stringify((l as { items: { status?: unknown }[] }).items.map((i) => i.status)),
+            () => '',
+          ),
+      ),
+    ]);
+    found.push(...findLeaks(texts.join('\n'), `Events and conditions in ${namespace}`));
+  }
+  const identities = await a.custom
+    .listClusterCustomObject({
+      group: 'infrastructure.cluster.x-k8s.io',
+      version: 'v1beta2',
+      plural: 'terraformclusteridentities',
+    })
+    .then(
+      (l) => JSON.stringify((l as { items: { status?: unknown }[] }).items.map((i) => i.status)),
+      () => '',
+    );
+  found.push(...findLeaks(identities, 'identity statuses'));
+  return found;
+}
