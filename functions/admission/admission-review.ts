@@ -8,6 +8,28 @@ import type { Decision, IdentityRequest, UserInfo } from './decide.ts';
 /** The only AdmissionReview version this webhook speaks (register it with `admissionReviewVersions: [v1]`). */
 export const ADMISSION_API_VERSION = 'admission.k8s.io/v1';
 
+/**
+ * Deepest nesting of objects and arrays a review may have. A real one is about 15 levels deep
+ * (the object's `managedFields` are the deepest part); a body nested thousands of levels deep
+ * would overflow the stack of any recursive walk over it (deep equality of the two specs,
+ * `JSON.stringify` of a bad value in a message), so it is refused before anything reads it.
+ */
+export const MAX_REVIEW_NESTING = 100;
+
+/** Does `value` nest objects and arrays deeper than `max` levels? Iterative, so any depth is safe. */
+export function nestsDeeperThan(value: unknown, max: number): boolean {
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (typeof v !== 'object' || v === null) continue;
+    if (depth > max) return true;
+    for (const child of Array.isArray(v) ? v : Object.values(v as object)) {
+      if (typeof child === 'object' && child !== null) stack.push([child, depth + 1]);
+    }
+  }
+  return false;
+}
+
 /** Result of reading a posted body. */
 export type ParsedReview =
   | { ok: true; request: IdentityRequest }
@@ -64,6 +86,16 @@ function readUserInfo(v: unknown): UserInfo | string {
   };
 }
 
+/**
+ * A field's value for a message: a string quoted (at most 100 characters), anything else by
+ * its type only (`String()` of a deeply nested array would overflow the stack).
+ */
+function shown(v: unknown): string {
+  if (typeof v === 'string') return JSON.stringify(v.slice(0, 100));
+  if (v === undefined || v === null) return '""';
+  return `(${Array.isArray(v) ? 'array' : typeof v})`;
+}
+
 /** Reads the body as an `admission.k8s.io/v1` AdmissionReview; returns its `request` or a 400. */
 function readReviewRequest(body: unknown): { request: Record<string, unknown> } | { refused: ParsedReview } {
   if (typeof body !== 'string' || body.trim() === '')
@@ -76,7 +108,7 @@ function readReviewRequest(body: unknown): { request: Record<string, unknown> } 
   }
   if (!isPlainObject(doc)) return refused('request body is not a JSON object; expected an AdmissionReview');
   if (doc.apiVersion !== ADMISSION_API_VERSION || doc.kind !== 'AdmissionReview') {
-    const got = `${JSON.stringify(String(doc.apiVersion ?? ''))} ${JSON.stringify(String(doc.kind ?? ''))}`;
+    const got = `${shown(doc.apiVersion)} ${shown(doc.kind)}`;
     return refused(
       `expected apiVersion ${ADMISSION_API_VERSION} and kind AdmissionReview, got ${got}; register the webhook with admissionReviewVersions: [v1]`,
     );
@@ -120,6 +152,8 @@ export function parseReview(body: unknown): ParsedReview {
       message: `malformed AdmissionReview, denied: ${message}`,
     },
   });
+  if (nestsDeeperThan(req, MAX_REVIEW_NESTING - 1))
+    return refuse(`the review nests objects and arrays more than ${MAX_REVIEW_NESTING} levels deep`);
   if (typeof req.operation !== 'string' || req.operation === '') return refuse('request.operation is missing');
   const userInfo = readUserInfo(req.userInfo);
   if (typeof userInfo === 'string') return refuse(userInfo);

@@ -1,0 +1,60 @@
+/**
+ * Regressions of the hostile-input fuzz (issue 16 item 4, test/integration/hostile-input.test.ts):
+ * AdmissionReviews nested thousands of levels deep overflowed the stack of the webhook (deep
+ * equality of the two specs; `String()` of a wrong apiVersion) and were answered 500. They are
+ * now a denial echoing the uid, or a 400 when there is no uid to answer.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { MAX_REVIEW_NESTING, nestsDeeperThan, parseReview } from '../../functions/admission/admission-review.ts';
+
+const deepObject = (d: number) => '{"a":'.repeat(d) + '1' + '}'.repeat(d);
+const deepArray = (d: number) => '['.repeat(d) + ']'.repeat(d);
+const identity = (spec: string) =>
+  `{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","kind":"TerraformClusterIdentity","metadata":{"name":"fz-aaa000"},"spec":${spec}}`;
+
+describe('nestsDeeperThan', () => {
+  it('counts objects and arrays, not scalars, and takes any depth without recursion', () => {
+    assert.equal(nestsDeeperThan({ a: { b: [1] } }, 3), false);
+    assert.equal(nestsDeeperThan({ a: { b: [[]] } }, 3), true);
+    assert.equal(nestsDeeperThan('text', 0), false);
+    assert.equal(nestsDeeperThan(JSON.parse(deepArray(200_000)), 100), true);
+  });
+});
+
+describe('parseReview: deep nesting', () => {
+  it('an UPDATE with the same 10 000-deep spec in object and oldObject is denied, echoing the uid (was: 500, stack overflow)', () => {
+    // The fuzz's shrunk counterexample (seed 1472984686, path 168:0:…:1).
+    const body = `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1","operation":"UPDATE","name":"fz-aaa000","userInfo":{"username":"fuzz-user"},"object":${identity(deepObject(10_000))},"oldObject":${identity(deepObject(10_000))}}}`;
+    const p = parseReview(body);
+    assert.equal(p.ok, false);
+    assert.ok('uid' in p && p.uid === 'u-1');
+    assert.match(
+      (p as { decision: { message: string } }).decision.message,
+      new RegExp(`nests objects and arrays more than ${MAX_REVIEW_NESTING} levels deep`),
+    );
+  });
+
+  it('a 200 000-deep array as apiVersion gets a 400 naming its type (was: 500, stack overflow in String())', () => {
+    // The fuzz's shrunk counterexample (seed -521222806).
+    const p = parseReview(`{"apiVersion":${deepArray(200_000)},"kind":"AdmissionReview","request":{"uid":"u"}}`);
+    assert.equal(p.ok, false);
+    assert.ok('httpStatus' in p && p.httpStatus === 400);
+    assert.match((p as { error: string }).error, /got \(array\) "AdmissionReview"/);
+  });
+
+  it('a real review, as deep as managedFields make it, is not refused', () => {
+    const fields = JSON.parse(`{"f:spec":{"f:allowedNamespaces":{"f:selector":{"f:matchExpressions":{}}}}}`);
+    const body = JSON.stringify({
+      apiVersion: 'admission.k8s.io/v1',
+      kind: 'AdmissionReview',
+      request: {
+        uid: 'u-2',
+        operation: 'CREATE',
+        userInfo: { username: 'alice' },
+        object: { metadata: { name: 'x', managedFields: [{ fieldsV1: fields }] }, spec: {} },
+      },
+    });
+    assert.equal(parseReview(body).ok, true);
+  });
+});
