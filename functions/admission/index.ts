@@ -12,7 +12,9 @@ import {
   closeServer,
   createApp,
   errorHandler,
+  limitIdleConnections,
   listen,
+  serverOptions,
   startSettings,
   type FunctionHandle,
   type StartOptions,
@@ -93,13 +95,14 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   let server: Server;
   let stopWatching = () => {};
   if (cfg.plainHttp) {
-    server = createHttpServer(app);
+    server = createHttpServer(serverOptions(), app);
   } else {
     const pair = readTlsPair(cfg);
-    const https = createHttpsServer({ cert: pair.cert, key: pair.key }, app);
+    const https = createHttpsServer({ ...serverOptions(), cert: pair.cert, key: pair.key }, app);
     stopWatching = watchTlsPair(https, cfg, pair, logger);
     server = https;
   }
+  limitIdleConnections(server);
   let port: number;
   try {
     port = await listen(server, wanted, opts.host);

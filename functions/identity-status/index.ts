@@ -10,7 +10,9 @@ import {
   closeServer,
   createApp,
   errorHandler,
+  limitIdleConnections,
   listen,
+  serverOptions,
   startSettings,
   type FunctionHandle,
   type StartOptions,
@@ -54,7 +56,8 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const app = createApp();
   app.post('/', handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }));
   app.use(errorHandler(logger));
-  const server = createServer(app);
+  const server = createServer(serverOptions(), app);
+  limitIdleConnections(server);
   const port = await listen(server, wanted, opts.host);
   return { server, port, scheme: 'http', logger, close: () => closeServer(server) };
 }

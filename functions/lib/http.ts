@@ -3,7 +3,8 @@
  * `GET /healthz`, JSON error answers that never echo request bodies, and a graceful stop on
  * SIGTERM that finishes in-flight requests (Knative sends SIGTERM before scaling down).
  */
-import type { Server } from 'node:http';
+import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import express, { type ErrorRequestHandler, type Express, type Request, type Response } from 'express';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { loadKubeConfig } from './kube.ts';
@@ -11,6 +12,67 @@ import type { Logger } from './log.ts';
 
 /** Largest request body accepted, in bytes (Kubernetes objects are at most ~1.5 MiB). */
 export const DEFAULT_BODY_LIMIT = 3 * 1024 * 1024;
+
+/**
+ * Timeouts of every function's server (milliseconds), so a client that sends slowly, stops
+ * sending, or never reads cannot hold a connection open (slow-loris):
+ * - `headersMs`: the request line and headers must be in within this time (Node's
+ *   `headersTimeout`); otherwise 408 and the connection is closed;
+ * - `requestMs`: the whole request, body included, within this time (`requestTimeout`);
+ *   otherwise 408. A 4 MiB AdmissionReview needs 210 KB/s, far below any in-cluster sender;
+ * - `idleMs`: no byte in either direction for this long while a request is being received or
+ *   its answer sent closes the connection; the time a handler works on a complete request does
+ *   not count (a resync may take minutes: Knative's `timeoutSeconds` bounds that);
+ * - `keepAliveMs`: an idle kept-alive connection is closed after this (Node's default, made explicit;
+ *   Node waits 1 s more than it advertises);
+ * - `checkEveryMs`: how often Node checks the first two (`connectionsCheckingInterval`), so a
+ *   slow client is cut off at most this much after its deadline.
+ * Body size is limited separately ({@link createApp}); headers by Node's 16 KiB (431).
+ */
+export const SERVER_TIMEOUTS = {
+  headersMs: 10_000,
+  requestMs: 20_000,
+  idleMs: 10_000,
+  keepAliveMs: 5_000,
+  checkEveryMs: 1_000,
+} as const;
+
+/** The shape of {@link SERVER_TIMEOUTS} (tests pass shorter ones). */
+export type ServerTimeouts = { readonly [K in keyof typeof SERVER_TIMEOUTS]: number };
+
+/** Options for `http.createServer`/`https.createServer` that set {@link SERVER_TIMEOUTS}. */
+export function serverOptions(t: ServerTimeouts = SERVER_TIMEOUTS): ServerOptions {
+  return {
+    headersTimeout: t.headersMs,
+    requestTimeout: t.requestMs,
+    keepAliveTimeout: t.keepAliveMs,
+    connectionsCheckingInterval: t.checkEveryMs,
+  };
+}
+
+/**
+ * Sets the socket idle timeout of {@link SERVER_TIMEOUTS} on a server created with
+ * {@link serverOptions}: a connection with no traffic for `idleMs` is destroyed unless a
+ * complete request on it is still being answered (the handler's own time is not idleness).
+ * Node also routes the keep-alive timeout through the same event, so an idle kept-alive
+ * connection is destroyed as before.
+ */
+export function limitIdleConnections(server: Server, t: ServerTimeouts = SERVER_TIMEOUTS): void {
+  const inFlight = new WeakMap<Socket, Set<IncomingMessage>>();
+  server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const socket = req.socket;
+    let set = inFlight.get(socket);
+    if (!set) inFlight.set(socket, (set = new Set()));
+    set.add(req);
+    const done = () => set.delete(req);
+    res.once('finish', done);
+    res.once('close', done);
+  });
+  server.setTimeout(t.idleMs, (socket: Socket) => {
+    const working = [...(inFlight.get(socket) ?? [])].some((req) => req.complete);
+    if (!working) socket.destroy();
+  });
+}
 
 /** A JSON error answer: `{ error, reason? }` with an HTTP status. */
 export class HttpError extends Error {

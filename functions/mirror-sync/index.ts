@@ -9,8 +9,10 @@ import {
   closeServer,
   createApp,
   errorHandler,
+  limitIdleConnections,
   listen,
   sendOutcome,
+  serverOptions,
   startSettings,
   type FunctionHandle,
   type StartOptions,
@@ -61,7 +63,8 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     sendOutcome(res, await prepare(deps, handler, typeof req.body === 'string' ? req.body : ''));
   });
   app.use(errorHandler(logger));
-  const server = createServer(app);
+  const server = createServer(serverOptions(), app);
+  limitIdleConnections(server);
   const port = await listen(server, wanted, opts.host);
   return { server, port, scheme: 'http', logger, close: () => closeServer(server) };
 }
