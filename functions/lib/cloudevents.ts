@@ -80,7 +80,7 @@ function checked(e: CloudEvent<unknown>): CloudEvent<unknown> {
     throw new BadEventError(`invalid CloudEvent: ${eventErrorText(err)}`);
   }
   if (e.specversion !== '1.0')
-    throw new BadEventError(`CloudEvents specversion ${e.specversion} is not supported (use 1.0)`);
+    throw new BadEventError(`CloudEvents specversion ${shown(e.specversion)} is not supported (use 1.0)`);
   return e;
 }
 
@@ -114,9 +114,8 @@ export function readCloudEvents(
       try {
         if (typeof item !== 'object' || item === null || Array.isArray(item))
           throw new BadEventError('invalid CloudEvent: not a JSON object');
-        const absent = absentAttributes(item as Record<string, unknown>);
-        if (absent.length)
-          throw new BadEventError(`invalid CloudEvent: lacks required attribute(s) ${absent.join(', ')}`);
+        const problem = attributeProblem(item as Record<string, unknown>, 'invalid CloudEvent:');
+        if (problem) throw new BadEventError(problem);
         events.push(checked(new CloudEvent<unknown>(item as CloudEvent<unknown>, false)));
       } catch (err) {
         errors.push(`batch[${i}]: ${err instanceof BadEventError ? err.message : eventErrorText(err)}`);
@@ -133,6 +132,30 @@ export function readCloudEvents(
     throw new BadEventError(`not a CloudEvent: ${eventErrorText(err)}`);
   }
   return { events: [checked(parsed)], errors: [] };
+}
+
+/** A value for a message: a string (at most 80 characters), anything else by its type (`String()` of a deep array overflows the stack). */
+const shown = (v: unknown): string =>
+  typeof v === 'string' ? v.slice(0, 80) : Array.isArray(v) ? '(array)' : `(${typeof v})`;
+
+/**
+ * Members of a JSON event other than `data` that are objects or arrays: CloudEvents
+ * attributes are scalars, and such a value nested thousands of levels deep would overflow the
+ * stack of the SDK's validation and of any message quoting it (found by the fuzz).
+ */
+const nonScalarAttributes = (doc: Record<string, unknown>): string[] =>
+  Object.entries(doc)
+    .filter(([k, v]) => k !== 'data' && typeof v === 'object' && v !== null)
+    .map(([k]) => JSON.stringify(k.slice(0, 40)));
+
+/** Why a JSON event's attributes are unusable (absent, or not scalars), or undefined. */
+function attributeProblem(doc: Record<string, unknown>, what: string): string | undefined {
+  const absent = absentAttributes(doc);
+  if (absent.length) return `${what} lacks required attribute(s) ${absent.join(', ')}`;
+  const nonScalar = nonScalarAttributes(doc);
+  if (nonScalar.length)
+    return `${what} has attribute(s) ${nonScalar.slice(0, 5).join(', ')} that are not strings, numbers or booleans`;
+  return undefined;
 }
 
 /** The attributes CloudEvents 1.0 requires of every event. */
@@ -158,8 +181,7 @@ function missingAttributes(flat: Record<string, string>, body: string): string |
       return undefined;
     }
     if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) return undefined;
-    const absent = absentAttributes(doc as Record<string, unknown>);
-    return absent.length ? `structured-mode event lacks required attribute(s) ${absent.join(', ')}` : undefined;
+    return attributeProblem(doc as Record<string, unknown>, 'structured-mode event');
   }
   if (!Object.keys(flat).some((h) => h.startsWith('ce-'))) return undefined;
   const absent = REQUIRED_ATTRIBUTES.map((a) => `ce-${a}`).filter((h) => !flat[h]);

@@ -89,6 +89,37 @@ const REGRESSIONS: { target: string; what: string; found: string; request: FuzzC
       },
     },
   },
+  {
+    target: 'mirror-sync',
+    what: 'a structured event whose specversion is a 200 000-deep array (was: 500, stack overflow quoting it)',
+    found: 'soak seed -1529217932, path 2471:2:1:…:5:5',
+    request: {
+      kind: 'regression',
+      expect: 'no-5xx',
+      request: {
+        method: 'POST',
+        path: '/',
+        headers: { 'content-type': 'application/cloudevents+json' },
+        body: {
+          specversion: new Raw('['.repeat(200_000) + ']'.repeat(200_000), '[]×200000'),
+          id: '00000000-0000-1000-8000-000000000000',
+          source: 'https://127.0.0.1:6443',
+          type: 'dev.knative.apiserver.resource.add',
+          datacontenttype: 'application/json',
+          kind: 'TerraformCluster',
+          name: 'fz-00000a',
+          namespace: 'fz-a0a0a0',
+          apiversion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+          data: {
+            apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+            kind: 'TerraformCluster',
+            metadata: { name: 'fz-00000a', namespace: 'fz-a0a0a0', uid: '00000000-0000-1000-8000-000000000000' },
+          },
+          UPPER: null,
+        },
+      },
+    },
+  },
 ];
 
 const crashes: string[] = [];

@@ -1,12 +1,15 @@
 /**
- * Regressions of the hostile-input fuzz (issue 16 item 4, test/integration/hostile-input.test.ts):
- * AdmissionReviews nested thousands of levels deep overflowed the stack of the webhook (deep
- * equality of the two specs; `String()` of a wrong apiVersion) and were answered 500. They are
- * now a denial echoing the uid, or a 400 when there is no uid to answer.
+ * Regressions of the hostile-input fuzz (issue 16 item 4, test/integration/hostile-input.test.ts),
+ * each once answered 500 by a stack overflow:
+ * - AdmissionReviews nested thousands of levels deep (deep equality of the two specs;
+ *   `String()` of a wrong apiVersion): now a denial echoing the uid, or a 400 without a uid;
+ * - CloudEvents whose attributes (other than `data`) are deeply nested arrays (the message
+ *   quoting a wrong specversion): now refused as not a usable event (4xx).
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { MAX_REVIEW_NESTING, nestsDeeperThan, parseReview } from '../../functions/admission/admission-review.ts';
+import { BadEventError, readCloudEvents } from '../../functions/lib/cloudevents.ts';
 
 const deepObject = (d: number) => '{"a":'.repeat(d) + '1' + '}'.repeat(d);
 const deepArray = (d: number) => '['.repeat(d) + ']'.repeat(d);
@@ -56,5 +59,37 @@ describe('parseReview: deep nesting', () => {
       },
     });
     assert.equal(parseReview(body).ok, true);
+  });
+});
+
+describe('CloudEvents: attributes that are objects or arrays', () => {
+  const event = (attr: string, value: string) =>
+    `{"specversion":"1.0","id":"1","source":"s","type":"dev.knative.apiserver.ref.add","datacontenttype":"application/json","data":{"apiVersion":"v1","kind":"Namespace","name":"x"},"${attr}":${value}}`;
+
+  it('a 200 000-deep array as specversion, structured mode: refused naming the attribute (was: 500, stack overflow)', () => {
+    // The fuzz's shrunk counterexample against mirror-sync (soak seed -1529217932).
+    assert.throws(
+      () =>
+        readCloudEvents({ 'content-type': 'application/cloudevents+json' }, event('specversion', deepArray(200_000))),
+      (e: unknown) =>
+        e instanceof BadEventError &&
+        /attribute\(s\) "specversion" that are not strings, numbers or booleans/.test(e.message),
+    );
+  });
+
+  it('in a batch, the element is refused and the others kept; deep data is still data', () => {
+    for (const attr of ['specversion', 'time', 'data_base64', 'kind', 'myext']) {
+      const { events, errors } = readCloudEvents(
+        { 'content-type': 'application/cloudevents-batch+json' },
+        `[${event(attr, deepArray(10_000))},${event('subject', '"ok"')}]`,
+      );
+      assert.equal(events.length, 1, attr);
+      assert.match(errors[0]!, new RegExp(`^batch\\[0\\]: invalid CloudEvent: has attribute\\(s\\) "${attr}"`));
+    }
+    const deepData = readCloudEvents(
+      { 'content-type': 'application/cloudevents+json' },
+      `{"specversion":"1.0","id":"1","source":"s","type":"t","data":${deepArray(10_000)}}`,
+    );
+    assert.equal(deepData.events.length, 1);
   });
 });
