@@ -1,0 +1,125 @@
+/**
+ * `npm run soak` — the large sizes of the reliability suite (issue 16), with figures.
+ * Today: the hostile-input fuzz (item 4) — fast-check AdmissionReviews and CloudEvents posted
+ * to admission, mirror-sync and identity-status running in-process, each case followed by a
+ * known-good request — at 4 000 cases per function (12 000 in all) by default.
+ *
+ * Starts a control plane of its own in `.local/soak-<pid>` (as `npm test` does), or uses
+ * `--kubeconfig PATH`. Options: `--cases N` per function, `--seed S` and `--path P` to replay
+ * a failure fast-check printed, `--only NAME` for one function.
+ * Exit code 0 when every property held, 1 when one failed (its seed, path and counterexample
+ * are printed), 2 on a usage error.
+ */
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { KubeConfig } from '@kubernetes/client-node';
+import { REPO_ROOT } from './controlplane/build.ts';
+import { startControlPlane, type ControlPlane } from './controlplane/controlplane.ts';
+import { installCRDs } from './controlplane/crds.ts';
+import { describeFigures, fuzz, type FuzzFigures } from './soak/fuzz.ts';
+import { startTargets } from './soak/targets.ts';
+
+/** Cases per function by default (three functions: ≥ 10 000 in all). */
+export const DEFAULT_CASES = 4_000;
+
+interface Options {
+  cases: number;
+  seed?: number | undefined;
+  path?: string | undefined;
+  only?: string | undefined;
+  kubeconfig?: string | undefined;
+}
+
+function options(argv: string[]): Options {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      cases: { type: 'string' },
+      seed: { type: 'string' },
+      path: { type: 'string' },
+      only: { type: 'string' },
+      kubeconfig: { type: 'string' },
+    },
+  });
+  const cases = Number(values.cases ?? DEFAULT_CASES);
+  if (!Number.isInteger(cases) || cases < 1) throw new Error(`--cases ${values.cases} must be a positive integer`);
+  return {
+    cases,
+    seed: values.seed === undefined ? undefined : Number(values.seed),
+    path: values.path,
+    only: values.only,
+    kubeconfig: values.kubeconfig,
+  };
+}
+
+/** A kubeconfig and a way to let go of it: the given one, or a control plane started here. */
+async function controlPlane(opts: Options): Promise<{ kc: KubeConfig; stop: () => Promise<void> }> {
+  const kc = new KubeConfig();
+  if (opts.kubeconfig) {
+    kc.loadFromFile(opts.kubeconfig);
+    return { kc, stop: async () => {} };
+  }
+  const dir = join(REPO_ROOT, '.local', `soak-${process.pid}`);
+  const cp: ControlPlane = await startControlPlane({ dir, log: (l) => console.error(l) });
+  kc.loadFromFile(cp.kubeconfigPath);
+  await installCRDs(kc);
+  return {
+    kc,
+    stop: async () => {
+      await cp.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Runs the fuzz against each function in turn; prints one line per function and the totals. */
+async function fuzzAll(kc: KubeConfig, opts: Options): Promise<boolean> {
+  const running = await startTargets(kc);
+  const all: FuzzFigures[] = [];
+  try {
+    for (const target of running.targets.filter((t) => !opts.only || t.name === opts.only)) {
+      console.error(`[soak] fuzz ${target.name}: ${opts.cases} cases…`);
+      const f = await fuzz(target, { numRuns: opts.cases, seed: opts.seed, path: opts.path });
+      all.push(f);
+      console.log(describeFigures(f));
+      const errors = running.logs[target.name]!.errors;
+      if (errors.length) console.log(`  ${errors.length} error log line(s), first: ${errors[0]}`);
+      if (f.failure) console.log(`  FAILED\n${f.failure}`);
+    }
+  } finally {
+    await running.close();
+  }
+  return printTotals(all, running.logs);
+}
+
+function printTotals(all: FuzzFigures[], logs: Awaited<ReturnType<typeof startTargets>>['logs']): boolean {
+  const cases = all.reduce((n, f) => n + f.cases, 0);
+  const requests = all.reduce((n, f) => n + f.requests, 0);
+  const count = (f: FuzzFigures, pick: (status: string) => boolean) =>
+    Object.entries(f.byStatus).reduce((n, [s, k]) => n + (pick(s) ? k : 0), 0);
+  const fiveHundreds = all.reduce((n, f) => n + count(f, (s) => Number(s) >= 500), 0);
+  const dropped = all.reduce((n, f) => n + count(f, (s) => s.startsWith('closed')), 0);
+  const failures = all.filter((f) => f.failure).length;
+  const errorLines = Object.values(logs).reduce((n, l) => n + l.errors.length, 0);
+  const secs = all.reduce((n, f) => n + f.ms, 0) / 1000;
+  console.log(
+    `fuzz: ${cases} cases, ${requests} requests in ${secs.toFixed(1)} s; 5xx answers: ${fiveHundreds}; ` +
+      `connections dropped: ${dropped}; error log lines: ${errorLines}; failed properties: ${failures}`,
+  );
+  return failures === 0 && errorLines === 0;
+}
+
+let opts: Options;
+try {
+  opts = options(process.argv.slice(2));
+} catch (err) {
+  console.error(`soak: ${(err as Error).message}`);
+  process.exit(2);
+}
+const crashes: string[] = [];
+process.on('unhandledRejection', (e) => crashes.push(String(e)));
+const cp = await controlPlane(opts);
+const ok = await fuzzAll(cp.kc, opts).finally(() => cp.stop());
+console.log(`crashes (uncaught rejections): ${crashes.length}`);
+process.exit(ok && crashes.length === 0 ? 0 : 1);
