@@ -1,13 +1,16 @@
 /**
  * `npm run bench`: measures the functions as production runs them (bundles, the real
- * ApiServerSource adapter, each function as its own least-privilege user) on a local control
- * plane of its own, and prints every figure beside a baseline measured in the same run
- * (bench/README.md explains the rows and what dominates each figure).
+ * ApiServerSource adapter and Broker data plane, each function as its own least-privilege user)
+ * on a local control plane of its own, and prints every figure beside a baseline measured in
+ * the same run (bench/README.md explains the rows and what dominates each figure). The event
+ * rows (event → mirror, fan-in, spread, concurrent fan-in, revocation) run once per delivery
+ * path (scripts/bench/paths.ts), path after path.
  *
  * Flags:
  *   --quick          every row at tiny sizes (well under two minutes; `npm test` runs it)
  *   --size N         also run the resync row at N consumers (e.g. 10000)
  *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission
+ *   --paths a,b      the delivery paths of the event rows (default all): direct, broker, broker-async
  *   --out DIR        where the result JSON goes (default bench/results; .local/bench-results with --quick)
  *   --timeout S      bound on any one wait for convergence (default 900; 120 with --quick)
  *   --keep-logs      keep .local/bench-<pid>/ (function, adapter and audit logs) after a good run
@@ -19,7 +22,18 @@ import { parseArgs } from 'node:util';
 import { BASELINE_VERSION, bareNodeServer } from './baselines.ts';
 import { ALLOWED_LABEL, createIdentity, putSourceSecret, watchMirrors } from './fixtures.ts';
 import { rssBytes, samplePeaks } from './measure.ts';
-import { ROWS, currentRevision, formatTable, writeResults, type BenchResults, type Figure } from './report.ts';
+import { DELIVERY_PATHS, type DeliveryPath } from './paths.ts';
+import {
+  EVENT_ROWS,
+  ROWS,
+  currentRevision,
+  formatTable,
+  groupByRow,
+  writeResults,
+  type BenchResults,
+  type EventRow,
+  type Figure,
+} from './report.ts';
 import { REPO_ROOT } from '../controlplane/build.ts';
 import { startBenchSystem, type FunctionName } from './system.ts';
 import { admissionRow } from './rows/admission.ts';
@@ -35,6 +49,7 @@ const { values } = parseArgs({
     quick: { type: 'boolean', default: false },
     size: { type: 'string' },
     rows: { type: 'string' },
+    paths: { type: 'string' },
     out: { type: 'string' },
     timeout: { type: 'string' },
     'keep-logs': { type: 'boolean', default: false },
@@ -44,13 +59,16 @@ const quick = values.quick!;
 const rows = values.rows ? values.rows.split(',') : [...ROWS];
 for (const r of rows)
   if (!(ROWS as readonly string[]).includes(r)) throw new Error(`unknown row ${r}; rows: ${ROWS.join(', ')}`);
+const paths = (values.paths ? values.paths.split(',') : [...DELIVERY_PATHS]) as DeliveryPath[];
+for (const p of paths)
+  if (!DELIVERY_PATHS.includes(p)) throw new Error(`unknown path ${p}; paths: ${DELIVERY_PATHS.join(', ')}`);
 const extraSize = values.size ? Number(values.size) : undefined;
 if (extraSize !== undefined && (!Number.isInteger(extraSize) || extraSize < 10 || extraSize % 10))
   throw new Error('--size must be a multiple of 10');
 const sizes = {
   fanIn: quick ? [10, 20] : [10, 100, 200, 1000],
   concurrent: quick ? 20 : 200,
-  eventToMirror: quick ? 5 : 50,
+  eventToMirror: quick ? 3 : 50,
   resync: [
     ...(quick ? [20, 40] : [1000, 2000, 4000]).filter((s) => !extraSize || s < extraSize),
     ...(extraSize ? [extraSize] : []),
@@ -63,6 +81,9 @@ const timeoutMs = Number(values.timeout ?? (quick ? 120 : 900)) * 1000;
 const outDir = values.out ?? join(REPO_ROOT, quick ? '.local/bench-results' : 'bench/results');
 const log = (l: string) => process.stderr.write(`[bench] ${l}\n`);
 
+// Each adapter restart (a delivery-path switch) leaves one more 'exit' listener on the process
+// (scripts/knative.ts startApiServerSourceAdapter), beside the functions' and the data plane's.
+process.setMaxListeners(50);
 const startedAt = new Date();
 const revision = currentRevision();
 const dir = join(REPO_ROOT, '.local', `bench-${process.pid}`);
@@ -73,7 +94,8 @@ process.on('SIGTERM', onSignal);
 
 const results: BenchResults = { figures: [], failures: [] };
 try {
-  await sys.admin.call('POST', '/api/v1/namespaces', { metadata: { name: 'captf-system' } });
+  // The Broker's namespace: the data plane created it already.
+  await sys.admin.raw('POST', '/api/v1/namespaces', { metadata: { name: 'captf-system' } });
   await putSourceSecret(sys.admin, 'bench-creds', { token: 'bench' });
   await createIdentity(sys.admin, {
     name: BURST_IDENTITY,
@@ -89,6 +111,7 @@ try {
     next: (p) => `${p}-${n++}`,
     log,
     figures: results.figures,
+    quietMs: quick ? 200 : 1000,
   };
 
   // Idle memory first, beside a bare Node server's.
@@ -102,25 +125,22 @@ try {
     100,
   );
 
-  const run: Record<(typeof ROWS)[number], () => Promise<Figure[]>> = {
+  const other: Record<Exclude<(typeof ROWS)[number], EventRow>, () => Promise<Figure[]>> = {
     'cold-start': () => coldStartRow(ctx, sizes.coldStartRuns),
     resync: () => resyncRows(ctx, sizes.resync, results.figures).then(() => []),
-    'event-to-mirror': () => eventToMirrorRow(ctx, sizes.eventToMirror),
-    'fan-in': () => fanInRows(ctx, sizes.fanIn, sizes.concurrent),
-    revocation: () => revocationRow(ctx, sizes.revocationPerNamespace),
     admission: () => admissionRow(ctx, sizes.admission),
   };
+  const eventRun: Record<EventRow, (path: DeliveryPath) => Promise<Figure[]>> = {
+    'event-to-mirror': (path) => eventToMirrorRow(ctx, sizes.eventToMirror, path),
+    'fan-in': (path) => fanInRows(ctx, { fanIn: sizes.fanIn, concurrent: sizes.concurrent }, path),
+    revocation: (path) => revocationRow(ctx, sizes.revocationPerNamespace, path),
+  };
+  const eventRows = EVENT_ROWS.filter((r) => rows.includes(r));
   for (const row of ROWS) {
     if (!rows.includes(row)) continue;
-    log(`row ${row}`);
-    const t0 = performance.now();
-    try {
-      results.figures.push(...(await run[row]()));
-    } catch (err) {
-      results.failures.push({ row, error: (err as Error).message });
-      log(`row ${row} failed: ${(err as Error).message}`);
-    }
-    log(`row ${row} took ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    if (row === eventRows[0]) await runOnPaths(ctx, eventRows, eventRun);
+    if ((EVENT_ROWS as readonly string[]).includes(row)) continue;
+    await runRow(row, () => other[row as keyof typeof other]());
   }
 
   const peaks = whole.stop();
@@ -166,3 +186,47 @@ log(
   `results written to ${path}; ${results.figures.length} figures, ${results.failures.length} failed rows, ${(durationMs / 1000).toFixed(0)} s`,
 );
 process.exit(results.failures.length ? 1 : 0);
+
+/** Runs one row (or one row on one path), logging its time; a failure is recorded and the bench goes on. */
+async function runRow(row: string, run: () => Promise<Figure[]>): Promise<void> {
+  log(`row ${row}`);
+  const t0 = performance.now();
+  try {
+    results.figures.push(...(await run()));
+  } catch (err) {
+    results.failures.push({ row, error: (err as Error).message });
+    log(`row ${row} failed: ${(err as Error).message}`);
+  }
+  log(`row ${row} took ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+}
+
+/**
+ * Runs the event rows on each delivery path in turn (one switch per path, scripts/bench/paths.ts),
+ * goes back to the direct path for the rows after them (nothing they do should flow through
+ * the Broker), and groups the figures by row with the paths side by side.
+ */
+async function runOnPaths(
+  ctx: RowContext,
+  eventRows: readonly EventRow[],
+  run: Record<EventRow, (path: DeliveryPath) => Promise<Figure[]>>,
+): Promise<void> {
+  const first = results.figures.length;
+  for (const path of paths) {
+    if (!(await switchTo(ctx, path))) continue;
+    for (const row of eventRows) await runRow(`${row} [${path}]`, () => run[row](path));
+  }
+  await switchTo(ctx, 'direct');
+  results.figures.push(...groupByRow(results.figures.splice(first)));
+}
+
+/** Switches the delivery path; a failure is recorded. @returns whether it switched. */
+async function switchTo(ctx: RowContext, path: DeliveryPath): Promise<boolean> {
+  try {
+    await ctx.sys.events.use(path);
+    return true;
+  } catch (err) {
+    results.failures.push({ row: `delivery path ${path}`, error: (err as Error).message });
+    log(`delivery path ${path} failed: ${(err as Error).message}`);
+    return false;
+  }
+}

@@ -1,5 +1,11 @@
 /**
- * The bench's event relay: the sink of the real ApiServerSource adapter, standing where the
+ * No bench row uses this any more: the bench's events go through Knative's real Broker data
+ * plane or straight from the adapter to the function (scripts/bench/paths.ts, front.ts). It is
+ * kept only because test/integration/mirror-sync-adapter.test.ts ("retry only what a retry can
+ * fix") still stands it between the adapter and mirror-sync; delete it once that test sends
+ * through scripts/eventing.ts instead.
+ *
+ * An event relay: the sink of the real ApiServerSource adapter, standing where the
  * Broker and Trigger stand in a cluster. It answers the adapter at once (as a Broker whose
  * channel has `messaging.knative.dev/async-handler: "true"` does) and delivers each event to
  * the function with the delivery the manifests' Triggers set: 5xx, 429 and connection errors

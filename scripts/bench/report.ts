@@ -6,10 +6,17 @@ import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
+import { DELIVERY_PATHS, splitPath } from './paths.ts';
 import { formatSummary, formatValue, summarize } from './stats.ts';
 
 /** Every row of `npm run bench`, in the order they run (`--rows` takes these names). */
 export const ROWS = ['cold-start', 'resync', 'event-to-mirror', 'fan-in', 'revocation', 'admission'] as const;
+/** The rows that run once per delivery path (fan-in also makes the spread and concurrent fan-in rows). */
+export const EVENT_ROWS = ['event-to-mirror', 'fan-in', 'revocation'] as const;
+/** The rows the event rows make, by name prefix, in the order the table shows them. */
+const EVENT_ROW_KINDS = ['event → mirror', 'fan-in', 'spread', 'concurrent fan-in', 'revocation'];
+/** One of {@link EVENT_ROWS}. */
+export type EventRow = (typeof EVENT_ROWS)[number];
 
 /** Units a figure can have. */
 export type Unit = 'ms' | 'count' | 'bytes';
@@ -43,6 +50,33 @@ export function ratio(f: Figure): number | undefined {
   if (!f.baseline?.samples.length || !f.samples.length) return undefined;
   const b = summarize(f.baseline.samples).median;
   return b > 0 ? summarize(f.samples).median / b : undefined;
+}
+
+/**
+ * Figures measured path after path, reordered so that each row's paths stand together
+ * (`fan-in N=200 [direct]`, `… [broker]`, `… [broker-async]`): event → mirror, fan-in,
+ * spread, concurrent fan-in, revocation, each kind's rows in the order they first appeared,
+ * each row's figures in their own order.
+ */
+export function groupByRow(figures: readonly Figure[]): Figure[] {
+  const firstSeen = new Map<string, number>();
+  for (const [i, f] of figures.entries()) {
+    const { base } = splitPath(f.row);
+    if (!firstSeen.has(base)) firstSeen.set(base, i);
+  }
+  const kind = (base: string) => {
+    const k = EVENT_ROW_KINDS.findIndex((p) => base.startsWith(p));
+    return k < 0 ? EVENT_ROW_KINDS.length : k;
+  };
+  const key = (f: Figure, i: number) => {
+    const { base, path } = splitPath(f.row);
+    return [kind(base), firstSeen.get(base)!, path ? DELIVERY_PATHS.indexOf(path) : 0, i];
+  };
+  const compare = (a: number[], b: number[]) => a.reduce((d, x, j) => d || x - b[j]!, 0);
+  return figures
+    .map((f, i) => ({ f, k: key(f, i) }))
+    .sort((a, b) => compare(a.k, b.k))
+    .map(({ f }) => f);
 }
 
 /** The table as Markdown (it is printed, and pasted into bench/README.md). */

@@ -8,7 +8,10 @@
  *   the rendered manifests (so the audit log attributes every request, and the bench
  *   exercises the least-privilege roles);
  * - Knative's real ApiServerSource adapter, configured from the rendered `captf-objects`
- *   ApiServerSource as Knative's controller would, sending to the bench's {@link Relay}.
+ *   ApiServerSource as Knative's controller would, and Knative's real Broker data plane
+ *   (scripts/eventing.ts) with the rendered Broker and Triggers, each function behind the
+ *   bench's {@link Front}; {@link EventPaths} switches the adapter between the function and
+ *   the Broker, and the Broker's channel between serial and concurrent delivery.
  */
 import { createWriteStream, mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
@@ -17,14 +20,13 @@ import { buildBundles } from '../build.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { installCRDs } from '../controlplane/crds.ts';
 import { createWebhookPair, type CertPair } from '../controlplane/pki.ts';
-import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../knative.ts';
+import { sourceConfigFor, type ApiServerSourceSpec, type SourceConfig } from '../knative.ts';
 import { render } from '../kustomize.ts';
 import { spawnFunction, type FunctionProcess } from '../process.ts';
-import { sleep } from '../wait.ts';
 import { warmCompileCache } from '../warm-compile-cache.ts';
 import { BenchClient } from './client.ts';
 import { AuditLog } from './measure.ts';
-import { Relay } from './relay.ts';
+import { EventPaths } from './paths.ts';
 
 /** The functions of `dist/main.mjs`. */
 export type FunctionName = 'admission' | 'mirror-sync' | 'identity-status';
@@ -58,7 +60,8 @@ export interface BenchSystem {
   /** The bench's admin client (setup, baselines, metrics). */
   admin: BenchClient;
   audit: AuditLog;
-  relay: Relay;
+  /** The adapter, the Broker's data plane, the functions' fronts and the delivery path in use. */
+  events: EventPaths;
   /** The first instance of each function. */
   functions: Record<FunctionName, FunctionProcess>;
   /** Starts another instance of a function (cold-start row, two-instance row). */
@@ -136,12 +139,12 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
   const cleanups: Cleanups = [];
   const stop = () => runCleanups(cleanups);
   try {
-    log('building the production bundles and warming their compile cache');
-    const app = await buildApp(dir);
-    log('starting the control plane');
-    const { cp, kc, admin } = await startCluster(dir, log, cleanups);
-    log('rendering the manifests: RBAC, container settings and the ApiServerSource');
-    const rendered = await render('manifests/overlays/without-crds');
+    log('building the production bundles (meanwhile: the control plane and the Broker data plane)');
+    const [app, { cp, kc, admin, rendered, events }] = await bothSettled(
+      buildApp(dir),
+      clusterAndBroker(dir, log, cleanups),
+    );
+    log('RBAC, container settings and the ApiServerSource from the rendered manifests');
     const kubeconfigs = await bindUsers(admin, rendered, cp);
     const containers = knativeContainers(rendered);
     const webhook = await createWebhookPair(join(dir, 'webhook-pki'), 'captf-bench-webhook-ca');
@@ -152,14 +155,17 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
     const functions = {} as Record<FunctionName, FunctionProcess>;
     for (const name of FUNCTIONS) functions[name] = await startFunction(name);
     log('starting the ApiServerSource adapter');
-    const relay = await startEvents({ dir, kc, rendered, kubeconfig: kubeconfigs['event-source'] }, cleanups);
-    await adapterDelivering(admin, relay);
+    await events.connect({
+      kubeconfig: kubeconfigs['event-source'],
+      source: await adapterSource(kc, rendered),
+      functions,
+    });
     return {
       dir,
       cp,
       admin,
       audit: new AuditLog(join(cp.dir, 'logs', 'audit.log')),
-      relay,
+      events,
       functions,
       startFunction,
       functionEnv,
@@ -281,51 +287,38 @@ function functionStarter(opts: {
 }
 
 /**
- * The relay and Knative's ApiServerSource adapter, configured from the rendered
- * `captf-objects` ApiServerSource and sending to the relay.
+ * Both results once both settled (so nothing is still starting when the caller cleans up).
+ * @throws the first one's error when either failed.
  */
-async function startEvents(
-  opts: { dir: string; kc: KubeConfig; rendered: readonly KubernetesObject[]; kubeconfig: string },
-  cleanups: Cleanups,
-): Promise<Relay> {
-  const relay = await new Relay().start();
-  cleanups.push(() => relay.stop());
-  const source = opts.rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
-  if (!source) throw new Error('the rendered manifests hold no ApiServerSource captf-objects');
-  const adapterLog = createWriteStream(join(opts.dir, 'logs', 'adapter.log'));
-  const adapter = await startApiServerSourceAdapter({
-    kubeconfigPath: opts.kubeconfig,
-    sink: relay.url,
-    source: await sourceConfigFor(opts.kc, source as unknown as ApiServerSourceSpec),
-    name: 'captf-objects',
-    onLog: (l) => adapterLog.write(l + '\n'),
-  });
-  cleanups.push(() => adapter.stop());
-  return relay;
+async function bothSettled<A, B>(a: Promise<A>, b: Promise<B>): Promise<[A, B]> {
+  const [ra, rb] = await Promise.allSettled([a, b]);
+  if (ra.status === 'rejected') throw ra.reason;
+  if (rb.status === 'rejected') throw rb.reason;
+  return [ra.value, rb.value];
 }
 
-/**
- * Waits until the adapter's watches deliver: it is at-most-once and sends nothing for objects
- * that exist when its first list completes, so a row that created objects before then would
- * wait for events that never come. Touches a probe namespace until the relay receives an event.
- * @throws Error when no event arrives within 60 s.
- */
-async function adapterDelivering(admin: BenchClient, relay: Relay): Promise<void> {
-  const deadline = Date.now() + 60_000;
-  relay.resetCounts();
-  for (let i = 0; relay.counts.received === 0; i++) {
-    if (Date.now() > deadline) throw new Error('the ApiServerSource adapter sent no event within 60 s');
-    const body = { metadata: { name: 'captf-bench-probe', labels: { 'captf-bench/touch': String(i) } } };
-    const r = await admin.raw('POST', '/api/v1/namespaces', body);
-    if (r.status === 409)
-      await admin.call(
-        'PATCH',
-        '/api/v1/namespaces/captf-bench-probe',
-        { metadata: { labels: body.metadata.labels } },
-        'application/merge-patch+json',
-      );
-    await sleep(250);
-  }
+/** The control plane, the rendered manifests, and the functions' fronts with the Broker's data plane. */
+async function clusterAndBroker(dir: string, log: (line: string) => void, cleanups: Cleanups) {
+  log('starting the control plane');
+  const cluster = await startCluster(dir, log, cleanups);
+  const rendered = await render('manifests/overlays/without-crds');
+  const events = await EventPaths.start({
+    dir,
+    kc: cluster.kc,
+    adminKubeconfig: cluster.cp.kubeconfigPath,
+    rendered,
+    admin: cluster.admin,
+    log,
+  });
+  cleanups.push(() => events.stop());
+  return { ...cluster, rendered, events };
+}
+
+/** The adapter's configuration, from the rendered `captf-objects` ApiServerSource as Knative's controller would. */
+async function adapterSource(kc: KubeConfig, rendered: readonly KubernetesObject[]): Promise<SourceConfig> {
+  const source = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
+  if (!source) throw new Error('the rendered manifests hold no ApiServerSource captf-objects');
+  return sourceConfigFor(kc, source as unknown as ApiServerSourceSpec);
 }
 
 /**

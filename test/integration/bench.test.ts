@@ -1,7 +1,9 @@
 /**
  * `npm run bench -- --quick` runs in `npm test` so the benchmark never rots: every row must
- * produce its figures (with their baselines) and the result file must hold the machine's
- * facts. Nothing is asserted about speed (bench/README.md holds the figures).
+ * produce its figures (with their baselines), the event rows on each delivery path (the
+ * adapter straight to the function, and Knative's real Broker with the default and the
+ * async-handler channel), and the result file must hold the machine's facts. Nothing is
+ * asserted about speed (bench/README.md holds the figures).
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -84,6 +86,18 @@ describe('npm run bench -- --quick', () => {
           `row ${prefix} has no figure with a ratio to its baseline`,
         );
       }
+      // The event rows ran on every delivery path (scripts/bench/paths.ts), the concurrent
+      // fan-in row on the async-handler Broker; no event was retried or dead-lettered.
+      const paths = ['direct', 'broker', 'broker-async'];
+      for (const prefix of ['event → mirror', 'fan-in N=', 'spread N=', 'revocation'])
+        for (const path of paths)
+          assert.ok(
+            doc.figures.some((f) => f.row.startsWith(prefix) && f.row.endsWith(` [${path}]`)),
+            `no figure for row ${prefix} on path ${path}`,
+          );
+      assert.ok(doc.figures.some((f) => f.row.startsWith('concurrent fan-in') && f.row.endsWith(' [broker-async]')));
+      for (const f of doc.figures.filter((x) => x.what === 'dead letters'))
+        assert.deepEqual(f.samples, [0], `${f.row}: dead letters`);
       // Every figure named in the printed table.
       for (const f of doc.figures)
         assert.ok(stdout.includes(`| ${f.row} | ${f.what} |`), `${f.row} / ${f.what} missing from the table`);

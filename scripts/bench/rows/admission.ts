@@ -31,7 +31,7 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
  */
 export async function admissionRow(ctx: RowContext, requests: number): Promise<Figure[]> {
   const { sys } = ctx;
-  sys.relay.setMode({ kind: 'drop' });
+  sys.events.fronts['mirror-sync'].setMode({ kind: 'drop' });
   await putSourceSecret(sys.admin, 'bench-admission-creds', { token: 'admission' });
   await sys.admin.call(
     'POST',

@@ -1,6 +1,7 @@
 /**
  * What every row gets, and the measured burst that the event-path rows share: create
- * consumers, see on watches when every one is mirrored, then count what mirror-sync did.
+ * consumers, see on watches when every one is mirrored, then count what mirror-sync did and
+ * how its events were delivered (on the delivery path in use, scripts/bench/paths.ts).
  */
 import type { KubeObject } from '../client.ts';
 import { WatchedCollection } from '../collection.ts';
@@ -14,8 +15,8 @@ import {
   type Consumer,
 } from '../fixtures.ts';
 import { responseBytes, samplePeaks, type Peaks, type RequestCounts } from '../measure.ts';
-import type { RelayCounts, RelayMode } from '../relay.ts';
-import { USERS, type BenchSystem } from '../system.ts';
+import type { FrontCounts } from '../front.ts';
+import { USERS, type BenchSystem, type FunctionProcess } from '../system.ts';
 import type { Figure } from '../report.ts';
 
 /** A mirror as the watch holds it. */
@@ -32,20 +33,25 @@ export interface RowContext {
   /** Unique names: `next('fi')` → `fi-7`. */
   next(prefix: string): string;
   log(line: string): void;
-  /** Figures of earlier rows (the concurrent fan-in row compares with the serial burst). */
+  /** Figures of earlier rows. */
   figures: Figure[];
+  /** How long no event may arrive before deliveries count as settled, in ms. */
+  quietMs: number;
 }
 
 /** What one burst measured. */
 export interface BurstResult {
   /** From the first create to the watch event after which every consumer was mirrored. */
   ms: number;
-  /** mirror-sync's requests, until the relay was quiet after the burst. */
+  /** mirror-sync's API requests, until deliveries settled after the burst. */
   counts: RequestCounts;
   /** Bytes the API server sent for GET and LIST during the burst (all readers). */
   bytes: number;
   peaks: Peaks;
-  relay: RelayCounts;
+  /** What reached mirror-sync's front: requests, distinct events, retries. */
+  deliveries: FrontCounts;
+  /** Events the Broker gave up on (its dead-letter sink's requests). */
+  deadLetters: number;
   consumers: number;
 }
 
@@ -74,32 +80,52 @@ function ownersExact(
 }
 
 /**
+ * Creates the burst's namespaces, points mirror-sync's front at `targets` (default: the first
+ * instance), waits until earlier deliveries settled, and watches the burst's consumers.
+ */
+async function prepareBurst(
+  ctx: RowContext,
+  opts: { namespaces: string[]; targets?: FunctionProcess[]; label: string },
+): Promise<WatchedCollection<Consumer>> {
+  const { sys } = ctx;
+  await createNamespaces(sys.admin, opts.namespaces);
+  const targets = opts.targets ?? [sys.functions['mirror-sync']];
+  sys.events.fronts['mirror-sync'].setMode({ kind: 'deliver', targets: targets.map((t) => t.url) });
+  await sys.events.settled(Math.min(500, ctx.quietMs), ctx.timeoutMs);
+  return new WatchedCollection<Consumer>(
+    sys.admin,
+    consumersPath('terraformmachines'),
+    `labelSelector=${encodeURIComponent(`captf-bench/burst=${opts.label}`)}`,
+  ).start();
+}
+
+/**
  * Creates `namespaces.length × perNamespace` TerraformMachines on `identity` in one burst and
  * waits until every one has `CredentialsMirrored=True` and each namespace's mirror carries
  * exactly the owner references of its consumers (by UID).
- * @param mode how the relay delivers the burst's events.
+ * @param targets the mirror-sync instances its front spreads deliveries over (default: the first).
  * @param pids processes whose peak RSS and sockets are sampled.
  * @throws Error when convergence takes longer than `ctx.timeoutMs`.
  */
 export async function burst(
   ctx: RowContext,
-  opts: { identity: string; namespaces: string[]; perNamespace: number; mode: RelayMode; pids: Record<string, number> },
+  opts: {
+    identity: string;
+    namespaces: string[];
+    perNamespace: number;
+    targets?: FunctionProcess[];
+    pids: Record<string, number>;
+  },
 ): Promise<BurstResult> {
   const { sys } = ctx;
+  const { events } = sys;
   const label = ctx.next('burst');
-  await createNamespaces(sys.admin, opts.namespaces);
-  sys.relay.setMode(opts.mode);
-  await sys.relay.quiet(500);
-  const consumers = await new WatchedCollection<Consumer>(
-    sys.admin,
-    consumersPath('terraformmachines'),
-    `labelSelector=${encodeURIComponent(`captf-bench/burst=${label}`)}`,
-  ).start();
+  const consumers = await prepareBurst(ctx, { ...opts, label });
   const items = spreadOver(opts.namespaces, opts.perNamespace, 'm');
   const total = items.length;
   const mark = sys.audit.mark();
   const bytes0 = await responseBytes(sys.admin);
-  sys.relay.resetCounts();
+  events.resetCounts();
   const sampler = samplePeaks(opts.pids);
   try {
     const t0 = performance.now();
@@ -120,14 +146,15 @@ export async function burst(
       ctx.timeoutMs,
     );
     const ms = Math.max(allMirrored, exact) - t0;
-    await sys.relay.quiet(1000, ctx.timeoutMs);
+    await events.settled(ctx.quietMs, ctx.timeoutMs);
     const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
     return {
       ms,
       counts,
       bytes: (await responseBytes(sys.admin)) - bytes0,
       peaks: sampler.stop(),
-      relay: { ...sys.relay.counts },
+      deliveries: { ...events.fronts['mirror-sync'].counts },
+      deadLetters: events.deadLetters.counts.requests,
       consumers: total,
     };
   } finally {

@@ -1,10 +1,12 @@
 /**
  * Row "event → mirror": one new consumer in a namespace without a mirror; time from its
- * create to the watch event of its mirror's creation, over the event path (adapter → relay →
- * mirror-sync, serial). Baseline: one Secret create round trip, interleaved sample by sample.
+ * create to the watch event of its mirror's creation, over the delivery path in use
+ * (scripts/bench/paths.ts; the row's name ends with it). Baseline: one Secret create round
+ * trip, interleaved sample by sample.
  */
 import { secretRoundTrip } from '../baselines.ts';
 import { consumerBody, consumersPath, createNamespaces, mirrorOf } from '../fixtures.ts';
+import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
 import type { RowContext } from './context.ts';
 import { BURST_IDENTITY } from './fan-in.ts';
@@ -13,14 +15,14 @@ import { BURST_IDENTITY } from './fan-in.ts';
  * Measures `samples` consumers, each in its own namespace.
  * @throws Error when a mirror does not appear within the timeout.
  */
-export async function eventToMirrorRow(ctx: RowContext, samples: number): Promise<Figure[]> {
+export async function eventToMirrorRow(ctx: RowContext, samples: number, path: DeliveryPath): Promise<Figure[]> {
   const { sys } = ctx;
   const namespaces = Array.from({ length: samples }, () => ctx.next('e2m'));
   const baseNs = ctx.next('bl');
   await createNamespaces(sys.admin, namespaces);
   await createNamespaces(sys.admin, [baseNs], {});
-  sys.relay.setMode({ kind: 'deliver', targets: [`${sys.functions['mirror-sync'].url}/`], concurrency: 1 });
-  await sys.relay.quiet(500);
+  sys.events.fronts['mirror-sync'].setMode({ kind: 'deliver', targets: [sys.functions['mirror-sync'].url] });
+  await sys.events.settled(Math.min(500, ctx.quietMs), ctx.timeoutMs);
   const times: number[] = [];
   const floor: number[] = [];
   for (const [i, ns] of namespaces.entries()) {
@@ -33,11 +35,11 @@ export async function eventToMirrorRow(ctx: RowContext, samples: number): Promis
       consumerBody('terraformmachines', 'm-0', BURST_IDENTITY),
     );
     times.push((await seen) - t0);
-    await sys.relay.quiet(300);
+    await sys.events.settled(Math.min(300, ctx.quietMs), ctx.timeoutMs);
   }
   return [
     {
-      row: 'event → mirror',
+      row: onPath('event → mirror', path),
       what: 'consumer create → mirror exists',
       unit: 'ms',
       samples: times,

@@ -1,20 +1,35 @@
 /**
  * Rows "fan-in", "spread" and "concurrent fan-in": N new consumers of one identity created in
- * one burst, their events delivered by the real ApiServerSource adapter through the relay.
+ * one burst, their events sent by the real ApiServerSource adapter on one delivery path
+ * (scripts/bench/paths.ts: straight to mirror-sync, or through Knative's Broker with the
+ * default or the async-handler channel). Each row's name ends with its path: `[broker]`.
  * - fan-in: all in one namespace (one mirror, N owner references);
  * - spread: N/10 namespaces, 10 consumers each (N/10 mirrors);
- * - concurrent fan-in: the fan-in burst with 8 deliveries in flight, to one instance and
- *   split round-robin over two.
- * Baseline: N plain Secret creates in one namespace at the same client concurrency (and, for
- * the concurrent row, the serial burst of the same run).
+ * - concurrent fan-in (async-handler path only): the fan-in burst spread round-robin over two
+ *   mirror-sync instances, compared with the same burst on one instance.
+ * Baseline: N plain Secret creates in one namespace at the same client concurrency.
  */
 import { secretCreates } from '../baselines.ts';
 import { createNamespaces } from '../fixtures.ts';
+import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
 import { burst, type BurstResult, type RowContext } from './context.ts';
 
 /** The identity every burst uses (allowed everywhere the bench labels as allowed). */
 export const BURST_IDENTITY = 'bench-burst';
+
+/**
+ * How a burst's events were delivered: retries (requests beyond one per event id at
+ * mirror-sync's front: Knative keeps the id when it retries), dead letters, and events per
+ * consumer (its own event and the echo of mirror-sync's status write).
+ */
+export function deliveryFigures(row: string, r: BurstResult): Figure[] {
+  return [
+    { row, what: 'deliveries retried', unit: 'count', samples: [r.deliveries.retried] },
+    { row, what: 'dead letters', unit: 'count', samples: [r.deadLetters] },
+    { row, what: 'events delivered per consumer', unit: 'count', samples: [r.deliveries.events / r.consumers] },
+  ];
+}
 
 /** Figures of one burst, named for `row`; time is compared with `baselineMs`. */
 function burstFigures(row: string, r: BurstResult, baseline: { ms: number; requestsPerObject: number }): Figure[] {
@@ -37,7 +52,7 @@ function burstFigures(row: string, r: BurstResult, baseline: { ms: number; reque
     { row, what: 'bytes read per consumer (GET+LIST)', unit: 'bytes', samples: [per(r.bytes)] },
     { row, what: '409 conflicts', unit: 'count', samples: [r.counts.conflicts] },
     { row, what: 'mirror writes', unit: 'count', samples: [r.counts.mirrorWrites] },
-    { row, what: 'deliveries retried (5xx)', unit: 'count', samples: [r.relay.retried] },
+    ...deliveryFigures(row, r),
     { row, what: 'mirror-sync peak RSS', unit: 'bytes', samples: [r.peaks.rss['mirror-sync'] ?? 0] },
     { row, what: 'mirror-sync peak open sockets', unit: 'count', samples: [r.peaks.sockets['mirror-sync'] ?? 0] },
   ];
@@ -52,96 +67,74 @@ async function createsBaseline(ctx: RowContext, n: number): Promise<{ ms: number
   return { ms, requestsPerObject: ctx.sys.audit.countFor('admin', mark).requests / n };
 }
 
+/** Sizes of the fan-in rows: fan-in at each of `fanIn`, spread at those ≥ 20, concurrent at `concurrent`. */
+export interface FanInSizes {
+  fanIn: readonly number[];
+  concurrent: number;
+}
+
 /**
- * Runs the fan-in row at each size, then the spread row, then the concurrent fan-in row at
- * `concurrentSize`.
+ * Runs the fan-in row at each size, then the spread row, on the delivery path in use (`path`);
+ * on `broker-async` also the concurrent fan-in row at `sizes.concurrent`.
  * @returns the figures. @throws Error when a burst does not converge within the timeout.
  */
-export async function fanInRows(ctx: RowContext, sizes: readonly number[], concurrentSize: number): Promise<Figure[]> {
+export async function fanInRows(ctx: RowContext, sizes: FanInSizes, path: DeliveryPath): Promise<Figure[]> {
   const { sys } = ctx;
-  const serial = { kind: 'deliver' as const, targets: [`${sys.functions['mirror-sync'].url}/`], concurrency: 1 };
   const pids = { 'mirror-sync': sys.functions['mirror-sync'].pid };
   const figures: Figure[] = [];
-  let serialAtConcurrentSize: BurstResult | undefined;
-  for (const n of sizes) {
-    ctx.log(`fan-in: ${n} consumers in one namespace`);
+  let oneInstance: BurstResult | undefined;
+  for (const n of sizes.fanIn) {
+    ctx.log(`fan-in [${path}]: ${n} consumers in one namespace`);
     const base = await createsBaseline(ctx, n);
-    const r = await burst(ctx, {
-      identity: BURST_IDENTITY,
-      namespaces: [ctx.next('fi')],
-      perNamespace: n,
-      mode: serial,
-      pids,
-    });
-    if (n === concurrentSize) serialAtConcurrentSize = r;
-    figures.push(...burstFigures(`fan-in N=${n}`, r, base));
+    const r = await burst(ctx, { identity: BURST_IDENTITY, namespaces: [ctx.next('fi')], perNamespace: n, pids });
+    if (n === sizes.concurrent) oneInstance = r;
+    figures.push(...burstFigures(onPath(`fan-in N=${n}`, path), r, base));
   }
-  for (const n of sizes.filter((s) => s >= 20)) {
-    ctx.log(`spread: ${n} consumers over ${n / 10} namespaces`);
+  for (const n of sizes.fanIn.filter((s) => s >= 20)) {
+    ctx.log(`spread [${path}]: ${n} consumers over ${n / 10} namespaces`);
     const base = await createsBaseline(ctx, n);
     const namespaces = Array.from({ length: n / 10 }, () => ctx.next('sp'));
-    const r = await burst(ctx, { identity: BURST_IDENTITY, namespaces, perNamespace: 10, mode: serial, pids });
-    figures.push(...burstFigures(`spread N=${n}`, r, base).slice(0, 6));
+    const r = await burst(ctx, { identity: BURST_IDENTITY, namespaces, perNamespace: 10, pids });
+    figures.push(...burstFigures(onPath(`spread N=${n}`, path), r, base).slice(0, 8));
   }
-  if (serialAtConcurrentSize) figures.push(...(await concurrentFanIn(ctx, concurrentSize, serialAtConcurrentSize)));
+  if (oneInstance && path === 'broker-async') figures.push(...(await twoInstances(ctx, sizes.concurrent, oneInstance)));
   return figures;
 }
 
-async function concurrentFanIn(ctx: RowContext, n: number, serial: BurstResult): Promise<Figure[]> {
+/**
+ * The concurrent fan-in row: the burst of `n` consumers in one namespace, delivered by the
+ * async-handler Broker and spread round-robin over two mirror-sync instances by the front
+ * (the Service's stand-in); baseline: the same burst on one instance.
+ */
+async function twoInstances(ctx: RowContext, n: number, one: BurstResult): Promise<Figure[]> {
   const { sys } = ctx;
-  const one = sys.functions['mirror-sync'];
-  const figures: Figure[] = [];
-  const row = (label: string, r: BurstResult): Figure[] => [
-    {
-      row: `concurrent fan-in N=${n}, ${label}`,
-      what: 'time until all mirrored',
-      unit: 'ms',
-      samples: [r.ms],
-      baseline: { what: 'serial burst', samples: [serial.ms] },
-    },
-    {
-      row: `concurrent fan-in N=${n}, ${label}`,
-      what: '409 conflicts',
-      unit: 'count',
-      samples: [r.counts.conflicts],
-      baseline: { what: 'serial burst', samples: [serial.counts.conflicts] },
-    },
-    {
-      row: `concurrent fan-in N=${n}, ${label}`,
-      what: 'mirror writes',
-      unit: 'count',
-      samples: [r.counts.mirrorWrites],
-      baseline: { what: 'serial burst', samples: [serial.counts.mirrorWrites] },
-    },
-    {
-      row: `concurrent fan-in N=${n}, ${label}`,
-      what: 'mirror-sync API requests per consumer',
-      unit: 'count',
-      samples: [r.counts.requests / n],
-    },
-  ];
-  ctx.log(`concurrent fan-in: ${n} consumers, 8 in flight to one instance`);
-  const a = await burst(ctx, {
-    identity: BURST_IDENTITY,
-    namespaces: [ctx.next('cf')],
-    perNamespace: n,
-    mode: { kind: 'deliver', targets: [`${one.url}/`], concurrency: 8 },
-    pids: { 'mirror-sync': one.pid },
-  });
-  figures.push(...row('8 in flight, 1 instance', a));
-  ctx.log(`concurrent fan-in: ${n} consumers, 8 in flight over two instances`);
-  const two = await sys.startFunction('mirror-sync');
+  const first = sys.functions['mirror-sync'];
+  const row = onPath(`concurrent fan-in N=${n}, 2 instances`, 'broker-async');
+  ctx.log(`concurrent fan-in [broker-async]: ${n} consumers over two instances`);
+  const second = await sys.startFunction('mirror-sync');
   try {
-    const b = await burst(ctx, {
+    const r = await burst(ctx, {
       identity: BURST_IDENTITY,
       namespaces: [ctx.next('cf')],
       perNamespace: n,
-      mode: { kind: 'deliver', targets: [`${one.url}/`, `${two.url}/`], concurrency: 8 },
-      pids: { 'mirror-sync': one.pid, 'mirror-sync-2': two.pid },
+      targets: [first, second],
+      pids: { 'mirror-sync': first.pid, 'mirror-sync-2': second.pid },
     });
-    figures.push(...row('8 in flight, 2 instances', b));
+    const vsOne = (what: string, samples: number[], base: number[]): Figure => ({
+      row,
+      what,
+      unit: what.startsWith('time') ? 'ms' : 'count',
+      samples,
+      baseline: { what: 'the same burst on 1 instance', samples: base },
+    });
+    return [
+      vsOne('time until all mirrored', [r.ms], [one.ms]),
+      vsOne('409 conflicts', [r.counts.conflicts], [one.counts.conflicts]),
+      vsOne('mirror writes', [r.counts.mirrorWrites], [one.counts.mirrorWrites]),
+      vsOne('mirror-sync API requests per consumer', [r.counts.requests / n], [one.counts.requests / n]),
+      ...deliveryFigures(row, r),
+    ];
   } finally {
-    await two.stop();
+    await second.stop();
   }
-  return figures;
 }

@@ -6,7 +6,7 @@
  * Also identity-status's periodic refresh at the same size (its ping, timed the same way).
  * Baseline: a paginated LIST of every consumer kind and every mirror, as the resync pages.
  *
- * Consumers are created while the relay drops events, and a first resync creates their
+ * Consumers are created while mirror-sync's front drops events, and a first resync creates their
  * mirrors, so the event path does not slow the set-up.
  */
 import { paginatedLists } from '../baselines.ts';
@@ -85,13 +85,13 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[], figu
 }
 
 /**
- * Adds namespaces of 10 consumers each (while the relay drops events) until there are
+ * Adds namespaces of 10 consumers each (while mirror-sync's front drops events) until there are
  * `size` consumers, and lets one resync create their mirrors.
  * @throws Error when that resync does not answer 200 or the mirrors do not appear.
  */
 async function growTo(ctx: RowContext, namespaces: string[], size: number): Promise<void> {
   const { sys } = ctx;
-  sys.relay.setMode({ kind: 'drop' });
+  sys.events.fronts['mirror-sync'].setMode({ kind: 'drop' });
   const added = Array.from({ length: size / 10 - namespaces.length }, () => ctx.next('rs'));
   ctx.log(`resync: growing to ${size} consumers (${added.length} more namespaces)`);
   await createNamespaces(sys.admin, added, { 'captf-bench/resync': 'true' });
