@@ -53,14 +53,13 @@ const refused = (error: string): { refused: ParsedReview } => ({ refused: bad(er
 
 /** Validates `userInfo.extra`; returns the error or the map (empty when absent). */
 function readExtra(v: unknown): Record<string, string[]> | string {
-  const extra: Record<string, string[]> = {};
-  if (!isSet(v)) return extra;
+  if (!isSet(v)) return {};
   if (!isPlainObject(v)) return 'request.userInfo.extra must be a map of string lists';
-  for (const [k, vals] of Object.entries(v)) {
-    if (!isStringArray(vals)) return `request.userInfo.extra[${JSON.stringify(k)}] must be a list of strings`;
-    extra[k] = vals;
-  }
-  return extra;
+  for (const [k, vals] of Object.entries(v))
+    if (!isStringArray(vals))
+      return `request.userInfo.extra[${JSON.stringify(k.slice(0, 80))}] must be a list of strings`;
+  // fromEntries defines own properties: a key such as `__proto__` stays a key and reaches the SubjectAccessReview.
+  return Object.fromEntries(Object.entries(v) as [string, string[]][]);
 }
 
 /** The first problem with `userInfo`'s fields other than `extra`, or undefined. */

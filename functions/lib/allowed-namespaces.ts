@@ -88,6 +88,21 @@ export function validateLabelSelector(selector: unknown, path: string): string[]
 
 const isSet = (v: unknown): boolean => v !== undefined && v !== null;
 
+/**
+ * A bad value as JSON for a message, at most 80 characters: a denial quotes what was wrong,
+ * never a megabyte of it. Never throws (a value that cannot be serialised is described by type).
+ * @param v any value from a request.
+ */
+export function quote(v: unknown): string {
+  let text: string;
+  try {
+    text = JSON.stringify(v) ?? String(v);
+  } catch {
+    text = `<${Array.isArray(v) ? 'array' : typeof v}>`;
+  }
+  return text.length <= 80 ? text : `${text.slice(0, 77)}...`;
+}
+
 /** One message per field of `obj` not in `known`. */
 function unknownFields(obj: Record<string, unknown>, known: readonly string[], path: string): string[] {
   return Object.keys(obj)
@@ -101,9 +116,9 @@ function matchLabelsErrors(matchLabels: unknown, path: string): string[] {
   const errors: string[] = [];
   for (const [k, v] of Object.entries(matchLabels)) {
     const keyErr = labelKeyError(k);
-    if (keyErr) errors.push(`${path}: key ${JSON.stringify(k)} ${keyErr}`);
+    if (keyErr) errors.push(`${path}: key ${quote(k)} ${keyErr}`);
     const valErr = labelValueError(v);
-    if (valErr) errors.push(`${path}[${JSON.stringify(k)}]: value ${JSON.stringify(v)} ${valErr}`);
+    if (valErr) errors.push(`${path}[${quote(k)}]: value ${quote(v)} ${valErr}`);
   }
   return errors;
 }
@@ -118,13 +133,13 @@ function requirementErrors(req: unknown, path: string): string[] {
   if (!isPlainObject(req)) return [`${path}: must be an object with key, operator and values`];
   const errors: string[] = [];
   const keyErr = labelKeyError(req.key);
-  if (keyErr) errors.push(`${path}.key: ${JSON.stringify(req.key ?? null)} ${keyErr}`);
+  if (keyErr) errors.push(`${path}.key: ${quote(req.key ?? null)} ${keyErr}`);
   if (isSet(req.values) && !Array.isArray(req.values)) return [...errors, `${path}.values: must be a list of strings`];
   const vals = (req.values ?? []) as unknown[];
   errors.push(...operatorErrors(req.operator, vals.length, path));
   vals.forEach((v, j) => {
     const valErr = labelValueError(v);
-    if (valErr) errors.push(`${path}.values[${j}]: ${JSON.stringify(v)} ${valErr}`);
+    if (valErr) errors.push(`${path}.values[${j}]: ${quote(v)} ${valErr}`);
   });
   return errors;
 }
@@ -139,9 +154,7 @@ function operatorErrors(op: unknown, valueCount: number, path: string): string[]
     case 'DoesNotExist':
       return valueCount > 0 ? [`${path}.values: must be empty when operator is ${op}`] : [];
     default:
-      return [
-        `${path}.operator: ${JSON.stringify(op ?? null)} is not a valid operator (use ${SELECTOR_OPERATORS.join(', ')})`,
-      ];
+      return [`${path}.operator: ${quote(op ?? null)} is not a valid operator (use ${SELECTOR_OPERATORS.join(', ')})`];
   }
 }
 
@@ -169,7 +182,7 @@ function listErrors(list: unknown, path: string): string[] {
   if (!isSet(list)) return [];
   if (!Array.isArray(list)) return [`${path}: must be a list of namespace names`];
   return list.flatMap((n: unknown, i: number) =>
-    isDns1123Label(n) ? [] : [`${path}[${i}]: ${JSON.stringify(n)} is not a valid namespace name`],
+    isDns1123Label(n) ? [] : [`${path}[${i}]: ${quote(n)} is not a valid namespace name`],
   );
 }
 

@@ -2,7 +2,7 @@
  * SPEC §1/§2/§10: is a TerraformClusterIdentity `spec` acceptable? Pure; used by admission
  * before any SubjectAccessReview so a malformed identity is refused for what it is.
  */
-import { isDns1123Label, isDns1123Subdomain, validateAllowedNamespaces } from './allowed-namespaces.ts';
+import { isDns1123Label, isDns1123Subdomain, quote, validateAllowedNamespaces } from './allowed-namespaces.ts';
 
 function isPlainObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -29,13 +29,13 @@ function secretRefErrors(ref: unknown): string[] {
   if (isEmpty(ref.name)) errors.push('spec.secretRef.name: required');
   else if (!isDns1123Subdomain(ref.name)) {
     errors.push(
-      `spec.secretRef.name: ${JSON.stringify(ref.name)} is not a valid Secret name (lower-case DNS-1123 subdomain, at most 253 characters)`,
+      `spec.secretRef.name: ${quote(ref.name)} is not a valid Secret name (lower-case DNS-1123 subdomain, at most 253 characters)`,
     );
   }
   if (isEmpty(ref.namespace)) errors.push('spec.secretRef.namespace: required');
   else if (!isDns1123Label(ref.namespace)) {
     errors.push(
-      `spec.secretRef.namespace: ${JSON.stringify(ref.namespace)} is not a valid namespace name (lower-case DNS-1123 label, at most 63 characters)`,
+      `spec.secretRef.namespace: ${quote(ref.namespace)} is not a valid namespace name (lower-case DNS-1123 label, at most 63 characters)`,
     );
   }
   return errors;

@@ -118,3 +118,12 @@ describe('admissionConfigFromEnv', () => {
     assert.throws(() => admissionConfigFromEnv({ CAPTF_TLS_RELOAD_MS: 'soon' }), /CAPTF_TLS_RELOAD_MS/);
   });
 });
+
+describe('userInfo.extra keeps every key (found by review of the fuzz)', () => {
+  it('a key named __proto__ stays a key of extra, so it reaches the SubjectAccessReview', () => {
+    const body = `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","operation":"CREATE","userInfo":{"username":"a","extra":{"__proto__":["x"],"scope":["y"]}}}}`;
+    const r = parseReview(body);
+    assert.ok(r.ok);
+    assert.deepEqual(Object.keys(r.request.userInfo.extra ?? {}).sort(), ['__proto__', 'scope']);
+  });
+});

@@ -5,6 +5,7 @@ import {
   isNamespaceAllowed,
   labelKeyError,
   labelSelectorMatches,
+  quote,
   validateAllowedNamespaces,
   validateLabelSelector,
 } from '../../functions/lib/allowed-namespaces.ts';
@@ -213,5 +214,16 @@ describe('validateLabelSelector names the bad part', () => {
     assert.ok(!isDns1123Label('a'.repeat(64)));
     assert.ok(!isDns1123Label('-a'));
     assert.ok(!isDns1123Label(''));
+  });
+});
+
+describe('quote: messages quote bad values briefly', () => {
+  it('caps a huge value at 80 characters and never throws', () => {
+    assert.equal(quote('x'.repeat(1_000_000)).length, 80);
+    assert.equal(quote('ok'), '"ok"');
+    const cyclic: Record<string, unknown> = {};
+    cyclic.self = cyclic;
+    assert.equal(quote(cyclic), '<object>');
+    assert.ok(validateAllowedNamespaces({ list: ['A'.repeat(100_000)] })[0]!.length < 200);
   });
 });
