@@ -1,8 +1,12 @@
 /**
  * `npm run soak` — the large sizes of the reliability suite (issue 16), with figures.
- * Today: the hostile-input fuzz (item 4) — fast-check AdmissionReviews and CloudEvents posted
- * to admission, mirror-sync and identity-status running in-process, each case followed by a
- * known-good request — at 4 000 cases per function (12 000 in all) by default.
+ * 1. the hostile-input fuzz (item 4) — fast-check AdmissionReviews and CloudEvents posted to
+ *    admission, mirror-sync and identity-status running in-process, each case followed by a
+ *    known-good request — at 4 000 cases per function (12 000 in all) by default;
+ * 2. the storm, fault and privilege suites (items 2, 3, 6: test/integration/churn, faults and
+ *    admission-privilege) at soak size through `scripts/test.ts` — the churn storm for
+ *    `--churn-seconds` (default 120) — with their figures gathered from the tests' diagnostics.
+ * `--skip-suites` runs the fuzz only.
  *
  * Starts a control plane of its own in `.local/soak-<pid>` (as `npm test` does), or uses
  * `--kubeconfig PATH`. Options: `--cases N` per function, `--seed S` and `--path P` to replay
@@ -10,6 +14,7 @@
  * Exit code 0 when every property held, 1 when one failed (its seed, path and counterexample
  * are printed), 2 on a usage error.
  */
+import { spawn } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -29,6 +34,8 @@ interface Options {
   path?: string | undefined;
   only?: string | undefined;
   kubeconfig?: string | undefined;
+  churnSeconds: number;
+  skipSuites: boolean;
 }
 
 function options(argv: string[]): Options {
@@ -40,6 +47,8 @@ function options(argv: string[]): Options {
       path: { type: 'string' },
       only: { type: 'string' },
       kubeconfig: { type: 'string' },
+      'churn-seconds': { type: 'string' },
+      'skip-suites': { type: 'boolean' },
     },
   });
   const cases = Number(values.cases ?? DEFAULT_CASES);
@@ -50,6 +59,8 @@ function options(argv: string[]): Options {
     path: values.path,
     only: values.only,
     kubeconfig: values.kubeconfig,
+    churnSeconds: Number(values['churn-seconds'] ?? 120),
+    skipSuites: values['skip-suites'] ?? false,
   };
 }
 
@@ -110,6 +121,45 @@ function printTotals(all: FuzzFigures[], logs: Awaited<ReturnType<typeof startTa
   return failures === 0 && errorLines === 0;
 }
 
+/** The reliability suites at soak size (their own control plane, through scripts/test.ts); prints their figures. */
+async function runSuites(churnSeconds: number): Promise<boolean> {
+  const files = [
+    'test/integration/churn.test.ts',
+    'test/integration/faults.test.ts',
+    'test/integration/admission-privilege.test.ts',
+  ];
+  console.error(`[soak] storm (${churnSeconds} s), faults and privilege suites…`);
+  const out: string[] = [];
+  const code = await new Promise<number>((resolve) => {
+    const child = spawn(process.execPath, [join(REPO_ROOT, 'scripts', 'test.ts'), ...files], {
+      cwd: REPO_ROOT,
+      env: { ...process.env, CAPTF_CHURN_SECONDS: String(churnSeconds) },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    child.stdout.on('data', (d: Buffer) => out.push(d.toString()));
+    child.on('close', (c) => resolve(c ?? 1));
+  });
+  console.log(suiteFigures(out.join('')));
+  return code === 0;
+}
+
+/** The figures the suites print as diagnostics, gathered into one summary. */
+export function suiteFigures(text: string): string {
+  const pick = (re: RegExp) => re.exec(text)?.slice(1) ?? [];
+  const [ops, deliveries, fates] = pick(/operations (\d+); deliveries (\d+) (\{[^}]*\})/);
+  const f = JSON.parse(fates ?? '{}') as Record<string, number>;
+  const [seed] = pick(/seed (\d+)/);
+  const [attempts, notRefused] = pick(/(\d+) bypass attempts, (\d+) not refused/);
+  const passed = /ℹ fail 0/.test(text);
+  return [
+    `storm: ${ops ?? '?'} operations, ${deliveries ?? '?'} events delivered through the chaos proxy — ` +
+      `${f.duplicated ?? 0} duplicated, ${f.delayed ?? 0} delayed (reordered), ${f.dropped ?? 0} dropped (seed ${seed ?? '?'})`,
+    `faults injected: 3 (kube-apiserver down 10 s, etcd down 10 s, mirror-sync SIGKILL) under ~500 events each`,
+    `privilege: ${attempts ?? '?'} bypass attempts, ${notRefused ?? '?'} not refused`,
+    `violations: ${passed ? 0 : 'see the failures above'}`,
+  ].join('\n');
+}
+
 let opts: Options;
 try {
   opts = options(process.argv.slice(2));
@@ -122,4 +172,5 @@ process.on('unhandledRejection', (e) => crashes.push(String(e)));
 const cp = await controlPlane(opts);
 const ok = await fuzzAll(cp.kc, opts).finally(() => cp.stop());
 console.log(`crashes (uncaught rejections): ${crashes.length}`);
-process.exit(ok && crashes.length === 0 ? 0 : 1);
+const suitesOk = opts.skipSuites || (await runSuites(opts.churnSeconds));
+process.exit(ok && suitesOk && crashes.length === 0 ? 0 : 1);
