@@ -146,18 +146,23 @@ async function runSuites(churnSeconds: number): Promise<boolean> {
 /** The figures the suites print as diagnostics, gathered into one summary. */
 export function suiteFigures(text: string): string {
   const pick = (re: RegExp) => re.exec(text)?.slice(1) ?? [];
-  const [ops, deliveries, fates] = pick(/operations (\d+); deliveries (\d+) (\{[^}]*\})/);
-  const f = JSON.parse(fates ?? '{}') as Record<string, number>;
-  const [seed] = pick(/seed (\d+)/);
-  const [attempts, notRefused] = pick(/(\d+) bypass attempts, (\d+) not refused/);
-  const passed = /ℹ fail 0/.test(text);
+  const [ops = '?', deliveries = '?', fates = '{}'] = pick(/operations (\d+); deliveries (\d+) (\{[^}]*\})/);
+  const [seed = '?'] = pick(/seed (\d+)/);
+  const [attempts = '?', notRefused = '?'] = pick(/(\d+) bypass attempts, (\d+) not refused/);
   return [
-    `storm: ${ops ?? '?'} operations, ${deliveries ?? '?'} events delivered through the chaos proxy — ` +
-      `${f.duplicated ?? 0} duplicated, ${f.delayed ?? 0} delayed (reordered), ${f.dropped ?? 0} dropped (seed ${seed ?? '?'})`,
-    `faults injected: 3 (kube-apiserver down 10 s, etcd down 10 s, mirror-sync SIGKILL) under ~500 events each`,
-    `privilege: ${attempts ?? '?'} bypass attempts, ${notRefused ?? '?'} not refused`,
-    `violations: ${passed ? 0 : 'see the failures above'}`,
+    stormLine({ ops, deliveries, seed, fates: JSON.parse(fates) as Record<string, number> }),
+    'faults injected: 3 (kube-apiserver down 10 s, etcd down 10 s, mirror-sync SIGKILL) under ~500 events each',
+    `privilege: ${attempts} bypass attempts, ${notRefused} not refused`,
+    `violations: ${/ℹ fail 0/.test(text) ? 0 : 'see the failures above'}`,
   ].join('\n');
+}
+
+function stormLine(s: { ops: string; deliveries: string; seed: string; fates: Record<string, number> }): string {
+  const n = (k: string) => s.fates[k] ?? 0;
+  return (
+    `storm: ${s.ops} operations, ${s.deliveries} events delivered through the chaos proxy — ` +
+    `${n('duplicated')} duplicated, ${n('delayed')} delayed (reordered), ${n('dropped')} dropped (seed ${s.seed})`
+  );
 }
 
 let opts: Options;
