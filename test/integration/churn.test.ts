@@ -285,7 +285,14 @@ describe('churn storm through the Broker with a chaos proxy (issue 16 item 2)', 
   it('no wrong delete, revocations in seconds, and the invariant after one resync', async (t) => {
     t.diagnostic(`seed ${SEED} (replay with CAPTF_CHURN_SEED=${SEED}), ${SECONDS} s`);
     const { ops } = await storm(seeded(SEED));
-    await eventually('the Broker to go quiet', async () => proxy.idleMs() > 3000, 120_000);
+    // The default Broker delivers one sender's events one after another, so a long storm leaves
+    // a backlog (the storm writes faster than a serial pipeline with delayed deliveries drains).
+    await eventually('the Broker to go quiet', async () => proxy.idleMs() > 3000, 120_000 + 4000 * SECONDS).catch(
+      (err: Error) => {
+        const tail = proxy.records.slice(-20).map((r) => `${Math.round(r.at)} ${r.type} ${r.subject} ${r.fate}`);
+        throw new Error(`${err.message}; the last deliveries:\n${tail.join('\n')}`);
+      },
+    );
     const fates = proxy.records.reduce<Record<string, number>>(
       (m, r) => ({ ...m, [r.fate]: (m[r.fate] ?? 0) + 1 }),
       {},
