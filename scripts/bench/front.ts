@@ -6,9 +6,16 @@
  * it comes, and the function's answer (status, headers, body) goes back to the sender, so the
  * sender's retry and concurrency rules (Knative's, or the adapter's) are the ones measured.
  *
- * What it does that the real parts cannot do here:
- * - **spreads requests over instances** (round-robin), as the Service would over pods:
- *   Serving does not run locally, so nothing else load-balances the two-instance row;
+ * What it does that the real parts cannot do here (Knative Serving does not run locally):
+ * - **admits at most `containerConcurrency` requests per instance** (the rendered Knative
+ *   Service's: 20 for mirror-sync) and holds the rest until an instance has a free slot, as
+ *   Serving's activator does while it is in the request path (it is, with the default
+ *   target-burst-capacity and a few pods) and the pod's queue-proxy enforces. Not modelled:
+ *   the autoscaler adding pods (the bench runs one or two instances), and queue-proxy's 503
+ *   once its own queue (10 × containerConcurrency) is full when the activator is not in the
+ *   path;
+ * - **spreads requests over instances**: round-robin over the instances with a free slot, as
+ *   the activator does, so the two-instance row has a load balancer;
  * - **drops** (answers 200 without forwarding) while a row sets up state that must not be
  *   reconciled (the resync row's thousands of consumers, the admission row's identities);
  * - **counts each delivery by CloudEvent id**: Knative keeps an event's id on every retry, so
@@ -59,6 +66,8 @@ export interface FrontCounts {
   /** Requests answered otherwise (or not at all: connection errors). */
   failed: number;
   dropped: number;
+  /** Most requests held at once waiting for a free slot (containerConcurrency). */
+  peakHeld: number;
 }
 
 /**
@@ -73,6 +82,12 @@ export class Front {
   private mode: FrontMode = { kind: 'drop' };
   private rr = 0;
   private active = 0;
+  /** Requests being forwarded, per instance URL. */
+  private readonly busy = new Map<string, number>();
+  /** Requests waiting for a free slot, oldest first. */
+  private readonly held: (() => void)[] = [];
+  /** Requests each instance takes at once (the Knative Service's `containerConcurrency`; 0 = no limit). */
+  containerConcurrency = 0;
   /** Last answer per event id since the last reset. */
   private readonly lastStatus = new Map<string, number>();
   counts: FrontCounts = Front.zero();
@@ -85,7 +100,7 @@ export class Front {
   url = '';
 
   private static zero(): FrontCounts {
-    return { requests: 0, events: 0, retried: 0, ok: 0, failed: 0, dropped: 0 };
+    return { requests: 0, events: 0, retried: 0, ok: 0, failed: 0, dropped: 0, peakHeld: 0 };
   }
 
   /** Listens on a free loopback port. */
@@ -149,16 +164,36 @@ export class Front {
       this.lastStatus.set(id, 200);
       return void res.writeHead(200).end();
     }
-    const target = mode.targets[this.rr++ % mode.targets.length]!;
     this.active++;
+    const target = await this.slot(mode.targets);
     try {
       const status = await forward(`${target}${req.url ?? '/'}`, req, body, res);
       this.lastStatus.set(id, status);
       if (status >= 200 && status < 300) this.counts.ok++;
       else this.counts.failed++;
     } finally {
+      this.busy.set(target, this.busy.get(target)! - 1);
       this.active--;
       this.lastActivity = performance.now();
+      this.held.shift()?.();
+    }
+  }
+
+  /** Waits for an instance with a free slot (round-robin among them) and takes the slot. */
+  private async slot(targets: readonly string[]): Promise<string> {
+    for (;;) {
+      const limit = this.containerConcurrency || Infinity;
+      for (let i = 0; i < targets.length; i++) {
+        const t = targets[this.rr++ % targets.length]!;
+        const n = this.busy.get(t) ?? 0;
+        if (n >= limit) continue;
+        this.busy.set(t, n + 1);
+        return t;
+      }
+      await new Promise<void>((r) => {
+        this.held.push(r);
+        this.counts.peakHeld = Math.max(this.counts.peakHeld, this.held.length);
+      });
     }
   }
 

@@ -86,6 +86,8 @@ export interface AdapterOptions {
   source: SourceConfig;
   /** Each function's first instance (`url`). */
   functions: Record<EventTarget, { url: string }>;
+  /** Each function's `containerConcurrency` in the rendered Knative Service (its front admits that many per instance). */
+  containerConcurrency: Record<EventTarget, number>;
 }
 
 /** The adapter, the Broker's data plane and the functions' fronts, and the path in use. */
@@ -140,12 +142,15 @@ export class EventPaths {
   }
 
   /**
-   * Points identity-status's front at its function and starts the adapter on the `direct`
-   * path (mirror-sync's front still dropping until a row says otherwise).
+   * Sets each front's containerConcurrency, points identity-status's front at its function and
+   * starts the adapter on the `direct` path (mirror-sync's front still dropping until a row
+   * says otherwise).
    * @throws Error when the adapter does not start or sends nothing within 60 s.
    */
   async connect(opts: AdapterOptions): Promise<void> {
     this.adapterOpts = opts;
+    for (const t of ['mirror-sync', 'identity-status'] as const)
+      this.fronts[t].containerConcurrency = opts.containerConcurrency[t];
     this.fronts['identity-status'].setMode({ kind: 'deliver', targets: [opts.functions['identity-status'].url] });
     await this.startAdapter();
   }

@@ -159,6 +159,10 @@ export async function startBenchSystem(dir: string, log: (line: string) => void)
       kubeconfig: kubeconfigs['event-source'],
       source: await adapterSource(kc, rendered),
       functions,
+      containerConcurrency: {
+        'mirror-sync': containerConcurrency(rendered, 'mirror-sync'),
+        'identity-status': containerConcurrency(rendered, 'identity-status'),
+      },
     });
     return {
       dir,
@@ -235,6 +239,14 @@ function knativeContainers(rendered: readonly KubernetesObject[]): Map<string, C
     );
   }
   return containers;
+}
+
+/** `spec.template.spec.containerConcurrency` of a function's rendered Knative Service (0 when unset: no limit). */
+function containerConcurrency(rendered: readonly KubernetesObject[], fn: FunctionName): number {
+  const svc = rendered.find(
+    (o) => o.kind === 'Service' && o.apiVersion === 'serving.knative.dev/v1' && o.metadata?.name === `captf-${fn}`,
+  ) as { spec?: { template?: { spec?: { containerConcurrency?: number } } } } | undefined;
+  return svc?.spec?.template?.spec?.containerConcurrency ?? 0;
 }
 
 /** Each function container's memory limit, in bytes. @throws Error when one sets none. */

@@ -80,6 +80,25 @@ function ownersExact(
 }
 
 /**
+ * `wait`, unless one of `procs` exits first (a function that ran out of heap, say): then a
+ * rejection naming it and its last fatal line, so a row fails at once instead of waiting for
+ * its timeout.
+ */
+export function whileAlive<T>(wait: Promise<T>, procs: readonly FunctionProcess[]): Promise<T> {
+  let onExit!: (p: FunctionProcess, code: number | null) => void;
+  const died = new Promise<never>((_, reject) => {
+    onExit = (p, code) => {
+      const tail = p.tail();
+      const why = tail.find((l) => l.includes('FATAL')) ?? tail.at(-1) ?? '';
+      reject(new Error(`${p.name} (pid ${p.pid}) exited (${code ?? 'signal'}): ${why.trim()}`));
+    };
+  });
+  died.catch(() => undefined);
+  for (const p of procs) void p.exited.then((code) => onExit(p, code));
+  return Promise.race([wait, died]);
+}
+
+/**
  * Creates the burst's namespaces, points mirror-sync's front at `targets` (default: the first
  * instance), waits until earlier deliveries settled, and watches the burst's consumers.
  */
@@ -97,6 +116,36 @@ async function prepareBurst(
     consumersPath('terraformmachines'),
     `labelSelector=${encodeURIComponent(`captf-bench/burst=${opts.label}`)}`,
   ).start();
+}
+
+/**
+ * When every one of `total` consumers has `CredentialsMirrored=True` and each namespace's
+ * mirror holds exactly their owner references, as `performance.now()` of the watch event.
+ * @throws Error on timeout, or when a mirror-sync instance exits meanwhile.
+ */
+async function converged(
+  ctx: RowContext,
+  consumers: WatchedCollection<Consumer>,
+  opts: { identity: string; namespaces: string[]; targets?: FunctionProcess[]; total: number },
+): Promise<number> {
+  const targets = opts.targets ?? [ctx.sys.functions['mirror-sync']];
+  const allMirrored = await whileAlive(
+    consumers.until(
+      `${opts.total} consumers mirrored`,
+      (m) => m.size === opts.total && [...m.values()].every((c) => hasTrue(c, 'CredentialsMirrored')),
+      ctx.timeoutMs,
+    ),
+    targets,
+  );
+  const exact = await whileAlive(
+    ctx.mirrors.until(
+      `owner references of ${opts.namespaces.length} mirror(s)`,
+      ownersExact(consumers, opts),
+      ctx.timeoutMs,
+    ),
+    targets,
+  );
+  return Math.max(allMirrored, exact);
 }
 
 /**
@@ -135,17 +184,7 @@ export async function burst(
       identity: opts.identity,
       labels: { 'captf-bench/burst': label },
     });
-    const allMirrored = await consumers.until(
-      `${total} consumers mirrored`,
-      (m) => m.size === total && [...m.values()].every((c) => hasTrue(c, 'CredentialsMirrored')),
-      ctx.timeoutMs,
-    );
-    const exact = await ctx.mirrors.until(
-      `owner references of ${opts.namespaces.length} mirror(s)`,
-      ownersExact(consumers, opts),
-      ctx.timeoutMs,
-    );
-    const ms = Math.max(allMirrored, exact) - t0;
+    const ms = (await converged(ctx, consumers, { ...opts, total })) - t0;
     await events.settled(ctx.quietMs, ctx.timeoutMs);
     const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
     return {

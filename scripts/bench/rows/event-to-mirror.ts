@@ -8,7 +8,7 @@ import { secretRoundTrip } from '../baselines.ts';
 import { consumerBody, consumersPath, createNamespaces, mirrorOf } from '../fixtures.ts';
 import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
-import type { RowContext } from './context.ts';
+import { whileAlive, type RowContext } from './context.ts';
 import { BURST_IDENTITY } from './fan-in.ts';
 
 /**
@@ -34,7 +34,7 @@ export async function eventToMirrorRow(ctx: RowContext, samples: number, path: D
       consumersPath('terraformmachines', ns),
       consumerBody('terraformmachines', 'm-0', BURST_IDENTITY),
     );
-    times.push((await seen) - t0);
+    times.push((await whileAlive(seen, [sys.functions['mirror-sync']])) - t0);
     await sys.events.settled(Math.min(300, ctx.quietMs), ctx.timeoutMs);
   }
   return [

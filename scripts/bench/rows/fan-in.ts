@@ -20,14 +20,16 @@ export const BURST_IDENTITY = 'bench-burst';
 
 /**
  * How a burst's events were delivered: retries (requests beyond one per event id at
- * mirror-sync's front: Knative keeps the id when it retries), dead letters, and events per
- * consumer (its own event and the echo of mirror-sync's status write).
+ * mirror-sync's front: Knative keeps the id when it retries), dead letters, events per
+ * consumer (its own event and the echo of mirror-sync's status write), and the most
+ * deliveries the front held at once beyond containerConcurrency (scripts/bench/front.ts).
  */
 export function deliveryFigures(row: string, r: BurstResult): Figure[] {
   return [
     { row, what: 'deliveries retried', unit: 'count', samples: [r.deliveries.retried] },
     { row, what: 'dead letters', unit: 'count', samples: [r.deadLetters] },
     { row, what: 'events delivered per consumer', unit: 'count', samples: [r.deliveries.events / r.consumers] },
+    { row, what: 'deliveries held for a free slot, peak', unit: 'count', samples: [r.deliveries.peakHeld] },
   ];
 }
 
@@ -95,7 +97,7 @@ export async function fanInRows(ctx: RowContext, sizes: FanInSizes, path: Delive
     const base = await createsBaseline(ctx, n);
     const namespaces = Array.from({ length: n / 10 }, () => ctx.next('sp'));
     const r = await burst(ctx, { identity: BURST_IDENTITY, namespaces, perNamespace: 10, pids });
-    figures.push(...burstFigures(onPath(`spread N=${n}`, path), r, base).slice(0, 8));
+    figures.push(...burstFigures(onPath(`spread N=${n}`, path), r, base).slice(0, 9));
   }
   if (oneInstance && path === 'broker-async') figures.push(...(await twoInstances(ctx, sizes.concurrent, oneInstance)));
   return figures;

@@ -10,7 +10,7 @@ import { IDENTITIES, createIdentity, mirrorOf, putSourceSecret } from '../fixtur
 import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
 import { USERS } from '../system.ts';
-import { burst, type RowContext } from './context.ts';
+import { burst, whileAlive, type RowContext } from './context.ts';
 
 /**
  * @param perNamespace consumers in each of the 10 namespaces.
@@ -43,7 +43,7 @@ export async function revocationRow(ctx: RowContext, perNamespace: number, path:
     { spec: { allowedNamespaces: { list: namespaces.slice(0, 5) } } },
     'application/merge-patch+json',
   );
-  const revokedMs = (await gone) - t0;
+  const revokedMs = (await whileAlive(gone, [sys.functions['mirror-sync']])) - t0;
   await sys.events.settled(ctx.quietMs, ctx.timeoutMs);
   const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
   const deliveries = { ...sys.events.fronts['mirror-sync'].counts };
