@@ -215,38 +215,92 @@ export function describeMirrorChange(
   return { debug: false, component: 'mirror', subject, text: `updated; ${what.join('; ')}` };
 }
 
-/** Levels of the adapter's log lines that are printed without `--debug`. */
-const ADAPTER_SHOWN = new Set(['warn', 'warning', 'error', 'fatal', 'panic', 'dpanic']);
+/** Levels of Knative's log lines (the adapter's, the data plane's) that are printed without `--debug`. */
+const KNATIVE_SHOWN = new Set(['warn', 'warning', 'error', 'fatal', 'panic', 'dpanic']);
 /**
  * Warnings the adapter prints at every start with the local configuration, which a user can
  * do nothing about (no sink timeout is configured, as on a cluster by default).
  */
 const ADAPTER_BENIGN = [/^Sink timeout configuration is invalid/];
+/**
+ * Errors and warnings the data plane's processes (ingress, filter, dispatcher) print at every
+ * start with the local configuration, none of which a user can act on:
+ * - the OIDC verifier cannot reach `kubernetes.default.svc` for the cluster's OIDC discovery
+ *   (a process outside a pod has no such name). OIDC is off — the system namespace's empty
+ *   `config-features` means upstream's default `authentication-oidc: disabled` — and
+ *   upstream's own message says to ignore it then (knative.dev/eventing pkg/auth verifier.go,
+ *   once at start and once per config update);
+ * - `secrets "<component>-server-tls" not found`: the certificates of the HTTPS servers,
+ *   which serve nothing while `transport-encryption` is off (upstream's default; in a cluster
+ *   cert-manager issues them only when it is turned on), pkg/eventingtls.
+ * Anything else at warning level or above is printed.
+ */
+const DATA_PLANE_BENIGN = [
+  /^could not initialize provider( after config update)?\. You can ignore this message, when the authentication-oidc feature is disabled/,
+  /^secrets "[a-z-]+-server-tls" not found$/,
+];
 /** klog's one-letter severities (`E1130 16:45:36.43 …`). */
 const KLOG_LEVELS: Record<string, string> = { I: 'info', W: 'warning', E: 'error', F: 'fatal' };
 
 /**
- * One line of Knative's ApiServerSource adapter. Its JSON lines name the level `severity`
- * and the text `message` (Knative's zap configuration), older ones `level`/`msg`, and the
- * Kubernetes client inside it writes klog lines; warnings and errors are shown, the rest is
- * debug.
+ * One line of a Knative process. Its JSON lines name the level `severity` and the text
+ * `message` (Knative's zap configuration), some `level`/`msg` (zap's defaults, before the
+ * logging config is read), the Kubernetes client inside it writes klog lines, and Go's `log`
+ * plain ones (taken as info); warnings and errors are shown unless `benign` matches their
+ * text, the rest is debug. Only the message and the `error` field are printed: never a whole
+ * log object.
+ */
+function knativeLine(
+  where: { component: string; subject: string },
+  raw: string,
+  benign: readonly RegExp[],
+): Printed | undefined {
+  const line = raw.trim();
+  if (!line) return undefined;
+  const { level, text } = levelAndText(line);
+  const shown = KNATIVE_SHOWN.has(level) && !benign.some((re) => re.test(text));
+  return { ...where, debug: !shown, text: shown ? `${level === 'warning' ? 'warn' : level}: ${text}` : text };
+}
+
+/**
+ * One line of Knative's ApiServerSource adapter ({@link knativeLine}).
  * @param name the ApiServerSource the adapter runs for.
  */
 export function adapterLine(name: string, raw: string): Printed | undefined {
-  const line = raw.trim();
-  if (!line) return undefined;
-  const { level, text } = adapterLevelAndText(line);
-  const shown = ADAPTER_SHOWN.has(level) && !ADAPTER_BENIGN.some((re) => re.test(text));
+  return knativeLine({ component: 'events', subject: `adapter ${name}` }, raw, ADAPTER_BENIGN);
+}
+
+/**
+ * One line of a process of Knative's Broker data plane ({@link knativeLine}), without the
+ * known start-up noise of the local configuration.
+ * @param binary the process: `broker-ingress`, `broker-filter`, `imc-dispatcher` or `mtping`.
+ */
+export function dataPlaneLine(binary: string, raw: string): Printed | undefined {
+  return knativeLine({ component: 'events', subject: binary }, raw, DATA_PLANE_BENIGN);
+}
+
+/**
+ * A dead letter as a warning line: the event's type and object, which Trigger gave up on
+ * which function, with Knative's `knativeerrorcode` and the function's own `error`.
+ * @param destination the failed subscriber's name (the function), or its URL.
+ */
+export function deadLetterLine(
+  d: { type: string; about: string; code: string; trigger?: string; error?: string },
+  destination: string | undefined,
+): Printed {
+  const by = d.trigger ? ` by Trigger ${d.trigger}` : '';
+  const to = destination ? ` to ${destination}` : '';
+  const why = d.error ? `: ${d.error}` : '';
   return {
-    debug: !shown,
-    component: 'events',
-    subject: `adapter ${name}`,
-    text: shown ? `${level === 'warning' ? 'warn' : level}: ${text}` : text,
+    debug: false,
+    component: 'dead-letter',
+    subject: d.about,
+    text: `warn: ${d.type} given up${by}${to} (knativeerrorcode=${d.code || 'none'})${why}`,
   };
 }
 
-/** The level (lower case) and text of one adapter line: zap JSON, or klog. */
-function adapterLevelAndText(line: string): { level: string; text: string } {
+/** The level (lower case) and text of one Knative line: zap JSON, klog, or plain text (info). */
+function levelAndText(line: string): { level: string; text: string } {
   const j = jsonObject(line);
   if (!j) return { level: /^[IWEF]\d{4} /.test(line) ? KLOG_LEVELS[line[0]!]! : 'info', text: line };
   const message = str(j.message ?? j.msg ?? line);

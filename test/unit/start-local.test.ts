@@ -6,10 +6,13 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
+import { attributesOf, describeDeadLetter } from '../../scripts/local/dead-letters.ts';
 import { guessPlural, parseDuration, pingMessage, refEvent } from '../../scripts/local/events.ts';
 import {
   LogPrinter,
   adapterLine,
+  dataPlaneLine,
+  deadLetterLine,
   describeMirrorChange,
   formatLine,
   type MirrorView,
@@ -306,5 +309,111 @@ describe('adapterLine: the event source speaks up when it fails (issue 14 item 6
     });
     assert.equal(adapterLine('x', benign)!.debug, true);
     assert.equal(adapterLine('x', '  '), undefined);
+  });
+});
+
+describe('dataPlaneLine: the Broker data plane speaks up, its start-up noise aside', () => {
+  it("prints Knative's warnings and errors (both JSON styles), keeps info as debug", () => {
+    const error = dataPlaneLine(
+      'broker-filter',
+      JSON.stringify({
+        severity: 'ERROR',
+        message: 'failed to send event',
+        error: 'unable to complete request to http://127.0.0.1:1/: connection refused',
+        stacktrace: 'knative.dev/eventing/pkg/broker/filter.(*Handler).send PLANTED',
+      }),
+    )!;
+    assert.deepEqual(error, {
+      debug: false,
+      component: 'events',
+      subject: 'broker-filter',
+      text: 'error: failed to send event (unable to complete request to http://127.0.0.1:1/: connection refused)',
+    });
+    assert.equal(dataPlaneLine('broker-ingress', JSON.stringify({ level: 'warn', msg: 'x' }))!.text, 'warn: x');
+    assert.equal(dataPlaneLine('mtping', '2026/11/30 18:51:17 Registering 3 clients')!.debug, true);
+    assert.equal(dataPlaneLine('mtping', 'I1130 18:51:17.593569 14450 leaderelection.go:258] lease')!.debug, true);
+  });
+
+  it('hides only the OIDC and TLS-Secret lines every local start prints', () => {
+    const oidc =
+      'could not initialize provider. You can ignore this message, when the authentication-oidc feature is disabled{error 26 0  could not load Kubernetes OIDC discovery information}';
+    const lines = [
+      JSON.stringify({ severity: 'ERROR', message: oidc }),
+      JSON.stringify({ level: 'error', msg: oidc.replace('provider.', 'provider after config update.') }),
+      JSON.stringify({ severity: 'WARNING', message: 'secrets "imc-dispatcher-server-tls" not found' }),
+      JSON.stringify({ level: 'warn', msg: 'secrets "mt-broker-filter-server-tls" not found' }),
+    ];
+    for (const l of lines) assert.equal(dataPlaneLine('imc-dispatcher', l)!.debug, true, l);
+    // The same words about something else are not noise.
+    const other = JSON.stringify({ severity: 'WARNING', message: 'secrets "captf-dead-letters" not found' });
+    assert.equal(dataPlaneLine('imc-dispatcher', other)!.debug, false);
+    assert.equal(dataPlaneLine('imc-dispatcher', JSON.stringify({ severity: 'ERROR', message: 'oidc' }))!.debug, false);
+  });
+});
+
+describe('dead letters: what the cluster’s dead-letter service would show', () => {
+  const b64 = (s: string) => Buffer.from(s).toString('base64');
+  it('reads the local form: the filter names the Trigger, wraps the subscriber and its answer', () => {
+    const d = describeDeadLetter({
+      type: 'dev.knative.apiserver.ref.add',
+      kind: 'TerraformCluster',
+      namespace: 'team-a',
+      name: 'prod',
+      knativeerrorcode: '500',
+      knativeerrordest: 'http://127.0.0.1:34637/triggers/captf-system/captf-mirror-sync-ref-add/2ad4390b',
+      knativeerrordata: b64(
+        JSON.stringify({ errdestination: 'http://127.0.0.1:41811/', errresponsebody: b64('{"error":"boom"}') }),
+      ),
+    });
+    assert.deepEqual(d, {
+      type: 'dev.knative.apiserver.ref.add',
+      about: 'TerraformCluster team-a/prod',
+      code: '500',
+      trigger: 'captf-mirror-sync-ref-add',
+      destination: 'http://127.0.0.1:41811/',
+      error: 'boom',
+    });
+    const line = deadLetterLine(d, 'mirror-sync');
+    assert.deepEqual(
+      [line.debug, line.component, line.subject],
+      [false, 'dead-letter', 'TerraformCluster team-a/prod'],
+    );
+    assert.equal(
+      line.text,
+      'warn: dev.knative.apiserver.ref.add given up by Trigger captf-mirror-sync-ref-add to mirror-sync (knativeerrorcode=500): boom',
+    );
+  });
+
+  it("reads the cluster form, a ping, and what is missing; prints only the answer's error field", () => {
+    const d = describeDeadLetter({
+      type: 'dev.knative.sources.ping',
+      source: '/apis/v1/namespaces/captf-system/pingsources/captf-resync',
+      knativeerrorcode: '503',
+      knativeerrordest: 'http://captf-mirror-sync.captf-system.svc.cluster.local',
+      knativeerrordata: b64(JSON.stringify({ error: 'API server unavailable', token: 'PLANTED' })),
+    });
+    assert.deepEqual(d, {
+      type: 'dev.knative.sources.ping',
+      about: '/apis/v1/namespaces/captf-system/pingsources/captf-resync',
+      code: '503',
+      destination: 'http://captf-mirror-sync.captf-system.svc.cluster.local',
+      error: 'API server unavailable',
+    });
+    assert.doesNotMatch(formatLine(deadLetterLine(d, d.destination)), /PLANTED/);
+    const bare = describeDeadLetter({ type: 'io.captf.mirror-sync.key', subject: 'team-a/aws-prod' });
+    assert.deepEqual(bare, { type: 'io.captf.mirror-sync.key', about: 'team-a/aws-prod', code: '' });
+    assert.match(deadLetterLine(bare, undefined).text, /given up \(knativeerrorcode=none\)$/);
+  });
+
+  it('takes the attributes from binary-mode headers or a structured body', () => {
+    assert.deepEqual(attributesOf({ 'ce-type': 't', 'ce-knativeerrorcode': '502', host: 'h' }, '{}'), {
+      type: 't',
+      knativeerrorcode: '502',
+    });
+    assert.deepEqual(attributesOf({ 'content-type': 'application/cloudevents+json' }, '{"type":"t","source":"s"}'), {
+      type: 't',
+      source: 's',
+    });
+    assert.deepEqual(attributesOf({ 'content-type': 'application/cloudevents+json' }, 'not json'), {});
   });
 });
