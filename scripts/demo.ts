@@ -102,7 +102,7 @@ process.exit(failed === 0 ? 0 : 1);
 /** The walkthrough: each step a named function below, stopping at the first that fails. */
 async function run(): Promise<void> {
   const ok = await step(
-    'start a fresh control plane, the CRDs, the three functions, the webhook and the events',
+    "start a fresh control plane, the CRDs, the three functions, the webhook, and Knative's adapter and Broker",
     startTheSystem,
   );
   if (!ok || !system) return;
@@ -131,7 +131,7 @@ async function run(): Promise<void> {
     ['deleting an identity still in use is refused', deletingInUseIdentityRefused],
     ['…and allowed once unused: consumers deleted, mirror gone, status refreshed', deletingUnusedIdentityAllowed],
     [
-      'no credential value appeared in any output line of the functions, the event source or the runner',
+      "no credential value appeared in any output line of the functions, Knative's processes or the runner",
       noCredentialInOutput,
     ],
   ];
@@ -215,10 +215,8 @@ async function startTheSystem(): Promise<string> {
     print: show,
     progress: (l) => values.verbose && console.log(`    ${l}`),
     onRawLine: (_c, l) => raw.push(l),
-    // Short back-off so a retried event does not stall a step.
-    backoffMs: 200,
   });
-  return `events from ${system.eventSource === 'adapter' ? "Knative's ApiServerSource adapter" : 'the local event source'}; KUBECONFIG=${system.kubeconfigPath}`;
+  return `events: Knative's ApiServerSource adapter → Broker → Triggers; KUBECONFIG=${system.kubeconfigPath}`;
 }
 
 async function applyTheExamples(d: Demo): Promise<string> {

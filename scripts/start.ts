@@ -1,27 +1,31 @@
 /**
- * `npm start [-- options]`: the whole system on this machine (SPEC §14). Starts an embedded
- * control plane (building it first if needed), installs the CRDs, runs the three functions
- * from the container's entrypoint and wires them as Knative would (./local/system.ts), then
- * prints one line per thing that happens until Ctrl-C, which stops everything it started.
+ * `npm start [-- options]`: the whole system on this machine (SPEC §14). Builds what is
+ * missing (the control plane, Knative's ApiServerSource adapter and Broker data plane), starts
+ * an embedded control plane, installs the CRDs, runs the three functions from the container's
+ * entrypoint and wires them as Knative does, every event through Knative's real Broker
+ * (./local/system.ts), then prints one line per thing that happens until Ctrl-C, which stops
+ * everything it started.
  *
  * Options:
  *   --dir DIR               state folder (default .local/start; wiped on start when embedded)
- *   --status DURATION       identity-status ping interval (default 5m)
- *   --resync DURATION       mirror-sync resync ping interval (default 10m)
- *   --kubeconfig PATH       run against that cluster instead of an embedded control plane
+ *   --status DURATION       identity-status PingSource interval (default 5m)
+ *   --resync DURATION       mirror-sync resync PingSource interval (default 10m)
+ *   --kubeconfig PATH       run against that cluster instead of an embedded control plane (needs --install)
  *   --use-current-context   run against $KUBECONFIG's current context (both must be given)
- *   --install               with a named cluster: also install the CRDs (and the webhook if the API server is local)
- *   --build-adapter         build Knative's ApiServerSource adapter if needed (about 4 minutes once)
- *   --local-events          use the built-in event source even when the adapter is built
- *   --debug                 also print every delivery and every unchanged reconcile
+ *   --install               with a named cluster: allow writing into it (CRDs, the Broker and its
+ *                           Triggers and PingSources, the webhook if the API server is local)
+ *   --debug                 also print unchanged reconciles and Knative's informational lines
+ * `--build-adapter` and `--local-events` (earlier versions) are accepted and ignored with a note.
  */
 import { delimiter, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { parseDuration } from './local/events.ts';
+import { cronSchedule, parseDuration } from './local/events.ts';
 import { printer, startSystem, type RunningSystem } from './local/system.ts';
 
 const USAGE =
-  'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--build-adapter | --local-events] [--debug]';
+  'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--debug]\n' +
+  '  --status/--resync: an interval a PingSource (cron) schedule can express: seconds dividing a minute (sub-minute is for\n' +
+  '  local use only), minutes dividing an hour, hours dividing a day. A named cluster needs --install: the Broker is written into it.';
 
 const started = performance.now();
 let values;
@@ -64,15 +68,29 @@ if (!kubeconfig && values['use-current-context']) {
 }
 if (values.install && !kubeconfig)
   console.error('(--install only matters with --kubeconfig; the embedded control plane always gets the CRDs)');
-let statusEveryMs: number;
-let resyncEveryMs: number;
-try {
-  statusEveryMs = parseDuration(values.status!);
-  resyncEveryMs = parseDuration(values.resync!);
-} catch (err) {
-  console.error(`${(err as Error).message}\n${USAGE}`);
+if (values['build-adapter'] || values['local-events'])
+  console.error(
+    "(--build-adapter and --local-events are no longer needed: npm start builds Knative's adapter and data plane when missing, and events always come from the adapter through the Broker)",
+  );
+if (kubeconfig && !values.install) {
+  console.error(
+    `--kubeconfig and --use-current-context need --install: events flow through Knative's Broker, which runs here against that cluster and writes its Broker, Triggers, PingSources and Knative Eventing's CRDs into it\n${USAGE}`,
+  );
   process.exit(2);
 }
+/** Parses `--<name>` as a duration that a PingSource schedule can express; exits 2 otherwise. */
+function pingInterval(name: 'status' | 'resync', text: string): number {
+  try {
+    const ms = parseDuration(text);
+    cronSchedule(ms);
+    return ms;
+  } catch (err) {
+    console.error(`--${name} ${text}: ${(err as Error).message}\n${USAGE}`);
+    process.exit(2);
+  }
+}
+const statusEveryMs = pingInterval('status', values.status!);
+const resyncEveryMs = pingInterval('resync', values.resync!);
 
 const progress = (l: string) => console.error(l.startsWith('[') ? l : `[start] ${l}`);
 let system: RunningSystem | undefined;
@@ -80,7 +98,9 @@ let stopping = false;
 const shutdown = async (signal: string, code = 0) => {
   if (stopping) return;
   stopping = true;
-  console.error(`\n${signal}: stopping the functions, the event source${kubeconfig ? '' : ' and the control plane'}…`);
+  console.error(
+    `\n${signal}: stopping the adapter, the Broker's data plane, the functions${kubeconfig ? '' : ' and the control plane'}…`,
+  );
   await system?.stop();
   console.error('stopped.');
   process.exit(code);
@@ -95,7 +115,6 @@ try {
     install: values.install,
     statusEveryMs,
     resyncEveryMs,
-    eventSource: values['build-adapter'] ? 'build' : values['local-events'] ? 'local' : 'auto',
     print: printer(values.debug!),
     progress,
   });
@@ -115,7 +134,8 @@ console.log(`
 ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'cluster'} ${system.server}
   export KUBECONFIG=${system.kubeconfigPath}
   functions: admission ${f.admission.url}/validate (webhook ${system.webhook ? 'registered' : 'NOT registered'}), mirror-sync ${f['mirror-sync'].url}, identity-status ${f['identity-status'].url}
-  events: ${system.eventSource === 'adapter' ? "Knative's ApiServerSource adapter" : 'local event source (client-node watches; same CloudEvents as the adapter)'}; pings: status every ${values.status}, resync every ${values.resync}${
+  events: Knative's ApiServerSource adapter → Broker captf (ingress, filter, in-memory channel) → Triggers; pings: mtping, status every ${values.status} (${system.schedules.status}), resync every ${values.resync} (${system.schedules.resync})
+  broker: ${system.brokerUrl} (dead letters print as dead-letter lines)${
     system.controlPlane
       ? `
   try: kubectl apply -f examples/ && kubectl get terraformclusters -A

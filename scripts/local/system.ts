@@ -1,41 +1,60 @@
 /**
- * The whole system on one machine (SPEC §14), shared by `npm start` and `npm run demo`:
- * a control plane (embedded, or a cluster the user named), the CRDs, the three functions as
- * child processes of the container's entrypoint (`node functions/main.ts <name>`), and the
- * wiring Knative would provide — the admission webhook over HTTPS registered by a
- * ValidatingWebhookConfiguration, API events as CloudEvents (the real ApiServerSource
- * adapter when built, else ./events.ts), and PingSource-like ticks.
+ * The whole system on one machine (SPEC §14), shared by `npm start` and `npm run demo`: a
+ * control plane (embedded, or a cluster the user named and allowed to install into), the
+ * project's and Knative Eventing's CRDs, the three functions as child processes of the
+ * container's entrypoint (`node functions/main.ts <name>`: Knative Serving does not run here,
+ * so a ksvc is a process on a loopback port), and the wiring Knative provides in a cluster:
+ * - the admission webhook over HTTPS, registered by a ValidatingWebhookConfiguration;
+ * - every event through Knative's real Broker: Knative's ApiServerSource adapter (configured
+ *   from the rendered `captf-objects` ApiServerSource) and mtping (the rendered PingSources)
+ *   send to Broker `captf`, whose ingress, in-memory channel and filter (scripts/eventing.ts,
+ *   Knative Eventing's own binaries) deliver by the rendered Triggers, with their retries,
+ *   back-off and dead-letter sink (./dead-letters.ts prints what lands there).
+ * Nothing here delivers, retries or schedules events itself; ./events.ts says what is left.
  */
 import { request } from 'node:https';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { CoreV1Api, KubeConfig, makeInformer, type KubernetesListObject, type V1Secret } from '@kubernetes/client-node';
-import { GROUP, IDENTITY_PLURAL, VERSION, type ConsumerKind } from '../../functions/lib/api.ts';
-import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import { describeError } from '../../functions/lib/kube.ts';
-import { ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MIRRORED } from '../../functions/lib/mirror.ts';
-import { builtGoBinary } from '../build-lock.ts';
-import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
-import { installCRDs } from '../controlplane/crds.ts';
-import { createWebhookPair, type CertPair } from '../controlplane/pki.ts';
 import {
-  KNATIVE_TOOLS,
+  AppsV1Api,
+  CoreV1Api,
+  KubeConfig,
+  makeInformer,
+  type KubernetesListObject,
+  type KubernetesObject,
+  type V1CustomResourceDefinition,
+  type V1Secret,
+} from '@kubernetes/client-node';
+import { describeError, isConflict } from '../../functions/lib/kube.ts';
+import { ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MIRRORED } from '../../functions/lib/mirror.ts';
+import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
+import { applyCRDs, installCRDs } from '../controlplane/crds.ts';
+import { createWebhookPair, type CertPair } from '../controlplane/pki.ts';
+import { EVENTING_BINARIES, ensureEventingDataPlane } from '../eventing-build.ts';
+import { startEventingDataPlane } from '../eventing.ts';
+import {
+  EVENTING_CRDS,
   ensureApiServerSourceAdapter,
+  loadThirdPartyCRDs,
+  sourceConfigFor,
   startApiServerSourceAdapter,
-  type SourceConfig,
+  type ApiServerSourceSpec,
 } from '../knative.ts';
+import { ensureKustomize, render } from '../kustomize.ts';
 import { isRunning, spawnFunction, type FunctionProcess } from '../process.ts';
 import { firstLine, sleep } from '../wait.ts';
+import { startDeadLetterSink, type DeadLetter } from './dead-letters.ts';
+import { cronSchedule, pingMessage, waitForWatchCaches, watchPaths } from './events.ts';
 import {
-  Delivery,
-  pingMessage,
-  schedulePing,
-  startLocalEventSource,
-  waitForWatchCaches,
-  watchedResources,
-  type DeliveryReport,
-} from './events.ts';
-import { LogPrinter, adapterLine, describeMirrorChange, formatLine, type MirrorView, type Printed } from './print.ts';
+  LogPrinter,
+  adapterLine,
+  dataPlaneLine,
+  deadLetterLine,
+  describeMirrorChange,
+  formatLine,
+  type MirrorView,
+  type Printed,
+} from './print.ts';
 import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
 
 export { WEBHOOK_CONFIGURATION, webhookConfiguration } from './webhook.ts';
@@ -47,6 +66,22 @@ export type FunctionName = (typeof FUNCTION_NAMES)[number];
 
 /** PingSource names, as in the manifests (manifests/base/eventing.yaml). */
 export const PINGS = { status: 'captf-identity-status', resync: 'captf-resync' } as const;
+/** The kustomization whose Broker, Triggers, PingSources and ApiServerSource the local mode runs. */
+export const EVENTING_MANIFESTS = 'manifests/base';
+/** Namespace of the Broker and the sources in the manifests. */
+const EVENTING_NAMESPACE = 'captf-system';
+/** The ApiServerSource of the manifests whose adapter runs locally. */
+const API_SOURCE = 'captf-objects';
+/** The Knative Services the Triggers and the Broker's delivery name. */
+const SERVICES = {
+  'mirror-sync': 'captf-mirror-sync',
+  'identity-status': 'captf-identity-status',
+  deadLetters: 'captf-dead-letters',
+} as const;
+/** The annotation `kubectl apply` keeps its last applied configuration in. */
+const LAST_APPLIED = 'kubectl.kubernetes.io/last-applied-configuration';
+/** Knative Eventing's deployment whose presence means a cluster runs Knative's own controllers. */
+const EVENTING_CONTROLLER = { namespace: 'knative-eventing', name: 'eventing-controller' } as const;
 
 /** Options of {@link startSystem}. */
 export interface SystemOptions {
@@ -54,21 +89,21 @@ export interface SystemOptions {
   dir: string;
   /** Run against this kubeconfig instead of an embedded control plane. */
   kubeconfig?: string | undefined;
-  /** With `kubeconfig`: install the CRDs (and the webhook when the API server is on loopback). */
+  /**
+   * With `kubeconfig`, required: allows writing into that cluster what the local system needs
+   * there — the CRDs, Knative's Broker, Triggers, PingSources and InMemoryChannel, namespace
+   * `knative-eventing`, and the webhook when the API server is on loopback.
+   */
   install?: boolean;
-  /** Identity status ping interval in ms (default 5 minutes). */
+  /** Identity status ping interval in ms (default 5 minutes); must be a PingSource schedule ({@link cronSchedule}). */
   statusEveryMs?: number;
-  /** Resync ping interval in ms (default 10 minutes). */
+  /** Resync ping interval in ms (default 10 minutes); must be a PingSource schedule ({@link cronSchedule}). */
   resyncEveryMs?: number;
-  /** `auto`: the real adapter when already built, else the local source; `build`: build it if needed; `local`: never the adapter. */
-  eventSource?: 'auto' | 'build' | 'local';
-  /** Trigger-like delivery back-off base in ms (default 1000). */
-  backoffMs?: number;
   /** Receives each readable line (debug ones too; the caller filters). */
   print: (p: Printed) => void;
   /** Progress lines while starting (build, control plane). */
   progress: (line: string) => void;
-  /** Every raw output line of the functions and adapters, before printing (the demo scans them). */
+  /** Every raw output line of the functions and the Knative processes, before printing (the demo scans them). */
   onRawLine?: (component: string, line: string) => void;
 }
 
@@ -83,11 +118,18 @@ export interface RunningSystem {
   /** Set when the control plane is embedded. */
   controlPlane?: ControlPlane;
   functions: Record<FunctionName, RunningFunction>;
-  /** Which event source delivers API events. */
-  eventSource: 'adapter' | 'local';
+  /** The Broker's address: every event goes there (the adapter's, mtping's, `ping()`'s). */
+  brokerUrl: string;
+  /** The PingSources' schedules as mtping runs them. */
+  schedules: Record<keyof typeof PINGS, string>;
   /** Whether the ValidatingWebhookConfiguration was registered. */
   webhook: boolean;
-  /** Sends one PingSource tick now and resolves when it was delivered (or given up on). */
+  /**
+   * POSTs the CloudEvent a PingSource tick sends to the Broker now, which routes it by the
+   * Triggers like mtping's; resolves once the Broker answered, which (default synchronous
+   * channel) is after the function answered or the event was dead-lettered.
+   * @throws Error when the Broker does not answer 2xx.
+   */
   ping(which: keyof typeof PINGS): Promise<void>;
   /** Stops everything this call started, in reverse order; idempotent. */
   stop(): Promise<void>;
@@ -113,55 +155,103 @@ interface Cluster {
   server: string;
 }
 
-/** The Trigger-like deliveries to the two event-driven functions. */
-interface Deliveries {
-  toMirrorSync: Delivery;
-  toIdentityStatus: Delivery;
-}
-
 function isLoopback(server: string): boolean {
   const host = new URL(server).hostname;
   return host === '127.0.0.1' || host === 'localhost' || host === '[::1]';
 }
 
-/** Path of the receive adapter when it was built already (nothing is built here). */
-export function builtAdapterPath(): string | undefined {
-  return builtGoBinary(KNATIVE_TOOLS, 'knative', 'apiserver_receive_adapter');
-}
-
 /**
- * Starts everything, in order: control plane (embedded unless `opts.kubeconfig`), CRDs, the
- * webhook's serving certificate, the three functions, the webhook registration, the event
- * source, the mirror watch that prints mirror changes, and the ping schedules.
+ * Starts everything, in order: Knative's binaries and kustomize (built when missing), the
+ * control plane (embedded unless `opts.kubeconfig`) while the manifests are rendered, the
+ * CRDs, the webhook's serving certificate, the three functions, the webhook registration, the
+ * dead-letter sink and the Broker's data plane, the ApiServerSource adapter, and the mirror
+ * watch that prints mirror changes.
  * @returns the running system; call `stop()` to end it.
  * @throws Error saying which step failed; everything started before it is stopped first.
+ *   Before anything starts: a named cluster without `install`, or a ping interval that is no
+ *   PingSource schedule.
  */
 export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
+  const schedules = pingSchedules(opts);
+  if (opts.kubeconfig && !opts.install) throw new Error(NAMED_CLUSTER_NEEDS_INSTALL);
   const s = newStartup(opts);
   try {
-    const cluster = await connectControlPlane(s);
-    const install = await installCRDsWhenAsked(s, cluster);
+    await buildKnative(s);
+    const [{ rendered, eventingCRDs }, cluster] = await both(readEventingFiles(), connectControlPlane(s));
+    const eventingCRDsInstalled = await installAllCRDs(s, cluster, eventingCRDs);
     const tls = await createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca');
     const functions = await startFunctions(s, functionEnvs(cluster.kubeconfigPath, tls.leaf), tls.caPem);
-    const webhook = install && (await registerLocalWebhook(s, cluster, functions.admission.url, tls.caPem));
-    const deliveries = startDeliveries(s, functions);
-    const eventSource = await startEventSource(s, cluster, functions, deliveries);
+    const webhook = await registerLocalWebhook(s, cluster, functions.admission.url, tls.caPem);
+    await eventingCRDsInstalled;
+    const brokerUrl = await startBroker(s, { cluster, rendered, functions, schedules });
+    await startAdapter(s, { cluster, rendered, brokerUrl });
     s.cleanups.push(await watchMirrors(cluster.kc, s.emit));
-    schedulePings(s, deliveries);
     return {
       kubeconfigPath: cluster.kubeconfigPath,
       server: cluster.server,
       ...(cluster.controlPlane ? { controlPlane: cluster.controlPlane } : {}),
       functions,
-      eventSource,
+      brokerUrl,
+      schedules,
       webhook,
-      ping: (which) => ping(deliveries, which),
+      ping: (which) => ping(brokerUrl, which),
       stop: s.stop,
     };
   } catch (err) {
     await s.stop();
     throw err;
   }
+}
+
+/** Why a named cluster needs `install` (the local Broker writes objects into it). */
+const NAMED_CLUSTER_NEEDS_INSTALL =
+  "events flow through Knative's Broker, which runs on this machine against the cluster and so writes " +
+  "into it: the project's and Knative Eventing's CRDs, the manifests' Broker, Triggers and PingSources, an " +
+  'InMemoryChannel and namespace knative-eventing. Nothing is written into a cluster you named unless you ' +
+  'add --install';
+
+/** The PingSources' schedules from the options (default: the manifests' 5 and 10 minutes). */
+function pingSchedules(opts: SystemOptions): Record<keyof typeof PINGS, string> {
+  return {
+    status: cronSchedule(opts.statusEveryMs ?? 5 * 60_000),
+    resync: cronSchedule(opts.resyncEveryMs ?? 10 * 60_000),
+  };
+}
+
+/** What the events need that can be had before the control plane runs. */
+interface EventingFiles {
+  /** The rendered {@link EVENTING_MANIFESTS}. */
+  rendered: KubernetesObject[];
+  /** Knative Eventing's CRDs, read from the pinned module (a `go mod download` each start). */
+  eventingCRDs: V1CustomResourceDefinition[];
+}
+
+/**
+ * Step 0: the ApiServerSource adapter, the Broker's data plane and kustomize, each built when
+ * missing (with progress; about 4 minutes for the adapter, then 30 s for the data plane with
+ * the Go cache warm), before anything runs.
+ */
+async function buildKnative(s: Startup): Promise<void> {
+  await ensureApiServerSourceAdapter(s.opts.progress);
+  await ensureEventingDataPlane(s.opts.progress);
+  await ensureKustomize(s.opts.progress);
+}
+
+/** Step 1 (beside the control plane's start): the manifests rendered, Knative Eventing's CRDs read. */
+async function readEventingFiles(): Promise<EventingFiles> {
+  const [rendered, crds] = await Promise.all([render(EVENTING_MANIFESTS), loadThirdPartyCRDs(EVENTING_CRDS)]);
+  return { rendered, eventingCRDs: crds.map((c) => c.crd) };
+}
+
+/**
+ * Awaits two steps that run side by side, both to the end, so that whatever either started is
+ * in the cleanups before the first failure is thrown.
+ */
+async function both<A, B>(a: Promise<A>, b: Promise<B>): Promise<[A, B]> {
+  const [ra, rb] = await Promise.allSettled([a, b]);
+  if (ra.status === 'rejected') throw ra.reason;
+  if (rb.status === 'rejected') throw rb.reason;
+  return [ra.value, rb.value];
 }
 
 /** The shared state of the steps, with a `stop()` that runs their cleanups once, in reverse. */
@@ -203,17 +293,41 @@ async function connectControlPlane(s: Startup): Promise<Cluster> {
 }
 
 /**
- * Step 2, the CRDs: always on the embedded control plane; on a named cluster only with
- * `install`.
- * @returns whether this system installs things (CRDs, webhook) into the cluster.
+ * Step 2: the project's CRDs, then Knative Eventing's (the Broker's data plane reads and
+ * writes Brokers, Triggers, PingSources, InMemoryChannels…) in the background while the
+ * functions start, which do not need them. On a named cluster that runs Knative Eventing's own
+ * controller, nothing is installed: that controller would reconcile the local Broker and
+ * rewrite what the stand-in wrote (scripts/eventing.ts).
+ * @returns the Eventing CRDs' installation, to await before the data plane starts.
+ * @throws Error when the cluster runs Knative Eventing, or a project CRD is rejected.
  */
-async function installCRDsWhenAsked(s: Startup, cluster: Cluster): Promise<boolean> {
-  const install = !s.opts.kubeconfig || Boolean(s.opts.install);
-  if (install) {
-    s.opts.progress(`installing CRDs into ${cluster.server}`);
-    await installCRDs(cluster.kc);
-  }
-  return install;
+async function installAllCRDs(
+  s: Startup,
+  cluster: Cluster,
+  eventingCRDs: readonly V1CustomResourceDefinition[],
+): Promise<Promise<void>> {
+  if (s.opts.kubeconfig) await refuseRealEventing(cluster.kc);
+  s.opts.progress(`installing the CRDs (the project's and Knative Eventing's) into ${cluster.server}`);
+  await installCRDs(cluster.kc);
+  const eventing = applyCRDs(cluster.kc, eventingCRDs).then(() => undefined);
+  // Awaited before the data plane starts; a failure of an earlier step must not leave it unhandled.
+  eventing.catch(() => undefined);
+  return eventing;
+}
+
+/** @throws Error when the cluster runs Knative Eventing's controller (its deployment is there). */
+async function refuseRealEventing(kc: KubeConfig): Promise<void> {
+  const found = await kc
+    .makeApiClient(AppsV1Api)
+    .readNamespacedDeployment(EVENTING_CONTROLLER)
+    .then(
+      () => true,
+      () => false,
+    );
+  if (found)
+    throw new Error(
+      `this cluster runs Knative Eventing (deployment ${EVENTING_CONTROLLER.namespace}/${EVENTING_CONTROLLER.name}): its controllers would take over the local Broker; deploy the manifests there instead (docs/deploy-knative.md), or use the embedded control plane`,
+    );
 }
 
 /** The environment of each function: local mode, reachable from this machine only. */
@@ -234,23 +348,36 @@ function functionEnvs(kubeconfigPath: string, leaf: CertPair): Record<FunctionNa
   };
 }
 
-/** Step 4: the functions, from the container's entrypoint, on free ports, one after the other. */
+/**
+ * Step 4: the functions, from the container's entrypoint, on free ports, side by side (each
+ * spends about a second starting Node and loading its modules), while Knative Eventing's
+ * CRDs are installed. Every one that started is stopped with the rest, also when another
+ * failed.
+ * @throws the first function's start error.
+ */
 async function startFunctions(
   s: Startup,
   envs: Record<FunctionName, NodeJS.ProcessEnv>,
   caPem: string,
 ): Promise<Record<FunctionName, RunningFunction>> {
+  s.opts.progress(`starting ${FUNCTION_NAMES.join(', ')}`);
+  const started = await Promise.allSettled(
+    FUNCTION_NAMES.map((name) => {
+      const onLine = (l: string) => {
+        s.opts.onRawLine?.(name, l);
+        s.emit(s.printer.line(name, l));
+      };
+      return startFunction({ name, env: envs[name], onLine }, caPem);
+    }),
+  );
   const functions = {} as Record<FunctionName, RunningFunction>;
-  for (const name of FUNCTION_NAMES) {
-    s.opts.progress(`starting ${name}`);
-    const onLine = (l: string) => {
-      s.opts.onRawLine?.(name, l);
-      s.emit(s.printer.line(name, l));
-    };
-    const fn = await startFunction({ name, env: envs[name], onLine }, caPem);
-    s.cleanups.push(() => fn.stop());
-    functions[name] = fn;
-  }
+  started.forEach((r, i) => {
+    if (r.status !== 'fulfilled') return;
+    s.cleanups.push(() => r.value.stop());
+    functions[FUNCTION_NAMES[i]!] = r.value;
+  });
+  const failed = started.find((r) => r.status === 'rejected');
+  if (failed) throw failed.reason;
   return functions;
 }
 
@@ -327,123 +454,129 @@ async function registerLocalWebhook(s: Startup, cluster: Cluster, url: string, c
   return true;
 }
 
-/** Step 6: deliveries (Trigger-like) to the two event-driven functions; each outcome is a (debug) line. */
-function startDeliveries(s: Startup, functions: Record<FunctionName, RunningFunction>): Deliveries {
-  const report = (r: DeliveryReport) => {
-    const fn = r.sink === functions['mirror-sync'].url + '/' ? 'mirror-sync' : 'identity-status';
-    s.emit({
-      debug: !r.failed,
-      component: 'events',
-      subject: fn,
-      text: `${r.failed ? 'gave up on' : 'delivered'} ${r.type} ${r.subject} → ${r.status || 'unreachable'} after ${r.attempts} attempt(s)${r.error ? ` (${r.error})` : ''}`,
-    });
-  };
-  const options = { onReport: report, ...(s.opts.backoffMs ? { backoffMs: s.opts.backoffMs } : {}) };
-  const toMirrorSync = new Delivery(`${functions['mirror-sync'].url}/`, options);
-  const toIdentityStatus = new Delivery(`${functions['identity-status'].url}/`, options);
-  s.cleanups.push(() => {
-    toMirrorSync.stop();
-    toIdentityStatus.stop();
-  });
-  return { toMirrorSync, toIdentityStatus };
-}
-
-/** Which adapter binary to use, building it when asked; undefined for the local source. */
-async function adapterBinary(s: Startup): Promise<string | undefined> {
-  const mode = s.opts.eventSource ?? 'auto';
-  if (mode === 'build') return ensureApiServerSourceAdapter(s.opts.progress);
-  return mode === 'auto' ? builtAdapterPath() : undefined;
+/** What the event steps work with. */
+interface EventingContext {
+  cluster: Cluster;
+  /** The rendered {@link EVENTING_MANIFESTS}. */
+  rendered: readonly KubernetesObject[];
 }
 
 /**
- * Step 7, API events: the real adapter (one per Trigger's worth of resources) when there is
- * one, else the local source.
+ * Step 6: the dead-letter sink, then Knative's Broker data plane with the rendered Broker,
+ * Triggers and PingSources (their schedules from the options), the Knative Services they name
+ * resolved to the local functions and the sink. The data plane's warnings and errors are
+ * printed (known start-up noise aside: print.ts dataPlaneLine), the rest is debug.
+ * @returns the Broker's address.
  */
-async function startEventSource(
+async function startBroker(
   s: Startup,
-  cluster: Cluster,
-  functions: Record<FunctionName, RunningFunction>,
-  deliveries: Deliveries,
-): Promise<'adapter' | 'local'> {
-  const kinds = consumerKindsFromEnv(process.env);
-  const resources = watchedResources(cluster.kc, kinds, deliveries.toMirrorSync, deliveries.toIdentityStatus);
-  await waitForWatchCaches(
-    cluster.kc,
-    resources.map((r) => r.path),
-  );
-  if (await adapterBinary(s)) {
-    await startAdapters(s, cluster.kubeconfigPath, adapterSources(kinds, functions));
-    return 'adapter';
-  }
-  const local = await startLocalEventSource(cluster.kc, cluster.server, resources, {
-    onError: (msg) => s.emit({ debug: false, component: 'events', subject: '', text: msg }),
+  ctx: EventingContext & {
+    functions: Record<FunctionName, RunningFunction>;
+    schedules: Record<keyof typeof PINGS, string>;
+  },
+): Promise<string> {
+  const subscribers = {
+    'mirror-sync': `${ctx.functions['mirror-sync'].url}/`,
+    'identity-status': `${ctx.functions['identity-status'].url}/`,
+  };
+  await createNamespaceAsApplied(ctx.cluster.kc, ctx.rendered);
+  const dls = await startDeadLetterSink((d) => printDeadLetter(s, d, subscribers));
+  s.cleanups.push(() => dls.stop());
+  s.opts.progress("starting Knative's Broker data plane: broker-ingress, broker-filter, imc-dispatcher, mtping");
+  const dp = await startEventingDataPlane({
+    kubeconfigPath: ctx.cluster.kubeconfigPath,
+    kc: ctx.cluster.kc,
+    objects: ctx.rendered,
+    sinks: {
+      [SERVICES['mirror-sync']]: subscribers['mirror-sync'],
+      [SERVICES['identity-status']]: subscribers['identity-status'],
+      [SERVICES.deadLetters]: dls.url,
+    },
+    schedules: { [PINGS.status]: ctx.schedules.status, [PINGS.resync]: ctx.schedules.resync },
+    onLog: (component, line) => {
+      const binary = EVENTING_BINARIES[component];
+      s.opts.onRawLine?.(binary, line);
+      s.emit(dataPlaneLine(binary, line));
+    },
+    onBuild: s.opts.progress,
   });
-  s.cleanups.push(() => local.stop());
-  return 'local';
+  s.cleanups.push(() => dp.stop());
+  return dp.brokerUrl;
 }
 
-/** The two ApiServerSources of the manifests, as [name, sink URL, config]. */
-function adapterSources(
-  kinds: readonly ConsumerKind[],
-  functions: Record<FunctionName, RunningFunction>,
-): [string, string, SourceConfig][] {
-  const gvr = (Group: string, Version: string, Resource: string) => ({ gvr: { Group, Version, Resource } });
-  const objects = [
-    ...kinds.map((k) => gvr(k.group, k.version, k.plural)),
-    gvr(GROUP, VERSION, IDENTITY_PLURAL),
-    gvr('', 'v1', 'namespaces'),
-  ];
-  const config = (resources: SourceConfig['resources']): SourceConfig => ({
-    namespaces: [],
-    allNamespaces: true,
-    mode: 'Reference',
-    resources,
-  });
-  return [
-    ['captf-objects', functions['mirror-sync'].url, config(objects)],
-    ['captf-identities', functions['identity-status'].url, config([gvr(GROUP, VERSION, IDENTITY_PLURAL)])],
-  ];
-}
-
-/** Starts one adapter per source, each once its reflectors start, then waits out their first list. */
-async function startAdapters(
-  s: Startup,
-  kubeconfigPath: string,
-  sources: [string, string, SourceConfig][],
-): Promise<void> {
-  for (const [name, sink, source] of sources) {
-    const adapter = await startApiServerSourceAdapter({
-      kubeconfigPath,
-      sink: `${sink}/`,
-      source,
-      name,
-      onLog: (l) => {
-        s.opts.onRawLine?.(`adapter ${name}`, l);
-        s.emit(adapterLine(name, l));
-      },
+/**
+ * Creates the manifests' namespace, unless it exists, as `kubectl apply -k manifests/` would:
+ * with the `kubectl.kubernetes.io/last-applied-configuration` annotation. The Broker lives
+ * there, so it must exist before the data plane starts; created any other way, the quick
+ * start's `kubectl apply -f examples/` (which also names it) would warn that the annotation
+ * is missing.
+ */
+async function createNamespaceAsApplied(kc: KubeConfig, rendered: readonly KubernetesObject[]): Promise<void> {
+  const ns = rendered.find((o) => o.kind === 'Namespace' && o.metadata?.name === EVENTING_NAMESPACE);
+  if (!ns) throw new Error(`${EVENTING_MANIFESTS} renders no Namespace ${EVENTING_NAMESPACE}`);
+  const annotations = { ...ns.metadata!.annotations, [LAST_APPLIED]: `${JSON.stringify(ns)}\n` };
+  await kc
+    .makeApiClient(CoreV1Api)
+    .createNamespace({ body: { ...ns, metadata: { ...ns.metadata, annotations } } })
+    .catch((err: unknown) => {
+      if (!isConflict(err)) throw err;
     });
-    s.cleanups.push(() => adapter.stop());
-    // startApiServerSourceAdapter resolves at the first STARTING line, before discovery;
-    // the reflectors start after "Starting in … mode".
-    const deadline = Date.now() + 30_000;
-    while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline)
-      await sleep(50);
-  }
+}
+
+/** Prints a dead letter, naming the function it did not reach. */
+function printDeadLetter(s: Startup, d: DeadLetter, subscribers: Record<string, string>): void {
+  const fn = Object.entries(subscribers).find(([, url]) => d.destination?.startsWith(url))?.[0];
+  const line = deadLetterLine(d, fn ?? d.destination);
+  s.opts.onRawLine?.('dead-letter', formatLine(line));
+  s.emit(line);
+}
+
+/**
+ * Step 7, API events: Knative's ApiServerSource adapter, configured from the rendered
+ * `captf-objects` ApiServerSource as Knative's controller would (scripts/knative.ts
+ * sourceConfigFor), sending to the Broker. Started once the API server can serve its
+ * watches, and waited for until its first list is done: it is at-most-once, and objects
+ * created before then would produce no event.
+ */
+async function startAdapter(s: Startup, ctx: EventingContext & { brokerUrl: string }): Promise<void> {
+  const spec = ctx.rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === API_SOURCE);
+  if (!spec) throw new Error(`${EVENTING_MANIFESTS} renders no ApiServerSource ${API_SOURCE}`);
+  const source = await sourceConfigFor(ctx.cluster.kc, spec as unknown as ApiServerSourceSpec);
+  await waitForWatchCaches(ctx.cluster.kc, watchPaths(source));
+  const adapter = await startApiServerSourceAdapter({
+    kubeconfigPath: ctx.cluster.kubeconfigPath,
+    sink: ctx.brokerUrl,
+    source,
+    name: API_SOURCE,
+    namespace: EVENTING_NAMESPACE,
+    onLog: (l) => {
+      s.opts.onRawLine?.(`adapter ${API_SOURCE}`, l);
+      s.emit(adapterLine(API_SOURCE, l));
+    },
+  });
+  s.cleanups.push(() => adapter.stop());
+  // startApiServerSourceAdapter resolves at the first STARTING line, before discovery;
+  // the reflectors start after "Starting in … mode".
+  const deadline = Date.now() + 30_000;
+  while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline)
+    await sleep(50);
   // Their first list/watch round trip; objects created before it ends produce no event.
   await sleep(1000);
 }
 
-/** Step 9: PingSource ticks. */
-function schedulePings(s: Startup, deliveries: Deliveries): void {
-  s.cleanups.push(schedulePing(deliveries.toIdentityStatus, PINGS.status, s.opts.statusEveryMs ?? 5 * 60_000));
-  s.cleanups.push(schedulePing(deliveries.toMirrorSync, PINGS.resync, s.opts.resyncEveryMs ?? 10 * 60_000));
-}
-
-/** Sends one PingSource tick now and resolves when it was delivered (or given up on). */
-async function ping(deliveries: Deliveries, which: keyof typeof PINGS): Promise<void> {
-  const d = which === 'status' ? deliveries.toIdentityStatus : deliveries.toMirrorSync;
-  d.send(pingMessage(PINGS[which]));
-  await d.idle();
+/** {@link RunningSystem.ping}: the CloudEvent a PingSource tick sends, POSTed to the Broker. */
+async function ping(brokerUrl: string, which: keyof typeof PINGS): Promise<void> {
+  const msg = pingMessage(PINGS[which], EVENTING_NAMESPACE);
+  // The synchronous channel answers after the fan-out, retries included (31 s, or 62 s when
+  // the dead-letter sink fails too).
+  const res = await fetch(brokerUrl, {
+    method: 'POST',
+    headers: msg.headers,
+    body: msg.body,
+    signal: AbortSignal.timeout(120_000),
+  });
+  await res.arrayBuffer();
+  if (!res.ok) throw new Error(`the Broker answered HTTP ${res.status} to the ${PINGS[which]} ping`);
 }
 
 /** What the printer needs of a mirror Secret seen by the watch. */

@@ -1,347 +1,172 @@
 /**
- * The local stand-ins for Knative (scripts/local/events.ts) against the test control plane:
- * the local event source sends the same CloudEvents as Knative's real ApiServerSource
- * adapter (compared header by header and byte by byte, when the adapter is built); delivery
- * retries like a Trigger and keeps a bounded queue; and every document in examples/ is
- * accepted by the API server's CRD schemas.
+ * What the local mode (scripts/local/) still does itself around Knative's real Eventing data
+ * plane, checked against that data plane (scripts/eventing.ts) on the test control plane, and
+ * the examples it applies:
+ * - `system.ping()` POSTs the same CloudEvent a PingSource tick sends (compared with a real
+ *   mtping tick, header for header and byte for byte, both as the Broker delivered them);
+ * - the dead-letter sink reads Knative's real dead letters: the event, the Trigger, the
+ *   function and its answer, Knative's error code — after the retries for a 5xx, at once for a
+ *   400;
+ * - every document in examples/ is accepted by the API server's CRD schemas.
+ *
+ * The data plane runs the rendered Broker, Triggers and PingSources moved into this file's
+ * namespace, with two changes to the test's copy (never the manifests): the resync
+ * PingSource fires every second, and Trigger `captf-mirror-sync-ref-add` retries once after
+ * 0.1 s (the manifests' 5 retries from 1 s would hold the test for 31 s).
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import type { IncomingHttpHeaders, Server } from 'node:http';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, describe, it } from 'node:test';
-import { RbacAuthorizationV1Api } from '@kubernetes/client-node';
-import {
-  API_VERSION,
-  GROUP,
-  IDENTITY_KIND,
-  IDENTITY_PLURAL,
-  VERSION,
-  type TerraformClusterIdentity,
-} from '../../functions/lib/api.ts';
-import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import { startApiServerSourceAdapter, type RunningAdapter } from '../../scripts/knative.ts';
-import {
-  Delivery,
-  refEvent,
-  startLocalEventSource,
-  waitForWatchCaches,
-  watchedResources,
-  type DeliveryReport,
-  type LocalEventSource,
-} from '../../scripts/local/events.ts';
+import { after, before, describe, it } from 'node:test';
+import { RbacAuthorizationV1Api, type KubernetesObject } from '@kubernetes/client-node';
+import { GROUP, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import { PING_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
+import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing.ts';
+import { installEventingCRDs } from '../../scripts/knative.ts';
+import { render } from '../../scripts/kustomize.ts';
+import { startDeadLetterSink, type DeadLetter, type DeadLetterSink } from '../../scripts/local/dead-letters.ts';
+import { pingMessage } from '../../scripts/local/events.ts';
 import { EXAMPLES_DIR, applyExamples } from '../../scripts/local/examples.ts';
 import { builtKubectlPath } from '../../scripts/local/kubectl.ts';
-import { builtAdapterPath } from '../../scripts/local/system.ts';
+import { EVENTING_MANIFESTS } from '../../scripts/local/system.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
-import { startSink } from '../helpers/events.ts';
+import { apiServerEvent, postEvents } from '../helpers/events.ts';
 
 const a = admin();
 const ns = namespaces('start-events');
-const kinds = consumerKindsFromEnv({});
 
-const servers: Server[] = [];
-const stops: (() => Promise<void> | void)[] = [];
-after(async () => {
-  for (const s of stops.reverse()) await s();
-  for (const s of servers) s.close();
-});
-
-describe('the local event source', () => {
-  sameEventsAsTheAdapterTest();
-
-  it('reports adds, updates and deletes after it started, but not what existed before', async () => {
-    const sink = await startSink();
-    servers.push(sink.server);
-    const n = await ns.create();
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: n,
-      plural: 'terraformclusters',
-      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'before' }, spec: {} },
-    });
-    const d = new Delivery(sink.url);
-    stops.push(() => d.stop());
-    const resources = watchedResources(a.kc, kinds, d, d).filter((r) => r.kind === 'TerraformCluster');
-    const src = await startLocalEventSource(a.kc, a.kc.getCurrentCluster()!.server, resources);
-    stops.push(() => src.stop());
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: n,
-      plural: 'terraformclusters',
-      body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'after' }, spec: {} },
-    });
-    await a.custom.patchNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: n,
-      plural: 'terraformclusters',
-      name: 'after',
-      body: [{ op: 'add', path: '/metadata/labels', value: { x: '1' } }],
-    });
-    await a.custom.deleteNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: n,
-      plural: 'terraformclusters',
-      name: 'after',
-    });
-    const seen = await eventually('add, update and delete of "after"', async () => {
-      const types = sink.received
-        .filter((r) => r.headers['ce-namespace'] === n)
-        .map((r) => `${r.headers['ce-type']} ${r.headers['ce-name']}`);
-      return types.includes('dev.knative.apiserver.ref.delete after') ? types : undefined;
-    });
-    assert.deepEqual(
-      seen,
-      ['add', 'update', 'delete'].map((v) => `dev.knative.apiserver.ref.${v} after`),
-    );
-  });
-});
-
-/** The local source against the real adapter, event by event. */
-function sameEventsAsTheAdapterTest(): void {
-  it("sends the same CloudEvents as Knative's ApiServerSource adapter (Reference mode)", async (t) => {
-    if (!builtAdapterPath()) {
-      t.skip('the ApiServerSource adapter is not built (npm run knative:build)');
-      return;
-    }
-    const adapterSink = await startSink();
-    const localSink = await startSink();
-    servers.push(adapterSink.server, localSink.server);
-    const n = await ns.create();
-    const server = a.kc.getCurrentCluster()!.server;
-
-    const toLocal = new Delivery(localSink.url, { backoffMs: 50 });
-    stops.push(() => toLocal.stop());
-    const resources = watchedResources(a.kc, kinds, toLocal, toLocal).map((r) => ({ ...r, sinks: [toLocal] }));
-    await waitForWatchCaches(
-      a.kc,
-      resources.map((r) => r.path),
-    );
-    const local: LocalEventSource = await startLocalEventSource(a.kc, server, resources);
-    stops.push(() => local.stop());
-    const gvr = (Group: string, Version: string, Resource: string) => ({ gvr: { Group, Version, Resource } });
-    const adapter: RunningAdapter = await startApiServerSourceAdapter({
-      kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-      sink: adapterSink.url,
-      name: `cmp-${suffix()}`,
-      source: {
-        namespaces: [],
-        allNamespaces: true,
-        mode: 'Reference',
-        resources: [
-          gvr(GROUP, VERSION, 'terraformclusters'),
-          gvr(GROUP, VERSION, IDENTITY_PLURAL),
-          gvr('', 'v1', 'namespaces'),
-        ],
-      },
-    });
-    stops.push(() => adapter.stop());
-
-    // A consumer, an identity and a namespace, changed until the adapter (at-most-once, and
-    // possibly still listing) reported each, then deleted.
-    const tc = `tc-${suffix()}`;
-    const id = `id-${suffix()}`;
-    ns.onCleanup(() =>
-      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: id }),
-    );
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: n,
-      plural: 'terraformclusters',
-      body: {
-        apiVersion: API_VERSION,
-        kind: 'TerraformCluster',
-        metadata: { name: tc, labels: { touch: '0' } },
-        spec: { identityRef: { name: id } },
-      },
-    });
-    await a.custom.createClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      body: {
-        apiVersion: API_VERSION,
-        kind: IDENTITY_KIND,
-        metadata: { name: id, labels: { touch: '0' } },
-        spec: { secretRef: { name: 's', namespace: n } },
-      },
-    });
-    const n2 = await ns.create();
-    let touches = 0;
-    const touch = async () => {
-      const value = String(++touches);
-      const patch = [{ op: 'replace', path: '/metadata/labels/touch', value }];
-      await a.custom.patchNamespacedCustomObject({
-        group: GROUP,
-        version: VERSION,
-        namespace: n,
-        plural: 'terraformclusters',
-        name: tc,
-        body: patch,
-      });
-      await a.custom.patchClusterCustomObject({
-        group: GROUP,
-        version: VERSION,
-        plural: IDENTITY_PLURAL,
-        name: id,
-        body: patch,
-      });
-      await a.core.patchNamespace({
-        name: n2,
-        body: [{ op: 'add', path: '/metadata/labels', value: { touch: value } }],
-      });
-    };
-    const names = [tc, id, n2];
-    await eventually(
-      'the adapter to report the consumer, the identity and the namespace',
-      async () => {
-        if (names.every((x) => adapterSink.received.some((r) => r.headers['ce-name'] === x))) return true;
-        await touch();
-        return false;
-      },
-      90_000,
-    );
-    await a.custom.deleteNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: n,
-      plural: 'terraformclusters',
-      name: tc,
-    });
-    await eventually('both to report the delete', async () =>
-      [adapterSink, localSink].every((s) =>
-        s.received.some(
-          (r) => r.headers['ce-name'] === tc && r.headers['ce-type'] === 'dev.knative.apiserver.ref.delete',
-        ),
-      ),
-    );
-    await toLocal.idle();
-
-    const ce = (h: IncomingHttpHeaders) =>
-      Object.fromEntries(
-        Object.entries(h)
-          .filter(([k]) => k.startsWith('ce-') || k === 'content-type' || k === 'kn-namespace')
-          .sort(([x], [y]) => x.localeCompare(y)),
-      );
-    const ours = adapterSink.received.filter((r) => names.includes(String(r.headers['ce-name'])));
-    let compared = 0;
-    for (const ar of ours) {
-      const type = ar.headers['ce-type'];
-      const subject = ar.headers['ce-subject'];
-      const twin = localSink.received.find((l) => l.headers['ce-type'] === type && l.headers['ce-subject'] === subject);
-      assert.ok(twin, `the local source also sent ${type} ${subject}`);
-      const [ah, lh] = [ce(ar.headers), ce(twin.headers)];
-      assert.deepEqual(Object.keys(lh), Object.keys(ah), 'the same CloudEvents attributes');
-      for (const k of Object.keys(ah)) {
-        if (k === 'ce-id' || k === 'ce-time') continue;
-        assert.equal(lh[k], ah[k], `${k} of ${type} ${subject}`);
-      }
-      assert.ok(!Number.isNaN(Date.parse(String(lh['ce-time']))));
-      assert.equal(twin.body, ar.body, `body of ${type} ${subject}, byte for byte`);
-      compared++;
-    }
-    const other = (h: IncomingHttpHeaders) =>
-      Object.keys(h).filter(
-        (k) =>
-          !k.startsWith('ce-') &&
-          ![
-            'content-type',
-            'kn-namespace',
-            'content-length',
-            'host',
-            'connection',
-            'user-agent',
-            'accept-encoding',
-            'accept',
-            'accept-language',
-            'sec-fetch-mode',
-          ].includes(k),
-      );
-    t.diagnostic(
-      `compared ${compared} events; other headers of the adapter (HTTP client's own): ${JSON.stringify(other(ours[0]!.headers))}; example adapter headers ${JSON.stringify(ce(ours[0]!.headers))}`,
-    );
-    assert.ok(compared >= 4, `compared ${compared} events`);
-    assert.ok(
-      ours.some((r) => r.headers['ce-kind'] === 'TerraformClusterIdentity') &&
-        ours.some((r) => r.headers['ce-kind'] === 'Namespace'),
-    );
-  });
+/** One request the stand-in for a function received. */
+interface Hit {
+  headers: IncomingHttpHeaders;
+  body: string;
 }
 
-describe('Delivery, like a Trigger with retry 5 and exponential back-off', () => {
-  const run = async (statuses: number[], opts: ConstructorParameters<typeof Delivery>[1] = {}, url?: string) => {
-    const sink = await startSink(statuses);
-    servers.push(sink.server);
-    const reports: DeliveryReport[] = [];
-    const d = new Delivery(url ?? sink.url, { backoffMs: 5, ...opts, onReport: (r) => reports.push(r) });
-    d.send(refEvent('add', { apiVersion: 'v1', kind: 'Namespace', name: 'x' }, 'https://h'));
-    await d.idle();
-    return { reports, received: sink.received };
-  };
+/**
+ * A stand-in for a function: records every request; answers by the event id's prefix, as a
+ * function would — `fail-` 500 and `bad-` 400 with a JSON error, anything else 200 with no body
+ * (what the functions answer Knative, which sends `Prefer: reply`).
+ */
+async function startFunctionStandIn(): Promise<{ url: string; hits: Hit[]; server: Server }> {
+  const hits: Hit[] = [];
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (d: Buffer) => (body += d.toString()));
+    req.on('end', () => {
+      hits.push({ headers: req.headers, body });
+      const id = String(req.headers['ce-id'] ?? '');
+      const json = { 'content-type': 'application/json' };
+      if (id.startsWith('fail-')) res.writeHead(500, json).end('{"error":"the API server is unavailable"}');
+      else if (id.startsWith('bad-')) res.writeHead(400, json).end('{"error":"not an event this function takes"}');
+      else res.writeHead(200).end();
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}/`, hits, server };
+}
 
-  it('retries 5xx and 429 until a 2xx', async () => {
-    const { reports, received } = await run([503, 429, 500, 200]);
-    assert.equal(received.length, 4);
-    assert.deepEqual(
-      reports.map((r) => [r.status, r.attempts, r.failed]),
-      [[200, 4, false]],
+let namespace: string;
+let dp: EventingDataPlane;
+let dls: DeadLetterSink;
+const letters: DeadLetter[] = [];
+const fns = {} as Record<'mirror-sync' | 'identity-status', Awaited<ReturnType<typeof startFunctionStandIn>>>;
+
+/** The test's copy of the rendered objects (see the file comment). */
+function testObjects(rendered: KubernetesObject[]): KubernetesObject[] {
+  const objects = structuredClone(rendered) as (KubernetesObject & { spec: { delivery?: Delivery } })[];
+  const trigger = objects.find((o) => o.kind === 'Trigger' && o.metadata?.name === 'captf-mirror-sync-ref-add')!;
+  trigger.spec.delivery = { ...trigger.spec.delivery, retry: 1, backoffPolicy: 'linear', backoffDelay: 'PT0.1S' };
+  return objects;
+}
+
+before(async () => {
+  fns['mirror-sync'] = await startFunctionStandIn();
+  fns['identity-status'] = await startFunctionStandIn();
+  dls = await startDeadLetterSink((d) => letters.push(d));
+  await installEventingCRDs(a.kc);
+  namespace = await ns.create();
+  dp = await startEventingDataPlane({
+    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
+    kc: a.kc,
+    objects: testObjects(await render(EVENTING_MANIFESTS)),
+    namespace,
+    sinks: {
+      'captf-mirror-sync': fns['mirror-sync'].url,
+      'captf-identity-status': fns['identity-status'].url,
+      'captf-dead-letters': dls.url,
+    },
+    schedules: { 'captf-resync': '* * * * * *' },
+  });
+});
+
+after(async () => {
+  await dp?.stop();
+  await dls?.stop();
+  for (const f of Object.values(fns)) f.server.close();
+});
+
+describe("what npm start sends and receives around Knative's Broker", () => {
+  it("system.ping() sends what mtping sends for the manifests' PingSource, header for header", async (t) => {
+    const isPing = (h: Hit) => h.headers['ce-type'] === PING_EVENT_TYPE;
+    const tick = await eventually('a tick of PingSource captf-resync at mirror-sync', async () =>
+      fns['mirror-sync'].hits.find(isPing),
     );
-    // Every attempt is the same event.
-    assert.equal(new Set(received.map((r) => r.headers['ce-id'])).size, 1);
+    const msg = pingMessage('captf-resync', namespace);
+    const res = await fetch(dp.brokerUrl, { method: 'POST', headers: msg.headers, body: msg.body });
+    assert.equal(res.status, 202);
+    const ours = fns['mirror-sync'].hits.find((h) => h.headers['ce-id'] === msg.headers['ce-id']);
+    assert.ok(ours, 'the Trigger captf-mirror-sync-resync routed our ping to mirror-sync');
+    const attrs = (h: IncomingHttpHeaders) =>
+      Object.fromEntries(
+        Object.entries(h)
+          .filter(([k]) => k.startsWith('ce-') || ['content-type', 'kn-namespace', 'prefer'].includes(k))
+          .filter(([k]) => !['ce-id', 'ce-time', 'ce-knativearrivaltime'].includes(k))
+          .sort(([x], [y]) => x.localeCompare(y)),
+      );
+    t.diagnostic(`mtping's tick as delivered: ${JSON.stringify(attrs(tick.headers))}`);
+    assert.deepEqual(attrs(ours.headers), attrs(tick.headers));
+    assert.equal(ours.body, tick.body, 'the same data, byte for byte');
+    for (const h of [tick, ours])
+      assert.ok(!Number.isNaN(Date.parse(String(h.headers['ce-time']))), 'both carry a time');
+    assert.equal(
+      fns['identity-status'].hits.filter((h) => h.headers['ce-id'] === msg.headers['ce-id']).length,
+      0,
+      'and no other function got it',
+    );
   });
 
-  it('gives up on a 4xx at once (a dead-letter sink would get it)', async () => {
-    const { reports, received } = await run([400]);
-    assert.equal(received.length, 1);
-    assert.deepEqual(
-      reports.map((r) => [r.status, r.attempts, r.failed]),
-      [[400, 1, true]],
-    );
-  });
-
-  it('gives up after 1 + retries attempts when the sink keeps failing or is unreachable', async () => {
-    const failing = await run([503, 503, 503, 503], { retries: 2 });
-    assert.equal(failing.received.length, 3);
-    assert.deepEqual(
-      failing.reports.map((r) => [r.status, r.attempts, r.failed]),
-      [[503, 3, true]],
-    );
-    const closed = await startSink();
-    closed.server.close();
-    const unreachable = await run([], { retries: 1 }, closed.url);
-    assert.deepEqual(
-      unreachable.reports.map((r) => [r.status, r.attempts, r.failed]),
-      [[0, 2, true]],
-    );
-  });
-
-  it('keeps at most maxQueue events waiting, dropping the oldest', async () => {
-    let release!: () => void;
-    const hold = new Promise<void>((r) => (release = r));
-    const sink = await startSink([], { hold });
-    servers.push(sink.server);
-    const reports: DeliveryReport[] = [];
-    const d = new Delivery(sink.url, { concurrency: 1, maxQueue: 2, onReport: (r) => reports.push(r) });
-    for (const name of ['n0', 'n1', 'n2', 'n3'])
-      d.send(refEvent('add', { apiVersion: 'v1', kind: 'Namespace', name }, 'https://h'));
-    release();
-    await d.idle();
-    // n0 was in flight; n1 was dropped when n3 arrived; n2 and n3 were delivered.
-    assert.deepEqual(
-      sink.received.map((r) => r.headers['ce-name']),
-      ['n0', 'n2', 'n3'],
-    );
-    assert.deepEqual(
-      reports.filter((r) => r.failed).map((r) => [r.subject.split('/').pop(), r.error]),
-      [['n1', 'queue full; dropped the oldest event']],
-    );
+  it('the dead-letter sink reads what Knative gives up on: after the retries for a 5xx, at once for a 400', async () => {
+    const tc = (id: string) =>
+      apiServerEvent(
+        {
+          apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+          kind: 'TerraformCluster',
+          metadata: { name: 'prod', namespace: 'team-a' },
+        },
+        'ref',
+        'add',
+        'terraformclusters',
+      ).cloneWith({ id });
+    for (const id of ['fail-1', 'bad-1']) assert.equal((await postEvents(dp.brokerUrl, tc(id))).status, 202, id);
+    const attempts = (id: string) => fns['mirror-sync'].hits.filter((h) => h.headers['ce-id'] === id).length;
+    assert.equal(attempts('fail-1'), 2, 'the first try and the one retry of the test copy');
+    assert.equal(attempts('bad-1'), 1, 'a 400 is not retried');
+    assert.equal(letters.length, 2);
+    for (const [letter, code, error] of [
+      [letters[0]!, '500', 'the API server is unavailable'],
+      [letters[1]!, '400', 'not an event this function takes'],
+    ] as const) {
+      assert.deepEqual(letter, {
+        type: 'dev.knative.apiserver.ref.add',
+        about: 'TerraformCluster team-a/prod',
+        code,
+        trigger: 'captf-mirror-sync-ref-add',
+        destination: fns['mirror-sync'].url,
+        error,
+      });
+    }
   });
 });
 

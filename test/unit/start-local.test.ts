@@ -1,13 +1,14 @@
 /**
- * The pure parts of the local mode (scripts/local/): the CloudEvents it builds, durations,
- * the readable lines made from the functions' JSON logs, and mirror change lines.
+ * The pure parts of the local mode (scripts/local/): the ping it sends to the Broker,
+ * durations and the PingSource schedules made of them, dead letters, the readable lines made
+ * from the functions' JSON logs and Knative's, and mirror change lines.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { attributesOf, describeDeadLetter } from '../../scripts/local/dead-letters.ts';
-import { guessPlural, parseDuration, pingMessage, refEvent } from '../../scripts/local/events.ts';
+import { cronSchedule, parseDuration, pingMessage, watchPaths } from '../../scripts/local/events.ts';
 import {
   LogPrinter,
   adapterLine,
@@ -20,74 +21,34 @@ import {
 
 const kinds = consumerKindsFromEnv({});
 
-describe('guessPlural follows apimachinery UnsafeGuessKindToResource', () => {
-  for (const [kind, plural] of [
-    ['TerraformCluster', 'terraformclusters'],
-    ['TerraformClusterIdentity', 'terraformclusteridentities'],
-    ['Namespace', 'namespaces'],
-    ['Ingress', 'ingresses'],
-    ['Endpoints', 'endpoints'],
-    ['Policy', 'policies'],
-  ] as const) {
-    it(`${kind} → ${plural}`, () => assert.equal(guessPlural(kind), plural));
-  }
-});
-
-describe('refEvent builds what the ApiServerSource adapter sends in Reference mode', () => {
-  it('a namespaced consumer: subject, extensions and a Go-ordered ObjectReference body', () => {
-    const m = refEvent(
-      'update',
-      {
-        apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-        kind: 'TerraformCluster',
-        name: 'prod',
-        namespace: 'team-a',
-      },
-      'https://127.0.0.1:6443',
-    );
-    assert.equal(m.headers['ce-type'], 'dev.knative.apiserver.ref.update');
-    assert.equal(m.headers['ce-source'], 'https://127.0.0.1:6443');
-    assert.equal(
-      m.headers['ce-subject'],
-      '/apis/infrastructure.cluster.x-k8s.io/v1beta2/namespaces/team-a/terraformclusters/prod',
-    );
-    assert.equal(m.headers['ce-kind'], 'TerraformCluster');
-    assert.equal(m.headers['ce-apiversion'], 'infrastructure.cluster.x-k8s.io/v1beta2');
-    assert.equal(m.headers['ce-name'], 'prod');
-    assert.equal(m.headers['ce-namespace'], 'team-a');
-    assert.equal(m.headers['content-type'], 'application/json');
-    assert.equal(m.headers['kn-namespace'], 'captf-system');
-    assert.match(m.headers['ce-id']!, /^[0-9a-f-]{36}$/);
-    assert.ok(!Number.isNaN(Date.parse(m.headers['ce-time']!)));
-    assert.equal(
-      m.body,
-      '{"kind":"TerraformCluster","namespace":"team-a","name":"prod","apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2"}',
-    );
-    const req = classifyEvent(parseCloudEvents(m.headers, m.body)[0]!, kinds);
-    assert.ok(
-      req.type === 'object' &&
-        req.target === 'consumer' &&
-        req.verb === 'update' &&
-        req.ref.name === 'prod' &&
-        req.ref.namespace === 'team-a',
-    );
-  });
-
-  it('a cluster-scoped object keeps the empty namespace segment and an empty namespace extension', () => {
-    const m = refEvent('delete', { apiVersion: 'v1', kind: 'Namespace', name: 'team-a' }, 'https://h');
-    assert.equal(m.headers['ce-subject'], '/apis/v1/namespaces//namespaces/team-a');
-    assert.equal(m.headers['ce-namespace'], '');
-    assert.equal(m.body, '{"kind":"Namespace","name":"team-a","apiVersion":"v1"}');
-    const req = classifyEvent(parseCloudEvents(m.headers, m.body)[0]!, kinds);
-    assert.ok(req.type === 'object' && req.target === 'namespace' && req.verb === 'delete');
-  });
-
+describe('pingMessage: what system.ping() POSTs to the Broker', () => {
   it('a ping is a PingSource tick with data {}', () => {
     const m = pingMessage('captf-resync');
     assert.equal(m.headers['ce-type'], 'dev.knative.sources.ping');
     assert.equal(m.headers['ce-source'], '/apis/v1/namespaces/captf-system/pingsources/captf-resync');
+    assert.equal(m.headers['content-type'], 'application/json');
+    assert.equal(m.headers['kn-namespace'], 'captf-system');
+    assert.ok(!Number.isNaN(Date.parse(m.headers['ce-time']!)));
     assert.equal(m.body, '{}');
     assert.equal(classifyEvent(parseCloudEvents(m.headers, m.body)[0]!, kinds).type, 'ping');
+  });
+});
+
+describe('watchPaths: what the adapter will list and watch', () => {
+  it('core resources under /api, others under /apis', () => {
+    const gvr = (Group: string, Version: string, Resource: string) => ({ gvr: { Group, Version, Resource } });
+    assert.deepEqual(
+      watchPaths({
+        namespaces: [],
+        allNamespaces: true,
+        mode: 'Reference',
+        resources: [
+          gvr('infrastructure.cluster.x-k8s.io', 'v1beta2', 'terraformclusters'),
+          gvr('', 'v1', 'namespaces'),
+        ],
+      }),
+      ['/apis/infrastructure.cluster.x-k8s.io/v1beta2/terraformclusters', '/api/v1/namespaces'],
+    );
   });
 });
 
@@ -104,6 +65,30 @@ describe('parseDuration', () => {
   }
   for (const bad of ['', '30', 's', '5 m', '-1s', '0s', '5d', '1m x']) {
     it(`rejects ${JSON.stringify(bad)}`, () => assert.throws(() => parseDuration(bad), /not a duration/));
+  }
+});
+
+describe('cronSchedule: --status/--resync as the PingSource schedules mtping runs', () => {
+  for (const [ms, cron] of [
+    [1000, '*/1 * * * * *'],
+    [2000, '*/2 * * * * *'],
+    [30_000, '*/30 * * * * *'],
+    [60_000, '*/1 * * * *'],
+    [5 * 60_000, '*/5 * * * *'],
+    [10 * 60_000, '*/10 * * * *'],
+    [3_600_000, '0 */1 * * *'],
+    [6 * 3_600_000, '0 */6 * * *'],
+    [24 * 3_600_000, '0 0 * * *'],
+  ] as const) {
+    it(`${ms} ms → ${cron}`, () => assert.equal(cronSchedule(ms), cron));
+  }
+  it("5m and 10m are the manifests' own schedules", () => {
+    assert.equal(cronSchedule(parseDuration('5m')), '*/5 * * * *');
+    assert.equal(cronSchedule(parseDuration('10m')), '*/10 * * * *');
+  });
+  for (const bad of [500, 1500, 7000, 45_000, 90_000, 7 * 60_000, 5 * 3_600_000, 48 * 3_600_000]) {
+    it(`rejects ${bad} ms: cron cannot fire at that interval`, () =>
+      assert.throws(() => cronSchedule(bad), /cannot be a PingSource schedule/));
   }
 });
 
