@@ -5,7 +5,8 @@
  * widened — concurrently, for a while. Events go from the real ApiServerSource adapter
  * through Knative's Broker (the rendered manifests) and a chaos proxy that duplicates,
  * reorders and drops them, deterministically from a seed (printed; `CAPTF_CHURN_SEED=<n>`
- * replays it; `CAPTF_CHURN_SECONDS` sets the length). During the storm a watch keeps every
+ * replays it; `CAPTF_CHURN_SECONDS` sets the length, `CAPTF_CHURN_RATE` a pace in operations
+ * per second). During the storm a watch keeps every
  * mirror's timeline; afterwards:
  * - no mirror was ever deleted while a live, allowed consumer used it;
  * - for revocations whose event was delivered, no mirror stayed in a namespace outside its
@@ -45,6 +46,8 @@ const a = admin();
 const ns = namespaces('churn');
 const SEED = Number(process.env.CAPTF_CHURN_SEED ?? Math.floor(Math.random() * 2 ** 31));
 const SECONDS = Number(process.env.CAPTF_CHURN_SECONDS ?? 20);
+/** Operations per second at most (0: as fast as one writer goes). Long storms need a pace the serial Broker can drain. */
+const RATE = Number(process.env.CAPTF_CHURN_RATE ?? 0);
 const CONSUMERS = 200;
 const NAMESPACE_COUNT = 20;
 /** Slack for "at once": the Broker's hop, a delayed event, a reconcile. */
@@ -233,7 +236,12 @@ async function storm(random: () => number): Promise<{ ops: number }> {
   };
   const deadline = performance.now() + SECONDS * 1000;
   // One writer at a time keeps the model's record of allowance exact; events still pile up.
-  while (performance.now() < deadline) await step();
+  const t0 = performance.now();
+  while (performance.now() < deadline) {
+    await step();
+    const next = t0 + (ops * 1000) / (RATE || Infinity);
+    if (next > performance.now()) await new Promise((r) => setTimeout(r, next - performance.now()));
+  }
   return { ops };
 }
 
