@@ -4,9 +4,20 @@
  *   ResponseComplete; every function runs as its own client-certificate user);
  * - bytes the API server sent for reads, from its `apiserver_response_sizes` histogram (the
  *   API server records it for GET and LIST only);
- * - peak RSS and open sockets of a process, sampled from /proc while a row runs.
+ * - peak RSS and open sockets of a process, sampled from /proc while a row runs;
+ * - CPU time a process used over a window, from /proc/<pid>/stat.
  */
-import { closeSync, openSync, readSync, readFileSync, readdirSync, readlinkSync, statSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import {
+  closeSync,
+  openSync,
+  readSync,
+  readFileSync,
+  readdirSync,
+  readlinkSync,
+  realpathSync,
+  statSync,
+} from 'node:fs';
 import type { BenchClient } from './client.ts';
 
 /** Requests one user made in a window. */
@@ -197,5 +208,62 @@ export function samplePeaks(pids: Record<string, number>, everyMs = 50): { stop(
       sample();
       return peaks;
     },
+  };
+}
+
+/** Clock ticks per second of /proc/<pid>/stat's times (`getconf CLK_TCK`; 100 on Linux unless told otherwise). */
+const CLK_TCK = (() => {
+  try {
+    return Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100;
+  } catch {
+    return 100;
+  }
+})();
+
+/** CPU time (user + system) a process has used so far, in ms; 0 when it is gone. */
+export function cpuMs(pid: number): number {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return ((Number(f[11]) + Number(f[12])) * 1000) / CLK_TCK;
+  } catch {
+    return 0;
+  }
+}
+
+/** Processes whose parent is `parent` and whose executable is one of `executables` (paths resolved). */
+export function childrenRunning(parent: number, executables: readonly string[]): number[] {
+  const wanted = new Set(executables.map((e) => realpathSync(e)));
+  const out: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (ppid === parent && wanted.has(readlinkSync(`/proc/${entry}/exe`))) out.push(Number(entry));
+    } catch {
+      // gone meanwhile, or not ours to read
+    }
+  }
+  return out;
+}
+
+/**
+ * CPU time used by groups of processes over a window.
+ * @param groups label → pids.
+ * @returns `stop()`: ms of CPU each group used since the call (a process that exited meanwhile counts 0).
+ */
+export function measureCpu(groups: Record<string, readonly number[]>): { stop(): Record<string, number> } {
+  const at = (pids: readonly number[]) => pids.map(cpuMs);
+  const start = Object.fromEntries(Object.entries(groups).map(([k, pids]) => [k, at(pids)]));
+  return {
+    stop: () =>
+      Object.fromEntries(
+        Object.entries(groups).map(([k, pids]) => [
+          k,
+          at(pids).reduce((sum, t, i) => sum + Math.max(0, t - start[k]![i]!), 0),
+        ]),
+      ),
   };
 }

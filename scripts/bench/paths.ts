@@ -25,7 +25,7 @@
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { join } from 'node:path';
 import type { KubeConfig, KubernetesObject } from '@kubernetes/client-node';
-import { startEventingDataPlane, type EventingDataPlane } from '../eventing.ts';
+import { ensureEventingDataPlane, startEventingDataPlane, type EventingDataPlane } from '../eventing.ts';
 import {
   installEventingCRDs,
   startApiServerSourceAdapter,
@@ -35,6 +35,7 @@ import {
 import { sleep } from '../wait.ts';
 import type { BenchClient } from './client.ts';
 import { CHECK_ID_PREFIX, Front, knativeRetries } from './front.ts';
+import { childrenRunning } from './measure.ts';
 
 /** The delivery paths, in the order the bench runs them. */
 export const DELIVERY_PATHS = ['direct', 'broker', 'broker-async'] as const;
@@ -153,6 +154,15 @@ export class EventPaths {
       this.fronts[t].containerConcurrency = opts.containerConcurrency[t];
     this.fronts['identity-status'].setMode({ kind: 'deliver', targets: [opts.functions['identity-status'].url] });
     await this.startAdapter();
+  }
+
+  /**
+   * The Broker's processes on the event path (ingress, dispatcher, filter; not mtping, idle
+   * here), found again each time: a path switch restarts the dispatcher.
+   */
+  async brokerPids(): Promise<number[]> {
+    const bins = await ensureEventingDataPlane();
+    return childrenRunning(process.pid, [bins.ingress, bins.dispatcher, bins.filter]);
   }
 
   /** The sink the adapter sends to on `path`. */

@@ -14,7 +14,7 @@ import {
   spreadOver,
   type Consumer,
 } from '../fixtures.ts';
-import { responseBytes, samplePeaks, type Peaks, type RequestCounts } from '../measure.ts';
+import { measureCpu, responseBytes, samplePeaks, type Peaks, type RequestCounts } from '../measure.ts';
 import type { FrontCounts } from '../front.ts';
 import { USERS, type BenchSystem, type FunctionProcess } from '../system.ts';
 import type { Figure } from '../report.ts';
@@ -52,6 +52,8 @@ export interface BurstResult {
   deliveries: FrontCounts;
   /** Events the Broker gave up on (its dead-letter sink's requests). */
   deadLetters: number;
+  /** CPU time used over the burst by mirror-sync (every instance) and by the Broker's ingress, dispatcher and filter. */
+  cpuMs: Record<string, number>;
   consumers: number;
 }
 
@@ -176,6 +178,10 @@ export async function burst(
   const bytes0 = await responseBytes(sys.admin);
   events.resetCounts();
   const sampler = samplePeaks(opts.pids);
+  const cpu = measureCpu({
+    'mirror-sync': (opts.targets ?? [sys.functions['mirror-sync']]).map((t) => t.pid),
+    broker: await events.brokerPids(),
+  });
   try {
     const t0 = performance.now();
     await createConsumers(sys.admin, {
@@ -194,6 +200,7 @@ export async function burst(
       peaks: sampler.stop(),
       deliveries: { ...events.fronts['mirror-sync'].counts },
       deadLetters: events.deadLetters.counts.requests,
+      cpuMs: cpu.stop(),
       consumers: total,
     };
   } finally {

@@ -21,8 +21,9 @@ export const BURST_IDENTITY = 'bench-burst';
 /**
  * How a burst's events were delivered: retries (requests beyond one per event id at
  * mirror-sync's front: Knative keeps the id when it retries), dead letters, events per
- * consumer (its own event and the echo of mirror-sync's status write), and the most
- * deliveries the front held at once beyond containerConcurrency (scripts/bench/front.ts).
+ * consumer (its own event and the echo of mirror-sync's status write), the most deliveries
+ * the front held at once beyond containerConcurrency (scripts/bench/front.ts), and the CPU
+ * time mirror-sync and the Broker's ingress, dispatcher and filter used (idle on `direct`).
  */
 export function deliveryFigures(row: string, r: BurstResult): Figure[] {
   return [
@@ -30,6 +31,8 @@ export function deliveryFigures(row: string, r: BurstResult): Figure[] {
     { row, what: 'dead letters', unit: 'count', samples: [r.deadLetters] },
     { row, what: 'events delivered per consumer', unit: 'count', samples: [r.deliveries.events / r.consumers] },
     { row, what: 'deliveries held for a free slot, peak', unit: 'count', samples: [r.deliveries.peakHeld] },
+    { row, what: 'mirror-sync CPU time per consumer', unit: 'ms', samples: [r.cpuMs['mirror-sync']! / r.consumers] },
+    { row, what: 'Broker CPU time per consumer', unit: 'ms', samples: [r.cpuMs.broker! / r.consumers] },
   ];
 }
 
@@ -97,7 +100,7 @@ export async function fanInRows(ctx: RowContext, sizes: FanInSizes, path: Delive
     const base = await createsBaseline(ctx, n);
     const namespaces = Array.from({ length: n / 10 }, () => ctx.next('sp'));
     const r = await burst(ctx, { identity: BURST_IDENTITY, namespaces, perNamespace: 10, pids });
-    figures.push(...burstFigures(onPath(`spread N=${n}`, path), r, base).slice(0, 9));
+    figures.push(...burstFigures(onPath(`spread N=${n}`, path), r, base).slice(0, 11));
   }
   if (oneInstance && path === 'broker-async') figures.push(...(await twoInstances(ctx, sizes.concurrent, oneInstance)));
   return figures;
