@@ -14,7 +14,7 @@ import {
   type Consumer,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
-import { isNotFound, type Clients } from '../../functions/lib/kube.ts';
+import { isNotFound, retryOnConflict, type Clients } from '../../functions/lib/kube.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { apiServerEvent, postEvents } from './events.ts';
 
@@ -39,19 +39,8 @@ export async function putIdentity(
     spec: { secretRef, ...(allowedNamespaces === undefined ? {} : { allowedNamespaces }) },
   };
   try {
-    const cur = (await a.custom.getClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      name,
-    })) as TerraformClusterIdentity;
-    return (await a.custom.replaceClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      name,
-      body: { ...body, metadata: { ...body.metadata, resourceVersion: cur.metadata.resourceVersion } },
-    })) as TerraformClusterIdentity;
+    // A function may write the identity's status between the read and the write: read again.
+    return await retryOnConflict(() => replaceIdentity(a, name, body));
   } catch (err) {
     if (!isNotFound(err)) throw err;
     return (await a.custom.createClusterCustomObject({
@@ -61,6 +50,27 @@ export async function putIdentity(
       body,
     })) as TerraformClusterIdentity;
   }
+}
+
+/** Replaces an identity's spec and labels at the resourceVersion just read. @throws 404 when there is none. */
+async function replaceIdentity(
+  a: Clients,
+  name: string,
+  body: { metadata: Record<string, unknown> },
+): Promise<TerraformClusterIdentity> {
+  const cur = (await a.custom.getClusterCustomObject({
+    group: GROUP,
+    version: VERSION,
+    plural: IDENTITY_PLURAL,
+    name,
+  })) as TerraformClusterIdentity;
+  return (await a.custom.replaceClusterCustomObject({
+    group: GROUP,
+    version: VERSION,
+    plural: IDENTITY_PLURAL,
+    name,
+    body: { ...body, metadata: { ...body.metadata, resourceVersion: cur.metadata.resourceVersion } },
+  })) as TerraformClusterIdentity;
 }
 
 /** Deletes an identity; ignores 404. */
