@@ -141,8 +141,21 @@ async function runSuites(churnSeconds: number): Promise<boolean> {
     child.stdout.on('data', (d: Buffer) => out.push(d.toString()));
     child.on('close', (c) => resolve(c ?? 1));
   });
-  console.log(suiteFigures(out.join('')));
+  const text = out.join('');
+  console.log(suiteFigures(text));
+  // What failed, so a soak failure can be read without running the suites again.
+  if (code !== 0) console.log(failureLines(text));
   return code === 0;
+}
+
+/** The failing tests and their first error lines from node:test's spec output. */
+function failureLines(text: string): string {
+  const at = text.indexOf('failing tests:');
+  return (at < 0 ? text.slice(-4000) : text.slice(at))
+    .split('\n')
+    .filter((l) => !/^\s+at /.test(l))
+    .slice(0, 60)
+    .join('\n');
 }
 
 /** The figures the suites print as diagnostics, gathered into one summary. */
