@@ -3,7 +3,7 @@
  * control plane, and a Knative-like delivery that retries 5xx answers.
  */
 import type { CloudEvent } from 'cloudevents';
-import type { V1Secret } from '@kubernetes/client-node';
+import { AdmissionregistrationV1Api, type V1Secret } from '@kubernetes/client-node';
 import {
   API_VERSION,
   GROUP,
@@ -182,3 +182,51 @@ export const consumerEvent = (
     verb,
     PLURAL[c.kind ?? 'TerraformCluster']!,
   );
+
+/**
+ * A ValidatingAdmissionPolicy (and its binding) that refuses `operations` on Secrets in the
+ * namespaces labelled `<label>=true`, with a careless message that may echo the Secret's data.
+ * @param policy.reason the Status reason it answers with (default Invalid: 422; Forbidden: 403).
+ * @returns a function that deletes both.
+ */
+export async function refuseSecrets(
+  a: Clients,
+  policy: { label: string; operations: string[]; messageExpression: string; reason?: string },
+): Promise<() => Promise<void>> {
+  const vap = a.kc.makeApiClient(AdmissionregistrationV1Api);
+  const name = policy.label;
+  await vap.createValidatingAdmissionPolicy({
+    body: {
+      metadata: { name },
+      spec: {
+        failurePolicy: 'Fail',
+        matchConstraints: {
+          resourceRules: [
+            { apiGroups: [''], apiVersions: ['v1'], operations: policy.operations, resources: ['secrets'] },
+          ],
+        },
+        validations: [
+          {
+            expression: 'false',
+            messageExpression: policy.messageExpression,
+            ...(policy.reason ? { reason: policy.reason } : {}),
+          },
+        ],
+      },
+    },
+  });
+  await vap.createValidatingAdmissionPolicyBinding({
+    body: {
+      metadata: { name },
+      spec: {
+        policyName: name,
+        validationActions: ['Deny'],
+        matchResources: { namespaceSelector: { matchLabels: { [policy.label]: 'true' } } },
+      },
+    },
+  });
+  return async () => {
+    await vap.deleteValidatingAdmissionPolicyBinding({ name }).catch(() => undefined);
+    await vap.deleteValidatingAdmissionPolicy({ name }).catch(() => undefined);
+  };
+}

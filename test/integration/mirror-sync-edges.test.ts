@@ -7,7 +7,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { AdmissionregistrationV1Api, ApiextensionsV1Api, KubeConfig } from '@kubernetes/client-node';
+import { ApiextensionsV1Api, KubeConfig } from '@kubernetes/client-node';
 import { API_VERSION, GROUP, VERSION, type Consumer } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { LABEL_MIRRORED, ANNOTATION_IDENTITY, mirrorName } from '../../functions/lib/mirror.ts';
@@ -25,6 +25,7 @@ import {
   getConsumer,
   getMirror,
   putIdentity,
+  refuseSecrets,
 } from '../helpers/mirror-sync.ts';
 
 const a = admin();
@@ -238,36 +239,15 @@ describe('a write refused for good says why and is not retried (issue 14 items 5
     kc.loadFromFile(u.kubeconfigPath);
     const other = await start({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: log.logger, env: {} });
     ns.onCleanup(() => other.close());
-    const vap = a.kc.makeApiClient(AdmissionregistrationV1Api);
-    await vap.createValidatingAdmissionPolicy({
-      body: {
-        metadata: { name: label },
-        spec: {
-          failurePolicy: 'Fail',
-          matchConstraints: {
-            resourceRules: [
-              { apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE', 'UPDATE'], resources: ['secrets'] },
-            ],
-          },
-          // Forbidden (403), with a message that echoes the data back: it must not reach the condition.
-          validations: [
-            { expression: 'false', reason: 'Forbidden', messageExpression: "'no: ' + string(object.data)" },
-          ],
-        },
-      },
-    });
-    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicy({ name: label }));
-    await vap.createValidatingAdmissionPolicyBinding({
-      body: {
-        metadata: { name: label },
-        spec: {
-          policyName: label,
-          validationActions: ['Deny'],
-          matchResources: { namespaceSelector: { matchLabels: { [label]: 'true' } } },
-        },
-      },
-    });
-    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicyBinding({ name: label }));
+    // Forbidden (403), with a message that echoes the data back: it must not reach the condition.
+    ns.onCleanup(
+      await refuseSecrets(a, {
+        label,
+        operations: ['CREATE', 'UPDATE'],
+        messageExpression: "'no: ' + string(object.data)",
+        reason: 'Forbidden',
+      }),
+    );
     const c = await createConsumer(a, n, 'refused', id);
     const cond = await eventually(
       'the policy to refuse the mirror write',
@@ -333,32 +313,14 @@ describe('a revocation the API server refuses says so (issue 14, found by review
     const c = await createConsumer(a, n, 'kept', id);
     assert.equal((await deliver(url, consumerEvent(c), { retries: 0 })).status, 200);
     assert.ok(await getMirror(a, n, id));
-    const vap = a.kc.makeApiClient(AdmissionregistrationV1Api);
-    await vap.createValidatingAdmissionPolicy({
-      body: {
-        metadata: { name: label },
-        spec: {
-          failurePolicy: 'Fail',
-          matchConstraints: {
-            resourceRules: [{ apiGroups: [''], apiVersions: ['v1'], operations: ['DELETE'], resources: ['secrets'] }],
-          },
-          // A careless policy that echoes the data of the Secret being deleted.
-          validations: [{ expression: 'false', messageExpression: "'keep: ' + string(oldObject.data)" }],
-        },
-      },
-    });
-    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicy({ name: label }));
-    await vap.createValidatingAdmissionPolicyBinding({
-      body: {
-        metadata: { name: label },
-        spec: {
-          policyName: label,
-          validationActions: ['Deny'],
-          matchResources: { namespaceSelector: { matchLabels: { [label]: 'true' } } },
-        },
-      },
-    });
-    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicyBinding({ name: label }));
+    // A careless policy that echoes the data of the Secret being deleted.
+    ns.onCleanup(
+      await refuseSecrets(a, {
+        label,
+        operations: ['DELETE'],
+        messageExpression: "'keep: ' + string(oldObject.data)",
+      }),
+    );
     // The policy takes a moment to be enforced: wait until it refuses deleting a probe Secret.
     await a.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: 'probe' } } });
     await eventually(

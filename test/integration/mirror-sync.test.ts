@@ -27,6 +27,7 @@ import {
   getConsumer,
   getMirror,
   putIdentity,
+  refuseSecrets,
 } from '../helpers/mirror-sync.ts';
 import { scanLater } from '../helpers/leaks.ts';
 
@@ -806,35 +807,14 @@ describe('errors never carry Secret data (SPEC §15)', () => {
     const label = `captf-test-vap-${suffix()}`;
     const n = await ns.create({ [label]: 'true' });
     const id = await newIdentity({ list: [n] });
-    const admReg = await import('@kubernetes/client-node');
-    const vap = a.kc.makeApiClient(admReg.AdmissionregistrationV1Api);
     // A careless policy whose message echoes the Secret's data back to the writer.
-    await vap.createValidatingAdmissionPolicy({
-      body: {
-        metadata: { name: label },
-        spec: {
-          failurePolicy: 'Fail',
-          matchConstraints: {
-            resourceRules: [
-              { apiGroups: [''], apiVersions: ['v1'], operations: ['CREATE', 'UPDATE'], resources: ['secrets'] },
-            ],
-          },
-          validations: [{ expression: 'false', messageExpression: "'rejected data: ' + string(object.data)" }],
-        },
-      },
-    });
-    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicy({ name: label }));
-    await vap.createValidatingAdmissionPolicyBinding({
-      body: {
-        metadata: { name: label },
-        spec: {
-          policyName: label,
-          validationActions: ['Deny'],
-          matchResources: { namespaceSelector: { matchLabels: { [label]: 'true' } } },
-        },
-      },
-    });
-    ns.onCleanup(() => vap.deleteValidatingAdmissionPolicyBinding({ name: label }));
+    ns.onCleanup(
+      await refuseSecrets(a, {
+        label,
+        operations: ['CREATE', 'UPDATE'],
+        messageExpression: "'rejected data: ' + string(object.data)",
+      }),
+    );
     const c = await createConsumer(a, n, 'refused', id);
     // The policy takes a moment to be enforced; until then the write may succeed.
     await eventually(
