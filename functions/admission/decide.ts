@@ -8,6 +8,7 @@ import { isDeepStrictEqual } from 'node:util';
 import type { AllowedNamespaces } from '../lib/api.ts';
 import { isNamespaceAllowed, validateAllowedNamespaces } from '../lib/allowed-namespaces.ts';
 import { validateIdentitySpec } from '../lib/identity-spec.ts';
+import { isReservedSourceName, reservedSourceMessage } from '../lib/mirror.ts';
 import { isWidening, mayRevoke } from '../lib/widening.ts';
 
 /** `request.userInfo` of an AdmissionReview (`authentication.k8s.io/v1` UserInfo). */
@@ -154,11 +155,26 @@ function invalidSpec(req: IdentityRequest): Plan | undefined {
   return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${errors.join('; ')}`) };
 }
 
+/**
+ * SPEC §3, §10: a `secretRef.name` with the mirror prefix names a mirror, and a mirror is never
+ * a source; denied before any SubjectAccessReview (being allowed to read a mirror must not let
+ * anyone republish it). Checked on CREATE and on an UPDATE that changes `secretRef` only, so an
+ * identity stored before the rule can still be narrowed or lose its finalizers.
+ */
+function reservedSource(req: IdentityRequest, ref: SecretKey): Plan | undefined {
+  if (!isReservedSourceName(ref.name)) return undefined;
+  const what = `TerraformClusterIdentity ${JSON.stringify(nameOf(req))}`;
+  return { action: 'deny', decision: deny(422, 'Invalid', `${what} is invalid: ${reservedSourceMessage(ref.name)}`) };
+}
+
 function planCreate(req: IdentityRequest): Plan {
+  const invalid = invalidSpec(req);
+  if (invalid) return invalid;
+  const secret = secretRefOf(req.object)!;
   return (
-    invalidSpec(req) ?? {
+    reservedSource(req, secret) ?? {
       action: 'check-secret-access',
-      secret: secretRefOf(req.object)!,
+      secret,
       rule: 'creating an identity requires permission to get the Secret it names',
     }
   );
@@ -177,6 +193,8 @@ function planUpdate(req: IdentityRequest): Plan {
   const invalid = invalidSpec(req);
   if (invalid) return invalid;
   const newRef = secretRefOf(req.object)!;
+  const reserved = secretRefChanged(req, newRef) ? reservedSource(req, newRef) : undefined;
+  if (reserved) return reserved;
   const notes = updateNotes(req, newRef);
   const rule = secretAccessRule(req, newRef);
   if (rule) return { action: 'check-secret-access', secret: newRef, rule, notes };

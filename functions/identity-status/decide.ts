@@ -5,6 +5,7 @@
  */
 import { API_VERSION, IDENTITY_KIND, type Condition, type TerraformClusterIdentity } from '../lib/api.ts';
 import { conditionChanged, getCondition, setCondition, type ConditionInput } from '../lib/conditions.ts';
+import { reservedSourceMessage } from '../lib/mirror.ts';
 
 /** Condition type this function owns on identities (SPEC §9). */
 export const READY = 'Ready';
@@ -15,12 +16,15 @@ export const REASON_SECRET_FOUND = 'SecretFound';
 export const REASON_SECRET_NOT_FOUND = 'SecretNotFound';
 /** `Ready=False`: the source Secret's GET answered 403 to this function's user (SPEC §9). */
 export const REASON_SECRET_UNREADABLE = 'SecretUnreadable';
+/** `Ready=False`: `spec.secretRef.name` has the prefix reserved for mirrors; the identity is inert (SPEC §3, §9). */
+export const REASON_SECRET_IS_MIRROR = 'SecretIsMirror';
 
 /**
  * What a direct GET of the source Secret said: it exists, the API answered 404, or it
- * answered 403 to this function's user. Any other answer is an error the caller retries.
+ * answered 403 to this function's user; or `is-mirror`: the name is reserved for mirrors, so
+ * it was not read at all. Any other answer is an error the caller retries.
  */
-export type SourceState = 'found' | 'not-found' | 'forbidden';
+export type SourceState = 'found' | 'not-found' | 'forbidden' | 'is-mirror';
 
 /** Where an identity is in use: namespaces of consumers that reference it and of its mirrors. */
 export interface Usage {
@@ -44,7 +48,7 @@ export interface StatusDecision {
  * SPEC §9: the `Ready` condition for a source Secret state.
  * @param identity the identity as read (its `spec.secretRef` and `metadata.generation`).
  * @param source the direct GET's outcome.
- * @returns type `Ready`: True/SecretFound, False/SecretNotFound or False/SecretUnreadable,
+ * @returns type `Ready`: True/SecretFound, False/SecretNotFound, False/SecretUnreadable or False/SecretIsMirror,
  *   with `observedGeneration` = the identity's generation. Messages name the Secret, never data.
  */
 export function readyCondition(identity: TerraformClusterIdentity, source: SourceState): ConditionInput {
@@ -68,6 +72,13 @@ export function readyCondition(identity: TerraformClusterIdentity, source: Sourc
         status: 'False',
         reason: REASON_SECRET_UNREADABLE,
         message: `identity-status is not allowed to get source Secret ${where} (403); grant its service account get on that Secret`,
+      };
+    case 'is-mirror':
+      return {
+        ...base,
+        status: 'False',
+        reason: REASON_SECRET_IS_MIRROR,
+        message: `inert: ${reservedSourceMessage(ref?.name ?? '')}; nothing is copied from it and its mirrors are deleted`,
       };
   }
 }

@@ -20,7 +20,15 @@ import {
 import { PAGE_SIZE, consumersOfIdentity, listConsumers } from '../lib/consumers.ts';
 import { describeError, isForbidden, isNotFound, listAllPages, retryOnConflict, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
+import {
+  ANNOTATION_IDENTITY,
+  LABEL_MIRRORED,
+  isOurs,
+  isReservedSourceName,
+  mirrorName,
+  namesSecret,
+  type SecretLike,
+} from '../lib/mirror.ts';
 import { decideStatus, statusApplyBody, type SourceState, type Usage } from './decide.ts';
 
 /** What a refresh needs; built per request by the handler. */
@@ -114,9 +122,10 @@ async function* listMirrors(
     const secret = s as SecretLike;
     const identity = secret.metadata?.annotations?.[ANNOTATION_IDENTITY];
     // SPEC §3: ours = label + matching annotation; the mirror is the one with the mirror's name.
+    // The identity's own source is taken out once the identity is known (withoutOwnSource).
     if (
       identity &&
-      isOurs(secret, identity) &&
+      isOurs(secret, identity, undefined) &&
       secret.metadata?.name === mirrorName(identity) &&
       secret.metadata.namespace
     ) {
@@ -160,6 +169,17 @@ async function usageOfOne(deps: RefreshDeps, name: string): Promise<Usage> {
 }
 
 /**
+ * The usage without the namespace whose Secret at the mirror's name is the identity's own
+ * source (SPEC §3: that Secret is not its mirror, whatever its labels).
+ */
+function withoutOwnSource(identity: TerraformClusterIdentity, usage: Usage): Usage {
+  const name = identity.metadata.name ?? '';
+  const ref = identity.spec?.secretRef;
+  const own = (ns: string) => namesSecret(ref, { metadata: { namespace: ns, name: mirrorName(name) } });
+  return { ...usage, mirrorNamespaces: [...usage.mirrorNamespaces].filter((ns) => !own(ns)) };
+}
+
+/**
  * SPEC §9: GETs the source Secret directly (never cached), metadata only.
  * @returns found / not-found (404) / forbidden (403).
  * @throws any other API error (retryable).
@@ -167,6 +187,8 @@ async function usageOfOne(deps: RefreshDeps, name: string): Promise<Usage> {
 async function sourceState(deps: RefreshDeps, identity: TerraformClusterIdentity): Promise<SourceState> {
   const ref = identity.spec?.secretRef;
   if (!ref?.name || !ref.namespace) return 'not-found';
+  // A mirror is never a source (SPEC §3): such a name is not even read.
+  if (isReservedSourceName(ref.name)) return 'is-mirror';
   try {
     await deps.clients.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }, METADATA);
     return 'found';
@@ -202,7 +224,7 @@ export async function refreshIdentity(
         current = await getIdentity(deps, name);
         if (!current) return { identity: name, outcome: 'gone', durationMs: 0 };
       }
-      const use = attempt === 1 && usage ? usage : await usageOfOne(deps, name);
+      const use = withoutOwnSource(current, attempt === 1 && usage ? usage : await usageOfOne(deps, name));
       const source = await sourceState(deps, current);
       const decision = decideStatus(current, source, use, deps.now?.() ?? new Date());
       if (decision.changed.length > 0) {

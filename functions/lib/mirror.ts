@@ -3,9 +3,13 @@
  * makes a Secret "ours", when it is current, and the owner references it carries. Pure.
  */
 import { createHash } from 'node:crypto';
-import type { Consumer, OwnerReference } from './api.ts';
+import type { Consumer, OwnerReference, SecretRef } from './api.ts';
 
-/** Name prefix of every mirror Secret. */
+/**
+ * Name prefix of every mirror Secret, reserved for mirrors (SPEC §3): an identity whose
+ * `spec.secretRef.name` starts with it is refused at admission and by the CRD's CEL rule, and
+ * one stored anyway is inert ({@link isReservedSourceName}).
+ */
 export const MIRROR_PREFIX = 'captf-creds-';
 /** Label that marks a Secret as a mirror (SPEC §3). */
 export const LABEL_MIRRORED = 'captf.io/mirrored';
@@ -89,14 +93,59 @@ export function sourceHash(data: SecretData | undefined | null): string {
 }
 
 /**
- * SPEC §3: is this Secret a mirror of `identityName`? Only if it carries label
- * `captf.io/mirrored=true` and annotation `captf.io/identity=<identityName>`. A Secret that
- * is not ours is never written, patched or deleted.
+ * SPEC §3: does `name` (a `spec.secretRef.name`) carry the prefix reserved for mirrors? Such
+ * an identity would publish a mirror — another identity's credentials — as its own source, so
+ * it is refused at admission and by CEL, and one stored before those rules is inert: nothing
+ * is copied from it, and its own mirrors are deleted.
  */
-export function isOurs(secret: SecretLike | undefined, identityName: string): boolean {
+export function isReservedSourceName(name: string | undefined): boolean {
+  return typeof name === 'string' && name.startsWith(MIRROR_PREFIX);
+}
+
+/**
+ * The identity whose mirror a reserved Secret name would be, when the rest of the name can be
+ * an identity name (a hashed long-name mirror cannot be traced back: undefined).
+ */
+export function mirrorIdentityOf(name: string): string | undefined {
+  if (!isReservedSourceName(name)) return undefined;
+  const rest = name.slice(MIRROR_PREFIX.length);
+  return /^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/.test(rest) && mirrorName(rest) === name ? rest : undefined;
+}
+
+/**
+ * Why a reserved `spec.secretRef.name` is never a source, in one sentence shared by admission,
+ * identity-status and mirror-sync (SPEC §3, §9, §10).
+ */
+export function reservedSourceMessage(name: string): string {
+  const of = mirrorIdentityOf(name);
+  return `spec.secretRef.name ${JSON.stringify(name.slice(0, 253))} starts with ${MIRROR_PREFIX}, which is reserved for the mirrors mirror-sync writes${of ? ` (this is the name of TerraformClusterIdentity ${JSON.stringify(of)}'s mirror)` : ''}; a mirror is never a source: name the operator's own Secret`;
+}
+
+/** Does `ref` name exactly this Secret (namespace and name)? */
+export function namesSecret(ref: Partial<SecretRef> | undefined, secret: SecretLike | undefined): boolean {
+  const md = secret?.metadata;
+  return ref !== undefined && md !== undefined && ref.namespace === md.namespace && ref.name === md.name;
+}
+
+/**
+ * SPEC §3, the one ownership predicate every write path uses (create, update, delete, the
+ * resync) and every reader that counts mirrors: a Secret is the mirror of `identityName` only
+ * if it carries label `captf.io/mirrored=true`, annotation `captf.io/identity=<identityName>`,
+ * and is not the Secret that same identity names as its source (an operator's source that
+ * looks like the identity's own mirror is never written or deleted). No other identity's
+ * `secretRef` changes the answer: an inert identity naming another's mirror cannot make it
+ * "not ours" and so keep it alive past a revocation.
+ * @param sourceRef the identity's `spec.secretRef`; undefined when the identity does not exist.
+ */
+export function isOurs(
+  secret: SecretLike | undefined,
+  identityName: string,
+  sourceRef: Partial<SecretRef> | undefined,
+): boolean {
   return (
     secret?.metadata?.labels?.[LABEL_MIRRORED] === 'true' &&
-    secret.metadata.annotations?.[ANNOTATION_IDENTITY] === identityName
+    secret.metadata.annotations?.[ANNOTATION_IDENTITY] === identityName &&
+    !namesSecret(sourceRef, secret)
   );
 }
 

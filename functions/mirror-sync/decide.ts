@@ -17,9 +17,11 @@ import {
   groupOf,
   isCurrent,
   isOurs,
+  isReservedSourceName,
   mirrorName,
   mirrorOfLabel,
   ownerReferenceFor,
+  reservedSourceMessage,
   type SecretData,
   type SecretLike,
 } from '../lib/mirror.ts';
@@ -55,12 +57,6 @@ export interface Snapshot {
   source: SourceState | undefined;
   /** The Secret holding the mirror's name, if any (with data and resourceVersion). */
   mirror: (SecretLike & { metadata?: { uid?: string } }) | undefined;
-  /**
-   * Identities whose `spec.secretRef` names the Secret at the mirror's name (SPEC §3: a source
-   * is never a mirror, whatever its labels). Empty when none does, or when no Secret there
-   * looks like our mirror.
-   */
-  sourceOf: string[];
   /** Consumers in the namespace whose `spec.identityRef.name` is the identity (deleting ones included). */
   consumers: Consumer[];
   /**
@@ -72,7 +68,8 @@ export interface Snapshot {
 }
 
 /** How a consumer's reconcile ended (SPEC §4, §16). */
-export type Outcome = 'mirrored' | 'identity-not-found' | 'not-allowed' | 'source-not-found' | 'mirror-failed';
+export type Outcome =
+  'mirrored' | 'identity-not-found' | 'not-allowed' | 'source-not-found' | 'source-is-mirror' | 'mirror-failed';
 
 /** One consumer's part of a plan. */
 export interface ConsumerPlan {
@@ -96,7 +93,12 @@ export interface ConsumerPlan {
 export type MirrorAction =
   | { action: 'create'; body: SecretLike }
   | { action: 'update'; body: SecretLike }
-  | { action: 'delete'; secret: SecretLike & { metadata?: { uid?: string } }; why: 'revoked' | 'unused' }
+  | {
+      action: 'delete';
+      secret: SecretLike & { metadata?: { uid?: string } };
+      /** `revoked`: the namespace lost access; `unused`: no consumer left; `inert`: its identity names a mirror (SPEC §3). */
+      why: 'revoked' | 'unused' | 'inert';
+    }
   | { action: 'none' }
   | { action: 'blocked'; message: string };
 
@@ -231,7 +233,7 @@ interface Ctx {
   key: MirrorKey;
   name: string;
   existing: Snapshot['mirror'];
-  /** The Secret at the mirror's name is our mirror (labels, annotation, and no identity's source). */
+  /** The Secret at the mirror's name is our mirror (SPEC §3, {@link isOurs}). */
   ours: boolean;
   refs: OwnerReference[];
   /** Some owner reference points at a consumer kind (the mirror has users). */
@@ -261,6 +263,7 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
     snapshot.namespace !== undefined &&
     isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
   if (!allowed) return notAllowed(ctx);
+  if (isReservedSourceName(identity.spec?.secretRef?.name)) return inert(ctx, identity);
   if (ctx.existing && !ctx.ours) return blocked(ctx, inTheWay(ctx));
   const source = snapshot.source;
   if (source?.state !== 'found') return sourceMissing(ctx, identity, source);
@@ -276,7 +279,7 @@ function contextOf(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Ctx {
     key,
     name: mirrorName(key.identity),
     existing,
-    ours: existing !== undefined && isOurs(existing, key.identity) && snapshot.sourceOf.length === 0,
+    ours: existing !== undefined && isOurs(existing, key.identity, snapshot.identity?.spec?.secretRef),
     refs,
     users: refs.some((r) => isConsumerKindRef(kinds, r)),
     foreign: refs.some((r) => !isConsumerKindRef(kinds, r)),
@@ -287,14 +290,8 @@ function contextOf(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Ctx {
 const revoke = (ctx: Ctx): MirrorAction =>
   ctx.ours ? { action: 'delete', secret: ctx.existing!, why: 'revoked' } : { action: 'none' };
 
-/** When a revocation leaves a Secret in place because it is some identity's source, say so (SPEC §3). */
-const keptAsSource = (ctx: Ctx): string =>
-  ctx.existing && ctx.snapshot.sourceOf.length > 0
-    ? `; Secret ${ctx.key.namespace}/${ctx.name} is left in place: it is the source Secret of TerraformClusterIdentity ${ctx.snapshot.sourceOf.slice(0, 3).join(', ')}`
-    : '';
-
 function identityMissing(ctx: Ctx): Plan {
-  const message = `TerraformClusterIdentity ${ctx.key.identity} does not exist${keptAsSource(ctx)}`;
+  const message = `TerraformClusterIdentity ${ctx.key.identity} does not exist`;
   return {
     key: ctx.key,
     mirror: revoke(ctx),
@@ -312,8 +309,7 @@ function notAllowed(ctx: Ctx): Plan {
   const { key } = ctx;
   // The same words before and after the mirror is gone: a message that changed would be a
   // new condition write and a second Event for one revocation.
-  const kept = keptAsSource(ctx);
-  const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces); ${kept ? kept.slice(2) : 'no mirror is kept there'}`;
+  const message = `namespace ${key.namespace} is not allowed by TerraformClusterIdentity ${key.identity} (spec.allowedNamespaces); no mirror is kept there`;
   return {
     key,
     mirror: revoke(ctx),
@@ -365,13 +361,33 @@ export function clusterScopedPlan(c: Consumer): ConsumerPlan {
   };
 }
 
+/**
+ * SPEC §3: an identity whose `secretRef` names a mirror (stored before the rule, or around the
+ * webhook) is inert: nothing is copied from it, and its own mirror here — which may hold
+ * credentials copied before the rule — is deleted. Its consumers say `SourceIsMirror`.
+ */
+function inert(ctx: Ctx, identity: TerraformClusterIdentity): Plan {
+  const { key } = ctx;
+  const message = `TerraformClusterIdentity ${key.identity} is inert: ${reservedSourceMessage(identity.spec.secretRef.name)}; nothing is copied from it and its mirrors are deleted`;
+  return {
+    key,
+    mirror: ctx.ours ? { action: 'delete', secret: ctx.existing!, why: 'inert' } : { action: 'none' },
+    consumers: each(ctx, (c) => ({
+      outcome: 'source-is-mirror',
+      reason: 'SourceIsMirror',
+      message,
+      retry: false,
+      conditions: [
+        allowedCond(key, c),
+        { type: 'CredentialsMirrored', status: 'False', reason: 'SourceIsMirror', message, ...gen(c) },
+      ],
+    })),
+  };
+}
+
 /** Why the Secret at the mirror's name is not ours (SPEC §3). */
 function inTheWay(ctx: Ctx): string {
-  const { key, name, snapshot } = ctx;
-  if (snapshot.sourceOf.length > 0) {
-    const users = snapshot.sourceOf.slice(0, 3).join(', ') + (snapshot.sourceOf.length > 3 ? ', …' : '');
-    return `Secret ${key.namespace}/${name} is the source Secret of TerraformClusterIdentity ${users} (spec.secretRef), so it is never used as a mirror; move the source to another name or namespace so the mirror can be created`;
-  }
+  const { key, name } = ctx;
   return `Secret ${key.namespace}/${name} exists and is not a mirror of identity ${key.identity} (it lacks label captf.io/mirrored=true or annotation captf.io/identity=${key.identity}); rename or delete it so the mirror can be created`;
 }
 

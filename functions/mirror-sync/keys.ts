@@ -15,7 +15,14 @@ import type { ObjectRef } from '../lib/cloudevents.ts';
 import { consumersOfIdentity, findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, listAllPages, type Clients } from '../lib/kube.ts';
 import pLimit from 'p-limit';
-import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName, sameOwner } from '../lib/mirror.ts';
+import {
+  ANNOTATION_IDENTITY,
+  LABEL_MIRRORED,
+  isOurs,
+  isReservedSourceName,
+  mirrorName,
+  sameOwner,
+} from '../lib/mirror.ts';
 import type { ConsumerName } from './decide.ts';
 import { identitiesUsingSecret, readIdentity, readNamespace, readSource, type KeyWork } from './observe.ts';
 
@@ -113,9 +120,12 @@ async function formerMirrorKeys(
   return keys;
 }
 
-/** Our labels and annotation, and the mirror's name for that identity (SPEC §3). */
+/**
+ * Our labels and annotation, and the mirror's name for that identity (SPEC §3). It only finds
+ * keys: the reconcile of each key decides ownership again with the identity's `secretRef`.
+ */
 const isMirrorOf = (m: V1Secret, identity: string): boolean =>
-  isOurs(m, identity) && m.metadata?.name === mirrorName(identity);
+  isOurs(m, identity, undefined) && m.metadata?.name === mirrorName(identity);
 
 /**
  * Keys of one identity: every namespace where it has consumers or a mirror, seeded with the
@@ -149,7 +159,8 @@ export async function keysForIdentity(
   const namespaces = identity?.spec?.allowedNamespaces?.selector
     ? await readNamespaces(clients, [...byNamespace.keys()])
     : undefined;
-  const source = identity && byNamespace.size > 0 ? await readSource(clients, identity) : undefined;
+  const inert = isReservedSourceName(identity?.spec?.secretRef?.name);
+  const source = identity && !inert && byNamespace.size > 0 ? await readSource(clients, identity) : undefined;
   return [...byNamespace].map(([namespace, e]) => {
     const ns = namespaces?.get(namespace);
     return {
@@ -164,6 +175,7 @@ export async function keysForIdentity(
       },
       revoking:
         !identity ||
+        inert ||
         !isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: namespace, labels: ns?.labels ?? {} }),
     };
   });
@@ -202,7 +214,10 @@ export async function keysForNamespace(
       limit(async (): Promise<KeyWork> => {
         const idObj = await readIdentity(clients, identity);
         const allowed = Boolean(
-          idObj && ns && isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: namespace, labels: ns.labels }),
+          idObj &&
+          ns &&
+          !isReservedSourceName(idObj.spec?.secretRef?.name) &&
+          isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: namespace, labels: ns.labels }),
         );
         return {
           key: { namespace, identity },

@@ -17,7 +17,7 @@ import {
 } from '../lib/api.ts';
 import { findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, isForbidden, listAllPages, type Clients, type ListPage } from '../lib/kube.ts';
-import { isOurs, mirrorName, sourceHash } from '../lib/mirror.ts';
+import { isReservedSourceName, mirrorName, sourceHash } from '../lib/mirror.ts';
 import type { ConsumerName, MirrorKey, Snapshot, SourceState } from './decide.ts';
 
 /**
@@ -32,8 +32,6 @@ export interface Seed {
   mirror?: Snapshot['mirror'] | null;
   /** The key's consumers as the scope asks for them. */
   consumers?: Consumer[];
-  /** Identities whose source is the Secret at the mirror's name (see {@link Snapshot}). */
-  sourceOf?: string[];
 }
 
 /** One key to observe: which consumers to look at, and reads already made for it. */
@@ -125,16 +123,12 @@ async function getKeyConsumers(
 
 /**
  * Names of the identities whose `spec.secretRef` is `namespace/name`: one list on the
- * identity CRD's selectable fields (SPEC §3).
- * @param opts.fromCache serve it from the API server's watch cache (`resourceVersion=0`):
- *   no wait for the cache to catch up, at the price of possibly missing an identity written
- *   in the last moments. Reconciles use it for writes; deletes check again without it.
+ * identity CRD's selectable fields (the SPEC §8 fast path maps a source Secret's event to them).
  * @throws API errors of the list.
  */
 export async function identitiesUsingSecret(
   clients: Clients,
   secret: { namespace: string; name: string },
-  opts: { fromCache?: boolean } = {},
 ): Promise<string[]> {
   const list = await listAllPages(
     (cont) =>
@@ -143,7 +137,8 @@ export async function identitiesUsingSecret(
         version: VERSION,
         plural: IDENTITY_PLURAL,
         fieldSelector: `${SECRET_REF_FIELDS.namespace}=${secret.namespace},${SECRET_REF_FIELDS.name}=${secret.name}`,
-        ...(opts.fromCache ? { resourceVersion: '0' } : { limit: pageSize(), _continue: cont }),
+        limit: pageSize(),
+        _continue: cont,
       }) as Promise<ListPage<TerraformClusterIdentity>>,
   );
   return list.items.map((i) => i.metadata.name!).sort();
@@ -172,15 +167,24 @@ export async function observe(
   // then belongs to a consumer that existed before the read, so a consumer that arrived
   // meanwhile is never taken for a dead one — its write changes the mirror's resourceVersion
   // and ours conflicts.
-  const [consumers, source, sourceOf] = await Promise.all([
+  const [consumers, source] = await Promise.all([
     seed.consumers ??
       (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
-    // The source matters only where the mirror may exist.
-    identity && isAllowed(key, identity, namespace) ? (seed.source ?? readSource(clients, identity)) : undefined,
-    seed.sourceOf ?? sourcesAt(clients, key, mirror as Snapshot['mirror']),
+    identity && needsSource(key, identity, namespace) ? (seed.source ?? readSource(clients, identity)) : undefined,
   ]);
-  return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope, sourceOf };
+  return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope };
 }
+
+/**
+ * Is the source worth reading for this key? Only where a mirror may exist (the namespace is
+ * allowed), and never for an inert identity: a Secret with the mirror prefix is never read as
+ * a source (SPEC §3).
+ */
+export const needsSource = (
+  key: MirrorKey,
+  identity: TerraformClusterIdentity,
+  namespace: { labels?: Record<string, string> | undefined } | undefined,
+): boolean => !isReservedSourceName(identity.spec?.secretRef?.name) && isAllowed(key, identity, namespace);
 
 /** Is the key's namespace allowed by the identity (SPEC §2)? */
 const isAllowed = (
@@ -190,13 +194,6 @@ const isAllowed = (
 ): boolean =>
   namespace !== undefined &&
   isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
-
-/** Identities whose source is the Secret at the mirror's name; only one that looks like our mirror could be taken for one. */
-async function sourcesAt(clients: Clients, key: MirrorKey, mirror: Snapshot['mirror']): Promise<string[]> {
-  return mirror && isOurs(mirror, key.identity)
-    ? identitiesUsingSecret(clients, { namespace: key.namespace, name: mirrorName(key.identity) }, { fromCache: true })
-    : [];
-}
 
 /** A seeded read (`null` = read and absent), or a fresh one. */
 async function seeded<T>(value: T | null | undefined, read: () => Promise<T | undefined>): Promise<T | undefined> {

@@ -105,6 +105,8 @@ export function prepareAnswer(r: PrepareOutcome, ready: boolean): Outcome {
       return { kind: 'forbidden', reason: 'IdentityNotAllowed', error: r.message };
     case 'mirror-failed':
       return { kind: 'conflict', reason: 'MirrorFailed', error: r.message };
+    case 'source-is-mirror':
+      return { kind: 'conflict', reason: 'SourceIsMirror', error: r.message };
     case 'source-not-found':
     case 'identity-not-found':
       return { kind: 'not-found', reason: r.reason, error: r.message };
@@ -199,7 +201,8 @@ export async function mirrorReadyFor(
   const m = await ignoreNotFound(
     clients.core.readNamespacedSecret({ name: mirrorName(key.identity), namespace: key.namespace }),
   );
-  if (!m || !isOurs(m as SecretLike, key.identity) || !isCurrent(m as SecretLike, hash)) return false;
+  // Only a mirror of an identity that is not inert reaches here, so no secretRef can match it.
+  if (!m || !isOurs(m as SecretLike, key.identity, undefined) || !isCurrent(m as SecretLike, hash)) return false;
   return (m.metadata?.ownerReferences ?? []).some(
     (r) => r.uid === owner.uid && r.kind === owner.kind && r.name === owner.name,
   );

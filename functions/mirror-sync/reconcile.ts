@@ -35,7 +35,7 @@ import {
   type Plan,
   type Snapshot,
 } from './decide.ts';
-import { identitiesUsingSecret, observe, readIdentity, readNamespace, type Seed } from './observe.ts';
+import { observe, readIdentity, readNamespace, type Seed } from './observe.ts';
 import { writeConditions, type WriteContext } from './status.ts';
 
 /** What a reconcile needs from its caller. */
@@ -113,7 +113,7 @@ async function writeMirror(clients: Clients, plan: Plan): Promise<Written> {
           }),
         };
       case 'delete':
-        await deleteBeforeCheckingSources(clients, plan, m.secret);
+        await deleteSecretIfUnchanged(clients, m.secret);
         return { action: 'deleted' };
       case 'blocked':
         return { action: 'blocked' };
@@ -122,7 +122,6 @@ async function writeMirror(clients: Clients, plan: Plan): Promise<Written> {
     }
   } catch (err) {
     if (isConflict(err)) throw new Conflict();
-    if (err instanceof SourceNow) throw err;
     // Bodies carry Secret data, and a webhook on DELETE sees it too: its message may echo it.
     throw redactApiError(err);
   }
@@ -134,27 +133,6 @@ interface Written {
   stored?: V1Secret;
 }
 
-/** The Secret became an identity's source after it was observed: decide again. */
-class SourceNow extends Error {}
-
-/**
- * SPEC §3: a source is never deleted. Deletes are rare, so the check is made again right
- * before one (an identity may have started naming the Secret since it was observed).
- * @throws SourceNow when some identity names it now.
- */
-async function deleteBeforeCheckingSources(
-  clients: Clients,
-  plan: Plan,
-  secret: Parameters<typeof deleteSecretIfUnchanged>[1],
-): Promise<void> {
-  const users = await identitiesUsingSecret(clients, {
-    namespace: plan.key.namespace,
-    name: mirrorName(plan.key.identity),
-  });
-  if (users.length > 0) throw new SourceNow();
-  await deleteSecretIfUnchanged(clients, secret);
-}
-
 /**
  * Did the API server store the mirror as written? A mutating webhook or policy may change
  * it on the way (e.g. the hash annotation or the data): then it is not current, and no
@@ -163,7 +141,9 @@ async function deleteBeforeCheckingSources(
 function storedAsWritten(plan: Plan, stored: V1Secret | undefined): boolean {
   if (!stored || plan.sourceHash === undefined) return true;
   const s = stored as SecretLike;
-  return isOurs(s, plan.key.identity) && isCurrent(s, plan.sourceHash);
+  // Stored as written means our labels and annotation kept and the data current; a mirror is
+  // only ever written for an identity whose source is not a mirror, so no source can match.
+  return isOurs(s, plan.key.identity, undefined) && isCurrent(s, plan.sourceHash);
 }
 
 /** Fresh reads: is the key's namespace still allowed by its identity (SPEC §2)? */
@@ -284,9 +264,9 @@ async function onWriteFailed(
   err: unknown,
 ): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
   const status = apiStatus(err);
-  // The mirror changed since it was read (409), went away (an update answers 404), or became
-  // an identity's source: observe again and decide again.
-  if (err instanceof Conflict || err instanceof SourceNow || status === 404) return 'conflict';
+  // The mirror changed since it was read (409) or went away (an update answers 404): observe
+  // again and decide again.
+  if (err instanceof Conflict || status === 404) return 'conflict';
   if (isTransient(status)) {
     // A retry can fix it: no condition, no Event; the caller answers 5xx and the delivery retries.
     const { verb, name } = writeOf(plan);

@@ -22,7 +22,7 @@ import { describeError, listAllPages, makeClients, type Clients, type ListPage }
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName } from '../lib/mirror.ts';
 import { planConditions } from '../lib/conditions.ts';
 import { decide, keyString, type MirrorKey, type Plan, type Snapshot, type SourceState } from './decide.ts';
-import { identitiesUsingSecret, readSource } from './observe.ts';
+import { needsSource, readSource } from './observe.ts';
 import type { KeyQueue } from './queue.ts';
 import { act, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
@@ -123,7 +123,7 @@ function groupByKey(lists: Lists): Map<string, Listed> {
   }
   for (const m of lists.mirrors) {
     const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
-    if (id && isOurs(m, id) && m.metadata?.name === mirrorName(id))
+    if (id && isOurs(m, id, lists.identities.get(id)?.spec?.secretRef) && m.metadata?.name === mirrorName(id))
       entry({ namespace: m.metadata.namespace!, identity: id }).mirror = m;
   }
   return keys;
@@ -230,39 +230,23 @@ async function sendKeys(pass: Pass, sink: string, keys: readonly Listed[]): Prom
   );
 }
 
-/** Identities by the Secret they name as source (`<namespace>/<name>`), SPEC §3. */
-function sourcesByName(identities: Map<string, TerraformClusterIdentity>): Map<string, string[]> {
-  const out = new Map<string, string[]>();
-  for (const [name, i] of identities) {
-    const id = `${i.spec?.secretRef?.namespace}/${i.spec?.secretRef?.name}`;
-    out.set(id, [...(out.get(id) ?? []), name].sort());
-  }
-  return out;
-}
-
 /** A key's snapshot from the lists (and its source, read once per pass). */
 async function snapshotOf(
   lists: Lists,
   { key, consumers, mirror }: Listed,
-  reads: {
-    readOnce: (i: TerraformClusterIdentity) => Promise<SourceState>;
-    sourceNames: Map<string, string[]>;
-  },
+  readOnce: (i: TerraformClusterIdentity) => Promise<SourceState>,
 ): Promise<Snapshot> {
   const identity = lists.identities.get(key.identity);
   const ns = lists.namespaces.get(key.namespace);
-  const labels = ns?.metadata?.labels;
-  const allowed =
-    identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
+  const namespace = ns ? { labels: ns.metadata?.labels } : undefined;
   return {
     key,
     identity,
-    namespace: ns ? { labels } : undefined,
-    source: allowed ? await reads.readOnce(identity) : undefined,
+    namespace,
+    source: identity && needsSource(key, identity, namespace) ? await readOnce(identity) : undefined,
     mirror,
     consumers,
     scope: 'all',
-    sourceOf: reads.sourceNames.get(`${key.namespace}/${mirrorName(key.identity)}`) ?? [],
   };
 }
 
@@ -275,11 +259,10 @@ async function reconcileListed(pass: Pass, lists: Lists, keys: readonly Listed[]
     if (!sources.has(id)) sources.set(id, readSource(pass.clients, i));
     return sources.get(id)!;
   };
-  const sourceNames = sourcesByName(lists.identities);
   const now = pass.deps.now?.() ?? new Date();
   const plans: Plan[] = [];
   for (const listed of keys) {
-    const snapshot = await snapshotOf(lists, listed, { readOnce, sourceNames });
+    const snapshot = await snapshotOf(lists, listed, readOnce);
     const plan = decide(snapshot, pass.deps.kinds);
     if (needsWork(plan, now)) plans.push(plan);
   }
@@ -297,11 +280,6 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
     // Only conditions to change: the lists may be minutes old and a status write carries
     // no precondition, so such a key is reconciled from fresh reads instead.
     if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked') return await pass.queue.run(plan.key, 'all');
-    // The identity list may be minutes old: an identity that started naming this mirror as its
-    // source since then must not have it rewritten (SPEC §3), so check again before an update
-    // (a delete checks for itself, reconcile.ts).
-    if (plan.mirror.action === 'update' && (await isSourceNow(pass.clients, plan.key)))
-      return await pass.queue.run(plan.key, 'all');
     const r = await act(pass.clients, pass.deps, plan);
     // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
     if (r === 'conflict') return await pass.queue.run(plan.key, 'all');
@@ -312,13 +290,6 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
   }
 }
 
-/** Does some identity name the key's mirror as its source now? */
-async function isSourceNow(clients: Clients, key: MirrorKey): Promise<boolean> {
-  return (
-    (await identitiesUsingSecret(clients, { namespace: key.namespace, name: mirrorName(key.identity) })).length > 0
-  );
-}
-
 /** Adds one key's result to the summary. */
 function count(summary: ResyncSummary, plan: Plan, r: Omit<KeyResult, 'durationMs' | 'apiCalls'>): void {
   if (r.retry) summary.needRetry++;
@@ -327,7 +298,7 @@ function count(summary: ResyncSummary, plan: Plan, r: Omit<KeyResult, 'durationM
   else summary.revoked++;
 }
 
-const isRevocation = (p: Plan): boolean => p.mirror.action === 'delete' && p.mirror.why === 'revoked';
+const isRevocation = (p: Plan): boolean => p.mirror.action === 'delete' && p.mirror.why !== 'unused';
 
 /** Sends one key to the sink as a `KEY_EVENT_TYPE` CloudEvent (binary mode); true when accepted. */
 async function sendKey(sink: string, key: MirrorKey, deps: ReconcileDeps): Promise<boolean> {

@@ -28,6 +28,7 @@ import {
   ANNOTATION_IDENTITY,
   ANNOTATION_SOURCE_HASH,
   isOurs,
+  isReservedSourceName,
   mirrorName,
   sourceHash,
 } from '../../functions/lib/mirror.ts';
@@ -38,7 +39,8 @@ export async function foreignSecrets(a: Clients, namespaces: readonly string[]):
   for (const ns of namespaces) {
     for (const s of (await a.core.listNamespacedSecret({ namespace: ns })).items) {
       const id = s.metadata?.annotations?.[ANNOTATION_IDENTITY];
-      if (id && isOurs(s, id)) continue;
+      // Foreign means not a mirror by labels and annotation; whose source it is does not matter here.
+      if (id && isOurs(s, id, undefined)) continue;
       out.set(`${ns}/${s.metadata!.name}`, s.metadata!.resourceVersion!);
     }
   }
@@ -67,29 +69,16 @@ export async function invariantViolations(
 ): Promise<string[]> {
   const v: string[] = [];
   const identity = identityCache(a);
-  const sources = await sourceNames(a);
   for (const ns of namespaces) {
     const state = await readNamespaceState(a, ns);
     for (const id of mirrorKeys(state)) {
-      const key = await keyFacts(a, state, { id, idObj: await identity(id), sources });
+      const key = await keyFacts(a, state, { id, idObj: await identity(id) });
       v.push(...keyViolations(state, key), ...conditionViolations(state, key));
     }
     v.push(...unkeyedViolations(state));
     v.push(...foreignViolations(state, foreign));
   }
   return v;
-}
-
-/** `<namespace>/<name>` of every Secret some identity names as its source. */
-async function sourceNames(a: Clients): Promise<Set<string>> {
-  const list = (await a.custom.listClusterCustomObject({
-    group: GROUP,
-    version: VERSION,
-    plural: IDENTITY_PLURAL,
-  })) as {
-    items: TerraformClusterIdentity[];
-  };
-  return new Set(list.items.map((i) => `${i.spec?.secretRef?.namespace}/${i.spec?.secretRef?.name}`));
 }
 
 /** What decides one key (namespace, identity), read from the API server. */
@@ -99,7 +88,9 @@ interface KeyFacts {
   allowed: boolean;
   users: Consumer[];
   mirror: V1Secret | undefined;
-  /** The Secret at the mirror's name is our mirror (labels, annotation, and no identity's source). */
+  /** Its `secretRef` names a mirror (SPEC §3): nothing may be copied from it. */
+  inert: boolean;
+  /** The Secret at the mirror's name is our mirror (SPEC §3 `isOurs`). */
   ours: boolean;
   source: V1Secret | undefined;
 }
@@ -140,7 +131,7 @@ function mirrorKeys({ consumers, secrets }: NamespaceState): Set<string> {
   const keys = new Set([...consumers.map((c) => c.spec?.identityRef?.name).filter((x): x is string => Boolean(x))]);
   for (const s of secrets) {
     const id = s.metadata?.annotations?.[ANNOTATION_IDENTITY];
-    if (id && isOurs(s, id)) keys.add(id);
+    if (id && isOurs(s, id, undefined)) keys.add(id);
   }
   return keys;
 }
@@ -148,23 +139,24 @@ function mirrorKeys({ consumers, secrets }: NamespaceState): Set<string> {
 async function keyFacts(
   a: Clients,
   state: NamespaceState,
-  k: { id: string; idObj: TerraformClusterIdentity | undefined; sources: Set<string> },
+  k: { id: string; idObj: TerraformClusterIdentity | undefined },
 ): Promise<KeyFacts> {
   const { ns, nsObj, consumers, secrets } = state;
   const users = consumers.filter((c) => c.spec?.identityRef?.name === k.id);
   const mirror = secrets.find((s) => s.metadata?.name === mirrorName(k.id));
-  const ours = mirror !== undefined && isOurs(mirror, k.id) && !k.sources.has(`${ns}/${mirrorName(k.id)}`);
+  const ours = mirror !== undefined && isOurs(mirror, k.id, k.idObj?.spec?.secretRef);
   const allowed = Boolean(
     k.idObj &&
     nsObj &&
     isNamespaceAllowed(k.idObj.spec?.allowedNamespaces, { name: ns, labels: nsObj.metadata?.labels }),
   );
   const ref = k.idObj?.spec?.secretRef;
+  const inert = isReservedSourceName(ref?.name);
   const source =
-    ref && allowed
+    ref && allowed && !inert
       ? await ignoreNotFound(a.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }))
       : undefined;
-  return { id: k.id, idObj: k.idObj, allowed, users, mirror, ours, source };
+  return { id: k.id, idObj: k.idObj, allowed, inert, users, mirror, ours, source };
 }
 
 /** The violations of one key's mirror (namespace, identity). */
@@ -173,6 +165,10 @@ function keyViolations({ ns }: NamespaceState, k: KeyFacts): string[] {
   if (!allowed)
     return ours
       ? [`${ns}: mirror of ${id} exists although ${idObj ? 'the namespace is not allowed' : 'the identity is gone'}`]
+      : [];
+  if (k.inert)
+    return ours
+      ? [`${ns}: mirror of ${id} exists although its identity is inert (its secretRef names a mirror)`]
       : [];
   if (mirror && !ours) return []; // a Secret in the way: never touched (checked by foreignViolations)
   if (!mirror) return users.length && source ? [`${ns}: ${users.length} consumer(s) of ${id} but no mirror`] : [];
@@ -188,7 +184,13 @@ function expectedConditions(k: KeyFacts, c: Consumer): string[] {
     return c.metadata.deletionTimestamp
       ? ['ApplyJobSucceeded=False/IdentityNotAllowed', 'IdentityAllowed=False/NamespaceNotAllowed']
       : ['IdentityAllowed=False/NamespaceNotAllowed'];
-  const mirrored = k.mirror && !k.ours ? 'MirrorFailed' : !k.source ? 'SourceNotFound' : 'Mirrored';
+  const mirrored = k.inert
+    ? 'SourceIsMirror'
+    : k.mirror && !k.ours
+      ? 'MirrorFailed'
+      : !k.source
+        ? 'SourceNotFound'
+        : 'Mirrored';
   return [
     `CredentialsMirrored=${mirrored === 'Mirrored' ? 'True' : 'False'}/${mirrored}`,
     'IdentityAllowed=True/NamespaceAllowed',

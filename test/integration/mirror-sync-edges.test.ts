@@ -190,44 +190,6 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once (
   });
 });
 
-describe('a Secret that an identity names as its source is never written or deleted (issue 14 item 2)', () => {
-  it('a source that looks like a mirror is MirrorFailed, and survives its last consumer and a resync', async () => {
-    const n = await ns.create();
-    const id = `id-${suffix()}`;
-    // The operator built the source from a copy of a mirror: name, label and annotation.
-    await a.core.createNamespacedSecret({
-      namespace: n,
-      body: {
-        metadata: {
-          name: mirrorName(id),
-          labels: { [LABEL_MIRRORED]: 'true' },
-          annotations: { [ANNOTATION_IDENTITY]: id },
-        },
-        stringData: { token: SECRET },
-      },
-    });
-    ns.onCleanup(() => deleteIdentity(a, id));
-    await putIdentity(a, id, { name: mirrorName(id), namespace: n }, { list: [n] });
-    const before = (await getMirror(a, n, id))!;
-    const c = await createConsumer(a, n, 'user', id);
-    assert.equal((await deliver(url, consumerEvent(c), { retries: 0 })).status, 200);
-    const cond = conditionOf(await getConsumer(a, n, 'user'), 'CredentialsMirrored');
-    assert.equal(cond?.reason, 'MirrorFailed');
-    assert.match(cond!.message, new RegExp(`source Secret of TerraformClusterIdentity ${id}`));
-    const p = await prepare({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'user' });
-    assert.equal(p.status, 409);
-    assert.equal(p.body.reason, 'MirrorFailed');
-
-    await deleteConsumer(a, n, 'user');
-    assert.equal((await deliver(url, consumerEvent(c, 'ref', 'delete'), { retries: 0 })).status, 200);
-    assert.equal((await deliver(url, pingEvent(), { retries: 0 })).status, 200);
-    const after = await getMirror(a, n, id);
-    assert.ok(after, 'the source still exists');
-    assert.equal(after.metadata!.resourceVersion, before.metadata!.resourceVersion, 'never written');
-    assert.equal(after.metadata!.ownerReferences, undefined);
-  });
-});
-
 describe('a write refused for good says why and is not retried (issue 14 items 5 and 9)', () => {
   it('a 403 from a policy names the user, verb, resource and namespace, never the data', async () => {
     const label = `captf-test-forbid-${suffix()}`;

@@ -326,7 +326,7 @@ function repairAndReleaseTests(): void {
     assert.equal(r.status, 200, 'a blocking Secret needs a human, not a retry storm');
     const still = (await getMirror(a, n, id))!;
     assert.equal(still.metadata!.resourceVersion, blocker.metadata!.resourceVersion);
-    assert.ok(!isOurs(still, id));
+    assert.ok(!isOurs(still, id, undefined));
     const cond = conditionOf(await getConsumer(a, n, 'blocked'), 'CredentialsMirrored');
     assert.equal(cond?.status, 'False');
     assert.equal(cond?.reason, 'MirrorFailed');
@@ -334,7 +334,7 @@ function repairAndReleaseTests(): void {
     // Deleting the consumer must not delete someone else's Secret either.
     await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n });
     await send(`${url}/`, consumerEvent(c));
-    assert.ok(isOurs(await getMirror(a, n, id), id));
+    assert.ok(isOurs(await getMirror(a, n, id), id, undefined));
     assert.equal(conditionOf(await getConsumer(a, n, 'blocked'), 'CredentialsMirrored')?.reason, 'Mirrored');
   });
 

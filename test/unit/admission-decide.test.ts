@@ -247,6 +247,47 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   });
 });
 
+describe('planReview: the mirror prefix is reserved (SPEC §3, §10)', () => {
+  const mirrorRef = { name: 'captf-creds-aws-prod', namespace: 'team-a' };
+  const rows: [string, IdentityRequest, 'deny' | 'allow' | 'check-secret-access'][] = [
+    ['CREATE naming a mirror', req('CREATE', identity({ secretRef: mirrorRef })), 'deny'],
+    [
+      'UPDATE that moves secretRef onto a mirror',
+      req('UPDATE', identity({ secretRef: mirrorRef }), identity({ secretRef: ref })),
+      'deny',
+    ],
+    [
+      'UPDATE of an old inert identity that only narrows (ratcheting)',
+      req(
+        'UPDATE',
+        identity({ secretRef: mirrorRef, allowedNamespaces: { list: ['a'] } }),
+        identity({ secretRef: mirrorRef, allowedNamespaces: { list: ['a', 'b'] } }),
+      ),
+      'allow',
+    ],
+    [
+      'UPDATE of an old inert identity that leaves spec alone (finalizers)',
+      req('UPDATE', identity({ secretRef: mirrorRef }, undefined, { x: 'y' }), identity({ secretRef: mirrorRef })),
+      'allow',
+    ],
+    [
+      'UPDATE moving an inert identity off the mirror (a SAR on the new Secret)',
+      req('UPDATE', identity({ secretRef: ref }), identity({ secretRef: mirrorRef })),
+      'check-secret-access',
+    ],
+  ];
+  for (const [name, r, action] of rows) {
+    it(name, () => {
+      const plan = planReview(r);
+      assert.equal(plan.action, action);
+      if (plan.action !== 'deny') return;
+      assert.equal(plan.decision.allowed, false);
+      assert.match(plan.decision.message, /starts with captf-creds-, which is reserved for the mirrors/);
+      assert.match(plan.decision.message, /TerraformClusterIdentity "aws-prod"'s mirror/);
+    });
+  }
+});
+
 describe('statusNamespacesOf', () => {
   it('reads strings only', () => {
     assert.deepEqual(statusNamespacesOf({ status: { namespaces: ['a', 3, '', 'b'] } }), ['a', 'b']);

@@ -45,6 +45,8 @@ describe('identity-status: Ready condition (SPEC §9)', () => {
     ['found', 'True', 'SecretFound', /captf-system\/aws-creds exists/],
     ['not-found', 'False', 'SecretNotFound', /captf-system\/aws-creds does not exist/],
     ['forbidden', 'False', 'SecretUnreadable', /not allowed to get source Secret captf-system\/aws-creds \(403\)/],
+    // The fixture's name is not reserved; the reason and words come from the state alone.
+    ['is-mirror', 'False', 'SecretIsMirror', /^inert: .*reserved for the mirrors/],
   ];
   for (const [source, status, reason, message] of table) {
     it(`source ${source} → Ready=${status}/${reason} with observedGeneration`, () => {

@@ -56,7 +56,6 @@ const snap = (over: Partial<Snapshot>): Snapshot => ({
   mirror: undefined,
   consumers: [consumer('a', '1')],
   scope: 'all',
-  sourceOf: [],
   ...over,
 });
 
@@ -411,15 +410,40 @@ describe('decide: states that wait for a person, and sources (issue 14)', () => 
       assert.equal(plan.consumers[0]!.retry, false, JSON.stringify(Object.keys(over)));
     }
   });
-  it('treats a Secret that an identity names as its source as in the way, whatever its labels', () => {
-    const m = mirror([owner('a', '1')]);
-    for (const over of [{}, { identity: undefined }, { identity: identity({ list: [] }) }, { consumers: [] }]) {
-      const plan = decide(snap({ mirror: m, sourceOf: ['aws'], ...over }), kinds);
-      assert.ok(plan.mirror.action === 'none' || plan.mirror.action === 'blocked', JSON.stringify(plan.mirror));
+  it('an identity whose source has the mirror prefix is inert: its own mirror goes, nothing is copied (SPEC §3)', () => {
+    const inertIdentity = (ref: { namespace: string; name: string }) =>
+      ({ ...identity(), spec: { ...identity().spec, secretRef: ref } }) as TerraformClusterIdentity;
+    const launderer = inertIdentity({ namespace: 'team', name: 'captf-creds-aws-prod' });
+    const cases: [string, Partial<Snapshot>, string][] = [
+      ['no mirror yet: none is created', { identity: launderer, mirror: undefined, source: undefined }, 'none'],
+      ['its mirror (maybe laundered) is deleted', { identity: launderer, mirror: mirror([owner('a', '1')]) }, 'delete'],
+      [
+        'its own source, looking like its mirror, is never touched',
+        {
+          identity: inertIdentity({ namespace: 'team', name: 'captf-creds-aws' }),
+          mirror: mirror([owner('a', '1')]),
+        },
+        'none',
+      ],
+    ];
+    for (const [name, over, action] of cases) {
+      const plan = decide(snap(over), kinds);
+      assert.equal(plan.mirror.action, action, name);
+      if (plan.mirror.action === 'delete') assert.equal(plan.mirror.why, 'inert', name);
+      assert.equal(plan.sourceHash, undefined, name);
+      assert.equal(plan.consumers[0]!.outcome, 'source-is-mirror', name);
+      assert.deepEqual(
+        plan.consumers[0]!.conditions.map((c) => `${c.type}=${c.status}/${c.reason}`),
+        ['IdentityAllowed=True/NamespaceAllowed', 'CredentialsMirrored=False/SourceIsMirror'],
+        name,
+      );
+      assert.match(plan.consumers[0]!.message, /inert.*reserved for the mirrors/, name);
     }
-    const plan = decide(snap({ mirror: m, sourceOf: ['aws', 'gcp'] }), kinds);
-    assert.equal(plan.consumers[0]!.reason, 'MirrorFailed');
-    assert.match(plan.consumers[0]!.message, /source Secret of TerraformClusterIdentity aws, gcp/);
+  });
+  it('another identity naming this mirror never makes it "not ours": revocation still deletes it', () => {
+    // The old rule ("any identity's source is never ours") let a launderer keep a mirror alive.
+    const plan = decide(snap({ identity: identity({ list: [] }), mirror: mirror([owner('a', '1')]) }), kinds);
+    assert.equal(plan.mirror.action, 'delete');
   });
   it('says a cluster-scoped consumer cannot use credentials', () => {
     const c = consumer('c', '9');

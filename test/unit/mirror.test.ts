@@ -10,6 +10,9 @@ import {
   desiredMirror,
   isCurrent,
   isOurs,
+  isReservedSourceName,
+  mirrorIdentityOf,
+  reservedSourceMessage,
   mirrorName,
   sourceHash,
   withOwnerReference,
@@ -123,12 +126,31 @@ describe('ours and current (SPEC §3)', () => {
     assert.deepEqual(m.metadata.ownerReferences, [owner]);
     assert.deepEqual(m.data, { k: b64('v') });
   });
-  it('is ours only with the label and the identity annotation', () => {
-    assert.ok(isOurs(m, 'aws'));
-    assert.ok(!isOurs(m, 'gcp'));
-    assert.ok(!isOurs({ metadata: { labels: {}, annotations: m.metadata.annotations } }, 'aws'));
-    assert.ok(!isOurs({ metadata: { labels: m.metadata.labels } }, 'aws'));
-    assert.ok(!isOurs(undefined, 'aws'));
+  it('is ours only with the label, the identity annotation, and not as that identity\'s own source', () => {
+    const rows: [string, Parameters<typeof isOurs>, boolean][] = [
+      ['labels and annotation', [m, 'aws', { namespace: 'ops', name: 'aws-creds' }], true],
+      ['identity gone (no secretRef)', [m, 'aws', undefined], true],
+      ['another identity', [m, 'gcp', undefined], false],
+      ['no label', [{ metadata: { labels: {}, annotations: m.metadata.annotations } }, 'aws', undefined], false],
+      ['no annotation', [{ metadata: { labels: m.metadata.labels } }, 'aws', undefined], false],
+      ['absent', [undefined, 'aws', undefined], false],
+      ['the Secret its own identity names', [m, 'aws', { namespace: 'team-a', name: 'captf-creds-aws' }], false],
+      ['a Secret of that name elsewhere', [m, 'aws', { namespace: 'ops', name: 'captf-creds-aws' }], true],
+    ];
+    for (const [name, args, want] of rows) assert.equal(isOurs(...args), want, name);
+  });
+  it('reserves the mirror prefix and names the identity a reserved name belongs to', () => {
+    assert.ok(isReservedSourceName('captf-creds-aws'));
+    assert.ok(isReservedSourceName('captf-creds-'));
+    assert.ok(!isReservedSourceName('captf-cred-aws'));
+    assert.ok(!isReservedSourceName('aws-captf-creds-x'));
+    assert.ok(!isReservedSourceName(undefined));
+    assert.equal(mirrorIdentityOf('captf-creds-aws-prod'), 'aws-prod');
+    assert.equal(mirrorIdentityOf('captf-creds-'), undefined);
+    assert.equal(mirrorIdentityOf('captf-creds-Bad_Name'), undefined);
+    assert.equal(mirrorIdentityOf('aws'), undefined);
+    assert.match(reservedSourceMessage('captf-creds-aws-prod'), /reserved for the mirrors.*"aws-prod"/);
+    assert.doesNotMatch(reservedSourceMessage('captf-creds-x_y'), /TerraformClusterIdentity/);
   });
   it('is current only when the annotation and the data both hash to the source', () => {
     const h = sourceHash({ k: b64('v') });
