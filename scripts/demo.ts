@@ -26,7 +26,8 @@ import {
   type Consumer,
   type TerraformClusterIdentity,
 } from '../functions/lib/api.ts';
-import { describeError, isNotFound } from '../functions/lib/kube.ts';
+import { untrustedServerMessage } from '../functions/lib/api-errors.ts';
+import { isNotFound } from '../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, isCurrent, mirrorName, sourceHash, type SecretLike } from '../functions/lib/mirror.ts';
 import { REPO_ROOT } from './controlplane/build.ts';
 import { applyExamples, loadExamples } from './local/examples.ts';
@@ -199,9 +200,12 @@ function hasCondition(
   );
 }
 
-/** The message of a failed API call, as kubectl would print it (without describeError's `HTTP <code>: `). */
+/**
+ * The message of a failed API call, as kubectl would print it: the demo acts as a person at
+ * a terminal, so it shows the API server's own text (never done by a function, SPEC §15).
+ */
 function kubectlMessage(err: unknown): string {
-  return describeError(err).replace(/^HTTP \d+( \w+)?: /, '');
+  return untrustedServerMessage(err);
 }
 
 /** At most 160 characters of `text`. */

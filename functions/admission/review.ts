@@ -62,7 +62,9 @@ async function retryTooManyRequests<T>(call: () => Promise<T>): Promise<T> {
 /**
  * Asks the API server whether `user` may `get` the Secret (SubjectAccessReview with `user`,
  * `groups`, `uid` and `extra` copied from the request's userInfo).
- * @returns the SAR status, or `{ error }` with a safe description when the call fails.
+ * @returns the SAR status, or `{ error }` with a safe description when the call fails. The
+ *   authorizers' free text (`status.reason`, `status.evaluationError`) is untrusted and never
+ *   passed on (SPEC §15): only whether there was an evaluation error.
  */
 export async function checkSecretAccess(clients: Clients, user: UserInfo, secret: SecretKey): Promise<SarOutcome> {
   try {
@@ -75,8 +77,7 @@ export async function checkSecretAccess(clients: Clients, user: UserInfo, secret
       status: {
         allowed: s.allowed,
         ...(s.denied !== undefined ? { denied: s.denied } : {}),
-        ...(s.reason ? { reason: s.reason } : {}),
-        ...(s.evaluationError ? { evaluationError: s.evaluationError } : {}),
+        ...(s.evaluationError ? { evaluationError: 'an authorizer failed to evaluate (its text is withheld)' } : {}),
       },
     };
   } catch (err) {

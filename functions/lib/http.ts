@@ -7,6 +7,7 @@ import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'nod
 import type { Socket } from 'node:net';
 import express, { type ErrorRequestHandler, type Express, type Request, type Response } from 'express';
 import type { KubeConfig } from '@kubernetes/client-node';
+import { describeError } from './api-errors.ts';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
 
@@ -146,13 +147,16 @@ export function sendEventOutcome(req: Request, res: Response, o: Outcome): void 
  * type (CloudEvents and AdmissionReviews are parsed by the handlers, so a malformed body is
  * the handler's 4xx, not a crash).
  * @param opts.bodyLimit bytes (default {@link DEFAULT_BODY_LIMIT}); larger bodies get 413.
+ * @param opts.beforeBody registers routes or middleware that run before any body is read
+ *   (mirror-sync's prepare refuses a caller without credentials this way, SPEC §5).
  */
-export function createApp(opts: { bodyLimit?: number } = {}): Express {
+export function createApp(opts: { bodyLimit?: number; beforeBody?: (app: Express) => void } = {}): Express {
   const app = express();
   app.disable('x-powered-by');
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
+  opts.beforeBody?.(app);
   app.use(express.text({ type: () => true, limit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT }));
   return app;
 }
@@ -184,7 +188,8 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
       res.status(status).json({ error: clientErrorMessage(e) });
       return;
     }
-    logger.error('request failed', { path: req.path, error: e.message?.split('\n')[0] });
+    // An unexpected error may come from an API call: described without the answer's text (SPEC §15).
+    logger.error('request failed', { path: req.path, error: describeError(err) });
     res.status(500).json({ error: 'internal error; see the function log' });
   };
 }

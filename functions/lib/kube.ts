@@ -9,12 +9,28 @@ import {
   CoreV1Api,
   CustomObjectsApi,
   EventsV1Api,
+  IsomorphicFetchHttpLibrary,
   KubeConfig,
   ServerConfiguration,
   createConfiguration,
+  wrapHttpLibrary,
   type Configuration,
+  type HttpLibrary,
+  type RequestContext,
+  type ResponseContext,
 } from '@kubernetes/client-node';
 import { pooledAuthentication } from './api-pool.ts';
+import {
+  acceptableUsername,
+  apiStatus,
+  rememberRequest,
+  requestAttributes,
+  sentBody,
+  type RequestAttributes,
+} from './api-errors.ts';
+
+// Errors become text in one place only (SPEC §15): api-errors.ts.
+export { apiStatus, describeError, redactApiError, RedactedApiError } from './api-errors.ts';
 
 /**
  * Loads the kubeconfig the way a function does at start-up: an explicit path, else
@@ -42,13 +58,17 @@ export interface Clients {
   core: CoreV1Api;
   custom: CustomObjectsApi;
   authz: AuthorizationV1Api;
+  /** TokenReviews (mirror-sync's prepare checks its callers, SPEC §5). */
+  authn: AuthenticationV1Api;
   events: EventsV1Api;
   counter: CallCounter;
 }
 
 /**
  * Builds the API clients on `kc`, counting every request in `counter`. Every client of the
- * process shares one kept-alive connection pool per TLS identity (api-pool.ts).
+ * process shares one kept-alive connection pool per TLS identity (api-pool.ts). A failed
+ * request is recorded with its error (what was asked, and for a 403 who asked) so that
+ * `describeError` can say it without quoting the answer (api-errors.ts).
  * @param counter shared counter (a fresh one when omitted); reset it per reconcile.
  * @throws Error when the kubeconfig has no current cluster.
  */
@@ -57,6 +77,7 @@ export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 })
   if (!cluster) throw new Error('kubeconfig has no current cluster');
   const config: Configuration = createConfiguration({
     baseServer: new ServerConfiguration(cluster.server, {}),
+    httpApi: recordingHttpApi(kc, cluster.server),
     // Not `kc` itself: client-node would open a new TLS connection per request (api-pool.ts).
     authMethods: { default: pooledAuthentication(kc) },
     promiseMiddleware: [
@@ -74,18 +95,10 @@ export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 })
     core: new CoreV1Api(config),
     custom: new CustomObjectsApi(config),
     authz: new AuthorizationV1Api(config),
+    authn: new AuthenticationV1Api(config),
     events: new EventsV1Api(config),
     counter,
   };
-}
-
-/** HTTP status of an API error (`ApiException.code`, or a `statusCode`), else undefined. */
-export function apiStatus(err: unknown): number | undefined {
-  if (typeof err !== 'object' || err === null) return undefined;
-  const e = err as { code?: unknown; statusCode?: unknown };
-  if (typeof e.code === 'number') return e.code;
-  if (typeof e.statusCode === 'number') return e.statusCode;
-  return undefined;
 }
 
 /** The API answered 404. */
@@ -94,34 +107,6 @@ export const isNotFound = (err: unknown): boolean => apiStatus(err) === 404;
 export const isConflict = (err: unknown): boolean => apiStatus(err) === 409;
 /** The API answered 403. */
 export const isForbidden = (err: unknown): boolean => apiStatus(err) === 403;
-
-/**
- * A short, safe description of an API error: status code, reason and the Status message.
- * Never includes request bodies, so no Secret data can leak through it.
- */
-export function describeError(err: unknown): string {
-  if (err instanceof RedactedApiError) return err.message;
-  const code = apiStatus(err);
-  if (code === undefined) {
-    const msg = err instanceof Error ? err.message : String(err);
-    return msg.split('\n')[0]!.slice(0, 300);
-  }
-  const status = statusOf((err as { body?: unknown })?.body);
-  const reason = status?.reason ? ` ${status.reason}` : '';
-  const message = status?.message ? `: ${status.message.slice(0, 300)}` : '';
-  return `HTTP ${code}${reason}${message}`;
-}
-
-/** The `metav1.Status` of an error body (text or parsed), or undefined. */
-function statusOf(body: unknown): { reason?: string; message?: string } | undefined {
-  if (typeof body === 'object' && body !== null) return body;
-  if (typeof body !== 'string') return undefined;
-  try {
-    return JSON.parse(body) as { reason?: string; message?: string };
-  } catch {
-    return undefined;
-  }
-}
 
 /**
  * Runs `fn` until it does not throw a 409, at most `attempts` times (re-reading state is
@@ -140,112 +125,80 @@ export async function retryOnConflict<T>(fn: (attempt: number) => Promise<T>, at
   }
 }
 
-/** An API error stripped of everything the server echoed back: code, reason, field names. */
-export class RedactedApiError extends Error {
-  readonly code: number | undefined;
-  /** The Status's `details.causes[].reason` values (machine words such as `NamespaceTerminating`; never data). */
-  readonly causes: readonly string[];
-  /**
-   * @param code HTTP status kept so `isConflict`/`isNotFound` still work.
-   * @param causes cause reasons kept from the Status.
-   */
-  constructor(code: number | undefined, message: string, causes: readonly string[] = []) {
-    super(message);
-    this.code = code;
-    this.causes = causes;
-  }
-}
-
-/**
- * For errors of requests that carried or touched Secret data (mirror create, update and
- * delete: a webhook on DELETE sees the old object): the API server's message may quote the
- * values (an admission policy or webhook can echo them), so only the status code, a
- * Kubernetes-defined reason and Kubernetes-defined cause types survive. SPEC §15: no Secret
- * data in errors.
- * @returns a {@link RedactedApiError} (the input unchanged when it is not an API error).
- */
-export function redactApiError(err: unknown): unknown {
-  const code = apiStatus(err);
-  if (code === undefined) return err;
-  const status = statusOf((err as { body?: unknown }).body) as
-    { reason?: unknown; details?: { causes?: { reason?: unknown }[] } } | undefined;
-  const causes = Array.isArray(status?.details?.causes) ? status.details.causes : [];
-  // Only words Kubernetes defines: a webhook chooses its reason and cause fields freely,
-  // and may put the data it saw in them.
-  const reasons = [
-    ...new Set(causes.map((c) => c?.reason).filter((r): r is string => typeof r === 'string' && CAUSE_TYPES.has(r))),
-  ];
-  const reason = typeof status?.reason === 'string' && STATUS_REASONS.has(status.reason) ? ` ${status.reason}` : '';
-  return new RedactedApiError(
-    code,
-    `HTTP ${code}${reason}; the API server's message is withheld because the request carried Secret data`,
-    reasons,
-  );
-}
-
-/** `metav1.StatusReason` values (k8s.io/apimachinery/pkg/apis/meta/v1/types.go). */
-const STATUS_REASONS = new Set([
-  'Unauthorized',
-  'Forbidden',
-  'NotFound',
-  'AlreadyExists',
-  'Conflict',
-  'Gone',
-  'Invalid',
-  'ServerTimeout',
-  'StoreReadError',
-  'Timeout',
-  'TooManyRequests',
-  'BadRequest',
-  'MethodNotAllowed',
-  'NotAcceptable',
-  'RequestEntityTooLarge',
-  'UnsupportedMediaType',
-  'InternalError',
-  'Expired',
-  'ServiceUnavailable',
-]);
-
-/** `metav1.CauseType` values (same file). */
-const CAUSE_TYPES = new Set([
-  'FieldValueNotFound',
-  'FieldValueRequired',
-  'FieldValueDuplicate',
-  'FieldValueInvalid',
-  'FieldValueNotSupported',
-  'FieldValueForbidden',
-  'FieldValueTooLong',
-  'FieldValueTooMany',
-  'InternalError',
-  'FieldValueTypeInvalid',
-  'UnexpectedServerResponse',
-  'FieldManagerConflict',
-  'ResourceVersionTooLarge',
-  'NamespaceTerminating',
-]);
-
-const users = new WeakMap<KubeConfig, Promise<string>>();
+const users = new WeakMap<KubeConfig, Promise<string | undefined>>();
 
 /**
  * The user this process acts as, asked once per kubeconfig with a SelfSubjectReview
  * (`authentication.k8s.io/v1`, allowed to every authenticated user by the default
- * `system:basic-user` role); for messages that say who lacks a permission.
- * @returns the username, or `its ServiceAccount` when the review failed (never throws).
+ * `system:basic-user` role); for messages that say who was refused. The answer is untrusted:
+ * a name that is not a plausible username, or that shares text with the token we sent, is
+ * not used (api-errors.ts `acceptableUsername`).
+ * @returns the username, or undefined when the review failed or its name is not acceptable
+ *   (never throws; a failure is asked again next time).
  */
-export function whoAmI(kc: KubeConfig): Promise<string> {
+export function whoAmI(kc: KubeConfig): Promise<string | undefined> {
   let user = users.get(kc);
   if (!user) {
-    user = kc
-      .makeApiClient(AuthenticationV1Api)
-      .createSelfSubjectReview({ body: { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview' } })
-      .then((r) => r.status?.userInfo?.username ?? 'its ServiceAccount')
-      .catch(() => {
-        users.delete(kc); // ask again next time
-        return 'its ServiceAccount';
-      });
+    user = askWhoAmI(kc).then((name) => {
+      if (name === undefined) users.delete(kc);
+      return name;
+    });
     users.set(kc, user);
   }
   return user;
+}
+
+async function askWhoAmI(kc: KubeConfig): Promise<string | undefined> {
+  try {
+    const review = await kc
+      .makeApiClient(AuthenticationV1Api)
+      .createSelfSubjectReview({ body: { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview' } });
+    const name = review.status?.userInfo?.username;
+    return acceptableUsername(name, await credentialsOf(kc)) ? name : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** The secrets `kc` sends (bearer token, basic-auth password), to keep them out of any text. */
+async function credentialsOf(kc: KubeConfig): Promise<string[]> {
+  const opts: { headers?: Record<string, unknown>; auth?: string } = {};
+  await kc.applyToHTTPSOptions(opts);
+  const auth = opts.headers?.Authorization ?? opts.headers?.authorization;
+  return [
+    ...(typeof auth === 'string' ? [auth.replace(/^Bearer\s+/i, '')] : []),
+    ...(opts.auth ? [opts.auth.slice(opts.auth.indexOf(':') + 1)] : []),
+  ];
+}
+
+/**
+ * client-node's HTTP library with a record of each failed request (api-errors.ts
+ * `rememberRequest`): what it asked, parsed from its own method and URL, and for a 403 this
+ * process's user, so an error's text can name them without quoting the answer.
+ */
+function recordingHttpApi(kc: KubeConfig, server: string): HttpLibrary {
+  const inner = new IsomorphicFetchHttpLibrary();
+  const basePath = new URL(server).pathname;
+  const attributes = (request: RequestContext, user?: string) => (): RequestAttributes | undefined => {
+    const r = requestAttributes(request.getHttpMethod(), request.getUrl(), basePath);
+    return r && { ...r, ...sentBody(request.getBody()), ...(user ? { user } : {}) };
+  };
+  return wrapHttpLibrary({
+    async send(request: RequestContext): Promise<ResponseContext> {
+      let response: ResponseContext;
+      try {
+        response = await inner.send(request).toPromise();
+      } catch (err) {
+        if (typeof err === 'object' && err !== null) rememberRequest(err, attributes(request));
+        throw err;
+      }
+      if (response.httpStatusCode >= 400) {
+        const user = response.httpStatusCode === 403 ? await whoAmI(kc) : undefined;
+        rememberRequest(response.headers, attributes(request, user));
+      }
+      return response;
+    },
+  });
 }
 
 /**

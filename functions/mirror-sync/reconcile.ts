@@ -7,7 +7,6 @@
  * per key; nothing is thrown (API failures become `retry: true`).
  */
 import type { KubeConfig, V1Secret } from '@kubernetes/client-node';
-import { isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
 import pLimit from 'p-limit';
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
@@ -21,7 +20,6 @@ import {
   makeClients,
   redactApiError,
   RedactedApiError,
-  whoAmI,
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
@@ -29,6 +27,7 @@ import {
   clusterScopedPlan,
   decide,
   keyString,
+  mayHoldMirror,
   type ConsumerPlan,
   type MirrorKey,
   type Outcome,
@@ -152,9 +151,7 @@ async function stillAllowed(clients: Clients, key: MirrorKey): Promise<boolean> 
     readIdentity(clients, key.identity),
     readNamespace(clients, key.namespace),
   ]);
-  return Boolean(
-    identity && ns && isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: ns.labels }),
-  );
+  return mayHoldMirror(identity, key, ns);
 }
 
 /** A consumer's result before (or without) its status write. */
@@ -212,20 +209,19 @@ function writeOf(plan: Plan): { verb: string; name: string | undefined } {
 }
 
 /**
- * Why the API server refused a mirror write for good, from what the request was (the
- * server's own text may echo the Secret data a webhook or policy saw, so it is not used):
- * a namespace being deleted, or who lacks which permission.
+ * Why the API server refused a mirror write for good: a namespace being deleted, or the
+ * refusal as api-errors.ts describes it — from what was asked and by whom, with the
+ * server's sentence only when it is exactly kube-apiserver's RBAC denial for that request
+ * (anything else refused it: a policy or webhook, whose text may echo the Secret data).
  */
-export async function refusedWriteMessage(clients: Clients, plan: Plan, err: unknown): Promise<string> {
+function refusedWriteMessage(plan: Plan, err: unknown): string {
   const { verb, name } = writeOf(plan);
   const { namespace } = plan.key;
   const what = `${verb} mirror Secret ${namespace}/${name}`;
   const causes = err instanceof RedactedApiError ? err.causes : [];
   if (causes.includes('NamespaceTerminating'))
     return `cannot ${what}: namespace ${namespace} is being deleted (NamespaceTerminating)`;
-  if (apiStatus(err) !== 403) return `the API server refused to ${what}: ${describeError(err)}`;
-  const user = await whoAmI(clients.kc);
-  return `the API server refused to ${what} (HTTP 403 Forbidden): user ${user} may lack ${verb} on secrets in namespace ${namespace} (RBAC), or an admission webhook or policy there refused it; its message is withheld because the request carried Secret data`;
+  return `the API server refused to ${what}: ${describeError(err)}`;
 }
 
 /**
@@ -279,7 +275,7 @@ async function onWriteFailed(
     };
   }
   // Refused for good: it waits for a person, so the conditions say why and nothing retries.
-  const message = await refusedWriteMessage(clients, plan, err);
+  const message = refusedWriteMessage(plan, err);
   return refused(clients, deps, plan, message);
 }
 

@@ -14,7 +14,8 @@ import {
   type KubernetesObject,
 } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
-import { apiStatus, describeError } from '../../functions/lib/kube.ts';
+import { untrustedServerMessage } from '../../functions/lib/api-errors.ts';
+import { apiStatus } from '../../functions/lib/kube.ts';
 import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/knative.ts';
 import { KUSTOMIZATIONS, relocate, render } from '../../scripts/kustomize.ts';
 import { admin, namespaces } from '../helpers/cluster.ts';
@@ -120,7 +121,7 @@ describe('the rendered manifests against the real CRD schemas', () => {
           const out = await dryRunApply(o);
           assert.equal(out.kind, o.kind);
         } catch (err) {
-          failures.push(`${o.kind}/${o.metadata?.name}: ${describeError(err)}`);
+          failures.push(`${o.kind}/${o.metadata?.name}: ${untrustedServerMessage(err)}`);
         }
       }
       assert.deepEqual(failures, []);
@@ -144,15 +145,18 @@ describe('the rendered manifests against the real CRD schemas', () => {
     ) as KubernetesObject & { spec: { template: { spec: Record<string, unknown> } } };
     ksvc.spec.template.spec.containerConcurency = 5;
     await assert.rejects(dryRunApply(ksvc), (e: unknown) => {
-      assert.equal(apiStatus(e), 400, describeError(e));
-      assert.match(describeError(e), /unknown field "spec\.template\.spec\.containerConcurency"/);
+      assert.equal(apiStatus(e), 400, untrustedServerMessage(e));
+      assert.match(untrustedServerMessage(e), /unknown field "spec\.template\.spec\.containerConcurency"/);
       return true;
     });
     const trigger = structuredClone(objects.find((o) => o.kind === 'Trigger')!) as KubernetesObject & {
       spec: { delivery: Record<string, unknown> };
     };
     trigger.spec.delivery.retry = 'five';
-    await assert.rejects(dryRunApply(trigger), (e: unknown) => apiStatus(e) === 422 && /retry/.test(describeError(e)));
+    await assert.rejects(
+      dryRunApply(trigger),
+      (e: unknown) => apiStatus(e) === 422 && /retry/.test(untrustedServerMessage(e)),
+    );
     const cert = structuredClone(objects.find((o) => o.kind === 'Certificate')!) as KubernetesObject & {
       spec: Record<string, unknown>;
     };
@@ -164,8 +168,11 @@ describe('the rendered manifests against the real CRD schemas', () => {
     role.rules[0]!.verb = ['get'];
     await assert.rejects(
       dryRunApply(role),
-      (e: unknown) => apiStatus(e) === 400 && /unknown field "rules\[0\]\.verb"/.test(describeError(e)),
+      (e: unknown) => apiStatus(e) === 400 && /unknown field "rules\[0\]\.verb"/.test(untrustedServerMessage(e)),
     );
-    await assert.rejects(dryRunApply(cert), (e: unknown) => apiStatus(e) === 400 && /dnsName/.test(describeError(e)));
+    await assert.rejects(
+      dryRunApply(cert),
+      (e: unknown) => apiStatus(e) === 400 && /dnsName/.test(untrustedServerMessage(e)),
+    );
   });
 });

@@ -308,7 +308,7 @@ function fakeDeps(opts: {
         if (opts.failList)
           throw Object.assign(new Error('boom'), {
             code: 503,
-            body: { reason: 'ServiceUnavailable', message: 'etcd is sad' },
+            body: { kind: 'Status', reason: 'ServiceUnavailable', message: 'etcd is sad' },
           });
         // All the consumers come with the first kind's list.
         const page = listed ? [] : items;
@@ -385,7 +385,8 @@ describe('reviewIdentity: the impact lookup of the shell (review.ts)', () => {
     assert.ok(d.allowed);
     assert.match(
       d.warnings?.[0] ?? '',
-      /could not compute which namespaces in use lose access \(HTTP 503 ServiceUnavailable: etcd is sad\)/,
+      // The server's own message is never passed on (SPEC §15): code and reason only.
+      /could not compute which namespaces in use lose access \(HTTP 503 ServiceUnavailable\)/,
     );
     await new Promise((r) => setImmediate(r));
     const logged = cap.entries().find((e) => e.message === 'reviewed');

@@ -126,7 +126,7 @@ describe('ours and current (SPEC §3)', () => {
     assert.deepEqual(m.metadata.ownerReferences, [owner]);
     assert.deepEqual(m.data, { k: b64('v') });
   });
-  it('is ours only with the label, the identity annotation, and not as that identity\'s own source', () => {
+  it("is ours only with the label, the identity annotation, and not as that identity's own source", () => {
     const rows: [string, Parameters<typeof isOurs>, boolean][] = [
       ['labels and annotation', [m, 'aws', { namespace: 'ops', name: 'aws-creds' }], true],
       ['identity gone (no secretRef)', [m, 'aws', undefined], true],
@@ -209,6 +209,7 @@ describe('redactApiError keeps only Kubernetes-defined words (issue 14, found by
     const err = {
       code: 422,
       body: JSON.stringify({
+        kind: 'Status',
         reason: 'Bad-AKIAEXAMPLE',
         message: 'value AKIAEXAMPLE refused',
         details: {
@@ -222,9 +223,9 @@ describe('redactApiError keeps only Kubernetes-defined words (issue 14, found by
     };
     const r = redactApiError(err) as RedactedApiError;
     assert.ok(!r.message.includes('AKIAEXAMPLE'), r.message);
-    assert.match(r.message, /^HTTP 422; the API server's message is withheld/);
+    assert.equal(r.message, 'HTTP 422; causes: FieldValueInvalid, NamespaceTerminating');
     assert.deepEqual(r.causes, ['FieldValueInvalid', 'NamespaceTerminating']);
-    const known = redactApiError({ code: 403, body: { reason: 'Forbidden' } }) as RedactedApiError;
-    assert.match(known.message, /^HTTP 403 Forbidden;/);
+    const known = redactApiError({ code: 403, body: { kind: 'Status', reason: 'Forbidden' } }) as RedactedApiError;
+    assert.match(known.message, /^HTTP 403 Forbidden: refused \(by a policy or webhook\); its message is withheld$/);
   });
 });
