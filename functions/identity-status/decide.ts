@@ -52,36 +52,39 @@ export interface StatusDecision {
  *   with `observedGeneration` = the identity's generation. Messages name the Secret, never data.
  */
 export function readyCondition(identity: TerraformClusterIdentity, source: SourceState): ConditionInput {
-  const ref = identity.spec?.secretRef;
-  const where = `${ref?.namespace ?? '?'}/${ref?.name ?? '?'}`;
   const observedGeneration = identity.metadata.generation;
-  const base = { type: READY, ...(observedGeneration === undefined ? {} : { observedGeneration }) };
-  switch (source) {
-    case 'found':
-      return { ...base, status: 'True', reason: REASON_SECRET_FOUND, message: `source Secret ${where} exists` };
-    case 'not-found':
-      return {
-        ...base,
-        status: 'False',
-        reason: REASON_SECRET_NOT_FOUND,
-        message: `source Secret ${where} does not exist; create it or correct spec.secretRef`,
-      };
-    case 'forbidden':
-      return {
-        ...base,
-        status: 'False',
-        reason: REASON_SECRET_UNREADABLE,
-        message: `identity-status is not allowed to get source Secret ${where} (403); grant its service account get on that Secret`,
-      };
-    case 'is-mirror':
-      return {
-        ...base,
-        status: 'False',
-        reason: REASON_SECRET_IS_MIRROR,
-        message: `inert: ${reservedSourceMessage(ref?.name ?? '')}; nothing is copied from it and its mirrors are deleted`,
-      };
-  }
+  return {
+    type: READY,
+    ...READY_BY_STATE[source](identity.spec?.secretRef ?? {}),
+    ...(observedGeneration === undefined ? {} : { observedGeneration }),
+  };
 }
+
+type SecretRefLike = { namespace?: string; name?: string };
+const where = (ref: SecretRefLike) => `${ref.namespace ?? '?'}/${ref.name ?? '?'}`;
+
+/** The status, reason and message of `Ready` for each source state. */
+const READY_BY_STATE: Record<
+  SourceState,
+  (ref: SecretRefLike) => Pick<ConditionInput, 'status' | 'reason' | 'message'>
+> = {
+  found: (ref) => ({ status: 'True', reason: REASON_SECRET_FOUND, message: `source Secret ${where(ref)} exists` }),
+  'not-found': (ref) => ({
+    status: 'False',
+    reason: REASON_SECRET_NOT_FOUND,
+    message: `source Secret ${where(ref)} does not exist; create it or correct spec.secretRef`,
+  }),
+  forbidden: (ref) => ({
+    status: 'False',
+    reason: REASON_SECRET_UNREADABLE,
+    message: `identity-status is not allowed to get source Secret ${where(ref)} (403); grant its service account get on that Secret`,
+  }),
+  'is-mirror': (ref) => ({
+    status: 'False',
+    reason: REASON_SECRET_IS_MIRROR,
+    message: `inert: ${reservedSourceMessage(ref.name ?? '')}; nothing is copied from it and its mirrors are deleted`,
+  }),
+};
 
 /**
  * SPEC §9: `status.namespaces` = the union of consumer and mirror namespaces, unique, sorted

@@ -248,6 +248,35 @@ const gen = (c: Consumer) => (c.metadata.generation === undefined ? {} : { obser
 const each = (ctx: Ctx, f: (c: Consumer) => Omit<ConsumerPlan, 'consumer'>): ConsumerPlan[] =>
   ctx.snapshot.consumers.map((c) => ({ consumer: c, ...f(c) }));
 
+/** SPEC §2: does the identity allow the key's namespace (which must exist; undefined = absent)? */
+export function namespaceAllows(
+  identity: TerraformClusterIdentity,
+  key: MirrorKey,
+  namespace: Snapshot['namespace'],
+): boolean {
+  return (
+    namespace !== undefined &&
+    isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels })
+  );
+}
+
+/**
+ * SPEC §2, §3: may the identity have a mirror in the key's namespace? Only when it exists, is
+ * not inert (its source is no mirror) and allows the namespace. Where not, its mirror goes
+ * first (SPEC §7) and its source is not worth reading.
+ */
+export function mayHoldMirror(
+  identity: TerraformClusterIdentity | undefined,
+  key: MirrorKey,
+  namespace: Snapshot['namespace'],
+): identity is TerraformClusterIdentity {
+  return (
+    identity !== undefined &&
+    !isReservedSourceName(identity.spec?.secretRef?.name) &&
+    namespaceAllows(identity, key, namespace)
+  );
+}
+
 /**
  * SPEC §4 step 2: decides one key.
  * @param snapshot fresh reads of the key (see {@link Snapshot}).
@@ -258,11 +287,7 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan
   const ctx = contextOf(snapshot, kinds);
   const { key, identity } = snapshot;
   if (!identity) return identityMissing(ctx);
-  const labels = snapshot.namespace?.labels;
-  const allowed =
-    snapshot.namespace !== undefined &&
-    isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels });
-  if (!allowed) return notAllowed(ctx);
+  if (!namespaceAllows(identity, key, snapshot.namespace)) return notAllowed(ctx);
   if (isReservedSourceName(identity.spec?.secretRef?.name)) return inert(ctx, identity);
   if (ctx.existing && !ctx.ours) return blocked(ctx, inTheWay(ctx));
   const source = snapshot.source;

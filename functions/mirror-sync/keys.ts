@@ -9,8 +9,8 @@
  * - a labelled source Secret (opt-in fast path) → the keys of the identities that use it.
  */
 import type { V1Secret } from '@kubernetes/client-node';
-import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
-import type { Consumer, ConsumerKind } from '../lib/api.ts';
+import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
+import type { Consumer, ConsumerKind, TerraformClusterIdentity } from '../lib/api.ts';
 import type { ObjectRef } from '../lib/cloudevents.ts';
 import { consumersOfIdentity, findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, listAllPages, type Clients } from '../lib/kube.ts';
@@ -23,7 +23,7 @@ import {
   mirrorName,
   sameOwner,
 } from '../lib/mirror.ts';
-import type { ConsumerName } from './decide.ts';
+import { mayHoldMirror, type ConsumerName, type SourceState } from './decide.ts';
 import { identitiesUsingSecret, readIdentity, readNamespace, readSource, type KeyWork } from './observe.ts';
 
 export type { KeyWork } from './observe.ts';
@@ -159,12 +159,12 @@ export async function keysForIdentity(
   const namespaces = identity?.spec?.allowedNamespaces?.selector
     ? await readNamespaces(clients, [...byNamespace.keys()])
     : undefined;
-  const inert = isReservedSourceName(identity?.spec?.secretRef?.name);
-  const source = identity && !inert && byNamespace.size > 0 ? await readSource(clients, identity) : undefined;
+  const source = await sourceOnce(clients, identity, byNamespace.size);
   return [...byNamespace].map(([namespace, e]) => {
     const ns = namespaces?.get(namespace);
+    const key = { namespace, identity: identityName };
     return {
-      key: { namespace, identity: identityName },
+      key,
       scope: 'all' as const,
       seed: {
         identity: identity ?? null,
@@ -173,12 +173,20 @@ export async function keysForIdentity(
         ...(source ? { source } : {}),
         ...(ns !== undefined ? { namespace: ns } : {}),
       },
-      revoking:
-        !identity ||
-        inert ||
-        !isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: namespace, labels: ns?.labels ?? {} }),
+      // Without a selector the namespaces were not read: the list alone decides.
+      revoking: !mayHoldMirror(identity, key, ns ?? { labels: {} }),
     };
   });
+}
+
+/** The identity's source, read once for all its keys; not when it has none, or is inert (SPEC §3). */
+async function sourceOnce(
+  clients: Clients,
+  identity: TerraformClusterIdentity | undefined,
+  keys: number,
+): Promise<SourceState | undefined> {
+  const worth = identity && keys > 0 && !isReservedSourceName(identity.spec?.secretRef?.name);
+  return worth ? readSource(clients, identity) : undefined;
 }
 
 /** Reads namespaces (a few at a time); `null` for one that does not exist. */
@@ -213,17 +221,12 @@ export async function keysForNamespace(
     [...byIdentity].map(([identity, e]) =>
       limit(async (): Promise<KeyWork> => {
         const idObj = await readIdentity(clients, identity);
-        const allowed = Boolean(
-          idObj &&
-          ns &&
-          !isReservedSourceName(idObj.spec?.secretRef?.name) &&
-          isNamespaceAllowed(idObj.spec?.allowedNamespaces, { name: namespace, labels: ns.labels }),
-        );
+        const key = { namespace, identity };
         return {
-          key: { namespace, identity },
+          key,
           scope: 'all',
           seed: { consumers: e.consumers, mirror: e.mirror, identity: idObj ?? null, namespace: ns ?? null },
-          revoking: !allowed,
+          revoking: !mayHoldMirror(idObj, key, ns),
         };
       }),
     ),

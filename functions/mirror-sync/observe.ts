@@ -4,7 +4,7 @@
  * a caller that has just read some of them (the event's own lookups, a resync's lists)
  * passes them as a seed instead of reading twice. Only reads; decides nothing.
  */
-import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
+import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import {
   GROUP,
   IDENTITY_PLURAL,
@@ -17,8 +17,8 @@ import {
 } from '../lib/api.ts';
 import { findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, isForbidden, listAllPages, type Clients, type ListPage } from '../lib/kube.ts';
-import { isReservedSourceName, mirrorName, sourceHash } from '../lib/mirror.ts';
-import type { ConsumerName, MirrorKey, Snapshot, SourceState } from './decide.ts';
+import { mirrorName, sourceHash } from '../lib/mirror.ts';
+import { mayHoldMirror, type ConsumerName, type MirrorKey, type Snapshot, type SourceState } from './decide.ts';
 
 /**
  * Reads a caller already made for this key after the request arrived (each optional; `null`
@@ -170,30 +170,11 @@ export async function observe(
   const [consumers, source] = await Promise.all([
     seed.consumers ??
       (scope === 'all' ? listKeyConsumers(clients, kinds, key) : getKeyConsumers(clients, kinds, key, scope)),
-    identity && needsSource(key, identity, namespace) ? (seed.source ?? readSource(clients, identity)) : undefined,
+    // The source matters only where a mirror may exist; a mirror-prefixed name is never read (SPEC §3).
+    mayHoldMirror(identity, key, namespace) ? (seed.source ?? readSource(clients, identity)) : undefined,
   ]);
   return { key, identity, namespace, source, mirror: mirror as Snapshot['mirror'], consumers, scope };
 }
-
-/**
- * Is the source worth reading for this key? Only where a mirror may exist (the namespace is
- * allowed), and never for an inert identity: a Secret with the mirror prefix is never read as
- * a source (SPEC §3).
- */
-export const needsSource = (
-  key: MirrorKey,
-  identity: TerraformClusterIdentity,
-  namespace: { labels?: Record<string, string> | undefined } | undefined,
-): boolean => !isReservedSourceName(identity.spec?.secretRef?.name) && isAllowed(key, identity, namespace);
-
-/** Is the key's namespace allowed by the identity (SPEC §2)? */
-const isAllowed = (
-  key: MirrorKey,
-  identity: TerraformClusterIdentity,
-  namespace: { labels?: Record<string, string> | undefined } | undefined,
-): boolean =>
-  namespace !== undefined &&
-  isNamespaceAllowed(identity.spec?.allowedNamespaces, { name: key.namespace, labels: namespace.labels });
 
 /** A seeded read (`null` = read and absent), or a fresh one. */
 async function seeded<T>(value: T | null | undefined, read: () => Promise<T | undefined>): Promise<T | undefined> {

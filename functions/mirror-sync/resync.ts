@@ -14,15 +14,23 @@ import { randomUUID } from 'node:crypto';
 import { CloudEvent, HTTP } from 'cloudevents';
 import type { V1Namespace, V1Secret } from '@kubernetes/client-node';
 import pLimit, { type LimitFunction } from 'p-limit';
-import { isDns1123Subdomain, isNamespaceAllowed } from '../lib/allowed-namespaces.ts';
+import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import { GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type TerraformClusterIdentity } from '../lib/api.ts';
 import { KEY_EVENT_TYPE } from '../lib/cloudevents.ts';
 import { pageSize } from '../lib/consumers.ts';
 import { describeError, listAllPages, makeClients, type Clients, type ListPage } from '../lib/kube.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName } from '../lib/mirror.ts';
 import { planConditions } from '../lib/conditions.ts';
-import { decide, keyString, type MirrorKey, type Plan, type Snapshot, type SourceState } from './decide.ts';
-import { needsSource, readSource } from './observe.ts';
+import {
+  decide,
+  keyString,
+  mayHoldMirror,
+  type MirrorKey,
+  type Plan,
+  type Snapshot,
+  type SourceState,
+} from './decide.ts';
+import { readSource } from './observe.ts';
 import type { KeyQueue } from './queue.ts';
 import { act, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
@@ -122,11 +130,19 @@ function groupByKey(lists: Lists): Map<string, Listed> {
       entry({ namespace: c.metadata.namespace!, identity: c.spec!.identityRef!.name! }).consumers.push(c);
   }
   for (const m of lists.mirrors) {
-    const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
-    if (id && isOurs(m, id, lists.identities.get(id)?.spec?.secretRef) && m.metadata?.name === mirrorName(id))
-      entry({ namespace: m.metadata.namespace!, identity: id }).mirror = m;
+    const key = mirrorKeyOf(m, lists.identities);
+    if (key) entry(key).mirror = m;
   }
   return keys;
+}
+
+/** The key of a listed Secret that is an identity's mirror (SPEC §3: ours, at that identity's mirror name). */
+function mirrorKeyOf(m: V1Secret, identities: Lists['identities']): MirrorKey | undefined {
+  const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
+  if (!id || m.metadata?.name !== mirrorName(id)) return undefined;
+  return isOurs(m, id, identities.get(id)?.spec?.secretRef)
+    ? { namespace: m.metadata.namespace!, identity: id }
+    : undefined;
 }
 
 /** A consumer with no key: cluster-scoped, or naming no usable identity (SPEC §4). */
@@ -243,7 +259,7 @@ async function snapshotOf(
     key,
     identity,
     namespace,
-    source: identity && needsSource(key, identity, namespace) ? await readOnce(identity) : undefined,
+    source: mayHoldMirror(identity, key, namespace) ? await readOnce(identity) : undefined,
     mirror,
     consumers,
     scope: 'all',

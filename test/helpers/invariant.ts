@@ -167,9 +167,7 @@ function keyViolations({ ns }: NamespaceState, k: KeyFacts): string[] {
       ? [`${ns}: mirror of ${id} exists although ${idObj ? 'the namespace is not allowed' : 'the identity is gone'}`]
       : [];
   if (k.inert)
-    return ours
-      ? [`${ns}: mirror of ${id} exists although its identity is inert (its secretRef names a mirror)`]
-      : [];
+    return ours ? [`${ns}: mirror of ${id} exists although its identity is inert (its secretRef names a mirror)`] : [];
   if (mirror && !ours) return []; // a Secret in the way: never touched (checked by foreignViolations)
   if (!mirror) return users.length && source ? [`${ns}: ${users.length} consumer(s) of ${id} but no mirror`] : [];
   if (!source && sourceHash(mirror.data) !== mirror.metadata?.annotations?.[ANNOTATION_SOURCE_HASH])
