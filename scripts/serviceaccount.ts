@@ -3,32 +3,63 @@
  * run a function or the event-source adapter with exactly the RBAC its ServiceAccount gets
  * in the manifests, the way it runs in a cluster.
  */
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CoreV1Api, KubeConfig, KubernetesObjectApi, dumpYaml, type KubernetesObject } from '@kubernetes/client-node';
+import {
+  AuthorizationV1Api,
+  CoreV1Api,
+  KubeConfig,
+  KubernetesObjectApi,
+  RbacAuthorizationV1Api,
+  dumpYaml,
+  type KubernetesObject,
+  type V1PolicyRule,
+} from '@kubernetes/client-node';
+import { loadAll } from 'js-yaml';
+import { DEFAULT_PREPARE_AUDIENCE } from '../functions/mirror-sync/authorize.ts';
+import { REPO_ROOT } from './controlplane/build.ts';
+import { eventually } from './wait.ts';
 
 /**
- * Requests a token for ServiceAccount `namespace/name` (TokenRequest API, default audience)
- * and writes a kubeconfig that uses it.
+ * Mints a token for ServiceAccount `namespace/name` with the TokenRequest API (what
+ * `kubectl create token <name> -n <namespace> [--audience <audience>]` does).
+ * @param sa.audience the audience the token is bound to; default: the API server's own
+ *   (such a token is refused by mirror-sync's prepare, whose audience is `captf-mirror-sync`).
+ * @param sa.expirationSeconds token lifetime (default 3600, the API's minimum is 600).
+ * @returns the token (a JWT; never print it).
+ * @throws the API error when the ServiceAccount does not exist or the request is refused.
+ */
+export async function serviceAccountToken(
+  admin: KubeConfig,
+  sa: { namespace: string; name: string; audience?: string; expirationSeconds?: number },
+): Promise<string> {
+  const { namespace, name, audience, expirationSeconds = 3600 } = sa;
+  const tr = await admin.makeApiClient(CoreV1Api).createNamespacedServiceAccountToken({
+    name,
+    namespace,
+    body: { spec: { audiences: audience ? [audience] : [], expirationSeconds } },
+  });
+  const token = tr.status?.token;
+  if (!token) throw new Error(`TokenRequest for ${namespace}/${name} returned no token`);
+  return token;
+}
+
+/**
+ * Requests a token for ServiceAccount `namespace/name` ({@link serviceAccountToken}) and
+ * writes a kubeconfig that uses it.
  * @param admin kubeconfig allowed to create `serviceaccounts/token`.
  * @param sa.dir folder for the kubeconfig (created).
+ * @param sa.audience token audience (default: the API server's own, which a kubeconfig needs).
  * @param sa.expirationSeconds token lifetime (default 3600, the API's minimum is 600).
  * @returns the kubeconfig path and a loaded KubeConfig for it.
  * @throws the API error when the ServiceAccount does not exist or the request is refused.
  */
 export async function serviceAccountKubeConfig(
   admin: KubeConfig,
-  sa: { namespace: string; name: string; dir: string; expirationSeconds?: number },
+  sa: { namespace: string; name: string; dir: string; audience?: string; expirationSeconds?: number },
 ): Promise<{ path: string; kc: KubeConfig }> {
-  const { namespace, name, dir, expirationSeconds = 3600 } = sa;
-  const core = admin.makeApiClient(CoreV1Api);
-  const tr = await core.createNamespacedServiceAccountToken({
-    name,
-    namespace,
-    body: { spec: { audiences: [], expirationSeconds } },
-  });
-  const token = tr.status?.token;
-  if (!token) throw new Error(`TokenRequest for ${namespace}/${name} returned no token`);
+  const { namespace, name, dir } = sa;
+  const token = await serviceAccountToken(admin, sa);
   const cluster = admin.getCurrentCluster()!;
   const user = `system:serviceaccount:${namespace}:${name}`;
   const config = {
@@ -102,4 +133,115 @@ export async function installRbac(
       }
     },
   };
+}
+
+/** The shipped ClusterRole of prepare's callers (SPEC §5), relative to the repository root. */
+export const PREPARE_ROLE_FILE = 'manifests/base/rbac/prepare.yaml';
+
+/**
+ * The rules of the ClusterRole `captf-prepare` as the manifests ship it (read from
+ * {@link PREPARE_ROLE_FILE}, never copied).
+ * @throws Error when the file has no such ClusterRole.
+ */
+export function shippedPrepareRules(): V1PolicyRule[] {
+  const docs = loadAll(readFileSync(join(REPO_ROOT, PREPARE_ROLE_FILE), 'utf8')) as (KubernetesObject & {
+    rules?: V1PolicyRule[];
+  })[];
+  const role = docs.find((d) => d?.kind === 'ClusterRole' && d.metadata?.name === 'captf-prepare');
+  if (!role?.rules) throw new Error(`${PREPARE_ROLE_FILE} has no ClusterRole captf-prepare`);
+  return role.rules;
+}
+
+/** A caller of mirror-sync's prepare: a ServiceAccount holding the shipped prepare role. */
+export interface PrepareCaller {
+  /** `system:serviceaccount:<namespace>:<name>`. */
+  user: string;
+  /** A token bound to the prepare audience (never print it). */
+  token: string;
+  /** The `Authorization` header value: `Bearer <token>`. */
+  authorization: string;
+  /** Deletes the ClusterRoleBinding, the ClusterRole and the ServiceAccount. */
+  cleanup(): Promise<void>;
+}
+
+/**
+ * Plays the provider's manager for prepare (SPEC §5): creates ServiceAccount
+ * `namespace/name` (if missing), binds it to a copy of the shipped `captf-prepare`
+ * ClusterRole named `captf-prepare-<suffix>` (plus `extraRules`, e.g. for a consumer kind of
+ * a test's own), waits until the API server's authorizer allows it, and mints a token for
+ * `audience` (default `captf-mirror-sync`), as `kubectl create token <name> --audience
+ * captf-mirror-sync` would.
+ * @throws the API error of a refused create, or Error when RBAC does not take effect in 30 s.
+ */
+export async function prepareCaller(
+  admin: KubeConfig,
+  opts: { namespace: string; name: string; suffix: string; audience?: string; extraRules?: V1PolicyRule[] },
+): Promise<PrepareCaller> {
+  const { namespace, name } = opts;
+  const user = `system:serviceaccount:${namespace}:${name}`;
+  const core = admin.makeApiClient(CoreV1Api);
+  await core
+    .createNamespacedServiceAccount({ namespace, body: { metadata: { name } } })
+    .catch((e: { code?: number }) => {
+      if (e.code !== 409) throw e;
+    });
+  const rules = [...shippedPrepareRules(), ...(opts.extraRules ?? [])];
+  const unbind = await bindClusterRole(admin, { name: `captf-prepare-${opts.suffix}`, rules, namespace, sa: name });
+  await allowedToPrepare(admin, user, rules);
+  const token = await serviceAccountToken(admin, {
+    namespace,
+    name,
+    audience: opts.audience ?? DEFAULT_PREPARE_AUDIENCE,
+  });
+  const cleanup = async () => {
+    await unbind();
+    await core.deleteNamespacedServiceAccount({ namespace, name }).catch(() => undefined);
+  };
+  return { user, token, authorization: `Bearer ${token}`, cleanup };
+}
+
+/** Creates ClusterRole `name` with `rules` and a ClusterRoleBinding of it to a ServiceAccount. @returns their cleanup. */
+async function bindClusterRole(
+  admin: KubeConfig,
+  r: { name: string; rules: V1PolicyRule[]; namespace: string; sa: string },
+): Promise<() => Promise<void>> {
+  const rbac = admin.makeApiClient(RbacAuthorizationV1Api);
+  await rbac.createClusterRole({ body: { metadata: { name: r.name }, rules: r.rules } });
+  await rbac.createClusterRoleBinding({
+    body: {
+      metadata: { name: r.name },
+      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: r.name },
+      subjects: [{ kind: 'ServiceAccount', name: r.sa, namespace: r.namespace }],
+    },
+  });
+  return async () => {
+    await rbac.deleteClusterRoleBinding({ name: r.name }).catch(() => undefined);
+    await rbac.deleteClusterRole({ name: r.name }).catch(() => undefined);
+  };
+}
+
+/** Waits until RBAC lets `user` create the first resource of every rule (the authorizer's cache lags a create). */
+async function allowedToPrepare(admin: KubeConfig, user: string, rules: readonly V1PolicyRule[]): Promise<void> {
+  const authz = admin.makeApiClient(AuthorizationV1Api);
+  const groups = ['system:serviceaccounts', `system:serviceaccounts:${user.split(':')[2]}`, 'system:authenticated'];
+  for (const rule of rules) {
+    const [resource, subresource = ''] = (rule.resources?.[0] ?? '').split('/');
+    await eventually(
+      `${user} to be allowed to create ${rule.resources?.[0]}`,
+      async () =>
+        (
+          await authz.createSubjectAccessReview({
+            body: {
+              spec: {
+                user,
+                groups,
+                resourceAttributes: { verb: 'create', group: rule.apiGroups?.[0] ?? '', resource, subresource },
+              },
+            },
+          })
+        ).status?.allowed === true,
+      30_000,
+      100,
+    );
+  }
 }

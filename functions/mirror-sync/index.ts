@@ -1,7 +1,8 @@
 /**
  * mirror-sync: the per-object credential mirror (SPEC §3–§8, §12). `POST /` takes
  * CloudEvents (ApiServerSource, PingSource), `POST /prepare` answers the provider's
- * manager before a Job starts, `GET /healthz`. Started by `functions/main.ts mirror-sync`.
+ * manager before a Job starts (its caller authenticated and authorized first: prepare-gate.ts),
+ * `GET /healthz`. Started by `functions/main.ts mirror-sync`.
  */
 import { createServer } from 'node:http';
 import { consumerKindsFromEnv, setPageSizeFromEnv } from '../lib/consumers.ts';
@@ -18,8 +19,10 @@ import {
   type StartOptions,
 } from '../lib/http.ts';
 import { createLogger } from '../lib/log.ts';
+import { prepareAuthFromEnv } from './authorize.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
+import { PrepareGate, type Caller } from './prepare-gate.ts';
 import { KeyQueue } from './queue.ts';
 import { reconcileKey, type ReconcileDeps } from './reconcile.ts';
 
@@ -57,10 +60,15 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     cfg,
     new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed)),
   );
-  const app = createApp();
+  // SPEC §5: the caller's token is checked before the body is read; the SubjectAccessReview
+  // for the named object comes before anything about the object is read.
+  const gate = new PrepareGate(kubeconfig, prepareAuthFromEnv(env), logger);
+  const app = createApp({ beforeBody: (a) => a.post('/prepare', gate.authenticate) });
   app.post('/', handler.handle);
   app.post('/prepare', async (req, res) => {
-    sendOutcome(res, await prepare(deps, handler, typeof req.body === 'string' ? req.body : ''));
+    const caller = res.locals.caller as Caller;
+    const body = typeof req.body === 'string' ? req.body : '';
+    sendOutcome(res, await prepare(deps, handler, body, (kind, r) => gate.authorize(caller, kind, r)));
   });
   app.use(errorHandler(logger));
   const server = createServer(serverOptions(), app);

@@ -120,12 +120,27 @@ export function prepareAnswer(r: PrepareOutcome, ready: boolean): Outcome {
 }
 
 /**
- * Runs prepare for one request: reconciles the consumer's mirror key now (through the key
- * queue, so with a reconcile that started after this request arrived), then re-reads the
- * mirror to confirm it is current and carries this object's owner reference (exact UID).
- * @returns the outcome; a bad body is `bad-input` (400) naming the field.
+ * Decides whether the (already authenticated) caller may prepare this object: the
+ * SubjectAccessReview of prepare-gate.ts. Resolves to undefined when allowed, else to the
+ * answer to send (403, or 503 when the review failed).
  */
-export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, raw: string): Promise<Outcome> {
+export type PrepareAuthorizer = (kind: ConsumerKind, req: PrepareRequest) => Promise<Outcome | undefined>;
+
+/**
+ * Runs prepare for one request of an authenticated caller (SPEC §5): parses the body, asks
+ * `authorize` before anything about the object is read, then reconciles the consumer's
+ * mirror key now (through the key queue, so with a reconcile that started after this request
+ * arrived) and re-reads the mirror to confirm it is current and carries this object's owner
+ * reference (exact UID).
+ * @returns the outcome; a bad body is `bad-input` (400) naming the field; a refusal is
+ *   whatever `authorize` answered.
+ */
+export async function prepare(
+  deps: ReconcileDeps,
+  handler: MirrorSyncHandler,
+  raw: string,
+  authorize: PrepareAuthorizer,
+): Promise<Outcome> {
   let parsed: ReturnType<typeof parsePrepareRequest>;
   try {
     parsed = parsePrepareRequest(raw, deps.kinds);
@@ -134,6 +149,8 @@ export async function prepare(deps: ReconcileDeps, handler: MirrorSyncHandler, r
     throw err;
   }
   const { req, kind } = parsed;
+  const refused = await authorize(kind, req);
+  if (refused) return refused;
   const clients = makeClients(deps.kc);
   const base = { object: `${req.namespace}/${req.name}`, kind: kind.kind };
   let found: Awaited<ReturnType<typeof keysForConsumer>>;

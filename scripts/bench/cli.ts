@@ -9,7 +9,7 @@
  * Flags:
  *   --quick          every row at tiny sizes (well under two minutes; `npm test` runs it)
  *   --size N         also run the resync row at N consumers (e.g. 10000)
- *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission
+ *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission, prepare
  *   --paths a,b      the delivery paths of the event rows (default all): direct, broker, broker-async
  *   --out DIR        where the result JSON goes (default bench/results; .local/bench-results with --quick)
  *   --timeout S      bound on any one wait for convergence (default 900; 120 with --quick)
@@ -37,6 +37,7 @@ import {
 import { REPO_ROOT } from '../controlplane/build.ts';
 import { startBenchSystem, type FunctionName } from './system.ts';
 import { admissionRow } from './rows/admission.ts';
+import { prepareRow } from './rows/prepare.ts';
 import { coldStartRow } from './rows/cold-start.ts';
 import type { RowContext } from './rows/context.ts';
 import { eventToMirrorRow } from './rows/event-to-mirror.ts';
@@ -75,6 +76,7 @@ const sizes = {
   ],
   revocationPerNamespace: quick ? 1 : 10,
   admission: quick ? 20 : 300,
+  prepare: quick ? 10 : 100,
   coldStartRuns: quick ? 3 : 10,
 };
 const timeoutMs = Number(values.timeout ?? (quick ? 120 : 900)) * 1000;
@@ -129,6 +131,7 @@ try {
     'cold-start': () => coldStartRow(ctx, sizes.coldStartRuns),
     resync: () => resyncRows(ctx, sizes.resync, results.figures).then(() => []),
     admission: () => admissionRow(ctx, sizes.admission),
+    prepare: () => prepareRow(ctx, sizes.prepare),
   };
   const eventRun: Record<EventRow, (path: DeliveryPath) => Promise<Figure[]>> = {
     'event-to-mirror': (path) => eventToMirrorRow(ctx, sizes.eventToMirror, path),

@@ -33,6 +33,8 @@ export interface RequestCounts {
   secretDeletes: number;
   /** Answers ≥ 500 or 429. */
   serverErrors: number;
+  /** TokenReviews and SubjectAccessReviews created (prepare's caller checks, admission's SARs). */
+  reviews: number;
 }
 
 interface AuditLine {
@@ -50,8 +52,10 @@ const emptyCounts = (): RequestCounts => ({
   mirrorWrites: 0,
   secretDeletes: 0,
   serverErrors: 0,
+  reviews: 0,
 });
 const WRITE_VERBS = new Set(['create', 'update', 'patch', 'delete']);
+const REVIEWS = new Set(['tokenreviews', 'subjectaccessreviews']);
 
 /**
  * Reads the API server's audit log (`--audit-log-path`, JSON lines) incrementally.
@@ -125,8 +129,12 @@ function countRequest(c: RequestCounts, a: AuditLine): void {
   const code = a.responseStatus?.code ?? 0;
   if (code === 409) c.conflicts++;
   if (code >= 500 || code === 429) c.serverErrors++;
+  c.reviews += isReview(a) ? 1 : 0;
   countSecretWrite(c, a);
 }
+
+/** A TokenReview or SubjectAccessReview created. */
+const isReview = (a: AuditLine): boolean => a.verb === 'create' && REVIEWS.has(a.objectRef?.resource ?? '');
 
 /** Counts Secret deletes and writes of mirrors (`captf-creds-*`); subresources are not Secrets. */
 function countSecretWrite(c: RequestCounts, a: AuditLine): void {

@@ -10,7 +10,15 @@ import { DELIVERY_PATHS, splitPath } from './paths.ts';
 import { formatSummary, formatValue, summarize } from './stats.ts';
 
 /** Every row of `npm run bench`, in the order they run (`--rows` takes these names). */
-export const ROWS = ['cold-start', 'resync', 'event-to-mirror', 'fan-in', 'revocation', 'admission'] as const;
+export const ROWS = [
+  'cold-start',
+  'resync',
+  'event-to-mirror',
+  'fan-in',
+  'revocation',
+  'admission',
+  'prepare',
+] as const;
 /** The rows that run once per delivery path (fan-in also makes the spread and concurrent fan-in rows). */
 export const EVENT_ROWS = ['event-to-mirror', 'fan-in', 'revocation'] as const;
 /** The rows the event rows make, by name prefix, in the order the table shows them. */

@@ -273,26 +273,54 @@ export function knownGoodEvent(target: EventTarget, id: string): HostileRequest 
   );
 }
 
-/** Bodies for mirror-sync's `POST /prepare`: well-formed ones about objects that do not exist (404), mutated ones, garbage. */
-export const hostilePrepare: fc.Arbitrary<FuzzCase> = fc
-  .tuple(
-    fc.record({
-      apiVersion: fc.constant(API_VERSION),
-      kind: fc.constantFrom('TerraformCluster', 'TerraformMachine'),
-      namespace: absentName,
-      name: absentName,
-    }),
-    fc.option(mutations([['apiVersion'], ['kind'], ['namespace'], ['name'], ['extra']]), { nil: undefined }),
-    fc.option(garbageBody, { nil: undefined }),
-    contentType,
-  )
-  .map(([good, m, garbage, type]): FuzzCase => ({
-    kind: garbage ? 'prepare garbage' : m ? 'prepare mutated' : 'prepare absent object',
-    expect: 'no-5xx',
-    request: {
-      method: 'POST',
-      path: '/prepare',
-      headers: type ? { 'content-type': type } : {},
-      body: garbage ?? (m ? applyAll(good, m) : good),
+/**
+ * `Authorization` headers for prepare: mostly the caller's own (so the body is looked at),
+ * sometimes none, another scheme, a truncated or extended token, or printable junk (401s).
+ */
+const prepareAuthorization = (authorization: string): fc.Arbitrary<string | undefined> =>
+  fc.oneof(
+    { arbitrary: fc.constant(authorization), weight: 6 },
+    {
+      arbitrary: fc.constantFrom(
+        undefined,
+        'Basic dXNlcjpwYXNz',
+        'Bearer',
+        authorization.slice(0, -5),
+        `${authorization} extra`,
+        'Bearer bm90LWEtdG9rZW4',
+      ),
+      weight: 3,
     },
-  }));
+    { arbitrary: fc.string({ unit: 'grapheme-ascii', maxLength: 300 }).map((t) => `Bearer ${t}`), weight: 1 },
+  );
+
+/**
+ * Requests for mirror-sync's `POST /prepare` (SPEC §5): well-formed bodies about objects that
+ * do not exist (404 once authorized), mutated ones and garbage, with the caller's
+ * `Authorization` header or a missing or broken one (401).
+ * @param authorization `Bearer <token>` of a caller allowed to prepare (scripts/serviceaccount.ts `prepareCaller`).
+ */
+export const hostilePrepare = (authorization: string): fc.Arbitrary<FuzzCase> =>
+  fc
+    .tuple(
+      fc.record({
+        apiVersion: fc.constant(API_VERSION),
+        kind: fc.constantFrom('TerraformCluster', 'TerraformMachine'),
+        namespace: absentName,
+        name: absentName,
+      }),
+      fc.option(mutations([['apiVersion'], ['kind'], ['namespace'], ['name'], ['extra']]), { nil: undefined }),
+      fc.option(garbageBody, { nil: undefined }),
+      contentType,
+      prepareAuthorization(authorization),
+    )
+    .map(([good, m, garbage, type, auth]): FuzzCase => ({
+      kind: garbage ? 'prepare garbage' : m ? 'prepare mutated' : 'prepare absent object',
+      expect: 'no-5xx',
+      request: {
+        method: 'POST',
+        path: '/prepare',
+        headers: { ...(type ? { 'content-type': type } : {}), ...(auth !== undefined ? { authorization: auth } : {}) },
+        body: garbage ?? (m ? applyAll(good, m) : good),
+      },
+    }));

@@ -15,6 +15,7 @@ import { start as startIdentityStatus } from '../../functions/identity-status/in
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { DEFAULT_BODY_LIMIT, type FunctionHandle } from '../../functions/lib/http.ts';
 import { createLogger } from '../../functions/lib/log.ts';
+import { prepareCaller } from '../serviceaccount.ts';
 import { parse, type Answer, type FuzzTarget } from './fuzz.ts';
 import { hostileReview, knownGoodReview, type FuzzCase } from './hostile.ts';
 import { hostileEvents, hostilePrepare, knownGoodEvent, wellFormedEvents } from './hostile-events.ts';
@@ -86,11 +87,21 @@ export interface RunningTargets {
   close(): Promise<void>;
 }
 
-/** Starts admission, mirror-sync and identity-status in-process against `kubeconfig`. */
+/**
+ * Starts admission, mirror-sync and identity-status in-process against `kubeconfig`, and a
+ * caller allowed to prepare (a ServiceAccount in `default` with the shipped prepare role and
+ * an audience-bound token), removed again by `close()`.
+ */
 export async function startTargets(kubeconfig: KubeConfig): Promise<RunningTargets> {
   const base = { port: 0, host: '127.0.0.1', kubeconfig };
   const [adm, ms, st] = [tallyLogger('admission'), tallyLogger('mirror-sync'), tallyLogger('identity-status')];
-  const scope = `captf-fuzz/scope=nothing-${randomBytes(4).toString('hex')}`;
+  const id = randomBytes(4).toString('hex');
+  const scope = `captf-fuzz/scope=nothing-${id}`;
+  const caller = await prepareCaller(kubeconfig, {
+    namespace: 'default',
+    name: `captf-fuzz-manager-${id}`,
+    suffix: id,
+  });
   const handles = await Promise.all([
     startAdmission({ ...base, logger: adm.logger, env: { CAPTF_ADMISSION_PLAIN_HTTP: 'true' } }),
     startMirrorSync({ ...base, logger: ms.logger, env: {} }),
@@ -114,7 +125,7 @@ export async function startTargets(kubeconfig: KubeConfig): Promise<RunningTarge
       cases: fc.oneof(
         { arbitrary: hostileEvents('mirror-sync'), weight: 6 },
         { arbitrary: wellFormedEvents('mirror-sync'), weight: 3 },
-        { arbitrary: hostilePrepare, weight: 1 },
+        { arbitrary: hostilePrepare(caller.authorization), weight: 1 },
       ),
       knownGood: (i) => knownGoodEvent('mirror-sync', `good-${i}`),
       checkKnownGood: expect2xx,
@@ -135,6 +146,9 @@ export async function startTargets(kubeconfig: KubeConfig): Promise<RunningTarge
     targets,
     logs: { admission: adm.tally, 'mirror-sync': ms.tally, 'identity-status': st.tally },
     handles,
-    close: async () => void (await Promise.all(handles.map((h) => h.close()))),
+    close: async () => {
+      await Promise.all(handles.map((h) => h.close()));
+      await caller.cleanup();
+    },
   };
 }

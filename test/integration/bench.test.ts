@@ -66,6 +66,7 @@ describe('npm run bench -- --quick', () => {
         'concurrent fan-in',
         'revocation',
         'admission overhead',
+        'prepare, ',
         'memory',
       ]) {
         const rows = doc.figures.filter((f) => f.row.startsWith(prefix));
@@ -86,6 +87,12 @@ describe('npm run bench -- --quick', () => {
           `row ${prefix} has no figure with a ratio to its baseline`,
         );
       }
+      // prepare (SPEC §5): without the cache every call makes a TokenReview and a SAR; with it, fewer.
+      const reviews = (label: string) =>
+        doc.figures.find((f) => f.row.startsWith('prepare, ') && f.what === `of them TokenReviews + SARs, ${label}`)!;
+      const uncached = reviews('not cached');
+      assert.deepEqual(uncached.samples, [2 * uncached.baseline!.samples[0]!], 'two reviews per uncached call');
+      assert.ok(reviews('cached').samples[0]! < uncached.samples[0]!, 'the cache saves reviews');
       // The event rows ran on every delivery path (scripts/bench/paths.ts), the concurrent
       // fan-in row on the async-handler Broker; no event was retried or dead-lettered.
       const paths = ['direct', 'broker', 'broker-async'];

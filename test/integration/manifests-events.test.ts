@@ -206,6 +206,11 @@ describe('event wiring vs. what the functions accept', () => {
       assert.ok(allows(rulesOf(base, 'captf-mirror-sync'), k.group, `${k.plural}/status`, 'patch'));
       assert.ok(allows(rulesOf(base, 'captf-admission'), k.group, k.plural, 'list'));
       assert.ok(allows(rulesOf(base, 'captf-identity-status'), k.group, k.plural, 'list'));
+      // SPEC §5: the manager's role lets it call prepare for every configured kind.
+      assert.ok(
+        allows(rulesOf(base, 'captf-prepare'), k.group, `${k.plural}/prepare`, 'create'),
+        `prepare ${k.plural}`,
+      );
     }
     assert.ok(sourced.includes(`${GROUP}/${VERSION}/${IDENTITY_KIND}`) && sourced.includes('v1/Namespace'));
     // The fast path's Secrets: the event-source account reads them in its own namespace only.

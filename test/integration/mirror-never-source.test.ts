@@ -46,9 +46,11 @@ import { startControlPlane, userKubeConfig, type ControlPlane } from '../../scri
 import { applyCRDs, loadCRDs } from '../../scripts/controlplane/crds.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { registerWebhook } from '../../scripts/local/webhook.ts';
+import { prepareCaller } from '../../scripts/serviceaccount.ts';
 import { eventually } from '../../scripts/wait.ts';
 import { apiServerEvent, pingEvent, postEvents } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { postPrepare } from '../helpers/prepare.ts';
 import {
   conditionOf,
   consumerEvent,
@@ -274,6 +276,16 @@ describe('a mirror is never a source (SPEC §3)', () => {
     assert.equal(conditionOf(got, 'CredentialsMirrored')?.reason, 'SourceIsMirror');
     assert.equal(conditionOf(got, 'IdentityAllowed')?.status, 'True');
     assert.match(conditionOf(got, 'CredentialsMirrored')!.message, /aws-copy is inert/);
+    // The provider's manager is told why no Job may start there.
+    const manager = await prepareCaller(a.kc, { namespace: 'ops', name: 'captf-controller-manager', suffix: 'm' });
+    const prep = await postPrepare(
+      `http://127.0.0.1:${mirrorSync.port}`,
+      { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team-c', name: 'tenant' },
+      manager,
+    );
+    assert.equal(prep.status, 409, prep.text);
+    assert.equal(prep.body.reason, 'SourceIsMirror');
+    assert.equal(prep.body.sourceHash, undefined);
     // The operator's consumer is untouched: the launderer does not make its mirror "not ours".
     const prod = await getConsumer(a, 'team-a', 'prod');
     assert.equal(conditionOf(prod, 'CredentialsMirrored')?.reason, 'Mirrored');

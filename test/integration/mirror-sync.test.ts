@@ -30,6 +30,8 @@ import {
   refuseSecrets,
 } from '../helpers/mirror-sync.ts';
 import { scanLater } from '../helpers/leaks.ts';
+import { manager, postPrepare } from '../helpers/prepare.ts';
+import type { PrepareCaller } from '../../scripts/serviceaccount.ts';
 
 const a = admin();
 const ns = namespaces('ms');
@@ -40,6 +42,8 @@ scanLater('HTTP answers', () => responses.join('\n'));
 let fn: FunctionHandle;
 let url: string;
 let sourceNs: string;
+/** The provider's manager: calls prepare with its audience-bound token (SPEC §5). */
+let caller: PrepareCaller;
 const source = { name: 'cloud-creds', namespace: '' };
 
 const b64 = (s: string) => Buffer.from(s).toString('base64');
@@ -68,9 +72,12 @@ before(async () => {
   });
   fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
   url = `http://127.0.0.1:${fn.port}`;
+  caller = await manager(ns);
 });
 after(async () => {
   await fn?.close();
+  const said = [...log.lines, ...responses].join('\n');
+  assert.ok(!caller || !said.includes(caller.token), 'the caller token appears in no log line or answer');
 });
 
 describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
@@ -464,14 +471,9 @@ function repairAndReleaseTests(): void {
 
 describe('prepare (SPEC §5)', () => {
   const prepare = async (body: unknown) => {
-    const res = await fetch(`${url}/prepare`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: typeof body === 'string' ? body : JSON.stringify(body),
-    });
-    const text = await res.text();
-    responses.push(text);
-    return { status: res.status, body: JSON.parse(text) as Record<string, string> };
+    const r = await postPrepare(url, body, caller);
+    responses.push(r.text);
+    return r;
   };
 
   it('answers 200 {mirror, sourceHash} on an allowed namespace, with the mirror current and owned', async () => {
@@ -729,12 +731,14 @@ describe('names and batches (SPEC §12, §15)', () => {
       assert.equal(r.status, 400, JSON.stringify(data));
       assert.match(r.body.error, re);
     }
-    const p = await fetch(`${url}/prepare`, {
-      method: 'POST',
-      body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team', name: '.' }),
-    });
+    const p = await postPrepare(
+      url,
+      { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team', name: '.' },
+      caller,
+    );
+    responses.push(p.text);
     assert.equal(p.status, 400);
-    assert.match(((await p.json()) as { error: string }).error, /not a valid object name/);
+    assert.match(p.body.error!, /not a valid object name/);
   });
 
   it('a mixed batch still processes its good events, and says which elements were bad', async () => {
@@ -831,15 +835,20 @@ describe('errors never carry Secret data (SPEC §15)', () => {
       60_000,
     );
     const cond = conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored')!;
-    assert.match(cond.message, /HTTP \d{3}.*withheld because the request carried Secret data/);
-    const prep = await fetch(`${url}/prepare`, {
-      method: 'POST',
-      body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'refused' }),
-    });
-    const prepText = await prep.text();
+    // Code, reason and the request only: the policy's message is never quoted (SPEC §15).
+    assert.match(
+      cond.message,
+      new RegExp(`: HTTP 422 Invalid \\(create secrets "${mirrorName(id)}" in namespace "${n}"\\)`),
+    );
+    const prep = await postPrepare(
+      url,
+      { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: n, name: 'refused' },
+      caller,
+    );
+    const prepText = prep.text;
     responses.push(prepText);
     assert.equal(prep.status, 409);
-    assert.equal((JSON.parse(prepText) as { reason: string }).reason, 'MirrorFailed');
+    assert.equal(prep.body.reason, 'MirrorFailed');
     assertNoSecret(JSON.stringify(cond) + prepText, SECRET_VALUES, 'condition and prepare answer');
   });
 });

@@ -1,6 +1,7 @@
 /**
  * SPEC §5 + §11, the prepare-then-Job flow: this test plays the provider's manager. It calls
- * mirror-sync's `POST /prepare`, and only on 200 creates a Terraform Job built with the
+ * mirror-sync's `POST /prepare` with its ServiceAccount's token for audience
+ * `captf-mirror-sync` (bound to the shipped prepare role), and only on 200 creates a Terraform Job built with the
  * delivery fragment, as a user who may create Jobs but cannot read Secrets. A prepare for a
  * deleting object whose namespace is no longer allowed refuses, the object shows
  * `ApplyJobSucceeded=False/IdentityNotAllowed`, and the mirror the earlier Job used is gone.
@@ -14,8 +15,10 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, mirrorName } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
+import type { PrepareCaller } from '../../scripts/serviceaccount.ts';
 import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { manager, postPrepare } from '../helpers/prepare.ts';
 import {
   conditionOf,
   createConsumer,
@@ -35,6 +38,7 @@ const source = { name: 'cloud-creds', namespace: '' };
 const FINALIZER = 'captf.io/test-manager';
 let fn: FunctionHandle;
 let url: string;
+let caller: PrepareCaller;
 
 before(async () => {
   source.namespace = await ns.create();
@@ -48,27 +52,24 @@ before(async () => {
   });
   fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
   url = `http://127.0.0.1:${fn.port}`;
+  caller = await manager(ns);
 });
 after(async () => {
   await fn?.close();
-  assertNoSecret([...log.lines, ...answers].join('\n'), SECRET_VALUES, 'mirror-sync logs and prepare answers');
+  const said = [...log.lines, ...answers].join('\n');
+  assertNoSecret(said, SECRET_VALUES, 'mirror-sync logs and prepare answers');
+  assert.ok(!caller || !said.includes(caller.token), "the manager's token appears in no log line or answer");
 });
 
-/** The manager's call: POST /prepare for one consumer. */
+/** The manager's call: POST /prepare for one consumer, with its audience-bound token. */
 async function prepare(c: Consumer): Promise<{ status: number; body: Record<string, string> }> {
-  const res = await fetch(`${url}/prepare`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({
-      apiVersion: API_VERSION,
-      kind: 'TerraformCluster',
-      namespace: c.metadata.namespace,
-      name: c.metadata.name,
-    }),
-  });
-  const text = await res.text();
-  answers.push(text);
-  return { status: res.status, body: JSON.parse(text) as Record<string, string> };
+  const r = await postPrepare(
+    url,
+    { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: c.metadata.namespace, name: c.metadata.name },
+    caller,
+  );
+  answers.push(r.text);
+  return r;
 }
 
 /** The manager's Job for a consumer and an action, before credentials are added. */

@@ -13,10 +13,11 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, makeClients, type Clients } from '../../functions/lib/kube.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { render } from '../../scripts/kustomize.ts';
-import { installRbac, serviceAccountKubeConfig } from '../../scripts/serviceaccount.ts';
+import { installRbac, serviceAccountKubeConfig, serviceAccountToken } from '../../scripts/serviceaccount.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { captureLogger } from '../helpers/logs.ts';
+import { MANAGER_SERVICE_ACCOUNT, postPrepare } from '../helpers/prepare.ts';
 
 const a = admin();
 const ns = namespaces('rbac');
@@ -26,7 +27,8 @@ const ns = namespaces('rbac');
 const SCOPE_LABEL = 'captf-test/rbac';
 const SCOPE_VALUE = suffix();
 const ACCOUNTS = ['captf-admission', 'captf-mirror-sync', 'captf-identity-status', 'captf-event-sources'] as const;
-type Account = (typeof ACCOUNTS)[number];
+/** The functions' accounts, and the provider manager's, which the shipped prepare role is bound to. */
+type Account = (typeof ACCOUNTS)[number] | typeof MANAGER_SERVICE_ACCOUNT;
 
 let home: string;
 let rendered: KubernetesObject[] = [];
@@ -40,6 +42,11 @@ before(async () => {
   rendered = objects;
   const rbac = await installRbac(a.kc, objects, { namespace: home, suffix: suffix() });
   cleanup = rbac.cleanup;
+  // The provider's manager is not in the manifests (the provider installs it); its binding is.
+  await a.core.createNamespacedServiceAccount({
+    namespace: home,
+    body: { metadata: { name: MANAGER_SERVICE_ACCOUNT } },
+  });
   for (const sa of ACCOUNTS) {
     const { path, kc } = await serviceAccountKubeConfig(a.kc, {
       namespace: home,
@@ -112,6 +119,18 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
   ['captf-mirror-sync', 'patch', 'secrets', '', '', false],
   ['captf-mirror-sync', 'create', 'events', 'events.k8s.io', '', true],
   ['captf-mirror-sync', 'create', 'configmaps', '', '', false],
+  // prepare's callers (SPEC §5): their token and their permission.
+  ['captf-mirror-sync', 'create', 'tokenreviews', 'authentication.k8s.io', '', true],
+  ['captf-mirror-sync', 'create', 'subjectaccessreviews', 'authorization.k8s.io', '', true],
+  ['captf-mirror-sync', 'create', 'terraformclusters', INFRA, 'prepare', false],
+  // The manager may prepare the shipped consumer kinds and do nothing else this project grants.
+  [MANAGER_SERVICE_ACCOUNT, 'create', 'terraformclusters', INFRA, 'prepare', true],
+  [MANAGER_SERVICE_ACCOUNT, 'create', 'terraformmachines', INFRA, 'prepare', true],
+  [MANAGER_SERVICE_ACCOUNT, 'get', 'terraformclusters', INFRA, 'prepare', false],
+  [MANAGER_SERVICE_ACCOUNT, 'create', 'terraformclusters', INFRA, '', false],
+  [MANAGER_SERVICE_ACCOUNT, 'create', IDENTITY_PLURAL, INFRA, 'prepare', false],
+  [MANAGER_SERVICE_ACCOUNT, 'get', 'secrets', '', '', false],
+  [MANAGER_SERVICE_ACCOUNT, 'create', 'tokenreviews', 'authentication.k8s.io', '', false],
   ['captf-identity-status', 'list', IDENTITY_PLURAL, INFRA, '', true],
   ['captf-identity-status', 'get', IDENTITY_PLURAL, INFRA, '', false],
   ['captf-identity-status', 'watch', IDENTITY_PLURAL, INFRA, '', false],
@@ -155,6 +174,24 @@ describe('least-privilege RBAC from the rendered manifests', () => {
         );
     }
     assert.deepEqual(wrong, []);
+  });
+
+  it("the prepare ClusterRole grants exactly create on the consumer kinds' prepare, bound to the manager's ServiceAccount", () => {
+    const role = rendered.find((o) => o.kind === 'ClusterRole' && o.metadata?.name === 'captf-prepare') as
+      (KubernetesObject & { rules?: unknown[] }) | undefined;
+    assert.deepEqual(role?.rules, [
+      { apiGroups: [INFRA], resources: ['terraformclusters/prepare', 'terraformmachines/prepare'], verbs: ['create'] },
+    ]);
+    const binding = rendered.find((o) => o.kind === 'ClusterRoleBinding' && o.metadata?.name === 'captf-prepare') as
+      (KubernetesObject & { roleRef?: unknown; subjects?: unknown[] }) | undefined;
+    assert.deepEqual(binding?.roleRef, {
+      apiGroup: 'rbac.authorization.k8s.io',
+      kind: 'ClusterRole',
+      name: 'captf-prepare',
+    });
+    assert.deepEqual(binding?.subjects, [
+      { kind: 'ServiceAccount', name: MANAGER_SERVICE_ACCOUNT, namespace: 'captf-system' },
+    ]);
   });
 
   it('the admission ClusterRole grants exactly SubjectAccessReviews, consumer lists and namespace gets', () => {
@@ -272,22 +309,22 @@ describe('each function works as its ServiceAccount', () => {
     return { url: `http://127.0.0.1:${fn.port}`, lines };
   }
 
-  it('mirror-sync: prepare creates the mirror and writes conditions', async () => {
+  it("mirror-sync: prepare, called with the manager's audience-bound token, creates the mirror and writes conditions", async () => {
     const w = await world();
     const { url, lines } = await startAs(import('../../functions/mirror-sync/index.ts'), 'captf-mirror-sync');
-    const res = await fetch(`${url}/prepare`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({
-        apiVersion: API_VERSION,
-        kind: 'TerraformCluster',
-        namespace: w.tenant,
-        name: w.consumer,
-      }),
+    // The manager's token (`kubectl create token captf-controller-manager --audience captf-mirror-sync`),
+    // allowed by the rendered binding; mirror-sync checks it with its own account's RBAC.
+    const token = await serviceAccountToken(a.kc, {
+      namespace: home,
+      name: MANAGER_SERVICE_ACCOUNT,
+      audience: 'captf-mirror-sync',
     });
-    const body = (await res.json()) as { mirror?: string };
-    assert.equal(res.status, 200, `${JSON.stringify(body)}\n${lines.join('\n')}`);
-    assert.equal(body.mirror, mirrorName(w.idName));
+    const req = { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: w.tenant, name: w.consumer };
+    assert.equal((await postPrepare(url, req, undefined)).status, 401, 'no token, no prepare');
+    const res = await postPrepare(url, req, `Bearer ${token}`);
+    assert.equal(res.status, 200, `${res.text}\n${lines.join('\n')}`);
+    assert.equal(res.body.mirror, mirrorName(w.idName));
+    assert.ok(!lines.join('\n').includes(token), 'the token appears in no log line');
     const mirror = await a.core.readNamespacedSecret({ name: mirrorName(w.idName), namespace: w.tenant });
     assert.equal(mirror.metadata?.ownerReferences?.[0]?.name, w.consumer);
     const obj = (await a.custom.getNamespacedCustomObject({
