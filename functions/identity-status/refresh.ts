@@ -189,14 +189,17 @@ async function sourceState(deps: RefreshDeps, identity: TerraformClusterIdentity
   if (!ref?.name || !ref.namespace) return 'not-found';
   // A mirror is never a source (SPEC §3): such a name is not even read.
   if (isReservedSourceName(ref.name)) return 'is-mirror';
+  let read: unknown;
   try {
-    await deps.clients.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }, METADATA);
-    return 'found';
+    read = await deps.clients.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }, METADATA);
   } catch (err) {
     if (isNotFound(err)) return 'not-found';
     if (isForbidden(err)) return 'forbidden';
     throw err;
   }
+  // A 200 that is not that Secret (a proxy's page parses as a string) proves nothing: retried.
+  if (!namesSecret(ref, read as SecretLike)) throw new Error('the answer to the source read is not that Secret');
+  return 'found';
 }
 
 /**

@@ -21,6 +21,7 @@
  * failed request ({@link rememberRequest}), so every caller of {@link describeError} gets it
  * without passing it; a caller may pass it explicitly for clients built elsewhere.
  */
+import { X509Certificate } from 'node:crypto';
 
 /**
  * One request as the API server's authorizer sees it (k8s.io/apiserver
@@ -499,19 +500,54 @@ function describeOther(err: unknown): string {
   return line.slice(0, 300);
 }
 
+/** A ServiceAccount's username: `system:serviceaccount:<namespace>:<name>`. */
+const SERVICE_ACCOUNT_USER =
+  /^system:serviceaccount:[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?:[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$/;
+/** A certificate's common name kube-apiserver takes for a username, restricted to a safe alphabet. */
+const CERT_USER = /^[A-Za-z0-9][A-Za-z0-9@._:+=-]{0,252}$/;
+
 /**
- * Whether a username from a SelfSubjectReview may be shown: a plausible Kubernetes username
- * (`[A-Za-z0-9]` then `[A-Za-z0-9@._:+=-]`, at most 253 characters) sharing no 12 characters
- * in a row with any of `credentials` (the token we sent: an answer could put it there).
+ * Whether `name` is shaped like a ServiceAccount's username (so it may be logged as who called).
  */
-export function acceptableUsername(name: unknown, credentials: readonly string[] = []): name is string {
-  if (typeof name !== 'string' || !/^[A-Za-z0-9][A-Za-z0-9@._:+=-]{0,252}$/.test(name)) return false;
-  const window = 12;
-  for (const c of credentials) {
-    if (c.length < window) continue;
-    for (let i = 0; i + window <= name.length; i++) if (c.includes(name.slice(i, i + window))) return false;
+export const isServiceAccountUser = (name: unknown): name is string =>
+  typeof name === 'string' && SERVICE_ACCOUNT_USER.test(name);
+
+/**
+ * The username this process acts as, from its own credentials alone (never from an answer,
+ * which a proxy could forge, SPEC §15): the `sub` claim of a ServiceAccount token (the
+ * API server authenticates such a token as exactly that user), else the common name of the
+ * client certificate (kube-apiserver's x509 authenticator takes the CN as the username).
+ * @param own.bearer the bearer token sent; @param own.certPem the client certificate (PEM).
+ * @returns the username, or undefined when neither gives one in a safe alphabet (an exec
+ *   plugin, OIDC, a token that is not a ServiceAccount JWT).
+ */
+export function usernameFromCredentials(own: { bearer?: string; certPem?: string }): string | undefined {
+  const sub = own.bearer ? jwtSubject(own.bearer) : undefined;
+  if (isServiceAccountUser(sub)) return sub;
+  const cn = own.certPem ? commonName(own.certPem) : undefined;
+  return cn !== undefined && CERT_USER.test(cn) ? cn : undefined;
+}
+
+/** The `sub` claim of a JWT's payload (not verified: it is our own token), or undefined. */
+function jwtSubject(token: string): string | undefined {
+  const payload = token.split('.')[1];
+  if (!payload) return undefined;
+  try {
+    const sub = (JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as { sub?: unknown }).sub;
+    return typeof sub === 'string' ? sub : undefined;
+  } catch {
+    return undefined;
   }
-  return true;
+}
+
+/** The subject's CN of a PEM certificate (the first certificate), or undefined. */
+function commonName(pem: string): string | undefined {
+  try {
+    const subject = new X509Certificate(pem).subject;
+    return /^CN=(.*)$/m.exec(subject)?.[1];
+  } catch {
+    return undefined;
+  }
 }
 
 /** `metav1.StatusReason` values (k8s.io/apimachinery/pkg/apis/meta/v1/types.go). */

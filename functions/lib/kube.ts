@@ -21,11 +21,11 @@ import {
 } from '@kubernetes/client-node';
 import { pooledAuthentication } from './api-pool.ts';
 import {
-  acceptableUsername,
   apiStatus,
   rememberRequest,
   requestAttributes,
   sentBody,
+  usernameFromCredentials,
   type RequestAttributes,
 } from './api-errors.ts';
 
@@ -128,47 +128,30 @@ export async function retryOnConflict<T>(fn: (attempt: number) => Promise<T>, at
 const users = new WeakMap<KubeConfig, Promise<string | undefined>>();
 
 /**
- * The user this process acts as, asked once per kubeconfig with a SelfSubjectReview
- * (`authentication.k8s.io/v1`, allowed to every authenticated user by the default
- * `system:basic-user` role); for messages that say who was refused. The answer is untrusted:
- * a name that is not a plausible username, or that shares text with the token we sent, is
- * not used (api-errors.ts `acceptableUsername`).
- * @returns the username, or undefined when the review failed or its name is not acceptable
- *   (never throws; a failure is asked again next time).
+ * The user this process acts as, for messages that say who was refused: read from its own
+ * credentials (api-errors.ts `usernameFromCredentials`: a ServiceAccount token's subject, a
+ * client certificate's CN), never asked of the API server, whose answer a proxy could forge.
+ * @returns the username, or undefined when the credentials do not tell it (never throws).
  */
 export function whoAmI(kc: KubeConfig): Promise<string | undefined> {
   let user = users.get(kc);
   if (!user) {
-    user = askWhoAmI(kc).then((name) => {
-      if (name === undefined) users.delete(kc);
-      return name;
-    });
+    user = ownCredentials(kc).then(usernameFromCredentials, () => undefined);
     users.set(kc, user);
   }
   return user;
 }
 
-async function askWhoAmI(kc: KubeConfig): Promise<string | undefined> {
-  try {
-    const review = await kc
-      .makeApiClient(AuthenticationV1Api)
-      .createSelfSubjectReview({ body: { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview' } });
-    const name = review.status?.userInfo?.username;
-    return acceptableUsername(name, await credentialsOf(kc)) ? name : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/** The secrets `kc` sends (bearer token, basic-auth password), to keep them out of any text. */
-async function credentialsOf(kc: KubeConfig): Promise<string[]> {
-  const opts: { headers?: Record<string, unknown>; auth?: string } = {};
+/** The bearer token and client certificate `kc` sends. */
+async function ownCredentials(kc: KubeConfig): Promise<{ bearer?: string; certPem?: string }> {
+  const opts: { headers?: Record<string, unknown>; cert?: unknown } = {};
   await kc.applyToHTTPSOptions(opts);
   const auth = opts.headers?.Authorization ?? opts.headers?.authorization;
-  return [
-    ...(typeof auth === 'string' ? [auth.replace(/^Bearer\s+/i, '')] : []),
-    ...(opts.auth ? [opts.auth.slice(opts.auth.indexOf(':') + 1)] : []),
-  ];
+  const cert = opts.cert;
+  return {
+    ...(typeof auth === 'string' && /^Bearer\s+/i.test(auth) ? { bearer: auth.replace(/^Bearer\s+/i, '') } : {}),
+    ...(typeof cert === 'string' || Buffer.isBuffer(cert) ? { certPem: cert.toString() } : {}),
+  };
 }
 
 /**

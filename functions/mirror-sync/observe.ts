@@ -17,7 +17,7 @@ import {
 } from '../lib/api.ts';
 import { findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, isForbidden, listAllPages, type Clients, type ListPage } from '../lib/kube.ts';
-import { mirrorName, sourceHash } from '../lib/mirror.ts';
+import { mirrorName, namesSecret, sourceHash, type SecretLike } from '../lib/mirror.ts';
 import { mayHoldMirror, type ConsumerName, type MirrorKey, type Snapshot, type SourceState } from './decide.ts';
 
 /**
@@ -71,6 +71,9 @@ export async function readSource(clients: Clients, identity: TerraformClusterIde
   try {
     const s = await ignoreNotFound(clients.core.readNamespacedSecret({ name: ref.name, namespace: ref.namespace }));
     if (!s) return { state: 'missing', message: `${what} does not exist` };
+    // A 200 that is not that Secret (a proxy's or load balancer's page parses as a string)
+    // must never pass for a source without data: the mirror keeps its last good copy.
+    if (!namesSecret(ref, s as SecretLike)) throw new Error(`the answer to the read of ${what} is not that Secret`);
     return { state: 'found', data: s.data ?? {}, hash: sourceHash(s.data) };
   } catch (err) {
     if (!isForbidden(err)) throw err;

@@ -6,7 +6,9 @@
  * Nothing about the object is read before both said yes. Results are reused for at most
  * 10 s from a bounded LRU cache keyed by SHA-256 hashes, never by the token itself.
  */
+import { createHash } from 'node:crypto';
 import type { KubeConfig } from '@kubernetes/client-node';
+import { isServiceAccountUser } from '../lib/api-errors.ts';
 import type { NextFunction, Request, Response } from 'express';
 import { LRUCache } from 'lru-cache';
 import type { ConsumerKind } from '../lib/api.ts';
@@ -106,7 +108,10 @@ export class PrepareGate {
     if (allowed) return undefined;
     this.logger.info('prepare refused', {
       status: 403,
-      user: caller.user.username.slice(0, 256),
+      // The name comes from the TokenReview's answer: only a ServiceAccount's is shown (SPEC §15).
+      user: isServiceAccountUser(caller.user.username)
+        ? caller.user.username
+        : `sha256:${createHash('sha256').update(caller.user.username).digest('hex').slice(0, 16)}`,
       kind: kind.kind,
       object: `${target.namespace}/${target.name}`,
       apiCalls: caller.counter.calls,

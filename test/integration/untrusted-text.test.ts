@@ -61,6 +61,7 @@ const running: FunctionHandle[] = [];
 type Fault =
   | { kind: 'html'; code: number }
   | { kind: 'status'; code: number; status: (authorization: string) => Record<string, unknown> }
+  | { kind: 'json'; code: number; body: Record<string, unknown> }
   | { kind: 'reset' };
 const faults = new Map<string, Fault>();
 let proxyUrl = '';
@@ -80,6 +81,10 @@ function answerFault(f: Fault, req: IncomingMessage, res: ServerResponse): void 
   }
   if (f.kind === 'html') {
     res.writeHead(f.code, { 'content-type': 'text/html' }).end(htmlPage(req));
+    return;
+  }
+  if (f.kind === 'json') {
+    res.writeHead(f.code, { 'content-type': 'application/json' }).end(JSON.stringify(f.body));
     return;
   }
   const body = { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', code: f.code };
@@ -196,7 +201,7 @@ async function world(n: string) {
   );
   await putIdentity(a, id, source, { list: [n] }, { [SCOPE_LABEL]: SCOPE_VALUE });
   const c = await createConsumer(a, n, `c-${suffix()}`, id);
-  return { id, c };
+  return { id, c, source };
 }
 
 /** The consumer's CredentialsMirrored condition and the namespace's Events, kept for the scan. */
@@ -305,6 +310,48 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
       lines.some((l) => l.includes('ECONNREFUSED')),
       lines.join('\n'),
     );
+  });
+
+  it('(f) who we are comes from our own token: a forged SelfSubjectReview cannot get a name quoted', async () => {
+    const n = await ns.create();
+    const { c } = await world(n);
+    // Our user as the proxy would like it to be, and an RBAC sentence written for exactly that user.
+    faults.set('POST /apis/authentication.k8s.io/v1/selfsubjectreviews', {
+      kind: 'json',
+      code: 201,
+      body: {
+        kind: 'SelfSubjectReview',
+        apiVersion: 'authentication.k8s.io/v1',
+        status: { userInfo: { username: SENTINEL } },
+      },
+    });
+    const { url: fresh } = await startAs(import('../../functions/mirror-sync/index.ts'), 'captf-mirror-sync');
+    faults.set(`POST /api/v1/namespaces/${n}/secrets`, {
+      kind: 'status',
+      code: 403,
+      status: () => ({
+        reason: 'Forbidden',
+        message: `secrets is forbidden: User "${SENTINEL}" cannot create resource "secrets" in API group "" in the namespace "${n}"`,
+      }),
+    });
+    keep(await deliver(`${fresh}/`, consumerEvent(c), { retries: 0 }));
+    const { cond } = await conditionAndEvents(n, c.metadata.name!);
+    assert.match(cond?.message ?? '', new RegExp(`as "${userOf('captf-mirror-sync')}"\\): refused \\(by a policy`));
+    faults.delete('POST /apis/authentication.k8s.io/v1/selfsubjectreviews');
+  });
+
+  it('(g) a 200 page instead of the source is no empty Secret: the mirror keeps its copy, the event is retried', async () => {
+    const n = await ns.create();
+    const { id, c, source } = await world(n);
+    assert.equal(keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 })).status, 200);
+    const before = (await a.core.readNamespacedSecret({ namespace: n, name: mirrorName(id) })).data;
+    faults.set(`GET /api/v1/namespaces/${source.namespace}/secrets/${source.name}`, { kind: 'html', code: 200 });
+    const r = keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 }));
+    assert.equal(r.status, 503, r.text);
+    assert.match(r.text, /is not that Secret/);
+    assert.deepEqual((await a.core.readNamespacedSecret({ namespace: n, name: mirrorName(id) })).data, before);
+    assert.equal((await conditionAndEvents(n, c.metadata.name!)).cond?.reason, 'Mirrored');
+    faults.delete(`GET /api/v1/namespaces/${source.namespace}/secrets/${source.name}`);
   });
 
   it('(e) a real RBAC denial is quoted exactly as the API server wrote it', async () => {

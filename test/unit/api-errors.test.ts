@@ -6,7 +6,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import {
-  acceptableUsername,
+  isServiceAccountUser,
+  usernameFromCredentials,
   apiStatus,
   describeError,
   isFieldPath,
@@ -307,14 +308,50 @@ describe('keptCauses and isFieldPath', () => {
   });
 });
 
-describe('acceptableUsername: a SelfSubjectReview answer is shown only when plausible and free of our token', () => {
-  it('accepts usernames, refuses the token, parts of it and other text', () => {
-    assert.ok(acceptableUsername(USER, [TOKEN]));
-    assert.ok(acceptableUsername('alice@example.com', [TOKEN]));
-    assert.ok(!acceptableUsername(TOKEN.slice(0, 60), [TOKEN]));
-    assert.ok(!acceptableUsername(`system:${TOKEN.slice(20, 34)}`, [TOKEN]));
-    assert.ok(!acceptableUsername('a b', []));
-    assert.ok(!acceptableUsername('', []));
-    assert.ok(!acceptableUsername(undefined, []));
+describe('usernameFromCredentials: who we are comes from our own credentials, never from an answer', () => {
+  const jwt = (claims: object) =>
+    ['{"alg":"RS256"}', JSON.stringify(claims), 'sig'].map((p) => Buffer.from(p).toString('base64url')).join('.');
+  // openssl req -x509 -subj "/O=editors/CN=alice@example.com" and -subj '/CN=a b"quote'
+  const ALICE = `-----BEGIN CERTIFICATE-----
+MIIBszCCAVmgAwIBAgIUFFrXJaEj0Xq2g+J07vjZSJkR4RswCgYIKoZIzj0EAwIw
+LjEQMA4GA1UECgwHZWRpdG9yczEaMBgGA1UEAwwRYWxpY2VAZXhhbXBsZS5jb20w
+IBcNMjYxMjAyMDUwNTQ4WhgPMjEyNjExMDgwNTA1NDhaMC4xEDAOBgNVBAoMB2Vk
+aXRvcnMxGjAYBgNVBAMMEWFsaWNlQGV4YW1wbGUuY29tMFkwEwYHKoZIzj0CAQYI
+KoZIzj0DAQcDQgAE/IepxUbn0Py4TXdTK86DTi53xPtGjAtsDJx8CMiI7Rk+RwaZ
+prmuNClH9e3M1C+WoUXw4wXaNaqmszunc66ju6NTMFEwHQYDVR0OBBYEFCISgcZm
+w5mawSO3rJGE4Umi8LgDMB8GA1UdIwQYMBaAFCISgcZmw5mawSO3rJGE4Umi8LgD
+MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSAAwRQIhAL0ndAzNNPeivxqO
+3P0bL4pPLq5rRmCIKgZfMT2xbsRfAiAfXgPDBu97MDqWSqegVhTeUwBtsLS0HYg4
+lqLYoT7Ekg==
+-----END CERTIFICATE-----`;
+  const ODD = `-----BEGIN CERTIFICATE-----
+MIIBgDCCASWgAwIBAgIUdq0aNyXJ9BaCcreTGokKB0xqtBYwCgYIKoZIzj0EAwIw
+FDESMBAGA1UEAwwJYSBiInF1b3RlMCAXDTI2MTIwMjA1MDU0OFoYDzIxMjYxMTA4
+MDUwNTQ4WjAUMRIwEAYDVQQDDAlhIGIicXVvdGUwWTATBgcqhkjOPQIBBggqhkjO
+PQMBBwNCAAT1S/0GfscjENmocP/Dew31RUFqh4m+SZMkVbJEipJtbUwUFbudblCS
+12w7c29IVYV3ZP5R5k1L7vCuT61O/mC4o1MwUTAdBgNVHQ4EFgQU0M/3ypZODgss
+ZkN3Oapnr9Gaz+EwHwYDVR0jBBgwFoAU0M/3ypZODgssZkN3Oapnr9Gaz+EwDwYD
+VR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNJADBGAiEAx/A1VlJwXmHp5YfL5jKg
+msAUkdJxW1/IMDJ7gcOEWxQCIQCiB4mH0IouIU0xhkxp6fVQ+eVS7XgYEnoO1avJ
+npndsg==
+-----END CERTIFICATE-----`;
+  const rows: [string, Parameters<typeof usernameFromCredentials>[0], string | undefined][] = [
+    [
+      'a ServiceAccount token: its subject',
+      { bearer: jwt({ sub: 'system:serviceaccount:captf-system:captf-mirror-sync' }) },
+      'system:serviceaccount:captf-system:captf-mirror-sync',
+    ],
+    ['a token whose subject is not a ServiceAccount', { bearer: jwt({ sub: 'SENTINEL with spaces' }) }, undefined],
+    ['a token that is not a JWT', { bearer: 'opaque-token' }, undefined],
+    ['a client certificate: its CN', { certPem: ALICE }, 'alice@example.com'],
+    ['a CN outside the safe alphabet', { certPem: ODD }, undefined],
+    ['garbage PEM', { certPem: 'not a certificate' }, undefined],
+    ['nothing', {}, undefined],
+  ];
+  for (const [name, own, want] of rows) it(name, () => assert.equal(usernameFromCredentials(own), want));
+  it('tells a ServiceAccount username by its shape', () => {
+    assert.ok(isServiceAccountUser('system:serviceaccount:ns:sa'));
+    assert.ok(!isServiceAccountUser('system:serviceaccount:ns:SA with "quotes"'));
+    assert.ok(!isServiceAccountUser('alice'));
   });
 });
