@@ -138,7 +138,12 @@ ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'clu
   broker: ${system.brokerUrl} (dead letters print as dead-letter lines)${
     system.controlPlane
       ? `
-  try: kubectl apply -f examples/ && kubectl get terraformclusters -A
+  try: kubectl apply -f examples/ && kubectl get terraformclusters -A${
+    system.prepareCaller
+      ? `
+  prepare (as the provider's manager): curl -H "Authorization: Bearer $(kubectl create token ${system.prepareCaller.name} -n ${system.prepareCaller.namespace} --audience captf-mirror-sync)" -H 'content-type: application/json' -d '{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","kind":"TerraformCluster","namespace":"team-a","name":"prod"}' ${f['mirror-sync'].url}/prepare`
+      : ''
+  }
   users: sign client certificates with ${system.controlPlane.dir}/pki/client-ca.crt and client-ca.key (examples/README.md)`
       : ''
   }

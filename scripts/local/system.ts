@@ -19,7 +19,9 @@ import {
   AppsV1Api,
   CoreV1Api,
   KubeConfig,
+  KubernetesObjectApi,
   makeInformer,
+  type V1ClusterRoleBinding,
   type KubernetesListObject,
   type KubernetesObject,
   type V1CustomResourceDefinition,
@@ -124,6 +126,8 @@ export interface RunningSystem {
   schedules: Record<keyof typeof PINGS, string>;
   /** Whether the ValidatingWebhookConfiguration was registered. */
   webhook: boolean;
+  /** The ServiceAccount playing the provider's manager, allowed to call prepare (embedded control plane only). */
+  prepareCaller?: { namespace: string; name: string };
   /**
    * POSTs the CloudEvent a PingSource tick sends to the Broker now, which routes it by the
    * Triggers like mtping's; resolves once the Broker answered, which (default synchronous
@@ -184,6 +188,7 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
     const webhook = await registerLocalWebhook(s, cluster, functions.admission.url, tls.caPem);
     await eventingCRDsInstalled;
     const brokerUrl = await startBroker(s, { cluster, rendered, functions, schedules });
+    const prepareCaller = cluster.controlPlane ? await installPrepareCaller(cluster.kc, rendered) : undefined;
     await startAdapter(s, { cluster, rendered, brokerUrl });
     s.cleanups.push(await watchMirrors(cluster.kc, s.emit));
     return {
@@ -194,6 +199,7 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
       brokerUrl,
       schedules,
       webhook,
+      ...(prepareCaller ? { prepareCaller } : {}),
       ping: (which) => ping(brokerUrl, which),
       stop: s.stop,
     };
@@ -521,6 +527,38 @@ async function createNamespaceAsApplied(kc: KubeConfig, rendered: readonly Kuber
     .catch((err: unknown) => {
       if (!isConflict(err)) throw err;
     });
+}
+
+/**
+ * The provider's manager as the embedded control plane plays it: the rendered `captf-prepare`
+ * ClusterRole and its binding, and the ServiceAccount the binding names (in a cluster the
+ * provider installs it), so `prepare` can be called as the docs show, with
+ * `kubectl create token <sa> --audience captf-mirror-sync`. Only for a control plane this
+ * process owns: nothing like it is written into a cluster the user named.
+ * @returns the ServiceAccount. @throws Error when the manifests render no such binding.
+ */
+async function installPrepareCaller(
+  kc: KubeConfig,
+  rendered: readonly KubernetesObject[],
+): Promise<{ namespace: string; name: string }> {
+  const rbac = rendered.filter(
+    (o) => (o.kind === 'ClusterRole' || o.kind === 'ClusterRoleBinding') && o.metadata?.name === 'captf-prepare',
+  );
+  const subject = (rbac.find((o) => o.kind === 'ClusterRoleBinding') as V1ClusterRoleBinding | undefined)
+    ?.subjects?.[0];
+  if (rbac.length !== 2 || !subject?.namespace)
+    throw new Error(`${EVENTING_MANIFESTS} renders no captf-prepare ClusterRole and ClusterRoleBinding`);
+  const sa = {
+    apiVersion: 'v1',
+    kind: 'ServiceAccount',
+    metadata: { name: subject.name, namespace: subject.namespace },
+  };
+  const objects = KubernetesObjectApi.makeApiClient(kc);
+  for (const o of [...rbac, sa])
+    await objects.create(o).catch((err: unknown) => {
+      if (!isConflict(err)) throw err;
+    });
+  return { namespace: subject.namespace, name: subject.name };
 }
 
 /** Prints a dead letter, naming the function it did not reach. */

@@ -21,11 +21,14 @@ import {
   CustomObjectsApi,
   KubeConfig,
 } from '@kubernetes/client-node';
+import { API_VERSION } from '../../functions/lib/api.ts';
 import { isNotFound } from '../../functions/lib/kube.ts';
 import { startControlPlane, type ControlPlane } from '../../scripts/controlplane/controlplane.ts';
 import { applyExamples, loadExamples } from '../../scripts/local/examples.ts';
 import { WEBHOOK_CONFIGURATION } from '../../scripts/local/system.ts';
+import { serviceAccountToken } from '../../scripts/serviceaccount.ts';
 import { eventually } from '../helpers/cluster.ts';
+import { postPrepare } from '../helpers/prepare.ts';
 
 const START = fileURLToPath(new URL('../../scripts/start.ts', import.meta.url));
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
@@ -198,6 +201,14 @@ describe('npm start on an embedded control plane', () => {
       mirror.metadata?.ownerReferences?.map((o) => `${o.kind}/${o.name}`),
       ['TerraformCluster/staging'],
     );
+    // The banner's prepare call works as printed: the manager's ServiceAccount and the shipped
+    // binding exist, and a token for the audience captf-mirror-sync is accepted.
+    const [, saName, saNs] = /kubectl create token (\S+) -n (\S+) --audience captf-mirror-sync/.exec(banner) ?? [];
+    assert.ok(saName && saNs, 'the banner shows how to call prepare');
+    const token = await serviceAccountToken(kc, { namespace: saNs, name: saName, audience: 'captf-mirror-sync' });
+    const prod = { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team-a', name: 'prod' };
+    assert.equal((await postPrepare(mirrorSyncUrl, prod, `Bearer ${token}`)).status, 200);
+    assert.equal((await postPrepare(mirrorSyncUrl, prod, undefined)).status, 401);
     // A few resync and status ticks (mtping, every 3 s) later, nothing new is printed for unchanged objects.
     const lines = () =>
       run
