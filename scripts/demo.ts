@@ -27,12 +27,14 @@ import {
   type TerraformClusterIdentity,
 } from '../functions/lib/api.ts';
 import { untrustedServerMessage } from '../functions/lib/api-errors.ts';
+import { DEFAULT_PREPARE_AUDIENCE } from '../functions/mirror-sync/authorize.ts';
 import { isNotFound } from '../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, isCurrent, mirrorName, sourceHash, type SecretLike } from '../functions/lib/mirror.ts';
 import { REPO_ROOT } from './controlplane/build.ts';
 import { applyExamples, loadExamples } from './local/examples.ts';
 import { formatLine, type Printed } from './local/print.ts';
 import { startSystem, type RunningSystem } from './local/system.ts';
+import { serviceAccountToken } from './serviceaccount.ts';
 import { eventually } from './wait.ts';
 
 const { values } = parseArgs({
@@ -117,6 +119,10 @@ async function run(): Promise<void> {
     ['every consumer reports CredentialsMirrored=True (Mirrored)', consumersReportMirrored],
     ['a status ping makes each identity Ready=True (SecretFound) and lists where it is in use', identitiesReady],
     ['rotation: a new source value reaches every mirror after one resync', rotationReachesMirrors],
+    [
+      "the provider's manager calls prepare with a token for audience captf-mirror-sync; without one it is refused 401",
+      managerPrepares,
+    ],
     [
       'captf-runner drops TF_* and KUBE_* variables before Terraform starts (env built from the team-c mirror)',
       runnerDropsTerraformVariables,
@@ -302,6 +308,33 @@ async function rotationReachesMirrors(d: Demo): Promise<string> {
     });
   }
   return 'team-a and team-b mirrors match the rotated source';
+}
+
+/**
+ * The provider's manager before a Job: `POST /prepare` with its ServiceAccount's token for the
+ * audience captf-mirror-sync (as `kubectl create token … --audience captf-mirror-sync` mints it);
+ * 200 names the mirror and its hash. The same call without a token is refused before anything
+ * about the object is looked at.
+ */
+async function managerPrepares(d: Demo): Promise<string> {
+  const sa = d.sys.prepareCaller;
+  if (!sa) throw new Error('the system has no prepare caller (embedded control plane only)');
+  const token = await serviceAccountToken(d.kc, { ...sa, audience: DEFAULT_PREPARE_AUDIENCE });
+  const call = (authorization?: string) =>
+    fetch(`${d.sys.functions['mirror-sync'].url}/prepare`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...(authorization ? { authorization } : {}) },
+      body: JSON.stringify({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team-a', name: 'prod' }),
+    });
+  const ok = await call(`Bearer ${token}`);
+  const body = (await ok.json()) as { mirror?: string; sourceHash?: string };
+  if (ok.status !== 200 || body.mirror !== mirrorName('aws-prod') || !/^[0-9a-f]{64}$/.test(body.sourceHash ?? ''))
+    throw new Error(`prepare answered ${ok.status}, not 200 with the mirror and its source hash`);
+  const anonymous = await call();
+  await anonymous.arrayBuffer();
+  if (anonymous.status !== 401) throw new Error(`prepare without a token answered ${anonymous.status}, not 401`);
+  // The hash is not printed: it would let whoever reads the terminal check a guessed credential.
+  return `200 {mirror: ${body.mirror}, sourceHash: (64 hex)} as ${sa.namespace}/${sa.name}; 401 without a token`;
 }
 
 /** Runs `node <args>` with exactly `env`, capturing its output. */

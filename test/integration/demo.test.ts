@@ -39,6 +39,7 @@ const STEPS = [
   /CredentialsMirrored=True/,
   /Ready=True \(SecretFound\)/,
   /rotation: a new source value reaches every mirror after one resync/,
+  /the provider's manager calls prepare .* — 200 \{mirror: captf-creds-aws-prod, .*401 without a token/,
   /captf-runner drops TF_\* and KUBE_\* variables.*removed KUBE_CONFIG_PATH, TF_TOKEN_app_terraform_io, TF_VAR_region/,
   /narrowing .* revokes team-b/,
   /unprivileged user .* denied by the webhook — admission webhook .* denied the request: user "alice"/,
@@ -83,7 +84,7 @@ it('npm run demo passes every step and exits 0', { timeout: 10 * 60_000 }, async
     assert.match(stepLines[i]!, /^✔/, stepLines[i]);
     assert.match(stepLines[i]!, re);
   });
-  assert.match(out, /demo passed: 12 steps/);
+  assert.match(out, /demo passed: 13 steps/);
   assert.ok(children.size >= 6, `saw the control plane and the functions as children (${children.size})`);
   const alive = [...children].filter((p) => {
     try {
