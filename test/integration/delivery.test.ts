@@ -19,6 +19,7 @@ import { apiStatus } from '../../functions/lib/kube.ts';
 import { desiredMirror, mirrorName, ownerReferenceFor } from '../../functions/lib/mirror.ts';
 import { admin, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { sentinel } from '../helpers/logs.ts';
+import { deleteIdentity, putIdentity } from '../helpers/mirror-sync.ts';
 
 const a = admin();
 const batch = a.kc.makeApiClient(BatchV1Api);
@@ -84,8 +85,20 @@ function assertDelivered(spec: V1PodSpec | undefined, identity: string, fsGroup:
   );
 }
 
-/** Creates a consumer and the mirror of `identity` it owns, as mirror-sync would (SPEC §3). */
+/**
+ * Creates an identity allowing `namespace`, its source, a consumer, and the mirror it owns as
+ * mirror-sync would write it (SPEC §3). The whole key is real and current: other files'
+ * resyncs run cluster-wide on the shared control plane, and would rightly delete a mirror
+ * whose identity does not exist.
+ */
 async function createMirror(namespace: string, identity: string): Promise<void> {
+  const data = {
+    AWS_ACCESS_KEY_ID: Buffer.from(sentinel()).toString('base64'),
+    TF_VAR_token: Buffer.from(sentinel()).toString('base64'),
+  };
+  await a.core.createNamespacedSecret({ namespace, body: { metadata: { name: 'source' }, data } });
+  ns.onCleanup(() => deleteIdentity(a, identity));
+  await putIdentity(a, identity, { namespace, name: 'source' }, { list: [namespace] });
   const consumer = (await a.custom.createNamespacedCustomObject({
     group: GROUP,
     version: VERSION,
@@ -98,10 +111,6 @@ async function createMirror(namespace: string, identity: string): Promise<void> 
       spec: { identityRef: { name: identity } },
     },
   })) as Consumer;
-  const data = {
-    AWS_ACCESS_KEY_ID: Buffer.from(sentinel()).toString('base64'),
-    TF_VAR_token: Buffer.from(sentinel()).toString('base64'),
-  };
   await a.core.createNamespacedSecret({
     namespace,
     body: desiredMirror(identity, namespace, data, ownerReferenceFor(consumer)),
