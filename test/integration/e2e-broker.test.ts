@@ -4,8 +4,9 @@
  * (scripts/eventing.ts) with the rendered Broker, Triggers and PingSources unchanged (moved
  * into this file's namespace), and the real mirror-sync and identity-status. Consumers,
  * identities and namespaces reach exactly the functions their Triggers name; both
- * PingSources deliver (schedules shortened on the applied objects, never the manifests);
- * and a dispatcher SIGKILLed mid-stream loses nothing the resync does not repair.
+ * PingSources deliver (schedules shortened on the applied objects, never the manifests); a
+ * consumer that waits for a person is answered as handled, so the Triggers' retries never
+ * start; and a dispatcher SIGKILLed mid-stream loses nothing the resync does not repair.
  *
  * The adapter watches only this file's namespaces (the rendered source watches every
  * namespace; on a control plane shared with other test files that would send them here too).
@@ -14,6 +15,7 @@ import assert from 'node:assert/strict';
 import { createServer, request, type Server } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import type { KubernetesObject } from '@kubernetes/client-node';
+import { GROUP, VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
@@ -44,8 +46,8 @@ let dp: EventingDataPlane;
 let adapter: RunningAdapter;
 let tenant: string;
 
-/** What a function was sent: the CloudEvent type and subject of each delivery. */
-const sent: Record<'mirror-sync' | 'identity-status', { type: string; subject: string }[]> = {
+/** What a function was sent: the CloudEvent id, type and subject of each delivery. */
+const sent: Record<'mirror-sync' | 'identity-status', { id: string; type: string; subject: string }[]> = {
   'mirror-sync': [],
   'identity-status': [],
 };
@@ -54,7 +56,11 @@ const proxies: Server[] = [];
 /** A recording pass-through in front of a function, so the test sees what the Broker delivered. */
 async function recordingProxy(fn: keyof typeof sent, port: number): Promise<string> {
   const server = createServer((req, res) => {
-    sent[fn].push({ type: String(req.headers['ce-type'] ?? ''), subject: String(req.headers['ce-subject'] ?? '') });
+    sent[fn].push({
+      id: String(req.headers['ce-id'] ?? ''),
+      type: String(req.headers['ce-type'] ?? ''),
+      subject: String(req.headers['ce-subject'] ?? ''),
+    });
     const up = request({ host: '127.0.0.1', port, method: req.method, path: req.url, headers: req.headers }, (r) => {
       res.writeHead(r.statusCode ?? 502, r.headers);
       r.pipe(res);
@@ -190,6 +196,47 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
       [],
     );
     assert.deepEqual(deadLetters, [], 'nothing was dead-lettered');
+  });
+
+  it('retries only what a retry can fix: a consumer whose source is missing is reconciled a few times, and no delivery is retried', async (t) => {
+    const id = `id-${suffix()}`;
+    ns.onCleanup(() => deleteIdentity(a, id));
+    await putIdentity(a, id, { name: 'not-yet', namespace: source.namespace }, { list: [tenant] });
+    const name = `waiting-${suffix()}`;
+    await createConsumer(a, tenant, name, id);
+    const reconciles = () =>
+      mirrorLog.entries().filter((e) => e.message === 'reconcile' && e.object === `${tenant}/${name}`);
+    let touch = 0;
+    await eventually(
+      'a first Broker-driven reconcile',
+      async () => {
+        if (reconciles().length > 0) return true;
+        // The adapter is at-most-once: touch the object until one of its events arrives.
+        await a.custom.patchNamespacedCustomObject({
+          group: GROUP,
+          version: VERSION,
+          plural: 'terraformclusters',
+          namespace: tenant,
+          name,
+          body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++touch) } }],
+        });
+        return false;
+      },
+      90_000,
+    );
+    const first = reconciles().length;
+    // The Triggers retry a 5xx five times, exponentially from 1 s: 20 s covers all of them.
+    await new Promise((r) => setTimeout(r, 20_000));
+    const lines = reconciles();
+    const ids = sent['mirror-sync'].filter((e) => e.subject.endsWith(`/${name}`)).map((e) => e.id);
+    t.diagnostic(`reconciles: ${lines.length} (${first} before the wait); deliveries: ${ids.length}`);
+    assert.equal(lines.at(-1)!.reason, 'SourceNotFound');
+    assert.ok(
+      lines.every((e) => e.retry === false),
+      'never asks for a retry',
+    );
+    assert.equal(new Set(ids).size, ids.length, 'the Broker delivered no event twice (nothing was retried)');
+    assert.ok(lines.length - first <= 8, `${lines.length - first} reconciles after the first`);
   });
 
   it('both PingSources deliver, each to its own function (schedules shortened on the applied objects)', async () => {

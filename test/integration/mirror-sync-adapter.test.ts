@@ -9,7 +9,6 @@ import { after, before, describe, it } from 'node:test';
 import { GROUP, VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
-import { Relay } from '../../scripts/bench/relay.ts';
 import { startApiServerSourceAdapter, type RunningAdapter } from '../../scripts/knative.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { captureLogger } from '../helpers/logs.ts';
@@ -101,65 +100,3 @@ for (const mode of ['Reference', 'Resource'] as const) {
     });
   });
 }
-
-describe('retry only what a retry can fix (issue 14 item 9)', () => {
-  it('a consumer whose source is missing is reconciled a few times, not once per retry of every event', async (t) => {
-    const n = await ns.create();
-    const id = `id-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, id));
-    await putIdentity(a, id, { name: 'not-yet', namespace: source.namespace }, { list: [n] });
-    // The Trigger's delivery (5 retries, exponential back-off from 1 s) between the real
-    // adapter and mirror-sync: a 5xx answer would be retried on that schedule.
-    const relay = await new Relay().start();
-    relay.setMode({ kind: 'deliver', targets: [`http://127.0.0.1:${fn.port}/`], concurrency: 1 });
-    const adapter = await startApiServerSourceAdapter({
-      kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-      sink: relay.url,
-      source: {
-        namespaces: [n],
-        allNamespaces: false,
-        mode: 'Reference',
-        resources: [{ gvr: { Group: GROUP, Version: VERSION, Resource: 'terraformclusters' } }],
-      },
-      name: 'e2e-retries',
-    });
-    adapters.push(adapter);
-    try {
-      await createConsumer(a, n, 'waiting', id);
-      const reconciles = () => log.entries().filter((e) => e.message === 'reconcile' && e.object === `${n}/waiting`);
-      let touch = 0;
-      await eventually(
-        'a first adapter-driven reconcile',
-        async () => {
-          if (reconciles().length > 0) return true;
-          // The adapter's first watch may still be starting: touch the object until an event arrives.
-          await a.custom.patchNamespacedCustomObject({
-            group: GROUP,
-            version: VERSION,
-            plural: 'terraformclusters',
-            namespace: n,
-            name: 'waiting',
-            body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++touch) } }],
-          });
-          return false;
-        },
-        90_000,
-      );
-      const first = reconciles().length;
-      // The storm the issue measured happened in the first 10 s; 20 s covers all five retries' back-off too.
-      await new Promise((r) => setTimeout(r, 20_000));
-      const lines = reconciles();
-      t.diagnostic(`reconciles: ${lines.length} (${first} before the wait); relay: ${JSON.stringify(relay.counts)}`);
-      assert.equal(lines.at(-1)!.reason, 'SourceNotFound');
-      assert.ok(
-        lines.every((e) => e.retry === false),
-        'never asks for a retry',
-      );
-      assert.equal(relay.counts.retried, 0, 'no delivery was retried');
-      assert.ok(lines.length - first <= 8, `${lines.length - first} reconciles after the first`);
-    } finally {
-      await adapter.stop();
-      await relay.stop();
-    }
-  });
-});
