@@ -8,6 +8,18 @@ export function firstLine(err: unknown): string {
   return (err instanceof Error ? err.message : String(err)).split('\n')[0]!;
 }
 
+/**
+ * Awaits two steps that run side by side until both have settled, so that whatever either
+ * started is already in its caller's cleanups before the first failure is thrown.
+ * @throws the first step's error, else the second's.
+ */
+export async function bothSettled<A, B>(a: Promise<A>, b: Promise<B>): Promise<[A, B]> {
+  const [ra, rb] = await Promise.allSettled([a, b]);
+  if (ra.status === 'rejected') throw ra.reason;
+  if (rb.status === 'rejected') throw rb.reason;
+  return [ra.value, rb.value];
+}
+
 /** Resolves after `ms` milliseconds. */
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 

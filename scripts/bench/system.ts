@@ -25,11 +25,13 @@ import { render } from '../kustomize.ts';
 import { spawnFunction, type FunctionProcess } from '../process.ts';
 import { warmCompileCache } from '../warm-compile-cache.ts';
 import { BenchClient } from './client.ts';
+import type { FunctionName } from '../local/system.ts';
+import { bothSettled } from '../wait.ts';
 import { AuditLog } from './measure.ts';
 import { EventPaths } from './paths.ts';
 
-/** The functions of `dist/main.mjs`. */
-export type FunctionName = 'admission' | 'mirror-sync' | 'identity-status';
+/** The functions of `dist/main.mjs` (one list of them, scripts/local/system.ts). */
+export type { FunctionName };
 
 /** Sockets of the bench's own kept-alive client: the client concurrency of every baseline and setup step. */
 export const CLIENT_CONCURRENCY = 8;
@@ -296,17 +298,6 @@ function functionStarter(opts: {
     opts.cleanups.push(() => fn.stop());
     return fn;
   };
-}
-
-/**
- * Both results once both settled (so nothing is still starting when the caller cleans up).
- * @throws the first one's error when either failed.
- */
-async function bothSettled<A, B>(a: Promise<A>, b: Promise<B>): Promise<[A, B]> {
-  const [ra, rb] = await Promise.allSettled([a, b]);
-  if (ra.status === 'rejected') throw ra.reason;
-  if (rb.status === 'rejected') throw rb.reason;
-  return [ra.value, rb.value];
 }
 
 /** The control plane, the rendered manifests, and the functions' fronts with the Broker's data plane. */

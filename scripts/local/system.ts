@@ -44,7 +44,7 @@ import {
 } from '../knative.ts';
 import { ensureKustomize, render } from '../kustomize.ts';
 import { isRunning, spawnFunction, type FunctionProcess } from '../process.ts';
-import { firstLine, sleep } from '../wait.ts';
+import { bothSettled, firstLine, sleep } from '../wait.ts';
 import { startDeadLetterSink, type DeadLetter } from './dead-letters.ts';
 import { cronSchedule, pingMessage, waitForWatchCaches, watchPaths } from './events.ts';
 import {
@@ -181,7 +181,7 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
   const s = newStartup(opts);
   try {
     await buildKnative(s);
-    const [{ rendered, eventingCRDs }, cluster] = await both(readEventingFiles(), connectControlPlane(s));
+    const [{ rendered, eventingCRDs }, cluster] = await bothSettled(readEventingFiles(), connectControlPlane(s));
     const eventingCRDsInstalled = await installAllCRDs(s, cluster, eventingCRDs);
     const tls = await createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca');
     const functions = await startFunctions(s, functionEnvs(cluster.kubeconfigPath, tls.leaf), tls.caPem);
@@ -247,17 +247,6 @@ async function buildKnative(s: Startup): Promise<void> {
 async function readEventingFiles(): Promise<EventingFiles> {
   const [rendered, crds] = await Promise.all([render(EVENTING_MANIFESTS), loadThirdPartyCRDs(EVENTING_CRDS)]);
   return { rendered, eventingCRDs: crds.map((c) => c.crd) };
-}
-
-/**
- * Awaits two steps that run side by side, both to the end, so that whatever either started is
- * in the cleanups before the first failure is thrown.
- */
-async function both<A, B>(a: Promise<A>, b: Promise<B>): Promise<[A, B]> {
-  const [ra, rb] = await Promise.allSettled([a, b]);
-  if (ra.status === 'rejected') throw ra.reason;
-  if (rb.status === 'rejected') throw rb.reason;
-  return [ra.value, rb.value];
 }
 
 /** The shared state of the steps, with a `stop()` that runs their cleanups once, in reverse. */
