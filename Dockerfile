@@ -21,7 +21,7 @@ FROM ${NODE_IMAGE}
 WORKDIR /app
 # Bundles are self-contained: no node_modules in the image.
 COPY --from=build /src/dist ./dist
-COPY scripts/warm-compile-cache.ts /tmp/warm-compile-cache.ts
+COPY scripts/lib/warm-compile-cache.ts /tmp/warm-compile-cache.ts
 # Start each function once so V8's compile cache holds their code (about 80 ms less to the
 # first /healthz, README "Deploy on Knative"); then make everything read-only.
 RUN node /tmp/warm-compile-cache.ts /app/compile-cache /app/dist \

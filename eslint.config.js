@@ -6,7 +6,7 @@ import prettier from 'eslint-config-prettier';
 
 export default tseslint.config(
   {
-    ignores: ['node_modules/**', '.cache/**', '.local/**', 'dist/**', 'bench/results/**', 'scripts/controlplane/go/**'],
+    ignores: ['node_modules/**', '.cache/**', '.local/**', 'dist/**', 'bench/results/**', 'scripts/tools/go/**'],
   },
   js.configs.recommended,
   ...tseslint.configs.recommended,

@@ -30,12 +30,12 @@ import { untrustedServerMessage } from '../functions/lib/api-errors.ts';
 import { DEFAULT_PREPARE_AUDIENCE } from '../functions/mirror-sync/authorize.ts';
 import { isNotFound } from '../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, isCurrent, mirrorName, sourceHash, type SecretLike } from '../functions/lib/mirror.ts';
-import { REPO_ROOT } from './controlplane/build.ts';
+import { REPO_ROOT } from './tools/build.ts';
 import { applyExamples, loadExamples } from './local/examples.ts';
 import { formatLine, type Printed } from './local/print.ts';
-import { startSystem, type RunningSystem } from './local/system.ts';
-import { serviceAccountToken } from './serviceaccount.ts';
-import { eventually } from './wait.ts';
+import { startSystem, type RunningSystem } from './system/system.ts';
+import { serviceAccountToken } from './lib/serviceaccount.ts';
+import { eventually } from './lib/wait.ts';
 
 const { values } = parseArgs({
   options: { dir: { type: 'string', default: '.local/demo' }, verbose: { type: 'boolean', default: false } },

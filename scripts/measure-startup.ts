@@ -10,9 +10,9 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { buildBundles } from './build.ts';
-import { REPO_ROOT } from './controlplane/build.ts';
-import { FUNCTION_NAMES, startUntilHealthy } from './warm-compile-cache.ts';
+import { buildBundles } from './lib/bundles.ts';
+import { REPO_ROOT } from './tools/build.ts';
+import { FUNCTION_NAMES, startUntilHealthy } from './lib/warm-compile-cache.ts';
 
 const { values } = parseArgs({ options: { runs: { type: 'string', default: '11' } } });
 const runs = Number(values.runs);

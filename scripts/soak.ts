@@ -19,7 +19,7 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { KubeConfig } from '@kubernetes/client-node';
-import { REPO_ROOT } from './controlplane/build.ts';
+import { REPO_ROOT } from './tools/build.ts';
 import { startControlPlane, type ControlPlane } from './controlplane/controlplane.ts';
 import { installCRDs } from './controlplane/crds.ts';
 import { describeFigures, fuzz, type FuzzFigures } from './soak/fuzz.ts';

@@ -20,7 +20,7 @@
 import { delimiter, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { cronSchedule, parseDuration } from './local/events.ts';
-import { printer, startSystem, type RunningSystem } from './local/system.ts';
+import { printer, startSystem, type RunningSystem } from './system/system.ts';
 
 const USAGE =
   'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--debug]\n' +

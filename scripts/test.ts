@@ -14,7 +14,7 @@ import { randomBytes } from 'node:crypto';
 import { globSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { KubeConfig } from '@kubernetes/client-node';
-import { REPO_ROOT } from './controlplane/build.ts';
+import { REPO_ROOT } from './tools/build.ts';
 import { startControlPlane } from './controlplane/controlplane.ts';
 import { installCRDs } from './controlplane/crds.ts';
 

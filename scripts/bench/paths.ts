@@ -2,7 +2,7 @@
  * The three ways an event reaches mirror-sync in the bench, all with Knative's own code:
  * - `direct`: the ApiServerSource adapter's sink is the function (no Broker). The adapter
  *   sends each watch's events one at a time and waits for each answer; it never retries.
- * - `broker`: the adapter's sink is the Broker (scripts/eventing.ts: the real ingress,
+ * - `broker`: the adapter's sink is the Broker (scripts/eventing/dataplane.ts: the real ingress,
  *   InMemoryChannel dispatcher and filter, with the rendered Broker and Triggers). The default
  *   channel answers the ingress, and so the adapter, only after the fan-out to every Trigger,
  *   retries included: delivery stays serial per watch.
@@ -25,14 +25,14 @@
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { join } from 'node:path';
 import type { KubeConfig, KubernetesObject } from '@kubernetes/client-node';
-import { ensureEventingDataPlane, startEventingDataPlane, type EventingDataPlane } from '../eventing.ts';
+import { ensureEventingDataPlane, startEventingDataPlane, type EventingDataPlane } from '../eventing/dataplane.ts';
 import {
   installEventingCRDs,
   startApiServerSourceAdapter,
   type RunningAdapter,
   type SourceConfig,
-} from '../knative.ts';
-import { sleep } from '../wait.ts';
+} from '../eventing/adapter.ts';
+import { sleep } from '../lib/wait.ts';
 import type { BenchClient } from './client.ts';
 import { CHECK_ID_PREFIX, Front, knativeRetries } from './front.ts';
 import { childrenRunning } from './measure.ts';

@@ -9,28 +9,28 @@
  *   exercises the least-privilege roles);
  * - Knative's real ApiServerSource adapter, configured from the rendered `captf-objects`
  *   ApiServerSource as Knative's controller would, and Knative's real Broker data plane
- *   (scripts/eventing.ts) with the rendered Broker and Triggers, each function behind the
+ *   (scripts/eventing/dataplane.ts) with the rendered Broker and Triggers, each function behind the
  *   bench's {@link Front}; {@link EventPaths} switches the adapter between the function and
  *   the Broker, and the Broker's channel between serial and concurrent delivery.
  */
 import { createWriteStream, mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
-import { buildBundles } from '../build.ts';
+import { buildBundles } from '../lib/bundles.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { installCRDs } from '../controlplane/crds.ts';
 import { createWebhookPair, type CertPair } from '../controlplane/pki.ts';
-import { sourceConfigFor, type ApiServerSourceSpec, type SourceConfig } from '../knative.ts';
-import { render } from '../kustomize.ts';
-import { spawnFunction, type FunctionProcess } from '../process.ts';
-import { warmCompileCache } from '../warm-compile-cache.ts';
+import { sourceConfigFor, type ApiServerSourceSpec, type SourceConfig } from '../eventing/adapter.ts';
+import { render } from '../tools/kustomize.ts';
+import { spawnFunction, type FunctionProcess } from '../lib/process.ts';
+import { warmCompileCache } from '../lib/warm-compile-cache.ts';
 import { BenchClient } from './client.ts';
-import type { FunctionName } from '../local/system.ts';
-import { bothSettled } from '../wait.ts';
+import type { FunctionName } from '../system/system.ts';
+import { bothSettled } from '../lib/wait.ts';
 import { AuditLog } from './measure.ts';
 import { EventPaths } from './paths.ts';
 
-/** The functions of `dist/main.mjs` (one list of them, scripts/local/system.ts). */
+/** The functions of `dist/main.mjs` (one list of them, scripts/system/system.ts). */
 export type { FunctionName };
 
 /** Sockets of the bench's own kept-alive client: the client concurrency of every baseline and setup step. */
@@ -52,8 +52,8 @@ const SERVICE_ACCOUNTS: Record<keyof typeof USERS, string> = {
   'event-source': 'captf-event-sources',
 };
 
-/** A running function process (scripts/process.ts); `stop()` also closes its log file. */
-export type { FunctionProcess } from '../process.ts';
+/** A running function process (scripts/lib/process.ts); `stop()` also closes its log file. */
+export type { FunctionProcess } from '../lib/process.ts';
 
 /** Everything a row needs. */
 export interface BenchSystem {
@@ -325,7 +325,7 @@ async function adapterSource(kc: KubeConfig, rendered: readonly KubernetesObject
 }
 
 /**
- * Spawns `node <main> <name>` (scripts/process.ts) with its output written to `logPath`, and
+ * Spawns `node <main> <name>` (scripts/lib/process.ts) with its output written to `logPath`, and
  * resolves once it logged `listening` with its port.
  * @throws Error with the tail of its output when it exits or does not listen within 30 s.
  */

@@ -12,9 +12,9 @@ import { request } from 'node:https';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { KubeConfig, dumpYaml } from '@kubernetes/client-node';
-import { isRunning, stopProcess } from '../process.ts';
-import { sleep } from '../wait.ts';
-import { ensureControlPlaneBinaries, type ControlPlaneBinaries } from './build.ts';
+import { isRunning, stopProcess } from '../lib/process.ts';
+import { sleep } from '../lib/wait.ts';
+import { ensureControlPlaneBinaries, type ControlPlaneBinaries } from '../tools/build.ts';
 import { createCA, createLeaf, createServiceAccountKeys, type CertPair } from './pki.ts';
 
 /** Controllers the controller-manager runs (garbage collection proves owner references work). */

@@ -14,8 +14,8 @@ import {
   type V1CustomResourceDefinition,
 } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
-import { eventually } from '../wait.ts';
-import { REPO_ROOT } from './build.ts';
+import { eventually } from '../lib/wait.ts';
+import { REPO_ROOT } from '../tools/build.ts';
 
 /** Every CRD document in manifests/crds/*.yaml (kustomization.yaml excluded). */
 export function loadCRDs(): V1CustomResourceDefinition[] {

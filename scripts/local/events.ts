@@ -1,6 +1,6 @@
 /**
  * What the local mode still does itself around Knative's real Eventing data plane
- * (scripts/eventing.ts runs the Broker's ingress, filter, in-memory channel and mtping; the
+ * (scripts/eventing/dataplane.ts runs the Broker's ingress, filter, in-memory channel and mtping; the
  * ApiServerSource adapter sends the API events): nothing here delivers, retries or schedules
  * events — Knative's code does. What is left is what those parts cannot do:
  * - {@link pingMessage}: the CloudEvent a PingSource tick sends, for `system.ping()` — the
@@ -15,7 +15,7 @@
 import { CloudEvent, HTTP } from 'cloudevents';
 import { Watch, type KubeConfig } from '@kubernetes/client-node';
 import { PING_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import type { SourceConfig } from '../knative.ts';
+import type { SourceConfig } from '../eventing/adapter.ts';
 
 /** An HTTP request carrying one CloudEvent in binary mode. */
 export interface EventMessage {

@@ -11,7 +11,7 @@ import {
   type KubeConfig,
   type KubernetesObject,
 } from '@kubernetes/client-node';
-import { REPO_ROOT } from '../controlplane/build.ts';
+import { REPO_ROOT } from '../tools/build.ts';
 
 /** The examples folder. */
 export const EXAMPLES_DIR = join(REPO_ROOT, 'examples');

@@ -298,7 +298,7 @@ const prepareAuthorization = (authorization: string): fc.Arbitrary<string | unde
  * Requests for mirror-sync's `POST /prepare` (SPEC §5): well-formed bodies about objects that
  * do not exist (404 once authorized), mutated ones and garbage, with the caller's
  * `Authorization` header or a missing or broken one (401).
- * @param authorization `Bearer <token>` of a caller allowed to prepare (scripts/serviceaccount.ts `prepareCaller`).
+ * @param authorization `Bearer <token>` of a caller allowed to prepare (scripts/lib/serviceaccount.ts `prepareCaller`).
  */
 export const hostilePrepare = (authorization: string): fc.Arbitrary<FuzzCase> =>
   fc

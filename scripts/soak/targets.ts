@@ -15,7 +15,7 @@ import { start as startIdentityStatus } from '../../functions/identity-status/in
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { DEFAULT_BODY_LIMIT, type FunctionHandle } from '../../functions/lib/http.ts';
 import { createLogger } from '../../functions/lib/log.ts';
-import { prepareCaller } from '../serviceaccount.ts';
+import { prepareCaller } from '../lib/serviceaccount.ts';
 import { parse, type Answer, type FuzzTarget } from './fuzz.ts';
 import { hostileReview, knownGoodReview, type FuzzCase } from './hostile.ts';
 import { hostileEvents, hostilePrepare, knownGoodEvent, wellFormedEvents } from './hostile-events.ts';

@@ -70,5 +70,5 @@ export function namespaces(prefix: string): {
   };
 }
 
-/** The shared wait-until of scripts and tests (scripts/wait.ts). */
-export { eventually } from '../../scripts/wait.ts';
+/** The shared wait-until of scripts and tests (scripts/lib/wait.ts). */
+export { eventually } from '../../scripts/lib/wait.ts';

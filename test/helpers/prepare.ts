@@ -1,10 +1,10 @@
 /**
  * The provider's manager as tests play it (SPEC §5): a ServiceAccount bound to the shipped
- * `captf-prepare` ClusterRole (read from manifests/, scripts/serviceaccount.ts) with a token
+ * `captf-prepare` ClusterRole (read from manifests/, scripts/lib/serviceaccount.ts) with a token
  * for the audience `captf-mirror-sync`, and the one way tests call `POST /prepare`.
  */
 import type { V1PolicyRule } from '@kubernetes/client-node';
-import { prepareCaller, type PrepareCaller } from '../../scripts/serviceaccount.ts';
+import { prepareCaller, type PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { admin, suffix } from './cluster.ts';
 
 /** The name the manifests bind the prepare role to (manifests/base/rbac/prepare.yaml). */

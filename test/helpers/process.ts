@@ -1,9 +1,9 @@
 /**
  * Runs a function as the container does — `node functions/main.ts <name>` — through the
- * scripts' one spawn-and-wait helper (scripts/process.ts), and exposes its combined output,
+ * scripts' one spawn-and-wait helper (scripts/lib/process.ts), and exposes its combined output,
  * the port it reported in its `listening` log line, and its exit.
  */
-import { spawnFunction as spawnListening, type FunctionProcess as Spawned } from '../../scripts/process.ts';
+import { spawnFunction as spawnListening, type FunctionProcess as Spawned } from '../../scripts/lib/process.ts';
 import { scanLater } from './leaks.ts';
 
 /** A function running as a child process. */

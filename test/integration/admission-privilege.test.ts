@@ -30,7 +30,7 @@ import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
 import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
-import { webhookConfiguration } from '../../scripts/local/webhook.ts';
+import { webhookConfiguration } from '../../scripts/system/webhook.ts';
 import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 

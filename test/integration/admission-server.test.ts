@@ -14,7 +14,7 @@ import { after, before, describe, it } from 'node:test';
 import { KubeConfig } from '@kubernetes/client-node';
 import { start } from '../../functions/admission/index.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
-import { REPO_ROOT } from '../../scripts/controlplane/build.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { freePort } from '../../scripts/controlplane/controlplane.ts';
 import { createCA, createLeaf, type CertPair } from '../../scripts/controlplane/pki.ts';
 import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';

@@ -31,8 +31,8 @@ import {
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
-import { webhookConfiguration } from '../../scripts/local/webhook.ts';
-import { builtKubectlPath } from '../../scripts/local/kubectl.ts';
+import { webhookConfiguration } from '../../scripts/system/webhook.ts';
+import { builtKubectlPath } from '../../scripts/tools/kubectl.ts';
 import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 
@@ -900,7 +900,7 @@ describe('warnings before a revocation (SPEC §10)', () => {
   it('kubectl prints the warnings as Warning: lines, and --dry-run=server is a preview', async (t) => {
     const kubectl = builtKubectlPath();
     if (!kubectl) {
-      t.skip('kubectl is not built (node scripts/local/kubectl.ts)');
+      t.skip('kubectl is not built (node scripts/tools/kubectl.ts)');
       return;
     }
     const name = `w-kubectl-${sfx}`;

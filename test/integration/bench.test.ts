@@ -11,7 +11,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { REPO_ROOT } from '../../scripts/controlplane/build.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
 
 interface ResultFile {
   commit: string;
@@ -30,7 +30,7 @@ describe('npm run bench -- --quick', () => {
     'runs every row on its own control plane and writes every figure beside its baseline',
     { timeout: 600_000 },
     async () => {
-      const child = spawn(process.execPath, ['scripts/bench/cli.ts', '--quick', '--out', out], {
+      const child = spawn(process.execPath, ['scripts/bench.ts', '--quick', '--out', out], {
         cwd: REPO_ROOT,
         stdio: ['ignore', 'pipe', 'pipe'],
         detached: true,

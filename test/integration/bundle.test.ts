@@ -10,9 +10,9 @@ import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { buildBundles } from '../../scripts/build.ts';
-import { render } from '../../scripts/kustomize.ts';
-import { FUNCTION_NAMES, startUntilHealthy, warmCompileCache } from '../../scripts/warm-compile-cache.ts';
+import { buildBundles } from '../../scripts/lib/bundles.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { FUNCTION_NAMES, startUntilHealthy, warmCompileCache } from '../../scripts/lib/warm-compile-cache.ts';
 import { controlPlaneDir } from '../helpers/cluster.ts';
 
 interface Container {

@@ -21,15 +21,15 @@ import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
 import { GROUP, VERSION, type AllowedNamespaces } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
-import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing.ts';
+import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import {
   installEventingCRDs,
   sourceConfigFor,
   startApiServerSourceAdapter,
   type ApiServerSourceSpec,
   type RunningAdapter,
-} from '../../scripts/knative.ts';
-import { render } from '../../scripts/kustomize.ts';
+} from '../../scripts/eventing/adapter.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
 import {
   seeded,
   startChaosProxy,

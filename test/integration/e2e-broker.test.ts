@@ -1,7 +1,7 @@
 /**
  * End to end through Knative's real event path (issue 15 item 2): the ApiServerSource
  * adapter configured from the rendered `captf-objects`, Knative's Broker data plane
- * (scripts/eventing.ts) with the rendered Broker, Triggers and PingSources unchanged (moved
+ * (scripts/eventing/dataplane.ts) with the rendered Broker, Triggers and PingSources unchanged (moved
  * into this file's namespace), and the real mirror-sync and identity-status. Consumers,
  * identities and namespaces reach exactly the functions their Triggers name; both
  * PingSources deliver (schedules shortened on the applied objects, never the manifests); a
@@ -19,15 +19,15 @@ import { GROUP, VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
-import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing.ts';
+import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import {
   installEventingCRDs,
   sourceConfigFor,
   startApiServerSourceAdapter,
   type ApiServerSourceSpec,
   type RunningAdapter,
-} from '../../scripts/knative.ts';
-import { render } from '../../scripts/kustomize.ts';
+} from '../../scripts/eventing/adapter.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';

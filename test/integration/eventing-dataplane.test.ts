@@ -1,5 +1,5 @@
 /**
- * Knative Eventing's real broker data plane (scripts/eventing.ts: ingress, filter,
+ * Knative Eventing's real broker data plane (scripts/eventing/dataplane.ts: ingress, filter,
  * InMemoryChannel dispatcher, mtping) on the test control plane, with the rendered Broker,
  * Triggers and PingSources and small local HTTP sinks standing in for the functions (issue 15
  * item 1): routing by the real Triggers, retries on the manifests' schedule and dead letters,
@@ -20,9 +20,9 @@ import { after, before, describe, it } from 'node:test';
 import type { KubernetesObject } from '@kubernetes/client-node';
 import { CloudEvent } from 'cloudevents';
 import { PING_EVENT_TYPE, KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import { installEventingCRDs } from '../../scripts/knative.ts';
-import { render } from '../../scripts/kustomize.ts';
-import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing.ts';
+import { installEventingCRDs } from '../../scripts/eventing/adapter.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import { admin, controlPlaneDir, eventually, namespaces } from '../helpers/cluster.ts';
 import { apiServerEvent, postEvents } from '../helpers/events.ts';
 

@@ -20,20 +20,20 @@ import { makeClients, type Clients } from '../../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, LABEL_MIRRORED, sourceHash } from '../../functions/lib/mirror.ts';
 import { start as startAdmission } from '../../functions/admission/index.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
-import { REPO_ROOT } from '../../scripts/controlplane/build.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { freePort, startControlPlane, type ControlPlane } from '../../scripts/controlplane/controlplane.ts';
 import { installCRDs } from '../../scripts/controlplane/crds.ts';
-import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing.ts';
+import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import {
   installEventingCRDs,
   sourceConfigFor,
   startApiServerSourceAdapter,
   type ApiServerSourceSpec,
   type RunningAdapter,
-} from '../../scripts/knative.ts';
-import { render } from '../../scripts/kustomize.ts';
-import { spawnFunction, type FunctionProcess } from '../../scripts/process.ts';
-import { eventually } from '../../scripts/wait.ts';
+} from '../../scripts/eventing/adapter.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { spawnFunction, type FunctionProcess } from '../../scripts/lib/process.ts';
+import { eventually } from '../../scripts/lib/wait.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import { createConsumer, putIdentity } from '../helpers/mirror-sync.ts';

@@ -25,7 +25,7 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
-import { webhookConfiguration } from '../../scripts/local/webhook.ts';
+import { webhookConfiguration } from '../../scripts/system/webhook.ts';
 import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';

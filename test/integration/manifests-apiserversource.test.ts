@@ -20,9 +20,9 @@ import {
   startApiServerSourceAdapter,
   type ApiServerSourceSpec,
   type RunningAdapter,
-} from '../../scripts/knative.ts';
-import { render } from '../../scripts/kustomize.ts';
-import { installRbac, serviceAccountKubeConfig } from '../../scripts/serviceaccount.ts';
+} from '../../scripts/eventing/adapter.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { installRbac, serviceAccountKubeConfig } from '../../scripts/lib/serviceaccount.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { startSink, type ReceivedEvent } from '../helpers/events.ts';
 

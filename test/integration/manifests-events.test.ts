@@ -18,7 +18,7 @@ import {
   classifyEvent,
 } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import { render } from '../../scripts/kustomize.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
 
 interface Trigger {
   metadata: { name: string };

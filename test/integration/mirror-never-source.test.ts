@@ -41,13 +41,13 @@ import {
   mirrorName,
   sourceHash,
 } from '../../functions/lib/mirror.ts';
-import { REPO_ROOT } from '../../scripts/controlplane/build.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { startControlPlane, userKubeConfig, type ControlPlane } from '../../scripts/controlplane/controlplane.ts';
 import { applyCRDs, loadCRDs } from '../../scripts/controlplane/crds.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
-import { registerWebhook } from '../../scripts/local/webhook.ts';
-import { prepareCaller } from '../../scripts/serviceaccount.ts';
-import { eventually } from '../../scripts/wait.ts';
+import { registerWebhook } from '../../scripts/system/webhook.ts';
+import { prepareCaller } from '../../scripts/lib/serviceaccount.ts';
+import { eventually } from '../../scripts/lib/wait.ts';
 import { apiServerEvent, pingEvent, postEvents } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { postPrepare } from '../helpers/prepare.ts';

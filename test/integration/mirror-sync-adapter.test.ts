@@ -9,7 +9,7 @@ import { after, before, describe, it } from 'node:test';
 import { GROUP, VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
-import { startApiServerSourceAdapter, type RunningAdapter } from '../../scripts/knative.ts';
+import { startApiServerSourceAdapter, type RunningAdapter } from '../../scripts/eventing/adapter.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import { createConsumer, deleteConsumer, deleteIdentity, getMirror, putIdentity } from '../helpers/mirror-sync.ts';

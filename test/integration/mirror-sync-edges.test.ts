@@ -16,7 +16,7 @@ import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluste
 import { apiServerEvent, pingEvent } from '../helpers/events.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { manager, postPrepare } from '../helpers/prepare.ts';
-import type { PrepareCaller } from '../../scripts/serviceaccount.ts';
+import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import {
   conditionOf,
   consumerEvent,

@@ -31,7 +31,7 @@ import {
 } from '../helpers/mirror-sync.ts';
 import { scanLater } from '../helpers/leaks.ts';
 import { manager, postPrepare } from '../helpers/prepare.ts';
-import type { PrepareCaller } from '../../scripts/serviceaccount.ts';
+import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 
 const a = admin();
 const ns = namespaces('ms');

@@ -18,7 +18,7 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import { freePort } from '../../scripts/controlplane/controlplane.ts';
-import { serviceAccountToken, type PrepareCaller } from '../../scripts/serviceaccount.ts';
+import { serviceAccountToken, type PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { admin, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
 import { startFaultProxy, type Fault, type FaultProxy } from '../helpers/fault-proxy.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';

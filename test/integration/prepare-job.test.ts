@@ -15,7 +15,7 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, mirrorName } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
-import type { PrepareCaller } from '../../scripts/serviceaccount.ts';
+import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { manager, postPrepare } from '../helpers/prepare.ts';

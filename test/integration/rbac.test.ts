@@ -12,8 +12,8 @@ import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, makeClients, type Clients } from '../../functions/lib/kube.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { render } from '../../scripts/kustomize.ts';
-import { installRbac, serviceAccountKubeConfig, serviceAccountToken } from '../../scripts/serviceaccount.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { installRbac, serviceAccountKubeConfig, serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { captureLogger } from '../helpers/logs.ts';

@@ -1,6 +1,6 @@
 /**
  * What the local mode (scripts/local/) still does itself around Knative's real Eventing data
- * plane, checked against that data plane (scripts/eventing.ts) on the test control plane, and
+ * plane, checked against that data plane (scripts/eventing/dataplane.ts) on the test control plane, and
  * the examples it applies:
  * - `system.ping()` POSTs the same CloudEvent a PingSource tick sends (compared with a real
  *   mtping tick, header for header and byte for byte, both as the Broker delivered them);
@@ -24,14 +24,14 @@ import { after, before, describe, it } from 'node:test';
 import { RbacAuthorizationV1Api, type KubernetesObject } from '@kubernetes/client-node';
 import { GROUP, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import { PING_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing.ts';
-import { installEventingCRDs } from '../../scripts/knative.ts';
-import { render } from '../../scripts/kustomize.ts';
+import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
+import { installEventingCRDs } from '../../scripts/eventing/adapter.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
 import { startDeadLetterSink, type DeadLetter, type DeadLetterSink } from '../../scripts/local/dead-letters.ts';
 import { pingMessage } from '../../scripts/local/events.ts';
 import { EXAMPLES_DIR, applyExamples } from '../../scripts/local/examples.ts';
-import { builtKubectlPath } from '../../scripts/local/kubectl.ts';
-import { EVENTING_MANIFESTS } from '../../scripts/local/system.ts';
+import { builtKubectlPath } from '../../scripts/tools/kubectl.ts';
+import { EVENTING_MANIFESTS } from '../../scripts/system/system.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, postEvents } from '../helpers/events.ts';
 
@@ -251,7 +251,7 @@ describe('examples/', () => {
   it('a real kubectl applies them client-side (`kubectl apply -f examples/`) and shows the printer columns', async (t) => {
     const kubectl = builtKubectlPath();
     if (!kubectl) {
-      t.skip('kubectl is not built (node scripts/local/kubectl.ts)');
+      t.skip('kubectl is not built (node scripts/tools/kubectl.ts)');
       return;
     }
     const { dir, sfx } = renamedExamples();

@@ -24,8 +24,8 @@ import { rbacForbiddenMessages, untrustedServerMessage } from '../../functions/l
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { describeError, makeClients } from '../../functions/lib/kube.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { render } from '../../scripts/kustomize.ts';
-import { installRbac, serviceAccountKubeConfig } from '../../scripts/serviceaccount.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { installRbac, serviceAccountKubeConfig } from '../../scripts/lib/serviceaccount.ts';
 import { admin, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { captureLogger } from '../helpers/logs.ts';

@@ -1,14 +1,14 @@
 /**
- * The stand-in for Knative Eventing's controllers (scripts/eventing-controllers.ts): which
+ * The stand-in for Knative Eventing's controllers (scripts/eventing/controllers.ts): which
  * delivery a Trigger's channel subscriber gets, how dead-letter sinks and destinations
  * resolve, and the fields written for the data plane; plus the build-time dispatcher patch
- * (scripts/eventing-build.ts, scripts/controlplane/build.ts applySourcePatch).
+ * (scripts/eventing/build.ts, scripts/tools/build.ts applySourcePatch).
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { pinnedVersion } from '../../scripts/controlplane/build.ts';
-import { applySourcePatch } from '../../scripts/controlplane/build.ts';
-import { EVENTING_TOOLS, IMC_DISPATCHER_PORTS_PATCH } from '../../scripts/eventing-build.ts';
+import { pinnedVersion } from '../../scripts/tools/build.ts';
+import { applySourcePatch } from '../../scripts/tools/build.ts';
+import { EVENTING_TOOLS, IMC_DISPATCHER_PORTS_PATCH } from '../../scripts/eventing/build.ts';
 import {
   brokerChannel,
   brokerStatus,
@@ -23,8 +23,8 @@ import {
   type PingSource,
   type RefResolver,
   type Trigger,
-} from '../../scripts/eventing-controllers.ts';
-import { KNATIVE_TOOLS } from '../../scripts/knative.ts';
+} from '../../scripts/eventing/controllers.ts';
+import { KNATIVE_TOOLS } from '../../scripts/eventing/adapter.ts';
 
 const svc = (name: string) => ({ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name } });
 const URLS: Record<string, string> = {

@@ -10,8 +10,8 @@ import { samplePeaks } from '../measure.ts';
 import type { Figure } from '../report.ts';
 import { summarize } from '../stats.ts';
 import { USERS, type BenchSystem } from '../system.ts';
-import { webhookConfiguration } from '../../local/webhook.ts';
-import { sleep } from '../../wait.ts';
+import { webhookConfiguration } from '../../system/webhook.ts';
+import { sleep } from '../../lib/wait.ts';
 import type { RowContext } from './context.ts';
 
 const WEBHOOKS = '/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations';

@@ -8,7 +8,7 @@
  */
 import { KubeConfig } from '@kubernetes/client-node';
 import { DEFAULT_PREPARE_AUDIENCE } from '../../../functions/mirror-sync/authorize.ts';
-import { prepareCaller, serviceAccountToken } from '../../serviceaccount.ts';
+import { prepareCaller, serviceAccountToken } from '../../lib/serviceaccount.ts';
 import { secretRoundTrip } from '../baselines.ts';
 import { consumerBody, consumersPath, createNamespaces, GROUP_VERSION } from '../fixtures.ts';
 import type { RequestCounts } from '../measure.ts';

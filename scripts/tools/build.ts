@@ -1,6 +1,6 @@
 /**
  * Builds the test control plane (etcd, kube-apiserver, kube-controller-manager) from pinned
- * Go wrapper modules under scripts/controlplane/go/, through the Go module proxy, into
+ * Go wrapper modules under scripts/tools/go/, through the Go module proxy, into
  * `.cache/controlplane/<versions>/bin`. A build happens only when the pinned go.mod/go.sum
  * change. `KUBEBUILDER_ASSETS` (envtest binaries) short-circuits everything.
  *
@@ -24,11 +24,11 @@ import { fileURLToPath } from 'node:url';
 
 /** Repository root (two levels above this file). */
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
-const GO_DIR = join(REPO_ROOT, 'scripts', 'controlplane', 'go');
+const GO_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go');
 
 /** One Go wrapper module and the main packages it builds. */
 export interface GoTool {
-  /** Folder under scripts/controlplane/go/. */
+  /** Folder under scripts/tools/go/. */
   module: string;
   /** Module whose `require` line pins the version shown in the cache key. */
   versionOf: string;
@@ -102,7 +102,7 @@ export function pinnedVersion(tool: GoTool): string {
   const gomod = readFileSync(join(GO_DIR, tool.module, 'go.mod'), 'utf8');
   const re = new RegExp(`^\\s*(?:require\\s+)?${tool.versionOf.replace(/[.]/g, '\\.')}\\s+(v\\S+)`, 'm');
   const m = re.exec(gomod);
-  if (!m) throw new Error(`scripts/controlplane/go/${tool.module}/go.mod does not require ${tool.versionOf}`);
+  if (!m) throw new Error(`scripts/tools/go/${tool.module}/go.mod does not require ${tool.versionOf}`);
   return m[1]!;
 }
 

@@ -6,7 +6,7 @@
  */
 import { existsSync, mkdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { REPO_ROOT, buildGoTools, cacheDir, type GoTool } from './controlplane/build.ts';
+import { REPO_ROOT, buildGoTools, cacheDir, type GoTool } from './build.ts';
 
 /** A lock older than this is taken to be left by a killed process (ms). */
 const STALE_MS = 30 * 60_000;
@@ -50,7 +50,7 @@ export function builtGoBinary(tools: readonly GoTool[], cacheName: string, binar
 }
 
 /**
- * Finds or builds one binary of a set of Go tools (scripts/controlplane/go/<module>):
+ * Finds or builds one binary of a set of Go tools (scripts/tools/go/<module>):
  * returns `.cache/<cacheName>/<versions>-<digest>/bin/<binary>`, building the set under
  * {@link withBuildLock} first when it is missing.
  * @param log progress lines of the build (default stderr).

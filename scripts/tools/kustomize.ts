@@ -1,6 +1,6 @@
 /**
  * kustomize, built from `sigs.k8s.io/kustomize/kustomize/v5` (wrapper module
- * scripts/controlplane/go/kustomize, cached in `.cache/kustomize/…`), to render manifests/
+ * scripts/tools/go/kustomize, cached in `.cache/kustomize/…`), to render manifests/
  * exactly as `kubectl apply -k` would (kubectl embeds the same kustomize API).
  *
  * `npm run manifests -- [DIR]` prints the rendered YAML of DIR (default `manifests`).
@@ -13,7 +13,7 @@ import type { KubernetesObject } from '@kubernetes/client-node';
 // kinds into typed models and silently drops fields they do not know, which would hide a
 // misspelled field from the strict server-side validation.
 import { loadAll } from 'js-yaml';
-import { REPO_ROOT, type GoTool } from './controlplane/build.ts';
+import { REPO_ROOT, type GoTool } from './build.ts';
 import { ensureGoBinary } from './build-lock.ts';
 
 const execFileP = promisify(execFile);

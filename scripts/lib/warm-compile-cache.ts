@@ -5,7 +5,7 @@
  * function started later with the same `NODE_COMPILE_CACHE`, Node binary and bundle skips
  * compiling most of its code (measured: docs/deploy-knative.md).
  *
- * `node scripts/warm-compile-cache.ts <cache dir> [dist dir]` — Node built-ins only, so it
+ * `node scripts/lib/warm-compile-cache.ts <cache dir> [dist dir]` — Node built-ins only, so it
  * runs in the image's build stage. No API server is contacted: a placeholder kubeconfig
  * is enough for the functions to start.
  * @throws (exit 1) when a function does not answer `/healthz` within 30 s.
@@ -110,7 +110,7 @@ export async function warmCompileCache(cacheDir: string, distDir: string): Promi
 if (import.meta.url === `file://${process.argv[1]}`) {
   const [cacheDir, distDir = 'dist'] = process.argv.slice(2);
   if (!cacheDir) {
-    process.stderr.write('usage: node scripts/warm-compile-cache.ts <cache dir> [dist dir]\n');
+    process.stderr.write('usage: node scripts/lib/warm-compile-cache.ts <cache dir> [dist dir]\n');
     process.exit(2);
   }
   try {

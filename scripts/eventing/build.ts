@@ -1,9 +1,9 @@
 /**
  * Knative Eventing's broker data plane, built from the Go module proxy like the
- * ApiServerSource adapter (scripts/knative.ts): the MTChannelBasedBroker ingress and filter,
+ * ApiServerSource adapter (scripts/eventing/adapter.ts): the MTChannelBasedBroker ingress and filter,
  * the InMemoryChannel dispatcher and the PingSource adapter `mtping`, from the wrapper module
- * scripts/controlplane/go/eventing (knative.dev/eventing v0.49.2), cached in
- * `.cache/eventing/…`. scripts/eventing.ts runs them.
+ * scripts/tools/go/eventing (knative.dev/eventing v0.49.2), cached in
+ * `.cache/eventing/…`. scripts/eventing/dataplane.ts runs them.
  *
  * One upstream file is patched, at build time and only for the build: the dispatcher's
  * listening ports are constants upstream (8080 and 8443 in knative.dev/eventing
@@ -13,14 +13,14 @@
  * read from `CAPTF_IMC_HTTP_PORT` / `CAPTF_IMC_HTTPS_PORT` (default: the upstream values). It
  * is applied by exact string replacement to a copy of the pinned module made from the module
  * cache (Go refuses `-overlay` for module-cache files), which the build uses through a generated
- * `-modfile` with a `replace` (scripts/controlplane/build.ts GoSourcePatch). A different
+ * `-modfile` with a `replace` (scripts/tools/build.ts GoSourcePatch). A different
  * upstream text fails the build loudly; the patch is part of the cache key.
  * docs/eventing-dataplane.md explains it.
  */
 import { dirname, join } from 'node:path';
-import type { GoSourcePatch, GoTool } from './controlplane/build.ts';
-import { pinnedVersion } from './controlplane/build.ts';
-import { ensureGoBinary } from './build-lock.ts';
+import type { GoSourcePatch, GoTool } from '../tools/build.ts';
+import { pinnedVersion } from '../tools/build.ts';
+import { ensureGoBinary } from '../tools/build-lock.ts';
 
 /** The environment variables the patched dispatcher reads its HTTP and HTTPS ports from. */
 export const IMC_PORT_ENV = { http: 'CAPTF_IMC_HTTP_PORT', https: 'CAPTF_IMC_HTTPS_PORT' } as const;
@@ -34,7 +34,7 @@ export const IMC_DISPATCHER_PORTS_PATCH: GoSourcePatch = {
   file: 'pkg/reconciler/inmemorychannel/dispatcher/controller.go',
   replace: [{ from: '\thttpPort      = 8080\n\thttpsPort     = 8443\n', to: '' }],
   add: {
-    'zz_captf_ports.go': `// Added by captf-credentials (scripts/eventing-build.ts) to a copy of this module: the
+    'zz_captf_ports.go': `// Added by captf-credentials (scripts/eventing/build.ts) to a copy of this module: the
 // dispatcher's two listening ports, constants upstream, come from the environment so that
 // several dispatchers (and other servers on :8080) can run on one machine.
 package dispatcher
@@ -117,5 +117,5 @@ export async function ensureEventingDataPlane(log?: (line: string) => void): Pro
   return Object.fromEntries(entries) as EventingBinaries;
 }
 
-/** The knative.dev/eventing version the data plane pins (scripts/controlplane/go/eventing/go.mod). */
+/** The knative.dev/eventing version the data plane pins (scripts/tools/go/eventing/go.mod). */
 export const eventingVersion = (): string => pinnedVersion(EVENTING_TOOLS[0]!);

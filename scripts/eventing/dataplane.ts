@@ -2,11 +2,11 @@
  * Knative Eventing's broker data plane as local processes, for `npm start`, the end-to-end
  * tests and the bench (issue 15): the MTChannelBasedBroker ingress and filter, the
  * InMemoryChannel dispatcher and the PingSource adapter (mtping) of knative.dev/eventing
- * v0.49.2 (built by scripts/eventing-build.ts), run against a kubeconfig with the rendered
+ * v0.49.2 (built by scripts/eventing/build.ts), run against a kubeconfig with the rendered
  * Broker, Triggers and PingSources applied unchanged.
  *
  * No eventing controller or webhook runs: the fields they would write are written by a small
- * stand-in (scripts/eventing-controllers.ts, each rule citing its upstream code) through the
+ * stand-in (scripts/eventing/controllers.ts, each rule citing its upstream code) through the
  * status subresource, with Knative Services (Serving does not run here) resolved to the URLs
  * of local processes. Retries, back-off, dead letters, filtering and ping schedules are all
  * Knative's own code. docs/eventing-dataplane.md has the picture, the ports and the caveats.
@@ -20,8 +20,8 @@ import {
   type KubeConfig,
   type KubernetesObject,
 } from '@kubernetes/client-node';
-import { isConflict } from '../functions/lib/kube.ts';
-import { ensureEventingDataPlane, EVENTING_BINARIES, type EventingComponent } from './eventing-build.ts';
+import { isConflict } from '../../functions/lib/kube.ts';
+import { ensureEventingDataPlane, EVENTING_BINARIES, type EventingComponent } from './build.ts';
 import {
   brokerAddress,
   brokerChannel,
@@ -36,7 +36,7 @@ import {
   type RefResolver,
   type StatusContext,
   type Trigger,
-} from './eventing-controllers.ts';
+} from './controllers.ts';
 import {
   choosePorts,
   spawnComponent,
@@ -46,11 +46,11 @@ import {
   type DataPlanePorts,
   type EnvContext,
   type SpawnOptions,
-} from './eventing-processes.ts';
-import { relocate } from './kustomize.ts';
-import { sleep } from './wait.ts';
+} from './processes.ts';
+import { relocate } from '../tools/kustomize.ts';
+import { sleep } from '../lib/wait.ts';
 
-export { ensureEventingDataPlane, type EventingComponent } from './eventing-build.ts';
+export { ensureEventingDataPlane, type EventingComponent } from './build.ts';
 
 /** Where the data plane's ConfigMaps and leader-election Leases live, as in a real installation. */
 export const DEFAULT_SYSTEM_NAMESPACE = 'knative-eventing';
@@ -217,7 +217,7 @@ async function applyPingSource(kc: KubeConfig, p: PingSource, schedule: string |
 
 /**
  * Applies the Broker, Triggers, PingSources and the Broker's InMemoryChannel, then writes what
- * the controllers would (scripts/eventing-controllers.ts), in the order they would: the
+ * the controllers would (scripts/eventing/controllers.ts), in the order they would: the
  * channel's status, the Broker's, the Triggers', the PingSources'.
  */
 async function applyAndWire(opts: EventingDataPlaneOptions, addresses: DataPlaneAddresses) {
@@ -315,7 +315,7 @@ class Processes {
  * Broker, Triggers and PingSources of `objects` (server-side apply) and the Broker's
  * InMemoryChannel, writes every field the eventing controllers would, starts the ingress,
  * filter, dispatcher and mtping on free ports, and resolves once the Broker accepts events.
- * Needs the Eventing CRDs (scripts/knative.ts installEventingCRDs).
+ * Needs the Eventing CRDs (scripts/eventing/adapter.ts installEventingCRDs).
  * @returns the running data plane; call `stop()` when done.
  * @throws Error when there is not exactly one Broker, a ref cannot be resolved (a Knative
  *   Service missing from `sinks`), the API server rejects an object, a port is taken, a

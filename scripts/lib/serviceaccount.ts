@@ -16,8 +16,8 @@ import {
   type V1PolicyRule,
 } from '@kubernetes/client-node';
 import { loadAll } from 'js-yaml';
-import { DEFAULT_PREPARE_AUDIENCE } from '../functions/mirror-sync/authorize.ts';
-import { REPO_ROOT } from './controlplane/build.ts';
+import { DEFAULT_PREPARE_AUDIENCE } from '../../functions/mirror-sync/authorize.ts';
+import { REPO_ROOT } from '../tools/build.ts';
 import { eventually } from './wait.ts';
 
 /**

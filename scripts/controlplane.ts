@@ -4,7 +4,7 @@
  * every process it started.
  */
 import { parseArgs } from 'node:util';
-import { startControlPlane } from './controlplane.ts';
+import { startControlPlane } from './controlplane/controlplane.ts';
 
 const { values } = parseArgs({ options: { dir: { type: 'string', default: '.local/controlplane' } } });
 const cp = await startControlPlane({ dir: values.dir!, log: (l) => console.error(l) });

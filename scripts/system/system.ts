@@ -7,7 +7,7 @@
  * - the admission webhook over HTTPS, registered by a ValidatingWebhookConfiguration;
  * - every event through Knative's real Broker: Knative's ApiServerSource adapter (configured
  *   from the rendered `captf-objects` ApiServerSource) and mtping (the rendered PingSources)
- *   send to Broker `captf`, whose ingress, in-memory channel and filter (scripts/eventing.ts,
+ *   send to Broker `captf`, whose ingress, in-memory channel and filter (scripts/eventing/dataplane.ts,
  *   Knative Eventing's own binaries) deliver by the rendered Triggers, with their retries,
  *   back-off and dead-letter sink (./dead-letters.ts prints what lands there).
  * Nothing here delivers, retries or schedules events itself; ./events.ts says what is left.
@@ -32,8 +32,8 @@ import { ANNOTATION_IDENTITY, ANNOTATION_SOURCE_HASH, LABEL_MIRRORED } from '../
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { applyCRDs, installCRDs } from '../controlplane/crds.ts';
 import { createWebhookPair, type CertPair } from '../controlplane/pki.ts';
-import { EVENTING_BINARIES, ensureEventingDataPlane } from '../eventing-build.ts';
-import { startEventingDataPlane } from '../eventing.ts';
+import { EVENTING_BINARIES, ensureEventingDataPlane } from '../eventing/build.ts';
+import { startEventingDataPlane } from '../eventing/dataplane.ts';
 import {
   EVENTING_CRDS,
   ensureApiServerSourceAdapter,
@@ -41,12 +41,12 @@ import {
   sourceConfigFor,
   startApiServerSourceAdapter,
   type ApiServerSourceSpec,
-} from '../knative.ts';
-import { ensureKustomize, render } from '../kustomize.ts';
-import { isRunning, spawnFunction, type FunctionProcess } from '../process.ts';
-import { bothSettled, firstLine, sleep } from '../wait.ts';
-import { startDeadLetterSink, type DeadLetter } from './dead-letters.ts';
-import { cronSchedule, pingMessage, waitForWatchCaches, watchPaths } from './events.ts';
+} from '../eventing/adapter.ts';
+import { ensureKustomize, render } from '../tools/kustomize.ts';
+import { isRunning, spawnFunction, type FunctionProcess } from '../lib/process.ts';
+import { bothSettled, firstLine, sleep } from '../lib/wait.ts';
+import { startDeadLetterSink, type DeadLetter } from '../local/dead-letters.ts';
+import { cronSchedule, pingMessage, waitForWatchCaches, watchPaths } from '../local/events.ts';
 import {
   LogPrinter,
   adapterLine,
@@ -56,7 +56,7 @@ import {
   formatLine,
   type MirrorView,
   type Printed,
-} from './print.ts';
+} from '../local/print.ts';
 import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
 
 export { WEBHOOK_CONFIGURATION, webhookConfiguration } from './webhook.ts';
@@ -109,7 +109,7 @@ export interface SystemOptions {
   onRawLine?: (component: string, line: string) => void;
 }
 
-/** A running function process (scripts/process.ts). */
+/** A running function process (scripts/lib/process.ts). */
 export type RunningFunction = FunctionProcess;
 
 /** The running system. */
@@ -292,7 +292,7 @@ async function connectControlPlane(s: Startup): Promise<Cluster> {
  * writes Brokers, Triggers, PingSources, InMemoryChannels…) in the background while the
  * functions start, which do not need them. On a named cluster that runs Knative Eventing's own
  * controller, nothing is installed: that controller would reconcile the local Broker and
- * rewrite what the stand-in wrote (scripts/eventing.ts).
+ * rewrite what the stand-in wrote (scripts/eventing/dataplane.ts).
  * @returns the Eventing CRDs' installation, to await before the data plane starts.
  * @throws Error when the cluster runs Knative Eventing, or a project CRD is rejected.
  */
@@ -560,7 +560,7 @@ function printDeadLetter(s: Startup, d: DeadLetter, subscribers: Record<string, 
 
 /**
  * Step 7, API events: Knative's ApiServerSource adapter, configured from the rendered
- * `captf-objects` ApiServerSource as Knative's controller would (scripts/knative.ts
+ * `captf-objects` ApiServerSource as Knative's controller would (scripts/eventing/adapter.ts
  * sourceConfigFor), sending to the Broker. Started once the API server can serve its
  * watches, and waited for until its first list is done: it is at-most-once, and objects
  * created before then would produce no event.

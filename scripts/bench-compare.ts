@@ -10,8 +10,8 @@
  */
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
-import { DELIVERY_PATHS, PATH_LABELS, splitPath } from './paths.ts';
-import { formatSummary, formatValue, summarize } from './stats.ts';
+import { DELIVERY_PATHS, PATH_LABELS, splitPath } from './bench/paths.ts';
+import { formatSummary, formatValue, summarize } from './bench/stats.ts';
 
 interface ResultFigure {
   row: string;

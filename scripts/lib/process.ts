@@ -6,7 +6,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
-import { REPO_ROOT } from './controlplane/build.ts';
+import { REPO_ROOT } from '../tools/build.ts';
 
 /** How many of a function's last output lines an error quotes. */
 const TAIL_LINES = 20;

@@ -2,7 +2,7 @@
  * A stand-in for the Knative Eventing controllers that do not run locally: from the applied
  * Broker, Triggers and PingSources it computes every field the data plane reads and the
  * controllers would have written (status through the status subresource, and the Broker's
- * InMemoryChannel with one subscriber per Trigger). Pure functions; scripts/eventing.ts writes
+ * InMemoryChannel with one subscriber per Trigger). Pure functions; scripts/eventing/dataplane.ts writes
  * their results. Each rule cites the upstream code (knative.dev/eventing v0.49.2, and
  * knative.dev/pkg for destination resolution) it follows; only what this project's manifests
  * use is supported (MTChannelBasedBroker on an InMemoryChannel, OIDC and transport encryption

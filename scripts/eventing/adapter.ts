@@ -1,16 +1,16 @@
 /**
  * Knative and cert-manager pieces for tests, built or fetched through the Go module proxy
- * with the control-plane tools (scripts/controlplane/build.ts):
+ * with the control-plane tools (scripts/tools/build.ts):
  * - Knative Eventing's ApiServerSource receive adapter, built from
  *   `knative.dev/eventing/cmd/apiserver_receive_adapter` (wrapper module
- *   scripts/controlplane/go/knative, cached in `.cache/knative/…`), and a helper that runs
+ *   scripts/tools/go/knative, cached in `.cache/knative/…`), and a helper that runs
  *   it against a kubeconfig so tests see the CloudEvents a real cluster would send;
  * - the real CRDs of Knative Serving/Eventing and cert-manager, read from the module cache
- *   at the versions pinned in scripts/controlplane/go/crds/go.mod, and installed into a
+ *   at the versions pinned in scripts/tools/go/crds/go.mod, and installed into a
  *   control plane so manifests can be server-side dry-run against them (SPEC §13).
  *
  * `npm run knative:build` builds kustomize, the adapter and the Eventing data plane
- * (scripts/eventing-build.ts) ahead of time and fetches the CRDs.
+ * (scripts/eventing/build.ts) ahead of time and fetches the CRDs.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { execFile } from 'node:child_process';
@@ -23,10 +23,10 @@ import {
   type KubeConfig,
   type V1CustomResourceDefinition,
 } from '@kubernetes/client-node';
-import { REPO_ROOT, pinnedVersion, type GoTool } from './controlplane/build.ts';
-import { freePort } from './controlplane/controlplane.ts';
-import { applyCRDs } from './controlplane/crds.ts';
-import { ensureGoBinary } from './build-lock.ts';
+import { REPO_ROOT, pinnedVersion, type GoTool } from '../tools/build.ts';
+import { freePort } from '../controlplane/controlplane.ts';
+import { applyCRDs } from '../controlplane/crds.ts';
+import { ensureGoBinary } from '../tools/build-lock.ts';
 
 const execFileP = promisify(execFile);
 
@@ -266,10 +266,10 @@ export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
   },
 ];
 
-const CRDS_MODULE_DIR = join(REPO_ROOT, 'scripts', 'controlplane', 'go', 'crds');
+const CRDS_MODULE_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go', 'crds');
 
 /**
- * Pinned version of a module in scripts/controlplane/go/crds/go.mod.
+ * Pinned version of a module in scripts/tools/go/crds/go.mod.
  * @throws Error when it is not required there.
  */
 export function pinnedCrdModuleVersion(module: string): string {
@@ -321,10 +321,10 @@ export async function installThirdPartyCRDs(kc: KubeConfig, timeoutMs = 60_000):
 }
 
 /**
- * The CRDs Knative Eventing's broker data plane reads or writes (scripts/eventing.ts): Broker,
+ * The CRDs Knative Eventing's broker data plane reads or writes (scripts/eventing/dataplane.ts): Broker,
  * Trigger, EventPolicy, EventType, Subscription (the ingress, filter and dispatcher watch
  * them), PingSource, ApiServerSource, and the InMemoryChannel, all from knative.dev/eventing
- * at the version pinned in scripts/controlplane/go/crds/go.mod.
+ * at the version pinned in scripts/tools/go/crds/go.mod.
  */
 export const EVENTING_CRDS: readonly CrdSource[] = [
   {
@@ -354,10 +354,10 @@ export async function installEventingCRDs(kc: KubeConfig, timeoutMs = 60_000): P
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const { ensureKustomize } = await import('./kustomize.ts');
+  const { ensureKustomize } = await import('../tools/kustomize.ts');
   console.log(`kustomize: ${await ensureKustomize()}`);
   console.log(`apiserver_receive_adapter: ${await ensureApiServerSourceAdapter()}`);
-  const { ensureEventingDataPlane } = await import('./eventing-build.ts');
+  const { ensureEventingDataPlane } = await import('./build.ts');
   for (const [component, path] of Object.entries(await ensureEventingDataPlane()))
     console.log(`eventing ${component}: ${path}`);
   const crds = [...(await loadThirdPartyCRDs()), ...(await loadThirdPartyCRDs(EVENTING_CRDS))];

@@ -19,10 +19,10 @@
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { BASELINE_VERSION, bareNodeServer } from './baselines.ts';
-import { ALLOWED_LABEL, createIdentity, putSourceSecret, watchMirrors } from './fixtures.ts';
-import { rssBytes, samplePeaks } from './measure.ts';
-import { DELIVERY_PATHS, type DeliveryPath } from './paths.ts';
+import { BASELINE_VERSION, bareNodeServer } from './bench/baselines.ts';
+import { ALLOWED_LABEL, createIdentity, putSourceSecret, watchMirrors } from './bench/fixtures.ts';
+import { rssBytes, samplePeaks } from './bench/measure.ts';
+import { DELIVERY_PATHS, type DeliveryPath } from './bench/paths.ts';
 import {
   EVENT_ROWS,
   ROWS,
@@ -33,17 +33,17 @@ import {
   type BenchResults,
   type EventRow,
   type Figure,
-} from './report.ts';
-import { REPO_ROOT } from '../controlplane/build.ts';
-import { startBenchSystem, type FunctionName } from './system.ts';
-import { admissionRow } from './rows/admission.ts';
-import { prepareRow } from './rows/prepare.ts';
-import { coldStartRow } from './rows/cold-start.ts';
-import type { RowContext } from './rows/context.ts';
-import { eventToMirrorRow } from './rows/event-to-mirror.ts';
-import { BURST_IDENTITY, fanInRows } from './rows/fan-in.ts';
-import { resyncRows } from './rows/resync.ts';
-import { revocationRow } from './rows/revocation.ts';
+} from './bench/report.ts';
+import { REPO_ROOT } from './tools/build.ts';
+import { startBenchSystem, type FunctionName } from './bench/system.ts';
+import { admissionRow } from './bench/rows/admission.ts';
+import { prepareRow } from './bench/rows/prepare.ts';
+import { coldStartRow } from './bench/rows/cold-start.ts';
+import type { RowContext } from './bench/rows/context.ts';
+import { eventToMirrorRow } from './bench/rows/event-to-mirror.ts';
+import { BURST_IDENTITY, fanInRows } from './bench/rows/fan-in.ts';
+import { resyncRows } from './bench/rows/resync.ts';
+import { revocationRow } from './bench/rows/revocation.ts';
 
 const { values } = parseArgs({
   options: {
@@ -84,7 +84,7 @@ const outDir = values.out ?? join(REPO_ROOT, quick ? '.local/bench-results' : 'b
 const log = (l: string) => process.stderr.write(`[bench] ${l}\n`);
 
 // Each adapter restart (a delivery-path switch) leaves one more 'exit' listener on the process
-// (scripts/knative.ts startApiServerSourceAdapter), beside the functions' and the data plane's.
+// (scripts/eventing/adapter.ts startApiServerSourceAdapter), beside the functions' and the data plane's.
 process.setMaxListeners(50);
 const startedAt = new Date();
 const revision = currentRevision();

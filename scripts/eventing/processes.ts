@@ -1,6 +1,6 @@
 /**
- * The four processes of Knative Eventing's broker data plane (scripts/eventing-build.ts builds
- * them; scripts/eventing.ts wires them): their ports, environment, start, readiness, kill and
+ * The four processes of Knative Eventing's broker data plane (scripts/eventing/build.ts builds
+ * them; scripts/eventing/dataplane.ts wires them): their ports, environment, start, readiness, kill and
  * restart.
  *
  * Upstream binds every server to all interfaces (`:<port>`), and mtping's health-probe server
@@ -11,9 +11,9 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { connect, createServer } from 'node:net';
-import { isRunning, onLines, stopProcess } from './process.ts';
-import { IMC_PORT_ENV, type EventingBinaries, type EventingComponent } from './eventing-build.ts';
-import { sleep } from './wait.ts';
+import { isRunning, onLines, stopProcess } from '../lib/process.ts';
+import { IMC_PORT_ENV, type EventingBinaries, type EventingComponent } from './build.ts';
+import { sleep } from '../lib/wait.ts';
 
 /** The ports of one data plane: each component's HTTP and HTTPS servers and its pprof server. */
 export interface DataPlanePorts {

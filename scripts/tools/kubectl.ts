@@ -1,19 +1,19 @@
 /**
  * A real kubectl, built from `k8s.io/kubernetes/cmd/kubectl` at the control plane's pinned
- * version (wrapper module scripts/controlplane/go/kubectl, cached in `.cache/kubectl/…`),
+ * version (wrapper module scripts/tools/go/kubectl, cached in `.cache/kubectl/…`),
  * so the tests can prove `kubectl apply -f examples/` and the printer columns without a
  * kubectl on the machine. Nothing at run time needs it.
  *
- * `node scripts/local/kubectl.ts` prints its path (building it first, a few minutes once);
- * `node scripts/local/kubectl.ts --pin` regenerates the wrapper go.mod from
- * scripts/controlplane/go/kubernetes/go.mod (same k8s.io/kubernetes version and
+ * `node scripts/tools/kubectl.ts` prints its path (building it first, a few minutes once);
+ * `node scripts/tools/kubectl.ts --pin` regenerates the wrapper go.mod from
+ * scripts/tools/go/kubernetes/go.mod (same k8s.io/kubernetes version and
  * staging-module replaces), then `go mod tidy`.
  */
 import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { CONTROL_PLANE_TOOLS, REPO_ROOT, type GoTool } from '../controlplane/build.ts';
-import { builtGoBinary, ensureGoBinary } from '../build-lock.ts';
+import { CONTROL_PLANE_TOOLS, REPO_ROOT, type GoTool } from './build.ts';
+import { builtGoBinary, ensureGoBinary } from './build-lock.ts';
 
 const exec = promisify(execFile);
 
@@ -44,7 +44,7 @@ export function ensureKubectl(log?: (line: string) => void): Promise<string> {
 
 /** Rewrites the wrapper go.mod from the kubernetes wrapper's version and replaces. */
 async function pin(): Promise<void> {
-  const go = join(REPO_ROOT, 'scripts', 'controlplane', 'go');
+  const go = join(REPO_ROOT, 'scripts', 'tools', 'go');
   const { stdout } = await exec('go', ['mod', 'edit', '-json'], { cwd: join(go, 'kubernetes') });
   const mod = JSON.parse(stdout) as {
     Require: { Path: string; Version: string }[];

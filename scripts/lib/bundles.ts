@@ -1,0 +1,77 @@
+/**
+ * The production bundles (SPEC §13), built with esbuild so a cold start loads two files
+ * instead of resolving hundreds of modules; `npm run build` (scripts/build.ts) and the bench
+ * build them.
+ * - `dist/main.mjs` — `node dist/main.mjs <admission|mirror-sync|identity-status>`
+ *   (functions/main.ts). Code splitting puts each function in its own chunk
+ *   (`dist/chunks/…`), loaded only when that function starts; the shared libraries
+ *   (client-node, express, winston) sit in shared chunks.
+ * - `dist/captf-runner.mjs` — `node dist/captf-runner.mjs -- <command…>` (functions/runner).
+ * ESM, Node 24 target, minified syntax and whitespace (names kept for stack traces), with
+ * linked source maps (`node --enable-source-maps` uses them).
+ */
+import { rmSync, statSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { build, type BuildOptions, type Metafile } from 'esbuild';
+import { REPO_ROOT } from '../tools/build.ts';
+
+/** What {@link buildBundles} produced. */
+export interface BuildResult {
+  outdir: string;
+  /** `dist/main.mjs`: the functions' entry point. */
+  main: string;
+  /** `dist/captf-runner.mjs`: the runner entry point. */
+  runner: string;
+  /** Total bytes of every emitted .mjs file. */
+  bytes: number;
+  metafile: Metafile;
+}
+
+// Some CommonJS dependencies call require() for Node built-ins; in an ESM bundle that needs
+// a real require, and a few read __dirname/__filename.
+const BANNER = [
+  "import { createRequire as __captfCreateRequire } from 'node:module';",
+  "import { fileURLToPath as __captfFileURLToPath } from 'node:url';",
+  "import { dirname as __captfDirname } from 'node:path';",
+  'const require = __captfCreateRequire(import.meta.url);',
+  'const __filename = __captfFileURLToPath(import.meta.url);',
+  'const __dirname = __captfDirname(__filename);',
+].join('\n');
+
+/**
+ * Bundles `functions/main.ts` and `functions/runner/index.ts` into `outdir` (wiped first).
+ * @param opts.splitting one chunk per function (default true).
+ * @returns the entry files and total size.
+ * @throws esbuild's error (with file and line) when a source does not compile.
+ */
+export async function buildBundles(opts: { outdir?: string; splitting?: boolean } = {}): Promise<BuildResult> {
+  const outdir = resolve(REPO_ROOT, opts.outdir ?? 'dist');
+  rmSync(outdir, { recursive: true, force: true });
+  const common: BuildOptions = {
+    absWorkingDir: REPO_ROOT,
+    bundle: true,
+    platform: 'node',
+    target: 'node24',
+    format: 'esm',
+    outdir,
+    outExtension: { '.js': '.mjs' },
+    minifySyntax: true,
+    minifyWhitespace: true,
+    keepNames: true,
+    sourcemap: 'linked',
+    legalComments: 'linked',
+    banner: { js: BANNER },
+    metafile: true,
+    logLevel: 'warning',
+  };
+  const result = await build({
+    ...common,
+    entryPoints: { main: 'functions/main.ts', 'captf-runner': 'functions/runner/index.ts' },
+    splitting: opts.splitting ?? true,
+    chunkNames: 'chunks/[name]-[hash]',
+  });
+  const metafile = result.metafile!;
+  const files = Object.keys(metafile.outputs).filter((f) => f.endsWith('.mjs'));
+  const bytes = files.reduce((n, f) => n + statSync(resolve(REPO_ROOT, f)).size, 0);
+  return { outdir, main: join(outdir, 'main.mjs'), runner: join(outdir, 'captf-runner.mjs'), bytes, metafile };
+}
