@@ -1,9 +1,13 @@
 /**
- * Installs the project's CRDs (manifests/crds/) with server-side apply and waits until each
- * is Established — used by the test harness and the local mode.
+ * Installs CRDs with server-side apply and waits until each is Established — used by the test
+ * harness and the local mode: the project's own (manifests/crds/), and the real ones of Knative
+ * Serving/Eventing and cert-manager, read from the module cache at the versions pinned in
+ * scripts/tools/go/crds/go.mod, so manifests can be server-side dry-run against them (SPEC §13).
  */
+import { execFile } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import {
   ApiextensionsV1Api,
   KubernetesObjectApi,
@@ -15,7 +19,9 @@ import {
 } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
 import { eventually } from '../lib/wait.ts';
-import { REPO_ROOT } from '../tools/build.ts';
+import { REPO_ROOT, pinnedVersion } from '../tools/build.ts';
+
+const execFileP = promisify(execFile);
 
 /** Every CRD document in manifests/crds/*.yaml (kustomization.yaml excluded). */
 export function loadCRDs(): V1CustomResourceDefinition[] {
@@ -86,3 +92,109 @@ export async function applyCRDs(
 export function installCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
   return applyCRDs(kc, loadCRDs(), timeoutMs);
 }
+
+/** Third-party CRD files and the pinned module they come from. */
+export interface CrdSource {
+  module: string;
+  files: string[];
+}
+
+/**
+ * The CRDs the manifests use, by module (paths inside the module). Knative Serving's
+ * Service; Eventing's ApiServerSource, PingSource, Broker, Trigger; cert-manager's Issuer
+ * and Certificate.
+ */
+export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
+  { module: 'knative.dev/serving', files: ['config/core/300-resources/service.yaml'] },
+  {
+    module: 'knative.dev/eventing',
+    files: ['apiserversource', 'pingsource', 'broker', 'trigger'].map((n) => `config/core/resources/${n}.yaml`),
+  },
+  {
+    module: 'github.com/cert-manager/cert-manager',
+    files: ['cert-manager.io_issuers.yaml', 'cert-manager.io_certificates.yaml'].map((n) => `deploy/crds/${n}`),
+  },
+];
+
+/** The module that pins the third-party CRDs' modules; nothing is built from it. */
+const CRDS_MODULE_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go', 'crds');
+
+/**
+ * Pinned version of a module in scripts/tools/go/crds/go.mod.
+ * @throws Error when it is not required there.
+ */
+export function pinnedCrdModuleVersion(module: string): string {
+  return pinnedVersion({ module: 'crds', versionOf: module });
+}
+
+/**
+ * Downloads (or finds in the module cache) each pinned module and parses its CRD files.
+ * @param sources which files of which modules (default {@link THIRD_PARTY_CRDS}).
+ * @returns the CRDs, each with the module@version it came from.
+ * @throws Error when `go mod download` fails (the module proxy does not serve a version).
+ */
+export async function loadThirdPartyCRDs(
+  sources: readonly CrdSource[] = THIRD_PARTY_CRDS,
+): Promise<{ source: string; crd: V1CustomResourceDefinition }[]> {
+  const out: { source: string; crd: V1CustomResourceDefinition }[] = [];
+  for (const src of sources) {
+    const { stdout } = await execFileP('go', ['mod', 'download', '-json', src.module], {
+      cwd: CRDS_MODULE_DIR,
+      env: { ...process.env, GOFLAGS: '-mod=readonly' },
+      maxBuffer: 1 << 20,
+    }).catch((err: { stdout?: string; message: string }) => {
+      throw new Error(`go mod download ${src.module} (in ${CRDS_MODULE_DIR}): ${err.stdout || err.message}`);
+    });
+    const info = JSON.parse(stdout) as { Dir?: string; Version: string; Error?: string };
+    if (!info.Dir) throw new Error(`go mod download ${src.module}: ${info.Error ?? 'no Dir'}`);
+    for (const f of src.files) {
+      for (const doc of loadAllYaml(readFileSync(join(info.Dir, f), 'utf8')) as V1CustomResourceDefinition[]) {
+        if (doc?.kind === 'CustomResourceDefinition')
+          out.push({ source: `${src.module}@${info.Version}/${f}`, crd: doc });
+      }
+    }
+  }
+  return out;
+}
+
+/**
+ * Installs third-party CRDs with the project's {@link applyCRDs} (server-side apply, then
+ * Established and serving lists).
+ * @param sources which files of which modules (default {@link THIRD_PARTY_CRDS}).
+ * @returns the CRD names installed.
+ * @throws Error when the API server rejects one or it is not ready in `timeoutMs`.
+ */
+export async function installThirdPartyCRDs(
+  kc: KubeConfig,
+  timeoutMs = 60_000,
+  sources: readonly CrdSource[] = THIRD_PARTY_CRDS,
+): Promise<string[]> {
+  const crds = (await loadThirdPartyCRDs(sources)).map((c) => c.crd);
+  return applyCRDs(kc, crds, timeoutMs);
+}
+
+/**
+ * The CRDs Knative Eventing's broker data plane reads or writes (scripts/eventing/dataplane.ts): Broker,
+ * Trigger, EventPolicy, EventType, Subscription (the ingress, filter and dispatcher watch
+ * them), PingSource, ApiServerSource, and the InMemoryChannel, all from knative.dev/eventing
+ * at the version pinned in scripts/tools/go/crds/go.mod.
+ */
+export const EVENTING_CRDS: readonly CrdSource[] = [
+  {
+    module: 'knative.dev/eventing',
+    files: [
+      ...['broker', 'trigger', 'eventpolicy', 'eventtype', 'subscription', 'pingsource', 'apiserversource'].map(
+        (n) => `config/core/resources/${n}.yaml`,
+      ),
+      'config/channels/in-memory-channel/resources/in-memory-channel.yaml',
+    ],
+  },
+];
+
+/**
+ * Installs {@link EVENTING_CRDS} with {@link installThirdPartyCRDs}. Idempotent, and safe beside
+ * installing {@link THIRD_PARTY_CRDS} (and a concurrent call): both apply the same files with the
+ * same field manager, so the CRDs they share come out unchanged.
+ */
+export const installEventingCRDs = (kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> =>
+  installThirdPartyCRDs(kc, timeoutMs, EVENTING_CRDS);

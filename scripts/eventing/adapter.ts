@@ -1,53 +1,20 @@
 /**
- * Knative and cert-manager pieces for tests, built or fetched through the Go module proxy
- * with the control-plane tools (scripts/tools/build.ts):
- * - Knative Eventing's ApiServerSource receive adapter, built from
- *   `knative.dev/eventing/cmd/apiserver_receive_adapter` (wrapper module
- *   scripts/tools/go/knative, cached in `.cache/knative/…`), and a helper that runs
- *   it against a kubeconfig so tests see the CloudEvents a real cluster would send;
- * - the real CRDs of Knative Serving/Eventing and cert-manager, read from the module cache
- *   at the versions pinned in scripts/tools/go/crds/go.mod, and installed into a
- *   control plane so manifests can be server-side dry-run against them (SPEC §13).
- *
- * `npm run knative:build` builds kustomize, the adapter and the Eventing data plane
- * (scripts/eventing/build.ts) ahead of time and fetches the CRDs.
+ * Knative Eventing's ApiServerSource receive adapter (`knative.dev/eventing/cmd/apiserver_receive_adapter`,
+ * tool set `knative` of scripts/tools/registry.ts), and a helper that runs it against a
+ * kubeconfig so tests see the CloudEvents a real cluster would send.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { execFile } from 'node:child_process';
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { promisify } from 'node:util';
-import {
-  KubernetesObjectApi,
-  loadAllYaml,
-  type KubeConfig,
-  type V1CustomResourceDefinition,
-} from '@kubernetes/client-node';
-import { REPO_ROOT, pinnedVersion, type GoTool } from '../tools/build.ts';
+import { KubernetesObjectApi, type KubeConfig } from '@kubernetes/client-node';
 import { freePort } from '../controlplane/controlplane.ts';
-import { applyCRDs } from '../controlplane/crds.ts';
-import { ensureGoBinary } from '../tools/build-lock.ts';
-
-const execFileP = promisify(execFile);
-
-/** The receive adapter's wrapper module (Knative Eventing 1.22 = knative.dev/eventing v0.49.x). */
-export const KNATIVE_TOOLS: readonly GoTool[] = [
-  {
-    module: 'knative',
-    versionOf: 'knative.dev/eventing',
-    packages: ['knative.dev/eventing/cmd/apiserver_receive_adapter'],
-  },
-];
+import { ensureTool } from '../tools/build.ts';
 
 /**
  * Finds or builds the ApiServerSource receive adapter (about 4 minutes on two cores with an
- * empty Go cache; cached afterwards until the wrapper go.mod/go.sum change).
- * @param log progress lines (default stderr).
+ * empty Go cache); see {@link ensureTool}.
  * @returns the absolute path of the `apiserver_receive_adapter` binary.
- * @throws Error with the tail of the `go` output when the download or build fails.
  */
 export function ensureApiServerSourceAdapter(log?: (line: string) => void): Promise<string> {
-  return ensureGoBinary(KNATIVE_TOOLS, 'knative', 'apiserver_receive_adapter', log);
+  return ensureTool('knative', 'apiserver_receive_adapter', log);
 }
 
 /** One watched resource of an ApiServerSource (`K_SOURCE_CONFIG.resources[]`). */
@@ -241,125 +208,4 @@ export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise
     );
   }
   return { process: child, logs, stop };
-}
-
-/** Third-party CRD files and the pinned module they come from. */
-export interface CrdSource {
-  module: string;
-  files: string[];
-}
-
-/**
- * The CRDs the manifests use, by module (paths inside the module). Knative Serving's
- * Service; Eventing's ApiServerSource, PingSource, Broker, Trigger; cert-manager's Issuer
- * and Certificate.
- */
-export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
-  { module: 'knative.dev/serving', files: ['config/core/300-resources/service.yaml'] },
-  {
-    module: 'knative.dev/eventing',
-    files: ['apiserversource', 'pingsource', 'broker', 'trigger'].map((n) => `config/core/resources/${n}.yaml`),
-  },
-  {
-    module: 'github.com/cert-manager/cert-manager',
-    files: ['cert-manager.io_issuers.yaml', 'cert-manager.io_certificates.yaml'].map((n) => `deploy/crds/${n}`),
-  },
-];
-
-const CRDS_MODULE_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go', 'crds');
-
-/**
- * Pinned version of a module in scripts/tools/go/crds/go.mod.
- * @throws Error when it is not required there.
- */
-export function pinnedCrdModuleVersion(module: string): string {
-  return pinnedVersion({ module: 'crds', versionOf: module, packages: [] });
-}
-
-/**
- * Downloads (or finds in the module cache) each pinned module and parses its CRD files.
- * @param sources which files of which modules (default {@link THIRD_PARTY_CRDS}).
- * @returns the CRDs, each with the module@version it came from.
- * @throws Error when `go mod download` fails (the module proxy does not serve a version).
- */
-export async function loadThirdPartyCRDs(
-  sources: readonly CrdSource[] = THIRD_PARTY_CRDS,
-): Promise<{ source: string; crd: V1CustomResourceDefinition }[]> {
-  const out: { source: string; crd: V1CustomResourceDefinition }[] = [];
-  for (const src of sources) {
-    const { stdout } = await execFileP('go', ['mod', 'download', '-json', src.module], {
-      cwd: CRDS_MODULE_DIR,
-      env: { ...process.env, GOFLAGS: '-mod=readonly' },
-      maxBuffer: 1 << 20,
-    }).catch((err: { stdout?: string; message: string }) => {
-      throw new Error(`go mod download ${src.module} (in ${CRDS_MODULE_DIR}): ${err.stdout || err.message}`);
-    });
-    const info = JSON.parse(stdout) as { Dir?: string; Version: string; Error?: string };
-    if (!info.Dir) throw new Error(`go mod download ${src.module}: ${info.Error ?? 'no Dir'}`);
-    for (const f of src.files) {
-      for (const doc of loadAllYaml(readFileSync(join(info.Dir, f), 'utf8')) as V1CustomResourceDefinition[]) {
-        if (doc?.kind === 'CustomResourceDefinition')
-          out.push({ source: `${src.module}@${info.Version}/${f}`, crd: doc });
-      }
-    }
-  }
-  return out;
-}
-
-/**
- * Installs the third-party CRDs with the project's {@link applyCRDs} (server-side apply,
- * then Established and serving lists).
- * @returns the CRD names installed.
- * @throws Error when the API server rejects one or it is not ready in `timeoutMs`.
- */
-export async function installThirdPartyCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
-  return applyCRDs(
-    kc,
-    (await loadThirdPartyCRDs()).map((c) => c.crd),
-    timeoutMs,
-  );
-}
-
-/**
- * The CRDs Knative Eventing's broker data plane reads or writes (scripts/eventing/dataplane.ts): Broker,
- * Trigger, EventPolicy, EventType, Subscription (the ingress, filter and dispatcher watch
- * them), PingSource, ApiServerSource, and the InMemoryChannel, all from knative.dev/eventing
- * at the version pinned in scripts/tools/go/crds/go.mod.
- */
-export const EVENTING_CRDS: readonly CrdSource[] = [
-  {
-    module: 'knative.dev/eventing',
-    files: [
-      ...['broker', 'trigger', 'eventpolicy', 'eventtype', 'subscription', 'pingsource', 'apiserversource'].map(
-        (n) => `config/core/resources/${n}.yaml`,
-      ),
-      'config/channels/in-memory-channel/resources/in-memory-channel.yaml',
-    ],
-  },
-];
-
-/**
- * Installs {@link EVENTING_CRDS} with {@link applyCRDs}. Idempotent, and safe beside
- * {@link installThirdPartyCRDs} (and a concurrent call): both apply the same files with the
- * same field manager, so the CRDs they share come out unchanged.
- * @returns the CRD names installed.
- * @throws Error when the API server rejects one or it is not ready in `timeoutMs`.
- */
-export async function installEventingCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
-  return applyCRDs(
-    kc,
-    (await loadThirdPartyCRDs(EVENTING_CRDS)).map((c) => c.crd),
-    timeoutMs,
-  );
-}
-
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const { ensureKustomize } = await import('../tools/kustomize.ts');
-  console.log(`kustomize: ${await ensureKustomize()}`);
-  console.log(`apiserver_receive_adapter: ${await ensureApiServerSourceAdapter()}`);
-  const { ensureEventingDataPlane } = await import('./build.ts');
-  for (const [component, path] of Object.entries(await ensureEventingDataPlane()))
-    console.log(`eventing ${component}: ${path}`);
-  const crds = [...(await loadThirdPartyCRDs()), ...(await loadThirdPartyCRDs(EVENTING_CRDS))];
-  for (const source of new Set(crds.map((c) => c.source))) console.log(`CRD: ${source}`);
 }

@@ -1,10 +1,8 @@
 /**
- * Builds the test control plane (etcd, kube-apiserver, kube-controller-manager) from pinned
- * Go wrapper modules under scripts/tools/go/, through the Go module proxy, into
- * `.cache/controlplane/<versions>/bin`. A build happens only when the pinned go.mod/go.sum
- * change. `KUBEBUILDER_ASSETS` (envtest binaries) short-circuits everything.
- *
- * Run directly (`npm run controlplane:build`) to build ahead of time.
+ * Finds or builds the Go tools of scripts/tools/registry.ts: one tool set at a time, from its
+ * pinned wrapper modules under scripts/tools/go/ through the Go module proxy, into
+ * `.cache/<set>/<versions>-<digest>/bin`, under a cross-process lock. A build happens only
+ * when a wrapper's go.mod/go.sum or the set's patches change. `npm run tools` builds them all.
  */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -17,75 +15,16 @@ import {
   readFileSync,
   renameSync,
   rmSync,
+  statSync,
   writeFileSync,
 } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { TOOLS, type GoSourcePatch, type GoTool, type ToolSet } from './registry.ts';
 
 /** Repository root (two levels above this file). */
 export const REPO_ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 const GO_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go');
-
-/** One Go wrapper module and the main packages it builds. */
-export interface GoTool {
-  /** Folder under scripts/tools/go/. */
-  module: string;
-  /** Module whose `require` line pins the version shown in the cache key. */
-  versionOf: string;
-  /** Main packages to build; each becomes `bin/<last path element>` unless `outName` says. */
-  packages: string[];
-  /** Binary name per package when the package path's last element is not the binary's name. */
-  outName?: Record<string, string>;
-  /** Extra `-ldflags` computed from the pinned version. */
-  ldflags?: (version: string) => string[];
-  /**
-   * Source patches of dependencies, applied to module copies used through `go build -modfile`
-   * (the module cache and the wrapper module are never modified); part of the cache key, so
-   * changing one rebuilds.
-   */
-  patches?: readonly GoSourcePatch[];
-}
-
-/**
- * An exact-text patch of one file of a dependency module, applied at build time to a copy of
- * the pinned module (under the tool's cache folder) that the build uses through a generated
- * `-modfile` with a `replace` (Go refuses `-overlay` for files in the module cache).
- */
-export interface GoSourcePatch {
-  /** Module path the file belongs to, e.g. `knative.dev/eventing` (its folder comes from `go list -m`). */
-  module: string;
-  /** The file, relative to the module root. */
-  file: string;
-  /** Each `from` must occur exactly once in the upstream file; it becomes `to`. */
-  replace: readonly { from: string; to: string }[];
-  /** New files in the same folder (same Go package): file name → content. */
-  add?: Readonly<Record<string, string>>;
-}
-
-/** The control plane's wrapper modules (SPEC §15; issue: foundation). */
-export const CONTROL_PLANE_TOOLS: readonly GoTool[] = [
-  {
-    module: 'etcd',
-    versionOf: 'go.etcd.io/etcd/server/v3',
-    packages: ['go.etcd.io/etcd/server/v3'],
-    outName: { 'go.etcd.io/etcd/server/v3': 'etcd' },
-  },
-  {
-    module: 'kubernetes',
-    versionOf: 'k8s.io/kubernetes',
-    packages: ['k8s.io/kubernetes/cmd/kube-apiserver', 'k8s.io/kubernetes/cmd/kube-controller-manager'],
-    // Without these /version reports v0.0.0-master.
-    ldflags: (v) => {
-      const [major, minor] = v.replace(/^v/, '').split('.');
-      return [
-        `-X k8s.io/component-base/version.gitVersion=${v}`,
-        `-X k8s.io/component-base/version.gitMajor=${major}`,
-        `-X k8s.io/component-base/version.gitMinor=${minor}`,
-        '-X k8s.io/component-base/version.gitTreeState=clean',
-      ];
-    },
-  },
-];
 
 /** Paths of the control-plane binaries; `kubeControllerManager` is absent with envtest assets. */
 export interface ControlPlaneBinaries {
@@ -97,8 +36,11 @@ export interface ControlPlaneBinaries {
   origin: 'cache' | 'built' | 'KUBEBUILDER_ASSETS';
 }
 
-/** Reads the version a wrapper go.mod pins for `modulePath` (from its `require`). */
-export function pinnedVersion(tool: GoTool): string {
+/**
+ * Reads the version a wrapper go.mod pins for `tool.versionOf` (from its `require`).
+ * @throws Error when the go.mod does not require it.
+ */
+export function pinnedVersion(tool: Pick<GoTool, 'module' | 'versionOf'>): string {
   const gomod = readFileSync(join(GO_DIR, tool.module, 'go.mod'), 'utf8');
   const re = new RegExp(`^\\s*(?:require\\s+)?${tool.versionOf.replace(/[.]/g, '\\.')}\\s+(v\\S+)`, 'm');
   const m = re.exec(gomod);
@@ -107,13 +49,13 @@ export function pinnedVersion(tool: GoTool): string {
 }
 
 /**
- * Cache folder for a set of tools: names and pinned versions, plus a digest of the wrapper
- * go.mod/go.sum (comment lines excluded) so any re-pin rebuilds.
+ * Cache folder of a tool set: module names and pinned versions, plus a digest of the wrapper
+ * go.mod/go.sum (comment lines excluded) and of the patches, so any re-pin rebuilds.
  */
-export function cacheDir(tools: readonly GoTool[], name = 'controlplane'): string {
+export function cacheDir(set: ToolSet): string {
   const h = createHash('sha256');
   const parts: string[] = [];
-  for (const t of tools) {
+  for (const t of TOOLS[set]) {
     for (const f of ['go.mod', 'go.sum']) {
       const p = join(GO_DIR, t.module, f);
       // Comments do not change what is built, so editing one must not force a rebuild.
@@ -123,12 +65,11 @@ export function cacheDir(tools: readonly GoTool[], name = 'controlplane'): strin
     if (t.patches?.length) h.update(JSON.stringify(t.patches));
     parts.push(`${t.module}-${pinnedVersion(t)}`);
   }
-  return join(REPO_ROOT, '.cache', name, `${parts.join('_')}-${h.digest('hex').slice(0, 8)}`);
+  return join(REPO_ROOT, '.cache', set, `${parts.join('_')}-${h.digest('hex').slice(0, 8)}`);
 }
 
-function binaryName(tool: GoTool, pkg: string): string {
-  return tool.outName?.[pkg] ?? pkg.split('/').pop()!;
-}
+/** Names of the binaries a tool set builds, in registry order. */
+const toolBinaries = (set: ToolSet): string[] => TOOLS[set].flatMap((t) => Object.keys(t.binaries));
 
 function run(
   cmd: string,
@@ -170,13 +111,13 @@ function run(
 const goEnv = { CGO_ENABLED: '0', GOFLAGS: '-mod=readonly' };
 
 /**
- * Applies one patch to `text` (the upstream file).
+ * Applies a patch's `replace` list to `text` (the upstream `file`).
  * @throws Error naming the file and the text when a `from` does not occur exactly once (the
  *   pinned upstream file is not the one the patch was written for: update the patch).
  */
 export function applySourcePatch(patch: GoSourcePatch, text: string): string {
   let out = text;
-  for (const { from, to } of patch.replace) {
+  for (const { from, to } of patch.replace ?? []) {
     const count = out.split(from).length - 1;
     if (count !== 1)
       throw new Error(
@@ -186,6 +127,27 @@ export function applySourcePatch(patch: GoSourcePatch, text: string): string {
     out = out.replace(from, () => to);
   }
   return out;
+}
+
+/**
+ * Applies one patch to `copy`, a writable copy of the patched module's folder: edits `file`,
+ * writes `add`, deletes `delete`, then runs `go mod edit <goModEdit…>` on its go.mod.
+ * @throws Error naming the module and file when a file to edit or delete does not exist, a
+ *   `replace` does not apply, or `go mod edit` refuses a flag.
+ */
+export async function patchModuleCopy(patch: GoSourcePatch, copy: string): Promise<void> {
+  const existing = (file: string) => {
+    const p = join(copy, file);
+    if (!existsSync(p))
+      throw new Error(`patch of ${patch.module}: ${file} does not exist upstream (in ${copy}); update the patch`);
+    return p;
+  };
+  if (patch.file)
+    writeFileSync(existing(patch.file), applySourcePatch(patch, readFileSync(existing(patch.file), 'utf8')));
+  const folder = join(copy, dirname(patch.file ?? '.'));
+  for (const [name, text] of Object.entries(patch.add ?? {})) writeFileSync(join(folder, name), text);
+  for (const file of patch.delete ?? []) rmSync(existing(file), { recursive: true });
+  if (patch.goModEdit?.length) await run('go', ['mod', 'edit', ...patch.goModEdit, existing('go.mod')], { cwd: copy });
 }
 
 /** Copies a folder tree with files and folders writable (the module cache's are read-only). */
@@ -205,8 +167,7 @@ function copyWritable(from: string, to: string): void {
 /**
  * Makes the patched module copies of `tool` under `dir/src/` and a go.mod for `-modfile`: the
  * wrapper's go.mod (and go.sum) plus one `replace <module> => <copy>` per patched module. Go
- * refuses `-overlay` for files in the module cache, hence whole-module copies; only the
- * patched files differ from upstream.
+ * refuses `-overlay` for files in the module cache, hence whole-module copies.
  * @returns the generated go.mod's path, or undefined when the tool has no patches.
  * @throws Error when a module is not in the build list or a patch does not apply.
  */
@@ -227,9 +188,7 @@ async function writePatchedModules(tool: GoTool, cwd: string, dir: string): Prom
       copyWritable(moduleDir, copy);
       replaces.push(`replace ${patch.module} => ${JSON.stringify(copy)}`);
     }
-    const file = join(copy, patch.file);
-    writeFileSync(file, applySourcePatch(patch, readFileSync(file, 'utf8')));
-    for (const [name, text] of Object.entries(patch.add ?? {})) writeFileSync(join(dirname(file), name), text);
+    await patchModuleCopy(patch, copy);
   }
   const gomod = join(root, 'go.mod');
   writeFileSync(gomod, `${readFileSync(join(cwd, 'go.mod'), 'utf8')}\n${replaces.join('\n')}\n`);
@@ -252,7 +211,7 @@ async function buildTool(
   const modfile = await writePatchedModules(tool, cwd, dir);
   if (modfile) log(`[build] ${tool.module}: patched module copies under ${dirname(modfile)} (-modfile=${modfile})`);
   const modFlags = modfile ? [`-modfile=${modfile}`] : [];
-  const deps = await run('go', ['list', ...modFlags, '-deps', ...tool.packages], { cwd, env: goEnv });
+  const deps = await run('go', ['list', ...modFlags, '-deps', ...Object.values(tool.binaries)], { cwd, env: goEnv });
   // `go build -v` prints each package it compiles (the standard library too, on a cold cache).
   const total = deps.split('\n').filter(Boolean).length;
   let compiled = 0;
@@ -264,9 +223,9 @@ async function buildTool(
   try {
     const ldflags = ['-s', '-w', ...(tool.ldflags?.(version) ?? [])].join(' ');
     const flags = ['-v', '-trimpath', '-ldflags', ldflags, ...modFlags];
-    for (const pkg of tool.packages) {
+    for (const [name, pkg] of Object.entries(tool.binaries)) {
       log(`[build] ${tool.module}: compiling ${pkg}`);
-      const out = join(tmpBin, binaryName(tool, pkg));
+      const out = join(tmpBin, name);
       await run('go', ['build', ...flags, '-o', out, pkg], { cwd, env: goEnv, onLine: () => compiled++ });
     }
   } finally {
@@ -275,72 +234,115 @@ async function buildTool(
   log(`[build] ${tool.module} ${version}: done in ${Math.round((Date.now() - t0) / 1000)}s`);
 }
 
-/**
- * Builds `tools` into `dir/bin` unless already there. Prints progress (packages compiled of
- * the total) every few seconds and the build time. Tools with {@link GoTool.patches} are
- * built from patched module copies (see {@link GoSourcePatch}).
- * @param log receives human-readable progress lines.
- * @returns the bin folder and whether anything was built.
- * @throws Error with the tail of the `go` output when a download or build fails, or when a
- *   patch no longer matches its upstream file.
- */
-export async function buildGoTools(
-  tools: readonly GoTool[],
-  dir: string,
-  log: (line: string) => void = (l) => process.stderr.write(l + '\n'),
-): Promise<{ binDir: string; built: boolean }> {
-  const binDir = join(dir, 'bin');
-  const expected = tools.flatMap((t) => t.packages.map((p) => join(binDir, binaryName(t, p))));
-  if (expected.every((p) => existsSync(p))) return { binDir, built: false };
-
+/** Builds a tool set into `<cacheDir>/bin` (replaced whole at the end), with progress lines. */
+async function buildSet(set: ToolSet, log: (line: string) => void): Promise<void> {
+  const dir = cacheDir(set);
   const started = Date.now();
   const tmpBin = join(dir, `bin.tmp-${process.pid}`);
   rmSync(tmpBin, { recursive: true, force: true });
   mkdirSync(tmpBin, { recursive: true });
-  for (const tool of tools) await buildTool(tool, { dir, tmpBin, log });
-  rmSync(binDir, { recursive: true, force: true });
-  renameSync(tmpBin, binDir);
-  writeFileSync(join(dir, 'BUILT'), `${new Date().toISOString()} in ${Math.round((Date.now() - started) / 1000)}s\n`);
-  log(
-    `[build] ${tools.map((t) => t.module).join(' + ')} built in ${Math.round((Date.now() - started) / 1000)}s → ${binDir}`,
+  for (const tool of TOOLS[set]) await buildTool(tool, { dir, tmpBin, log });
+  rmSync(join(dir, 'bin'), { recursive: true, force: true });
+  renameSync(tmpBin, join(dir, 'bin'));
+  const took = `${Math.round((Date.now() - started) / 1000)}s`;
+  writeFileSync(join(dir, 'BUILT'), `${new Date().toISOString()} in ${took}\n`);
+  log(`[build] ${set} built in ${took} → ${join(dir, 'bin')}`);
+}
+
+/** A build lock older than this is taken to be left by a killed process (ms). */
+const STALE_LOCK_MS = 30 * 60_000;
+
+/**
+ * Runs `fn` while holding the lock folder `.cache/<name>.lock` (mkdir is atomic), waiting for
+ * another holder first: `npm test` runs test files in parallel processes, and two of them
+ * must not build one set at once (a build replaces the whole bin folder when it finishes).
+ */
+async function withBuildLock<T>(name: string, fn: () => Promise<T>): Promise<T> {
+  const lock = join(REPO_ROOT, '.cache', `${name}.lock`);
+  mkdirSync(dirname(lock), { recursive: true });
+  for (;;) {
+    try {
+      mkdirSync(lock);
+      break;
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      try {
+        if (Date.now() - statSync(lock).mtimeMs > STALE_LOCK_MS) rmSync(lock, { recursive: true, force: true });
+      } catch {
+        // released meanwhile
+      }
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+  try {
+    return await fn();
+  } finally {
+    rmSync(lock, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Path of one binary of a tool set when the whole set is built already; nothing is built.
+ * @param binary default: the set's first binary.
+ * @returns the absolute path, or undefined when the pinned versions are not built.
+ * @throws Error when the set builds no such binary.
+ */
+export function builtTool(set: ToolSet, binary = toolBinaries(set)[0]!): string | undefined {
+  if (!toolBinaries(set).includes(binary)) throw new Error(`tool set ${set} builds no ${binary}`);
+  const bin = join(cacheDir(set), 'bin');
+  return toolBinaries(set).every((b) => existsSync(join(bin, b))) ? join(bin, binary) : undefined;
+}
+
+/**
+ * Finds or builds one binary of a tool set: `.cache/<set>/<versions>-<digest>/bin/<binary>`,
+ * building the set first (under the build lock, progress lines to `log`) when it is missing.
+ * @param binary default: the set's first binary.
+ * @param log progress lines of the build (default stderr).
+ * @returns the absolute path of the binary.
+ * @throws Error with the tail of the `go` output when the download or build fails, or when a
+ *   patch no longer matches its upstream module.
+ */
+export async function ensureTool(
+  set: ToolSet,
+  binary = toolBinaries(set)[0]!,
+  log: (line: string) => void = (l) => process.stderr.write(l + '\n'),
+): Promise<string> {
+  const found = () => builtTool(set, binary);
+  return (
+    found() ??
+    withBuildLock(set, async () => {
+      // Another process may have built the set while this one waited for the lock.
+      if (!found()) await buildSet(set, log);
+      return found()!;
+    })
   );
-  return { binDir, built: true };
 }
 
 /**
  * Finds or builds the control-plane binaries.
  * - `KUBEBUILDER_ASSETS` set: uses `etcd` and `kube-apiserver` from there (and
  *   `kube-controller-manager` if present); builds nothing.
- * - otherwise: the cache for the pinned versions, building it first when missing.
+ * - otherwise: tool set `controlplane`, building it first when missing.
  * @throws Error when `KUBEBUILDER_ASSETS` lacks a binary, or the build fails.
  */
 export async function ensureControlPlaneBinaries(log?: (line: string) => void): Promise<ControlPlaneBinaries> {
   const assets = process.env.KUBEBUILDER_ASSETS;
-  if (assets) {
-    const etcd = join(assets, 'etcd');
-    const kubeApiserver = join(assets, 'kube-apiserver');
-    for (const p of [etcd, kubeApiserver])
-      if (!existsSync(p)) throw new Error(`KUBEBUILDER_ASSETS=${assets} has no ${p}`);
-    const kcm = join(assets, 'kube-controller-manager');
-    return {
-      binDir: assets,
-      etcd,
-      kubeApiserver,
-      kubeControllerManager: existsSync(kcm) ? kcm : undefined,
-      origin: 'KUBEBUILDER_ASSETS',
-    };
-  }
-  const { binDir, built } = await buildGoTools(CONTROL_PLANE_TOOLS, cacheDir(CONTROL_PLANE_TOOLS), log);
+  const origin = assets ? 'KUBEBUILDER_ASSETS' : builtTool('controlplane') ? 'cache' : 'built';
+  const binDir = assets ?? dirname(await ensureTool('controlplane', 'etcd', log));
+  const [etcd, kubeApiserver, kcm] = ['etcd', 'kube-apiserver', 'kube-controller-manager'].map((b) => join(binDir, b));
+  for (const p of [etcd!, kubeApiserver!])
+    if (!existsSync(p)) throw new Error(`KUBEBUILDER_ASSETS=${assets} has no ${p}`);
   return {
     binDir,
-    etcd: join(binDir, 'etcd'),
-    kubeApiserver: join(binDir, 'kube-apiserver'),
-    kubeControllerManager: join(binDir, 'kube-controller-manager'),
-    origin: built ? 'built' : 'cache',
+    etcd: etcd!,
+    kubeApiserver: kubeApiserver!,
+    kubeControllerManager: existsSync(kcm!) ? kcm : undefined,
+    origin,
   };
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const bins = await ensureControlPlaneBinaries();
-  console.log(`control plane binaries (${bins.origin}): ${bins.binDir}`);
-}
+/** Path of kubectl when it was built already (nothing is built here). */
+export const builtKubectlPath = (): string | undefined => builtTool('kubectl');
+
+/** Finds or builds kubectl; see {@link ensureTool}. */
+export const ensureKubectl = (log?: (line: string) => void): Promise<string> => ensureTool('kubectl', undefined, log);

@@ -1,9 +1,6 @@
 /**
- * kustomize, built from `sigs.k8s.io/kustomize/kustomize/v5` (wrapper module
- * scripts/tools/go/kustomize, cached in `.cache/kustomize/…`), to render manifests/
+ * Renders manifests/ with kustomize (tool set `kustomize` of scripts/tools/registry.ts)
  * exactly as `kubectl apply -k` would (kubectl embeds the same kustomize API).
- *
- * `npm run manifests -- [DIR]` prints the rendered YAML of DIR (default `manifests`).
  */
 import { execFile } from 'node:child_process';
 import { resolve } from 'node:path';
@@ -13,20 +10,9 @@ import type { KubernetesObject } from '@kubernetes/client-node';
 // kinds into typed models and silently drops fields they do not know, which would hide a
 // misspelled field from the strict server-side validation.
 import { loadAll } from 'js-yaml';
-import { REPO_ROOT, type GoTool } from './build.ts';
-import { ensureGoBinary } from './build-lock.ts';
+import { REPO_ROOT, ensureTool } from './build.ts';
 
 const execFileP = promisify(execFile);
-
-/** kustomize's wrapper module (v5.8.2: the newest whose go.mod accepts Go 1.26; v5.8.3 needs 1.27). */
-export const KUSTOMIZE_TOOLS: readonly GoTool[] = [
-  {
-    module: 'kustomize',
-    versionOf: 'sigs.k8s.io/kustomize/kustomize/v5',
-    packages: ['sigs.k8s.io/kustomize/kustomize/v5'],
-    outName: { 'sigs.k8s.io/kustomize/kustomize/v5': 'kustomize' },
-  },
-];
 
 /**
  * Finds or builds kustomize (about 20 s with a warm Go cache).
@@ -34,7 +20,7 @@ export const KUSTOMIZE_TOOLS: readonly GoTool[] = [
  * @throws Error with the tail of the `go` output when the build fails.
  */
 export function ensureKustomize(log?: (line: string) => void): Promise<string> {
-  return ensureGoBinary(KUSTOMIZE_TOOLS, 'kustomize', 'kustomize', log);
+  return ensureTool('kustomize', 'kustomize', log);
 }
 
 /**
@@ -66,10 +52,6 @@ export async function renderYaml(dir: string): Promise<string> {
 /** {@link renderYaml}, parsed into plain objects (one per YAML document, every field kept). */
 export async function render(dir: string): Promise<KubernetesObject[]> {
   return (loadAll(await renderYaml(dir)) as KubernetesObject[]).filter(Boolean);
-}
-
-if (import.meta.url === `file://${process.argv[1]}`) {
-  process.stdout.write(await renderYaml(process.argv[2] ?? 'manifests'));
 }
 
 /** Kinds in the rendered manifests that are cluster-scoped (everything else is namespaced). */

@@ -32,7 +32,7 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { webhookConfiguration } from '../../scripts/system/webhook.ts';
-import { builtKubectlPath } from '../../scripts/tools/kubectl.ts';
+import { builtKubectlPath } from '../../scripts/tools/build.ts';
 import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 
@@ -900,7 +900,7 @@ describe('warnings before a revocation (SPEC §10)', () => {
   it('kubectl prints the warnings as Warning: lines, and --dry-run=server is a preview', async (t) => {
     const kubectl = builtKubectlPath();
     if (!kubectl) {
-      t.skip('kubectl is not built (node scripts/tools/kubectl.ts)');
+      t.skip('kubectl is not built (npm run tools -- kubectl)');
       return;
     }
     const name = `w-kubectl-${sfx}`;

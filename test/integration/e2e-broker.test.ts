@@ -20,8 +20,8 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
+import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import {
-  installEventingCRDs,
   sourceConfigFor,
   startApiServerSourceAdapter,
   type ApiServerSourceSpec,

@@ -20,7 +20,7 @@ import { after, before, describe, it } from 'node:test';
 import type { KubernetesObject } from '@kubernetes/client-node';
 import { CloudEvent } from 'cloudevents';
 import { PING_EVENT_TYPE, KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import { installEventingCRDs } from '../../scripts/eventing/adapter.ts';
+import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import { admin, controlPlaneDir, eventually, namespaces } from '../helpers/cluster.ts';

@@ -16,7 +16,7 @@ import {
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
 import { untrustedServerMessage } from '../../functions/lib/api-errors.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
-import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/eventing/adapter.ts';
+import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/controlplane/crds.ts';
 import { KUSTOMIZATIONS, relocate, render } from '../../scripts/tools/kustomize.ts';
 import { admin, namespaces } from '../helpers/cluster.ts';
 

@@ -1,14 +1,10 @@
 /**
  * The stand-in for Knative Eventing's controllers (scripts/eventing/controllers.ts): which
  * delivery a Trigger's channel subscriber gets, how dead-letter sinks and destinations
- * resolve, and the fields written for the data plane; plus the build-time dispatcher patch
- * (scripts/eventing/build.ts, scripts/tools/build.ts applySourcePatch).
+ * resolve, and the fields written for the data plane.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { pinnedVersion } from '../../scripts/tools/build.ts';
-import { applySourcePatch } from '../../scripts/tools/build.ts';
-import { EVENTING_TOOLS, IMC_DISPATCHER_PORTS_PATCH } from '../../scripts/eventing/build.ts';
 import {
   brokerChannel,
   brokerStatus,
@@ -24,7 +20,6 @@ import {
   type RefResolver,
   type Trigger,
 } from '../../scripts/eventing/controllers.ts';
-import { KNATIVE_TOOLS } from '../../scripts/eventing/adapter.ts';
 
 const svc = (name: string) => ({ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name } });
 const URLS: Record<string, string> = {
@@ -161,30 +156,5 @@ describe('the eventing controllers stand-in', () => {
     assert.deepEqual(ps.ceAttributes, [
       { type: 'dev.knative.sources.ping', source: '/apis/v1/namespaces/ns/pingsources/p' },
     ]);
-  });
-});
-
-describe('the dispatcher port patch', () => {
-  const upstream =
-    'const (\n\treadTimeout   = 15 * time.Minute\n\thttpPort      = 8080\n\thttpsPort     = 8443\n\tfinalizerName = "x"\n)\n';
-
-  it('removes exactly the two constants and adds the file declaring them', () => {
-    const out = applySourcePatch(IMC_DISPATCHER_PORTS_PATCH, upstream);
-    assert.equal(out, 'const (\n\treadTimeout   = 15 * time.Minute\n\tfinalizerName = "x"\n)\n');
-    const added = Object.values(IMC_DISPATCHER_PORTS_PATCH.add ?? {}).join('');
-    assert.match(added, /httpPort\s+= captfPortFromEnv\("CAPTF_IMC_HTTP_PORT", 8080\)/);
-    assert.match(added, /httpsPort = captfPortFromEnv\("CAPTF_IMC_HTTPS_PORT", 8443\)/);
-  });
-
-  it('fails loudly when the upstream text differs', () => {
-    assert.throws(
-      () => applySourcePatch(IMC_DISPATCHER_PORTS_PATCH, upstream.replace('8080', '9090')),
-      /expected the text below exactly once, found it 0 times/,
-    );
-    assert.throws(() => applySourcePatch(IMC_DISPATCHER_PORTS_PATCH, upstream + upstream), /found it 2 times/);
-  });
-
-  it('pins the same knative.dev/eventing as the ApiServerSource adapter', () => {
-    assert.equal(pinnedVersion(EVENTING_TOOLS[0]!), pinnedVersion(KNATIVE_TOOLS[0]!));
   });
 });

@@ -1,6 +1,6 @@
 // Pins the modules whose source trees ship the third-party CRDs the manifests are
 // validated against (Knative Serving and Eventing 1.22, cert-manager). Nothing is built:
-// scripts/eventing/adapter.ts runs `go mod download -json <module>` here and reads the YAML files
+// scripts/controlplane/crds.ts runs `go mod download -json <module>` here and reads the YAML files
 // from the module cache. Do not `go mod tidy` this module (it would drop the requires,
 // as nothing imports them); bump a version by editing its line and running
 // `go mod download <module>`.

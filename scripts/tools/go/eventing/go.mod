@@ -2,9 +2,9 @@
 // v0.49.x = Knative 1.22): the MTChannelBasedBroker ingress and filter, the InMemoryChannel
 // dispatcher and the PingSource adapter (mtping), run as local processes by
 // scripts/eventing/dataplane.ts. Pin the same knative.dev/eventing version as ../knative/go.mod (the
-// ApiServerSource adapter); test/unit/eventing-controllers.test.ts checks that they agree. The
+// ApiServerSource adapter); test/unit/tools.test.ts checks that they agree. The
 // dispatcher's two fixed ports are made configurable by a patch applied at build time to a
-// copy of knative.dev/eventing (scripts/eventing/build.ts, docs/eventing-dataplane.md); this
+// copy of knative.dev/eventing (scripts/tools/registry.ts, docs/eventing-dataplane.md); this
 // go.mod itself is unpatched. The `tool` lines keep `go mod tidy` from dropping the requirements.
 module captf.local/controlplane/eventing
 

@@ -1,6 +1,6 @@
 // Wrapper module that builds kubectl from the published k8s.io/kubernetes module, at the
 // same version and with the same staging-module replaces as ../kubernetes (generated from
-// that go.mod by scripts/tools/kubectl.ts --pin), for checking the examples with a real
+// that go.mod by `npm run tools -- --pin-kubectl`), for checking the examples with a real
 // kubectl. Not needed to run anything.
 module captf.local/controlplane/kubectl
 

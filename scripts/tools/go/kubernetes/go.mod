@@ -4,7 +4,7 @@
 // dependency, so each staging module is replaced here with its published tag.
 // To re-pin: set the require below, then write one replace per `=> ./staging/...` line of
 // k8s.io/kubernetes's own go.mod (v1.N.M ↔ v0.N.M), run `go mod tidy`, and re-pin kubectl
-// with `node scripts/tools/kubectl.ts --pin`.
+// with `npm run tools -- --pin-kubectl`.
 module captf.local/controlplane/kubernetes
 
 go 1.26.0

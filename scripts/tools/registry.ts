@@ -1,0 +1,177 @@
+/**
+ * Every Go-built tool, by tool set. A set is built together from its wrapper modules
+ * (scripts/tools/go/<module>, which pin the versions) through the Go module proxy into
+ * `.cache/<set>/<module>-<version>…-<digest>/bin` by scripts/tools/build.ts (ensureTool),
+ * and rebuilt only when a wrapper's go.mod/go.sum or a set's source patches change.
+ */
+
+/** One Go wrapper module and the main packages it builds. */
+export interface GoTool {
+  /** Folder under scripts/tools/go/. */
+  module: string;
+  /** Module whose `require` line pins the version shown in the cache key. */
+  versionOf: string;
+  /** What to build: binary name (in the set's `bin/`) → main package. */
+  binaries: Readonly<Record<string, string>>;
+  /** Extra `-ldflags` computed from the pinned version. */
+  ldflags?: (version: string) => string[];
+  /**
+   * Source patches of dependencies, applied to module copies used through `go build -modfile`
+   * (the module cache and the wrapper module are never modified); part of the cache key, so
+   * changing one rebuilds.
+   */
+  patches?: readonly GoSourcePatch[];
+}
+
+/**
+ * A patch of one dependency module, applied at build time to a copy of the pinned module (under
+ * the tool's cache folder) that the build uses through a generated `-modfile` with a `replace`
+ * (Go refuses `-overlay` for files in the module cache). Serialized into the cache key as
+ * written, so leave unused fields out.
+ */
+export interface GoSourcePatch {
+  /** Module path, e.g. `knative.dev/eventing` (its folder comes from `go list -m`). */
+  module: string;
+  /** The file `replace` edits and `add` writes beside, relative to the module root. */
+  file?: string;
+  /** Each `from` must occur exactly once in `file`; it becomes `to`. */
+  replace?: readonly { from: string; to: string }[];
+  /** New files in the folder of `file` (the module root without one): file name → content. */
+  add?: Readonly<Record<string, string>>;
+  /** Files or folders of the module to delete, relative to its root. */
+  delete?: readonly string[];
+  /** Flags for `go mod edit` on the copy's go.mod, e.g. `-droprequire=knative.dev/caching`. */
+  goModEdit?: readonly string[];
+}
+
+/** The environment variables the patched dispatcher reads its HTTP and HTTPS ports from. */
+export const IMC_PORT_ENV = { http: 'CAPTF_IMC_HTTP_PORT', https: 'CAPTF_IMC_HTTPS_PORT' } as const;
+
+/**
+ * The InMemoryChannel dispatcher's listening ports are constants upstream (8080 and 8443 in
+ * knative.dev/eventing pkg/reconciler/inmemorychannel/dispatcher/controller.go), which collide
+ * with the ApiServerSource adapter's probe port and allow one data plane per machine: this
+ * takes the two constant lines out and adds a file to the same package declaring them as
+ * variables read from {@link IMC_PORT_ENV} (default: the upstream values).
+ * docs/eventing-dataplane.md explains it.
+ */
+export const IMC_DISPATCHER_PORTS_PATCH: GoSourcePatch = {
+  module: 'knative.dev/eventing',
+  file: 'pkg/reconciler/inmemorychannel/dispatcher/controller.go',
+  replace: [{ from: '\thttpPort      = 8080\n\thttpsPort     = 8443\n', to: '' }],
+  add: {
+    'zz_captf_ports.go': `// Added by captf-credentials (scripts/tools/registry.ts) to a copy of this module: the
+// dispatcher's two listening ports, constants upstream, come from the environment so that
+// several dispatchers (and other servers on :8080) can run on one machine.
+package dispatcher
+
+import (
+	"log"
+	"os"
+	"strconv"
+)
+
+var (
+	httpPort  = captfPortFromEnv("${IMC_PORT_ENV.http}", 8080)
+	httpsPort = captfPortFromEnv("${IMC_PORT_ENV.https}", 8443)
+)
+
+// captfPortFromEnv returns the port in the environment variable name, or def when it is unset.
+func captfPortFromEnv(name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	p, err := strconv.Atoi(v)
+	if err != nil || p < 1 || p > 65535 {
+		log.Fatalf("%s=%q is not a port number", name, v)
+	}
+	return p
+}
+`,
+  },
+};
+
+/** Binary names of the four Eventing data-plane processes. */
+export const EVENTING_BINARIES = {
+  ingress: 'broker-ingress',
+  filter: 'broker-filter',
+  dispatcher: 'imc-dispatcher',
+  mtping: 'mtping',
+} as const;
+
+/** Version stamps of Kubernetes binaries; without them `/version` reports v0.0.0-master. */
+function kubernetesLdflags(v: string): string[] {
+  const [major, minor] = v.replace(/^v/, '').split('.');
+  return [
+    `-X k8s.io/component-base/version.gitVersion=${v}`,
+    `-X k8s.io/component-base/version.gitMajor=${major}`,
+    `-X k8s.io/component-base/version.gitMinor=${minor}`,
+    '-X k8s.io/component-base/version.gitTreeState=clean',
+  ];
+}
+
+const EVENTING = 'knative.dev/eventing';
+
+/** A tool set's name: its key in {@link TOOLS} and its folder under `.cache/`. */
+export type ToolSet = 'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl';
+
+/**
+ * The tool sets; a set's name is its cache folder under `.cache/`. Knative Eventing 1.22 is
+ * knative.dev/eventing v0.49.x (the eventing and knative wrappers pin the same one); kustomize
+ * v5.8.2 is the newest whose go.mod accepts Go 1.26.
+ */
+export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
+  /** etcd, kube-apiserver and kube-controller-manager for the test control plane (SPEC §15). */
+  controlplane: [
+    { module: 'etcd', versionOf: 'go.etcd.io/etcd/server/v3', binaries: { etcd: 'go.etcd.io/etcd/server/v3' } },
+    {
+      module: 'kubernetes',
+      versionOf: 'k8s.io/kubernetes',
+      binaries: {
+        'kube-apiserver': 'k8s.io/kubernetes/cmd/kube-apiserver',
+        'kube-controller-manager': 'k8s.io/kubernetes/cmd/kube-controller-manager',
+      },
+      ldflags: kubernetesLdflags,
+    },
+  ],
+  /** Knative Eventing's broker data plane, run by scripts/eventing/dataplane.ts. */
+  eventing: [
+    {
+      module: 'eventing',
+      versionOf: EVENTING,
+      binaries: {
+        [EVENTING_BINARIES.ingress]: `${EVENTING}/cmd/broker/ingress`,
+        [EVENTING_BINARIES.filter]: `${EVENTING}/cmd/broker/filter`,
+        [EVENTING_BINARIES.dispatcher]: `${EVENTING}/cmd/in_memory/channel_dispatcher`,
+        [EVENTING_BINARIES.mtping]: `${EVENTING}/cmd/mtping`,
+      },
+      patches: [IMC_DISPATCHER_PORTS_PATCH],
+    },
+  ],
+  /** Knative's ApiServerSource receive adapter (scripts/eventing/adapter.ts). */
+  knative: [
+    {
+      module: 'knative',
+      versionOf: EVENTING,
+      binaries: { apiserver_receive_adapter: `${EVENTING}/cmd/apiserver_receive_adapter` },
+    },
+  ],
+  /** kustomize, to render manifests/ as `kubectl apply -k` would (scripts/tools/kustomize.ts). */
+  kustomize: [
+    {
+      module: 'kustomize',
+      versionOf: 'sigs.k8s.io/kustomize/kustomize/v5',
+      binaries: { kustomize: 'sigs.k8s.io/kustomize/kustomize/v5' },
+    },
+  ],
+  /** kubectl at the control plane's version, for tests that apply examples/ as a user would. */
+  kubectl: [
+    {
+      module: 'kubectl',
+      versionOf: 'k8s.io/kubernetes',
+      binaries: { kubectl: 'k8s.io/kubernetes/cmd/kubectl' },
+      ldflags: kubernetesLdflags,
+    },
+  ],
+};
