@@ -21,7 +21,8 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { BASELINE_VERSION, bareNodeServer } from './bench/baselines.ts';
 import { ALLOWED_LABEL, createIdentity, putSourceSecret, watchMirrors } from './bench/fixtures.ts';
-import { rssBytes, samplePeaks } from './bench/measure.ts';
+import { AuditLog, memoryLimits, rssBytes, samplePeaks } from './bench/measure.ts';
+import { BenchClient, CLIENT_CONCURRENCY } from './bench/client.ts';
 import { DELIVERY_PATHS, type DeliveryPath } from './bench/paths.ts';
 import {
   EVENT_ROWS,
@@ -35,11 +36,11 @@ import {
   type Figure,
 } from './bench/report.ts';
 import { REPO_ROOT } from './tools/build.ts';
-import { startBenchSystem, type FunctionName } from './bench/system.ts';
+import { startSystem, type FunctionName } from './system/system.ts';
 import { admissionRow } from './bench/rows/admission.ts';
 import { prepareRow } from './bench/rows/prepare.ts';
 import { coldStartRow } from './bench/rows/cold-start.ts';
-import type { RowContext } from './bench/rows/context.ts';
+import type { BenchSystem, RowContext } from './bench/rows/context.ts';
 import { eventToMirrorRow } from './bench/rows/event-to-mirror.ts';
 import { BURST_IDENTITY, fanInRows } from './bench/rows/fan-in.ts';
 import { resyncRows } from './bench/rows/resync.ts';
@@ -89,7 +90,25 @@ process.setMaxListeners(50);
 const startedAt = new Date();
 const revision = currentRevision();
 const dir = join(REPO_ROOT, '.local', `bench-${process.pid}`);
-const sys = await startBenchSystem(dir, log);
+// The system as production runs it: bundles with a warmed compile cache and the Knative
+// Services' environment, each function and the event source as its ServiceAccount's user (the
+// audit log names who sent what), an audit log that does not rotate during a run.
+const running = await startSystem({
+  dir,
+  progress: log,
+  auditLogMaxSizeMB: 100_000,
+  functions: 'bundles',
+  users: 'service-accounts',
+  events: 'fronts',
+});
+const sys: BenchSystem = {
+  ...running,
+  cp: running.controlPlane!,
+  events: running.eventPaths!,
+  admin: new BenchClient(running.kubeconfigPath, CLIENT_CONCURRENCY),
+  audit: new AuditLog(join(dir, 'logs', 'audit.log')),
+  memoryLimits: memoryLimits(running.rendered),
+};
 const onSignal = () => void sys.stop().then(() => process.exit(130));
 process.on('SIGINT', onSignal);
 process.on('SIGTERM', onSignal);
@@ -169,6 +188,7 @@ try {
 } catch (err) {
   results.failures.push({ row: 'set-up', error: (err as Error).stack ?? String(err) });
 } finally {
+  sys.admin.close();
   await sys.stop();
   // Keep the logs of a failed run (functions, adapter, audit log) for a look.
   if (results.failures.length || values['keep-logs']) log(`logs kept in ${dir}`);

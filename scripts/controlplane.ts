@@ -4,10 +4,11 @@
  * every process it started.
  */
 import { parseArgs } from 'node:util';
-import { startControlPlane } from './controlplane/controlplane.ts';
+import { startSystem } from './system/system.ts';
 
 const { values } = parseArgs({ options: { dir: { type: 'string', default: '.local/controlplane' } } });
-const cp = await startControlPlane({ dir: values.dir!, log: (l) => console.error(l) });
+const system = await startSystem({ dir: values.dir!, progress: (l) => console.error(l) });
+const cp = system.controlPlane!;
 console.log(`control plane ready: KUBECONFIG=${cp.kubeconfigPath}`);
 console.error(`  client CA for minting users: ${cp.dir}/pki/client-ca.crt and client-ca.key (CN = user, O = group)`);
 console.error(`  logs: ${cp.dir}/logs/   stop with Ctrl-C`);
@@ -17,7 +18,7 @@ const shutdown = async (signal: string) => {
   if (stopping) return;
   stopping = true;
   console.error(`${signal}: stopping the control plane…`);
-  await cp.stop();
+  await system.stop();
   process.exit(0);
 };
 process.on('SIGINT', () => void shutdown('SIGINT'));

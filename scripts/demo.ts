@@ -222,6 +222,10 @@ function shorten(text: string): string {
 async function startTheSystem(): Promise<string> {
   system = await startSystem({
     dir: values.dir!,
+    functions: 'source',
+    events: 'broker',
+    webhook: true,
+    prepareCaller: true,
     print: show,
     progress: (l) => values.verbose && console.log(`    ${l}`),
     onRawLine: (_c, l) => raw.push(l),
@@ -279,7 +283,7 @@ async function consumersReportMirrored(d: Demo): Promise<string> {
 }
 
 async function identitiesReady(d: Demo): Promise<string> {
-  await d.sys.ping('status');
+  await d.sys.broker!.ping('status');
   const want: Record<string, string[]> = { 'aws-prod': ['team-a', 'team-b'], 'gcp-dev': ['team-c'] };
   for (const [id, namespaces] of Object.entries(want)) {
     await eventually(`${id} status`, async () => {
@@ -300,7 +304,7 @@ async function rotationReachesMirrors(d: Demo): Promise<string> {
     setHeaderOptions('Content-Type', PatchStrategy.StrategicMergePatch),
   );
   const hash = sourceHash((await d.core.readNamespacedSecret(SOURCE)).data);
-  await d.sys.ping('resync');
+  await d.sys.broker!.ping('resync');
   for (const ns of ['team-a', 'team-b']) {
     await eventually(`${ns} mirror of aws-prod to carry the new data`, async () => {
       const m = await readMirror(d, ns, 'aws-prod');
@@ -475,7 +479,7 @@ async function deletingUnusedIdentityAllowed(d: Demo): Promise<string> {
     'the team-c mirror to be gone',
     async () => (await readMirror(d, 'team-c', 'gcp-dev')) === undefined,
   );
-  await d.sys.ping('status');
+  await d.sys.broker!.ping('status');
   await eventually(
     'gcp-dev status.namespaces to be empty',
     async () => ((await readIdentity(d, 'gcp-dev')).status?.namespaces ?? []).length === 0,

@@ -1,7 +1,7 @@
 /**
  * `npm run soak` — the large sizes of the reliability suite (issue 16), with figures.
  * 1. the hostile-input fuzz (item 4) — fast-check AdmissionReviews and CloudEvents posted to
- *    admission, mirror-sync and identity-status running in-process, each case followed by a
+ *    admission, mirror-sync and identity-status (child processes from source), each case followed by a
  *    known-good request — at 4 000 cases per function (12 000 in all) by default;
  * 2. the storm, fault and privilege suites (items 2, 3, 6: test/integration/churn, faults and
  *    admission-privilege) at soak size through `scripts/test.ts` — the churn storm for
@@ -18,12 +18,13 @@ import { spawn } from 'node:child_process';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { KubeConfig } from '@kubernetes/client-node';
-import { REPO_ROOT } from './tools/build.ts';
-import { startControlPlane, type ControlPlane } from './controlplane/controlplane.ts';
-import { installCRDs } from './controlplane/crds.ts';
+import { randomBytes } from 'node:crypto';
+import { isRunning } from './lib/process.ts';
+import { prepareCaller } from './lib/serviceaccount.ts';
 import { describeFigures, fuzz, type FuzzFigures } from './soak/fuzz.ts';
-import { startTargets } from './soak/targets.ts';
+import { FUZZ_ENV, fuzzTargets, newTallies, tallyLine, type LogTally } from './soak/targets.ts';
+import { FUNCTION_NAMES, startSystem, type FunctionName } from './system/system.ts';
+import { REPO_ROOT } from './tools/build.ts';
 
 /** Cases per function by default (three functions: ≥ 10 000 in all). */
 export const DEFAULT_CASES = 4_000;
@@ -64,47 +65,52 @@ function options(argv: string[]): Options {
   };
 }
 
-/** A kubeconfig and a way to let go of it: the given one, or a control plane started here. */
-async function controlPlane(opts: Options): Promise<{ kc: KubeConfig; stop: () => Promise<void> }> {
-  const kc = new KubeConfig();
-  if (opts.kubeconfig) {
-    kc.loadFromFile(opts.kubeconfig);
-    return { kc, stop: async () => {} };
-  }
+/**
+ * The functions from source against a control plane of the soak's own (or `--kubeconfig`),
+ * and a caller allowed to prepare (a ServiceAccount in `default` with the shipped prepare role
+ * and an audience-bound token); runs the fuzz against each function in turn and prints one
+ * line per function and the totals.
+ */
+async function fuzzAll(opts: Options): Promise<boolean> {
+  const logs = newTallies();
   const dir = join(REPO_ROOT, '.local', `soak-${process.pid}`);
-  const cp: ControlPlane = await startControlPlane({ dir, log: (l) => console.error(l) });
-  kc.loadFromFile(cp.kubeconfigPath);
-  await installCRDs(kc);
-  return {
-    kc,
-    stop: async () => {
-      await cp.stop();
-      rmSync(dir, { recursive: true, force: true });
-    },
-  };
-}
-
-/** Runs the fuzz against each function in turn; prints one line per function and the totals. */
-async function fuzzAll(kc: KubeConfig, opts: Options): Promise<boolean> {
-  const running = await startTargets(kc);
+  const system = await startSystem({
+    dir,
+    progress: (l) => console.error(l),
+    cluster: opts.kubeconfig ? { kubeconfig: opts.kubeconfig, install: false } : undefined,
+    functions: 'source',
+    env: FUZZ_ENV,
+    onRawLine: (c, l) => logs[c as FunctionName] && tallyLine(logs[c as FunctionName], l),
+  });
+  const id = randomBytes(4).toString('hex');
+  const caller = await prepareCaller(system.kc, { namespace: 'default', name: `captf-fuzz-manager-${id}`, suffix: id });
+  const urls = Object.fromEntries(FUNCTION_NAMES.map((n) => [n, system.functions[n].url])) as Record<
+    FunctionName,
+    string
+  >;
   const all: FuzzFigures[] = [];
   try {
-    for (const target of running.targets.filter((t) => !opts.only || t.name === opts.only)) {
+    for (const target of fuzzTargets(urls, caller.authorization).filter((t) => !opts.only || t.name === opts.only)) {
       console.error(`[soak] fuzz ${target.name}: ${opts.cases} cases…`);
       const f = await fuzz(target, { numRuns: opts.cases, seed: opts.seed, path: opts.path });
       all.push(f);
       console.log(describeFigures(f));
-      const errors = running.logs[target.name]!.errors;
+      const errors = logs[target.name as FunctionName].errors;
       if (errors.length) console.log(`  ${errors.length} error log line(s), first: ${errors[0]}`);
       if (f.failure) console.log(`  FAILED\n${f.failure}`);
     }
+    // A function that crashed is a failure even when every answer before it was right.
+    for (const n of FUNCTION_NAMES)
+      if (!isRunning(system.functions[n].child)) logs[n].errors.push('the process exited');
   } finally {
-    await running.close();
+    await caller.cleanup();
+    await system.stop();
+    rmSync(dir, { recursive: true, force: true });
   }
-  return printTotals(all, running.logs);
+  return printTotals(all, logs);
 }
 
-function printTotals(all: FuzzFigures[], logs: Awaited<ReturnType<typeof startTargets>>['logs']): boolean {
+function printTotals(all: FuzzFigures[], logs: Record<string, LogTally>): boolean {
   const cases = all.reduce((n, f) => n + f.cases, 0);
   const requests = all.reduce((n, f) => n + f.requests, 0);
   const count = (f: FuzzFigures, pick: (status: string) => boolean) =>
@@ -189,8 +195,7 @@ try {
 }
 const crashes: string[] = [];
 process.on('unhandledRejection', (e) => crashes.push(String(e)));
-const cp = await controlPlane(opts);
-const ok = await fuzzAll(cp.kc, opts).finally(() => cp.stop());
+const ok = await fuzzAll(opts);
 console.log(`crashes (uncaught rejections): ${crashes.length}`);
 const suitesOk = opts.skipSuites || (await runSuites(opts.churnSeconds));
 process.exit(ok && suitesOk && crashes.length === 0 ? 0 : 1);

@@ -20,7 +20,8 @@
 import { delimiter, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { cronSchedule, parseDuration } from './local/events.ts';
-import { printer, startSystem, type RunningSystem } from './system/system.ts';
+import { printer } from './local/print.ts';
+import { startSystem, type RunningSystem } from './system/system.ts';
 
 const USAGE =
   'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--debug]\n' +
@@ -111,10 +112,12 @@ process.on('SIGTERM', () => void shutdown('SIGTERM'));
 try {
   system = await startSystem({
     dir: values.dir ?? (kubeconfig ? '.local/start-external' : '.local/start'),
-    kubeconfig,
-    install: values.install,
-    statusEveryMs,
-    resyncEveryMs,
+    cluster: kubeconfig ? { kubeconfig, install: values.install ?? false } : undefined,
+    functions: 'source',
+    events: 'broker',
+    pings: { statusEveryMs, resyncEveryMs },
+    webhook: true,
+    prepareCaller: true,
     print: printer(values.debug!),
     progress,
   });
@@ -129,13 +132,14 @@ if (stopping) {
 }
 
 const f = system.functions;
+const broker = system.broker!;
 const seconds = ((performance.now() - started) / 1000).toFixed(1);
 console.log(`
 ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'cluster'} ${system.server}
   export KUBECONFIG=${system.kubeconfigPath}
   functions: admission ${f.admission.url}/validate (webhook ${system.webhook ? 'registered' : 'NOT registered'}), mirror-sync ${f['mirror-sync'].url}, identity-status ${f['identity-status'].url}
-  events: Knative's ApiServerSource adapter → Broker captf (ingress, filter, in-memory channel) → Triggers; pings: mtping, status every ${values.status} (${system.schedules.status}), resync every ${values.resync} (${system.schedules.resync})
-  broker: ${system.brokerUrl} (dead letters print as dead-letter lines)${
+  events: Knative's ApiServerSource adapter → Broker captf (ingress, filter, in-memory channel) → Triggers; pings: mtping, status every ${values.status} (${broker.schedules.status}), resync every ${values.resync} (${broker.schedules.resync})
+  broker: ${broker.url} (dead letters print as dead-letter lines)${
     system.controlPlane
       ? `
   try: kubectl apply -f examples/ && kubectl get terraformclusters -A${

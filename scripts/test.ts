@@ -1,8 +1,8 @@
 /**
  * `npm test`: type-checks nothing (that is `npm run typecheck`), then
  * 1. builds the control plane if its pinned binaries are not cached (with progress),
- * 2. starts ONE control plane for the whole run in `.local/test-controlplane-<pid>` and installs
- *    the CRDs,
+ * 2. starts ONE control plane for the whole run in `.local/test-controlplane-<pid>` with the
+ *    CRDs (the one system starter, scripts/system/system.ts, with no functions or events),
  * 3. runs every unit and integration test file with node:test, each integration file in its
  *    own namespaces, the control plane's folder passed as `CAPTF_TEST_CONTROLPLANE`,
  * 4. stops the control plane even when tests fail or the run is interrupted.
@@ -13,10 +13,8 @@ import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { globSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { KubeConfig } from '@kubernetes/client-node';
+import { startSystem } from './system/system.ts';
 import { REPO_ROOT } from './tools/build.ts';
-import { startControlPlane } from './controlplane/controlplane.ts';
-import { installCRDs } from './controlplane/crds.ts';
 
 // One folder per run, so two runs on one machine never share etcd or certificates.
 const dir = join(REPO_ROOT, '.local', `test-controlplane-${process.pid}`);
@@ -27,18 +25,16 @@ const files = extra.some((a) => !a.startsWith('-'))
 const flags = extra.filter((a) => a.startsWith('-'));
 
 const t0 = Date.now();
-const cp = await startControlPlane({ dir, log: (l) => console.error(l) });
+const system = await startSystem({ dir, progress: (l) => console.error(l) });
+const cp = system.controlPlane!;
 let code: number;
 const onSignal = (sig: NodeJS.Signals) => {
   console.error(`${sig}: stopping the control plane`);
-  void cp.stop().then(() => process.exit(130));
+  void system.stop().then(() => process.exit(130));
 };
 process.on('SIGINT', onSignal);
 process.on('SIGTERM', onSignal);
 try {
-  const kc = new KubeConfig();
-  kc.loadFromFile(cp.kubeconfigPath);
-  await installCRDs(kc);
   console.error(
     `[test] control plane ready in ${Math.round((Date.now() - t0) / 1000)}s (${cp.binaries.origin}): ${cp.server}`,
   );
@@ -61,7 +57,7 @@ try {
     child.on('close', (c) => res(c ?? 1));
   });
 } finally {
-  await cp.stop();
+  await system.stop();
   rmSync(dir, { recursive: true, force: true });
 }
 process.exit(code);

@@ -7,10 +7,9 @@
  * written into every result file) and say why in the commit.
  */
 import { spawn } from 'node:child_process';
-import { inParallel, type BenchClient, type KubeObject } from './client.ts';
+import { CLIENT_CONCURRENCY, inParallel, type BenchClient, type KubeObject } from './client.ts';
 import { WatchedCollection } from './collection.ts';
 import { rssBytes } from './measure.ts';
-import { CLIENT_CONCURRENCY } from './system.ts';
 
 /** Version of the baseline definitions below. */
 export const BASELINE_VERSION = 1;

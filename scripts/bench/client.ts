@@ -49,6 +49,9 @@ export interface KubeObject {
   [field: string]: unknown;
 }
 
+/** Sockets of the bench's own kept-alive client: the client concurrency of every baseline and setup step. */
+export const CLIENT_CONCURRENCY = 8;
+
 /**
  * A kept-alive REST client for one kubeconfig user.
  * Methods throw {@link ApiError} on a non-2xx answer and `Error` on a transport failure.

@@ -6,9 +6,8 @@ import { randomUUID } from 'node:crypto';
 // undici's own fetch: Node's built-in fetch bundles another undici and rejects this Agent.
 import { Agent, fetch } from 'undici';
 import type { BenchClient, KubeObject } from './client.ts';
-import { inParallel } from './client.ts';
+import { CLIENT_CONCURRENCY, inParallel } from './client.ts';
 import { WatchedCollection } from './collection.ts';
-import { CLIENT_CONCURRENCY } from './system.ts';
 
 /** apiVersion of the project's kinds (SPEC §1). */
 export const GROUP_VERSION = 'infrastructure.cluster.x-k8s.io/v1beta2';

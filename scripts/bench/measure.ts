@@ -18,6 +18,8 @@ import {
   realpathSync,
   statSync,
 } from 'node:fs';
+import type { KubernetesObject } from '@kubernetes/client-node';
+import { FUNCTION_NAMES, knativeContainer, type FunctionName } from '../system/functions.ts';
 import type { BenchClient } from './client.ts';
 
 /** Requests one user made in a window. */
@@ -274,4 +276,23 @@ export function measureCpu(groups: Record<string, readonly number[]>): { stop():
         ]),
       ),
   };
+}
+
+/** Parses a Kubernetes memory quantity (`192Mi`, `1Gi`, `500M`) into bytes. */
+export function quantityBytes(q: string): number {
+  const m = /^(\d+(?:\.\d+)?)(Ki|Mi|Gi|K|M|G)?$/.exec(q);
+  if (!m) throw new Error(`unsupported quantity ${q}`);
+  const mult: Record<string, number> = { Ki: 1024, Mi: 1024 ** 2, Gi: 1024 ** 3, K: 1e3, M: 1e6, G: 1e9 };
+  return Number(m[1]) * (m[2] ? mult[m[2]]! : 1);
+}
+
+/** Each function container's memory limit in the rendered Knative Services, in bytes. @throws Error when one sets none. */
+export function memoryLimits(rendered: readonly KubernetesObject[]): Record<FunctionName, number> {
+  const limits = {} as Record<FunctionName, number>;
+  for (const fn of FUNCTION_NAMES) {
+    const limit = knativeContainer(rendered, fn)?.resources?.limits?.memory;
+    if (!limit) throw new Error(`the rendered Knative Service captf-${fn} sets no memory limit`);
+    limits[fn] = quantityBytes(limit);
+  }
+  return limits;
 }

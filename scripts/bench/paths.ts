@@ -27,13 +27,15 @@ import { join } from 'node:path';
 import type { KubeConfig, KubernetesObject } from '@kubernetes/client-node';
 import { ensureEventingDataPlane, startEventingDataPlane, type EventingDataPlane } from '../eventing/dataplane.ts';
 import {
-  installEventingCRDs,
+  sourceConfigFor,
   startApiServerSourceAdapter,
+  type ApiServerSourceSpec,
   type RunningAdapter,
   type SourceConfig,
 } from '../eventing/adapter.ts';
+import { knativeService } from '../system/functions.ts';
 import { sleep } from '../lib/wait.ts';
-import type { BenchClient } from './client.ts';
+import { BenchClient } from './client.ts';
 import { CHECK_ID_PREFIX, Front, knativeRetries } from './front.ts';
 import { childrenRunning } from './measure.ts';
 
@@ -69,13 +71,13 @@ export type EventTarget = 'mirror-sync' | 'identity-status';
 
 /** What {@link EventPaths.start} needs. */
 export interface EventPathsOptions {
+  /** Its logs go to `<dir>/logs/`. */
   dir: string;
   kc: KubeConfig;
-  /** Admin kubeconfig file (the data plane's processes). */
-  adminKubeconfig: string;
-  /** Rendered manifests: the Broker and Triggers are applied (PingSources left out). */
+  /** Admin kubeconfig file (the data plane's processes, the probes and the Broker's annotations). */
+  kubeconfigPath: string;
+  /** Rendered manifests: the Broker and Triggers are applied (PingSources left out), the adapter configured from the ApiServerSource. */
   rendered: readonly KubernetesObject[];
-  admin: BenchClient;
   log: (line: string) => void;
 }
 
@@ -83,12 +85,8 @@ export interface EventPathsOptions {
 export interface AdapterOptions {
   /** The event source's own kubeconfig file (the adapter). */
   kubeconfig: string;
-  /** The adapter's configuration, from the rendered `captf-objects` ApiServerSource. */
-  source: SourceConfig;
   /** Each function's first instance (`url`). */
   functions: Record<EventTarget, { url: string }>;
-  /** Each function's `containerConcurrency` in the rendered Knative Service (its front admits that many per instance). */
-  containerConcurrency: Record<EventTarget, number>;
 }
 
 /** The adapter, the Broker's data plane and the functions' fronts, and the path in use. */
@@ -98,7 +96,8 @@ export class EventPaths {
   /** The Broker's dead-letter sink (`captf-dead-letters`): answers 200, counts by event id. */
   readonly deadLetters: Front;
   private readonly opts: EventPathsOptions;
-  private adapterOpts: AdapterOptions | undefined;
+  private adapterOpts: (AdapterOptions & { source: SourceConfig }) | undefined;
+  private readonly admin: BenchClient;
   private readonly logs: Map<string, WriteStream> = new Map();
   private adapter: RunningAdapter | undefined;
   private dp: EventingDataPlane | undefined;
@@ -107,6 +106,7 @@ export class EventPaths {
 
   private constructor(opts: EventPathsOptions, fronts: Record<EventTarget, Front>, deadLetters: Front) {
     this.opts = opts;
+    this.admin = new BenchClient(opts.kubeconfigPath, 1);
     this.fronts = fronts;
     this.deadLetters = deadLetters;
   }
@@ -121,10 +121,9 @@ export class EventPaths {
     const fronts = { 'mirror-sync': await new Front().start(), 'identity-status': await new Front().start() };
     const paths = new EventPaths(opts, fronts, await new Front().start());
     try {
-      await installEventingCRDs(opts.kc);
       opts.log('starting the Broker data plane (ingress, filter, InMemoryChannel dispatcher, mtping)');
       paths.dp = await startEventingDataPlane({
-        kubeconfigPath: opts.adminKubeconfig,
+        kubeconfigPath: opts.kubeconfigPath,
         kc: opts.kc,
         objects: opts.rendered.filter((o) => o.kind !== 'PingSource'),
         sinks: {
@@ -143,15 +142,24 @@ export class EventPaths {
   }
 
   /**
-   * Sets each front's containerConcurrency, points identity-status's front at its function and
+   * Sets each front's containerConcurrency (its rendered Knative Service's), points identity-status's front at its function and
    * starts the adapter on the `direct` path (mirror-sync's front still dropping until a row
    * says otherwise).
    * @throws Error when the adapter does not start or sends nothing within 60 s.
    */
   async connect(opts: AdapterOptions): Promise<void> {
-    this.adapterOpts = opts;
-    for (const t of ['mirror-sync', 'identity-status'] as const)
-      this.fronts[t].containerConcurrency = opts.containerConcurrency[t];
+    const source = this.opts.rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
+    if (!source) throw new Error('the rendered manifests hold no ApiServerSource captf-objects');
+    this.adapterOpts = {
+      ...opts,
+      source: await sourceConfigFor(this.opts.kc, source as unknown as ApiServerSourceSpec),
+    };
+    for (const t of ['mirror-sync', 'identity-status'] as const) {
+      const svc = knativeService(this.opts.rendered, t) as {
+        spec?: { template?: { spec?: { containerConcurrency?: number } } };
+      };
+      this.fronts[t].containerConcurrency = svc?.spec?.template?.spec?.containerConcurrency ?? 0;
+    }
     this.fronts['identity-status'].setMode({ kind: 'deliver', targets: [opts.functions['identity-status'].url] });
     await this.startAdapter();
   }
@@ -207,7 +215,7 @@ export class EventPaths {
       for (let i = 0; front.counts.requests === 0; i++) {
         if (Date.now() > deadline)
           throw new Error(`the ApiServerSource adapter sent no event within 60 s (${this.path})`);
-        await touchProbeNamespace(this.opts.admin, i);
+        await touchProbeNamespace(this.admin, i);
         await sleep(250);
       }
       await this.settled(500, 60_000);
@@ -241,13 +249,13 @@ export class EventPaths {
     const channel = dp.applied.channel.metadata!.name!;
     const broker = dp.applied.broker.metadata!.name!;
     const merge = 'application/merge-patch+json';
-    await this.opts.admin.call(
+    await this.admin.call(
       'PATCH',
       `/apis/eventing.knative.dev/v1/namespaces/${namespace}/brokers/${broker}`,
       patch,
       merge,
     );
-    await this.opts.admin.call(
+    await this.admin.call(
       'PATCH',
       `/apis/messaging.knative.dev/v1/namespaces/${namespace}/inmemorychannels/${channel}`,
       patch,
@@ -323,6 +331,7 @@ export class EventPaths {
     await this.dp?.stop();
     for (const f of [...Object.values(this.fronts), this.deadLetters]) await f.stop();
     for (const s of this.logs.values()) s.end();
+    this.admin.close();
   }
 }
 

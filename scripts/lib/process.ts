@@ -5,6 +5,7 @@
  * Also the graceful stop (SIGTERM, then SIGKILL) every script uses for its children.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
 import { join } from 'node:path';
 import { REPO_ROOT } from '../tools/build.ts';
 
@@ -45,8 +46,10 @@ export interface SpawnFunctionOptions {
   main?: string;
   /** Each output line (stdout and stderr), as it arrives. */
   onLine?: (line: string) => void;
-  /** Each raw output chunk (stdout and stderr), e.g. to write a log file. */
+  /** Each raw output chunk (stdout and stderr). */
   onData?: (chunk: Buffer) => void;
+  /** A file its output is written to, closed when it exits. */
+  logFile?: string;
   /** How long it may take to log `listening` (default 30 s). */
   listenTimeoutMs?: number;
 }
@@ -114,8 +117,11 @@ function followOutput(child: ChildProcess, opts: SpawnFunctionOptions) {
     if (bound) seen(bound);
     opts.onLine?.(l);
   };
+  const file = opts.logFile ? createWriteStream(opts.logFile) : undefined;
+  if (file) child.once('close', () => file.end());
   for (const stream of [child.stdout!, child.stderr!]) {
     if (opts.onData) stream.on('data', opts.onData);
+    if (file) stream.on('data', (d: Buffer) => file.write(d));
     onLines(stream, onLine);
   }
   return { tail, listening };

@@ -309,3 +309,14 @@ function levelAndText(line: string): { level: string; text: string } {
     text: j.error ? `${message} (${str(j.error)})` : message,
   };
 }
+
+/** Prints a line unless it is debug and debug is off. */
+export function printer(
+  debug: boolean,
+  out: (l: string) => void = (l) => process.stdout.write(l + '\n'),
+): (p: Printed) => void {
+  return (p) => {
+    if (p.debug && !debug) return;
+    out(formatLine(p));
+  };
+}

@@ -1,21 +1,17 @@
 /**
- * The three functions as fuzz targets (issue 16 item 4): started in-process on 127.0.0.1
- * against a control plane, each with the arbitraries and checks that fit it. admission serves
- * plain HTTP here (`CAPTF_ADMISSION_PLAIN_HTTP=true`; TLS is the same express app behind
- * `https.createServer`); identity-status is scoped by a label no identity carries, so a fuzzed
- * ping refreshes nothing of anyone else's; mirror-sync is never sent a ping (it would resync
- * the whole shared control plane), every other kind of event it is.
+ * The three functions as fuzz targets: each with the arbitraries and checks that fit it, and
+ * what each prints tallied. The soak and the hostile-input test start the functions with the
+ * one system starter (scripts/system/system.ts) and {@link FUZZ_ENV}: admission serves plain
+ * HTTP (TLS is the same express app behind `https.createServer`); identity-status is scoped by
+ * a label no identity carries, so a fuzzed ping refreshes nothing of anyone else's;
+ * mirror-sync is never sent a ping (it would resync the whole shared control plane), every
+ * other kind of event it is.
  */
 import { randomBytes } from 'node:crypto';
-import { PassThrough } from 'node:stream';
-import type { KubeConfig } from '@kubernetes/client-node';
 import fc from 'fast-check';
-import { ADMISSION_BODY_LIMIT, start as startAdmission } from '../../functions/admission/index.ts';
-import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
-import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
-import { DEFAULT_BODY_LIMIT, type FunctionHandle } from '../../functions/lib/http.ts';
-import { createLogger } from '../../functions/lib/log.ts';
-import { prepareCaller } from '../lib/serviceaccount.ts';
+import { ADMISSION_BODY_LIMIT } from '../../functions/admission/index.ts';
+import { DEFAULT_BODY_LIMIT } from '../../functions/lib/http.ts';
+import type { FunctionName } from '../system/functions.ts';
 import { parse, type Answer, type FuzzTarget } from './fuzz.ts';
 import { hostileReview, knownGoodReview, type FuzzCase } from './hostile.ts';
 import { hostileEvents, hostilePrepare, knownGoodEvent, wellFormedEvents } from './hostile-events.ts';
@@ -26,23 +22,30 @@ export interface LogTally {
   errors: string[];
 }
 
-/** A logger that tallies its lines instead of printing them. */
-function tallyLogger(component: string): { logger: ReturnType<typeof createLogger>; tally: LogTally } {
-  const tally: LogTally = { levels: {}, errors: [] };
-  const stream = new PassThrough();
-  let partial = '';
-  stream.on('data', (d: Buffer) => {
-    const lines = (partial + d.toString()).split('\n');
-    partial = lines.pop() ?? '';
-    for (const line of lines.filter(Boolean)) {
-      const e = parse(line) as { level?: string; message?: string; error?: unknown } | undefined;
-      const level = e?.level ?? 'unparsed';
-      tally.levels[level] = (tally.levels[level] ?? 0) + 1;
-      if (level === 'error') tally.errors.push(`${e?.message}: ${String(e?.error).slice(0, 200)}`);
-    }
-  });
-  return { logger: createLogger(component, { stream, level: 'info' }), tally };
+/** Empty tallies, one per function. */
+export function newTallies(): Record<FunctionName, LogTally> {
+  const tally = () => ({ levels: {}, errors: [] });
+  return { admission: tally(), 'mirror-sync': tally(), 'identity-status': tally() };
 }
+
+/** Counts one output line of a function by level, keeping error messages. */
+export function tallyLine(tally: LogTally, line: string): void {
+  if (!line) return;
+  const e = parse(line) as { level?: string; message?: string; error?: unknown } | undefined;
+  const level = e?.level ?? 'unparsed';
+  tally.levels[level] = (tally.levels[level] ?? 0) + 1;
+  if (level === 'error') tally.errors.push(`${e?.message}: ${String(e?.error).slice(0, 200)}`);
+}
+
+/** A scope label no identity carries (identity-status refreshes only what it selects). */
+const SCOPE = `captf-fuzz/scope=nothing-${randomBytes(4).toString('hex')}`;
+
+/** The environment each function is fuzzed with (see the file comment). */
+export const FUZZ_ENV: Partial<Record<FunctionName, Record<string, string>>> = {
+  admission: { CAPTF_ADMISSION_PLAIN_HTTP: 'true', LOG_LEVEL: 'info' },
+  'mirror-sync': { LOG_LEVEL: 'info' },
+  'identity-status': { CAPTF_STATUS_IDENTITY_SELECTOR: SCOPE, LOG_LEVEL: 'info' },
+};
 
 /** The uid an AdmissionReview body asks to be echoed, when it is a usable one. */
 function requestUid(c: FuzzCase): string | undefined {
@@ -79,39 +82,16 @@ const expectAllowed = (a: Answer, i: number): string | undefined => {
 const expect2xx = (a: Answer): string | undefined =>
   a.status >= 200 && a.status < 300 ? undefined : `HTTP ${a.status} ${a.error ?? ''} ${a.text.slice(0, 200)}`;
 
-/** The three functions running, as fuzz targets, with their log tallies. */
-export interface RunningTargets {
-  targets: FuzzTarget[];
-  logs: Record<string, LogTally>;
-  handles: FunctionHandle[];
-  close(): Promise<void>;
-}
-
 /**
- * Starts admission, mirror-sync and identity-status in-process against `kubeconfig`, and a
- * caller allowed to prepare (a ServiceAccount in `default` with the shipped prepare role and
- * an audience-bound token), removed again by `close()`.
+ * The fuzz targets of the three running functions.
+ * @param urls each function's base URL (admission's plain HTTP, {@link FUZZ_ENV}).
+ * @param authorization `Bearer <token>` of a caller allowed to prepare.
  */
-export async function startTargets(kubeconfig: KubeConfig): Promise<RunningTargets> {
-  const base = { port: 0, host: '127.0.0.1', kubeconfig };
-  const [adm, ms, st] = [tallyLogger('admission'), tallyLogger('mirror-sync'), tallyLogger('identity-status')];
-  const id = randomBytes(4).toString('hex');
-  const scope = `captf-fuzz/scope=nothing-${id}`;
-  const caller = await prepareCaller(kubeconfig, {
-    namespace: 'default',
-    name: `captf-fuzz-manager-${id}`,
-    suffix: id,
-  });
-  const handles = await Promise.all([
-    startAdmission({ ...base, logger: adm.logger, env: { CAPTF_ADMISSION_PLAIN_HTTP: 'true' } }),
-    startMirrorSync({ ...base, logger: ms.logger, env: {} }),
-    startIdentityStatus({ ...base, logger: st.logger, env: { CAPTF_STATUS_IDENTITY_SELECTOR: scope } }),
-  ]);
-  const url = (h: FunctionHandle) => `http://127.0.0.1:${h.port}`;
-  const targets: FuzzTarget[] = [
+export function fuzzTargets(urls: Record<FunctionName, string>, authorization: string): FuzzTarget[] {
+  return [
     {
       name: 'admission',
-      url: url(handles[0]),
+      url: urls.admission,
       bodyLimit: ADMISSION_BODY_LIMIT,
       cases: hostileReview,
       knownGood: (i) => knownGoodReview(`good-${i}`),
@@ -120,19 +100,19 @@ export async function startTargets(kubeconfig: KubeConfig): Promise<RunningTarge
     },
     {
       name: 'mirror-sync',
-      url: url(handles[1]),
+      url: urls['mirror-sync'],
       bodyLimit: DEFAULT_BODY_LIMIT,
       cases: fc.oneof(
         { arbitrary: hostileEvents('mirror-sync'), weight: 6 },
         { arbitrary: wellFormedEvents('mirror-sync'), weight: 3 },
-        { arbitrary: hostilePrepare(caller.authorization), weight: 1 },
+        { arbitrary: hostilePrepare(authorization), weight: 1 },
       ),
       knownGood: (i) => knownGoodEvent('mirror-sync', `good-${i}`),
       checkKnownGood: expect2xx,
     },
     {
       name: 'identity-status',
-      url: url(handles[2]),
+      url: urls['identity-status'],
       bodyLimit: DEFAULT_BODY_LIMIT,
       cases: fc.oneof(
         { arbitrary: hostileEvents('identity-status'), weight: 6 },
@@ -142,13 +122,4 @@ export async function startTargets(kubeconfig: KubeConfig): Promise<RunningTarge
       checkKnownGood: expect2xx,
     },
   ];
-  return {
-    targets,
-    logs: { admission: adm.tally, 'mirror-sync': ms.tally, 'identity-status': st.tally },
-    handles,
-    close: async () => {
-      await Promise.all(handles.map((h) => h.close()));
-      await caller.cleanup();
-    },
-  };
 }

@@ -22,10 +22,9 @@ import { start as startAdmission } from '../../functions/admission/index.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { freePort, startControlPlane, type ControlPlane } from '../../scripts/controlplane/controlplane.ts';
-import { installCRDs } from '../../scripts/controlplane/crds.ts';
+import { installCRDs, installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import {
-  installEventingCRDs,
   sourceConfigFor,
   startApiServerSourceAdapter,
   type ApiServerSourceSpec,

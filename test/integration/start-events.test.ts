@@ -25,13 +25,13 @@ import { RbacAuthorizationV1Api, type KubernetesObject } from '@kubernetes/clien
 import { GROUP, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import { PING_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
-import { installEventingCRDs } from '../../scripts/eventing/adapter.ts';
+import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { startDeadLetterSink, type DeadLetter, type DeadLetterSink } from '../../scripts/local/dead-letters.ts';
 import { pingMessage } from '../../scripts/local/events.ts';
 import { EXAMPLES_DIR, applyExamples } from '../../scripts/local/examples.ts';
-import { builtKubectlPath } from '../../scripts/tools/kubectl.ts';
-import { EVENTING_MANIFESTS } from '../../scripts/system/system.ts';
+import { builtKubectlPath } from '../../scripts/tools/build.ts';
+import { MANIFESTS as EVENTING_MANIFESTS } from '../../scripts/system/system.ts';
 import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, postEvents } from '../helpers/events.ts';
 
@@ -251,7 +251,7 @@ describe('examples/', () => {
   it('a real kubectl applies them client-side (`kubectl apply -f examples/`) and shows the printer columns', async (t) => {
     const kubectl = builtKubectlPath();
     if (!kubectl) {
-      t.skip('kubectl is not built (node scripts/tools/kubectl.ts)');
+      t.skip('kubectl is not built (npm run tools -- kubectl)');
       return;
     }
     const { dir, sfx } = renamedExamples();

@@ -25,7 +25,7 @@ import { API_VERSION } from '../../functions/lib/api.ts';
 import { isNotFound } from '../../functions/lib/kube.ts';
 import { startControlPlane, type ControlPlane } from '../../scripts/controlplane/controlplane.ts';
 import { applyExamples, loadExamples } from '../../scripts/local/examples.ts';
-import { WEBHOOK_CONFIGURATION } from '../../scripts/system/system.ts';
+import { WEBHOOK_CONFIGURATION } from '../../scripts/system/webhook.ts';
 import { serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { eventually } from '../helpers/cluster.ts';
 import { postPrepare } from '../helpers/prepare.ts';

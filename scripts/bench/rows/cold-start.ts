@@ -18,7 +18,8 @@ import {
   type Consumer,
 } from '../fixtures.ts';
 import type { Figure } from '../report.ts';
-import { spawnBundle, type FunctionName } from '../system.ts';
+import { spawnFunction } from '../../lib/process.ts';
+import type { FunctionName } from '../../system/functions.ts';
 import type { RowContext } from './context.ts';
 import { BURST_IDENTITY } from './fan-in.ts';
 
@@ -92,11 +93,11 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
     const samples: number[] = [];
     for (let i = 0; i < runs; i++) {
       const t0 = performance.now();
-      const fn = await spawnBundle({
+      const fn = await spawnFunction({
         main: sys.main,
         name,
         env: sys.functionEnv(name),
-        logPath: join(sys.dir, 'logs', `cold-${name}-${i}.log`),
+        logFile: join(sys.dir, 'logs', `cold-${name}-${i}.log`),
       });
       try {
         const status = await first[name](fn.url);

@@ -3,7 +3,11 @@
  * consumers, see on watches when every one is mirrored, then count what mirror-sync did and
  * how its events were delivered (on the delivery path in use, scripts/bench/paths.ts).
  */
-import type { KubeObject } from '../client.ts';
+import type { ControlPlane } from '../../controlplane/controlplane.ts';
+import type { FunctionProcess } from '../../lib/process.ts';
+import type { FunctionName, RunningSystem } from '../../system/system.ts';
+import { USERS } from '../../system/users.ts';
+import type { BenchClient, KubeObject } from '../client.ts';
 import { WatchedCollection } from '../collection.ts';
 import {
   consumersPath,
@@ -14,13 +18,24 @@ import {
   spreadOver,
   type Consumer,
 } from '../fixtures.ts';
-import { measureCpu, responseBytes, samplePeaks, type Peaks, type RequestCounts } from '../measure.ts';
+import { measureCpu, responseBytes, samplePeaks, type AuditLog, type Peaks, type RequestCounts } from '../measure.ts';
 import type { FrontCounts } from '../front.ts';
-import { USERS, type BenchSystem, type FunctionProcess } from '../system.ts';
+import type { EventPaths } from '../paths.ts';
 import type { Figure } from '../report.ts';
 
 /** A mirror as the watch holds it. */
 export type Mirror = KubeObject & { data?: Record<string, string> };
+
+/** The running system as the rows see it (scripts/bench.ts), with the bench's own client and audit-log reader. */
+export interface BenchSystem extends RunningSystem {
+  cp: ControlPlane;
+  events: EventPaths;
+  /** The bench's admin client (setup, baselines, metrics). */
+  admin: BenchClient;
+  audit: AuditLog;
+  /** Memory limit of each function's container in the rendered manifests, in bytes. */
+  memoryLimits: Record<FunctionName, number>;
+}
 
 /** Shared state of one bench run. */
 export interface RowContext {

@@ -13,7 +13,8 @@ import { secretRoundTrip } from '../baselines.ts';
 import { consumerBody, consumersPath, createNamespaces, GROUP_VERSION } from '../fixtures.ts';
 import type { RequestCounts } from '../measure.ts';
 import type { Figure } from '../report.ts';
-import { USERS, type BenchSystem } from '../system.ts';
+import { USERS } from '../../system/users.ts';
+import type { BenchSystem } from './context.ts';
 import type { RowContext } from './context.ts';
 import { BURST_IDENTITY } from './fan-in.ts';
 

@@ -24,7 +24,7 @@ import {
 } from '../fixtures.ts';
 import { responseBytes, samplePeaks } from '../measure.ts';
 import type { Figure } from '../report.ts';
-import { USERS } from '../system.ts';
+import { USERS } from '../../system/users.ts';
 import type { RowContext } from './context.ts';
 
 const SOURCE = 'bench-resync-creds';

@@ -9,7 +9,7 @@ import { secretDeletes } from '../baselines.ts';
 import { IDENTITIES, createIdentity, mirrorOf, putSourceSecret } from '../fixtures.ts';
 import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
-import { USERS } from '../system.ts';
+import { USERS } from '../../system/users.ts';
 import { burst, whileAlive, type RowContext } from './context.ts';
 
 /**

@@ -1,0 +1,162 @@
+/**
+ * Events as a cluster delivers them, on this machine: the rendered Broker `captf`, its
+ * Triggers and PingSources on Knative Eventing's own data plane (scripts/eventing/: ingress,
+ * in-memory channel, filter, mtping), fed by Knative's ApiServerSource adapter configured from
+ * the rendered `captf-objects` ApiServerSource, with the Triggers' retries, back-off and
+ * dead-letter sink (scripts/local/dead-letters.ts). The Knative Services the Triggers name
+ * resolve to the functions on their loopback ports. Nothing here delivers, retries or
+ * schedules an event itself.
+ */
+import { CoreV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { isConflict } from '../../functions/lib/kube.ts';
+import { EVENTING_BINARIES } from '../eventing/build.ts';
+import { startEventingDataPlane } from '../eventing/dataplane.ts';
+import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../eventing/adapter.ts';
+import { sleep } from '../lib/wait.ts';
+import { startDeadLetterSink, type DeadLetter } from '../local/dead-letters.ts';
+import { pingMessage, waitForWatchCaches, watchPaths } from '../local/events.ts';
+import { adapterLine, dataPlaneLine, deadLetterLine, formatLine, type Printed } from '../local/print.ts';
+
+/** PingSource names, as in the manifests (manifests/base/eventing.yaml). */
+export const PINGS = { status: 'captf-identity-status', resync: 'captf-resync' } as const;
+/** Namespace of the Broker and the sources in the manifests. */
+export const EVENTING_NAMESPACE = 'captf-system';
+/** The ApiServerSource of the manifests. */
+export const API_SOURCE = 'captf-objects';
+/** The annotation `kubectl apply` keeps its last applied configuration in. */
+const LAST_APPLIED = 'kubectl.kubernetes.io/last-applied-configuration';
+
+/** What {@link startBroker} works with. */
+export interface BrokerContext {
+  kc: KubeConfig;
+  /** The admin kubeconfig file (the data plane's processes). */
+  kubeconfigPath: string;
+  rendered: readonly KubernetesObject[];
+  /** The functions the Triggers deliver to, by name. */
+  subscribers: Record<'mirror-sync' | 'identity-status', string>;
+  /** The PingSources' schedules. */
+  schedules: Record<keyof typeof PINGS, string>;
+  /** Undo actions, run in reverse by the system's stop. */
+  cleanups: (() => Promise<void> | void)[];
+  progress: (line: string) => void;
+  emit: (component: string, raw: string, p: Printed | undefined) => void;
+}
+
+/**
+ * The dead-letter sink, then the Broker's data plane with the rendered Broker, Triggers and
+ * PingSources, the Knative Services they name resolved to the functions and the sink. The data
+ * plane's warnings and errors are printed (known start-up noise aside: print.ts dataPlaneLine),
+ * the rest is debug.
+ * @returns the Broker's address.
+ */
+export async function startBroker(ctx: BrokerContext): Promise<string> {
+  await createNamespaceAsApplied(ctx.kc, ctx.rendered);
+  const dls = await startDeadLetterSink((d) => emitDeadLetter(ctx, d));
+  ctx.cleanups.push(() => dls.stop());
+  ctx.progress("starting Knative's Broker data plane: broker-ingress, broker-filter, imc-dispatcher, mtping");
+  const dp = await startEventingDataPlane({
+    kubeconfigPath: ctx.kubeconfigPath,
+    kc: ctx.kc,
+    objects: ctx.rendered,
+    sinks: {
+      'captf-mirror-sync': ctx.subscribers['mirror-sync'],
+      'captf-identity-status': ctx.subscribers['identity-status'],
+      'captf-dead-letters': dls.url,
+    },
+    schedules: { [PINGS.status]: ctx.schedules.status, [PINGS.resync]: ctx.schedules.resync },
+    onLog: (component, line) => {
+      const binary = EVENTING_BINARIES[component];
+      ctx.emit(binary, line, dataPlaneLine(binary, line));
+    },
+    onBuild: ctx.progress,
+  });
+  ctx.cleanups.push(() => dp.stop());
+  return dp.brokerUrl;
+}
+
+/** Prints a dead letter, naming the function it did not reach. */
+function emitDeadLetter(ctx: BrokerContext, d: DeadLetter): void {
+  const fn = Object.entries(ctx.subscribers).find(([, url]) => d.destination?.startsWith(url))?.[0];
+  const line = deadLetterLine(d, fn ?? d.destination);
+  ctx.emit('dead-letter', formatLine(line), line);
+}
+
+/**
+ * Creates the manifests' namespace, unless it exists, as `kubectl apply -k manifests/` would:
+ * with the `kubectl.kubernetes.io/last-applied-configuration` annotation. The Broker lives
+ * there, so it must exist before the data plane starts; created any other way, the quick
+ * start's `kubectl apply -f examples/` (which also names it) would warn that the annotation
+ * is missing.
+ */
+async function createNamespaceAsApplied(kc: KubeConfig, rendered: readonly KubernetesObject[]): Promise<void> {
+  const ns = rendered.find((o) => o.kind === 'Namespace' && o.metadata?.name === EVENTING_NAMESPACE);
+  if (!ns) throw new Error(`the rendered manifests hold no Namespace ${EVENTING_NAMESPACE}`);
+  const annotations = { ...ns.metadata!.annotations, [LAST_APPLIED]: `${JSON.stringify(ns)}\n` };
+  await kc
+    .makeApiClient(CoreV1Api)
+    .createNamespace({ body: { ...ns, metadata: { ...ns.metadata, annotations } } })
+    .catch((err: unknown) => {
+      if (!isConflict(err)) throw err;
+    });
+}
+
+/** What {@link startAdapter} needs. */
+export interface AdapterContext {
+  kc: KubeConfig;
+  /** The kubeconfig the adapter acts with. */
+  kubeconfigPath: string;
+  rendered: readonly KubernetesObject[];
+  sink: string;
+  cleanups: (() => Promise<void> | void)[];
+  emit: BrokerContext['emit'];
+}
+
+/**
+ * Knative's ApiServerSource adapter, configured from the rendered `captf-objects`
+ * ApiServerSource as Knative's controller would (scripts/eventing/adapter.ts sourceConfigFor),
+ * sending to `sink`. Started once the API server can serve its watches, and waited for until
+ * its first list is done: it is at-most-once, and objects created before then would produce
+ * no event.
+ */
+export async function startAdapter(ctx: AdapterContext): Promise<void> {
+  const spec = ctx.rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === API_SOURCE);
+  if (!spec) throw new Error(`the rendered manifests hold no ApiServerSource ${API_SOURCE}`);
+  const source = await sourceConfigFor(ctx.kc, spec as unknown as ApiServerSourceSpec);
+  await waitForWatchCaches(ctx.kc, watchPaths(source));
+  const adapter = await startApiServerSourceAdapter({
+    kubeconfigPath: ctx.kubeconfigPath,
+    sink: ctx.sink,
+    source,
+    name: API_SOURCE,
+    namespace: EVENTING_NAMESPACE,
+    onLog: (l) => ctx.emit(`adapter ${API_SOURCE}`, l, adapterLine(API_SOURCE, l)),
+  });
+  ctx.cleanups.push(() => adapter.stop());
+  // startApiServerSourceAdapter resolves at the first STARTING line, before discovery;
+  // the reflectors start after "Starting in … mode".
+  const deadline = Date.now() + 30_000;
+  while (!adapter.logs.some((l) => /Starting in (resilient|fail-fast) mode/.test(l)) && Date.now() < deadline)
+    await sleep(50);
+  // Their first list/watch round trip; objects created before it ends produce no event.
+  await sleep(1000);
+}
+
+/**
+ * POSTs the CloudEvent a PingSource tick sends to the Broker now, which routes it by the
+ * Triggers like mtping's; resolves once the Broker answered, which (default synchronous
+ * channel) is after the function answered or the event was dead-lettered.
+ * @throws Error when the Broker does not answer 2xx.
+ */
+export async function ping(brokerUrl: string, which: keyof typeof PINGS): Promise<void> {
+  const msg = pingMessage(PINGS[which], EVENTING_NAMESPACE);
+  // The synchronous channel answers after the fan-out, retries included (31 s, or 62 s when
+  // the dead-letter sink fails too).
+  const res = await fetch(brokerUrl, {
+    method: 'POST',
+    headers: msg.headers,
+    body: msg.body,
+    signal: AbortSignal.timeout(120_000),
+  });
+  await res.arrayBuffer();
+  if (!res.ok) throw new Error(`the Broker answered HTTP ${res.status} to the ${PINGS[which]} ping`);
+}
