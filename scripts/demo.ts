@@ -1,6 +1,6 @@
 /**
  * `npm run demo [-- --dir DIR] [--verbose]`: a scripted walkthrough on a fresh embedded
- * control plane, using the same pieces as `npm start` (./local/system.ts). It applies
+ * control plane, using the same pieces as `npm start` (./system/system.ts). It applies
  * examples/ and checks, one printed line per step (✔ or ✖), that the system does what
  * SPEC §3–§11 promise. Exits 0 only when every step held; 1 otherwise; always stops
  * everything it started. Without --verbose, the system's own lines are shown only when a

@@ -3,7 +3,7 @@
  * missing (the control plane, Knative's ApiServerSource adapter and Broker data plane), starts
  * an embedded control plane, installs the CRDs, runs the three functions from the container's
  * entrypoint and wires them as Knative does, every event through Knative's real Broker
- * (./local/system.ts), then prints one line per thing that happens until Ctrl-C, which stops
+ * (./system/system.ts), then prints one line per thing that happens until Ctrl-C, which stops
  * everything it started.
  *
  * Options:

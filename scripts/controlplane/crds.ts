@@ -19,7 +19,7 @@ import {
 } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
 import { eventually } from '../lib/wait.ts';
-import { REPO_ROOT, pinnedVersion } from '../tools/build.ts';
+import { REPO_ROOT } from '../tools/build.ts';
 
 const execFileP = promisify(execFile);
 
@@ -118,14 +118,6 @@ export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
 
 /** The module that pins the third-party CRDs' modules; nothing is built from it. */
 const CRDS_MODULE_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go', 'crds');
-
-/**
- * Pinned version of a module in scripts/tools/go/crds/go.mod.
- * @throws Error when it is not required there.
- */
-export function pinnedCrdModuleVersion(module: string): string {
-  return pinnedVersion({ module: 'crds', versionOf: module });
-}
 
 /**
  * Downloads (or finds in the module cache) each pinned module and parses its CRD files.

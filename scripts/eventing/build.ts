@@ -5,8 +5,8 @@
  * scripts/eventing/dataplane.ts runs them; docs/eventing-dataplane.md explains the patch.
  */
 import { dirname, join } from 'node:path';
-import { ensureTool, pinnedVersion } from '../tools/build.ts';
-import { EVENTING_BINARIES, TOOLS } from '../tools/registry.ts';
+import { ensureTool } from '../tools/build.ts';
+import { EVENTING_BINARIES } from '../tools/registry.ts';
 
 export { EVENTING_BINARIES, IMC_PORT_ENV } from '../tools/registry.ts';
 
@@ -29,6 +29,3 @@ export async function ensureEventingDataPlane(log?: (line: string) => void): Pro
   const entries = Object.entries(EVENTING_BINARIES).map(([c, b]) => [c, join(dir, b)]);
   return Object.fromEntries(entries) as EventingBinaries;
 }
-
-/** The knative.dev/eventing version the data plane pins (scripts/tools/go/eventing/go.mod). */
-export const eventingVersion = (): string => pinnedVersion(TOOLS.eventing[0]!);

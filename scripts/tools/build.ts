@@ -343,6 +343,3 @@ export async function ensureControlPlaneBinaries(log?: (line: string) => void): 
 
 /** Path of kubectl when it was built already (nothing is built here). */
 export const builtKubectlPath = (): string | undefined => builtTool('kubectl');
-
-/** Finds or builds kubectl; see {@link ensureTool}. */
-export const ensureKubectl = (log?: (line: string) => void): Promise<string> => ensureTool('kubectl', undefined, log);
