@@ -19,11 +19,11 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { randomBytes } from 'node:crypto';
-import { isRunning } from './lib/process.ts';
-import { prepareCaller } from './lib/serviceaccount.ts';
+import { isRunning, stopOnSignal } from './lib/process.ts';
+import { prepareCaller, type PrepareCaller } from './lib/serviceaccount.ts';
 import { describeFigures, fuzz, type FuzzFigures } from './soak/fuzz.ts';
 import { FUZZ_ENV, fuzzTargets, newTallies, tallyLine, type LogTally } from './soak/targets.ts';
-import { FUNCTION_NAMES, startSystem, type FunctionName } from './system/system.ts';
+import { FUNCTION_NAMES, startSystem, type FunctionName, type RunningSystem } from './system/system.ts';
 import { REPO_ROOT } from './tools/build.ts';
 
 /** Cases per function by default (three functions: ≥ 10 000 in all). */
@@ -74,22 +74,30 @@ function options(argv: string[]): Options {
 async function fuzzAll(opts: Options): Promise<boolean> {
   const logs = newTallies();
   const dir = join(REPO_ROOT, '.local', `soak-${process.pid}`);
-  const system = await startSystem({
+  let system: RunningSystem | undefined;
+  const signal = stopOnSignal(() => system?.stop().then(() => rmSync(dir, { recursive: true, force: true })));
+  system = await startSystem({
+    signal,
     dir,
     progress: (l) => console.error(l),
     cluster: opts.kubeconfig ? { kubeconfig: opts.kubeconfig, install: false } : undefined,
     functions: 'source',
     env: FUZZ_ENV,
     onRawLine: (c, l) => logs[c as FunctionName] && tallyLine(logs[c as FunctionName], l),
+  }).catch((err: unknown) => {
+    if (signal.aborted) process.exit(130);
+    throw err;
   });
-  const id = randomBytes(4).toString('hex');
-  const caller = await prepareCaller(system.kc, { namespace: 'default', name: `captf-fuzz-manager-${id}`, suffix: id });
-  const urls = Object.fromEntries(FUNCTION_NAMES.map((n) => [n, system.functions[n].url])) as Record<
+  const running = system;
+  const urls = Object.fromEntries(FUNCTION_NAMES.map((n) => [n, running.functions[n].url])) as Record<
     FunctionName,
     string
   >;
   const all: FuzzFigures[] = [];
+  let caller: PrepareCaller | undefined;
   try {
+    const id = randomBytes(4).toString('hex');
+    caller = await prepareCaller(running.kc, { namespace: 'default', name: `captf-fuzz-manager-${id}`, suffix: id });
     for (const target of fuzzTargets(urls, caller.authorization).filter((t) => !opts.only || t.name === opts.only)) {
       console.error(`[soak] fuzz ${target.name}: ${opts.cases} cases…`);
       const f = await fuzz(target, { numRuns: opts.cases, seed: opts.seed, path: opts.path });
@@ -101,10 +109,10 @@ async function fuzzAll(opts: Options): Promise<boolean> {
     }
     // A function that crashed is a failure even when every answer before it was right.
     for (const n of FUNCTION_NAMES)
-      if (!isRunning(system.functions[n].child)) logs[n].errors.push('the process exited');
+      if (!isRunning(running.functions[n].child)) logs[n].errors.push('the process exited');
   } finally {
-    await caller.cleanup();
-    await system.stop();
+    await caller?.cleanup();
+    await running.stop();
     rmSync(dir, { recursive: true, force: true });
   }
   return printTotals(all, logs);

@@ -20,6 +20,7 @@
 import { delimiter, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { cronSchedule, parseDuration } from './local/events.ts';
+import { stopOnSignal } from './lib/process.ts';
 import { printer } from './local/print.ts';
 import { startSystem, type RunningSystem } from './system/system.ts';
 
@@ -95,23 +96,18 @@ const resyncEveryMs = pingInterval('resync', values.resync!);
 
 const progress = (l: string) => console.error(l.startsWith('[') ? l : `[start] ${l}`);
 let system: RunningSystem | undefined;
-let stopping = false;
-const shutdown = async (signal: string, code = 0) => {
-  if (stopping) return;
-  stopping = true;
-  console.error(
-    `\n${signal}: stopping the adapter, the Broker's data plane, the functions${kubeconfig ? '' : ' and the control plane'}…`,
-  );
-  await system?.stop();
-  console.error('stopped.');
-  process.exit(code);
-};
-process.on('SIGINT', () => void shutdown('SIGINT'));
-process.on('SIGTERM', () => void shutdown('SIGTERM'));
+const signal = stopOnSignal(
+  () => system?.stop().then(() => console.error('stopped.')),
+  (sig) =>
+    console.error(
+      `\n${sig}: stopping the adapter, the Broker's data plane, the functions${kubeconfig ? '' : ' and the control plane'}…`,
+    ),
+  0,
+);
 
 try {
   system = await startSystem({
-    dir: values.dir ?? (kubeconfig ? '.local/start-external' : '.local/start'),
+    dir: values.dir ? resolve(callerDir, values.dir) : kubeconfig ? '.local/start-external' : '.local/start',
     cluster: kubeconfig ? { kubeconfig, install: values.install ?? false } : undefined,
     functions: 'source',
     events: 'broker',
@@ -120,15 +116,13 @@ try {
     prepareCaller: true,
     print: printer(values.debug!),
     progress,
+    signal,
   });
 } catch (err) {
+  // Interrupted while starting: what had started is stopped already.
+  if (signal.aborted) process.exit(130);
   console.error(`npm start failed: ${(err as Error).message}`);
   process.exit(1);
-}
-if (stopping) {
-  // Ctrl-C arrived while starting: shutdown() ran before `system` existed.
-  await system.stop();
-  process.exit(0);
 }
 
 const f = system.functions;

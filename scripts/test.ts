@@ -13,7 +13,8 @@ import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { globSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { startSystem } from './system/system.ts';
+import { stopOnSignal } from './lib/process.ts';
+import { startSystem, type RunningSystem } from './system/system.ts';
 import { REPO_ROOT } from './tools/build.ts';
 
 // One folder per run, so two runs on one machine never share etcd or certificates.
@@ -25,15 +26,17 @@ const files = extra.some((a) => !a.startsWith('-'))
 const flags = extra.filter((a) => a.startsWith('-'));
 
 const t0 = Date.now();
-const system = await startSystem({ dir, progress: (l) => console.error(l) });
+let system: RunningSystem | undefined;
+const signal = stopOnSignal(
+  () => system?.stop().then(() => rmSync(dir, { recursive: true, force: true })),
+  (sig) => console.error(`${sig}: stopping the control plane`),
+);
+system = await startSystem({ dir, progress: (l) => console.error(l), signal }).catch((err: unknown) => {
+  if (signal.aborted) process.exit(130);
+  throw err;
+});
 const cp = system.controlPlane!;
 let code: number;
-const onSignal = (sig: NodeJS.Signals) => {
-  console.error(`${sig}: stopping the control plane`);
-  void system.stop().then(() => process.exit(130));
-};
-process.on('SIGINT', onSignal);
-process.on('SIGTERM', onSignal);
 try {
   console.error(
     `[test] control plane ready in ${Math.round((Date.now() - t0) / 1000)}s (${cp.binaries.origin}): ${cp.server}`,
@@ -57,7 +60,9 @@ try {
     child.on('close', (c) => res(c ?? 1));
   });
 } finally {
-  await system.stop();
-  rmSync(dir, { recursive: true, force: true });
+  if (!signal.aborted) {
+    await system.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 process.exit(code);

@@ -5,7 +5,7 @@
  * Also the graceful stop (SIGTERM, then SIGKILL) every script uses for its children.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream } from 'node:fs';
+import { createWriteStream, openSync } from 'node:fs';
 import { join } from 'node:path';
 import { REPO_ROOT } from '../tools/build.ts';
 
@@ -106,7 +106,7 @@ function spawnNode(opts: SpawnFunctionOptions): ChildProcess {
  * Follows a child's output: keeps the last lines, passes chunks and lines on, and resolves
  * the returned promise at the `listening` line.
  */
-function followOutput(child: ChildProcess, opts: SpawnFunctionOptions) {
+function followOutput(child: ChildProcess, opts: SpawnFunctionOptions, logFd: number | undefined) {
   const tail: string[] = [];
   let seen!: (v: { port: number; scheme: string }) => void;
   const listening = new Promise<{ port: number; scheme: string }>((r) => (seen = r));
@@ -117,7 +117,9 @@ function followOutput(child: ChildProcess, opts: SpawnFunctionOptions) {
     if (bound) seen(bound);
     opts.onLine?.(l);
   };
-  const file = opts.logFile ? createWriteStream(opts.logFile) : undefined;
+  const file = logFd === undefined ? undefined : createWriteStream('', { fd: logFd });
+  // A full disk must not take the starter down; the function's own output is the log.
+  file?.on('error', () => undefined);
   if (file) child.once('close', () => file.end());
   for (const stream of [child.stdout!, child.stderr!]) {
     if (opts.onData) stream.on('data', opts.onData);
@@ -136,9 +138,11 @@ function followOutput(child: ChildProcess, opts: SpawnFunctionOptions) {
 export async function spawnFunction(opts: SpawnFunctionOptions): Promise<FunctionProcess> {
   const timeoutMs = opts.listenTimeoutMs ?? 30_000;
   const t0 = performance.now();
+  // Opened first: a log file that cannot be written fails the start before anything runs.
+  const logFd = opts.logFile === undefined ? undefined : openSync(opts.logFile, 'w');
   const child = spawnNode(opts);
   const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
-  const { tail, listening } = followOutput(child, opts);
+  const { tail, listening } = followOutput(child, opts, logFd);
   const first = await Promise.race([
     listening,
     exited.then(() => 'exited' as const),
@@ -164,4 +168,30 @@ export async function spawnFunction(opts: SpawnFunctionOptions): Promise<Functio
     kill: () => void (isRunning(child) && child.kill('SIGKILL')),
     stop: (graceMs) => stopProcess(child, graceMs),
   };
+}
+
+/**
+ * SIGINT and SIGTERM for an entry point that starts a system. While it starts (`stop` returns
+ * undefined), a signal aborts the returned signal: the starter stops what it began and throws,
+ * and the entry point exits. Once it runs, a signal calls `stop()` and exits with `code`. A
+ * second signal exits at once (children are SIGKILLed on exit, see spawnNode).
+ * @param stop the running system's stop, or undefined while it starts.
+ * @param say a line for the user when a signal arrives.
+ * @param code the exit code after a stop (default 130; for `npm start` a Ctrl-C is the normal end: 0).
+ */
+export function stopOnSignal(
+  stop: () => Promise<void> | undefined,
+  say?: (signal: NodeJS.Signals) => void,
+  code = 130,
+): AbortSignal {
+  const abort = new AbortController();
+  const on = (signal: NodeJS.Signals) => {
+    if (abort.signal.aborted) process.exit(130);
+    say?.(signal);
+    abort.abort(new Error(`interrupted by ${signal}`));
+    void stop()?.finally(() => process.exit(code));
+  };
+  process.on('SIGINT', on);
+  process.on('SIGTERM', on);
+  return abort.signal;
 }

@@ -13,8 +13,9 @@
  * more option and one more step.
  */
 import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
-import { AppsV1Api, KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { join, resolve } from 'node:path';
+import { AppsV1Api, KubeConfig, VersionApi, type KubernetesObject } from '@kubernetes/client-node';
+import { describeError } from '../../functions/lib/api-errors.ts';
 import { EventPaths } from '../bench/paths.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { applyCRDs, EVENTING_CRDS, installCRDs, loadThirdPartyCRDs } from '../controlplane/crds.ts';
@@ -82,6 +83,8 @@ export interface SystemOptions {
   print?: (p: Printed) => void;
   /** Every raw output line of the functions and Knative's processes, before printing. */
   onRawLine?: (component: string, line: string) => void;
+  /** Aborts a start (a Ctrl-C): what was started is stopped, then `startSystem` throws the abort reason. */
+  signal?: AbortSignal;
 }
 
 /** The running system. */
@@ -131,6 +134,8 @@ interface Startup {
   /** A raw line of `component`, and what to print for it. */
   emit: (component: string, raw: string, p: Printed | undefined) => void;
   stop(): Promise<void>;
+  /** Whether `stop()` was called. */
+  stopped(): boolean;
 }
 
 /** The cluster the system runs against. */
@@ -151,27 +156,34 @@ interface Cluster {
  *   Before anything starts: a named cluster written into without `install`, or a ping
  *   interval that is no PingSource schedule.
  */
-export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
+export async function startSystem(options: SystemOptions): Promise<RunningSystem> {
+  const opts = resolvePaths(options);
   const schedules = checkOptions(opts);
   const s = newStartup(opts);
+  // Each step ends by checking for an abort, so a Ctrl-C while starting still runs the cleanups.
+  const step = async <T>(p: Promise<T>): Promise<T> => {
+    const v = await p;
+    opts.signal?.throwIfAborted();
+    return v;
+  };
   try {
-    await buildTools(s);
-    const [rendered, cluster] = await bothSettled(render(MANIFESTS), connectCluster(s));
+    await step(buildTools(s));
+    const [rendered, cluster] = await step(bothSettled(renderManifests(s), connectCluster(s)));
     // After the control plane: it wipes the state folder the bundles are built into.
-    const build = await buildFunctions(opts.functions ?? 'source', opts.dir);
-    const eventingCRDs = await installAllCRDs(s, cluster);
-    const users = await actors(s, cluster, rendered);
-    const tls = await createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca');
+    const build = await step(buildFunctions(opts.functions ?? 'source', opts.dir));
+    const eventingCRDs = await step(installAllCRDs(s, cluster));
+    const users = await step(actors(s, cluster, rendered));
+    const tls = await step(createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca'));
     const env = (name: FunctionName) =>
       functionEnv(name, { build, kubeconfig: users[name], leaf: tls.leaf, rendered, extra: opts.env?.[name] });
     const start = instanceStarter(s, { build, env, caPem: tls.caPem });
-    const functions = await startFunctions(s, start);
-    const webhook = await registerLocalWebhook(s, cluster, functions, tls.caPem);
-    await eventingCRDs;
-    const events = await startEvents(s, { cluster, rendered, functions, users, schedules });
+    const functions = await step(startFunctions(s, start));
+    const webhook = await step(registerLocalWebhook(s, cluster, functions, tls.caPem));
+    await step(eventingCRDs.installed);
+    const events = await step(startEvents(s, { cluster, rendered, functions, users, schedules }));
     const prepareCaller =
-      opts.prepareCaller && cluster.controlPlane && (await installPrepareCaller(cluster.kc, rendered));
-    if (opts.print) s.cleanups.push(await watchMirrors(cluster.kc, (p) => p && opts.print!(p)));
+      opts.prepareCaller && cluster.controlPlane && (await step(installPrepareCaller(cluster.kc, rendered)));
+    if (opts.print) s.cleanups.push(await step(watchMirrors(cluster.kc, (p) => p && opts.print!(p))));
     return {
       dir: opts.dir,
       kubeconfigPath: cluster.kubeconfigPath,
@@ -195,24 +207,36 @@ export async function startSystem(opts: SystemOptions): Promise<RunningSystem> {
   }
 }
 
-/** Why a named cluster needs `install` for what was asked. */
+/** Why a named cluster needs `install` for events. */
 const NAMED_CLUSTER_NEEDS_INSTALL =
   "events flow through Knative's Broker, which runs on this machine against the cluster and so writes " +
   "into it: the project's and Knative Eventing's CRDs, the manifests' Broker, Triggers and PingSources, an " +
   'InMemoryChannel and namespace knative-eventing. Nothing is written into a cluster you named unless you ' +
   'add --install';
 
+/** The options with `dir` and a named kubeconfig absolute: the functions run in the repository's folder. */
+function resolvePaths(opts: SystemOptions): SystemOptions {
+  const cluster = opts.cluster && { ...opts.cluster, kubeconfig: resolve(opts.cluster.kubeconfig) };
+  return { ...opts, dir: resolve(opts.dir), cluster };
+}
+
 /**
  * @returns the PingSources' schedules.
  * @throws Error for options that cannot work together, or an interval no PingSource can run.
  */
 function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
-  const writes = Boolean(opts.events || opts.webhook);
-  if (opts.cluster && !opts.cluster.install && writes) throw new Error(NAMED_CLUSTER_NEEDS_INSTALL);
-  const ownControlPlaneOnly = opts.users === 'service-accounts' || opts.auditLogMaxSizeMB !== undefined;
-  if (opts.cluster && ownControlPlaneOnly)
-    throw new Error('users and the audit log are options of a control plane started here, not of a named cluster');
+  if ((opts.events || opts.webhook) && !opts.functions)
+    throw new Error("events and the webhook are delivered to the functions: add functions: 'source' or 'bundles'");
+  if (opts.cluster) checkNamedCluster(opts, opts.cluster.install);
   return pingSchedules(opts.pings);
+}
+
+/** @throws Error when the options would write into a named cluster without `install`, or need a control plane of their own. */
+function checkNamedCluster(opts: SystemOptions, install: boolean): void {
+  if (!install && opts.events) throw new Error(NAMED_CLUSTER_NEEDS_INSTALL);
+  if (!install && opts.webhook) throw new Error('registering the webhook writes into the cluster: it needs install');
+  if (opts.users === 'service-accounts' || opts.auditLogMaxSizeMB !== undefined)
+    throw new Error('users and the audit log are options of a control plane started here, not of a named cluster');
 }
 
 /** The PingSources' schedules (default: the manifests' 5 and 10 minutes). */
@@ -226,23 +250,23 @@ function pingSchedules(pings: SystemOptions['pings']): Record<keyof typeof PINGS
 /** The shared state of the steps, with a `stop()` that runs their cleanups once, in reverse. */
 function newStartup(opts: SystemOptions): Startup {
   const cleanups: Startup['cleanups'] = [];
-  let stopped = false;
-  const stop = async () => {
-    if (stopped) return;
-    stopped = true;
-    for (const c of cleanups.reverse()) {
-      try {
-        await c();
-      } catch (err) {
-        opts.progress(`while stopping: ${firstLine(err)}`);
+  // One stop for every caller: a second one (a signal during a stop) waits for the first.
+  let stopping: Promise<void> | undefined;
+  const stop = () =>
+    (stopping ??= (async () => {
+      for (const c of cleanups.splice(0).reverse()) {
+        try {
+          await c();
+        } catch (err) {
+          opts.progress(`while stopping: ${firstLine(err)}`);
+        }
       }
-    }
-  };
+    })());
   const emit: Startup['emit'] = (component, raw, p) => {
     opts.onRawLine?.(component, raw);
     if (p) opts.print?.(p);
   };
-  return { opts, cleanups, printer: new LogPrinter(), emit, stop };
+  return { opts, cleanups, printer: new LogPrinter(), emit, stop, stopped: () => stopping !== undefined };
 }
 
 /**
@@ -250,13 +274,19 @@ function newStartup(opts: SystemOptions): Startup {
  * when missing (with progress; minutes once, then cached), before anything runs.
  */
 async function buildTools(s: Startup): Promise<void> {
+  if (!s.opts.functions) return;
   await ensureKustomize(s.opts.progress);
   if (!s.opts.events) return;
   await ensureApiServerSourceAdapter(s.opts.progress);
   await ensureEventingDataPlane(s.opts.progress);
 }
 
-/** Step 2 (beside rendering and building): the control plane, started here unless the options name a cluster. */
+/** Step 2 (beside the control plane): the rendered {@link MANIFESTS}, which only the functions and events need. */
+async function renderManifests(s: Startup): Promise<KubernetesObject[]> {
+  return s.opts.functions ? render(MANIFESTS) : [];
+}
+
+/** Step 2 (beside rendering): the control plane, started here unless the options name a cluster. */
 async function connectCluster(s: Startup): Promise<Cluster> {
   let controlPlane: ControlPlane | undefined;
   let kubeconfigPath: string;
@@ -267,7 +297,7 @@ async function connectCluster(s: Startup): Promise<Cluster> {
     const cp = await startControlPlane({
       dir: s.opts.dir,
       log: s.opts.progress,
-      ...(s.opts.auditLogMaxSizeMB ? { auditLogMaxSizeMB: s.opts.auditLogMaxSizeMB } : {}),
+      ...(s.opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: s.opts.auditLogMaxSizeMB } : {}),
     });
     s.cleanups.push(() => cp.stop());
     controlPlane = cp;
@@ -275,9 +305,21 @@ async function connectCluster(s: Startup): Promise<Cluster> {
   }
   mkdirSync(join(s.opts.dir, 'logs'), { recursive: true });
   const kc = new KubeConfig();
-  kc.loadFromFile(kubeconfigPath);
+  try {
+    kc.loadFromFile(kubeconfigPath);
+  } catch (err) {
+    // Not the cause: the parser quotes the file around the error, which may be a token or a key.
+    // eslint-disable-next-line preserve-caught-error
+    throw new Error(`${kubeconfigPath} is not a kubeconfig: ${firstLine(err)}`);
+  }
   const server = kc.getCurrentCluster()?.server;
   if (!server) throw new Error(`${kubeconfigPath}: the current context names no cluster`);
+  await kc
+    .makeApiClient(VersionApi)
+    .getCode()
+    .catch((err: unknown) => {
+      throw new Error(`${server} (from ${kubeconfigPath}) does not answer: ${describeError(err)}`);
+    });
   return { controlPlane, kubeconfigPath, kc, server };
 }
 
@@ -286,24 +328,26 @@ async function connectCluster(s: Startup): Promise<Cluster> {
  * events, Knative Eventing's in the background while the functions start, which do not need
  * them. On a named cluster that runs Knative Eventing's own controller, nothing is installed:
  * it would reconcile the local Broker and rewrite what the stand-in wrote.
- * @returns the Eventing CRDs' installation, to await before the data plane starts.
+ * @returns the Eventing CRDs' installation (`installed`), to await before the data plane starts.
  * @throws Error when the cluster runs Knative Eventing, or a project CRD is rejected.
  */
-async function installAllCRDs(s: Startup, cluster: Cluster): Promise<Promise<void>> {
-  if (s.opts.cluster && !s.opts.cluster.install) return Promise.resolve();
+async function installAllCRDs(s: Startup, cluster: Cluster): Promise<{ installed: Promise<void> }> {
+  const none = { installed: Promise.resolve() };
+  if (s.opts.cluster && !s.opts.cluster.install) return none;
   if (s.opts.cluster && s.opts.events) await refuseRealEventing(cluster.kc);
   s.opts.progress(`installing the CRDs into ${cluster.server}`);
   await installCRDs(cluster.kc);
-  if (!s.opts.events) return Promise.resolve();
-  const eventing = loadThirdPartyCRDs(EVENTING_CRDS).then((crds) =>
-    applyCRDs(
+  if (!s.opts.events) return none;
+  // In a wrapper: an async function returning the promise itself would wait for it.
+  const installed = loadThirdPartyCRDs(EVENTING_CRDS).then(async (crds) => {
+    await applyCRDs(
       cluster.kc,
       crds.map((c) => c.crd),
-    ),
-  );
+    );
+  });
   // Awaited before the data plane starts; a failure of an earlier step must not leave it unhandled.
-  eventing.catch(() => undefined);
-  return eventing.then(() => undefined);
+  installed.catch(() => undefined);
+  return { installed };
 }
 
 /** @throws Error when the cluster runs Knative Eventing's controller (its deployment is there). */
@@ -346,6 +390,10 @@ function instanceStarter(
       caPem: f.caPem,
       onLine: (l) => s.emit(name, l, s.printer.line(name, l)),
     });
+    if (s.stopped()) {
+      await fn.stop();
+      throw new Error(`${name} was started after the system stopped`);
+    }
     s.cleanups.push(() => fn.stop());
     return fn;
   };

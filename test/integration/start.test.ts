@@ -295,7 +295,7 @@ describe("npm start prints what Knative's processes report (issue 14 item 6, iss
 });
 
 describe('npm start against a named cluster', () => {
-  it('installs only when told: without --install it refuses and writes nothing; with it the Broker runs there, the webhook goes on exit and the cluster stays; a cluster running Knative Eventing is refused', async () => {
+  it('installs only when told: without --install it refuses and writes nothing; with it the Broker runs there, the webhook goes on exit (also when interrupted while starting) and the cluster stays; a cluster running Knative Eventing is refused', async () => {
     const cp = await startControlPlane({ dir: join(work, 'named'), log: () => undefined });
     planes.push(cp);
     const kc = new KubeConfig();
@@ -355,6 +355,16 @@ describe('npm start against a named cluster', () => {
     );
     // The cluster is still there and still has the mirror.
     await core.readNamespacedSecret({ namespace: 'team-a', name: 'captf-creds-aws-prod' });
+
+    // Ctrl-C while it starts, after the webhook was registered: the start is undone, webhook included.
+    const interrupted = start(['--kubeconfig', cp.kubeconfigPath, '--dir', state, '--install']);
+    await eventually('the Broker to be starting', async () => /starting Knative's Broker/.test(interrupted.output()));
+    interrupted.child.kill('SIGINT');
+    assert.equal(await interrupted.exited, 130, interrupted.output());
+    await adm.readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).then(
+      () => assert.fail('an interrupted start left its webhook configuration behind'),
+      (e: unknown) => assert.ok(isNotFound(e)),
+    );
   });
 
   it('--use-current-context needs KUBECONFIG; bad durations are usage errors', async () => {
