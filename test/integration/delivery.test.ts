@@ -111,10 +111,13 @@ async function createMirror(namespace: string, identity: string): Promise<void> 
       spec: { identityRef: { name: identity } },
     },
   })) as Consumer;
-  await a.core.createNamespacedSecret({
-    namespace,
-    body: desiredMirror(identity, namespace, data, ownerReferenceFor(consumer)),
-  });
+  // Another file's mirror-sync may reconcile this key first (a resync runs cluster-wide): then
+  // it wrote this same mirror, and that is as good.
+  await a.core
+    .createNamespacedSecret({ namespace, body: desiredMirror(identity, namespace, data, ownerReferenceFor(consumer)) })
+    .catch((err: unknown) => {
+      if (apiStatus(err) !== 409) throw err;
+    });
 }
 
 describe('a Job built with the credential delivery fragment', () => {
