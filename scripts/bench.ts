@@ -36,7 +36,8 @@ import {
   type Figure,
 } from './bench/report.ts';
 import { REPO_ROOT } from './tools/build.ts';
-import { startSystem, type FunctionName } from './system/system.ts';
+import { stopOnSignal } from './lib/process.ts';
+import { startSystem, type FunctionName, type RunningSystem } from './system/system.ts';
 import { admissionRow } from './bench/rows/admission.ts';
 import { prepareRow } from './bench/rows/prepare.ts';
 import { coldStartRow } from './bench/rows/cold-start.ts';
@@ -93,25 +94,35 @@ const dir = join(REPO_ROOT, '.local', `bench-${process.pid}`);
 // The system as production runs it: bundles with a warmed compile cache and the Knative
 // Services' environment, each function and the event source as its ServiceAccount's user (the
 // audit log names who sent what), an audit log that does not rotate during a run.
-const running = await startSystem({
+let running: RunningSystem | undefined;
+const signal = stopOnSignal(() => running?.stop());
+running = await startSystem({
   dir,
   progress: log,
   auditLogMaxSizeMB: 100_000,
   functions: 'bundles',
   users: 'service-accounts',
   events: 'fronts',
+  signal,
+}).catch((err: unknown) => {
+  if (signal.aborted) process.exit(130);
+  throw err;
 });
-const sys: BenchSystem = {
-  ...running,
-  cp: running.controlPlane!,
-  events: running.eventPaths!,
-  admin: new BenchClient(running.kubeconfigPath, CLIENT_CONCURRENCY),
-  audit: new AuditLog(join(dir, 'logs', 'audit.log')),
-  memoryLimits: memoryLimits(running.rendered),
-};
-const onSignal = () => void sys.stop().then(() => process.exit(130));
-process.on('SIGINT', onSignal);
-process.on('SIGTERM', onSignal);
+const started = running;
+const sys: BenchSystem = await Promise.resolve()
+  .then(() => ({
+    ...started,
+    cp: started.controlPlane!,
+    events: started.eventPaths!,
+    admin: new BenchClient(started.kubeconfigPath, CLIENT_CONCURRENCY),
+    audit: new AuditLog(join(dir, 'logs', 'audit.log')),
+    memoryLimits: memoryLimits(started.rendered),
+  }))
+  .catch(async (err: unknown) => {
+    await started.stop();
+    throw err;
+  });
+const functions = Object.keys(sys.functions) as FunctionName[];
 
 const results: BenchResults = { figures: [], failures: [] };
 try {
@@ -137,14 +148,9 @@ try {
 
   // Idle memory first, beside a bare Node server's.
   await new Promise((r) => setTimeout(r, 2000));
-  const idle = Object.fromEntries(
-    (Object.keys(sys.functions) as FunctionName[]).map((f) => [f, rssBytes(sys.functions[f].pid)]),
-  );
+  const idle = Object.fromEntries(functions.map((f) => [f, rssBytes(sys.functions[f].pid)]));
   const bare = await bareNodeServer(2000);
-  const whole = samplePeaks(
-    Object.fromEntries((Object.keys(sys.functions) as FunctionName[]).map((f) => [f, sys.functions[f].pid])),
-    100,
-  );
+  const whole = samplePeaks(Object.fromEntries(functions.map((f) => [f, sys.functions[f].pid])), 100);
 
   const other: Record<Exclude<(typeof ROWS)[number], EventRow>, () => Promise<Figure[]>> = {
     'cold-start': () => coldStartRow(ctx, sizes.coldStartRuns),
@@ -166,7 +172,7 @@ try {
   }
 
   const peaks = whole.stop();
-  for (const f of Object.keys(sys.functions) as FunctionName[]) {
+  for (const f of functions) {
     results.figures.push(
       {
         row: 'memory',

@@ -12,9 +12,9 @@ import { parseArgs } from 'node:util';
 import {
   CoreV1Api,
   CustomObjectsApi,
-  KubeConfig,
   PatchStrategy,
   setHeaderOptions,
+  type KubeConfig,
   type V1Secret,
 } from '@kubernetes/client-node';
 import {
@@ -23,16 +23,19 @@ import {
   IDENTITY_KIND,
   IDENTITY_PLURAL,
   VERSION,
+  type Condition,
   type Consumer,
   type TerraformClusterIdentity,
 } from '../functions/lib/api.ts';
+import { getCondition } from '../functions/lib/conditions.ts';
 import { untrustedServerMessage } from '../functions/lib/api-errors.ts';
 import { DEFAULT_PREPARE_AUDIENCE } from '../functions/mirror-sync/authorize.ts';
-import { isNotFound } from '../functions/lib/kube.ts';
+import { ignoreNotFound, isNotFound, loadKubeConfig } from '../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, isCurrent, mirrorName, sourceHash, type SecretLike } from '../functions/lib/mirror.ts';
 import { REPO_ROOT } from './tools/build.ts';
 import { applyExamples, loadExamples } from './local/examples.ts';
 import { formatLine, type Printed } from './local/print.ts';
+import { stopOnSignal } from './lib/process.ts';
 import { startSystem, type RunningSystem } from './system/system.ts';
 import { serviceAccountToken } from './lib/serviceaccount.ts';
 import { eventually } from './lib/wait.ts';
@@ -70,14 +73,8 @@ async function step(what: string, fn: () => Promise<string | void>): Promise<boo
 }
 
 let system: RunningSystem | undefined;
-let interrupted = false;
-const onSignal = async () => {
-  interrupted = true;
-  await system?.stop();
-  process.exit(130);
-};
-process.on('SIGINT', () => void onSignal());
-process.on('SIGTERM', () => void onSignal());
+// A signal while the system starts aborts the start (which stops what it began); later it stops the system.
+const signal = stopOnSignal(() => system?.stop());
 
 const ids = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
 const plural: Record<string, string> = { TerraformCluster: 'terraformclusters', TerraformMachine: 'terraformmachines' };
@@ -90,8 +87,9 @@ const RUNNER_REMOVES = ['KUBE_CONFIG_PATH', 'TF_TOKEN_app_terraform_io', 'TF_VAR
 try {
   await run();
 } finally {
-  if (!interrupted) await system?.stop();
+  if (!signal.aborted) await system?.stop();
 }
+if (signal.aborted) process.exit(130);
 const total = ((performance.now() - started) / 1000).toFixed(1);
 if (failed > 0 && !values.verbose)
   console.log(`\nlast lines of the system:\n${recent.map((l) => `    ${l}`).join('\n')}`);
@@ -161,8 +159,7 @@ interface Demo {
 }
 
 function newDemo(sys: RunningSystem): Demo {
-  const kc = new KubeConfig();
-  kc.loadFromFile(sys.kubeconfigPath);
+  const kc = loadKubeConfig(sys.kubeconfigPath);
   const consumers = loadExamples().filter(
     (o) => o.kind === 'TerraformCluster' || o.kind === 'TerraformMachine',
   ) as Consumer[];
@@ -170,48 +167,37 @@ function newDemo(sys: RunningSystem): Demo {
 }
 
 /** The mirror of `identity` in `namespace`, or undefined. */
-async function readMirror(d: Demo, namespace: string, identity: string): Promise<V1Secret | undefined> {
-  try {
-    return await d.core.readNamespacedSecret({ namespace, name: mirrorName(identity) });
-  } catch (err) {
-    if (isNotFound(err)) return undefined;
-    throw err;
-  }
+function readMirror(d: Demo, namespace: string, identity: string): Promise<V1Secret | undefined> {
+  return ignoreNotFound(d.core.readNamespacedSecret({ namespace, name: mirrorName(identity) }));
 }
 
 function readIdentity(d: Demo, name: string): Promise<TerraformClusterIdentity> {
   return d.custom.getClusterCustomObject({ ...ids, name }) as Promise<TerraformClusterIdentity>;
 }
 
-/** A consumer as it is now (`c` names it: kind, namespace, name). */
-async function readConsumer(d: Demo, c: Consumer): Promise<Consumer> {
-  return (await d.custom.getNamespacedCustomObject({
+/** The custom-object API's address of consumer `c` (kind, namespace, name). */
+function consumerRef(c: Consumer) {
+  return {
     group: GROUP,
     version: VERSION,
     namespace: c.metadata.namespace!,
     plural: plural[c.kind!]!,
     name: c.metadata.name!,
-  })) as Consumer;
+  };
+}
+
+/** A consumer as it is now. */
+async function readConsumer(d: Demo, c: Consumer): Promise<Consumer> {
+  return (await d.custom.getNamespacedCustomObject(consumerRef(c))) as Consumer;
 }
 
 /** Whether `o` has a condition `type` with `status` (and `reason` when given). */
 function hasCondition(
-  o: { status?: { conditions?: { type: string; status: string; reason?: string }[] } },
+  o: { status?: { conditions?: Condition[] } },
   want: { type: string; status: string; reason?: string },
 ): boolean {
-  return Boolean(
-    o.status?.conditions?.some(
-      (x) => x.type === want.type && x.status === want.status && (!want.reason || x.reason === want.reason),
-    ),
-  );
-}
-
-/**
- * The message of a failed API call, as kubectl would print it: the demo acts as a person at
- * a terminal, so it shows the API server's own text (never done by a function, SPEC §15).
- */
-function kubectlMessage(err: unknown): string {
-  return untrustedServerMessage(err);
+  const c = getCondition(o.status?.conditions, want.type);
+  return c?.status === want.status && (!want.reason || c.reason === want.reason);
 }
 
 /** At most 160 characters of `text`. */
@@ -229,6 +215,7 @@ async function startTheSystem(): Promise<string> {
     print: show,
     progress: (l) => values.verbose && console.log(`    ${l}`),
     onRawLine: (_c, l) => raw.push(l),
+    signal,
   });
   return `events: Knative's ApiServerSource adapter → Broker → Triggers; KUBECONFIG=${system.kubeconfigPath}`;
 }
@@ -419,8 +406,7 @@ async function narrowingRevokesTeamB(d: Demo): Promise<string> {
 
 async function webhookDeniesAlice(d: Demo): Promise<string> {
   // examples/40-tenant-rbac.yaml lets the group "tenants" create identities.
-  const aliceKc = new KubeConfig();
-  aliceKc.loadFromFile(await d.sys.controlPlane!.userKubeConfig('alice', ['tenants']));
+  const aliceKc = loadKubeConfig(await d.sys.controlPlane!.userKubeConfig('alice', ['tenants']));
   const alice = aliceKc.makeApiClient(CustomObjectsApi);
   const canRead = await aliceKc
     .makeApiClient(CoreV1Api)
@@ -442,7 +428,9 @@ async function webhookDeniesAlice(d: Demo): Promise<string> {
       try {
         await alice.createClusterCustomObject({ ...ids, body });
       } catch (err) {
-        const msg = kubectlMessage(err);
+        // The API server's own text, as kubectl prints it: the demo acts as a person at a
+        // terminal (a function never shows it, SPEC §15).
+        const msg = untrustedServerMessage(err);
         if (/denied the request/.test(msg)) return msg;
         throw err; // e.g. RBAC not yet effective: try again
       }
@@ -458,7 +446,7 @@ async function deletingInUseIdentityRefused(d: Demo): Promise<string> {
   try {
     await d.custom.deleteClusterCustomObject({ ...ids, name: 'gcp-dev' });
   } catch (err) {
-    const msg = kubectlMessage(err);
+    const msg = untrustedServerMessage(err);
     if (!/denied the request/.test(msg)) throw err;
     return shorten(msg);
   }
@@ -467,13 +455,7 @@ async function deletingInUseIdentityRefused(d: Demo): Promise<string> {
 
 async function deletingUnusedIdentityAllowed(d: Demo): Promise<string> {
   for (const c of d.consumers.filter((x) => x.spec?.identityRef?.name === 'gcp-dev')) {
-    await d.custom.deleteNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: c.metadata.namespace!,
-      plural: plural[c.kind!]!,
-      name: c.metadata.name!,
-    });
+    await d.custom.deleteNamespacedCustomObject(consumerRef(c));
   }
   await eventually(
     'the team-c mirror to be gone',

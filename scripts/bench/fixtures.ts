@@ -121,16 +121,12 @@ export function spreadOver(
   );
 }
 
+/** A mirror as the bench reads it. */
+export type Mirror = KubeObject & { data?: Record<string, string> };
+
 /** A watched collection of every mirror in the cluster (label selector, all namespaces). */
-export function watchMirrors(
-  admin: BenchClient,
-): Promise<WatchedCollection<KubeObject & { data?: Record<string, string> }>> {
-  return new WatchedCollection<KubeObject & { data?: Record<string, string> }>(
-    admin,
-    '/api/v1/secrets',
-    MIRROR_SELECTOR,
-  ).start();
-}
+export const watchMirrors = (admin: BenchClient): Promise<WatchedCollection<Mirror>> =>
+  new WatchedCollection<Mirror>(admin, '/api/v1/secrets', MIRROR_SELECTOR).start();
 
 /** Name of the mirror of `identity` (SPEC §3; the bench's identities are short). */
 export const mirrorOf = (identity: string): string => `captf-creds-${identity}`;

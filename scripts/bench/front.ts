@@ -1,26 +1,13 @@
 /**
- * The bench's front of a function: stands where the function's Kubernetes Service (and
- * Knative Serving's routing) stands in a cluster, between whatever delivers events (Knative's
- * Broker filter, or the ApiServerSource adapter directly) and the function's instances. It
- * does no delivery of its own — no queue, no retry, no back-off: each request is forwarded as
- * it comes, and the function's answer (status, headers, body) goes back to the sender, so the
- * sender's retry and concurrency rules (Knative's, or the adapter's) are the ones measured.
- *
- * What it does that the real parts cannot do here (Knative Serving does not run locally):
- * - **admits at most `containerConcurrency` requests per instance** (the rendered Knative
- *   Service's: 20 for mirror-sync) and holds the rest until an instance has a free slot, as
- *   Serving's activator does while it is in the request path (it is, with the default
- *   target-burst-capacity and a few pods) and the pod's queue-proxy enforces. Not modelled:
- *   the autoscaler adding pods (the bench runs one or two instances), and queue-proxy's 503
- *   once its own queue (10 × containerConcurrency) is full when the activator is not in the
- *   path;
- * - **spreads requests over instances**: round-robin over the instances with a free slot, as
- *   the activator does, so the two-instance row has a load balancer;
- * - **drops** (answers 200 without forwarding) while a row sets up state that must not be
- *   reconciled (the resync row's thousands of consumers, the admission row's identities);
- * - **counts each delivery by CloudEvent id**: Knative keeps an event's id on every retry, so
- *   the requests beyond one per distinct id are the sender's retries, and an id whose last
- *   answer is one Knative retries is still pending (see {@link Front.pending}).
+ * The bench's front of a function: it stands where the function's Kubernetes Service (and
+ * Knative Serving's routing) stands in a cluster, and passes each request and answer through
+ * with no delivery rules of its own (no queue, no retry), so Knative's or the adapter's rules
+ * are the ones measured. bench/README.md ("What runs", "Deliveries") says what it does in
+ * Serving's place: admit `containerConcurrency` requests per instance and hold the rest (as
+ * the activator does), spread them round-robin over instances with a free slot, drop events
+ * while a row sets up state, and count deliveries by CloudEvent id (see {@link Front.pending}).
+ * Not modelled: the autoscaler adding pods, and queue-proxy's 503 once its own queue
+ * (10 × containerConcurrency) is full when the activator is not in the path.
  *
  * A request whose `ce-id` starts with {@link CHECK_ID_PREFIX} is a probe of the delivery path
  * (scripts/bench/paths.ts): it is answered 200 after `checkHoldMs`, never forwarded or counted.
@@ -79,9 +66,11 @@ export const knativeRetries = (status: number): boolean =>
 
 /** The front server. */
 export class Front {
-  private mode: FrontMode = { kind: 'drop' };
+  /** How requests that arrive from now on are treated. */
+  mode: FrontMode = { kind: 'drop' };
   private rr = 0;
-  private active = 0;
+  /** Requests being forwarded now. */
+  inFlight = 0;
   /** Requests being forwarded, per instance URL. */
   private readonly busy = new Map<string, number>();
   /** Requests waiting for a free slot, oldest first. */
@@ -112,25 +101,10 @@ export class Front {
     return this;
   }
 
-  /** Switches mode for the requests that arrive from now on. */
-  setMode(mode: FrontMode): void {
-    this.mode = mode;
-  }
-
-  /** The mode in use. */
-  getMode(): FrontMode {
-    return this.mode;
-  }
-
   /** Zeroes the counters and forgets the ids seen (at the start of a measured window). */
   resetCounts(): void {
     this.counts = Front.zero();
     this.lastStatus.clear();
-  }
-
-  /** Requests being forwarded now. */
-  get inFlight(): number {
-    return this.active;
   }
 
   /**
@@ -164,7 +138,7 @@ export class Front {
       this.lastStatus.set(id, 200);
       return void res.writeHead(200).end();
     }
-    this.active++;
+    this.inFlight++;
     const target = await this.slot(mode.targets);
     try {
       const status = await forward(`${target}${req.url ?? '/'}`, req, body, res);
@@ -173,7 +147,7 @@ export class Front {
       else this.counts.failed++;
     } finally {
       this.busy.set(target, this.busy.get(target)! - 1);
-      this.active--;
+      this.inFlight--;
       this.lastActivity = performance.now();
       this.held.shift()?.();
     }

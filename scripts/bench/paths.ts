@@ -1,31 +1,21 @@
 /**
- * The three ways an event reaches mirror-sync in the bench, all with Knative's own code:
- * - `direct`: the ApiServerSource adapter's sink is the function (no Broker). The adapter
- *   sends each watch's events one at a time and waits for each answer; it never retries.
- * - `broker`: the adapter's sink is the Broker (scripts/eventing/dataplane.ts: the real ingress,
- *   InMemoryChannel dispatcher and filter, with the rendered Broker and Triggers). The default
- *   channel answers the ingress, and so the adapter, only after the fan-out to every Trigger,
- *   retries included: delivery stays serial per watch.
- * - `broker-async`: the same with `messaging.knative.dev/async-handler: "true"` on the
- *   channel: the ingress answers at once and the dispatcher delivers each event in its own
- *   goroutine, so deliveries run concurrently, unbounded.
- * Every path ends at the function's {@link Front} (the Service's stand-in), which counts
- * deliveries by event id.
- *
- * Switching: the adapter's sink is fixed at start (`K_SINK`), so a switch between `direct`
- * and the Broker restarts the adapter. The async handler is read by the dispatcher only when
- * it builds a channel's handler (knative.dev/eventing v0.49.2
- * pkg/reconciler/inmemorychannel/dispatcher/inmemorychannel.go reconcile: an existing
- * handler only gets its subscriptions updated), so a switch annotates the Broker and its
- * channel (as pkg/reconciler/broker/broker.go copies the Broker's `messaging.knative.dev/*`
- * annotations to the channel) and restarts the dispatcher — a cluster needs the same restart.
- * After each switch a probe event held 400 ms at the function's front proves the path: the
- * sender waits for it on `direct` and `broker`, not on `broker-async`.
+ * The three ways an event reaches mirror-sync in the bench, all with Knative's own code, and
+ * the switch between them; bench/README.md ("What runs") has the table and the reasons.
+ * - `direct`: the ApiServerSource adapter sends to the function's {@link Front};
+ * - `broker`: it sends to the Broker (scripts/eventing/dataplane.ts), default channel: serial;
+ * - `broker-async`: the same with the channel's `messaging.knative.dev/async-handler`:
+ *   concurrent, unbounded.
+ * The adapter's sink is fixed at start, so going to or from `direct` restarts it. The async
+ * handler is set on the Broker and its channel, then the dispatcher is restarted: it reads
+ * the annotation only when it builds a channel's handler (knative.dev/eventing v0.49.2
+ * pkg/reconciler/inmemorychannel/dispatcher/inmemorychannel.go). After each switch a probe
+ * held 400 ms at the front proves the path: the sender waits for it except on `broker-async`.
  */
 import { createWriteStream, type WriteStream } from 'node:fs';
 import { join } from 'node:path';
 import type { KubeConfig, KubernetesObject } from '@kubernetes/client-node';
-import { ensureEventingDataPlane, startEventingDataPlane, type EventingDataPlane } from '../eventing/dataplane.ts';
+import { ensureEventingDataPlane } from '../eventing/build.ts';
+import { startEventingDataPlane, type EventingDataPlane } from '../eventing/dataplane.ts';
 import {
   sourceConfigFor,
   startApiServerSourceAdapter,
@@ -160,7 +150,7 @@ export class EventPaths {
       };
       this.fronts[t].containerConcurrency = svc?.spec?.template?.spec?.containerConcurrency ?? 0;
     }
-    this.fronts['identity-status'].setMode({ kind: 'deliver', targets: [opts.functions['identity-status'].url] });
+    this.fronts['identity-status'].mode = { kind: 'deliver', targets: [opts.functions['identity-status'].url] };
     await this.startAdapter();
   }
 
@@ -207,8 +197,8 @@ export class EventPaths {
    */
   private async adapterDelivering(): Promise<void> {
     const front = this.fronts['mirror-sync'];
-    const mode = front.getMode();
-    front.setMode({ kind: 'drop' });
+    const mode = front.mode;
+    front.mode = { kind: 'drop' };
     front.resetCounts();
     const deadline = Date.now() + 60_000;
     try {
@@ -220,7 +210,7 @@ export class EventPaths {
       }
       await this.settled(500, 60_000);
     } finally {
-      front.setMode(mode);
+      front.mode = mode;
     }
   }
 
@@ -245,22 +235,12 @@ export class EventPaths {
   private async setAsyncHandler(on: boolean): Promise<void> {
     const dp = this.dp!;
     const patch = { metadata: { annotations: { [ASYNC_HANDLER]: on ? 'true' : null } } };
-    const { namespace } = dp;
-    const channel = dp.applied.channel.metadata!.name!;
-    const broker = dp.applied.broker.metadata!.name!;
-    const merge = 'application/merge-patch+json';
-    await this.admin.call(
-      'PATCH',
-      `/apis/eventing.knative.dev/v1/namespaces/${namespace}/brokers/${broker}`,
-      patch,
-      merge,
-    );
-    await this.admin.call(
-      'PATCH',
-      `/apis/messaging.knative.dev/v1/namespaces/${namespace}/inmemorychannels/${channel}`,
-      patch,
-      merge,
-    );
+    const { namespace, applied } = dp;
+    for (const path of [
+      `/apis/eventing.knative.dev/v1/namespaces/${namespace}/brokers/${applied.broker.metadata!.name}`,
+      `/apis/messaging.knative.dev/v1/namespaces/${namespace}/inmemorychannels/${applied.channel.metadata!.name}`,
+    ])
+      await this.admin.call('PATCH', path, patch, 'application/merge-patch+json');
     await dp.restart('dispatcher');
     this.asyncHandler = on;
   }

@@ -26,31 +26,22 @@ const EVENT_ROW_KINDS = ['event → mirror', 'fan-in', 'spread', 'concurrent fan
 /** One of {@link EVENT_ROWS}. */
 export type EventRow = (typeof EVENT_ROWS)[number];
 
-/** Units a figure can have. */
-export type Unit = 'ms' | 'count' | 'bytes';
-
 /** One measured figure of a row, with its raw samples and (when it has one) its baseline. */
 export interface Figure {
   /** Row and size, e.g. `fan-in N=200`. */
   row: string;
   /** What was measured, e.g. `time until all mirrored`. */
   what: string;
-  unit: Unit;
+  unit: 'ms' | 'count' | 'bytes';
   samples: number[];
   /** The floor measured in the same run, in the same unit. */
   baseline?: { what: string; samples: number[] };
 }
 
-/** A row that could not produce its figures (the bench goes on with the next row). */
-export interface RowFailure {
-  row: string;
-  error: string;
-}
-
-/** Everything one run produced. */
+/** Everything one run produced: the figures, and the rows that could not produce theirs (the bench went on). */
 export interface BenchResults {
   figures: Figure[];
-  failures: RowFailure[];
+  failures: { row: string; error: string }[];
 }
 
 /** Median of samples / median of baseline, or undefined without a usable baseline. */

@@ -26,8 +26,6 @@ export interface StartOptions {
   dir: string;
   /** Progress lines (build, start); defaults to stderr. */
   log?: (line: string) => void;
-  /** Time to wait for /readyz, in ms (default 120 000). */
-  readyTimeoutMs?: number;
   /** Size at which the audit log rotates, in MB (default 200); the bench reads one unrotated log. */
   auditLogMaxSizeMB?: number;
 }
@@ -39,15 +37,7 @@ export interface ControlPlane {
   server: string;
   /** Kubeconfig of `admin` in group `system:masters`. */
   kubeconfigPath: string;
-  /** PEM of the CA that signed the API server's serving certificate. */
-  caPem: string;
-  /** Client CA: anything it signs is a user (CN) with groups (O). */
-  clientCA: CertPair;
-  /** Serving CA, also usable for test webhooks the API server must trust. */
-  servingCA: CertPair;
   binaries: ControlPlaneBinaries;
-  /** True when kube-controller-manager runs (not with envtest assets lacking it). */
-  hasControllerManager: boolean;
   /** Mints a client certificate for `name` in `groups` and writes a kubeconfig; returns its path. */
   userKubeConfig(name: string, groups?: readonly string[]): Promise<string>;
   /**
@@ -64,13 +54,16 @@ export interface ControlPlane {
   stop(): Promise<void>;
 }
 
-/** Returns a free TCP port on 127.0.0.1 (the OS picks it; a tiny race is accepted). */
-export function freePort(): Promise<number> {
+/**
+ * Returns a free TCP port (the OS picks it; a tiny race is accepted).
+ * @param host the interface: 127.0.0.1 by default, `null` for every interface.
+ */
+export function freePort(host: string | null = '127.0.0.1'): Promise<number> {
   return new Promise((res, rej) => {
     const srv = createServer();
     srv.unref();
     srv.on('error', rej);
-    srv.listen(0, '127.0.0.1', () => {
+    srv.listen({ port: 0, host: host ?? undefined }, () => {
       const addr = srv.address();
       srv.close(() => (typeof addr === 'object' && addr ? res(addr.port) : rej(new Error('no port'))));
     });
@@ -137,12 +130,8 @@ interface Pki {
   caPem: string;
 }
 
-/** Loopback ports of a control plane. */
-interface Ports {
-  etcd: number;
-  peer: number;
-  api: number;
-}
+/** Loopback ports of a control plane: etcd's client and peer ports, the API server's. */
+type Ports = Record<'etcd' | 'peer' | 'api', number>;
 
 /** A component process and its log file. */
 interface Component {
@@ -156,21 +145,9 @@ interface Component {
 /** The processes a control plane runs. */
 export type ControlPlaneComponent = 'etcd' | 'kube-apiserver' | 'kube-controller-manager';
 
-/** The component processes of one control plane, started in order and stopped in reverse. */
-interface Components {
-  list: Component[];
-  start(name: string, bin: string, args: string[]): void;
-  /** Stops one component; it keeps its place (and arguments) in `list` for {@link Components.restart}. */
-  stopOne(name: string): Promise<void>;
-  /** Starts a stopped component again with the arguments it had. */
-  restart(name: string): void;
-  /** Stops every process (SIGTERM, then SIGKILL after 10 s), newest first; idempotent. */
-  stop(): Promise<void>;
-}
-
 /**
  * Starts etcd, kube-apiserver and (when available) kube-controller-manager in `opts.dir`,
- * building the binaries first if needed, and resolves once `/readyz` answers 200.
+ * building the binaries first if needed, and resolves once `/readyz` answers 200 (at most 2 minutes).
  * @throws Error naming the component and the tail of its log when a process exits early or
  *   readiness times out; everything started so far is stopped first.
  */
@@ -181,7 +158,7 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(join(dir, 'logs'), { recursive: true });
   const pki = await createPki(join(dir, 'pki'));
-  const ports = await freePorts();
+  const ports: Ports = { etcd: await freePort(), peer: await freePort(), api: await freePort() };
   const server = `https://127.0.0.1:${ports.api}`;
   const kubeconfigPath = writeKubeConfig(join(dir, 'admin.kubeconfig'), {
     server,
@@ -193,8 +170,8 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
   const components = newComponents(join(dir, 'logs'));
   try {
     components.start('etcd', binaries.etcd, etcdArgs(dir, ports));
-    components.start('kube-apiserver', binaries.kubeApiserver, apiServerArgs({ dir, ports, pki, opts }));
-    await waitReady({ server, pki, components, timeoutMs: opts.readyTimeoutMs ?? 120_000 });
+    components.start('kube-apiserver', binaries.kubeApiserver, apiServerArgs(dir, ports, pki, opts.auditLogMaxSizeMB));
+    await waitReady({ server, pki, components });
     if (binaries.kubeControllerManager)
       components.start(
         'kube-controller-manager',
@@ -210,16 +187,12 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     dir,
     server,
     kubeconfigPath,
-    caPem: pki.caPem,
-    clientCA: pki.clientCA,
-    servingCA: pki.servingCA,
     binaries,
-    hasControllerManager: Boolean(binaries.kubeControllerManager),
     userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
     stopComponent: (name) => components.stopOne(name),
     startComponent: async (name) => {
       components.restart(name);
-      if (name === 'kube-apiserver') await waitReady({ server, pki, components, timeoutMs: 120_000 });
+      if (name === 'kube-apiserver') await waitReady({ server, pki, components });
     },
     stop: components.stop,
   };
@@ -246,11 +219,6 @@ async function createPki(pkiDir: string): Promise<Pki> {
   return { servingCA, clientCA, sa, serving, admin, caPem: readFileSync(servingCA.cert, 'utf8') };
 }
 
-/** Three free loopback ports, one after the other. */
-async function freePorts(): Promise<Ports> {
-  return { etcd: await freePort(), peer: await freePort(), api: await freePort() };
-}
-
 /** `<dir>/audit-policy.yaml`: every request at Metadata level. */
 function writeAuditPolicy(dir: string): void {
   writeFileSync(
@@ -264,8 +232,11 @@ function writeAuditPolicy(dir: string): void {
   );
 }
 
+/** The component processes of one control plane, started in order and stopped in reverse. */
+type Components = ReturnType<typeof newComponents>;
+
 /** Components that log to `<logDir>/<name>.log`. */
-function newComponents(logDir: string): Components {
+function newComponents(logDir: string) {
   const list: Component[] = [];
   let stopping = false;
   const spawnLogged = (name: string, bin: string, args: string[]): ChildProcess => {
@@ -283,20 +254,23 @@ function newComponents(logDir: string): Components {
   };
   return {
     list,
-    start(name, bin, args) {
+    start(name: string, bin: string, args: string[]): void {
       list.push({ name, child: spawnLogged(name, bin, args), logPath: join(logDir, `${name}.log`), bin, args });
     },
-    async stopOne(name) {
+    /** Stops one component; it keeps its place (and arguments) in `list` for `restart`. */
+    async stopOne(name: string): Promise<void> {
       const c = find(name);
       if (!isRunning(c.child)) throw new Error(`${name} is already stopped`);
       await stopProcess(c.child);
     },
-    restart(name) {
+    /** Starts a stopped component again with the arguments it had. */
+    restart(name: string): void {
       const c = find(name);
       if (isRunning(c.child)) throw new Error(`${name} is running`);
       c.child = spawnLogged(name, c.bin, c.args);
     },
-    async stop() {
+    /** Stops every process (SIGTERM, then SIGKILL after 10 s), newest first; idempotent. */
+    async stop(): Promise<void> {
       if (stopping) return;
       stopping = true;
       // Reverse order: controller-manager and API server before etcd.
@@ -328,17 +302,7 @@ function etcdArgs(dir: string, ports: Ports): string[] {
   ];
 }
 
-function apiServerArgs({
-  dir,
-  ports,
-  pki,
-  opts,
-}: {
-  dir: string;
-  ports: Ports;
-  pki: Pki;
-  opts: StartOptions;
-}): string[] {
+function apiServerArgs(dir: string, ports: Ports, pki: Pki, auditLogMaxSizeMB = 200): string[] {
   return [
     `--etcd-servers=http://127.0.0.1:${ports.etcd}`,
     '--bind-address=127.0.0.1',
@@ -355,7 +319,7 @@ function apiServerArgs({
     `--service-account-signing-key-file=${pki.sa.key}`,
     `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`,
     `--audit-log-path=${join(dir, 'logs', 'audit.log')}`,
-    `--audit-log-maxsize=${opts.auditLogMaxSizeMB ?? 200}`,
+    `--audit-log-maxsize=${auditLogMaxSizeMB}`,
   ];
 }
 
@@ -371,12 +335,15 @@ function controllerManagerArgs(kubeconfigPath: string, pki: Pki): string[] {
   ];
 }
 
+/** How long the API server may take to answer `/readyz` 200, in ms. */
+const READY_TIMEOUT_MS = 120_000;
+
 /**
  * Polls `/readyz` (as admin) until it answers 200.
  * @throws Error when a component exits first (with the tail of its log) or time runs out.
  */
-async function waitReady(opts: { server: string; pki: Pki; components: Components; timeoutMs: number }): Promise<void> {
-  const deadline = Date.now() + opts.timeoutMs;
+async function waitReady(opts: { server: string; pki: Pki; components: Components }): Promise<void> {
+  const deadline = Date.now() + READY_TIMEOUT_MS;
   let last = '';
   while (Date.now() < deadline) {
     const gone = opts.components.list.find((p) => !isRunning(p.child));
@@ -394,7 +361,7 @@ async function waitReady(opts: { server: string; pki: Pki; components: Component
     await sleep(250);
   }
   const apiServerLog = opts.components.list[1]?.logPath ?? '';
-  throw new Error(`kube-apiserver not ready after ${opts.timeoutMs} ms: ${last}\n${logTail(apiServerLog)}`);
+  throw new Error(`kube-apiserver not ready after ${READY_TIMEOUT_MS} ms: ${last}\n${logTail(apiServerLog)}`);
 }
 
 /**

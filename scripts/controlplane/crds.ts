@@ -11,13 +11,13 @@ import { promisify } from 'node:util';
 import {
   ApiextensionsV1Api,
   KubernetesObjectApi,
-  PatchStrategy,
   loadAllYaml,
   type KubeConfig,
   type KubernetesObject,
   type V1CustomResourceDefinition,
 } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
+import { serverSideApply } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
 import { REPO_ROOT } from '../tools/build.ts';
 
@@ -36,27 +36,13 @@ export function loadCRDs(): V1CustomResourceDefinition[] {
  * `Established=True` on each, then until each resource answers a list (right after
  * Established, lists may still get 429 while its storage initialises).
  * @returns the CRD names.
- * @throws Error when the API server rejects a CRD or one is not ready within `timeoutMs`.
+ * @throws Error naming the CRD when the API server rejects it, or when they are not all ready within a minute.
  */
-export async function applyCRDs(
-  kc: KubeConfig,
-  crds: readonly V1CustomResourceDefinition[],
-  timeoutMs = 60_000,
-): Promise<string[]> {
+export async function applyCRDs(kc: KubeConfig, crds: readonly V1CustomResourceDefinition[]): Promise<string[]> {
   const objects = KubernetesObjectApi.makeApiClient(kc);
   const ext = kc.makeApiClient(ApiextensionsV1Api);
-  for (const crd of crds) {
-    await objects.patch(
-      crd as KubernetesObject,
-      undefined,
-      undefined,
-      FIELD_MANAGER,
-      true,
-      PatchStrategy.ServerSideApply,
-    );
-  }
-  const deadline = Date.now() + timeoutMs;
-  // One deadline for every CRD together.
+  for (const crd of crds) await serverSideApply(kc, crd as KubernetesObject, FIELD_MANAGER);
+  const deadline = Date.now() + 60_000;
   const waitFor = (what: string, ready: () => Promise<boolean>) =>
     eventually(what, ready, Math.max(0, deadline - Date.now()));
   for (const crd of crds) {
@@ -89,8 +75,8 @@ export async function applyCRDs(
 }
 
 /** Installs the project's own CRDs (manifests/crds/) with {@link applyCRDs}. */
-export function installCRDs(kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> {
-  return applyCRDs(kc, loadCRDs(), timeoutMs);
+export function installCRDs(kc: KubeConfig): Promise<string[]> {
+  return applyCRDs(kc, loadCRDs());
 }
 
 /** Third-party CRD files and the pinned module they come from. */
@@ -154,15 +140,16 @@ export async function loadThirdPartyCRDs(
  * Established and serving lists).
  * @param sources which files of which modules (default {@link THIRD_PARTY_CRDS}).
  * @returns the CRD names installed.
- * @throws Error when the API server rejects one or it is not ready in `timeoutMs`.
+ * @throws Error when the API server rejects one or it is not ready in a minute.
  */
 export async function installThirdPartyCRDs(
   kc: KubeConfig,
-  timeoutMs = 60_000,
   sources: readonly CrdSource[] = THIRD_PARTY_CRDS,
 ): Promise<string[]> {
-  const crds = (await loadThirdPartyCRDs(sources)).map((c) => c.crd);
-  return applyCRDs(kc, crds, timeoutMs);
+  return applyCRDs(
+    kc,
+    (await loadThirdPartyCRDs(sources)).map((c) => c.crd),
+  );
 }
 
 /**
@@ -188,5 +175,4 @@ export const EVENTING_CRDS: readonly CrdSource[] = [
  * installing {@link THIRD_PARTY_CRDS} (and a concurrent call): both apply the same files with the
  * same field manager, so the CRDs they share come out unchanged.
  */
-export const installEventingCRDs = (kc: KubeConfig, timeoutMs = 60_000): Promise<string[]> =>
-  installThirdPartyCRDs(kc, timeoutMs, EVENTING_CRDS);
+export const installEventingCRDs = (kc: KubeConfig): Promise<string[]> => installThirdPartyCRDs(kc, EVENTING_CRDS);

@@ -65,11 +65,10 @@ export interface LeafOptions {
   /** Subject alternative names for serving certificates, e.g. `['IP:127.0.0.1', 'DNS:localhost']`. */
   sans?: readonly string[];
   usage: 'client' | 'server';
-  days?: number;
 }
 
 /**
- * Creates a leaf certificate (ECDSA P-256) signed by `ca`.
+ * Creates a leaf certificate (ECDSA P-256, one year) signed by `ca`.
  * @returns paths of the new certificate and key.
  * @throws Error from openssl.
  */
@@ -100,7 +99,7 @@ export async function createLeaf(opts: LeafOptions): Promise<CertPair> {
     '-set_serial',
     `0x${randomBytes(16).toString('hex')}`,
     '-days',
-    String(opts.days ?? 365),
+    '365',
     '-extfile',
     ext,
     '-out',

@@ -3,9 +3,10 @@
  * tool set `knative` of scripts/tools/registry.ts), and a helper that runs it against a
  * kubeconfig so tests see the CloudEvents a real cluster would send.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { KubernetesObjectApi, type KubeConfig } from '@kubernetes/client-node';
 import { freePort } from '../controlplane/controlplane.ts';
+import { onLines, stopProcess } from '../lib/process.ts';
 import { ensureTool } from '../tools/build.ts';
 
 /**
@@ -112,13 +113,10 @@ export interface AdapterOptions {
   namespace?: string;
   /** Receives each adapter log line (JSON, from zap). */
   onLog?: (line: string) => void;
-  /** Time to wait for the adapter to start its watches, in ms (default 60 000). */
-  timeoutMs?: number;
 }
 
 /** A running adapter. */
 export interface RunningAdapter {
-  process: ChildProcess;
   /** Every log line so far. */
   logs: string[];
   /** SIGTERM, then SIGKILL after 5 s; resolves when it exited. Idempotent. */
@@ -161,7 +159,7 @@ export function adapterEnv(opts: AdapterOptions, profilingPort: number): NodeJS.
  *   than expect the very first change to be seen.
  * - Leader election is off (the adapter only enables it when told to).
  * @returns the running adapter; call `stop()` when done.
- * @throws Error with the adapter's last log lines when it exits or does not start in time.
+ * @throws Error with the adapter's last log lines when it exits or does not start within 60 s.
  */
 export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise<RunningAdapter> {
   const bin = await ensureApiServerSourceAdapter();
@@ -170,30 +168,17 @@ export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise
   const logs: string[] = [];
   let started!: () => void;
   const startedP = new Promise<void>((r) => (started = r));
-  const onData = (() => {
-    let partial = '';
-    return (d: Buffer) => {
-      const lines = (partial + d.toString()).split('\n');
-      partial = lines.pop() ?? '';
-      for (const l of lines) {
-        logs.push(l);
-        opts.onLog?.(l);
-        if (l.includes('STARTING -- ')) started();
-      }
-    };
-  })();
-  child.stdout.on('data', onData);
-  child.stderr.on('data', onData);
-  const exited = new Promise<void>((r) => child.once('exit', () => r()));
-  const stop = async () => {
-    if (child.exitCode !== null || child.signalCode !== null) return;
-    child.kill('SIGTERM');
-    const t = setTimeout(() => child.kill('SIGKILL'), 5000);
-    await exited;
-    clearTimeout(t);
+  const onLine = (l: string) => {
+    logs.push(l);
+    opts.onLog?.(l);
+    if (l.includes('STARTING -- ')) started();
   };
+  onLines(child.stdout, onLine);
+  onLines(child.stderr, onLine);
+  const exited = new Promise<void>((r) => child.once('exit', () => r()));
+  const stop = () => stopProcess(child, 5000);
   process.once('exit', () => child.kill('SIGKILL'));
-  const timeoutMs = opts.timeoutMs ?? 60_000;
+  const timeoutMs = 60_000;
   let timer: NodeJS.Timeout | undefined;
   const outcome = await Promise.race([
     startedP.then(() => 'started' as const),
@@ -207,5 +192,5 @@ export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise
       `apiserver_receive_adapter ${outcome === 'exited' ? `exited (${child.exitCode ?? child.signalCode})` : `did not start in ${timeoutMs} ms`}:\n${logs.slice(-20).join('\n')}`,
     );
   }
-  return { process: child, logs, stop };
+  return { logs, stop };
 }

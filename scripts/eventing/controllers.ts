@@ -235,11 +235,10 @@ export function channelStatus(
   imc: KubernetesObject & { spec: { delivery?: Delivery } },
   ctx: StatusContext,
 ): Record<string, unknown> {
-  const url = channelAddress(ctx.addresses, imc.metadata!.namespace!, imc.metadata!.name!);
   const dls = imc.spec.delivery?.deadLetterSink;
   return {
     ...observed(imc),
-    address: { url },
+    address: { url: channelAddress(ctx.addresses, imc.metadata!.namespace!, imc.metadata!.name!) },
     ...(dls ? { deadLetterSinkUri: resolveDestination(dls, ctx.resolveRef) } : {}),
     conditions: readyConditions(CONDITIONS.InMemoryChannel, ctx.now),
   };

@@ -20,7 +20,6 @@ import {
   type KubeConfig,
   type KubernetesObject,
 } from '@kubernetes/client-node';
-import { isConflict } from '../../functions/lib/kube.ts';
 import { ensureEventingDataPlane, EVENTING_BINARIES, type EventingComponent } from './build.ts';
 import {
   brokerAddress,
@@ -48,12 +47,11 @@ import {
   type SpawnOptions,
 } from './processes.ts';
 import { relocate } from '../tools/kustomize.ts';
+import { createOnce, serverSideApply } from '../lib/kube.ts';
 import { sleep } from '../lib/wait.ts';
 
-export { ensureEventingDataPlane, type EventingComponent } from './build.ts';
-
 /** Where the data plane's ConfigMaps and leader-election Leases live, as in a real installation. */
-export const DEFAULT_SYSTEM_NAMESPACE = 'knative-eventing';
+export const SYSTEM_NAMESPACE = 'knative-eventing';
 /** The type of the event sent through the Broker to check the data plane is ready (no Trigger of the manifests matches it). */
 export const PROBE_EVENT_TYPE = 'io.captf.eventing-dataplane.probe';
 /** Field manager of the applied objects, and of the fields the stand-in controllers write. */
@@ -78,14 +76,10 @@ export interface EventingDataPlaneOptions {
   sinks: Readonly<Record<string, string>>;
   /** PingSource name → schedule written over the applied object (e.g. `*\/2 * * * * *`: seconds work, no webhook checks them). */
   schedules?: Readonly<Record<string, string>>;
-  /** Default `knative-eventing`; created with empty config-logging, config-observability, config-features when missing. */
-  systemNamespace?: string;
   /** Each process's log line as it comes (JSON from zap, mostly). */
   onLog?: (component: EventingComponent, line: string) => void;
   /** Build progress lines when the binaries are missing (default stderr). */
   onBuild?: (line: string) => void;
-  /** How long the processes may take to be ready, in ms (default 60 000). */
-  readyTimeoutMs?: number;
 }
 
 /** A running data plane. */
@@ -109,18 +103,14 @@ export interface EventingDataPlane {
 }
 
 /**
- * Moves the rendered eventing objects from `from` into `namespace` ({@link relocate}), and the
+ * Moves the rendered eventing objects from `captf-system` into `namespace` ({@link relocate}), and the
  * Trigger filters that name a PingSource's CloudEvent `source`
  * (`/apis/v1/namespaces/<ns>/pingsources/<name>`) along with them, since the source attribute
  * mtping sends names the namespace it runs in.
  */
-export function relocateEventing<T extends KubernetesObject>(
-  objects: readonly T[],
-  namespace: string,
-  from = 'captf-system',
-): T[] {
-  const prefix = `/apis/v1/namespaces/${from}/pingsources/`;
-  return relocate(objects, namespace, from).map((o) => {
+export function relocateEventing<T extends KubernetesObject>(objects: readonly T[], namespace: string): T[] {
+  const prefix = '/apis/v1/namespaces/captf-system/pingsources/';
+  return relocate(objects, namespace).map((o) => {
     const attrs = (o as { spec?: { filter?: { attributes?: Record<string, string> } } }).spec?.filter?.attributes;
     if (o.kind === 'Trigger' && attrs?.source?.startsWith(prefix))
       attrs.source = `/apis/v1/namespaces/${namespace}/pingsources/${attrs.source.slice(prefix.length)}`;
@@ -145,36 +135,21 @@ function refResolver(
   };
 }
 
-const ignoreExists = (err: unknown) => {
-  if (!isConflict(err)) throw err;
-};
-
 /** Creates a namespace unless it exists. */
-async function ensureNamespace(kc: KubeConfig, name: string): Promise<void> {
-  await kc
-    .makeApiClient(CoreV1Api)
-    .createNamespace({ body: { metadata: { name } } })
-    .catch(ignoreExists);
-}
+const ensureNamespace = (kc: KubeConfig, name: string): Promise<void> =>
+  createOnce(kc.makeApiClient(CoreV1Api).createNamespace({ body: { metadata: { name } } }));
 
 /** Creates the system namespace and its three ConfigMaps when missing (empty data: upstream defaults). */
 async function ensureSystemNamespace(kc: KubeConfig, namespace: string): Promise<void> {
   await ensureNamespace(kc, namespace);
   const core = kc.makeApiClient(CoreV1Api);
   for (const name of ['config-logging', 'config-observability', 'config-features'])
-    await core.createNamespacedConfigMap({ namespace, body: { metadata: { name } } }).catch(ignoreExists);
+    await createOnce(core.createNamespacedConfigMap({ namespace, body: { metadata: { name } } }));
 }
 
-/** Server-side apply (forced) of one object; returns it as stored. */
-async function apply<T extends KubernetesObject>(kc: KubeConfig, obj: T): Promise<T> {
-  const api = KubernetesObjectApi.makeApiClient(kc);
-  const what = `${obj.kind} ${obj.metadata?.namespace}/${obj.metadata?.name}`;
-  return (await api
-    .patch(obj, undefined, undefined, MANAGERS.apply, true, PatchStrategy.ServerSideApply)
-    .catch((err: { body?: string; message: string }) => {
-      throw new Error(`applying ${what}: ${err.body ?? err.message}`, { cause: err });
-    })) as T;
-}
+/** {@link serverSideApply} as the data plane's field manager. */
+const apply = <T extends KubernetesObject>(kc: KubeConfig, obj: T): Promise<T> =>
+  serverSideApply(kc, obj, MANAGERS.apply);
 
 /** Writes `status` through the status subresource (server-side apply by the stand-in's field manager). */
 async function writeStatus(kc: KubeConfig, obj: KubernetesObject, status: Record<string, unknown>): Promise<void> {
@@ -310,22 +285,20 @@ class Processes {
 
 /**
  * Starts Knative Eventing's broker data plane against a cluster (see the file comment): builds
- * the binaries when missing, creates the system namespace and its ConfigMaps (and the target
- * namespace) when missing, applies the
- * Broker, Triggers and PingSources of `objects` (server-side apply) and the Broker's
+ * the binaries and creates the system namespace, its ConfigMaps and the target namespace when
+ * missing, applies the Broker, Triggers and PingSources of `objects` and the Broker's
  * InMemoryChannel, writes every field the eventing controllers would, starts the ingress,
  * filter, dispatcher and mtping on free ports, and resolves once the Broker accepts events.
- * Needs the Eventing CRDs (scripts/eventing/adapter.ts installEventingCRDs).
+ * Needs the Eventing CRDs (scripts/controlplane/crds.ts installEventingCRDs).
  * @returns the running data plane; call `stop()` when done.
  * @throws Error when there is not exactly one Broker, a ref cannot be resolved (a Knative
  *   Service missing from `sinks`), the API server rejects an object, a port is taken, a
- *   process exits, or the Broker does not accept a probe event within `readyTimeoutMs`. The
+ *   process exits, or the Broker does not accept a probe event within 60 s. The
  *   processes started so far are stopped first.
  */
 export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Promise<EventingDataPlane> {
   const bins = await ensureEventingDataPlane(opts.onBuild);
-  const systemNamespace = opts.systemNamespace ?? DEFAULT_SYSTEM_NAMESPACE;
-  await ensureSystemNamespace(opts.kc, systemNamespace);
+  await ensureSystemNamespace(opts.kc, SYSTEM_NAMESPACE);
   const ports = await choosePorts();
   const local = (p: number) => `http://127.0.0.1:${p}`;
   const addresses = {
@@ -335,11 +308,8 @@ export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Pr
   };
   const applied = await applyAndWire(opts, addresses);
   const brokerUrl = brokerAddress(addresses, applied.broker);
-  const env: EnvContext = { kubeconfigPath: opts.kubeconfigPath, systemNamespace, ports };
-  const procs = new Processes(
-    { bins, env, onLog: opts.onLog },
-    { brokerUrl, timeoutMs: opts.readyTimeoutMs ?? 60_000 },
-  );
+  const env: EnvContext = { kubeconfigPath: opts.kubeconfigPath, systemNamespace: SYSTEM_NAMESPACE, ports };
+  const procs = new Processes({ bins, env, onLog: opts.onLog }, { brokerUrl, timeoutMs: 60_000 });
   try {
     await procs.start(COMPONENTS);
   } catch (err) {

@@ -1,16 +1,13 @@
 /**
  * The four processes of Knative Eventing's broker data plane (scripts/eventing/build.ts builds
- * them; scripts/eventing/dataplane.ts wires them): their ports, environment, start, readiness, kill and
- * restart.
- *
- * Upstream binds every server to all interfaces (`:<port>`), and mtping's health-probe server
- * tries `:8080` (failing quietly when it is taken); nothing here can make them bind loopback
- * only. What can be guarded is: every port is chosen free on all interfaces, checked again just
- * before the start, and a process that logs `address already in use` fails the start with a
- * clear error.
+ * them; scripts/eventing/dataplane.ts wires them): their ports, environment, start, readiness,
+ * kill and restart. Upstream binds every interface, so each port is chosen free on all of them
+ * and checked again before the start, and a process that logs `address already in use` fails
+ * it (docs/eventing-dataplane.md "Ports, interfaces, several data planes").
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { connect, createServer } from 'node:net';
+import { freePort } from '../controlplane/controlplane.ts';
 import { isRunning, onLines, stopProcess } from '../lib/process.ts';
 import { IMC_PORT_ENV, type EventingBinaries, type EventingComponent } from './build.ts';
 import { sleep } from '../lib/wait.ts';
@@ -20,19 +17,6 @@ export interface DataPlanePorts {
   http: Record<Exclude<EventingComponent, 'mtping'>, number>;
   https: Record<Exclude<EventingComponent, 'mtping'>, number>;
   profiling: Record<EventingComponent, number>;
-}
-
-/** A port that is free on every interface (the processes bind all of them). */
-function freeAnyPort(): Promise<number> {
-  return new Promise((res, rej) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', rej);
-    srv.listen(0, () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? res(addr.port) : rej(new Error('no port'))));
-    });
-  });
 }
 
 /**
@@ -50,12 +34,12 @@ export function assertPortFree(port: number, what: string): Promise<void> {
   });
 }
 
-/** Ten distinct ports, each free on every interface. */
+/** Ten distinct ports, each free on every interface (the processes bind all of them). */
 export async function choosePorts(): Promise<DataPlanePorts> {
   const seen = new Set<number>();
   const next = async (): Promise<number> => {
     for (;;) {
-      const p = await freeAnyPort();
+      const p = await freePort(null);
       if (!seen.has(p)) return (seen.add(p), p);
     }
   };
@@ -82,25 +66,19 @@ export interface EnvContext {
 
 /** Environment variables only one component reads (upstream config/…/deployments/*.yaml). */
 function ownEnv(component: EventingComponent, { systemNamespace: ns, ports }: EnvContext): NodeJS.ProcessEnv {
-  const port = (c: Exclude<EventingComponent, 'mtping'>) => [String(ports.http[c]), String(ports.https[c])];
+  const { http, https } = ports;
   switch (component) {
-    case 'ingress': {
-      const [http, https] = port('ingress');
-      return { NAMESPACE: ns, INGRESS_PORT: http, INGRESS_PORT_HTTPS: https };
-    }
-    case 'filter': {
-      const [http, https] = port('filter');
-      return { NAMESPACE: ns, FILTER_PORT: http, FILTER_PORT_HTTPS: https };
-    }
-    case 'dispatcher': {
-      const [http, https] = port('dispatcher');
+    case 'ingress':
+      return { NAMESPACE: ns, INGRESS_PORT: String(http.ingress), INGRESS_PORT_HTTPS: String(https.ingress) };
+    case 'filter':
+      return { NAMESPACE: ns, FILTER_PORT: String(http.filter), FILTER_PORT_HTTPS: String(https.filter) };
+    case 'dispatcher':
       return {
         MAX_IDLE_CONNS: '1000',
         MAX_IDLE_CONNS_PER_HOST: '1000',
-        [IMC_PORT_ENV.http]: http,
-        [IMC_PORT_ENV.https]: https,
+        [IMC_PORT_ENV.http]: String(http.dispatcher),
+        [IMC_PORT_ENV.https]: String(https.dispatcher),
       };
-    }
     case 'mtping':
       // K_NO_SHUTDOWN_AFTER=59: exit at once on SIGTERM (upstream waits for the next minute
       // when the signal comes after second 55, so that no tick is lost during a rollout).

@@ -1,14 +1,7 @@
 /**
- * The production bundles (SPEC §13), built with esbuild so a cold start loads two files
- * instead of resolving hundreds of modules; `npm run build` (scripts/build.ts) and the bench
- * build them.
- * - `dist/main.mjs` — `node dist/main.mjs <admission|mirror-sync|identity-status>`
- *   (functions/main.ts). Code splitting puts each function in its own chunk
- *   (`dist/chunks/…`), loaded only when that function starts; the shared libraries
- *   (client-node, express, winston) sit in shared chunks.
- * - `dist/captf-runner.mjs` — `node dist/captf-runner.mjs -- <command…>` (functions/runner).
- * ESM, Node 24 target, minified syntax and whitespace (names kept for stack traces), with
- * linked source maps (`node --enable-source-maps` uses them).
+ * The production bundles (SPEC §13), built with esbuild for `npm run build` and the bench:
+ * scripts/build.ts describes the files (`dist/main.mjs` with a chunk per function,
+ * `dist/captf-runner.mjs`) and how they are built.
  */
 import { rmSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import {
   AuthorizationV1Api,
   CoreV1Api,
-  KubeConfig,
+  type KubeConfig,
   KubernetesObjectApi,
   RbacAuthorizationV1Api,
   dumpYaml,
@@ -16,8 +16,10 @@ import {
   type V1PolicyRule,
 } from '@kubernetes/client-node';
 import { loadAll } from 'js-yaml';
+import { loadKubeConfig } from '../../functions/lib/kube.ts';
 import { DEFAULT_PREPARE_AUDIENCE } from '../../functions/mirror-sync/authorize.ts';
 import { REPO_ROOT } from '../tools/build.ts';
+import { createOnce } from './kube.ts';
 import { eventually } from './wait.ts';
 
 /**
@@ -25,19 +27,18 @@ import { eventually } from './wait.ts';
  * `kubectl create token <name> -n <namespace> [--audience <audience>]` does).
  * @param sa.audience the audience the token is bound to; default: the API server's own
  *   (such a token is refused by mirror-sync's prepare, whose audience is `captf-mirror-sync`).
- * @param sa.expirationSeconds token lifetime (default 3600, the API's minimum is 600).
- * @returns the token (a JWT; never print it).
+ * @returns the token (a JWT valid for an hour; never print it).
  * @throws the API error when the ServiceAccount does not exist or the request is refused.
  */
 export async function serviceAccountToken(
   admin: KubeConfig,
-  sa: { namespace: string; name: string; audience?: string; expirationSeconds?: number },
+  sa: { namespace: string; name: string; audience?: string },
 ): Promise<string> {
-  const { namespace, name, audience, expirationSeconds = 3600 } = sa;
+  const { namespace, name, audience } = sa;
   const tr = await admin.makeApiClient(CoreV1Api).createNamespacedServiceAccountToken({
     name,
     namespace,
-    body: { spec: { audiences: audience ? [audience] : [], expirationSeconds } },
+    body: { spec: { audiences: audience ? [audience] : [], expirationSeconds: 3600 } },
   });
   const token = tr.status?.token;
   if (!token) throw new Error(`TokenRequest for ${namespace}/${name} returned no token`);
@@ -45,18 +46,16 @@ export async function serviceAccountToken(
 }
 
 /**
- * Requests a token for ServiceAccount `namespace/name` ({@link serviceAccountToken}) and
- * writes a kubeconfig that uses it.
+ * Requests a token for ServiceAccount `namespace/name` ({@link serviceAccountToken}, for the
+ * API server's own audience) and writes a kubeconfig that uses it.
  * @param admin kubeconfig allowed to create `serviceaccounts/token`.
  * @param sa.dir folder for the kubeconfig (created).
- * @param sa.audience token audience (default: the API server's own, which a kubeconfig needs).
- * @param sa.expirationSeconds token lifetime (default 3600, the API's minimum is 600).
  * @returns the kubeconfig path and a loaded KubeConfig for it.
  * @throws the API error when the ServiceAccount does not exist or the request is refused.
  */
 export async function serviceAccountKubeConfig(
   admin: KubeConfig,
-  sa: { namespace: string; name: string; dir: string; audience?: string; expirationSeconds?: number },
+  sa: { namespace: string; name: string; dir: string },
 ): Promise<{ path: string; kc: KubeConfig }> {
   const { namespace, name, dir } = sa;
   const token = await serviceAccountToken(admin, sa);
@@ -81,18 +80,16 @@ export async function serviceAccountKubeConfig(
   mkdirSync(dir, { recursive: true });
   const path = join(dir, `sa-${namespace}-${name}.kubeconfig`);
   writeFileSync(path, dumpYaml(config), { mode: 0o600 });
-  const kc = new KubeConfig();
-  kc.loadFromFile(path);
-  return { path, kc };
+  return { path, kc: loadKubeConfig(path) };
 }
 
 const RBAC_KINDS = new Set(['ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'Role', 'RoleBinding']);
 
 /**
- * A copy of RBAC object `o` for one test: namespaced objects (and subjects in `opts.from`)
+ * A copy of RBAC object `o` for one test: namespaced objects (and subjects in `captf-system`)
  * moved to `opts.namespace`, cluster-scoped names (and role references) given `-<suffix>`.
  */
-function forTest(o: KubernetesObject, opts: { namespace: string; suffix: string; from: string }): KubernetesObject {
+function forTest(o: KubernetesObject, opts: { namespace: string; suffix: string }): KubernetesObject {
   const rename = (n: string) => `${n}-${opts.suffix}`;
   const c = structuredClone(o) as KubernetesObject & {
     roleRef?: { kind: string; name: string };
@@ -101,7 +98,7 @@ function forTest(o: KubernetesObject, opts: { namespace: string; suffix: string;
   if (c.kind === 'ClusterRole' || c.kind === 'ClusterRoleBinding') c.metadata!.name = rename(c.metadata!.name!);
   else c.metadata!.namespace = opts.namespace;
   if (c.roleRef?.kind === 'ClusterRole') c.roleRef.name = rename(c.roleRef.name);
-  for (const s of c.subjects ?? []) if (s.namespace === opts.from) s.namespace = opts.namespace;
+  for (const s of c.subjects ?? []) if (s.namespace === 'captf-system') s.namespace = opts.namespace;
   return c;
 }
 
@@ -117,13 +114,12 @@ function forTest(o: KubernetesObject, opts: { namespace: string; suffix: string;
 export async function installRbac(
   admin: KubeConfig,
   objects: readonly KubernetesObject[],
-  opts: { namespace: string; suffix: string; from?: string },
+  opts: { namespace: string; suffix: string },
 ): Promise<{ objects: KubernetesObject[]; cleanup(): Promise<void> }> {
-  const from = opts.from ?? 'captf-system';
   const api = KubernetesObjectApi.makeApiClient(admin);
   const out: KubernetesObject[] = [];
   for (const o of objects) {
-    if (RBAC_KINDS.has(o.kind!)) out.push(await api.create(forTest(o, { ...opts, from })));
+    if (RBAC_KINDS.has(o.kind!)) out.push(await api.create(forTest(o, opts)));
   }
   return {
     objects: out,
@@ -180,11 +176,7 @@ export async function prepareCaller(
   const { namespace, name } = opts;
   const user = `system:serviceaccount:${namespace}:${name}`;
   const core = admin.makeApiClient(CoreV1Api);
-  await core
-    .createNamespacedServiceAccount({ namespace, body: { metadata: { name } } })
-    .catch((e: { code?: number }) => {
-      if (e.code !== 409) throw e;
-    });
+  await createOnce(core.createNamespacedServiceAccount({ namespace, body: { metadata: { name } } }));
   const rules = [...shippedPrepareRules(), ...(opts.extraRules ?? [])];
   const unbind = await bindClusterRole(admin, { name: `captf-prepare-${opts.suffix}`, rules, namespace, sa: name });
   await allowedToPrepare(admin, user, rules);

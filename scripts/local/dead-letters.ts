@@ -14,6 +14,7 @@
  * forms are read.
  */
 import { createServer, type IncomingHttpHeaders } from 'node:http';
+import { jsonObject } from './print.ts';
 
 /** What one dead letter says, for one printed line. */
 export interface DeadLetter {
@@ -29,16 +30,6 @@ export interface DeadLetter {
   destination?: string;
   /** The `error` field of the subscriber's JSON answer, when it had one (at most 200 characters). */
   error?: string;
-}
-
-/** `text` parsed as a JSON object, or undefined. */
-function jsonObject(text: string): Record<string, unknown> | undefined {
-  try {
-    const v: unknown = JSON.parse(text);
-    return typeof v === 'object' && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;
-  } catch {
-    return undefined;
-  }
 }
 
 const fromBase64 = (s: unknown): string => (typeof s === 'string' ? Buffer.from(s, 'base64').toString('utf8') : '');

@@ -30,7 +30,7 @@ export interface EventMessage {
  * (test/integration/start-events.test.ts compares it with a real tick, through the Broker).
  */
 export function pingMessage(name: string, namespace = 'captf-system'): EventMessage {
-  return toMessage(
+  const msg = HTTP.binary(
     new CloudEvent<unknown>({
       specversion: '1.0',
       type: PING_EVENT_TYPE,
@@ -39,14 +39,9 @@ export function pingMessage(name: string, namespace = 'captf-system'): EventMess
       datacontenttype: 'application/json',
       data: {},
     }),
-    namespace,
   );
-}
-
-function toMessage(ev: CloudEvent<unknown>, knNamespace: string): EventMessage {
-  const msg = HTTP.binary(ev);
   return {
-    headers: { ...(msg.headers as Record<string, string>), 'kn-namespace': knNamespace },
+    headers: { ...(msg.headers as Record<string, string>), 'kn-namespace': namespace },
     body: typeof msg.body === 'string' ? msg.body : JSON.stringify(msg.body),
   };
 }

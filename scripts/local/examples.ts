@@ -4,13 +4,8 @@
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import {
-  KubernetesObjectApi,
-  PatchStrategy,
-  loadAllYaml,
-  type KubeConfig,
-  type KubernetesObject,
-} from '@kubernetes/client-node';
+import { loadAllYaml, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { objectName, serverSideApply } from '../lib/kube.ts';
 import { REPO_ROOT } from '../tools/build.ts';
 
 /** The examples folder. */
@@ -31,30 +26,11 @@ export function loadExamples(dir = EXAMPLES_DIR): KubernetesObject[] {
  * @returns `Kind namespace/name` of each object applied.
  * @throws the first API error, naming the object.
  */
-export async function applyExamples(
-  kc: KubeConfig,
-  dir = EXAMPLES_DIR,
-  opts: { dryRun?: boolean } = {},
-): Promise<string[]> {
-  const api = KubernetesObjectApi.makeApiClient(kc);
+export async function applyExamples(kc: KubeConfig, dir = EXAMPLES_DIR): Promise<string[]> {
   const done: string[] = [];
   for (const obj of loadExamples(dir)) {
-    const what = `${obj.kind} ${obj.metadata?.namespace ? `${obj.metadata.namespace}/` : ''}${obj.metadata?.name}`;
-    try {
-      await api.patch(
-        obj,
-        undefined,
-        opts.dryRun ? 'All' : undefined,
-        'captf-examples',
-        true,
-        PatchStrategy.ServerSideApply,
-      );
-    } catch (err) {
-      throw new Error(`applying ${what}: ${(err as { body?: string }).body ?? (err as Error).message}`, {
-        cause: err,
-      });
-    }
-    done.push(what);
+    await serverSideApply(kc, obj, 'captf-examples');
+    done.push(objectName(obj));
   }
   return done;
 }

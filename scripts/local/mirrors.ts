@@ -59,9 +59,7 @@ export async function watchMirrors(
     else seen.set(key, view);
     if (listed) emit(describeMirrorChange(verb, view, before));
   };
-  informer.on('add', on('add'));
-  informer.on('update', on('update'));
-  informer.on('delete', on('delete'));
+  for (const verb of ['add', 'update', 'delete'] as const) informer.on(verb, on(verb));
   informer.on('error', (err: unknown) => {
     if (stopped) return;
     emit({ debug: true, component: 'mirror', subject: '', text: `watch failed (${describeError(err)}); restarting` });

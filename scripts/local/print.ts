@@ -42,8 +42,8 @@ const RESYNC_FIELDS = [
 /** The summary fields of identity-status's `refresh done` line, in print order. */
 const REFRESH_FIELDS = ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs'];
 
-/** `text` parsed when it is a JSON object; undefined for plain text (e.g. a crash message). */
-function jsonObject(text: string): Json | undefined {
+/** `text` parsed when it is a JSON object; undefined for plain text (e.g. a crash message) or other JSON. */
+export function jsonObject(text: string): Json | undefined {
   try {
     const parsed: unknown = JSON.parse(text);
     return typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed) ? (parsed as Json) : undefined;
@@ -75,14 +75,12 @@ function reviewed(component: string, j: Json): Printed {
 /** Any other line: warnings and errors are shown with their named fields, the rest is debug. */
 function otherLine(component: string, j: Json, { level, message }: { level: string; message: string }): Printed {
   const warn = level === 'warn' || level === 'error';
-  const extra = ['error', 'errors', 'object', 'identity', 'denial', 'reason']
-    .filter((k) => j[k] !== undefined)
-    .map((k) => `${k}=${str(j[k])}`);
+  const extra = summary(j, ['error', 'errors', 'object', 'identity', 'denial', 'reason'], ', ');
   return {
     debug: !warn,
     component,
     subject: '',
-    text: `${warn ? `${level}: ` : ''}${message}${extra.length ? ` (${extra.join(', ')})` : ''}`,
+    text: `${warn ? `${level}: ` : ''}${message}${extra && ` (${extra})`}`,
   };
 }
 
@@ -129,7 +127,6 @@ export class LogPrinter {
     const repeated = this.outcomes.get(key) === signature;
     if (outcome === 'gone') this.outcomes.delete(key);
     else this.outcomes.set(key, signature);
-    const subject = `${str(j.kind)} ${object}`;
     const detail = str(j.detail);
     let text: string;
     switch (outcome) {
@@ -145,15 +142,16 @@ export class LogPrinter {
       default:
         text = `${str(j.reason)}: ${detail}${j.retry ? ' (will retry)' : ''}`;
     }
-    return { debug: repeated && level !== 'warn', component, subject, text };
+    return { debug: repeated && level !== 'warn', component, subject: key, text };
   }
 }
 
-function summary(j: Json, keys: string[]): string {
+/** `key=value` of each of `keys` that `j` has, joined by `separator`. */
+function summary(j: Json, keys: string[], separator = ' '): string {
   return keys
     .filter((k) => j[k] !== undefined)
     .map((k) => `${k}=${str(j[k])}`)
-    .join(' ');
+    .join(separator);
 }
 
 /** What a mirror watch saw, for {@link describeMirrorChange}. */
@@ -310,13 +308,10 @@ function levelAndText(line: string): { level: string; text: string } {
   };
 }
 
-/** Prints a line unless it is debug and debug is off. */
-export function printer(
-  debug: boolean,
-  out: (l: string) => void = (l) => process.stdout.write(l + '\n'),
-): (p: Printed) => void {
+/** Prints a line to stdout unless it is debug and debug is off. */
+export function printer(debug: boolean): (p: Printed) => void {
   return (p) => {
     if (p.debug && !debug) return;
-    out(formatLine(p));
+    process.stdout.write(formatLine(p) + '\n');
   };
 }

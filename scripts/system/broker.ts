@@ -8,10 +8,10 @@
  * schedules an event itself.
  */
 import { CoreV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
-import { isConflict } from '../../functions/lib/kube.ts';
 import { EVENTING_BINARIES } from '../eventing/build.ts';
 import { startEventingDataPlane } from '../eventing/dataplane.ts';
 import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../eventing/adapter.ts';
+import { createOnce } from '../lib/kube.ts';
 import { sleep } from '../lib/wait.ts';
 import { startDeadLetterSink, type DeadLetter } from '../local/dead-letters.ts';
 import { pingMessage, waitForWatchCaches, watchPaths } from '../local/events.ts';
@@ -92,12 +92,9 @@ async function createNamespaceAsApplied(kc: KubeConfig, rendered: readonly Kuber
   const ns = rendered.find((o) => o.kind === 'Namespace' && o.metadata?.name === EVENTING_NAMESPACE);
   if (!ns) throw new Error(`the rendered manifests hold no Namespace ${EVENTING_NAMESPACE}`);
   const annotations = { ...ns.metadata!.annotations, [LAST_APPLIED]: `${JSON.stringify(ns)}\n` };
-  await kc
-    .makeApiClient(CoreV1Api)
-    .createNamespace({ body: { ...ns, metadata: { ...ns.metadata, annotations } } })
-    .catch((err: unknown) => {
-      if (!isConflict(err)) throw err;
-    });
+  await createOnce(
+    kc.makeApiClient(CoreV1Api).createNamespace({ body: { ...ns, metadata: { ...ns.metadata, annotations } } }),
+  );
 }
 
 /** What {@link startAdapter} needs. */

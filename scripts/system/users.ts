@@ -11,7 +11,7 @@ import {
   type KubernetesObject,
   type V1ClusterRoleBinding,
 } from '@kubernetes/client-node';
-import { isConflict } from '../../functions/lib/kube.ts';
+import { createOnce } from '../lib/kube.ts';
 import type { ControlPlane } from '../controlplane/controlplane.ts';
 import type { FunctionName } from './functions.ts';
 
@@ -34,13 +34,6 @@ const SERVICE_ACCOUNTS: Record<Actor, string> = {
   'event-source': 'captf-event-sources',
 };
 
-/** Creates `o` unless it exists. @throws the API error for anything but a conflict. */
-async function createOnce(objects: KubernetesObjectApi, o: KubernetesObject): Promise<void> {
-  await objects.create(o).catch((err: unknown) => {
-    if (!isConflict(err)) throw err;
-  });
-}
-
 /**
  * Each actor as its own user, bound to the ClusterRoles the rendered manifests bind to its
  * ServiceAccount.
@@ -61,14 +54,16 @@ export async function serviceAccountUsers(
       if (!b.subjects?.some((s) => s.kind === 'ServiceAccount' && s.name === SERVICE_ACCOUNTS[actor])) continue;
       const role = rendered.find((o) => o.kind === 'ClusterRole' && o.metadata?.name === b.roleRef.name);
       if (!role) throw new Error(`the rendered manifests bind ${actor} to missing ClusterRole ${b.roleRef.name}`);
-      await createOnce(objects, { ...role, metadata: { name: role.metadata!.name } });
-      await createOnce(objects, {
-        apiVersion: 'rbac.authorization.k8s.io/v1',
-        kind: 'ClusterRoleBinding',
-        metadata: { name: `${b.metadata!.name}-${actor}-user` },
-        roleRef: b.roleRef,
-        subjects: [{ kind: 'User', apiGroup: 'rbac.authorization.k8s.io', name: username }],
-      } as KubernetesObject);
+      await createOnce(objects.create({ ...role, metadata: { name: role.metadata!.name } }));
+      await createOnce(
+        objects.create({
+          apiVersion: 'rbac.authorization.k8s.io/v1',
+          kind: 'ClusterRoleBinding',
+          metadata: { name: `${b.metadata!.name}-${actor}-user` },
+          roleRef: b.roleRef,
+          subjects: [{ kind: 'User', apiGroup: 'rbac.authorization.k8s.io', name: username }],
+        } as KubernetesObject),
+      );
     }
     kubeconfigs[actor] = await cp.userKubeConfig(username);
   }
@@ -99,6 +94,6 @@ export async function installPrepareCaller(
     kind: 'ServiceAccount',
     metadata: { name: subject.name, namespace: subject.namespace },
   };
-  for (const o of [...rbac, sa]) await createOnce(objects, o);
+  for (const o of [...rbac, sa]) await createOnce(objects.create(o));
   return { namespace: subject.namespace, name: subject.name };
 }

@@ -28,7 +28,6 @@ const GO_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go');
 
 /** Paths of the control-plane binaries; `kubeControllerManager` is absent with envtest assets. */
 export interface ControlPlaneBinaries {
-  binDir: string;
   etcd: string;
   kubeApiserver: string;
   kubeControllerManager?: string | undefined;
@@ -71,10 +70,11 @@ export function cacheDir(set: ToolSet): string {
 /** Names of the binaries a tool set builds, in registry order. */
 const toolBinaries = (set: ToolSet): string[] => TOOLS[set].flatMap((t) => Object.keys(t.binaries));
 
+/** Runs a command; resolves with its stdout (`onLines`: how many stderr lines a chunk completed). */
 function run(
   cmd: string,
   args: string[],
-  opts: { cwd: string; env?: NodeJS.ProcessEnv; onLine?: (l: string) => void },
+  opts: { cwd: string; env?: NodeJS.ProcessEnv; onLines?: (n: number) => void },
 ): Promise<string> {
   return new Promise((resolvePromise, reject) => {
     const child = spawn(cmd, args, {
@@ -84,16 +84,11 @@ function run(
     });
     let out = '';
     let err = '';
-    let partial = '';
     child.stdout.on('data', (d: Buffer) => (out += d.toString()));
     child.stderr.on('data', (d: Buffer) => {
-      const text = partial + d.toString();
-      const lines = text.split('\n');
-      partial = lines.pop() ?? '';
-      for (const l of lines) {
-        err += l + '\n';
-        opts.onLine?.(l);
-      }
+      const text = d.toString();
+      err += text;
+      opts.onLines?.(text.split('\n').length - 1);
     });
     child.on('error', reject);
     child.on('close', (code) => {
@@ -101,7 +96,7 @@ function run(
       else
         reject(
           new Error(
-            `${cmd} ${args.join(' ')} (in ${opts.cwd}) exited ${code}:\n${(err + partial).split('\n').slice(-40).join('\n')}`,
+            `${cmd} ${args.join(' ')} (in ${opts.cwd}) exited ${code}:\n${err.split('\n').slice(-40).join('\n')}`,
           ),
         );
     });
@@ -226,7 +221,7 @@ async function buildTool(
     for (const [name, pkg] of Object.entries(tool.binaries)) {
       log(`[build] ${tool.module}: compiling ${pkg}`);
       const out = join(tmpBin, name);
-      await run('go', ['build', ...flags, '-o', out, pkg], { cwd, env: goEnv, onLine: () => compiled++ });
+      await run('go', ['build', ...flags, '-o', out, pkg], { cwd, env: goEnv, onLines: (n) => (compiled += n) });
     }
   } finally {
     clearInterval(tick);
@@ -333,7 +328,6 @@ export async function ensureControlPlaneBinaries(log?: (line: string) => void): 
   for (const p of [etcd!, kubeApiserver!])
     if (!existsSync(p)) throw new Error(`KUBEBUILDER_ASSETS=${assets} has no ${p}`);
   return {
-    binDir,
     etcd: etcd!,
     kubeApiserver: kubeApiserver!,
     kubeControllerManager: existsSync(kcm!) ? kcm : undefined,

@@ -68,15 +68,11 @@ export const CLUSTER_SCOPED_KINDS: ReadonlySet<string> = new Set([
  * own namespace): namespaced objects' `metadata.namespace`, binding subjects, the webhook's
  * service reference and the cainjector annotation. Returns new objects; the input is unchanged.
  */
-export function relocate<T extends KubernetesObject>(
-  objects: readonly T[],
-  namespace: string,
-  from = 'captf-system',
-): T[] {
+export function relocate<T extends KubernetesObject>(objects: readonly T[], namespace: string): T[] {
   return objects.map((o) => {
     const c = structuredClone(o) as Relocatable & T;
     if (!CLUSTER_SCOPED_KINDS.has(c.kind!) && c.metadata) c.metadata.namespace = namespace;
-    relocateReferences(c, { from, to: namespace });
+    relocateReferences(c, { from: 'captf-system', to: namespace });
     return c;
   });
 }
@@ -87,22 +83,17 @@ type Relocatable = KubernetesObject & {
   webhooks?: { clientConfig?: { service?: { namespace?: string } } }[];
 };
 
-/** Points `c`'s binding subjects, webhook services and cainjector annotation in `from` at `to` (in place). */
+/**
+ * Points `c`'s binding subjects, webhook services and cert-manager's `inject-ca-from`
+ * annotation (`<namespace>/<certificate>`) in `from` at `to` (in place).
+ */
 function relocateReferences(c: Relocatable, { from, to }: { from: string; to: string }): void {
   const move = (ref: { namespace?: string } | undefined) => {
     if (ref?.namespace === from) ref.namespace = to;
   };
   for (const s of c.subjects ?? []) move(s);
   for (const w of c.webhooks ?? []) move(w.clientConfig?.service);
-  relocateCaInjection(c.metadata?.annotations, { from, to });
-}
-
-/** cert-manager's `inject-ca-from` annotation (`<namespace>/<certificate>`) from `from` to `to`. */
-function relocateCaInjection(
-  ann: Record<string, string> | undefined,
-  { from, to }: { from: string; to: string },
-): void {
+  const ann = c.metadata?.annotations;
   const key = 'cert-manager.io/inject-ca-from';
-  const value = ann?.[key];
-  if (ann && value?.startsWith(`${from}/`)) ann[key] = value.replace(`${from}/`, `${to}/`);
+  if (ann?.[key]?.startsWith(`${from}/`)) ann[key] = ann[key].replace(`${from}/`, `${to}/`);
 }

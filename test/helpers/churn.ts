@@ -87,7 +87,8 @@ export async function startChaosProxy(target: string, seed: number, rates: Chaos
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
       last = performance.now();
-      const id = String(req.headers['ce-id'] ?? '');
+      const header = (name: string) => String(req.headers[name] ?? '');
+      const id = header('ce-id');
       const attempt = (attempts.get(id) ?? 0) + 1;
       attempts.set(id, attempt);
       const r = hashed(seed, `${id}#${attempt}`);
@@ -99,12 +100,7 @@ export async function startChaosProxy(target: string, seed: number, rates: Chaos
             : r < rates.drop + rates.duplicate + rates.delay
               ? 'delayed'
               : 'forwarded';
-      records.push({
-        at: last,
-        type: String(req.headers['ce-type'] ?? ''),
-        subject: String(req.headers['ce-subject'] ?? ''),
-        fate,
-      });
+      records.push({ at: last, type: header('ce-type'), subject: header('ce-subject'), fate });
       const body = Buffer.concat(chunks);
       const meta = { method: req.method ?? 'POST', url: req.url ?? '/', headers: req.headers };
       const go = async (): Promise<number> => {

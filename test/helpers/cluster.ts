@@ -6,8 +6,7 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after } from 'node:test';
-import { KubeConfig } from '@kubernetes/client-node';
-import { makeClients, type Clients } from '../../functions/lib/kube.ts';
+import { loadKubeConfig, makeClients, type Clients } from '../../functions/lib/kube.ts';
 import { clusterLeaks, outputLeaks, plantSentinels } from './leaks.ts';
 import { userKubeConfig } from '../../scripts/controlplane/controlplane.ts';
 
@@ -20,9 +19,7 @@ export function controlPlaneDir(): string {
 
 /** Admin (system:masters) clients; every Secret they create carries a planted value (leaks.ts). */
 export function admin(): Clients {
-  const kc = new KubeConfig();
-  kc.loadFromFile(`${controlPlaneDir()}/admin.kubeconfig`);
-  return plantSentinels(makeClients(kc));
+  return plantSentinels(makeClients(loadKubeConfig(`${controlPlaneDir()}/admin.kubeconfig`)));
 }
 
 /** Clients for a freshly minted client-certificate user. */
@@ -31,9 +28,7 @@ export async function asUser(
   groups: readonly string[] = [],
 ): Promise<Clients & { kubeconfigPath: string }> {
   const kubeconfigPath = await userKubeConfig(controlPlaneDir(), name, groups);
-  const kc = new KubeConfig();
-  kc.loadFromFile(kubeconfigPath);
-  return { ...plantSentinels(makeClients(kc)), kubeconfigPath };
+  return { ...plantSentinels(makeClients(loadKubeConfig(kubeconfigPath))), kubeconfigPath };
 }
 
 /** A short random suffix for names unique to this run. */

@@ -4,6 +4,7 @@
  * `application/json` data), for driving functions over HTTP in tests.
  */
 import { randomUUID } from 'node:crypto';
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { CloudEvent, HTTP } from 'cloudevents';
 
 /** An object as far as events need it. */
@@ -33,15 +34,9 @@ export function apiServerEvent(
   verb: 'add' | 'update' | 'delete',
   plural: string,
 ): CloudEvent<unknown> {
+  const ns = obj.metadata.namespace ? { namespace: obj.metadata.namespace } : {};
   const data =
-    mode === 'resource'
-      ? obj
-      : {
-          apiVersion: obj.apiVersion,
-          kind: obj.kind,
-          name: obj.metadata.name,
-          ...(obj.metadata.namespace ? { namespace: obj.metadata.namespace } : {}),
-        };
+    mode === 'resource' ? obj : { apiVersion: obj.apiVersion, kind: obj.kind, name: obj.metadata.name, ...ns };
   return new CloudEvent<unknown>({
     specversion: '1.0',
     id: randomUUID(),
@@ -52,7 +47,7 @@ export function apiServerEvent(
     data,
     kind: obj.kind,
     name: obj.metadata.name,
-    ...(obj.metadata.namespace ? { namespace: obj.metadata.namespace } : {}),
+    ...ns,
     apiversion: obj.apiVersion,
   });
 }
@@ -104,28 +99,19 @@ export async function postEvents(
 
 /** One request a {@link startSink} received. */
 export interface ReceivedEvent {
-  headers: import('node:http').IncomingHttpHeaders;
+  headers: IncomingHttpHeaders;
   body: string;
 }
 
-/**
- * A local CloudEvents sink (a stand-in for a Broker or `K_SINK`) that records every request
- * and answers each with the next status of `statuses` (then 202).
- * @param opts.hold delays every answer until it resolves (to observe in-flight deliveries).
- */
-export async function startSink(
-  statuses: number[] = [],
-  opts: { hold?: Promise<void> } = {},
-): Promise<{ url: string; received: ReceivedEvent[]; server: import('node:http').Server }> {
-  const { createServer } = await import('node:http');
+/** A local CloudEvents sink (a stand-in for a Broker or `K_SINK`) that records every request and answers 202. */
+export async function startSink(): Promise<{ url: string; received: ReceivedEvent[]; server: Server }> {
   const received: ReceivedEvent[] = [];
   const server = createServer((req, res) => {
     let body = '';
     req.on('data', (d: Buffer) => (body += d.toString()));
-    req.on('end', async () => {
+    req.on('end', () => {
       received.push({ headers: req.headers, body });
-      await opts.hold;
-      res.writeHead(statuses.shift() ?? 202).end();
+      res.writeHead(202).end();
     });
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));

@@ -8,7 +8,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { createServer, request } from 'node:https';
 import { join } from 'node:path';
-import { KubeConfig } from '@kubernetes/client-node';
+import { loadKubeConfig } from '../../functions/lib/kube.ts';
 import { createLeaf } from '../../scripts/controlplane/pki.ts';
 import { admin, controlPlaneDir, suffix } from './cluster.ts';
 
@@ -39,9 +39,8 @@ export async function startFaultProxy(
   opts: { kubeconfigPath?: string } = {},
 ): Promise<FaultProxy> {
   const a = admin();
-  const as = new KubeConfig();
-  as.loadFromFile(opts.kubeconfigPath ?? join(controlPlaneDir(), 'admin.kubeconfig'));
   const dir = controlPlaneDir();
+  const asPath = opts.kubeconfigPath ?? join(dir, 'admin.kubeconfig');
   const pki = join(dir, 'pki');
   const leaf = await createLeaf({
     ca: { cert: join(pki, 'ca.crt'), key: join(pki, 'ca.key') },
@@ -52,7 +51,7 @@ export async function startFaultProxy(
     usage: 'server',
   });
   const target = new URL(a.kc.getCurrentCluster()!.server);
-  const user = as.getCurrentUser()!;
+  const user = loadKubeConfig(asPath).getCurrentUser()!;
   const tls = {
     cert: Buffer.from(user.certData!, 'base64'),
     key: Buffer.from(user.keyData!, 'base64'),
@@ -95,7 +94,7 @@ export async function startFaultProxy(
     req.pipe(up);
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  const text = readFileSync(opts.kubeconfigPath ?? join(dir, 'admin.kubeconfig'), 'utf8').replace(
+  const text = readFileSync(asPath, 'utf8').replace(
     target.origin,
     `https://127.0.0.1:${(server.address() as { port: number }).port}`,
   );

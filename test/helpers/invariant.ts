@@ -114,12 +114,7 @@ async function readNamespaceState(a: Clients, ns: string): Promise<NamespaceStat
   const nsObj = await ignoreNotFound(a.core.readNamespace({ name: ns }));
   const consumers: Consumer[] = [];
   for (const k of DEFAULT_CONSUMER_KINDS) {
-    const list = (await a.custom.listNamespacedCustomObject({
-      group: k.group,
-      version: k.version,
-      plural: k.plural,
-      namespace: ns,
-    })) as { items: Consumer[] };
+    const list = (await a.custom.listNamespacedCustomObject({ ...k, namespace: ns })) as { items: Consumer[] };
     consumers.push(...list.items.map((c) => ({ ...c, kind: k.kind })));
   }
   const secrets = (await a.core.listNamespacedSecret({ namespace: ns })).items;

@@ -61,45 +61,34 @@ export function plantSentinels<T extends Clients>(clients: T): T {
   return clients;
 }
 
+/** The JSON of a list's items (or of only their statuses); '' when the list fails. */
+const listed = (list: Promise<unknown>, statusesOnly = false): Promise<string> =>
+  list.then(
+    (l) => {
+      const items = (l as { items: { status?: unknown }[] }).items;
+      return JSON.stringify(statusesOnly ? items.map((i) => i.status) : items);
+    },
+    () => '',
+  );
+const GROUP_VERSION = { group: 'infrastructure.cluster.x-k8s.io', version: 'v1beta2' };
+
 /** Findings in the Events, consumers' conditions and identities' statuses of `namespaces` on the API server. */
 export async function clusterLeaks(a: Clients, namespaces: readonly string[]): Promise<string[]> {
   const found: string[] = [];
   for (const namespace of namespaces) {
     const texts = await Promise.all([
-      a.core.listNamespacedEvent({ namespace }).then(
-        (l) => JSON.stringify(l.items),
-        () => '',
-      ),
-      a.events.listNamespacedEvent({ namespace }).then(
-        (l) => JSON.stringify(l.items),
-        () => '',
-      ),
+      listed(a.core.listNamespacedEvent({ namespace })),
+      listed(a.events.listNamespacedEvent({ namespace })),
       ...['terraformclusters', 'terraformmachines'].map((plural) =>
-        a.custom
-          .listNamespacedCustomObject({
-            group: 'infrastructure.cluster.x-k8s.io',
-            version: 'v1beta2',
-            plural,
-            namespace,
-          })
-          .then(
-            (l) => JSON.stringify((l as { items: { status?: unknown }[] }).items.map((i) => i.status)),
-            () => '',
-          ),
+        listed(a.custom.listNamespacedCustomObject({ ...GROUP_VERSION, plural, namespace }), true),
       ),
     ]);
     found.push(...findLeaks(texts.join('\n'), `Events and conditions in ${namespace}`));
   }
-  const identities = await a.custom
-    .listClusterCustomObject({
-      group: 'infrastructure.cluster.x-k8s.io',
-      version: 'v1beta2',
-      plural: 'terraformclusteridentities',
-    })
-    .then(
-      (l) => JSON.stringify((l as { items: { status?: unknown }[] }).items.map((i) => i.status)),
-      () => '',
-    );
+  const identities = await listed(
+    a.custom.listClusterCustomObject({ ...GROUP_VERSION, plural: 'terraformclusteridentities' }),
+    true,
+  );
   found.push(...findLeaks(identities, 'identity statuses'));
   return found;
 }

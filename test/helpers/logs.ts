@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { PassThrough } from 'node:stream';
 import { createLogger, type Logger } from '../../functions/lib/log.ts';
+import { onLines } from '../../scripts/lib/process.ts';
 import { scanLater } from './leaks.ts';
 
 /** A logger whose lines are kept in `lines` (raw JSON text) and `entries` (parsed). */
@@ -16,12 +17,7 @@ export function captureLogger(component: string): {
 } {
   const stream = new PassThrough();
   const lines: string[] = [];
-  let partial = '';
-  stream.on('data', (d: Buffer) => {
-    const parts = (partial + d.toString()).split('\n');
-    partial = parts.pop() ?? '';
-    lines.push(...parts.filter(Boolean));
-  });
+  onLines(stream, (l) => l && lines.push(l));
   const logger = createLogger(component, { stream, level: 'debug' });
   scanLater(`${component} log`, () => lines.join('\n'));
   return { logger, lines, entries: () => lines.map((l) => JSON.parse(l) as Record<string, unknown>) };

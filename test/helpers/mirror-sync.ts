@@ -14,7 +14,7 @@ import {
   type Consumer,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
-import { isNotFound, retryOnConflict, type Clients } from '../../functions/lib/kube.ts';
+import { ignoreNotFound, isNotFound, retryOnConflict, type Clients } from '../../functions/lib/kube.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { apiServerEvent, postEvents } from './events.ts';
 
@@ -23,6 +23,17 @@ export const PLURAL: Record<string, string> = {
   TerraformCluster: 'terraformclusters',
   TerraformMachine: 'terraformmachines',
 };
+
+/** The custom-object API's address of the identities. */
+const IDENTITIES = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
+
+/** The custom-object API's address of the consumers of `kind` in `namespace`. */
+const consumers = (namespace: string, kind: string) => ({
+  group: GROUP,
+  version: VERSION,
+  namespace,
+  plural: PLURAL[kind]!,
+});
 
 /** Creates (or replaces the spec of) an identity; returns it. */
 export async function putIdentity(
@@ -43,12 +54,7 @@ export async function putIdentity(
     return await retryOnConflict(() => replaceIdentity(a, name, body));
   } catch (err) {
     if (!isNotFound(err)) throw err;
-    return (await a.custom.createClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      body,
-    })) as TerraformClusterIdentity;
+    return (await a.custom.createClusterCustomObject({ ...IDENTITIES, body })) as TerraformClusterIdentity;
   }
 }
 
@@ -58,16 +64,9 @@ async function replaceIdentity(
   name: string,
   body: { metadata: Record<string, unknown> },
 ): Promise<TerraformClusterIdentity> {
-  const cur = (await a.custom.getClusterCustomObject({
-    group: GROUP,
-    version: VERSION,
-    plural: IDENTITY_PLURAL,
-    name,
-  })) as TerraformClusterIdentity;
+  const cur = (await a.custom.getClusterCustomObject({ ...IDENTITIES, name })) as TerraformClusterIdentity;
   return (await a.custom.replaceClusterCustomObject({
-    group: GROUP,
-    version: VERSION,
-    plural: IDENTITY_PLURAL,
+    ...IDENTITIES,
     name,
     body: { ...body, metadata: { ...body.metadata, resourceVersion: cur.metadata.resourceVersion } },
   })) as TerraformClusterIdentity;
@@ -75,11 +74,7 @@ async function replaceIdentity(
 
 /** Deletes an identity; ignores 404. */
 export async function deleteIdentity(a: Clients, name: string): Promise<void> {
-  await a.custom
-    .deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name })
-    .catch((e) => {
-      if (!isNotFound(e)) throw e;
-    });
+  await ignoreNotFound(a.custom.deleteClusterCustomObject({ ...IDENTITIES, name }));
 }
 
 /** Creates a consumer of `kind` in `namespace` referencing `identity` (or none). */
@@ -92,10 +87,7 @@ export async function createConsumer(
   extra: { finalizers?: string[] } = {},
 ): Promise<Consumer> {
   return (await a.custom.createNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    namespace,
-    plural: PLURAL[kind]!,
+    ...consumers(namespace, kind),
     body: {
       apiVersion: API_VERSION,
       kind,
@@ -112,13 +104,7 @@ export async function getConsumer(
   name: string,
   kind = 'TerraformCluster',
 ): Promise<Consumer> {
-  return (await a.custom.getNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    namespace,
-    plural: PLURAL[kind]!,
-    name,
-  })) as Consumer;
+  return (await a.custom.getNamespacedCustomObject({ ...consumers(namespace, kind), name })) as Consumer;
 }
 
 /** Deletes a consumer; ignores 404. */
@@ -128,22 +114,12 @@ export async function deleteConsumer(
   name: string,
   kind = 'TerraformCluster',
 ): Promise<void> {
-  await a.custom
-    .deleteNamespacedCustomObject({ group: GROUP, version: VERSION, namespace, plural: PLURAL[kind]!, name })
-    .catch((e) => {
-      if (!isNotFound(e)) throw e;
-    });
+  await ignoreNotFound(a.custom.deleteNamespacedCustomObject({ ...consumers(namespace, kind), name }));
 }
 
 /** The mirror of `identity` in `namespace`, or undefined. */
-export async function getMirror(a: Clients, namespace: string, identity: string): Promise<V1Secret | undefined> {
-  try {
-    return await a.core.readNamespacedSecret({ name: mirrorName(identity), namespace });
-  } catch (err) {
-    if (isNotFound(err)) return undefined;
-    throw err;
-  }
-}
+export const getMirror = (a: Clients, namespace: string, identity: string): Promise<V1Secret | undefined> =>
+  ignoreNotFound(a.core.readNamespacedSecret({ name: mirrorName(identity), namespace }));
 
 /** A condition of a consumer by type. */
 export function conditionOf(

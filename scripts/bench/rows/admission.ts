@@ -10,10 +10,9 @@ import { samplePeaks } from '../measure.ts';
 import type { Figure } from '../report.ts';
 import { summarize } from '../stats.ts';
 import { USERS } from '../../system/users.ts';
-import type { BenchSystem } from './context.ts';
+import type { BenchSystem, RowContext } from './context.ts';
 import { webhookConfiguration } from '../../system/webhook.ts';
 import { sleep } from '../../lib/wait.ts';
-import type { RowContext } from './context.ts';
 
 const WEBHOOKS = '/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations';
 const WEBHOOK = 'captf-bench-admission';
@@ -32,7 +31,7 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
  */
 export async function admissionRow(ctx: RowContext, requests: number): Promise<Figure[]> {
   const { sys } = ctx;
-  sys.events.fronts['mirror-sync'].setMode({ kind: 'drop' });
+  sys.events.fronts['mirror-sync'].mode = { kind: 'drop' };
   await putSourceSecret(sys.admin, 'bench-admission-creds', { token: 'admission' });
   await sys.admin.call(
     'POST',

@@ -63,7 +63,7 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
   // A mirrored consumer for mirror-sync's first reconcile.
   const ns = ctx.next('cold');
   await createNamespaces(sys.admin, [ns]);
-  sys.events.fronts['mirror-sync'].setMode({ kind: 'deliver', targets: [sys.functions['mirror-sync'].url] });
+  sys.events.fronts['mirror-sync'].mode = { kind: 'deliver', targets: [sys.functions['mirror-sync'].url] };
   await sys.admin.call(
     'POST',
     consumersPath('terraformmachines', ns),
@@ -79,7 +79,7 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
     if (Date.now() > deadline) throw new Error('the cold-start fixture consumer was never mirrored');
     await new Promise((r) => setTimeout(r, 200));
   }
-  sys.events.fronts['mirror-sync'].setMode({ kind: 'drop' });
+  sys.events.fronts['mirror-sync'].mode = { kind: 'drop' };
 
   const first: Record<FunctionName, (url: string) => Promise<number>> = {
     admission: (url) => postTls(`${url}/validate`, sys.webhookCaPem, review),

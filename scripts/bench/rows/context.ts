@@ -7,7 +7,7 @@ import type { ControlPlane } from '../../controlplane/controlplane.ts';
 import type { FunctionProcess } from '../../lib/process.ts';
 import type { FunctionName, RunningSystem } from '../../system/system.ts';
 import { USERS } from '../../system/users.ts';
-import type { BenchClient, KubeObject } from '../client.ts';
+import type { BenchClient } from '../client.ts';
 import { WatchedCollection } from '../collection.ts';
 import {
   consumersPath,
@@ -17,14 +17,12 @@ import {
   mirrorOf,
   spreadOver,
   type Consumer,
+  type Mirror,
 } from '../fixtures.ts';
 import { measureCpu, responseBytes, samplePeaks, type AuditLog, type Peaks, type RequestCounts } from '../measure.ts';
 import type { FrontCounts } from '../front.ts';
 import type { EventPaths } from '../paths.ts';
 import type { Figure } from '../report.ts';
-
-/** A mirror as the watch holds it. */
-export type Mirror = KubeObject & { data?: Record<string, string> };
 
 /** The running system as the rows see it (scripts/bench.ts), with the bench's own client and audit-log reader. */
 export interface BenchSystem extends RunningSystem {
@@ -126,7 +124,7 @@ async function prepareBurst(
   const { sys } = ctx;
   await createNamespaces(sys.admin, opts.namespaces);
   const targets = opts.targets ?? [sys.functions['mirror-sync']];
-  sys.events.fronts['mirror-sync'].setMode({ kind: 'deliver', targets: targets.map((t) => t.url) });
+  sys.events.fronts['mirror-sync'].mode = { kind: 'deliver', targets: targets.map((t) => t.url) };
   await sys.events.settled(Math.min(500, ctx.quietMs), ctx.timeoutMs);
   return new WatchedCollection<Consumer>(
     sys.admin,

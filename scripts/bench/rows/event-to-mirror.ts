@@ -21,7 +21,7 @@ export async function eventToMirrorRow(ctx: RowContext, samples: number, path: D
   const baseNs = ctx.next('bl');
   await createNamespaces(sys.admin, namespaces);
   await createNamespaces(sys.admin, [baseNs], {});
-  sys.events.fronts['mirror-sync'].setMode({ kind: 'deliver', targets: [sys.functions['mirror-sync'].url] });
+  sys.events.fronts['mirror-sync'].mode = { kind: 'deliver', targets: [sys.functions['mirror-sync'].url] };
   await sys.events.settled(Math.min(500, ctx.quietMs), ctx.timeoutMs);
   const times: number[] = [];
   const floor: number[] = [];

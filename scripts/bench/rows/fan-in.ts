@@ -72,18 +72,16 @@ async function createsBaseline(ctx: RowContext, n: number): Promise<{ ms: number
   return { ms, requestsPerObject: ctx.sys.audit.countFor('admin', mark).requests / n };
 }
 
-/** Sizes of the fan-in rows: fan-in at each of `fanIn`, spread at those ≥ 20, concurrent at `concurrent`. */
-export interface FanInSizes {
-  fanIn: readonly number[];
-  concurrent: number;
-}
-
 /**
- * Runs the fan-in row at each size, then the spread row, on the delivery path in use (`path`);
- * on `broker-async` also the concurrent fan-in row at `sizes.concurrent`.
+ * Runs the fan-in row at each of `sizes.fanIn`, then the spread row at those ≥ 20, on the
+ * delivery path in use (`path`); on `broker-async` also the concurrent fan-in row at `sizes.concurrent`.
  * @returns the figures. @throws Error when a burst does not converge within the timeout.
  */
-export async function fanInRows(ctx: RowContext, sizes: FanInSizes, path: DeliveryPath): Promise<Figure[]> {
+export async function fanInRows(
+  ctx: RowContext,
+  sizes: { fanIn: readonly number[]; concurrent: number },
+  path: DeliveryPath,
+): Promise<Figure[]> {
   const { sys } = ctx;
   const pids = { 'mirror-sync': sys.functions['mirror-sync'].pid };
   const figures: Figure[] = [];

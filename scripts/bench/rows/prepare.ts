@@ -6,7 +6,7 @@
  * Time per call beside one Secret create round trip interleaved call by call; mirror-sync's
  * API requests (and of them the reviews), from the audit log, beside the number of calls.
  */
-import { KubeConfig } from '@kubernetes/client-node';
+import { loadKubeConfig } from '../../../functions/lib/kube.ts';
 import { DEFAULT_PREPARE_AUDIENCE } from '../../../functions/mirror-sync/authorize.ts';
 import { prepareCaller, serviceAccountToken } from '../../lib/serviceaccount.ts';
 import { secretRoundTrip } from '../baselines.ts';
@@ -14,8 +14,7 @@ import { consumerBody, consumersPath, createNamespaces, GROUP_VERSION } from '..
 import type { RequestCounts } from '../measure.ts';
 import type { Figure } from '../report.ts';
 import { USERS } from '../../system/users.ts';
-import type { BenchSystem } from './context.ts';
-import type { RowContext } from './context.ts';
+import type { BenchSystem, RowContext } from './context.ts';
 import { BURST_IDENTITY } from './fan-in.ts';
 
 /** The namespace of the manager's ServiceAccount (the manifests bind the prepare role there). */
@@ -35,7 +34,7 @@ interface Phase {
 export async function prepareRow(ctx: RowContext, calls: number): Promise<Figure[]> {
   const { sys } = ctx;
   // Consumer events would land in the measured window: the front drops them (prepare reconciles itself).
-  sys.events.fronts['mirror-sync'].setMode({ kind: 'drop' });
+  sys.events.fronts['mirror-sync'].mode = { kind: 'drop' };
   const namespace = ctx.next('prep');
   const baseNs = ctx.next('bl');
   await createNamespaces(sys.admin, [namespace]);
@@ -45,12 +44,14 @@ export async function prepareRow(ctx: RowContext, calls: number): Promise<Figure
     consumersPath('terraformclusters', namespace),
     consumerBody('terraformclusters', 'c-0', BURST_IDENTITY),
   );
-  const kc = new KubeConfig();
-  kc.loadFromFile(sys.cp.kubeconfigPath);
-  const manager = await prepareCaller(kc, { namespace: MANAGER_NAMESPACE, name: ctx.next('manager'), suffix: 'bench' });
+  const kc = loadKubeConfig(sys.cp.kubeconfigPath);
+  const sa = { namespace: MANAGER_NAMESPACE, name: ctx.next('manager') };
+  const manager = await prepareCaller(kc, { ...sa, suffix: 'bench' });
   try {
+    // A new token of the manager's ServiceAccount for each uncached call.
     const fresh: string[] = [];
-    for (let i = 0; i < calls; i++) fresh.push(await mintToken(kc, manager.user));
+    const audience = DEFAULT_PREPARE_AUDIENCE;
+    for (let i = 0; i < calls; i++) fresh.push(await serviceAccountToken(kc, { ...sa, audience }));
     const body = JSON.stringify({ apiVersion: GROUP_VERSION, kind: 'TerraformCluster', namespace, name: 'c-0' });
     const call = (token: string) => timedPrepare(sys, body, token);
     await call(manager.token); // creates the mirror; the calls measured find it current
@@ -60,12 +61,6 @@ export async function prepareRow(ctx: RowContext, calls: number): Promise<Figure
   } finally {
     await manager.cleanup();
   }
-}
-
-/** Another token of the manager's ServiceAccount, for the prepare audience. */
-function mintToken(kc: KubeConfig, user: string): Promise<string> {
-  const name = user.split(':')[3]!;
-  return serviceAccountToken(kc, { namespace: MANAGER_NAMESPACE, name, audience: DEFAULT_PREPARE_AUDIENCE });
 }
 
 /** One prepare call, timed. @throws Error unless it answers 200. */

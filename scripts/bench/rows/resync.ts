@@ -91,7 +91,7 @@ export async function resyncRows(ctx: RowContext, sizes: readonly number[], figu
  */
 async function growTo(ctx: RowContext, namespaces: string[], size: number): Promise<void> {
   const { sys } = ctx;
-  sys.events.fronts['mirror-sync'].setMode({ kind: 'drop' });
+  sys.events.fronts['mirror-sync'].mode = { kind: 'drop' };
   const added = Array.from({ length: size / 10 - namespaces.length }, () => ctx.next('rs'));
   ctx.log(`resync: growing to ${size} consumers (${added.length} more namespaces)`);
   await createNamespaces(sys.admin, added, { 'captf-bench/resync': 'true' });
