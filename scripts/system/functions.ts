@@ -120,7 +120,8 @@ export interface StartFunctionOptions {
  * @throws Error with its last output lines when it exits or does not become healthy.
  */
 export async function startFunction(opts: StartFunctionOptions): Promise<FunctionProcess> {
-  const fn = await spawnFunction(opts);
+  // Generous: three functions and Knative's processes start at once, on two cores shared with tests.
+  const fn = await spawnFunction({ ...opts, listenTimeoutMs: 90_000 });
   try {
     await waitHealthy(fn, fn.scheme === 'https' ? opts.caPem : undefined);
   } catch (err) {
@@ -148,7 +149,7 @@ function getStatus(url: string, caPem: string | undefined): Promise<number> {
  * GETs the function's `/healthz` until it answers 200.
  * @throws Error when the function exits first or `timeoutMs` passes.
  */
-async function waitHealthy(fn: FunctionProcess, caPem: string | undefined, timeoutMs = 30_000): Promise<void> {
+async function waitHealthy(fn: FunctionProcess, caPem: string | undefined, timeoutMs = 60_000): Promise<void> {
   const url = `${fn.url}/healthz`;
   const deadline = Date.now() + timeoutMs;
   let last = '';
