@@ -148,7 +148,7 @@ interface Cluster {
 
 /**
  * Starts the system the options describe, step by step: the tools it needs (built when
- * missing), the control plane while the manifests are rendered and the functions built, the
+ * missing), the control plane while the manifests are rendered, the functions' build, the
  * CRDs, the users, the functions, the webhook registration, the events, the prepare caller
  * and the mirror watch.
  * @returns the running system; call `stop()` to end it.
@@ -183,7 +183,10 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     const events = await step(startEvents(s, { cluster, rendered, functions, users, schedules }));
     const prepareCaller =
       opts.prepareCaller && cluster.controlPlane && (await step(installPrepareCaller(cluster.kc, rendered)));
-    if (opts.print) s.cleanups.push(await step(watchMirrors(cluster.kc, (p) => p && opts.print!(p))));
+    if (opts.print) {
+      s.cleanups.push(await watchMirrors(cluster.kc, (p) => p && opts.print!(p)));
+      opts.signal?.throwIfAborted();
+    }
     return {
       dir: opts.dir,
       kubeconfigPath: cluster.kubeconfigPath,
