@@ -6,6 +6,7 @@
 import { API_VERSION, IDENTITY_KIND, type Condition, type TerraformClusterIdentity } from '../lib/api.ts';
 import { conditionChanged, getCondition, setCondition, type ConditionInput } from '../lib/conditions.ts';
 import { reservedSourceMessage } from '../lib/mirror.ts';
+import type { StatusApply } from '../lib/objects.ts';
 
 /** Condition type this function owns on identities (SPEC §9). */
 export const READY = 'Ready';
@@ -131,7 +132,7 @@ export function decideStatus(
  * `namespaces`), plus `metadata.resourceVersion` as an optimistic-concurrency precondition
  * (the write fails with 409 if the identity changed since it was read).
  */
-export function statusApplyBody(identity: TerraformClusterIdentity, decision: StatusDecision): Record<string, unknown> {
+export function statusApplyBody(identity: TerraformClusterIdentity, decision: StatusDecision): StatusApply {
   return {
     apiVersion: API_VERSION,
     kind: IDENTITY_KIND,

@@ -7,19 +7,13 @@
  * Secrets are only ever read as metadata (`PartialObjectMetadata`), so this function never
  * receives credential data at all, let alone logs it.
  */
-import { PatchStrategy, setHeaderOptions, type ConfigurationOptions } from '@kubernetes/client-node';
+import { setHeaderOptions, type ConfigurationOptions } from '@kubernetes/client-node';
 import pLimit from 'p-limit';
-import {
-  FIELD_MANAGER,
-  GROUP,
-  IDENTITY_PLURAL,
-  VERSION,
-  type ConsumerKind,
-  type TerraformClusterIdentity,
-} from '../lib/api.ts';
+import { type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
 import { PAGE_SIZE, consumersOfIdentity, listConsumers } from '../lib/consumers.ts';
 import { describeError, isForbidden, isNotFound, listAllPages, retryOnConflict, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { identities } from '../lib/objects.ts';
 import {
   ANNOTATION_IDENTITY,
   LABEL_MIRRORED,
@@ -74,12 +68,6 @@ export const METADATA_LIST: ConfigurationOptions = setHeaderOptions(
   'Accept',
   'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1',
 );
-const APPLY: ConfigurationOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
-
-interface IdentityList {
-  items?: TerraformClusterIdentity[];
-  metadata?: { continue?: string };
-}
 
 /**
  * Lists identities in scope, page by page (SPEC §12: paginated; an expired continue token restarts the list).
@@ -87,17 +75,10 @@ interface IdentityList {
  * @throws the API error of a failed page.
  */
 async function listIdentities(deps: RefreshDeps, fieldSelector?: string): Promise<TerraformClusterIdentity[]> {
-  const list = await listAllPages(
-    (cont) =>
-      deps.clients.custom.listClusterCustomObject({
-        group: GROUP,
-        version: VERSION,
-        plural: IDENTITY_PLURAL,
-        limit: PAGE_SIZE,
-        _continue: cont,
-        labelSelector: deps.identitySelector,
-        fieldSelector,
-      }) as Promise<IdentityList>,
+  const objects = identities(deps.clients);
+  const labelSelector = deps.identitySelector;
+  const list = await listAllPages((cont) =>
+    objects.list({ limit: PAGE_SIZE, _continue: cont, labelSelector, fieldSelector }),
   );
   return list.items;
 }
@@ -232,18 +213,7 @@ export async function refreshIdentity(
       const decision = decideStatus(current, source, use, deps.now?.() ?? new Date());
       if (decision.changed.length > 0) {
         try {
-          await deps.clients.custom.patchClusterCustomObjectStatus(
-            {
-              group: GROUP,
-              version: VERSION,
-              plural: IDENTITY_PLURAL,
-              name,
-              body: statusApplyBody(current, decision),
-              fieldManager: FIELD_MANAGER,
-              force: true,
-            },
-            APPLY,
-          );
+          await identities(deps.clients).applyStatus(statusApplyBody(current, decision));
         } catch (err) {
           // Deleted since it was read: nothing to report on.
           if (isNotFound(err)) return { identity: name, outcome: 'gone', durationMs: 0 };

@@ -102,19 +102,42 @@ export interface Consumer {
   status?: { conditions?: Condition[]; [key: string]: unknown };
 }
 
-/** A consumer kind from configuration (SPEC §1): group/version/kind plus its plural. */
-export interface ConsumerKind {
+/** A kind served through the custom-object API: group/version/kind plus its plural (resource). */
+export interface ResourceKind {
   group: string;
   version: string;
   kind: string;
   plural: string;
 }
 
+/** A consumer kind from configuration (SPEC §1). */
+export type ConsumerKind = ResourceKind;
+
+/** The identity's kind and resource (SPEC §1). */
+export const IDENTITY_RESOURCE: ResourceKind = Object.freeze({
+  group: GROUP,
+  version: VERSION,
+  kind: IDENTITY_KIND,
+  plural: IDENTITY_PLURAL,
+});
+
+/** The shipped TerraformCluster consumer kind. */
+export const TERRAFORM_CLUSTER: ConsumerKind = Object.freeze({
+  group: GROUP,
+  version: VERSION,
+  kind: 'TerraformCluster',
+  plural: 'terraformclusters',
+});
+/** The shipped TerraformMachine consumer kind. */
+export const TERRAFORM_MACHINE: ConsumerKind = Object.freeze({
+  group: GROUP,
+  version: VERSION,
+  kind: 'TerraformMachine',
+  plural: 'terraformmachines',
+});
+
 /** The two consumer kinds the project ships CRDs for (SPEC §1). */
-export const DEFAULT_CONSUMER_KINDS: readonly ConsumerKind[] = Object.freeze([
-  { group: GROUP, version: VERSION, kind: 'TerraformCluster', plural: 'terraformclusters' },
-  { group: GROUP, version: VERSION, kind: 'TerraformMachine', plural: 'terraformmachines' },
-]);
+export const DEFAULT_CONSUMER_KINDS: readonly ConsumerKind[] = Object.freeze([TERRAFORM_CLUSTER, TERRAFORM_MACHINE]);
 
 /** Field path of the CRD selectable field used to find an identity's consumers (SPEC §1). */
 export const IDENTITY_REF_FIELD = 'spec.identityRef.name';

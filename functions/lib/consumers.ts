@@ -4,7 +4,8 @@
  * paginated lists of every consumer (resync, SPEC §12). Reads only; never cached.
  */
 import { DEFAULT_CONSUMER_KINDS, IDENTITY_REF_FIELD, type Consumer, type ConsumerKind } from './api.ts';
-import { listAllPages, type Clients, type ListPage } from './kube.ts';
+import { listAllPages, type Clients } from './kube.ts';
+import { consumerObjects } from './objects.ts';
 
 /** Environment variable listing consumer kinds: `group/version/Kind[/plural]`, comma-separated. */
 export const CONSUMER_KINDS_ENV = 'CAPTF_CONSUMER_KINDS';
@@ -71,22 +72,9 @@ export async function* listConsumers(
   kind: ConsumerKind,
   opts: { namespace?: string; fieldSelector?: string } = {},
 ): AsyncGenerator<Consumer> {
-  const list = await listAllPages((cont) => {
-    const common = {
-      group: kind.group,
-      version: kind.version,
-      plural: kind.plural,
-      limit: currentPageSize,
-      _continue: cont,
-      fieldSelector: opts.fieldSelector,
-    };
-    return (
-      opts.namespace
-        ? clients.custom.listNamespacedCustomObject({ ...common, namespace: opts.namespace })
-        : clients.custom.listClusterCustomObject(common)
-    ) as Promise<ListPage<Consumer>>;
-  });
-  for (const item of list.items) yield { ...item, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind };
+  const objects = consumerObjects(clients, kind);
+  const list = await listAllPages((cont) => objects.list({ ...opts, limit: currentPageSize, _continue: cont }));
+  yield* list.items;
 }
 
 /**

@@ -14,6 +14,7 @@ import type { Consumer, ConsumerKind, TerraformClusterIdentity } from '../lib/ap
 import type { ObjectRef } from '../lib/cloudevents.ts';
 import { consumersOfIdentity, findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, listAllPages, type Clients } from '../lib/kube.ts';
+import { consumerObjects } from '../lib/objects.ts';
 import pLimit from 'p-limit';
 import {
   ANNOTATION_IDENTITY,
@@ -93,13 +94,7 @@ function usableIdentity(consumer: Consumer | undefined): string | undefined {
 
 /** GETs a consumer (cluster-scoped when `ref` has no namespace), typed with its kind; undefined when absent. */
 async function readConsumer(clients: Clients, kind: ConsumerKind, ref: ObjectRef): Promise<Consumer | undefined> {
-  const where = { group: kind.group, version: kind.version, plural: kind.plural, name: ref.name };
-  const found = await ignoreNotFound(
-    ref.namespace
-      ? clients.custom.getNamespacedCustomObject({ ...where, namespace: ref.namespace })
-      : clients.custom.getClusterCustomObject(where),
-  );
-  return found ? { ...(found as Consumer), apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind } : undefined;
+  return ignoreNotFound(consumerObjects(clients, kind).get(ref));
 }
 
 /** Keys of the namespace's mirrors of other identities that still list the consumer as an owner. */

@@ -6,17 +6,15 @@
  */
 import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import {
-  GROUP,
-  IDENTITY_PLURAL,
   IDENTITY_REF_FIELD,
   SECRET_REF_FIELDS,
-  VERSION,
   type Consumer,
   type ConsumerKind,
   type TerraformClusterIdentity,
 } from '../lib/api.ts';
 import { findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
-import { ignoreNotFound, isForbidden, listAllPages, type Clients, type ListPage } from '../lib/kube.ts';
+import { ignoreNotFound, isForbidden, listAllPages, type Clients } from '../lib/kube.ts';
+import { consumerObjects, identities } from '../lib/objects.ts';
 import { mirrorName, namesSecret, sourceHash, type SecretLike } from '../lib/mirror.ts';
 import { mayHoldMirror, type ConsumerName, type MirrorKey, type Snapshot, type SourceState } from './decide.ts';
 
@@ -47,9 +45,7 @@ export interface KeyWork {
 export async function readIdentity(clients: Clients, name: string): Promise<TerraformClusterIdentity | undefined> {
   // A name that is not a valid object name cannot exist, and must not reach a URL ("..").
   if (!isDns1123Subdomain(name)) return undefined;
-  return (await ignoreNotFound(
-    clients.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }),
-  )) as TerraformClusterIdentity | undefined;
+  return ignoreNotFound(identities(clients).get({ name }));
 }
 
 /** GETs a namespace's labels; undefined when it does not exist. */
@@ -109,16 +105,7 @@ async function getKeyConsumers(
     names.map(async (n): Promise<Consumer | undefined> => {
       const kind = findConsumerKind(kinds, n.apiVersion, n.kind);
       if (!kind) return undefined;
-      const c = (await ignoreNotFound(
-        clients.custom.getNamespacedCustomObject({
-          group: kind.group,
-          version: kind.version,
-          plural: kind.plural,
-          namespace: key.namespace,
-          name: n.name,
-        }),
-      )) as Consumer | undefined;
-      return c ? ({ ...c, apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind } as Consumer) : undefined;
+      return ignoreNotFound(consumerObjects(clients, kind).get({ namespace: key.namespace, name: n.name }));
     }),
   );
   return found.filter((c): c is Consumer => c !== undefined && c.spec?.identityRef?.name === key.identity);
@@ -133,17 +120,9 @@ export async function identitiesUsingSecret(
   clients: Clients,
   secret: { namespace: string; name: string },
 ): Promise<string[]> {
-  const list = await listAllPages(
-    (cont) =>
-      clients.custom.listClusterCustomObject({
-        group: GROUP,
-        version: VERSION,
-        plural: IDENTITY_PLURAL,
-        fieldSelector: `${SECRET_REF_FIELDS.namespace}=${secret.namespace},${SECRET_REF_FIELDS.name}=${secret.name}`,
-        limit: pageSize(),
-        _continue: cont,
-      }) as Promise<ListPage<TerraformClusterIdentity>>,
-  );
+  const fieldSelector = `${SECRET_REF_FIELDS.namespace}=${secret.namespace},${SECRET_REF_FIELDS.name}=${secret.name}`;
+  const objects = identities(clients);
+  const list = await listAllPages((cont) => objects.list({ fieldSelector, limit: pageSize(), _continue: cont }));
   return list.items.map((i) => i.metadata.name!).sort();
 }
 

@@ -15,10 +15,11 @@ import { CloudEvent, HTTP } from 'cloudevents';
 import type { V1Namespace, V1Secret } from '@kubernetes/client-node';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
-import { GROUP, IDENTITY_PLURAL, VERSION, type Consumer, type TerraformClusterIdentity } from '../lib/api.ts';
+import type { Consumer, TerraformClusterIdentity } from '../lib/api.ts';
 import { KEY_EVENT_TYPE } from '../lib/cloudevents.ts';
 import { pageSize } from '../lib/consumers.ts';
-import { describeError, listAllPages, makeClients, type Clients, type ListPage } from '../lib/kube.ts';
+import { describeError, listAllPages, makeClients, type Clients } from '../lib/kube.ts';
+import { consumerObjects, identities } from '../lib/objects.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName } from '../lib/mirror.ts';
 import { planConditions } from '../lib/conditions.ts';
 import {
@@ -79,35 +80,16 @@ async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Li
   ).items;
   const consumers: Consumer[] = [];
   for (const k of deps.kinds) {
-    const list = await listAllPages(
-      (cont) =>
-        clients.custom.listClusterCustomObject({
-          group: k.group,
-          version: k.version,
-          plural: k.plural,
-          limit,
-          _continue: cont,
-        }) as Promise<ListPage<Consumer>>,
-    );
-    for (const c of list.items) consumers.push({ ...c, apiVersion: `${k.group}/${k.version}`, kind: k.kind });
+    const kindObjects = consumerObjects(clients, k);
+    consumers.push(...(await listAllPages((cont) => kindObjects.list({ limit, _continue: cont }))).items);
   }
-  const identities = (
-    await listAllPages(
-      (cont) =>
-        clients.custom.listClusterCustomObject({
-          group: GROUP,
-          version: VERSION,
-          plural: IDENTITY_PLURAL,
-          limit,
-          _continue: cont,
-        }) as Promise<ListPage<TerraformClusterIdentity>>,
-    )
-  ).items;
+  const identityObjects = identities(clients);
+  const identityList = (await listAllPages((cont) => identityObjects.list({ limit, _continue: cont }))).items;
   const namespaces = (await listAllPages((cont) => clients.core.listNamespace({ limit, _continue: cont }))).items;
   return {
     mirrors,
     consumers,
-    identities: new Map(identities.map((i) => [i.metadata.name!, i])),
+    identities: new Map(identityList.map((i) => [i.metadata.name!, i])),
     namespaces: new Map(namespaces.map((n) => [n.metadata!.name!, n])),
   };
 }

@@ -6,11 +6,11 @@
  */
 import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
-import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
-import { FIELD_MANAGER, type Consumer, type ConsumerKind } from '../lib/api.ts';
+import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
 import { describeError, isConflict, isNotFound, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { consumerObjects } from '../lib/objects.ts';
 import { planConditions } from '../lib/conditions.ts';
 
 /** `reportingController` of the Events this function records. */
@@ -47,19 +47,9 @@ export async function writeConditions(
   const plan = planConditions(consumer.status?.conditions, desired, ctx.now);
   if (!plan.changed) return false;
   const { name, namespace } = consumer.metadata;
-  const where = { group: kind.group, version: kind.version, plural: kind.plural, name: name! };
-  const body = {
-    apiVersion: `${kind.group}/${kind.version}`,
-    kind: kind.kind,
-    metadata: namespace ? { name, namespace } : { name },
-    status: { conditions: plan.owned },
-  };
-  const apply = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
-  const patch = { ...where, fieldManager: FIELD_MANAGER, force: true, body };
+  const metadata = namespace ? { name, namespace } : { name };
   try {
-    await (namespace
-      ? clients.custom.patchNamespacedCustomObjectStatus({ ...patch, namespace }, apply)
-      : clients.custom.patchClusterCustomObjectStatus(patch, apply));
+    await consumerObjects(clients, kind).applyStatus({ metadata, status: { conditions: plan.owned } });
   } catch (err) {
     if (isNotFound(err)) return false;
     throw err;
