@@ -1,4 +1,4 @@
-// Lint rules run by `npm test` (issue 13): small functions with few parameters in the
+// Lint rules run by `npm test`: small functions with few parameters in the
 // product and its scripts, looser limits for tests, formatting left to Prettier.
 import js from '@eslint/js';
 import tseslint from 'typescript-eslint';

@@ -1,9 +1,9 @@
 /**
- * `npm run soak` — the large sizes of the reliability suite (issue 16), with figures.
- * 1. the hostile-input fuzz (item 4) — fast-check AdmissionReviews and CloudEvents posted to
+ * `npm run soak` — the large sizes of the reliability suite, with figures.
+ * 1. the hostile-input fuzz — fast-check AdmissionReviews and CloudEvents posted to
  *    admission, mirror-sync and identity-status (child processes from source), each case followed by a
  *    known-good request — at 4 000 cases per function (12 000 in all) by default;
- * 2. the storm, fault and privilege suites (items 2, 3, 6: test/integration/churn, faults and
+ * 2. the storm, fault and privilege suites (test/integration/churn, faults and
  *    admission-privilege) at soak size through `scripts/test.ts` — the churn storm for
  *    `--churn-seconds` (default 120) — with their figures gathered from the tests' diagnostics.
  * `--skip-suites` runs the fuzz only.

@@ -4,8 +4,9 @@
  * Why: `@kubernetes/client-node` 2.0.1's KubeConfig authentication
  * (`KubeConfig.applySecurityAuthentication`) builds a new undici `Agent`, with its own TLS
  * context, for every request, so each call pays a TLS handshake and leaves a socket behind
- * until it idles out. Measured by `npm run bench` (bench/README.md): hundreds of open sockets
- * and several hundred MiB of RSS during a resync. Here the kubeconfig still supplies the
+ * until it idles out: hundreds of open sockets and several hundred MiB of RSS during a
+ * resync (bench/HISTORY.md has the run without this pool; `npm run bench` shows the figures
+ * with it). Here the kubeconfig still supplies the
  * credentials — TLS material and headers, including the in-cluster token, which client-node
  * re-reads from its file every 60 s as client-go does — but requests go through one shared,
  * bounded undici `Agent` per TLS identity.

@@ -141,7 +141,7 @@ const shown = (v: unknown): string =>
 /**
  * Members of a JSON event other than `data` that are objects or arrays: CloudEvents
  * attributes are scalars, and such a value nested thousands of levels deep would overflow the
- * stack of the SDK's validation and of any message quoting it (found by the fuzz).
+ * stack of the SDK's validation and of any message quoting it.
  */
 const nonScalarAttributes = (doc: Record<string, unknown>): string[] =>
   Object.entries(doc)

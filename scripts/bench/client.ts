@@ -2,9 +2,8 @@
  * The bench's own Kubernetes client: plain REST over one kept-alive HTTPS agent, with the
  * client certificate of a kubeconfig. It is deliberately independent of `functions/lib`
  * (and of `@kubernetes/client-node`'s request path): the baselines it measures must not move
- * when the product changes, and client-node 2.0.1 opens a new TLS connection per request
- * (issue 12), which would inflate every floor. Only the kubeconfig file is parsed with
- * client-node's loader.
+ * when the product changes, and client-node 2.0.1 opens a new TLS connection per request,
+ * which would inflate every floor. Only the kubeconfig file is parsed with client-node's loader.
  */
 import { Agent, request } from 'node:https';
 import { KubeConfig } from '@kubernetes/client-node';

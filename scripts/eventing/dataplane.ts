@@ -1,6 +1,6 @@
 /**
  * Knative Eventing's broker data plane as local processes, for `npm start`, the end-to-end
- * tests and the bench (issue 15): the MTChannelBasedBroker ingress and filter, the
+ * tests and the bench: the MTChannelBasedBroker ingress and filter, the
  * InMemoryChannel dispatcher and the PingSource adapter (mtping) of knative.dev/eventing
  * v0.49.2 (built by scripts/eventing/build.ts), run against a kubeconfig with the rendered
  * Broker, Triggers and PingSources applied unchanged.

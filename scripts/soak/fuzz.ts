@@ -1,5 +1,5 @@
 /**
- * Runs the hostile-input property (issue 16 item 4) against a running function: each case
+ * Runs the hostile-input property against a running function: each case
  * from an arbitrary of ./hostile.ts or ./hostile-events.ts is posted, then a known-good
  * request, and both answers are checked:
  * - no 5xx and no dropped connection, ever (a body over the size limit may be cut short

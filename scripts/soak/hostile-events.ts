@@ -1,5 +1,5 @@
 /**
- * CloudEvents for the fuzz (issue 16 item 4): well-formed ApiServerSource, PingSource and
+ * CloudEvents for the fuzz: well-formed ApiServerSource, PingSource and
  * mirror-key events about objects that do not exist, and hostile ones made from them by
  * {@link mutations}, in binary, structured and batch HTTP mode. See ./hostile.ts.
  */

@@ -1,5 +1,5 @@
 /**
- * Hostile input for the functions' HTTP endpoints (issue 16 item 4), as fast-check
+ * Hostile input for the functions' HTTP endpoints, as fast-check
  * arbitraries: AdmissionReviews and CloudEvents (binary, structured and batch mode) with
  * missing and wrong attributes, wrong types, huge strings, deep nesting, invalid UTF-8, wrong
  * content types and empty bodies; and well-formed events about objects that do not exist.

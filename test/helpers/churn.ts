@@ -1,5 +1,5 @@
 /**
- * Pieces of the churn storm (issue 16 item 2): a seeded random source, a chaos proxy that
+ * Pieces of the churn storm: a seeded random source, a chaos proxy that
  * duplicates, reorders and drops the events Knative's Broker delivers to a function (each
  * decision derived from the seed and the event, so a run replays), and a watch that keeps the
  * timeline of every mirror Secret.

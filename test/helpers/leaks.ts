@@ -1,5 +1,5 @@
 /**
- * No secret ever leaks, across every test file (issue 16 item 5): every Secret a test creates
+ * No secret ever leaks, across every test file: every Secret a test creates
  * through the test helpers' clients (except mirrors it builds by hand) gets a planted key
  * `CAPTF_SENTINEL` whose value starts with this run's sentinel; at the end of each file,
  * everything the functions said is scanned for it, plain and base64: captured logs, spawned

@@ -1,5 +1,5 @@
 /**
- * Privilege (issue 16 item 6): every way we found for a user who may NOT get the operator's
+ * Privilege: every way we found for a user who may NOT get the operator's
  * source Secret to still obtain an identity pointing at it, or to widen an identity that does
  * to a new namespace, tried through the real API server with the real webhook registered —
  * one table, one row per attempt, each denied (or, for the status subresource, accepted with

@@ -1,5 +1,5 @@
 /**
- * The admission matrix of issue 4 through the real API server: the function runs in-process
+ * The admission matrix through the real API server: the function runs in-process
  * over HTTPS (serving cert from a test CA), a ValidatingWebhookConfiguration points the API
  * server at it, and every request is made by a client-certificate user with real RBAC.
  * The webhook only sees identities labeled with this run's label, so other test files'

@@ -2,7 +2,7 @@
  * The production bundles start the way the image runs them (Dockerfile ENTRYPOINT
  * `node /app/dist/main.mjs` + the Knative Service's `args` and `env` from the rendered
  * manifests), from a folder with no node_modules anywhere above it, with the compile cache
- * warmed the way the Dockerfile warms it — SPEC §13, issue 8 item 1.
+ * warmed the way the Dockerfile warms it — SPEC §13.
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';

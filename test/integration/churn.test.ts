@@ -1,5 +1,5 @@
 /**
- * Churn storm (issue 16 item 2): 200 consumers over 20 namespaces and 3 identities (a list, a
+ * Churn storm: 200 consumers over 20 namespaces and 3 identities (a list, a
  * selector, and one shared by every namespace) are created, re-pointed between identities and
  * deleted while namespaces move in and out of the selector and the list is narrowed and
  * widened — concurrently, for a while. Events go from the real ApiServerSource adapter
@@ -289,7 +289,7 @@ function lateRevocations(): string[] {
   return out;
 }
 
-describe('churn storm through the Broker with a chaos proxy (issue 16 item 2)', () => {
+describe('churn storm through the Broker with a chaos proxy', () => {
   it('no wrong delete, revocations in seconds, and the invariant after one resync', async (t) => {
     t.diagnostic(`seed ${SEED} (replay with CAPTF_CHURN_SEED=${SEED}), ${SECONDS} s`);
     const { ops } = await storm(seeded(SEED));

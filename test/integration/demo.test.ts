@@ -1,5 +1,5 @@
 /**
- * `npm run demo` in CI (issue 6 item 3): the walkthrough runs as its own process on its own
+ * `npm run demo` in CI: the walkthrough runs as its own process on its own
  * fresh control plane (separate folder, free ports) and must pass every step and exit 0,
  * leaving no process behind.
  */
@@ -31,7 +31,7 @@ after(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
-/** The steps the demo must report, in order (SPEC §3–§11, issue 6 item 3). */
+/** The steps the demo must report, in order (SPEC §3–§11). */
 const STEPS = [
   /start a fresh control plane/,
   /apply examples\//,

@@ -1,5 +1,5 @@
 /**
- * End to end through Knative's real event path (issue 15 item 2): the ApiServerSource
+ * End to end through Knative's real event path: the ApiServerSource
  * adapter configured from the rendered `captf-objects`, Knative's Broker data plane
  * (scripts/eventing/dataplane.ts) with the rendered Broker, Triggers and PingSources unchanged (moved
  * into this file's namespace), and the real mirror-sync and identity-status. Consumers,

@@ -1,9 +1,9 @@
 /**
  * Knative Eventing's real broker data plane (scripts/eventing/dataplane.ts: ingress, filter,
  * InMemoryChannel dispatcher, mtping) on the test control plane, with the rendered Broker,
- * Triggers and PingSources and small local HTTP sinks standing in for the functions (issue 15
- * item 1): routing by the real Triggers, retries on the manifests' schedule and dead letters,
- * shortened ping schedules, and delivery set on a Trigger vs on the Broker.
+ * Triggers and PingSources and small local HTTP sinks standing in for the functions: routing
+ * by the real Triggers, retries on the manifests' schedule and dead letters, shortened ping
+ * schedules, and delivery set on a Trigger vs on the Broker.
  *
  * The test's copy of the rendered objects (never the manifests) gets, besides the namespace:
  * - a Broker delivery that differs from every Trigger's (retry 2, exponential PT0.2S, its own

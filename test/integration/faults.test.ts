@@ -1,5 +1,5 @@
 /**
- * Faults (issue 16 item 3), on a control plane of this file's own so no other file is
+ * Faults, on a control plane of this file's own so no other file is
  * disturbed: while a stream of 500 events flows from the real ApiServerSource adapter
  * through Knative's Broker (the manifests' retries) to mirror-sync running as a process,
  * (a) kube-apiserver is stopped for 10 s and started again, (b) etcd likewise, (c) mirror-sync
@@ -139,7 +139,7 @@ async function underFault(prefix: string, fault: () => Promise<void>): Promise<v
   assert.deepEqual(halfWritten, [], 'no mirror was ever seen half-written');
 }
 
-describe('faults under a stream of events through the Broker (issue 16 item 3)', () => {
+describe('faults under a stream of events through the Broker', () => {
   it('kube-apiserver stopped for 10 s: webhook fails closed, identity-status writes nothing wrong, all recovers', async () => {
     const cp = system.controlPlane!;
     await underFault('api', async () => {

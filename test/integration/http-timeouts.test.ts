@@ -1,5 +1,5 @@
 /**
- * Server timeouts (issue 16 item 4): every function's server has a headers timeout, a
+ * Server timeouts: every function's server has a headers timeout, a
  * whole-request timeout, a socket idle timeout and a keep-alive timeout
  * (functions/lib/http.ts `SERVER_TIMEOUTS`); body size is limited by the body parser. A
  * slow-loris client sending one byte a second — in the headers, or in the body after complete

@@ -2,8 +2,7 @@
  * The real event source: Knative Eventing's ApiServerSource receive adapter (built from its
  * pinned Go module) runs against the test control plane as the manifests' event-source
  * ServiceAccount (its rendered RBAC, a TokenRequest token) and sends CloudEvents to a local
- * HTTP sink. The functions' CloudEvents parser accepts what it sends (SPEC §12, issue 3
- * item 8, issue 8 item 4).
+ * HTTP sink. The functions' CloudEvents parser accepts what it sends (SPEC §12).
  */
 import assert from 'node:assert/strict';
 import type { IncomingHttpHeaders } from 'node:http';

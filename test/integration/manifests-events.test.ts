@@ -1,6 +1,6 @@
 /**
  * The event wiring in the rendered manifests matches what the functions accept (SPEC §12,
- * §13; issue 8 item 3): Trigger and PingSource event types, ApiServerSource resources
+ * §13): Trigger and PingSource event types, ApiServerSource resources
  * (turned into events exactly as the adapter sends them and classified by the functions'
  * own parser), consumer kinds from configuration, the webhook's rules, and RBAC for every
  * sourced resource.

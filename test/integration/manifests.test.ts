@@ -1,7 +1,7 @@
 /**
  * Every object every kustomization renders is accepted by the real API server with the real
  * Knative Serving/Eventing and cert-manager CRDs installed (server-side apply, dryRun=All,
- * fieldValidation=Strict) — SPEC §13, issue 8 item 3.
+ * fieldValidation=Strict) — SPEC §13.
  */
 import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';

@@ -1,5 +1,5 @@
 /**
- * End to end with the real event source (issue 3 item 8): Knative Eventing's ApiServerSource
+ * End to end with the real event source: Knative Eventing's ApiServerSource
  * receive adapter, built from its pinned Go module, watches the test control plane and
  * delivers its CloudEvents straight to mirror-sync. Creating a consumer makes its mirror
  * appear; deleting it cleans up — in Reference and in Resource mode.

@@ -1,5 +1,5 @@
 /**
- * Edge cases found by acceptance testing (issue 14), through the real API server: an input
+ * Edge cases, through the real API server: an input
  * the reconcile cannot act on ends in a visible outcome that is not retried (a cluster-scoped
  * consumer kind, an event without a namespace); a Secret that an identity names as its
  * source is never written or deleted, whatever its labels; a write refused for good says who
@@ -140,7 +140,7 @@ const prepare = async (body: unknown) => {
 
 const linesAbout = (object: string) => log.entries().filter((e) => e.object === object);
 
-describe('an input the reconcile cannot act on ends in a visible outcome, once (issue 14 item 1)', () => {
+describe('an input the reconcile cannot act on ends in a visible outcome, once', () => {
   it('a cluster-scoped consumer is NamespaceNotAllowed, prepare refuses it, and resyncs leave it alone', async () => {
     const id = await newIdentity({ selector: {} });
     const name = `global-${suffix()}`;
@@ -196,7 +196,7 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once (
   });
 });
 
-describe('a write refused for good says why and is not retried (issue 14 items 5 and 9)', () => {
+describe('a write refused for good says why and is not retried', () => {
   it('a 403 from a policy names the user, verb, resource and namespace, never the data', async () => {
     const label = `captf-test-forbid-${suffix()}`;
     const n = await ns.create({ [label]: 'true' });
@@ -276,7 +276,7 @@ describe('a write refused for good says why and is not retried (issue 14 items 5
   });
 });
 
-describe('a revocation the API server refuses says so (issue 14, found by review)', () => {
+describe('a revocation the API server refuses says so', () => {
   it('a refused delete leaves MirrorFailed saying the credentials are still there, never the data', async () => {
     const label = `captf-test-nodelete-${suffix()}`;
     const n = await ns.create({ [label]: 'true' });

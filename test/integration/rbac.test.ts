@@ -1,5 +1,5 @@
 /**
- * RBAC proof (SPEC §13, issue 8 item 4): the rendered ServiceAccounts and (Cluster)Roles are
+ * RBAC proof (SPEC §13): the rendered ServiceAccounts and (Cluster)Roles are
  * applied to the real API server; each function runs a real flow as its ServiceAccount
  * (TokenRequest token) and works; SubjectAccessReviews and real requests show what each
  * account cannot do.

@@ -239,7 +239,7 @@ describe('npm start on an embedded control plane', () => {
   });
 });
 
-describe("npm start prints what Knative's processes report (issue 14 item 6, issue 15 item 4)", () => {
+describe("npm start prints what Knative's processes report", () => {
   it('pings arrive through mtping and the Broker; a dead function means filter errors, then a dead letter; a dead Broker means adapter errors', async () => {
     const run = start(['--dir', join(work, 'knative'), '--debug', '--resync', '2s', '--status', '2s']);
     const banner = await run.ready;

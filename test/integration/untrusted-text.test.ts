@@ -1,7 +1,7 @@
 /**
- * SPEC §15 regression: nothing foreign reaches an output. Found by an attacker: a reverse
- * proxy at the kubeconfig's server URL whose error page echoed the request headers put 233
- * characters of mirror-sync's own ServiceAccount token into a log line and two HTTP answers.
+ * SPEC §15: nothing foreign reaches an output. The threat: a reverse proxy at the
+ * kubeconfig's server URL whose error page echoes the request headers would put mirror-sync's
+ * own ServiceAccount token into a log line and HTTP answers if the server's text were kept.
  *
  * Here the functions run as their shipped ServiceAccounts (TokenRequest tokens, so the proxy
  * sees the Authorization header) through a reverse proxy in front of the real API server

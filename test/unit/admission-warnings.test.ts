@@ -1,8 +1,8 @@
 /**
- * Issue 14 items 3 and 11 (SPEC §10): an UPDATE that leaves `spec` alone is admitted without
- * validation (ratcheting); an allowed change of `allowedNamespaces` or `secretRef` answers with
- * warnings — computed by pure functions here, and looked up by the shell (review.ts) against
- * fake API clients that count their calls.
+ * SPEC §10: an UPDATE that leaves `spec` alone is admitted without validation (ratcheting); an
+ * allowed change of `allowedNamespaces` or `secretRef` answers with warnings — computed by pure
+ * functions here, and looked up by the shell (review.ts) against fake API clients that count
+ * their calls.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';

@@ -1,7 +1,7 @@
 /**
- * SPEC §15: what an API or transport error may say (functions/lib/api-errors.ts). Found by an
- * attacker: a proxy that echoes request headers put the ServiceAccount token into a log line
- * and two answers, because the server's message was kept.
+ * SPEC §15: what an API or transport error may say (functions/lib/api-errors.ts). The server's
+ * own message is not kept: a proxy that echoes request headers would put the ServiceAccount
+ * token into a log line and answers.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';

@@ -80,7 +80,7 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
   });
   it('rejects what is not a usable CloudEvent, saying why', () => {
     assert.throws(() => parseCloudEvents({ 'content-type': 'application/json' }, '{}'), BadEventError);
-    // Which required attribute is missing, in binary and structured mode (issue 14 item 7).
+    // Which required attribute is missing, in binary and structured mode.
     assert.throws(
       () => parseCloudEvents({ 'ce-id': '1', 'ce-specversion': '1.0', 'ce-source': 's' }, ''),
       /binary-mode event lacks required header\(s\) ce-type$/,

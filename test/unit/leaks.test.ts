@@ -3,7 +3,7 @@ import { describe, it } from 'node:test';
 import type { Clients } from '../../functions/lib/kube.ts';
 import { RUN_SENTINEL, SENTINEL_KEY, findLeaks, plantSentinels } from '../helpers/leaks.ts';
 
-describe('planted Secret values are found in any form (issue 16 item 5)', () => {
+describe('planted Secret values are found in any form', () => {
   it('plants a value in every created Secret but hand-made mirrors, and finds it plain or base64', async () => {
     const created: { data?: Record<string, string>; metadata?: { labels?: Record<string, string> } }[] = [];
     const fake = {

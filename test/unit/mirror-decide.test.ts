@@ -399,7 +399,7 @@ describe('planConditions (SPEC §4, §16)', () => {
   });
 });
 
-describe('decide: states that wait for a person, and sources (issue 14)', () => {
+describe('decide: states that wait for a person, and sources', () => {
   it('never retries a missing identity, a missing source or a namespace not allowed', () => {
     for (const over of [
       { identity: undefined },
@@ -441,7 +441,7 @@ describe('decide: states that wait for a person, and sources (issue 14)', () => 
     }
   });
   it('another identity naming this mirror never makes it "not ours": revocation still deletes it', () => {
-    // The old rule ("any identity's source is never ours") let a launderer keep a mirror alive.
+    // A rule "any identity's source is never ours" would let a launderer keep a mirror alive.
     const plan = decide(snap({ identity: identity({ list: [] }), mirror: mirror([owner('a', '1')]) }), kinds);
     assert.equal(plan.mirror.action, 'delete');
   });

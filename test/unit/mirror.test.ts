@@ -204,7 +204,7 @@ describe('owner references (SPEC §3, §6)', () => {
   });
 });
 
-describe('redactApiError keeps only Kubernetes-defined words (issue 14, found by review)', () => {
+describe('redactApiError keeps only Kubernetes-defined words', () => {
   it('drops a webhook-chosen reason and cause fields that may carry data', () => {
     const err = {
       code: 422,

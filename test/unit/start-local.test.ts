@@ -254,7 +254,7 @@ describe('describeMirrorChange', () => {
     assert.doesNotMatch(formatLine(rotated), /h2|h1/);
     assert.equal(describeMirrorChange('update', v(), v()), undefined);
   });
-  it('stays one short line on a mirror with hundreds of owners (issue 14 item 10)', () => {
+  it('stays one short line on a mirror with hundreds of owners', () => {
     const many = Array.from({ length: 200 }, (_, i) => `TerraformMachine/m-${i}`);
     const created = describeMirrorChange('add', v({ owners: many }))!.text;
     assert.equal(
@@ -271,7 +271,7 @@ describe('describeMirrorChange', () => {
   });
 });
 
-describe('adapterLine: the event source speaks up when it fails (issue 14 item 6)', () => {
+describe('adapterLine: the event source speaks up when it fails', () => {
   it("shows the adapter's warnings and errors (severity/message), keeps the rest as debug", () => {
     const error = adapterLine(
       'captf-objects',
