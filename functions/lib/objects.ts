@@ -62,10 +62,11 @@ export interface CustomObjects<T extends CustomObject> {
   /** DELETE one object. */
   delete(at: ObjectAddress): Promise<void>;
   /**
-   * Server-side apply of `body` on the status subresource as {@link FIELD_MANAGER}, forcing
-   * ownership (SPEC §4); `metadata.resourceVersion`, when given, is a precondition.
+   * Server-side apply of `body` on the status subresource as `fieldManager` (default
+   * {@link FIELD_MANAGER}), forcing ownership (SPEC §4); `metadata.resourceVersion`, when
+   * given, is a precondition.
    */
-  applyStatus(body: StatusApply): Promise<T>;
+  applyStatus(body: StatusApply, fieldManager?: string): Promise<T>;
 }
 
 const APPLY: ConfigurationOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
@@ -115,9 +116,9 @@ export function customObjects<T extends CustomObject>(clients: Clients, resource
         ? custom.deleteNamespacedCustomObject({ ...where, namespace, name })
         : custom.deleteClusterCustomObject({ ...where, name }));
     },
-    async applyStatus(body) {
+    async applyStatus(body, fieldManager = FIELD_MANAGER) {
       const { name, namespace } = body.metadata;
-      const at = { ...where, name: name!, body: full(body), fieldManager: FIELD_MANAGER, force: true };
+      const at = { ...where, name: name!, body: full(body), fieldManager, force: true };
       return typed(
         await (namespace
           ? custom.patchNamespacedCustomObjectStatus({ ...at, namespace }, APPLY)

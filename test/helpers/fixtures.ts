@@ -14,7 +14,15 @@
  */
 import assert from 'node:assert/strict';
 import { after, it } from 'node:test';
-import type { KubernetesObject, V1Namespace, V1PolicyRule, V1Secret } from '@kubernetes/client-node';
+import type {
+  KubernetesObject,
+  V1Container,
+  V1Job,
+  V1Namespace,
+  V1PodSpec,
+  V1PolicyRule,
+  V1Secret,
+} from '@kubernetes/client-node';
 import {
   API_VERSION,
   DEFAULT_CONSUMER_KINDS,
@@ -29,6 +37,7 @@ import {
 import { findConsumerKind } from '../../functions/lib/consumers.ts';
 import { ignoreNotFound, isNotFound, makeClients, retryOnConflict, type Clients } from '../../functions/lib/kube.ts';
 import { consumerObjects, identities, type CustomObjects } from '../../functions/lib/objects.ts';
+import { mirrorName } from '../../functions/lib/mirror.ts';
 import { installRbac, serviceAccountKubeConfig } from '../../scripts/lib/serviceaccount.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { admin, controlPlaneDir, eventually, suffix } from './cluster.ts';
@@ -106,6 +115,16 @@ export const conditions =
     o.status = { ...o.status, conditions: list };
   };
 
+/** `metadata.generation` and `metadata.resourceVersion` as the API server would have set them (for decisions that read them). */
+export const stored =
+  (
+    generation: number,
+    resourceVersion: string,
+  ): Modifier<{ metadata?: { generation?: number; resourceVersion?: string } }> =>
+  (o) => {
+    o.metadata = { ...o.metadata, generation, resourceVersion };
+  };
+
 /** The source Secret an identity names (SPEC §1). Default: `captf-system/creds`. */
 export const secretRef =
   (namespace: string, name: string): Modifier<TerraformClusterIdentity> =>
@@ -133,6 +152,50 @@ export const allowedNamespaces =
   (o) => {
     if (value === undefined) delete o.spec.allowedNamespaces;
     else o.spec.allowedNamespaces = value as TerraformClusterIdentity['spec']['allowedNamespaces'];
+  };
+
+/** The identity's whole `spec` as given, valid or not (any value, a missing one included): for validation and hostile input. */
+export const identitySpec =
+  (value: unknown): Modifier<TerraformClusterIdentity> =>
+  (o) => {
+    o.spec = value as TerraformClusterIdentity['spec'];
+  };
+
+/**
+ * Every valid form of `spec.allowedNamespaces` (SPEC §2), for {@link allowedNamespaces}: absent,
+ * null, an empty list, a list, the empty selector, and a list with a selector.
+ */
+export const VALID_ALLOWED_NAMESPACES: readonly unknown[] = Object.freeze([
+  undefined,
+  null,
+  { list: [] },
+  { list: ['a'] },
+  { selector: {} },
+  { list: ['a'], selector: { matchLabels: { 'x.io/y': 'z' } } },
+]);
+
+/** `status.namespaces`: where the identity is in use (SPEC §9; the API server ignores status on create). */
+export const inUseIn =
+  (...namespaces: string[]): Modifier<TerraformClusterIdentity> =>
+  (o) => {
+    o.status = { ...o.status, namespaces };
+  };
+
+/** `metadata.deletionTimestamp`: the object is being deleted (for decisions that read it; the API server sets it itself). */
+export const deleting =
+  (timestamp = 'now'): Modifier<{ metadata?: { deletionTimestamp?: string | Date } }> =>
+  (o) => {
+    o.metadata = { ...o.metadata, deletionTimestamp: timestamp };
+  };
+
+/** The `apiVersion` (`group/version`) of objects of `kind`, e.g. of `TERRAFORM_CLUSTER` or `IDENTITY_RESOURCE`. */
+export const apiVersionOf = (kind: { group: string; version: string }): string => `${kind.group}/${kind.version}`;
+
+/** `metadata.uid` as the API server would have set it (for decisions that read it, e.g. owner references). */
+export const uid =
+  (value: string): Modifier<{ metadata?: { uid?: string } }> =>
+  (o) => {
+    o.metadata = { ...o.metadata, uid: value };
   };
 
 /**
@@ -215,12 +278,64 @@ export function namespace(name: string, ...mods: Modifier<V1Namespace>[]): V1Nam
   return build<V1Namespace>({ apiVersion: 'v1', kind: 'Namespace', metadata: { name } }, mods);
 }
 
+/**
+ * The mirror of identity `identityName` (SPEC §3), as far as its name: with `inNamespace(ns)`,
+ * what `w.read` and `w.delete` address (mirror-sync writes mirrors; tests look them up).
+ */
+export function mirrorOf(identityName: string, ...mods: Modifier<V1Secret>[]): V1Secret {
+  return build<V1Secret>({ apiVersion: 'v1', kind: 'Secret', metadata: { name: mirrorName(identityName) } }, mods);
+}
+
+/**
+ * The Terraform Job a provider's manager writes, before the credential delivery fragment is
+ * added (docs/job-contract.md): container `terraform` running `captf-runner -- terraform
+ * <action>` as a non-root user, with the Job's own TF_IN_AUTOMATION, TF_INPUT and KUBE_NAMESPACE.
+ */
+export function terraformJob(name: string, action: 'apply' | 'destroy', ...mods: Modifier<V1Job>[]): V1Job {
+  const container: V1Container = {
+    name: 'terraform',
+    image: 'registry.example/captf-terraform:1.0',
+    command: ['captf-runner', '--', 'terraform', action, '-auto-approve', '-input=false'],
+    env: [
+      { name: 'TF_IN_AUTOMATION', value: '1' },
+      { name: 'TF_INPUT', value: '0' },
+      { name: 'KUBE_NAMESPACE', valueFrom: { fieldRef: { fieldPath: 'metadata.namespace' } } },
+    ],
+    securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: ['ALL'] } },
+  };
+  const pod: V1PodSpec = {
+    restartPolicy: 'Never',
+    securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 },
+    containers: [container],
+  };
+  return build<V1Job>(
+    { apiVersion: 'batch/v1', kind: 'Job', metadata: { name }, spec: { backoffLimit: 0, template: { spec: pod } } },
+    mods,
+  );
+}
+
 /** The condition of `type` on an object, if any. */
 export function conditionOf(
   o: { status?: { conditions?: Condition[] } | undefined },
   type: string,
 ): Condition | undefined {
   return o.status?.conditions?.find((c) => c.type === type);
+}
+
+/**
+ * Server-side applies the `status` of a built identity or consumer (e.g. made with
+ * `conditions(...)`) as field manager `manager`, forcing: another controller's write, which
+ * the project's own status writes must keep. `kinds`: consumer kinds beyond the shipped two.
+ */
+export async function applyStatusAs(
+  a: Clients,
+  o: TerraformClusterIdentity | Consumer,
+  manager: string,
+  kinds: readonly ConsumerKind[] = [],
+): Promise<void> {
+  const { name, namespace } = o.metadata;
+  const status = { metadata: { name, namespace }, status: o.status ?? {} };
+  await objectsOf(a, o, [...DEFAULT_CONSUMER_KINDS, ...kinds]).applyStatus(status, manager);
 }
 
 // ---------------------------------------------------------------------------------------------

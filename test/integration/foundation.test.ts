@@ -22,6 +22,7 @@ import {
   ofKind,
   ownedBy,
   sourceSecret,
+  VALID_ALLOWED_NAMESPACES,
   world,
 } from '../helpers/fixtures.ts';
 
@@ -68,14 +69,7 @@ describe('the local control plane', () => {
       assert.match(String((err as { body?: unknown }).body), /allowedNamespaces: \{\} is ambiguous/);
       return true;
     });
-    for (const form of [
-      undefined,
-      null,
-      { list: [] },
-      { list: ['a'] },
-      { selector: {} },
-      { list: ['a'], selector: { matchLabels: { x: 'y' } } },
-    ]) {
+    for (const form of VALID_ALLOWED_NAMESPACES) {
       await w.create(identity(w.name('cel-ok'), allowedNamespaces(form)));
     }
   });
