@@ -1,91 +1,94 @@
 /**
- * The admission matrix through the real API server: the function runs in-process
- * over HTTPS (serving cert from a test CA), a ValidatingWebhookConfiguration points the API
- * server at it, and every request is made by a client-certificate user with real RBAC.
- * The webhook only sees identities labeled with this run's label, so other test files'
+ * The admission matrix through the real API server: the function runs in-process over HTTPS
+ * as its ServiceAccount (helpers/admission.ts), a ValidatingWebhookConfiguration points the
+ * API server at it, and every request is made by a client-certificate user with real RBAC.
+ * The webhook only sees identities labeled with this file's label, so other test files'
  * identities are never affected.
  */
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { readFileSync, mkdtempSync } from 'node:fs';
-import { request as httpsRequest, type RequestOptions } from 'node:https';
-import { tmpdir } from 'node:os';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { after, before, describe, it } from 'node:test';
+import { before, describe, it } from 'node:test';
+import type { V1PolicyRule } from '@kubernetes/client-node';
 import {
-  AdmissionregistrationV1Api,
-  KubeConfig,
-  RbacAuthorizationV1Api,
-  type V1PolicyRule,
-} from '@kubernetes/client-node';
-import { start } from '../../functions/admission/index.ts';
-import {
-  API_VERSION,
-  GROUP,
-  IDENTITY_KIND,
-  IDENTITY_PLURAL,
-  VERSION,
+  IDENTITY_RESOURCE,
+  TERRAFORM_CLUSTER,
+  TERRAFORM_MACHINE,
+  type LabelSelectorRequirement,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
-import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
-import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
-import { webhookConfiguration } from '../../scripts/system/webhook.ts';
+import { identities } from '../../functions/lib/objects.ts';
 import { builtKubectlPath } from '../../scripts/tools/build.ts';
-import { admin, asUser, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
-import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { admissionWebhook, grant, identityPath, request, storedIdentity, type Webhook } from '../helpers/admission.ts';
+import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
+import {
+  allowList,
+  allowSelector,
+  allowedNamespaces,
+  consumer,
+  data,
+  finalizers,
+  identity,
+  identityRef,
+  inNamespace,
+  labels,
+  ofKind,
+  secretRef,
+  sourceSecret,
+  world,
+  type Modifier,
+} from '../helpers/fixtures.ts';
+import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 
+type Identity = TerraformClusterIdentity;
+type User = Clients & { kubeconfigPath: string };
+
+const w = world('adm');
+const a = w.clients;
 const sfx = suffix();
-const LABEL = 'captf-test/admission';
-const a = admin();
-const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
-const ns = namespaces('adm');
-const cap = captureLogger('admission');
 const secretValues = [sentinel(), sentinel(), sentinel()];
 /** Every message a user saw, scanned for planted Secret values at the end. */
 const seen: string[] = [];
 
-const webhookName = `captf-admission-test-${sfx}`;
-const adminUser = `captf-admission-${sfx}`;
-const editors = `captf-admission-editors-${sfx}`;
-const readers = `captf-admission-readers-${sfx}`;
-const clusterObjects: { kind: 'ClusterRole' | 'ClusterRoleBinding'; name: string }[] = [];
+const editors = w.name('editors');
+const readers = w.name('readers');
 
-let fn: FunctionHandle;
+let hook: Webhook;
 let secretsNs: string;
 let otherSecretsNs: string;
 let consumerNs: string;
-const users: Record<'direct' | 'member' | 'scoped' | 'nobody' | 'lister', Clients & { kubeconfigPath: string }> =
-  {} as never;
+const users: Record<'direct' | 'member' | 'scoped' | 'nobody' | 'lister', User> = {} as never;
 
-const ids = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
-const body = (name: string, spec: Record<string, unknown>, labels: Record<string, string> = {}) => ({
-  apiVersion: API_VERSION,
-  kind: IDENTITY_KIND,
-  metadata: { name, labels: { [LABEL]: sfx, ...labels } as Record<string, string> },
-  spec,
-});
-const ref = (name = 'creds', namespace = secretsNs) => ({ secretRef: { name, namespace } });
-const create = (c: Clients, b: object, dryRun?: boolean) =>
-  c.custom.createClusterCustomObject({ ...ids, body: b, ...(dryRun ? { dryRun: 'All' } : {}) });
-type Identity = TerraformClusterIdentity;
-const read = async (name: string) => (await a.custom.getClusterCustomObject({ ...ids, name })) as Identity;
+/** An identity of this file (sent to the webhook) on `secretsNs/creds`, unless modifiers say otherwise. */
+const ours = (name: string, ...mods: Modifier<Identity>[]) =>
+  identity(name, hook.ours, secretRef(secretsNs, 'creds'), ...mods);
+const create = (c: Clients, o: Identity) => identities(c).create(o);
+const read = (name: string) => storedIdentity(w, name);
 /** Read-modify-write as `c` (an UPDATE through the webhook). */
 const update = async (c: Clients, name: string, change: (o: Identity) => void) => {
-  const o = (await c.custom.getClusterCustomObject({ ...ids, name })) as Identity;
+  const objects = identities(c);
+  const o = await objects.get({ name });
   change(o);
-  return c.custom.replaceClusterCustomObject({ ...ids, name, body: o });
+  return objects.replace(o);
 };
-const remove = (c: Clients, name: string) => c.custom.deleteClusterCustomObject({ ...ids, name });
+const remove = (c: Clients, name: string) => identities(c).delete({ name });
+/** A raw request as `user`; its message is kept for the scan at the end. */
+const raw = async (user: User, method: string, path: string, body: unknown) => {
+  const r = await request(user.kubeconfigPath, method, path, { body });
+  seen.push(r.message);
+  return r;
+};
 
 /** Resolves to the API error's status and message when `p` rejects; fails the test if it resolves. */
 async function rejection(p: Promise<unknown>): Promise<{ code: number | undefined; message: string }> {
   try {
     await p;
   } catch (err) {
-    const raw = (err as { body?: unknown }).body;
-    let message = typeof raw === 'string' ? raw : JSON.stringify(raw ?? String(err));
+    const body = (err as { body?: unknown }).body;
+    let message = typeof body === 'string' ? body : JSON.stringify(body ?? String(err));
     try {
       message = (JSON.parse(message) as { message?: string }).message ?? message;
     } catch {
@@ -99,16 +102,13 @@ async function rejection(p: Promise<unknown>): Promise<{ code: number | undefine
 
 /** Number of SubjectAccessReviews the function's own user has made (from the audit log). */
 function sarCount(): number {
+  const user = hook.account.user;
   const log = readFileSync(join(controlPlaneDir(), 'logs', 'audit.log'), 'utf8');
   let n = 0;
   for (const line of log.split('\n')) {
-    if (!line.includes(adminUser) || !line.includes('subjectaccessreviews')) continue;
+    if (!line.includes(user) || !line.includes('subjectaccessreviews')) continue;
     const e = JSON.parse(line) as { stage?: string; user?: { username?: string }; objectRef?: { resource?: string } };
-    if (
-      e.stage === 'ResponseComplete' &&
-      e.user?.username === adminUser &&
-      e.objectRef?.resource === 'subjectaccessreviews'
-    )
+    if (e.stage === 'ResponseComplete' && e.user?.username === user && e.objectRef?.resource === 'subjectaccessreviews')
       n++;
   }
   return n;
@@ -116,7 +116,7 @@ function sarCount(): number {
 
 /** The function's "reviewed" log entries since `mark` lines. */
 const reviewedSince = (mark: number) =>
-  cap
+  hook.log
     .entries()
     .slice(mark)
     .filter((e) => e.message === 'reviewed');
@@ -132,100 +132,31 @@ async function assertNoSar(mark: number, sarsBefore: number, what: string) {
   assert.equal(sarCount(), sarsBefore, `${what}: no SubjectAccessReview in the audit log`);
 }
 
-async function clusterRole(name: string, rules: V1PolicyRule[], subject: { kind: 'User' | 'Group'; name: string }) {
-  await rbac.createClusterRole({ body: { metadata: { name }, rules } });
-  await rbac.createClusterRoleBinding({
-    body: {
-      metadata: { name },
-      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name },
-      subjects: [{ ...subject, apiGroup: 'rbac.authorization.k8s.io' }],
-    },
-  });
-  clusterObjects.push({ kind: 'ClusterRoleBinding', name }, { kind: 'ClusterRole', name });
-}
-
-async function role(
-  namespace: string,
-  name: string,
-  rule: V1PolicyRule,
-  subject: { kind: 'User' | 'Group'; name: string },
-) {
-  await rbac.createNamespacedRole({ namespace, body: { metadata: { name }, rules: [rule] } });
-  await rbac.createNamespacedRoleBinding({
-    namespace,
-    body: {
-      metadata: { name },
-      roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'Role', name },
-      subjects: [{ ...subject, apiGroup: 'rbac.authorization.k8s.io' }],
-    },
-  });
-}
-
 before(async () => {
-  [secretsNs, otherSecretsNs, consumerNs] = await Promise.all([ns.create(), ns.create(), ns.create()]);
+  [secretsNs, otherSecretsNs, consumerNs] = await Promise.all([w.namespace(), w.namespace(), w.namespace()]);
   for (const [n, name, v] of [
     [secretsNs, 'creds', 0],
     [secretsNs, 'other-creds', 1],
     [otherSecretsNs, 'creds', 2],
   ] as const) {
-    await a.core.createNamespacedSecret({
-      namespace: n,
-      body: { metadata: { name }, stringData: { token: secretValues[v]! } },
-    });
+    await w.create(sourceSecret(name, inNamespace(n), data({ token: secretValues[v]! })));
   }
+  hook = await admissionWebhook(w, 'captf-test/admission');
 
-  // The function runs as a least-privilege user (manifests/base/rbac/admission.yaml):
-  // SubjectAccessReviews, consumer lists and namespace reads, no Secret access at all.
-  await clusterRole(
-    `captf-admission-fn-${sfx}`,
-    [
-      { apiGroups: ['authorization.k8s.io'], resources: ['subjectaccessreviews'], verbs: ['create'] },
-      { apiGroups: [GROUP], resources: ['terraformclusters', 'terraformmachines'], verbs: ['list'] },
-      { apiGroups: [''], resources: ['namespaces'], verbs: ['get'] },
-    ],
-    { kind: 'User', name: adminUser },
-  );
   // Every test user may create/update/delete identities and their status; Secret access varies.
-  await clusterRole(
-    `captf-admission-editors-${sfx}`,
-    [
-      {
-        apiGroups: [GROUP],
-        resources: [IDENTITY_PLURAL],
-        verbs: ['get', 'list', 'create', 'update', 'patch', 'delete'],
-      },
-      { apiGroups: [GROUP], resources: [`${IDENTITY_PLURAL}/status`], verbs: ['get', 'update', 'patch'] },
-    ],
-    { kind: 'Group', name: editors },
-  );
-
-  const direct = `direct-${sfx}`,
-    scoped = `scoped-${sfx}`,
-    lister = `lister-${sfx}`;
-  await role(
-    secretsNs,
-    'get-secrets',
-    { apiGroups: [''], resources: ['secrets'], verbs: ['get'] },
-    { kind: 'User', name: direct },
-  );
-  await role(
-    secretsNs,
-    'readers-get-secrets',
-    { apiGroups: [''], resources: ['secrets'], verbs: ['get'] },
-    { kind: 'Group', name: readers },
-  );
-  await role(
-    secretsNs,
-    'get-creds-only',
-    { apiGroups: [''], resources: ['secrets'], verbs: ['get'], resourceNames: ['creds'] },
-    { kind: 'User', name: scoped },
-  );
-  await role(
-    secretsNs,
-    'list-secrets',
-    { apiGroups: [''], resources: ['secrets'], verbs: ['list'] },
-    { kind: 'User', name: lister },
-  );
+  const { group, plural } = IDENTITY_RESOURCE;
+  const getSecrets: V1PolicyRule = { apiGroups: [''], resources: ['secrets'], verbs: ['get'] };
+  const [direct, scoped, lister] = [`direct-${sfx}`, `scoped-${sfx}`, `lister-${sfx}`];
+  await Promise.all([
+    grant(w, { kind: 'Group', name: editors }, [
+      { apiGroups: [group], resources: [plural], verbs: ['get', 'list', 'create', 'update', 'patch', 'delete'] },
+      { apiGroups: [group], resources: [`${plural}/status`], verbs: ['get', 'update', 'patch'] },
+    ]),
+    grant(w, { kind: 'User', name: direct }, [getSecrets], secretsNs),
+    grant(w, { kind: 'Group', name: readers }, [getSecrets], secretsNs),
+    grant(w, { kind: 'User', name: scoped }, [{ ...getSecrets, resourceNames: ['creds'] }], secretsNs),
+    grant(w, { kind: 'User', name: lister }, [{ ...getSecrets, verbs: ['list'] }], secretsNs),
+  ]);
   [users.direct, users.member, users.scoped, users.nobody, users.lister] = await Promise.all([
     asUser(direct, [editors]),
     asUser(`member-${sfx}`, [editors, readers]),
@@ -233,114 +164,32 @@ before(async () => {
     asUser(`nobody-${sfx}`, [editors]),
     asUser(lister, [editors]),
   ]);
-
-  const dir = mkdtempSync(join(tmpdir(), 'captf-adm-'));
-  const { leaf, caPem } = await createWebhookPair(dir, `captf-admission-test-ca-${sfx}`);
-  const fnKc = new KubeConfig();
-  fnKc.loadFromFile((await asUser(adminUser)).kubeconfigPath);
-  fn = await start({
-    port: 0,
-    host: '127.0.0.1',
-    kubeconfig: fnKc,
-    logger: cap.logger,
-    env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
-  });
-
-  await a.kc.makeApiClient(AdmissionregistrationV1Api).createValidatingWebhookConfiguration({
-    body: webhookConfiguration({
-      url: `https://127.0.0.1:${fn.port}`,
-      caBundlePem: caPem,
-      name: webhookName,
-      matchLabels: { [LABEL]: sfx },
-    }),
-  });
-
-  // Wait until the API server calls the webhook (an invalid operator passes the CRD schema,
-  // so only the webhook can refuse it), and until RBAC has reached the authorizer.
-  await eventually('the webhook to be active', async () => {
-    const name = `probe-${suffix()}`;
-    try {
-      await create(
-        a,
-        body(name, {
-          ...ref(),
-          allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } },
-        }),
-      );
-      await remove(a, name).catch(() => undefined);
-      return false;
-    } catch (e) {
-      return /denied the request/.test(String((e as { body?: unknown }).body));
-    }
-  });
-  await eventually(
-    'RBAC for the lister',
-    async () => (await users.lister.core.listNamespacedSecret({ namespace: secretsNs })).items.length === 2,
-  );
-  await eventually('RBAC for the group member', async () =>
-    Boolean(await users.member.core.readNamespacedSecret({ namespace: secretsNs, name: 'creds' })),
-  );
-  await eventually('RBAC for the function user', async () =>
-    Boolean(
-      await a.authz
-        .createSubjectAccessReview({
-          body: {
-            spec: {
-              user: adminUser,
-              resourceAttributes: { group: 'authorization.k8s.io', resource: 'subjectaccessreviews', verb: 'create' },
-            },
-          },
-        })
-        .then((r) => r.status?.allowed),
-    ),
-  );
-});
-
-after(async () => {
-  await a.kc
-    .makeApiClient(AdmissionregistrationV1Api)
-    .deleteValidatingWebhookConfiguration({ name: webhookName })
-    .catch(() => undefined);
-  await a.custom
-    .deleteCollectionClusterCustomObject({ ...ids, labelSelector: `${LABEL}=${sfx}` })
-    .catch(() => undefined);
-  for (const o of clusterObjects) {
-    await (
-      o.kind === 'ClusterRole'
-        ? rbac.deleteClusterRole({ name: o.name })
-        : rbac.deleteClusterRoleBinding({ name: o.name })
-    ).catch(() => undefined);
-  }
-  await fn?.close();
 });
 
 /** Creates as `c`, retrying while RBAC or the webhook are still settling (allowed cases only). */
-const createAllowed = (what: string, c: Clients, b: object) =>
-  eventually(what, async () => Boolean(await create(c, b)), 30_000);
+const createAllowed = (what: string, c: Clients, o: Identity) =>
+  eventually(what, async () => Boolean(await create(c, o)), 30_000);
 
 describe('admission on CREATE: a SubjectAccessReview for get on the named Secret', () => {
   it('allowed by direct RBAC (a RoleBinding to the user), and the SAR is visible in the audit log', async () => {
     const before = sarCount();
-    await createAllowed(
-      'direct create',
-      users.direct,
-      body(`c-direct-${sfx}`, { ...ref(), allowedNamespaces: { list: ['a'] } }),
-    );
+    await createAllowed('direct create', users.direct, ours(w.name('c-direct'), allowList('a')));
     await eventually('the SubjectAccessReview in the audit log', async () => sarCount() > before, 10_000);
   });
 
   it('allowed only through a group', async () => {
-    await createAllowed('group create', users.member, body(`c-group-${sfx}`, ref()));
+    await createAllowed('group create', users.member, ours(w.name('c-group')));
   });
 
   it('allowed through a Role scoped by resourceNames, for that Secret only', async () => {
-    await createAllowed('scoped create', users.scoped, body(`c-scoped-${sfx}`, ref('creds')));
-    const r = await rejection(create(users.scoped, body(`c-scoped-other-${sfx}`, ref('other-creds'))));
+    await createAllowed('scoped create', users.scoped, ours(w.name('c-scoped')));
+    const other = ours(w.name('c-scoped-other'), secretRef(secretsNs, 'other-creds'));
+    const r = await rejection(create(users.scoped, other));
     assert.match(r.message, new RegExp(`user "scoped-${sfx}" may not get Secret ${secretsNs}/other-creds`));
   });
 
   it('denied without RBAC, naming user, verb, Secret and rule', async () => {
-    const r = await rejection(create(users.nobody, body(`c-nobody-${sfx}`, ref())));
+    const r = await rejection(create(users.nobody, ours(w.name('c-nobody'))));
     assert.equal(r.code, 403);
     assert.match(r.message, /admission webhook "identities\.captf-credentials\.local" denied the request/);
     assert.match(
@@ -352,14 +201,15 @@ describe('admission on CREATE: a SubjectAccessReview for get on the named Secret
   });
 
   it('denied when RBAC grants list but not get', async () => {
-    const r = await rejection(create(users.lister, body(`c-lister-${sfx}`, ref())));
+    const r = await rejection(create(users.lister, ours(w.name('c-lister'))));
     assert.match(r.message, new RegExp(`user "lister-${sfx}" may not get Secret ${secretsNs}/creds`));
   });
 
   it('a dry-run create is reviewed the same way (denied without RBAC; allowed with it, and nothing stored)', async () => {
-    const dry = `c-dry-${sfx}`;
-    let mark = cap.lines.length;
-    const r = await rejection(create(users.nobody, body(dry, ref()), true));
+    const dry = ours(w.name('c-dry'));
+    const dryRun = (user: User) => raw(user, 'POST', identityPath(undefined, '?dryRun=All'), dry);
+    let mark = hook.log.lines.length;
+    const r = await dryRun(users.nobody);
     assert.match(r.message, new RegExp(`user "nobody-${sfx}" may not get Secret ${secretsNs}/creds`));
     await eventually(
       'the denied dry run in the function log',
@@ -367,81 +217,57 @@ describe('admission on CREATE: a SubjectAccessReview for get on the named Secret
         reviewedSince(mark).some((e) => e.dryRun === true && e.subjectAccessReview === true && e.allowed === false),
       5_000,
     );
-    mark = cap.lines.length;
-    await eventually('dry-run create', async () => Boolean(await create(users.direct, body(dry, ref()), true)), 30_000);
+    mark = hook.log.lines.length;
+    await eventually('dry-run create', async () => (await dryRun(users.direct)).status === 201, 30_000);
     await eventually(
       'the allowed dry run in the function log',
       async () =>
         reviewedSince(mark).some((e) => e.dryRun === true && e.subjectAccessReview === true && e.allowed === true),
       5_000,
     );
-    await assert.rejects(read(dry), (e: unknown) => apiStatus(e) === 404, 'a dry run stores nothing');
+    assert.equal(await w.read(dry), undefined, 'a dry run stores nothing');
   });
 });
 
 describe('admission on UPDATE: a SAR only when secretRef changes or allowedNamespaces widens', () => {
-  const name = `u-${sfx}`;
-  const base = () => ({
-    ...ref(),
-    allowedNamespaces: {
-      list: ['a', 'b'],
-      selector: {
-        matchLabels: { env: 'prod' },
-        matchExpressions: [{ key: 'tier', operator: 'In', values: ['x', 'y'] }],
-      },
-    },
-  });
-  const reset = async () => {
-    await update(a, name, (o) => {
-      o.spec = base();
-    });
-  };
+  const name = w.name('u');
+  const base = () =>
+    ours(
+      name,
+      allowedNamespaces({
+        list: ['a', 'b'],
+        selector: {
+          matchLabels: { env: 'prod' },
+          matchExpressions: [{ key: 'tier', operator: 'In', values: ['x', 'y'] }],
+        },
+      }),
+    );
+  const reset = () => w.put(base());
   before(async () => {
-    await createAllowed('the identity to update', a, body(name, base()));
+    await createAllowed('the identity to update', a, base());
   });
 
   const denied: [string, (o: Identity) => void, RegExp][] = [
     [
       'secretRef.name changed',
-      (o) => {
-        o.spec.secretRef = { name: 'other-creds', namespace: secretsNs };
-      },
+      (o) => void (o.spec.secretRef = { name: 'other-creds', namespace: secretsNs }),
       /changing spec\.secretRef/,
     ],
     [
       'secretRef.namespace changed',
-      (o) => {
-        o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs };
-      },
+      (o) => void (o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs }),
       /changing spec\.secretRef/,
     ],
     [
       'list gains a name',
-      (o) => {
-        (o.spec.allowedNamespaces as { list: string[] }).list.push('c');
-      },
+      (o) => void o.spec.allowedNamespaces!.list!.push('c'),
       /widening spec\.allowedNamespaces \(list gains c\)/,
     ],
-    [
-      'selector loses a requirement',
-      (o) => {
-        delete (o.spec.allowedNamespaces as { selector: { matchLabels?: unknown } }).selector.matchLabels;
-      },
-      /widening/,
-    ],
-    [
-      'selector value changed',
-      (o) => {
-        (o.spec.allowedNamespaces as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels.env =
-          'dev';
-      },
-      /widening/,
-    ],
+    ['selector loses a requirement', (o) => void delete o.spec.allowedNamespaces!.selector!.matchLabels, /widening/],
+    ['selector value changed', (o) => void (o.spec.allowedNamespaces!.selector!.matchLabels!.env = 'dev'), /widening/],
     [
       'list → selector',
-      (o) => {
-        o.spec.allowedNamespaces = { selector: { matchLabels: { env: 'prod' } } };
-      },
+      (o) => void (o.spec.allowedNamespaces = { selector: { matchLabels: { env: 'prod' } } }),
       /widening/,
     ],
   ];
@@ -458,50 +284,25 @@ describe('admission on UPDATE: a SAR only when secretRef changes or allowedNames
 
   it('secretRef.name changed: allowed for a user who may get the new Secret', async () => {
     await reset();
-    await eventually(
-      'update by direct',
-      async () =>
-        Boolean(
-          await update(users.direct, name, (o) => {
-            o.spec.secretRef = { name: 'other-creds', namespace: secretsNs };
-          }),
-        ),
-      30_000,
-    );
+    const change = (o: Identity) => void (o.spec.secretRef = { name: 'other-creds', namespace: secretsNs });
+    await eventually('update by direct', async () => Boolean(await update(users.direct, name, change)), 30_000);
     assert.equal((await read(name)).spec.secretRef.name, 'other-creds');
   });
 
   it('secretRef.namespace changed: denied even for a user who may get the old Secret', async () => {
     await reset();
-    const r = await rejection(
-      update(users.direct, name, (o) => {
-        o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs };
-      }),
-    );
+    const change = (o: Identity) => void (o.spec.secretRef = { name: 'creds', namespace: otherSecretsNs });
+    const r = await rejection(update(users.direct, name, change));
     assert.match(r.message, new RegExp(`may not get Secret ${otherSecretsNs}/creds`));
   });
 
   const allowed: [string, (o: Identity) => void][] = [
-    [
-      'list loses a name',
-      (o) => {
-        (o.spec.allowedNamespaces as { list: string[] }).list = ['a'];
-      },
-    ],
+    ['list loses a name', (o) => void (o.spec.allowedNamespaces!.list = ['a'])],
     [
       'selector unchanged (requirements and values reordered)',
-      (o) => {
-        const sel = (o.spec.allowedNamespaces as { selector: { matchExpressions: { values: string[] }[] } }).selector;
-        sel.matchExpressions[0]!.values = ['y', 'x'];
-      },
+      (o) => void (o.spec.allowedNamespaces!.selector!.matchExpressions![0]!.values = ['y', 'x']),
     ],
-    [
-      'selector gains a requirement',
-      (o) => {
-        (o.spec.allowedNamespaces as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels.team =
-          'blue';
-      },
-    ],
+    ['selector gains a requirement', (o) => void (o.spec.allowedNamespaces!.selector!.matchLabels!.team = 'blue')],
     [
       'metadata-only update (label and annotation)',
       (o) => {
@@ -513,7 +314,7 @@ describe('admission on UPDATE: a SAR only when secretRef changes or allowedNames
   for (const [what, change] of allowed) {
     it(`${what}: no SAR — allowed for a user without Secret access`, async () => {
       await reset();
-      const mark = cap.lines.length;
+      const mark = hook.log.lines.length;
       const sars = sarCount();
       await update(users.nobody, name, change);
       await assertNoSar(mark, sars, what);
@@ -521,52 +322,41 @@ describe('admission on UPDATE: a SAR only when secretRef changes or allowedNames
   }
 
   it('unset → selector: {} is widening: denied without Secret access, allowed with it', async () => {
-    await update(a, name, (o) => {
-      delete (o.spec as { allowedNamespaces?: unknown }).allowedNamespaces;
-    });
-    const r = await rejection(
-      update(users.nobody, name, (o) => {
-        o.spec.allowedNamespaces = { selector: {} };
-      }),
-    );
+    await update(a, name, (o) => void delete o.spec.allowedNamespaces);
+    const everyNamespace = (o: Identity) => void (o.spec.allowedNamespaces = { selector: {} });
+    const r = await rejection(update(users.nobody, name, everyNamespace));
     assert.match(r.message, /widening spec\.allowedNamespaces \(a selector was added\)/);
-    await update(users.member, name, (o) => {
-      o.spec.allowedNamespaces = { selector: {} };
-    });
+    await update(users.member, name, everyNamespace);
     assert.deepEqual((await read(name)).spec.allowedNamespaces, { selector: {} });
   });
 
   it('a status update is never reviewed', async () => {
-    const mark = cap.lines.length;
+    const mark = hook.log.lines.length;
     const sars = sarCount();
-    const o = (await users.nobody.custom.getClusterCustomObject({ ...ids, name })) as Identity;
-    await users.nobody.custom.replaceClusterCustomObjectStatus({
-      ...ids,
-      name,
-      body: { ...o, status: { namespaces: ['x-status'] } },
+    const o = await identities(users.nobody).get({ name });
+    const r = await raw(users.nobody, 'PUT', identityPath(name, '/status'), {
+      ...o,
+      status: { namespaces: ['x-status'] },
     });
+    assert.equal(r.status, 200, r.message);
     await new Promise((res) => setTimeout(res, 500));
     assert.equal(reviewedSince(mark).length, 0, 'the webhook was not called');
     assert.equal(sarCount(), sars);
-    await a.custom.replaceClusterCustomObjectStatus({
-      ...ids,
-      name,
-      body: { ...(await read(name)), status: { namespaces: [] } },
-    });
+    await identities(a).applyStatus({ metadata: { name }, status: { namespaces: [] } });
   });
 });
 
 describe('admission rejects invalid forms', () => {
   it('allowedNamespaces: {} is rejected by the CRD CEL rule before the webhook', async () => {
-    const mark = cap.lines.length;
-    const r = await rejection(create(a, body(`r-empty-${sfx}`, { ...ref(), allowedNamespaces: {} })));
+    const mark = hook.log.lines.length;
+    const r = await rejection(create(a, ours(w.name('r-empty'), allowedNamespaces({}))));
     assert.equal(r.code, 422);
     assert.match(r.message, /allowedNamespaces: \{\} is ambiguous/);
     await new Promise((res) => setTimeout(res, 500));
     assert.equal(reviewedSince(mark).length, 0, 'the webhook was not called');
   });
 
-  for (const [what, expr, msg] of [
+  const operators: [string, LabelSelectorRequirement, RegExp][] = [
     [
       'an unknown operator',
       { key: 'env', operator: 'Near', values: ['x'] },
@@ -578,36 +368,30 @@ describe('admission rejects invalid forms', () => {
       { key: 'env', operator: 'Exists', values: ['x'] },
       /values: must be empty when operator is Exists/,
     ],
-  ] as const) {
+  ];
+  for (const [what, expr, msg] of operators) {
     it(`a selector with ${what} is rejected by the webhook, naming the bad part`, async () => {
-      const r = await rejection(
-        create(
-          a,
-          body(`r-op-${suffix()}`, { ...ref(), allowedNamespaces: { selector: { matchExpressions: [expr] } } }),
-        ),
-      );
+      const r = await rejection(create(a, ours(w.name('r-op'), allowSelector({ matchExpressions: [expr] }))));
       assert.equal(r.code, 422);
       assert.match(r.message, msg);
     });
   }
 
   it('an invalid Secret name is rejected by the webhook', async () => {
-    const r = await rejection(
-      create(a, body(`r-name-${sfx}`, { secretRef: { name: 'Not_Valid', namespace: secretsNs } })),
-    );
+    const r = await rejection(create(a, ours(w.name('r-name'), secretRef(secretsNs, 'Not_Valid'))));
     assert.match(r.message, /spec\.secretRef\.name: "Not_Valid" is not a valid Secret name/);
   });
 });
 
 describe('admission on DELETE: refused while the identity is in use', () => {
+  /** Sets `status.namespaces` as the admin, through the status subresource. */
+  const inUseIn = (name: string, namespaces: string[]) =>
+    identities(a).applyStatus({ metadata: { name }, status: { namespaces } });
+
   it('refused while status.namespaces is non-empty (set by the admin through the status subresource)', async () => {
-    const name = `d-status-${sfx}`;
-    await createAllowed('identity', a, body(name, ref()));
-    await a.custom.replaceClusterCustomObjectStatus({
-      ...ids,
-      name,
-      body: { ...(await read(name)), status: { namespaces: ['team-b', 'team-a'] } },
-    });
+    const name = w.name('d-status');
+    await createAllowed('identity', a, ours(name));
+    await inUseIn(name, ['team-b', 'team-a']);
     const r = await rejection(remove(users.nobody, name));
     assert.match(
       r.message,
@@ -615,86 +399,57 @@ describe('admission on DELETE: refused while the identity is in use', () => {
         `user "nobody-${sfx}" may not delete TerraformClusterIdentity "${name}": it is in use in namespace\\(s\\) team-a, team-b`,
       ),
     );
-    await a.custom.replaceClusterCustomObjectStatus({
-      ...ids,
-      name,
-      body: { ...(await read(name)), status: { namespaces: [] } },
-    });
+    await inUseIn(name, []);
     await remove(users.nobody, name);
   });
 
   it('refused with an empty status while a live consumer references it; allowed once it is gone', async () => {
-    const name = `d-live-${sfx}`;
-    await createAllowed('identity', a, body(name, ref()));
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: consumerNs,
-      plural: 'terraformclusters',
-      body: {
-        apiVersion: API_VERSION,
-        kind: 'TerraformCluster',
-        metadata: { name: 'user' },
-        spec: { identityRef: { name } },
-      },
-    });
+    const name = w.name('d-live');
+    await createAllowed('identity', a, ours(name));
+    const user = await w.create(consumer('user', inNamespace(consumerNs), identityRef(name)));
     assert.deepEqual((await read(name)).status ?? {}, {}, 'status is empty');
     const r = await rejection(remove(users.nobody, name));
     assert.match(r.message, new RegExp(`in use in namespace\\(s\\) ${consumerNs};`));
-    await a.custom.deleteNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: consumerNs,
-      plural: 'terraformclusters',
-      name: 'user',
-    });
-    await eventually('delete once unused', async () => Boolean(await remove(users.nobody, name)), 30_000);
+    await w.delete(user);
+    await eventually(
+      'delete once unused',
+      async () => {
+        await remove(users.nobody, name);
+        return true;
+      },
+      30_000,
+    );
   });
 
   it('allowed when unused', async () => {
-    const name = `d-unused-${sfx}`;
-    await createAllowed('identity', a, body(name, ref()));
+    const name = w.name('d-unused');
+    await createAllowed('identity', a, ours(name));
     await remove(users.nobody, name);
-    await assert.rejects(read(name), (e: unknown) => apiStatus(e) === 404);
+    assert.equal(await w.read(identity(name)), undefined);
   });
 });
 
 describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without validation', () => {
   // `operator: In` without values passes the CRD schema (and its CEL rule, which only refuses
-  // `{}`) but not the webhook. Created without this run's label, the webhook's objectSelector
+  // `{}`) but not the webhook. Created without this file's label, the webhook's objectSelector
   // does not match, so the API server stores it as if the webhook had been down.
-  const name = `rat-${sfx}`;
-  const FINALIZER = 'test.captf.io/hold';
-  const invalid = () => ({
-    ...ref(),
-    allowedNamespaces: { selector: { matchExpressions: [{ key: 'tier', operator: 'In' }] } },
-  });
-  after(async () => {
-    await a.custom
-      .patchClusterCustomObject({ ...ids, name, body: [{ op: 'replace', path: '/metadata/finalizers', value: [] }] })
-      .catch(() => undefined);
-  });
+  const name = w.name('rat');
+  const invalid = () => allowSelector({ matchExpressions: [{ key: 'tier', operator: 'In' }] });
 
   it('an identity stored with a spec the webhook rejects gets a label, is deleted, and loses its finalizer', async () => {
-    await a.custom.createClusterCustomObject({
-      ...ids,
-      body: {
-        apiVersion: API_VERSION,
-        kind: IDENTITY_KIND,
-        metadata: { name, finalizers: [FINALIZER] },
-        spec: invalid(),
-      },
-    });
+    await w.create(identity(name, secretRef(secretsNs, 'creds'), invalid(), finalizers('test.captf.io/hold')));
+    w.onCleanup(() => update(a, name, (o) => void (o.metadata.finalizers = [])));
     // The same spec is refused by the webhook on create (so the stored one predates the rule).
-    const refused = await rejection(create(a, body(`rat-new-${sfx}`, invalid())));
+    const refused = await rejection(create(a, ours(w.name('rat-new'), invalid())));
     assert.match(refused.message, /values: must be non-empty when operator is In/);
 
-    // Adding this run's label is an UPDATE the webhook sees (the new object matches its
+    // Adding this file's label is an UPDATE the webhook sees (the new object matches its
     // objectSelector); the spec is unchanged, so it is admitted without validation or SAR.
-    let mark = cap.lines.length;
+    let mark = hook.log.lines.length;
     const sars = sarCount();
     await update(users.nobody, name, (o) => {
-      o.metadata.labels = { ...o.metadata.labels, [LABEL]: sfx, team: 'blue' };
+      hook.ours(o);
+      labels({ team: 'blue' })(o);
     });
     await assertNoSar(mark, sars, 'adding labels');
     assert.equal(reviewedSince(mark)[0]!.why, 'spec unchanged (not validated: ratcheting)');
@@ -702,11 +457,7 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without v
 
     // A change of the spec is still validated.
     const r = await rejection(
-      update(users.nobody, name, (o) => {
-        (
-          o.spec.allowedNamespaces as { selector: { matchExpressions: { key: string }[] } }
-        ).selector.matchExpressions[0]!.key = 'other';
-      }),
+      update(users.nobody, name, (o) => void (o.spec.allowedNamespaces!.selector!.matchExpressions![0]!.key = 'other')),
     );
     assert.equal(r.code, 422);
 
@@ -714,16 +465,9 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without v
     // UPDATE with the invalid spec unchanged, and the identity goes away.
     await remove(users.nobody, name);
     assert.ok((await read(name)).metadata.deletionTimestamp, 'Terminating');
-    mark = cap.lines.length;
-    await update(users.nobody, name, (o) => {
-      o.metadata.finalizers = [];
-    });
-    await eventually('the identity to be gone', async () =>
-      read(name).then(
-        () => false,
-        (e) => apiStatus(e) === 404,
-      ),
-    );
+    mark = hook.log.lines.length;
+    await update(users.nobody, name, (o) => void (o.metadata.finalizers = []));
+    await eventually('the identity to be gone', async () => (await w.read(identity(name))) === undefined);
     assert.ok(
       reviewedSince(mark).some(
         (e) => e.operation === 'UPDATE' && e.allowed === true && e.subjectAccessReview === false,
@@ -733,103 +477,46 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without v
   });
 });
 
-/** The text of one `Warning` header (`299 - "text"`, RFC 7234 as the API server writes it). */
-function warningText(header: string): string {
-  const m = /^\d{3} \S+ "((?:[^"\\]|\\.)*)"/.exec(header);
-  return m ? (JSON.parse(`"${m[1]}"`) as string) : header;
-}
-
-/**
- * A raw request as the kubeconfig's user, the way kubectl makes it: the status, the body, and
- * every `Warning` response header (one per warning; client-node does not expose them).
- */
-async function raw(
-  kubeconfigPath: string,
-  method: string,
-  path: string,
-  payload?: unknown,
-): Promise<{ status: number; body: Record<string, unknown>; warnings: string[] }> {
-  const kc = new KubeConfig();
-  kc.loadFromFile(kubeconfigPath);
-  const url = new URL(path, kc.getCurrentCluster()!.server);
-  const opts: RequestOptions = {
-    method,
-    hostname: url.hostname,
-    port: url.port,
-    path: url.pathname + url.search,
-    headers: { 'content-type': 'application/json', accept: 'application/json' },
-  };
-  await kc.applyToHTTPSOptions(opts);
-  return new Promise((resolve, reject) => {
-    const req = httpsRequest(opts, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        const warnings: string[] = [];
-        for (let i = 0; i + 1 < res.rawHeaders.length; i += 2)
-          if (res.rawHeaders[i]!.toLowerCase() === 'warning') warnings.push(warningText(res.rawHeaders[i + 1]!));
-        resolve({ status: res.statusCode ?? 0, body: JSON.parse(Buffer.concat(chunks).toString()), warnings });
-      });
-    });
-    req.on('error', reject);
-    req.end(payload === undefined ? undefined : JSON.stringify(payload));
-  });
-}
-
 describe('warnings before a revocation (SPEC §10)', () => {
   const TIER = 'captf-test/warn-tier';
   let nsA: string, nsB: string, nsC: string;
-  let nobody: string;
-  const consumers: { namespace: string; plural: string; name: string }[] = [];
-  const path = (name: string, dryRun = false) =>
-    `/apis/${GROUP}/${VERSION}/${IDENTITY_PLURAL}/${name}${dryRun ? '?dryRun=All' : ''}`;
-  /** PUTs the identity with `change` applied, as `user`, through the raw client. */
-  const put = async (user: string, name: string, change: (o: Identity) => void, dryRun = false) => {
+  /** PUTs the identity with `change` applied, as `user`, through the raw client (which shows the warnings). */
+  const put = async (user: User, name: string, change: (o: Identity) => void, dryRun = false) => {
     const o = await read(name);
     change(o);
-    const r = await raw(user, 'PUT', path(name, dryRun), o);
+    const r = await raw(user, 'PUT', identityPath(name, dryRun ? '?dryRun=All' : ''), o);
     assert.equal(r.status, 200, JSON.stringify(r.body));
     seen.push(...r.warnings);
     return r;
   };
-  const ours = (ws: string[]) => ws.filter((w) => w.startsWith('identity "'));
+  const identityWarnings = (ws: string[]) => ws.filter((x) => x.startsWith('identity "'));
+  const narrowTo =
+    (...list: string[]) =>
+    (o: Identity) =>
+      void (o.spec.allowedNamespaces = { list });
 
   before(async () => {
     [nsA, nsB, nsC] = await Promise.all([
-      ns.create({ [TIER]: 'gold' }),
-      ns.create({ [TIER]: 'gold' }),
-      ns.create({ [TIER]: 'silver' }),
+      w.namespace(labels({ [TIER]: 'gold' })),
+      w.namespace(labels({ [TIER]: 'gold' })),
+      w.namespace(labels({ [TIER]: 'silver' })),
     ]);
-    nobody = users.nobody.kubeconfigPath;
-  });
-  after(async () => {
-    for (const c of consumers)
-      await a.custom.deleteNamespacedCustomObject({ group: GROUP, version: VERSION, ...c }).catch(() => undefined);
   });
 
-  /** An identity of this run and its consumers: `counts` per namespace, half clusters, half machines. */
-  async function identityInUse(name: string, allowedNamespaces: unknown, counts: [string, number][]) {
-    await createAllowed('the identity', a, body(name, { ...ref(), allowedNamespaces }));
+  /** An identity of this file and its consumers: `counts` per namespace, half clusters, half machines. */
+  async function identityInUse(name: string, allowed: Modifier<Identity>, counts: [string, number][]) {
+    await createAllowed('the identity', a, ours(name, allowed));
     for (const [namespace, n] of counts) {
       for (let i = 0; i < n; i++) {
-        const [plural, kind] =
-          i % 2 ? ['terraformmachines', 'TerraformMachine'] : ['terraformclusters', 'TerraformCluster'];
-        const c = { namespace, plural, name: `${name}-${i}` };
-        await a.custom.createNamespacedCustomObject({
-          group: GROUP,
-          version: VERSION,
-          namespace,
-          plural,
-          body: { apiVersion: API_VERSION, kind, metadata: { name: c.name }, spec: { identityRef: { name } } },
-        });
-        consumers.push(c);
+        const kind = ofKind(i % 2 ? TERRAFORM_MACHINE : TERRAFORM_CLUSTER);
+        await w.create(consumer(`${name}-${i}`, inNamespace(namespace), identityRef(name), kind));
       }
     }
   }
 
   it('a dry-run narrowing previews the warning and changes nothing; the real one returns it too', async () => {
-    const name = `w-list-${sfx}`;
-    await identityInUse(name, { list: [nsA, nsB, nsC] }, [
+    const name = w.name('w-list');
+    await identityInUse(name, allowList(nsA, nsB, nsC), [
       [nsA, 1],
       [nsB, 2],
       [nsC, 1],
@@ -841,74 +528,66 @@ describe('warnings before a revocation (SPEC §10)', () => {
     ];
     const before = await read(name);
     const sars = sarCount();
-    const dry = await put(nobody, name, (o) => void (o.spec.allowedNamespaces = { list: [nsA] }), true);
-    assert.deepEqual(ours(dry.warnings), expected);
+    const dry = await put(users.nobody, name, narrowTo(nsA), true);
+    assert.deepEqual(identityWarnings(dry.warnings), expected);
     const after = await read(name);
     assert.deepEqual(after.spec.allowedNamespaces, { list: [nsA, nsB, nsC] }, 'a dry run changes nothing');
     assert.equal(after.metadata.resourceVersion, before.metadata.resourceVersion);
 
-    const real = await put(nobody, name, (o) => void (o.spec.allowedNamespaces = { list: [nsA] }));
-    assert.deepEqual(ours(real.warnings), expected);
+    const real = await put(users.nobody, name, narrowTo(nsA));
+    assert.deepEqual(identityWarnings(real.warnings), expected);
     assert.deepEqual((await read(name)).spec.allowedNamespaces, { list: [nsA] });
     assert.equal(sarCount(), sars, 'a narrowing needs no SubjectAccessReview');
   });
 
   it('a tightened selector: the webhook reads namespace labels (get namespaces) and names who loses access', async () => {
-    const name = `w-sel-${sfx}`;
-    await identityInUse(name, { selector: { matchExpressions: [{ key: TIER, operator: 'Exists' }] } }, [
+    const name = w.name('w-sel');
+    const exists = { key: TIER, operator: 'Exists' };
+    await identityInUse(name, allowSelector({ matchExpressions: [exists] }), [
       [nsA, 1],
       [nsC, 3],
     ]);
     // The selector only gains a requirement: narrowing, no SubjectAccessReview.
-    const r = await put(
-      nobody,
-      name,
-      (o) =>
-        void (o.spec.allowedNamespaces = {
-          selector: { matchLabels: { [TIER]: 'gold' }, matchExpressions: [{ key: TIER, operator: 'Exists' }] },
-        }),
-    );
-    assert.deepEqual(ours(r.warnings), [
+    const tightened = { selector: { matchLabels: { [TIER]: 'gold' }, matchExpressions: [exists] } };
+    const r = await put(users.nobody, name, (o) => void (o.spec.allowedNamespaces = tightened));
+    assert.deepEqual(identityWarnings(r.warnings), [
       `identity "${name}": spec.allowedNamespaces no longer allows 1 namespace in use: ${nsC} (3 consumers); ` +
         `3 consumers there will lose their credentials`,
     ]);
   });
 
   it('no warning when nobody loses access; a widening that passes the SAR is warned about what it drops', async () => {
-    const name = `w-none-${sfx}`;
-    await identityInUse(name, { list: [nsA, nsB] }, [[nsA, 1]]);
-    const none = await put(nobody, name, (o) => void (o.spec.allowedNamespaces = { list: [nsA] }));
-    assert.deepEqual(ours(none.warnings), []);
-    const direct = users.direct.kubeconfigPath;
-    const swap = await put(direct, name, (o) => void (o.spec.allowedNamespaces = { list: [nsC] }));
-    assert.deepEqual(ours(swap.warnings), [
+    const name = w.name('w-none');
+    await identityInUse(name, allowList(nsA, nsB), [[nsA, 1]]);
+    const none = await put(users.nobody, name, narrowTo(nsA));
+    assert.deepEqual(identityWarnings(none.warnings), []);
+    const swap = await put(users.direct, name, narrowTo(nsC));
+    assert.deepEqual(identityWarnings(swap.warnings), [
       `identity "${name}": spec.allowedNamespaces no longer allows 1 namespace in use: ${nsA} (1 consumer); ` +
         `1 consumer there will lose its credentials`,
     ]);
   });
 
   it('a secretRef change that passes the SAR warns that every mirror will be rewritten from the new Secret', async () => {
-    const name = `w-ref-${sfx}`;
-    await identityInUse(name, { list: [nsA] }, [[nsA, 1]]);
-    const direct = users.direct.kubeconfigPath;
-    const r = await put(direct, name, (o) => void (o.spec.secretRef = { name: 'other-creds', namespace: secretsNs }));
-    assert.deepEqual(ours(r.warnings), [
+    const name = w.name('w-ref');
+    await identityInUse(name, allowList(nsA), [[nsA, 1]]);
+    const change = (o: Identity) => void (o.spec.secretRef = { name: 'other-creds', namespace: secretsNs });
+    const r = await put(users.direct, name, change);
+    assert.deepEqual(identityWarnings(r.warnings), [
       `identity "${name}": spec.secretRef changed; every mirror will be rewritten from ${secretsNs}/other-creds`,
     ]);
   });
 
-  it('kubectl prints the warnings as Warning: lines, and --dry-run=server is a preview', async (t) => {
-    const kubectl = builtKubectlPath();
-    if (!kubectl) {
-      t.skip('kubectl is not built (npm run tools -- kubectl)');
-      return;
-    }
-    const name = `w-kubectl-${sfx}`;
-    await identityInUse(name, { list: [nsA, nsB] }, [[nsB, 2]]);
+  const kubectl = builtKubectlPath();
+  const skip = kubectl ? false : 'kubectl is not built (npm run tools -- kubectl)';
+  it('kubectl prints the warnings as Warning: lines, and --dry-run=server is a preview', { skip }, async (t) => {
+    const name = w.name('w-kubectl');
+    await identityInUse(name, allowList(nsA, nsB), [[nsB, 2]]);
     const patch = JSON.stringify({ spec: { allowedNamespaces: { list: [nsA] } } });
-    const args = ['--kubeconfig', nobody, 'patch', `${IDENTITY_PLURAL}.${GROUP}`, name, '--type', 'merge', '-p', patch];
+    const resource = `${IDENTITY_RESOURCE.plural}.${IDENTITY_RESOURCE.group}`;
+    const args = ['--kubeconfig', users.nobody.kubeconfigPath, 'patch', resource, name, '--type', 'merge', '-p', patch];
     // Not spawnSync: the webhook runs in this process and must keep answering meanwhile.
-    const out = await promisify(execFile)(kubectl, [...args, '--dry-run=server'], { encoding: 'utf8' });
+    const out = await promisify(execFile)(kubectl!, [...args, '--dry-run=server'], { encoding: 'utf8' });
     t.diagnostic(`kubectl said:\n${out.stderr}${out.stdout}`);
     assert.match(out.stdout, new RegExp(`${name} patched`));
     assert.ok(
@@ -926,6 +605,6 @@ describe('no Secret data anywhere', () => {
   it('no planted value in any message a user saw or any log line of the function', () => {
     assert.ok(seen.length > 10, 'messages were collected');
     assertNoSecret(seen.join('\n'), secretValues, 'API error messages');
-    assertNoSecret(cap.lines.join('\n'), secretValues, 'admission logs');
+    assertNoSecret(hook.log.lines.join('\n'), secretValues, 'admission logs');
   });
 });

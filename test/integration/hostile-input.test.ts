@@ -22,7 +22,9 @@ import { prepareCaller, type PrepareCaller } from '../../scripts/lib/serviceacco
 import { FUZZ_ENV, fuzzTargets, newTallies, tallyLine } from '../../scripts/soak/targets.ts';
 import type { FuzzTarget } from '../../scripts/soak/fuzz.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName, type RunningSystem } from '../../scripts/system/system.ts';
+import { admissionReview } from '../helpers/admission.ts';
 import { admin, controlPlaneDir, suffix } from '../helpers/cluster.ts';
+import { consumer, identity, identitySpec, inNamespace, secretRef } from '../helpers/fixtures.ts';
 
 /** Cases per function in `npm test` (override with CAPTF_FUZZ_RUNS). */
 const RUNS = Number(process.env.CAPTF_FUZZ_RUNS || 300);
@@ -33,13 +35,25 @@ const REPLAY = {
   path: process.env.CAPTF_FUZZ_PATH || undefined,
 };
 
-const identity = (spec: Raw | object) => ({
-  apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-  kind: 'TerraformClusterIdentity',
-  metadata: { name: 'fz-aaa000' },
-  spec,
-});
 const deepObject = (d: number) => new Raw('{"a":'.repeat(d) + '1' + '}'.repeat(d), `{a:}×${d}`);
+const deepArray = (d: number) => new Raw('['.repeat(d) + ']'.repeat(d), `[]×${d}`);
+const FUZZ_UID = '00000000-0000-1000-8000-000000000000';
+/** An AdmissionReview about identity `name` by the fuzz's user, `fields` (the objects) as posted. */
+const fuzzReview = (operation: string, name: string, fields: Record<string, unknown>) =>
+  admissionReview({
+    uid: FUZZ_UID,
+    operation,
+    name,
+    userInfo: { username: 'fuzz-user-00000000', groups: ['fuzzers'] },
+    ...fields,
+  });
+/** A counterexample kept as the request it was: a POST that must get no 5xx. */
+const posted = (path: string, headers: Record<string, string>, body: unknown): FuzzCase => ({
+  kind: 'regression',
+  expect: 'no-5xx',
+  request: { method: 'POST', path, headers, body },
+});
+const cluster = consumer('fz-00000a', inNamespace('fz-a0a0a0'));
 
 /**
  * The counterexamples the fuzz found (shrunk), kept as they were posted. A seed replays only
@@ -50,83 +64,55 @@ const REGRESSIONS: { target: string; what: string; found: string; request: FuzzC
     target: 'admission',
     what: 'an UPDATE whose object and oldObject hold the same 10 000-deep spec (no stack overflow in the deep equality)',
     found: 'seed 1472984686, path 168:0:0:…:0:1',
-    request: {
-      kind: 'regression',
-      expect: 'no-5xx',
-      request: {
-        method: 'POST',
-        path: '/validate',
-        headers: { 'content-type': 'application/json' },
-        body: {
-          apiVersion: 'admission.k8s.io/v1',
-          kind: 'AdmissionReview',
-          request: {
-            uid: '00000000-0000-1000-8000-000000000000',
-            operation: 'UPDATE',
-            name: 'fz-aaa000',
-            userInfo: { username: 'fuzz-user-00000000', groups: ['fuzzers'] },
-            object: identity(deepObject(10_000)),
-            oldObject: identity(deepObject(10_000)),
-          },
-        },
-      },
-    },
+    request: posted(
+      '/validate',
+      { 'content-type': 'application/json' },
+      fuzzReview('UPDATE', 'fz-aaa000', {
+        object: identity('fz-aaa000', identitySpec(deepObject(10_000))),
+        oldObject: identity('fz-aaa000', identitySpec(deepObject(10_000))),
+      }),
+    ),
   },
   {
     target: 'admission',
     what: 'a 200 000-deep array as apiVersion (no stack overflow in String())',
     found: 'seed -521222806, path 1270:0:0:…:1:1:4:4:4',
-    request: {
-      kind: 'regression',
-      expect: 'no-5xx',
-      request: {
-        method: 'POST',
-        path: '/validate',
-        headers: {},
-        body: {
-          apiVersion: new Raw('['.repeat(200_000) + ']'.repeat(200_000), '[]×200000'),
-          kind: 'AdmissionReview',
-          request: {
-            uid: '00000000-0000-1000-8000-000000000000',
-            operation: 'CREATE',
-            name: 'fz-0a0000',
-            userInfo: { username: 'fuzz-user-00000000', groups: ['fuzzers'] },
-            object: identity({ secretRef: { name: 'fz-00a0aa', namespace: 'captf-fuzz-secrets' } }),
-          },
-        },
+    request: posted(
+      '/validate',
+      {},
+      {
+        ...fuzzReview('CREATE', 'fz-0a0000', {
+          object: identity('fz-aaa000', secretRef('captf-fuzz-secrets', 'fz-00a0aa')),
+        }),
+        apiVersion: deepArray(200_000),
       },
-    },
+    ),
   },
   {
     target: 'mirror-sync',
     what: 'a structured event whose specversion is a 200 000-deep array (no stack overflow quoting it)',
     found: 'soak seed -1529217932, path 2471:2:1:…:5:5',
-    request: {
-      kind: 'regression',
-      expect: 'no-5xx',
-      request: {
-        method: 'POST',
-        path: '/',
-        headers: { 'content-type': 'application/cloudevents+json' },
-        body: {
-          specversion: new Raw('['.repeat(200_000) + ']'.repeat(200_000), '[]×200000'),
-          id: '00000000-0000-1000-8000-000000000000',
-          source: 'https://127.0.0.1:6443',
-          type: 'dev.knative.apiserver.resource.add',
-          datacontenttype: 'application/json',
-          kind: 'TerraformCluster',
-          name: 'fz-00000a',
-          namespace: 'fz-a0a0a0',
-          apiversion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-          data: {
-            apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-            kind: 'TerraformCluster',
-            metadata: { name: 'fz-00000a', namespace: 'fz-a0a0a0', uid: '00000000-0000-1000-8000-000000000000' },
-          },
-          UPPER: null,
+    request: posted(
+      '/',
+      { 'content-type': 'application/cloudevents+json' },
+      {
+        specversion: deepArray(200_000),
+        id: FUZZ_UID,
+        source: 'https://127.0.0.1:6443',
+        type: 'dev.knative.apiserver.resource.add',
+        datacontenttype: 'application/json',
+        kind: cluster.kind,
+        name: cluster.metadata.name,
+        namespace: cluster.metadata.namespace,
+        apiversion: cluster.apiVersion,
+        data: {
+          apiVersion: cluster.apiVersion,
+          kind: cluster.kind,
+          metadata: { ...cluster.metadata, uid: FUZZ_UID },
         },
+        UPPER: null,
       },
-    },
+    ),
   },
 ];
 

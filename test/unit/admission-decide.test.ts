@@ -9,105 +9,77 @@ import {
   statusNamespacesOf,
   type IdentityRequest,
 } from '../../functions/admission/decide.ts';
+import type { TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import { identityRequest } from '../helpers/admission.ts';
+import {
+  allowList,
+  allowSelector,
+  allowedNamespaces,
+  identity,
+  identitySpec,
+  inUseIn,
+  labels,
+  secretRef,
+  type Modifier,
+} from '../helpers/fixtures.ts';
 
-const ref = { name: 'creds', namespace: 'captf-system' };
-const identity = (
-  spec: Record<string, unknown>,
-  status?: Record<string, unknown>,
-  labels?: Record<string, string>,
-) => ({
-  apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-  kind: 'TerraformClusterIdentity',
-  metadata: { name: 'aws', ...(labels ? { labels } : {}) },
-  spec,
-  ...(status ? { status } : {}),
-});
-const req = (
-  operation: string,
-  object?: unknown,
-  oldObject?: unknown,
-  extra: Partial<IdentityRequest> = {},
-): IdentityRequest => ({
-  uid: 'u-1',
-  operation,
-  name: 'aws',
-  userInfo: { username: 'alice', groups: ['tenants'] },
-  ...(object ? { object } : {}),
-  ...(oldObject ? { oldObject } : {}),
-  ...extra,
-});
+/** The identity `aws` on `captf-system/creds`. */
+const aws = (...mods: Modifier<TerraformClusterIdentity>[]) => identity('aws', ...mods);
+const req = identityRequest;
 
 describe('validateIdentitySpec (SPEC §1, §2)', () => {
-  const rows: [string, unknown, RegExp | null][] = [
-    ['minimal valid spec', { secretRef: ref }, null],
+  const rows: [string, Modifier<TerraformClusterIdentity>[], RegExp | null][] = [
+    ['minimal valid spec', [], null],
+    ['with list and selector', [allowedNamespaces({ list: ['a'], selector: { matchLabels: { x: 'y' } } })], null],
+    ['allowedNamespaces null', [allowedNamespaces(null)], null],
+    ['spec missing', [identitySpec(undefined)], /^spec: must be an object/],
+    ['secretRef missing', [identitySpec({})], /spec\.secretRef: required/],
+    ['secretRef.name missing', [identitySpec({ secretRef: { namespace: 'ns' } })], /spec\.secretRef\.name: required/],
     [
-      'with list and selector',
-      { secretRef: ref, allowedNamespaces: { list: ['a'], selector: { matchLabels: { x: 'y' } } } },
-      null,
+      'secretRef.namespace missing',
+      [identitySpec({ secretRef: { name: 'n' } })],
+      /spec\.secretRef\.namespace: required/,
     ],
-    ['allowedNamespaces null', { secretRef: ref, allowedNamespaces: null }, null],
-    ['spec missing', undefined, /^spec: must be an object/],
-    ['secretRef missing', {}, /spec\.secretRef: required/],
-    ['secretRef.name missing', { secretRef: { namespace: 'ns' } }, /spec\.secretRef\.name: required/],
-    ['secretRef.namespace missing', { secretRef: { name: 'n' } }, /spec\.secretRef\.namespace: required/],
-    ['secretRef.name empty', { secretRef: { name: '', namespace: 'ns' } }, /spec\.secretRef\.name: required/],
+    ['secretRef.name empty', [secretRef('ns', '')], /spec\.secretRef\.name: required/],
     [
       'secretRef.name invalid',
-      { secretRef: { name: 'Bad_Name', namespace: 'ns' } },
+      [secretRef('ns', 'Bad_Name')],
       /spec\.secretRef\.name: "Bad_Name" is not a valid Secret name/,
     ],
-    ['secretRef.name may have dots', { secretRef: { name: 'a.b-c', namespace: 'ns' } }, null],
+    ['secretRef.name may have dots', [secretRef('ns', 'a.b-c')], null],
     [
       'secretRef.namespace with a dot is invalid',
-      { secretRef: { name: 'n', namespace: 'a.b' } },
+      [secretRef('a.b', 'n')],
       /spec\.secretRef\.namespace: "a\.b" is not a valid namespace name/,
     ],
-    [
-      'secretRef.namespace too long',
-      { secretRef: { name: 'n', namespace: 'x'.repeat(64) } },
-      /namespace: .* is not a valid namespace name/,
-    ],
-    ['allowedNamespaces {} rejected', { secretRef: ref, allowedNamespaces: {} }, /\{\} is ambiguous/],
+    ['secretRef.namespace too long', [secretRef('x'.repeat(64), 'n')], /namespace: .* is not a valid namespace name/],
+    ['allowedNamespaces {} rejected', [allowedNamespaces({})], /\{\} is ambiguous/],
     [
       'unknown operator named',
-      {
-        secretRef: ref,
-        allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near', values: ['v'] }] } },
-      },
+      [allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near', values: ['v'] }] })],
       /matchExpressions\[0\]\.operator: "Near" is not a valid operator/,
     ],
     [
       'In without values',
-      { secretRef: ref, allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'In' }] } } },
+      [allowSelector({ matchExpressions: [{ key: 'k', operator: 'In' }] })],
       /matchExpressions\[0\]\.values: must be non-empty when operator is In/,
     ],
     [
       'Exists with values',
-      {
-        secretRef: ref,
-        allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Exists', values: ['v'] }] } },
-      },
+      [allowSelector({ matchExpressions: [{ key: 'k', operator: 'Exists', values: ['v'] }] })],
       /values: must be empty when operator is Exists/,
     ],
-    [
-      'bad label key',
-      { secretRef: ref, allowedNamespaces: { selector: { matchLabels: { 'bad key': 'v' } } } },
-      /matchLabels: key "bad key"/,
-    ],
+    ['bad label key', [allowSelector({ matchLabels: { 'bad key': 'v' } })], /matchLabels: key "bad key"/],
     [
       'bad label value',
-      { secretRef: ref, allowedNamespaces: { selector: { matchLabels: { k: 'bad value!' } } } },
+      [allowSelector({ matchLabels: { k: 'bad value!' } })],
       /matchLabels\["k"\]: value "bad value!"/,
     ],
-    [
-      'bad list entry',
-      { secretRef: ref, allowedNamespaces: { list: ['Team_A'] } },
-      /list\[0\]: "Team_A" is not a valid namespace name/,
-    ],
+    ['bad list entry', [allowList('Team_A')], /list\[0\]: "Team_A" is not a valid namespace name/],
   ];
-  for (const [name, spec, expected] of rows) {
+  for (const [name, mods, expected] of rows) {
     it(name, () => {
-      const errors = validateIdentitySpec(spec);
+      const errors = validateIdentitySpec(aws(...mods).spec);
       if (expected === null) assert.deepEqual(errors, []);
       else
         assert.ok(
@@ -119,11 +91,11 @@ describe('validateIdentitySpec (SPEC §1, §2)', () => {
 });
 
 describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', () => {
-  const base = identity({
-    secretRef: ref,
-    allowedNamespaces: { list: ['a', 'b'], selector: { matchLabels: { env: 'prod' } } },
-  });
-  const withSpec = (spec: Record<string, unknown>) => identity(spec);
+  /** `allowedNamespaces` of `list` and a selector of `matchLabels`. */
+  const listAndLabels = (list: string[], matchLabels: Record<string, string>) =>
+    allowedNamespaces({ list, selector: { matchLabels } });
+  const prod = { env: 'prod' };
+  const base = aws(listAndLabels(['a', 'b'], prod));
   const rows: [string, IdentityRequest, 'allow' | 'deny' | 'check-secret-access' | 'check-in-use'][] = [
     ['CREATE valid', req('CREATE', base), 'check-secret-access'],
     [
@@ -131,58 +103,32 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
       req('CREATE', base, undefined, { dryRun: true }),
       'check-secret-access',
     ],
-    ['CREATE invalid spec', req('CREATE', withSpec({ secretRef: { name: 'x' } })), 'deny'],
-    ['CREATE with {}', req('CREATE', withSpec({ secretRef: ref, allowedNamespaces: {} })), 'deny'],
+    ['CREATE invalid spec', req('CREATE', aws(identitySpec({ secretRef: { name: 'x' } }))), 'deny'],
+    ['CREATE with {}', req('CREATE', aws(allowedNamespaces({}))), 'deny'],
     [
       'UPDATE secretRef.name changed',
-      req('UPDATE', withSpec({ ...base.spec, secretRef: { ...ref, name: 'other' } }), base),
+      req('UPDATE', aws(listAndLabels(['a', 'b'], prod), secretRef('captf-system', 'other')), base),
       'check-secret-access',
     ],
     [
       'UPDATE secretRef.namespace changed',
-      req('UPDATE', withSpec({ ...base.spec, secretRef: { ...ref, namespace: 'ops' } }), base),
+      req('UPDATE', aws(listAndLabels(['a', 'b'], prod), secretRef('ops', 'creds')), base),
       'check-secret-access',
     ],
-    [
-      'UPDATE list gains a name',
-      req(
-        'UPDATE',
-        withSpec({
-          secretRef: ref,
-          allowedNamespaces: { list: ['a', 'b', 'c'], selector: { matchLabels: { env: 'prod' } } },
-        }),
-        base,
-      ),
-      'check-secret-access',
-    ],
-    [
-      'UPDATE list loses a name',
-      req(
-        'UPDATE',
-        withSpec({ secretRef: ref, allowedNamespaces: { list: ['a'], selector: { matchLabels: { env: 'prod' } } } }),
-        base,
-      ),
-      'allow',
-    ],
+    ['UPDATE list gains a name', req('UPDATE', aws(listAndLabels(['a', 'b', 'c'], prod)), base), 'check-secret-access'],
+    ['UPDATE list loses a name', req('UPDATE', aws(listAndLabels(['a'], prod)), base), 'allow'],
     [
       'UPDATE selector gains a requirement',
-      req(
-        'UPDATE',
-        withSpec({
-          secretRef: ref,
-          allowedNamespaces: { list: ['a', 'b'], selector: { matchLabels: { env: 'prod', t: 'x' } } },
-        }),
-        base,
-      ),
+      req('UPDATE', aws(listAndLabels(['a', 'b'], { env: 'prod', t: 'x' })), base),
       'allow',
     ],
     [
       'UPDATE selector loses a requirement',
-      req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: { list: ['a', 'b'], selector: {} } }), base),
+      req('UPDATE', aws(allowedNamespaces({ list: ['a', 'b'], selector: {} })), base),
       'check-secret-access',
     ],
-    ['UPDATE metadata only', req('UPDATE', identity(base.spec, undefined, { team: 'x' }), base), 'allow'],
-    ['UPDATE to an invalid spec', req('UPDATE', withSpec({ secretRef: ref, allowedNamespaces: {} }), base), 'deny'],
+    ['UPDATE metadata only', req('UPDATE', aws(listAndLabels(['a', 'b'], prod), labels({ team: 'x' })), base), 'allow'],
+    ['UPDATE to an invalid spec', req('UPDATE', aws(allowedNamespaces({})), base), 'deny'],
     ['UPDATE of the status subresource', req('UPDATE', base, base, { subResource: 'status' }), 'allow'],
     ['DELETE', req('DELETE', undefined, base), 'check-in-use'],
     ['CONNECT is not reviewed', req('CONNECT', base), 'deny'],
@@ -194,9 +140,7 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   }
 
   it('asks about the new Secret when secretRef changes', () => {
-    const plan = planReview(
-      req('UPDATE', withSpec({ ...base.spec, secretRef: { name: 'new', namespace: 'ops' } }), base),
-    );
+    const plan = planReview(req('UPDATE', aws(listAndLabels(['a', 'b'], prod), secretRef('ops', 'new')), base));
     assert.equal(plan.action, 'check-secret-access');
     if (plan.action === 'check-secret-access') {
       assert.deepEqual(plan.secret, { namespace: 'ops', name: 'new' });
@@ -205,31 +149,14 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   });
 
   it('names the widening in the rule', () => {
-    const plan = planReview(
-      req(
-        'UPDATE',
-        withSpec({
-          secretRef: ref,
-          allowedNamespaces: { list: ['a', 'b', 'zz'], selector: { matchLabels: { env: 'prod' } } },
-        }),
-        base,
-      ),
-    );
+    const plan = planReview(req('UPDATE', aws(listAndLabels(['a', 'b', 'zz'], prod)), base));
     assert.ok(
       plan.action === 'check-secret-access' && /widening spec\.allowedNamespaces \(list gains zz\)/.test(plan.rule),
     );
   });
 
   it('an invalid spec is denied with 422 naming the bad part', () => {
-    const plan = planReview(
-      req(
-        'CREATE',
-        withSpec({
-          secretRef: ref,
-          allowedNamespaces: { selector: { matchExpressions: [{ key: 'k', operator: 'Near' }] } },
-        }),
-      ),
-    );
+    const plan = planReview(req('CREATE', aws(allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near' }] }))));
     assert.ok(plan.action === 'deny');
     if (plan.action === 'deny') {
       assert.equal(plan.decision.code, 422);
@@ -238,7 +165,7 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   });
 
   it('DELETE carries oldObject.status.namespaces and uses request.name', () => {
-    const plan = planReview(req('DELETE', undefined, identity({ secretRef: ref }, { namespaces: ['t-b', 't-a'] })));
+    const plan = planReview(req('DELETE', undefined, aws(inUseIn('t-b', 't-a'))));
     assert.deepEqual(plan, { action: 'check-in-use', identity: 'aws', statusNamespaces: ['t-b', 't-a'] });
   });
 
@@ -248,31 +175,23 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
 });
 
 describe('planReview: the mirror prefix is reserved (SPEC §3, §10)', () => {
-  const mirrorRef = { name: 'captf-creds-aws-prod', namespace: 'team-a' };
+  const onMirror = secretRef('team-a', 'captf-creds-aws-prod');
   const rows: [string, IdentityRequest, 'deny' | 'allow' | 'check-secret-access'][] = [
-    ['CREATE naming a mirror', req('CREATE', identity({ secretRef: mirrorRef })), 'deny'],
-    [
-      'UPDATE that moves secretRef onto a mirror',
-      req('UPDATE', identity({ secretRef: mirrorRef }), identity({ secretRef: ref })),
-      'deny',
-    ],
+    ['CREATE naming a mirror', req('CREATE', aws(onMirror)), 'deny'],
+    ['UPDATE that moves secretRef onto a mirror', req('UPDATE', aws(onMirror), aws()), 'deny'],
     [
       'UPDATE of an old inert identity that only narrows (ratcheting)',
-      req(
-        'UPDATE',
-        identity({ secretRef: mirrorRef, allowedNamespaces: { list: ['a'] } }),
-        identity({ secretRef: mirrorRef, allowedNamespaces: { list: ['a', 'b'] } }),
-      ),
+      req('UPDATE', aws(onMirror, allowList('a')), aws(onMirror, allowList('a', 'b'))),
       'allow',
     ],
     [
       'UPDATE of an old inert identity that leaves spec alone (finalizers)',
-      req('UPDATE', identity({ secretRef: mirrorRef }, undefined, { x: 'y' }), identity({ secretRef: mirrorRef })),
+      req('UPDATE', aws(onMirror, labels({ x: 'y' })), aws(onMirror)),
       'allow',
     ],
     [
       'UPDATE moving an inert identity off the mirror (a SAR on the new Secret)',
-      req('UPDATE', identity({ secretRef: ref }), identity({ secretRef: mirrorRef })),
+      req('UPDATE', aws(), aws(onMirror)),
       'check-secret-access',
     ],
   ];

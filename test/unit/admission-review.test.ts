@@ -2,17 +2,17 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { admissionConfigFromEnv } from '../../functions/admission/index.ts';
 import { parseReview, reviewResponse } from '../../functions/admission/admission-review.ts';
+import { admissionReview, identityRequest } from '../helpers/admission.ts';
+import { identity } from '../helpers/fixtures.ts';
 
+/** An AdmissionReview's JSON, with `over` replacing its top-level fields. */
 const review = (request: unknown, over: Record<string, unknown> = {}) =>
-  JSON.stringify({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request, ...over });
-const good = {
+  JSON.stringify({ ...admissionReview(request), ...over });
+const good = identityRequest('CREATE', identity('aws'), undefined, {
   uid: 'abc',
-  operation: 'CREATE',
-  name: 'aws',
   userInfo: { username: 'alice', uid: 'u1', groups: ['g'], extra: { scopes: ['a', 'b'] } },
-  object: { spec: {} },
   dryRun: true,
-};
+});
 
 describe('parseReview: malformed reviews get a 400 or a denial echoing the uid', () => {
   const rows: [string, unknown, 400 | 'deny', RegExp][] = [

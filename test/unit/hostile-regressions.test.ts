@@ -10,11 +10,13 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { MAX_REVIEW_NESTING, nestsDeeperThan, parseReview } from '../../functions/admission/admission-review.ts';
 import { BadEventError, readCloudEvents } from '../../functions/lib/cloudevents.ts';
+import { admissionReview, identityRequest } from '../helpers/admission.ts';
+import { identity, identitySpec } from '../helpers/fixtures.ts';
 
 const deepObject = (d: number) => '{"a":'.repeat(d) + '1' + '}'.repeat(d);
 const deepArray = (d: number) => '['.repeat(d) + ']'.repeat(d);
-const identity = (spec: string) =>
-  `{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","kind":"TerraformClusterIdentity","metadata":{"name":"fz-aaa000"},"spec":${spec}}`;
+/** `value` as JSON, each string `"@deep"` in it replaced by `raw` (nesting too deep for `JSON.stringify`). */
+const spliced = (value: unknown, raw: string) => JSON.stringify(value).replaceAll('"@deep"', raw);
 
 describe('nestsDeeperThan', () => {
   it('counts objects and arrays, not scalars, and takes any depth without recursion', () => {
@@ -28,8 +30,9 @@ describe('nestsDeeperThan', () => {
 describe('parseReview: deep nesting', () => {
   it('an UPDATE with the same 10 000-deep spec in object and oldObject is denied, echoing the uid, without a stack overflow', () => {
     // The fuzz's shrunk counterexample (seed 1472984686, path 168:0:…:1).
-    const body = `{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1","operation":"UPDATE","name":"fz-aaa000","userInfo":{"username":"fuzz-user"},"object":${identity(deepObject(10_000))},"oldObject":${identity(deepObject(10_000))}}}`;
-    const p = parseReview(body);
+    const deep = identity('fz-aaa000', identitySpec('@deep'));
+    const request = identityRequest('UPDATE', deep, deep, { name: 'fz-aaa000', userInfo: { username: 'fuzz-user' } });
+    const p = parseReview(spliced(admissionReview(request), deepObject(10_000)));
     assert.equal(p.ok, false);
     assert.ok('uid' in p && p.uid === 'u-1');
     assert.match(
@@ -40,7 +43,7 @@ describe('parseReview: deep nesting', () => {
 
   it('a 200 000-deep array as apiVersion gets a 400 naming its type, without a stack overflow in String()', () => {
     // The fuzz's shrunk counterexample (seed -521222806).
-    const p = parseReview(`{"apiVersion":${deepArray(200_000)},"kind":"AdmissionReview","request":{"uid":"u"}}`);
+    const p = parseReview(spliced({ ...admissionReview({ uid: 'u' }), apiVersion: '@deep' }, deepArray(200_000)));
     assert.equal(p.ok, false);
     assert.ok('httpStatus' in p && p.httpStatus === 400);
     assert.match((p as { error: string }).error, /got \(array\) "AdmissionReview"/);
@@ -48,17 +51,8 @@ describe('parseReview: deep nesting', () => {
 
   it('a real review, as deep as managedFields make it, is not refused', () => {
     const fields = JSON.parse(`{"f:spec":{"f:allowedNamespaces":{"f:selector":{"f:matchExpressions":{}}}}}`);
-    const body = JSON.stringify({
-      apiVersion: 'admission.k8s.io/v1',
-      kind: 'AdmissionReview',
-      request: {
-        uid: 'u-2',
-        operation: 'CREATE',
-        userInfo: { username: 'alice' },
-        object: { metadata: { name: 'x', managedFields: [{ fieldsV1: fields }] }, spec: {} },
-      },
-    });
-    assert.equal(parseReview(body).ok, true);
+    const object = { ...identity('x'), metadata: { name: 'x', managedFields: [{ fieldsV1: fields }] } };
+    assert.equal(parseReview(JSON.stringify(admissionReview(identityRequest('CREATE', object)))).ok, true);
   });
 });
 
