@@ -1,42 +1,89 @@
 /**
  * A fault-injecting HTTPS proxy in front of the test control plane's API server: it serves a
- * certificate from the control plane's own CA, forwards every request as admin, and answers
- * in its place whenever `fault(method, url)` returns a fault — the honest way to make the
- * real API server's rare answers (410 Gone for an expired continue token, 503, 429) happen
- * on cue. A kubeconfig pointing at it is written for the function under test.
+ * certificate from the control plane's own CA, forwards every request (as admin, as a given
+ * kubeconfig's user, or with the client's own credentials), and answers in its place whenever
+ * `fault(method, url, req)` returns an answer — the honest way to make the real API server's
+ * rare answers (410 Gone for an expired continue token, 503, 429) and a hostile proxy's
+ * answers (an HTML page echoing the request headers, a forged Status, a reset connection)
+ * happen on cue. A kubeconfig pointing at it is written for the function under test.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { createServer, request } from 'node:https';
 import { join } from 'node:path';
+import { KubeConfig } from '@kubernetes/client-node';
 import { loadKubeConfig } from '../../functions/lib/kube.ts';
 import { createLeaf } from '../../scripts/controlplane/pki.ts';
 import { admin, controlPlaneDir, suffix } from './cluster.ts';
 
-/** An answer the proxy gives instead of the API server. */
+/** A Kubernetes Status the proxy answers with instead of the API server. */
 export interface Fault {
   status: number;
   reason: string;
   message: string;
+  /** The Status's `details` (name, kind, causes), when given. */
+  details?: unknown;
 }
+
+/** Any answer the proxy gives instead of the API server: a Status, another body, or a reset connection. */
+export type Answer = Fault | { status: number; contentType: string; body: string } | { reset: true };
 
 /** A running proxy. */
 export interface FaultProxy {
-  /** Kubeconfig (admin's credentials) whose server is the proxy. */
+  /** Kubeconfig (admin's credentials, or those of `opts.kubeconfigPath`) whose server is the proxy. */
   kubeconfigPath: string;
-  /** Requests answered with a fault so far. */
+  /** The proxy's URL (`https://127.0.0.1:<port>`, its certificate from the control plane's CA). */
+  url: string;
+  /** Requests answered instead of the API server so far. */
   faults(): number;
   close(): void;
 }
 
+/** The Kubernetes Status object of `f` (the fields given; absent ones are left out of its JSON). */
+export function statusBody(f: { status: number; reason?: string; message?: string; details?: unknown }): object {
+  const { status: code, reason, message, details } = f;
+  return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', reason, code, message, details };
+}
+
+/** An error page as a careless proxy writes one: every request header in a table, then `tail`. */
+export function headerEchoPage(headers: IncomingHttpHeaders, tail: string): string {
+  const rows = Object.entries(headers).map(([k, v]) => `<tr><td>${k}</td><td>${String(v)}</td></tr>`);
+  return `<html><body><h1>Upstream error</h1><table>${rows.join('')}</table><p>${tail}</p></body></html>`;
+}
+
+/** A copy of `kc` (its user and CA) whose current cluster's server is `server` (a proxy, or a closed port). */
+export function withServer(kc: KubeConfig, server: string): KubeConfig {
+  const current = kc.getCurrentCluster()!.name;
+  const out = new KubeConfig();
+  out.loadFromOptions({
+    clusters: kc.clusters.map((c) => (c.name === current ? { ...c, server } : c)),
+    users: kc.users,
+    contexts: kc.contexts,
+    currentContext: kc.currentContext,
+  });
+  return out;
+}
+
+/** Gives `answer` to `req` instead of the API server. */
+function reply(answer: Answer, req: IncomingMessage, res: ServerResponse): void {
+  req.resume();
+  if ('reset' in answer) req.socket.destroy();
+  else if ('body' in answer) res.writeHead(answer.status, { 'content-type': answer.contentType }).end(answer.body);
+  else res.writeHead(answer.status, { 'content-type': 'application/json' }).end(JSON.stringify(statusBody(answer)));
+}
+
 /**
  * Starts the proxy.
- * @param fault decides per request: a fault to answer, or undefined to forward.
+ * @param fault decides per request: an answer to give, or undefined to forward.
  * @param opts.kubeconfigPath whose client certificate the proxy forwards with (default
  *   admin's), so the audit log tells the proxied function's requests apart.
+ * @param opts.ownCredentials forward each request with the client's own credentials (its
+ *   Authorization header, e.g. a ServiceAccount token) and no client certificate; clients
+ *   reach the proxy with `withServer(theirKubeConfig, proxy.url)`.
  */
 export async function startFaultProxy(
-  fault: (method: string, url: string) => Fault | undefined,
-  opts: { kubeconfigPath?: string } = {},
+  fault: (method: string, url: string, req: IncomingMessage) => Answer | undefined,
+  opts: { kubeconfigPath?: string; ownCredentials?: boolean } = {},
 ): Promise<FaultProxy> {
   const a = admin();
   const dir = controlPlaneDir();
@@ -52,28 +99,16 @@ export async function startFaultProxy(
   });
   const target = new URL(a.kc.getCurrentCluster()!.server);
   const user = loadKubeConfig(asPath).getCurrentUser()!;
-  const tls = {
-    cert: Buffer.from(user.certData!, 'base64'),
-    key: Buffer.from(user.keyData!, 'base64'),
-    ca: Buffer.from(a.kc.getCurrentCluster()!.caData!, 'base64'),
-  };
+  const ca = Buffer.from(a.kc.getCurrentCluster()!.caData!, 'base64');
+  const tls = opts.ownCredentials
+    ? { ca }
+    : { cert: Buffer.from(user.certData!, 'base64'), key: Buffer.from(user.keyData!, 'base64'), ca };
   let faults = 0;
   const server = createServer({ cert: readFileSync(leaf.cert), key: readFileSync(leaf.key) }, (req, res) => {
-    const f = fault(req.method ?? 'GET', req.url ?? '/');
-    if (f) {
+    const answer = fault(req.method ?? 'GET', req.url ?? '/', req);
+    if (answer) {
       faults++;
-      req.resume();
-      res.writeHead(f.status, { 'content-type': 'application/json' }).end(
-        JSON.stringify({
-          kind: 'Status',
-          apiVersion: 'v1',
-          metadata: {},
-          status: 'Failure',
-          reason: f.reason,
-          code: f.status,
-          message: f.message,
-        }),
-      );
+      reply(answer, req, res);
       return;
     }
     const up = request(
@@ -94,11 +129,9 @@ export async function startFaultProxy(
     req.pipe(up);
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  const text = readFileSync(asPath, 'utf8').replace(
-    target.origin,
-    `https://127.0.0.1:${(server.address() as { port: number }).port}`,
-  );
+  const url = `https://127.0.0.1:${(server.address() as { port: number }).port}`;
+  const text = readFileSync(asPath, 'utf8').replace(target.origin, url);
   const kubeconfigPath = join(dir, 'users', `proxy-${suffix()}.kubeconfig`);
   writeFileSync(kubeconfigPath, text, { mode: 0o600 });
-  return { kubeconfigPath, faults: () => faults, close: () => server.close() };
+  return { kubeconfigPath, url, faults: () => faults, close: () => server.close() };
 }

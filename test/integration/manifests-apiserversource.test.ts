@@ -7,12 +7,11 @@
 import assert from 'node:assert/strict';
 import type { IncomingHttpHeaders } from 'node:http';
 import { after, before, describe, it } from 'node:test';
-import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
+import type { KubernetesObject } from '@kubernetes/client-node';
+import { IDENTITY_RESOURCE, TERRAFORM_CLUSTER, TERRAFORM_MACHINE, type ResourceKind } from '../../functions/lib/api.ts';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import type { KubernetesObject } from '@kubernetes/client-node';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
-import { mirrorName } from '../../functions/lib/mirror.ts';
 import {
   ensureApiServerSourceAdapter,
   sourceConfigFor,
@@ -21,13 +20,29 @@ import {
   type RunningAdapter,
 } from '../../scripts/eventing/adapter.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
-import { installRbac, serviceAccountKubeConfig } from '../../scripts/lib/serviceaccount.ts';
-import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { eventually, suffix } from '../helpers/cluster.ts';
 import { startSink, type ReceivedEvent } from '../helpers/events.ts';
+import {
+  allowList,
+  annotations,
+  consumer,
+  identity,
+  identityRef,
+  inNamespace,
+  labels,
+  mirrorOf,
+  ofKind,
+  secretRef,
+  sourceSecret,
+  world,
+} from '../helpers/fixtures.ts';
+import { captureLogger } from '../helpers/logs.ts';
 
-const a = admin();
-const ns = namespaces('apiserversource');
+const w = world('apiserversource');
+const a = w.clients;
 const kinds = consumerKindsFromEnv({});
+/** How the adapter's configuration names a resource. */
+const gvr = (k: ResourceKind) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } });
 
 const ceHeaders = (h: IncomingHttpHeaders) =>
   Object.fromEntries(
@@ -37,9 +52,9 @@ const ceHeaders = (h: IncomingHttpHeaders) =>
   );
 
 let sink: Awaited<ReturnType<typeof startSink>>;
+/** The event-source ServiceAccount's kubeconfig. */
 let kubeconfigPath: string;
 let target: string;
-let cleanupRbac: () => Promise<void>;
 let rendered: KubernetesObject[];
 const adapters: RunningAdapter[] = [];
 const functions: FunctionHandle[] = [];
@@ -47,25 +62,16 @@ const functions: FunctionHandle[] = [];
 before(async () => {
   await ensureApiServerSourceAdapter();
   sink = await startSink();
-  target = await ns.create();
-  // The adapter runs as the manifests' event-source ServiceAccount with its rendered RBAC.
+  target = await w.namespace();
   rendered = await render('manifests/overlays/without-crds');
-  const rbac = await installRbac(a.kc, rendered, { namespace: target, suffix: suffix() });
-  cleanupRbac = rbac.cleanup;
-  kubeconfigPath = (
-    await serviceAccountKubeConfig(a.kc, {
-      namespace: target,
-      name: 'captf-event-sources',
-      dir: `${controlPlaneDir()}/users`,
-    })
-  ).path;
+  // The adapter runs as the manifests' event-source ServiceAccount with its rendered RBAC.
+  ({ kubeconfigPath } = await w.account('captf-event-sources'));
 });
 
 after(async () => {
   for (const ad of adapters) await ad.stop();
   for (const f of functions) await f.close();
   sink?.server.close();
-  await cleanupRbac?.();
 });
 
 /** Changes an object (via `touch`) until an event matching `match` arrives. */
@@ -104,8 +110,8 @@ function referenceModeTests(): void {
       allNamespaces: true,
       mode: 'Reference',
       resources: [
-        ...kinds.map((k) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } })),
-        { gvr: { Group: GROUP, Version: VERSION, Resource: IDENTITY_PLURAL } },
+        ...kinds.map(gvr),
+        gvr(IDENTITY_RESOURCE),
         { gvr: { Group: '', Version: 'v1', Resource: 'namespaces' } },
       ],
     });
@@ -120,33 +126,15 @@ function referenceModeTests(): void {
 
     // A consumer: created, then deleted.
     const name = `tc-${suffix()}`;
-    const body = {
-      apiVersion: API_VERSION,
-      kind: 'TerraformCluster',
-      metadata: { name, annotations: { touch: '0' } },
-      spec: { identityRef: { name: 'aws' } },
-    };
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: target,
-      plural: 'terraformclusters',
-      body,
-    });
+    const touched = (n: number) =>
+      consumer(name, inNamespace(target), identityRef('aws'), annotations({ touch: String(n) }));
+    const c = await w.create(touched(0));
     let touches = 0;
-    const subject = `/apis/${API_VERSION}/namespaces/${target}/terraformclusters/${name}`;
+    const subject = `/apis/${c.apiVersion}/namespaces/${target}/${TERRAFORM_CLUSTER.plural}/${name}`;
     const first = await awaitEvent(
       `an event about ${subject}`,
       (r) => r.headers['ce-subject'] === subject,
-      () =>
-        a.custom.patchNamespacedCustomObject({
-          group: GROUP,
-          version: VERSION,
-          namespace: target,
-          plural: 'terraformclusters',
-          name,
-          body: [{ op: 'replace', path: '/metadata/annotations/touch', value: String(++touches) }],
-        }),
+      () => w.put(touched(++touches)),
     );
     t.diagnostic(`consumer event headers: ${JSON.stringify(ceHeaders(first.headers))}`);
     t.diagnostic(`consumer event body: ${first.body}`);
@@ -158,8 +146,8 @@ function referenceModeTests(): void {
     assert.equal(first.headers['ce-namespace'], target);
     assert.match(String(first.headers['content-type']), /^application\/json/);
     assert.deepEqual(JSON.parse(first.body), {
-      apiVersion: API_VERSION,
-      kind: 'TerraformCluster',
+      apiVersion: c.apiVersion,
+      kind: TERRAFORM_CLUSTER.kind,
       name,
       namespace: target,
     });
@@ -174,13 +162,7 @@ function referenceModeTests(): void {
         req.ref.namespace === target,
     );
 
-    await a.custom.deleteNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: target,
-      plural: 'terraformclusters',
-      name,
-    });
+    await w.delete(c);
     const del = await eventually('the consumer delete event', async () =>
       sink.received.find(
         (r) => r.headers['ce-subject'] === subject && r.headers['ce-type'] === 'dev.knative.apiserver.ref.delete',
@@ -190,39 +172,22 @@ function referenceModeTests(): void {
     assert.ok(delReq.type === 'object' && delReq.verb === 'delete' && delReq.target === 'consumer');
 
     // An identity (cluster-scoped).
-    const idName = `id-${suffix()}`;
-    ns.onCleanup(() =>
-      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }),
-    );
-    await a.custom.createClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      body: {
-        apiVersion: API_VERSION,
-        kind: IDENTITY_KIND,
-        metadata: { name: idName },
-        spec: { secretRef: { name: 'creds', namespace: 'captf-system' } },
-      },
-    });
+    const idName = w.name('id');
+    const id = await w.create(identity(idName));
     // Each resource has its own watch, which may start a moment after the consumers' one.
     let idTouches = 0;
     const idEv = await awaitEvent(
       'the identity event',
       (r) => r.headers['ce-name'] === idName,
-      () =>
-        a.custom.patchClusterCustomObject({
-          group: GROUP,
-          version: VERSION,
-          plural: IDENTITY_PLURAL,
-          name: idName,
-          body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++idTouches) } }],
-        }),
+      () => w.put(identity(idName, labels({ touch: String(++idTouches) }))),
     );
     t.diagnostic(`identity event headers: ${JSON.stringify(ceHeaders(idEv.headers))}`);
     // Upstream quirk (v0.49): a cluster-scoped object's subject keeps an empty namespace
     // segment and the `namespace` extension is present but empty.
-    assert.equal(idEv.headers['ce-subject'], `/apis/${API_VERSION}/namespaces//${IDENTITY_PLURAL}/${idName}`);
+    assert.equal(
+      idEv.headers['ce-subject'],
+      `/apis/${id.apiVersion}/namespaces//${IDENTITY_RESOURCE.plural}/${idName}`,
+    );
     assert.equal(idEv.headers['ce-namespace'], '');
     const idReq = classifyEvent(parseCloudEvents(idEv.headers as Record<string, string>, idEv.body)[0]!, kinds);
     assert.ok(
@@ -233,7 +198,7 @@ function referenceModeTests(): void {
     );
 
     // A namespace.
-    const n2 = await ns.create({ 'captf.io/tenant': 'true' });
+    const n2 = await w.namespace(labels({ 'captf.io/tenant': 'true' }));
     let nsTouches = 0;
     const nsEv = await awaitEvent(
       'the namespace event',
@@ -259,51 +224,29 @@ function referenceModeTests(): void {
 /** Resource mode, and the adapter driving mirror-sync end to end. */
 function resourceModeAndEndToEndTests(): void {
   it('Resource mode: the event carries the whole object', async (t) => {
-    const n = await ns.create();
+    const n = await w.namespace();
     const adapter = await startApiServerSourceAdapter({
       kubeconfigPath,
       sink: sink.url,
       name: 'captf-resources',
       namespace: target,
-      source: {
-        namespaces: [n],
-        allNamespaces: false,
-        mode: 'Resource',
-        resources: [{ gvr: { Group: GROUP, Version: VERSION, Resource: 'terraformmachines' } }],
-      },
+      source: { namespaces: [n], allNamespaces: false, mode: 'Resource', resources: [gvr(TERRAFORM_MACHINE)] },
     });
     adapters.push(adapter);
     const name = `tm-${suffix()}`;
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: n,
-      plural: 'terraformmachines',
-      body: {
-        apiVersion: API_VERSION,
-        kind: 'TerraformMachine',
-        metadata: { name, labels: { touch: '0' } },
-        spec: { identityRef: { name: 'aws' } },
-      },
-    });
+    const touched = (t: number) =>
+      consumer(name, inNamespace(n), ofKind(TERRAFORM_MACHINE), identityRef('aws'), labels({ touch: String(t) }));
+    await w.create(touched(0));
     let touches = 0;
     const ev = await awaitEvent(
       'a Resource-mode event',
       (r) =>
         r.headers['ce-name'] === name && String(r.headers['ce-type']).startsWith('dev.knative.apiserver.resource.'),
-      () =>
-        a.custom.patchNamespacedCustomObject({
-          group: GROUP,
-          version: VERSION,
-          namespace: n,
-          plural: 'terraformmachines',
-          name,
-          body: [{ op: 'replace', path: '/metadata/labels/touch', value: String(++touches) }],
-        }),
+      () => w.put(touched(++touches)),
     );
     t.diagnostic(`resource event headers: ${JSON.stringify(ceHeaders(ev.headers))}`);
     const data = JSON.parse(ev.body) as { kind: string; metadata: { name: string; uid: string }; spec: unknown };
-    assert.equal(data.kind, 'TerraformMachine');
+    assert.equal(data.kind, TERRAFORM_MACHINE.kind);
     assert.deepEqual(data.spec, { identityRef: { name: 'aws' } });
     const req = classifyEvent(parseCloudEvents(ev.headers as Record<string, string>, ev.body)[0]!, kinds);
     assert.ok(
@@ -315,40 +258,19 @@ function resourceModeAndEndToEndTests(): void {
   });
 
   it('end to end: the adapter drives mirror-sync (both as their ServiceAccounts): a new consumer gets its mirror, and it goes when the consumer goes', async () => {
-    const operator = await ns.create();
-    const tenant = await ns.create();
-    const idName = `e2e-${suffix()}`;
-    await a.core.createNamespacedSecret({
-      namespace: operator,
-      body: { metadata: { name: 'creds' }, stringData: { token: 'x' } },
-    });
-    ns.onCleanup(() =>
-      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }),
-    );
-    await a.custom.createClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      body: {
-        apiVersion: API_VERSION,
-        kind: IDENTITY_KIND,
-        metadata: { name: idName },
-        spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } },
-      },
-    });
-    const { kc } = await serviceAccountKubeConfig(a.kc, {
-      namespace: target,
-      name: 'captf-mirror-sync',
-      dir: `${controlPlaneDir()}/users`,
-    });
+    const [operator, tenant] = [await w.namespace(), await w.namespace()];
+    const idName = w.name('e2e');
+    await w.create(sourceSecret('creds', inNamespace(operator)));
+    await w.create(identity(idName, secretRef(operator, 'creds'), allowList(tenant)));
+    const { clients } = await w.account('captf-mirror-sync');
     const fn = await (
       await import('../../functions/mirror-sync/index.ts')
     ).start({
       port: 0,
       host: '127.0.0.1',
-      kubeconfig: kc,
+      kubeconfig: clients.kc,
       env: {},
-      logger: (await import('../helpers/logs.ts')).captureLogger('mirror-sync').logger,
+      logger: captureLogger('mirror-sync').logger,
     });
     functions.push(fn);
     // Only this test's namespace: a mirror-sync acting on other test files' objects would disturb them.
@@ -358,61 +280,27 @@ function resourceModeAndEndToEndTests(): void {
         sink: `http://127.0.0.1:${fn.port}/`,
         name: 'captf-e2e',
         namespace: target,
-        source: {
-          namespaces: [tenant],
-          allNamespaces: false,
-          mode: 'Reference',
-          resources: kinds.map((k) => ({ gvr: { Group: k.group, Version: k.version, Resource: k.plural } })),
-        },
+        source: { namespaces: [tenant], allNamespaces: false, mode: 'Reference', resources: kinds.map(gvr) },
       }),
     );
     const name = `tc-${suffix()}`;
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: tenant,
-      plural: 'terraformclusters',
-      body: {
-        apiVersion: API_VERSION,
-        kind: 'TerraformCluster',
-        metadata: { name, labels: { touch: '0' } },
-        spec: { identityRef: { name: idName } },
-      },
-    });
+    const touched = (t: number) =>
+      consumer(name, inNamespace(tenant), identityRef(idName), labels({ touch: String(t) }));
+    const c = await w.create(touched(0));
+    const mirrorAt = mirrorOf(idName, inNamespace(tenant));
     let touches = 0;
     const mirror = await eventually("the mirror made from the adapter's event", async () => {
-      const m = await a.core
-        .readNamespacedSecret({ name: mirrorName(idName), namespace: tenant })
-        .catch(() => undefined);
+      const m = await w.read(mirrorAt);
       if (m) return m;
       // The adapter's first watch may start after the create: a change makes a new event.
-      if (++touches % 10 === 0)
-        await a.custom.patchNamespacedCustomObject({
-          group: GROUP,
-          version: VERSION,
-          namespace: tenant,
-          plural: 'terraformclusters',
-          name,
-          body: [{ op: 'replace', path: '/metadata/labels/touch', value: String(touches) }],
-        });
+      if (++touches % 10 === 0) await w.put(touched(touches));
       return undefined;
     });
     assert.deepEqual(
       mirror.metadata?.ownerReferences?.map((r) => r.name),
       [name],
     );
-    await a.custom.deleteNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: tenant,
-      plural: 'terraformclusters',
-      name,
-    });
-    await eventually('the mirror deleted after the consumer', async () =>
-      a.core.readNamespacedSecret({ name: mirrorName(idName), namespace: tenant }).then(
-        () => false,
-        (e: unknown) => (e as { code?: number }).code === 404,
-      ),
-    );
+    await w.delete(c);
+    await eventually('the mirror deleted after the consumer', async () => (await w.read(mirrorAt)) === undefined);
   });
 }

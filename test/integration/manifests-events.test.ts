@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';
 import { CloudEvent } from 'cloudevents';
 import type { KubernetesObject } from '@kubernetes/client-node';
-import { DEFAULT_CONSUMER_KINDS, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
+import { DEFAULT_CONSUMER_KINDS, IDENTITY_RESOURCE } from '../../functions/lib/api.ts';
 import {
   APISERVER_EVENT_TYPES,
   KEY_EVENT_TYPE,
@@ -126,7 +126,7 @@ describe('event wiring vs. what the functions accept', () => {
           (t) =>
             t.spec.subscriber.ref.name === 'captf-identity-status' &&
             t.spec.filter?.attributes?.type === type &&
-            t.spec.filter.attributes.kind === IDENTITY_KIND,
+            t.spec.filter.attributes.kind === IDENTITY_RESOURCE.kind,
         ),
         type,
       );
@@ -173,7 +173,7 @@ describe('event wiring vs. what the functions accept', () => {
                 r.apiVersion,
                 r.kind,
                 verb,
-                r.kind === 'Namespace' || r.kind === IDENTITY_KIND ? undefined : 'team-a',
+                r.kind === 'Namespace' || r.kind === IDENTITY_RESOURCE.kind ? undefined : 'team-a',
               ),
               kinds,
             );
@@ -212,7 +212,10 @@ describe('event wiring vs. what the functions accept', () => {
         `prepare ${k.plural}`,
       );
     }
-    assert.ok(sourced.includes(`${GROUP}/${VERSION}/${IDENTITY_KIND}`) && sourced.includes('v1/Namespace'));
+    assert.ok(
+      sourced.includes(`${IDENTITY_RESOURCE.group}/${IDENTITY_RESOURCE.version}/${IDENTITY_RESOURCE.kind}`) &&
+        sourced.includes('v1/Namespace'),
+    );
     // The fast path's Secrets: the event-source account reads them in its own namespace only.
     assert.ok(!allows(rulesOf(base, 'captf-event-sources'), '', 'secrets', 'watch'));
     const role = of<KubernetesObject & { rules: Rule[] }>(fast, 'Role').find(
@@ -264,9 +267,9 @@ describe('event wiring vs. what the functions accept', () => {
     assert.deepEqual(w.clientConfig.service, { ...w.clientConfig.service, name: 'captf-admission', path: '/validate' });
     assert.deepEqual(w.rules, [
       {
-        apiGroups: [GROUP],
-        apiVersions: [VERSION],
-        resources: [IDENTITY_PLURAL],
+        apiGroups: [IDENTITY_RESOURCE.group],
+        apiVersions: [IDENTITY_RESOURCE.version],
+        resources: [IDENTITY_RESOURCE.plural],
         operations: ['CREATE', 'UPDATE', 'DELETE'],
         scope: 'Cluster',
       },

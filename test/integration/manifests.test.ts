@@ -18,10 +18,10 @@ import { untrustedServerMessage } from '../../functions/lib/api-errors.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/controlplane/crds.ts';
 import { KUSTOMIZATIONS, relocate, render } from '../../scripts/tools/kustomize.ts';
-import { admin, namespaces } from '../helpers/cluster.ts';
+import { world } from '../helpers/fixtures.ts';
 
-const a = admin();
-const ns = namespaces('manifests');
+const w = world('manifests');
+const a = w.clients;
 
 /**
  * Sends objects to the API server exactly as rendered (JSON of the plain YAML, no typed
@@ -112,7 +112,7 @@ describe('the rendered manifests against the real CRD schemas', () => {
 
   for (const dir of KUSTOMIZATIONS) {
     it(`accepts every object of ${dir} (dryRun=All, fieldValidation=Strict)`, async () => {
-      const target = await ns.create();
+      const target = await w.namespace();
       const objects = relocate(await render(dir), target);
       assert.ok(objects.length > 20, `${dir} renders ${objects.length} objects`);
       const failures: string[] = [];
@@ -138,7 +138,7 @@ describe('the rendered manifests against the real CRD schemas', () => {
   }
 
   it('the validation is strict: a misspelled or ill-typed field is rejected', async () => {
-    const target = await ns.create();
+    const target = await w.namespace();
     const objects = relocate(await render('manifests/overlays/without-crds'), target);
     const ksvc = structuredClone(
       objects.find((o) => o.kind === 'Service' && o.metadata?.name === 'captf-mirror-sync')!,

@@ -7,63 +7,84 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
-import { KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
-import { API_VERSION, GROUP, IDENTITY_KIND, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
+import type { KubernetesObject } from '@kubernetes/client-node';
+import {
+  IDENTITY_RESOURCE,
+  TERRAFORM_CLUSTER,
+  TERRAFORM_MACHINE,
+  type TerraformClusterIdentity,
+} from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
-import { apiStatus, makeClients, type Clients } from '../../functions/lib/kube.ts';
+import { apiStatus } from '../../functions/lib/kube.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
+import { consumerObjects, identities } from '../../functions/lib/objects.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
-import { installRbac, serviceAccountKubeConfig, serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
-import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { installRbac, serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
+import { eventually, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
+import {
+  allowList,
+  allowSelector,
+  conditionOf,
+  consumer,
+  data,
+  identity,
+  identityRef,
+  inNamespace,
+  labels,
+  mirrorOf,
+  secretRef,
+  sourceSecret,
+  world,
+  type Account,
+  type AccountClients,
+  type Modifier,
+} from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
-import { MANAGER_SERVICE_ACCOUNT, postPrepare } from '../helpers/prepare.ts';
+import { MANAGER_SERVICE_ACCOUNT, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
-const a = admin();
-const ns = namespaces('rbac');
+const w = world('rbac');
+const a = w.clients;
 // Labels this file's identities, so its identity-status ping refreshes only them: unscoped, it
 // would write the status of every test file's identities (other files share the control
 // plane and assert on those statuses while they run).
 const SCOPE_LABEL = 'captf-test/rbac';
 const SCOPE_VALUE = suffix();
-const ACCOUNTS = ['captf-admission', 'captf-mirror-sync', 'captf-identity-status', 'captf-event-sources'] as const;
 /** The functions' accounts, and the provider manager's, which the shipped prepare role is bound to. */
-type Account = (typeof ACCOUNTS)[number] | typeof MANAGER_SERVICE_ACCOUNT;
+type Sa = Account | typeof MANAGER_SERVICE_ACCOUNT;
+const { group: INFRA, plural: IDS } = IDENTITY_RESOURCE;
+const [TCS, TMS] = [TERRAFORM_CLUSTER.plural, TERRAFORM_MACHINE.plural];
 
+/** Where every account's rendered RBAC is installed at once, for the SubjectAccessReviews. */
 let home: string;
 let rendered: KubernetesObject[] = [];
-const kcs = new Map<Account, { path: string; kc: KubeConfig; clients: Clients }>();
-let cleanup: () => Promise<void>;
 const running: FunctionHandle[] = [];
 
 before(async () => {
-  home = await ns.create();
-  const objects: KubernetesObject[] = await render('manifests/overlays/without-crds');
-  rendered = objects;
-  const rbac = await installRbac(a.kc, objects, { namespace: home, suffix: suffix() });
-  cleanup = rbac.cleanup;
+  home = await w.namespace();
+  rendered = await render('manifests/overlays/without-crds');
+  const rbac = await installRbac(a.kc, rendered, { namespace: home, suffix: suffix() });
+  w.onCleanup(rbac.cleanup);
   // The provider's manager is not in the manifests (the provider installs it); its binding is.
   await a.core.createNamespacedServiceAccount({
     namespace: home,
     body: { metadata: { name: MANAGER_SERVICE_ACCOUNT } },
   });
-  for (const sa of ACCOUNTS) {
-    const { path, kc } = await serviceAccountKubeConfig(a.kc, {
-      namespace: home,
-      name: sa,
-      dir: `${controlPlaneDir()}/users`,
-    });
-    kcs.set(sa, { path, kc, clients: makeClients(kc) });
-  }
 });
 after(async () => {
   for (const f of running) await f.close();
-  await cleanup?.();
 });
 
-/** Asks the API server (SubjectAccessReview) whether `sa` may do `verb` on a resource. */
+const accounts = new Map<Account, Promise<AccountClients>>();
+/** Clients acting as a function's ServiceAccount with exactly its rendered RBAC (installed once for the file). */
+function as(sa: Account): Promise<AccountClients> {
+  if (!accounts.has(sa)) accounts.set(sa, w.account(sa));
+  return accounts.get(sa)!;
+}
+
+/** Asks the API server (SubjectAccessReview) whether `sa` in `home` may do `verb` on a resource. */
 async function can(
-  sa: Account,
+  sa: Sa,
   verb: string,
   resource: string,
   opts: { group?: string; namespace?: string; subresource?: string } = {},
@@ -86,29 +107,32 @@ async function can(
   return r.status?.allowed === true;
 }
 
-const INFRA = GROUP;
+/** The rendered object of `kind` named `name`. */
+const renderedObject = <T>(kind: string, name: string) =>
+  rendered.find((o) => o.kind === kind && o.metadata?.name === name) as (KubernetesObject & T) | undefined;
+
 // [account, verb, resource, group, subresource, allowed]
-const TABLE: [Account, string, string, string, string, boolean][] = [
+const TABLE: [Sa, string, string, string, string, boolean][] = [
   ['captf-admission', 'create', 'subjectaccessreviews', 'authorization.k8s.io', '', true],
-  ['captf-admission', 'list', 'terraformclusters', INFRA, '', true],
-  ['captf-admission', 'list', 'terraformmachines', INFRA, '', true],
+  ['captf-admission', 'list', TCS, INFRA, '', true],
+  ['captf-admission', 'list', TMS, INFRA, '', true],
   ['captf-admission', 'get', 'secrets', '', '', false],
   ['captf-admission', 'list', 'secrets', '', '', false],
-  ['captf-admission', 'get', IDENTITY_PLURAL, INFRA, '', false],
-  ['captf-admission', 'watch', 'terraformclusters', INFRA, '', false],
+  ['captf-admission', 'get', IDS, INFRA, '', false],
+  ['captf-admission', 'watch', TCS, INFRA, '', false],
   // Namespace labels for the revocation warnings: get only.
   ['captf-admission', 'get', 'namespaces', '', '', true],
   ...(['list', 'watch', 'create', 'update', 'patch', 'delete'] as const).map(
-    (v): [Account, string, string, string, string, boolean] => ['captf-admission', v, 'namespaces', '', '', false],
+    (v): [Sa, string, string, string, string, boolean] => ['captf-admission', v, 'namespaces', '', '', false],
   ),
-  ['captf-mirror-sync', 'get', 'terraformclusters', INFRA, '', true],
-  ['captf-mirror-sync', 'patch', 'terraformclusters', INFRA, 'status', true],
-  ['captf-mirror-sync', 'patch', 'terraformmachines', INFRA, 'status', true],
-  ['captf-mirror-sync', 'update', 'terraformclusters', INFRA, '', false],
-  ['captf-mirror-sync', 'patch', 'terraformclusters', INFRA, '', false],
-  ['captf-mirror-sync', 'delete', 'terraformclusters', INFRA, '', false],
-  ['captf-mirror-sync', 'get', IDENTITY_PLURAL, INFRA, '', true],
-  ['captf-mirror-sync', 'patch', IDENTITY_PLURAL, INFRA, 'status', false],
+  ['captf-mirror-sync', 'get', TCS, INFRA, '', true],
+  ['captf-mirror-sync', 'patch', TCS, INFRA, 'status', true],
+  ['captf-mirror-sync', 'patch', TMS, INFRA, 'status', true],
+  ['captf-mirror-sync', 'update', TCS, INFRA, '', false],
+  ['captf-mirror-sync', 'patch', TCS, INFRA, '', false],
+  ['captf-mirror-sync', 'delete', TCS, INFRA, '', false],
+  ['captf-mirror-sync', 'get', IDS, INFRA, '', true],
+  ['captf-mirror-sync', 'patch', IDS, INFRA, 'status', false],
   ['captf-mirror-sync', 'get', 'namespaces', '', '', true],
   ['captf-mirror-sync', 'list', 'namespaces', '', '', true],
   ['captf-mirror-sync', 'update', 'namespaces', '', '', false],
@@ -122,30 +146,30 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
   // prepare's callers (SPEC §5): their token and their permission.
   ['captf-mirror-sync', 'create', 'tokenreviews', 'authentication.k8s.io', '', true],
   ['captf-mirror-sync', 'create', 'subjectaccessreviews', 'authorization.k8s.io', '', true],
-  ['captf-mirror-sync', 'create', 'terraformclusters', INFRA, 'prepare', false],
+  ['captf-mirror-sync', 'create', TCS, INFRA, 'prepare', false],
   // The manager may prepare the shipped consumer kinds and do nothing else this project grants.
-  [MANAGER_SERVICE_ACCOUNT, 'create', 'terraformclusters', INFRA, 'prepare', true],
-  [MANAGER_SERVICE_ACCOUNT, 'create', 'terraformmachines', INFRA, 'prepare', true],
-  [MANAGER_SERVICE_ACCOUNT, 'get', 'terraformclusters', INFRA, 'prepare', false],
-  [MANAGER_SERVICE_ACCOUNT, 'create', 'terraformclusters', INFRA, '', false],
-  [MANAGER_SERVICE_ACCOUNT, 'create', IDENTITY_PLURAL, INFRA, 'prepare', false],
+  [MANAGER_SERVICE_ACCOUNT, 'create', TCS, INFRA, 'prepare', true],
+  [MANAGER_SERVICE_ACCOUNT, 'create', TMS, INFRA, 'prepare', true],
+  [MANAGER_SERVICE_ACCOUNT, 'get', TCS, INFRA, 'prepare', false],
+  [MANAGER_SERVICE_ACCOUNT, 'create', TCS, INFRA, '', false],
+  [MANAGER_SERVICE_ACCOUNT, 'create', IDS, INFRA, 'prepare', false],
   [MANAGER_SERVICE_ACCOUNT, 'get', 'secrets', '', '', false],
   [MANAGER_SERVICE_ACCOUNT, 'create', 'tokenreviews', 'authentication.k8s.io', '', false],
-  ['captf-identity-status', 'list', IDENTITY_PLURAL, INFRA, '', true],
-  ['captf-identity-status', 'get', IDENTITY_PLURAL, INFRA, '', false],
-  ['captf-identity-status', 'watch', IDENTITY_PLURAL, INFRA, '', false],
-  ['captf-identity-status', 'patch', IDENTITY_PLURAL, INFRA, 'status', true],
-  ['captf-identity-status', 'update', IDENTITY_PLURAL, INFRA, '', false],
-  ['captf-identity-status', 'list', 'terraformclusters', INFRA, '', true],
+  ['captf-identity-status', 'list', IDS, INFRA, '', true],
+  ['captf-identity-status', 'get', IDS, INFRA, '', false],
+  ['captf-identity-status', 'watch', IDS, INFRA, '', false],
+  ['captf-identity-status', 'patch', IDS, INFRA, 'status', true],
+  ['captf-identity-status', 'update', IDS, INFRA, '', false],
+  ['captf-identity-status', 'list', TCS, INFRA, '', true],
   ['captf-identity-status', 'get', 'secrets', '', '', true],
   ['captf-identity-status', 'create', 'secrets', '', '', false],
   ['captf-identity-status', 'update', 'secrets', '', '', false],
   ['captf-identity-status', 'patch', 'secrets', '', '', false],
   ['captf-identity-status', 'delete', 'secrets', '', '', false],
-  ['captf-identity-status', 'patch', 'terraformclusters', INFRA, 'status', false],
-  ...(['terraformclusters', 'terraformmachines', IDENTITY_PLURAL] as const).flatMap((r) =>
+  ['captf-identity-status', 'patch', TCS, INFRA, 'status', false],
+  ...([TCS, TMS, IDS] as const).flatMap((r) =>
     (['get', 'list', 'watch', 'create', 'update', 'patch', 'delete'] as const).map(
-      (v): [Account, string, string, string, string, boolean] => [
+      (v): [Sa, string, string, string, string, boolean] => [
         'captf-event-sources',
         v,
         r,
@@ -160,7 +184,7 @@ const TABLE: [Account, string, string, string, string, boolean][] = [
   ['captf-event-sources', 'get', 'secrets', '', '', false],
   ['captf-event-sources', 'list', 'secrets', '', '', false],
   ['captf-event-sources', 'list', 'configmaps', '', '', false],
-  ['captf-event-sources', 'patch', 'terraformclusters', INFRA, 'status', false],
+  ['captf-event-sources', 'patch', TCS, INFRA, 'status', false],
 ];
 
 describe('least-privilege RBAC from the rendered manifests', () => {
@@ -177,13 +201,10 @@ describe('least-privilege RBAC from the rendered manifests', () => {
   });
 
   it("the prepare ClusterRole grants exactly create on the consumer kinds' prepare, bound to the manager's ServiceAccount", () => {
-    const role = rendered.find((o) => o.kind === 'ClusterRole' && o.metadata?.name === 'captf-prepare') as
-      (KubernetesObject & { rules?: unknown[] }) | undefined;
-    assert.deepEqual(role?.rules, [
-      { apiGroups: [INFRA], resources: ['terraformclusters/prepare', 'terraformmachines/prepare'], verbs: ['create'] },
+    assert.deepEqual(renderedObject<{ rules?: unknown[] }>('ClusterRole', 'captf-prepare')?.rules, [
+      { apiGroups: [INFRA], resources: [`${TCS}/prepare`, `${TMS}/prepare`], verbs: ['create'] },
     ]);
-    const binding = rendered.find((o) => o.kind === 'ClusterRoleBinding' && o.metadata?.name === 'captf-prepare') as
-      (KubernetesObject & { roleRef?: unknown; subjects?: unknown[] }) | undefined;
+    const binding = renderedObject<{ roleRef?: unknown; subjects?: unknown[] }>('ClusterRoleBinding', 'captf-prepare');
     assert.deepEqual(binding?.roleRef, {
       apiGroup: 'rbac.authorization.k8s.io',
       kind: 'ClusterRole',
@@ -195,107 +216,62 @@ describe('least-privilege RBAC from the rendered manifests', () => {
   });
 
   it('the admission ClusterRole grants exactly SubjectAccessReviews, consumer lists and namespace gets', () => {
-    const role = rendered.find((o) => o.kind === 'ClusterRole' && o.metadata?.name === 'captf-admission') as
-      (KubernetesObject & { rules?: unknown[] }) | undefined;
-    assert.deepEqual(role?.rules, [
+    assert.deepEqual(renderedObject<{ rules?: unknown[] }>('ClusterRole', 'captf-admission')?.rules, [
       { apiGroups: ['authorization.k8s.io'], resources: ['subjectaccessreviews'], verbs: ['create'] },
-      { apiGroups: [INFRA], resources: ['terraformclusters', 'terraformmachines'], verbs: ['list'] },
+      { apiGroups: [INFRA], resources: [TCS, TMS], verbs: ['list'] },
       { apiGroups: [''], resources: ['namespaces'], verbs: ['get'] },
     ]);
   });
 
   it('real requests: admission cannot read Secrets; identity-status cannot write them; the event-source account only reads what it sources', async () => {
-    const n = await ns.create();
-    await a.core.createNamespacedSecret({
-      namespace: n,
-      body: { metadata: { name: 'creds' }, stringData: { k: 'v' } },
-    });
+    const n = await w.namespace();
+    const creds = await w.create(sourceSecret('creds', inNamespace(n), data({ k: 'v' })));
     const forbidden = (e: unknown) => apiStatus(e) === 403;
-    const adm = kcs.get('captf-admission')!.clients;
+    const adm = (await as('captf-admission')).clients;
     await assert.rejects(adm.core.readNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
     await assert.rejects(adm.core.listNamespacedSecret({ namespace: n }), forbidden);
 
-    const st = kcs.get('captf-identity-status')!.clients;
+    const st = (await as('captf-identity-status')).clients;
     assert.equal((await st.core.readNamespacedSecret({ name: 'creds', namespace: n })).metadata?.name, 'creds');
-    await assert.rejects(
-      st.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: 'x' }, stringData: { k: 'v' } } }),
-      forbidden,
-    );
+    await assert.rejects(st.core.createNamespacedSecret({ namespace: n, body: sourceSecret('x') }), forbidden);
     await assert.rejects(
       st.core.replaceNamespacedSecret({
         name: 'creds',
         namespace: n,
-        body: { metadata: { name: 'creds' }, stringData: { k: 'changed' } },
+        body: sourceSecret('creds', data({ k: 'changed' })),
       }),
       forbidden,
     );
     await assert.rejects(st.core.deleteNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
 
-    const src = kcs.get('captf-event-sources')!.clients;
+    const src = (await as('captf-event-sources')).clients;
     // (eventually: right after the control plane starts, a list may get 429 "storage is
     // (re)initializing" while the watch cache fills.)
     await eventually('the event-source account lists consumers, identities and namespaces', async () => {
-      await src.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: 'terraformclusters' });
-      await src.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL });
+      await consumerObjects(src, TERRAFORM_CLUSTER).list();
+      await identities(src).list();
       await src.core.listNamespace();
       return true;
     });
     await assert.rejects(src.core.readNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
     await assert.rejects(src.core.listNamespacedConfigMap({ namespace: n }), forbidden);
-    await assert.rejects(
-      src.custom.createNamespacedCustomObject({
-        group: GROUP,
-        version: VERSION,
-        namespace: n,
-        plural: 'terraformclusters',
-        body: { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'x' }, spec: {} },
-      }),
-      forbidden,
-    );
+    await assert.rejects(consumerObjects(src, TERRAFORM_CLUSTER).create(consumer('x', inNamespace(n))), forbidden);
     // The secret is unchanged.
-    const s = await a.core.readNamespacedSecret({ name: 'creds', namespace: n });
-    assert.equal(Buffer.from(s.data!.k!, 'base64').toString(), 'v');
+    const s = await w.read(creds);
+    assert.equal(Buffer.from(s!.data!.k!, 'base64').toString(), 'v');
   });
 });
 
 describe('each function works as its ServiceAccount', () => {
-  /** An identity, its source Secret and a consumer that uses it, all unique to one test. */
-  async function world() {
-    const operator = await ns.create();
-    const tenant = await ns.create();
-    const idName = `rbac-${suffix()}`;
-    await a.core.createNamespacedSecret({
-      namespace: operator,
-      body: { metadata: { name: 'creds' }, stringData: { token: 'x' } },
-    });
-    ns.onCleanup(() =>
-      a.custom.deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: idName }),
+  /** An identity in this file's scope, its source Secret and a consumer that uses it, all unique to one test. */
+  async function inUse() {
+    const [operator, tenant] = [await w.namespace(), await w.namespace()];
+    await w.create(sourceSecret('creds', inNamespace(operator)));
+    const id = await w.create(
+      identity(w.name('id'), secretRef(operator, 'creds'), allowList(tenant), labels({ [SCOPE_LABEL]: SCOPE_VALUE })),
     );
-    await a.custom.createClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      body: {
-        apiVersion: API_VERSION,
-        kind: IDENTITY_KIND,
-        metadata: { name: idName, labels: { [SCOPE_LABEL]: SCOPE_VALUE } },
-        spec: { secretRef: { name: 'creds', namespace: operator }, allowedNamespaces: { list: [tenant] } },
-      },
-    });
-    const consumer = `tc-${suffix()}`;
-    await a.custom.createNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: tenant,
-      plural: 'terraformclusters',
-      body: {
-        apiVersion: API_VERSION,
-        kind: 'TerraformCluster',
-        metadata: { name: consumer },
-        spec: { identityRef: { name: idName } },
-      },
-    });
-    return { operator, tenant, idName, consumer };
+    const c = await w.create(consumer('tc', inNamespace(tenant), identityRef(id.metadata.name)));
+    return { operator, tenant, id, idName: id.metadata.name!, c };
   }
 
   async function startAs<T extends { start(o: object): Promise<FunctionHandle> }>(
@@ -304,13 +280,17 @@ describe('each function works as its ServiceAccount', () => {
     env: NodeJS.ProcessEnv = {},
   ) {
     const { logger, lines } = captureLogger(sa);
-    const fn = await (await mod).start({ port: 0, host: '127.0.0.1', kubeconfig: kcs.get(sa)!.kc, logger, env });
+    const kubeconfig = (await as(sa)).clients.kc;
+    const fn = await (await mod).start({ port: 0, host: '127.0.0.1', kubeconfig, logger, env });
     running.push(fn);
     return { url: `http://127.0.0.1:${fn.port}`, lines };
   }
 
+  /** Log lines that tell of a permission error. */
+  const refusals = (lines: string[]) => lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l));
+
   it("mirror-sync: prepare, called with the manager's audience-bound token, creates the mirror and writes conditions", async () => {
-    const w = await world();
+    const { tenant, idName, c } = await inUse();
     const { url, lines } = await startAs(import('../../functions/mirror-sync/index.ts'), 'captf-mirror-sync');
     // The manager's token (`kubectl create token captf-controller-manager --audience captf-mirror-sync`),
     // allowed by the rendered binding; mirror-sync checks it with its own account's RBAC.
@@ -319,71 +299,56 @@ describe('each function works as its ServiceAccount', () => {
       name: MANAGER_SERVICE_ACCOUNT,
       audience: 'captf-mirror-sync',
     });
-    const req = { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: w.tenant, name: w.consumer };
+    const req = prepareTarget(c);
     assert.equal((await postPrepare(url, req, undefined)).status, 401, 'no token, no prepare');
     const res = await postPrepare(url, req, `Bearer ${token}`);
     assert.equal(res.status, 200, `${res.text}\n${lines.join('\n')}`);
-    assert.equal(res.body.mirror, mirrorName(w.idName));
+    assert.equal(res.body.mirror, mirrorName(idName));
     assert.ok(!lines.join('\n').includes(token), 'the token appears in no log line');
-    const mirror = await a.core.readNamespacedSecret({ name: mirrorName(w.idName), namespace: w.tenant });
-    assert.equal(mirror.metadata?.ownerReferences?.[0]?.name, w.consumer);
-    const obj = (await a.custom.getNamespacedCustomObject({
-      group: GROUP,
-      version: VERSION,
-      namespace: w.tenant,
-      plural: 'terraformclusters',
-      name: w.consumer,
-    })) as { status?: { conditions?: { type: string; status: string }[] } };
-    assert.ok(
-      obj.status?.conditions?.some((c) => c.type === 'CredentialsMirrored' && c.status === 'True'),
-      JSON.stringify(obj.status),
-    );
-    assert.deepEqual(
-      lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)),
-      [],
-    );
+    const mirror = await w.read(mirrorOf(idName, inNamespace(tenant)));
+    assert.equal(mirror?.metadata?.ownerReferences?.[0]?.name, c.metadata.name);
+    const status = (await w.read(c))?.status;
+    assert.equal(conditionOf({ status }, 'CredentialsMirrored')?.status, 'True', JSON.stringify(status));
+    assert.deepEqual(refusals(lines), []);
   });
 
   it('identity-status: a ping sets Ready and status.namespaces', async () => {
-    const w = await world();
+    const { tenant, id } = await inUse();
     const { url, lines } = await startAs(import('../../functions/identity-status/index.ts'), 'captf-identity-status', {
       CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${SCOPE_VALUE}`,
     });
     const r = await postEvents(`${url}/`, pingEvent('captf-identity-status'));
     assert.ok(r.status >= 200 && r.status < 300, `${r.status} ${r.text}\n${lines.join('\n')}`);
-    const id = await eventually('Ready=True on the identity', async () => {
-      const o = (await a.custom.getClusterCustomObject({
-        group: GROUP,
-        version: VERSION,
-        plural: IDENTITY_PLURAL,
-        name: w.idName,
-      })) as { status?: { conditions?: { type: string; status: string }[]; namespaces?: string[] } };
-      return o.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') && o.status.namespaces?.length
-        ? o
-        : undefined;
+    const got = await eventually('Ready=True on the identity', async () => {
+      const o = await w.read(id);
+      return o && conditionOf(o, 'Ready')?.status === 'True' && o.status?.namespaces?.length ? o : undefined;
     });
-    assert.deepEqual(id.status?.namespaces, [w.tenant]);
-    assert.deepEqual(
-      lines.filter((l) => /forbidden|HTTP 403|\(403\)/i.test(l)),
-      [],
-    );
+    assert.deepEqual(got.status?.namespaces, [tenant]);
+    assert.deepEqual(refusals(lines), []);
   });
 
   it('admission: a SubjectAccessReview decides, and a deletion in use is refused', async () => {
-    const w = await world();
+    const { operator, tenant, idName } = await inUse();
     const { url } = await startAs(import('../../functions/admission/index.ts'), 'captf-admission', {
       CAPTF_ADMISSION_PLAIN_HTTP: 'true',
     });
-    const review = (operation: string, username: string, groups: string[], object: unknown, oldObject?: unknown) => ({
+    const { group, version, kind, plural } = IDENTITY_RESOURCE;
+    const review = (
+      operation: string,
+      username: string,
+      groups: string[],
+      object: TerraformClusterIdentity | null,
+      oldObject?: TerraformClusterIdentity,
+    ) => ({
       apiVersion: 'admission.k8s.io/v1',
       kind: 'AdmissionReview',
       request: {
         uid: randomUUID(),
         operation,
         userInfo: { username, groups },
-        kind: { group: GROUP, version: VERSION, kind: IDENTITY_KIND },
-        resource: { group: GROUP, version: VERSION, resource: IDENTITY_PLURAL },
-        name: (object as { metadata: { name: string } } | null)?.metadata.name ?? w.idName,
+        kind: { group, version, kind },
+        resource: { group, version, resource: plural },
+        name: object?.metadata.name ?? idName,
         object,
         oldObject: oldObject ?? null,
         dryRun: false,
@@ -399,39 +364,29 @@ describe('each function works as its ServiceAccount', () => {
         (await res.json()) as { response: { allowed: boolean; status?: { message?: string }; warnings?: string[] } }
       ).response;
     };
-    const identity = {
-      apiVersion: API_VERSION,
-      kind: IDENTITY_KIND,
-      metadata: { name: `new-${suffix()}` },
-      spec: { secretRef: { name: 'creds', namespace: w.operator }, allowedNamespaces: { list: [w.tenant] } },
-    };
+    const fresh = identity(w.name('new'), secretRef(operator, 'creds'), allowList(tenant));
+    assert.equal((await post(review('CREATE', `nobody-${suffix()}`, ['system:authenticated'], fresh))).allowed, false);
     assert.equal(
-      (await post(review('CREATE', `nobody-${suffix()}`, ['system:authenticated'], identity))).allowed,
-      false,
-    );
-    assert.equal(
-      (await post(review('CREATE', 'admin', ['system:masters', 'system:authenticated'], identity))).allowed,
+      (await post(review('CREATE', 'admin', ['system:masters', 'system:authenticated'], fresh))).allowed,
       true,
     );
-    // DELETE: the live consumer lookup (list with a field selector) runs with this account.
-    const old = {
-      apiVersion: API_VERSION,
-      kind: IDENTITY_KIND,
-      metadata: { name: w.idName },
-      spec: { secretRef: { name: 'creds', namespace: w.operator } },
+    /** The identity in use, as the API server would hand it to admission (with an empty status). */
+    const asReviewed = (...mods: Modifier<TerraformClusterIdentity>[]) => ({
+      ...identity(idName, secretRef(operator, 'creds'), ...mods),
       status: {},
-    };
-    const del = await post(review('DELETE', 'admin', ['system:masters'], null, old));
+    });
+    // DELETE: the live consumer lookup (list with a field selector) runs with this account.
+    const del = await post(review('DELETE', 'admin', ['system:masters'], null, asReviewed()));
     assert.equal(del.allowed, false);
-    assert.match(del.status?.message ?? '', new RegExp(w.tenant));
+    assert.match(del.status?.message ?? '', new RegExp(tenant));
     // A narrowing from a selector: the consumer lookup, then a get of the tenant namespace's
     // labels, both as this account; the warning names the namespace (not "could not compute").
-    const everywhere = { ...old, spec: { ...old.spec, allowedNamespaces: { selector: {} } } };
-    const nowhere = { ...old, spec: { ...old.spec, allowedNamespaces: { list: [] } } };
+    const everywhere = asReviewed(allowSelector());
+    const nowhere = asReviewed(allowList());
     const narrowing = await post(review('UPDATE', `nobody-${suffix()}`, ['system:authenticated'], nowhere, everywhere));
     assert.equal(narrowing.allowed, true);
     assert.deepEqual(narrowing.warnings, [
-      `identity "${w.idName}": spec.allowedNamespaces no longer allows 1 namespace in use: ${w.tenant} (1 consumer); ` +
+      `identity "${idName}": spec.allowedNamespaces no longer allows 1 namespace in use: ${tenant} (1 consumer); ` +
         '1 consumer there will lose its credentials',
     ]);
   });

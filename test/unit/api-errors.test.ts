@@ -22,54 +22,61 @@ import {
   transportCodes,
   type RequestAttributes,
 } from '../../functions/lib/api-errors.ts';
+import { headerEchoPage, statusBody } from '../helpers/fault-proxy.ts';
 
 const TOKEN = 'eyJhbGciOiJSUzI1NiIsImtpZCI6IkFCQyJ9.eyJzdWIiOiJzeXN0ZW06c2VydmljZWFjY291bnQ6eDp5In0.c2lnbmF0dXJl';
 const SENTINEL = 'SENTINEL-TOKEN-5f0c2a9e7b31d4c8';
 const SERVER = 'https://10.0.0.1:6443';
 const USER = 'system:serviceaccount:captf-system:captf-mirror-sync';
 
-const status = (code: number, fields: Record<string, unknown>) => ({
+/** An API error as client-node throws it for a Status answer. */
+const status = (code: number, fields: { reason?: string; message?: string; details?: unknown }) => ({
   code,
-  body: JSON.stringify({ kind: 'Status', apiVersion: 'v1', status: 'Failure', code, ...fields }),
+  body: JSON.stringify(statusBody({ status: code, ...fields })),
   headers: {},
 });
-const createSecret: RequestAttributes = {
-  verb: 'create',
+/** What a request asks, as requestAttributes reads it: `fields`, the rest empty. */
+const asked = (fields: Partial<RequestAttributes>): RequestAttributes => ({
+  verb: '',
   group: '',
-  resource: 'secrets',
+  resource: '',
   subresource: '',
-  namespace: 'team-a',
+  namespace: '',
   name: '',
+  ...fields,
+});
+const createSecret = asked({
+  verb: 'create',
+  resource: 'secrets',
+  namespace: 'team-a',
   objectName: 'captf-creds-aws',
   user: USER,
-};
+});
+/** A consumer's status patch. */
+const statusPatch = asked({
+  verb: 'patch',
+  group: 'infrastructure.cluster.x-k8s.io',
+  resource: 'terraformclusters',
+  subresource: 'status',
+  namespace: 't',
+  name: 'c1',
+});
 const noLeak = (text: string) => {
   for (const v of [SENTINEL, TOKEN, TOKEN.slice(0, 40)]) assert.ok(!text.includes(v), text);
 };
 
 describe('requestAttributes: what was asked, as kube-apiserver RequestInfoFactory reads a URL', () => {
   it('reads verb, group, resource, subresource, namespace and name', () => {
-    assert.deepEqual(requestAttributes('POST', `${SERVER}/api/v1/namespaces/team-a/secrets?fieldManager=x`), {
-      verb: 'create',
-      group: '',
-      resource: 'secrets',
-      subresource: '',
-      namespace: 'team-a',
-      name: '',
-    });
+    assert.deepEqual(
+      requestAttributes('POST', `${SERVER}/api/v1/namespaces/team-a/secrets?fieldManager=x`),
+      asked({ verb: 'create', resource: 'secrets', namespace: 'team-a' }),
+    );
     assert.deepEqual(
       requestAttributes(
         'PATCH',
         `${SERVER}/apis/infrastructure.cluster.x-k8s.io/v1beta1/namespaces/t/terraformclusters/c1/status?force=true`,
       ),
-      {
-        verb: 'patch',
-        group: 'infrastructure.cluster.x-k8s.io',
-        resource: 'terraformclusters',
-        subresource: 'status',
-        namespace: 't',
-        name: 'c1',
-      },
+      statusPatch,
     );
     assert.equal(requestAttributes('GET', `${SERVER}/api/v1/namespaces/t/secrets/s`)?.verb, 'get');
     assert.equal(requestAttributes('GET', `${SERVER}/api/v1/secrets?labelSelector=a%3Db`)?.verb, 'list');
@@ -79,14 +86,10 @@ describe('requestAttributes: what was asked, as kube-apiserver RequestInfoFactor
     assert.equal(requestAttributes('DELETE', `${SERVER}/api/v1/namespaces/t/secrets`)?.verb, 'deletecollection');
   });
   it("reads a namespace's own URL as resource namespaces in that namespace", () => {
-    assert.deepEqual(requestAttributes('GET', `${SERVER}/api/v1/namespaces/team-a`), {
-      verb: 'get',
-      group: '',
-      resource: 'namespaces',
-      subresource: '',
-      namespace: 'team-a',
-      name: 'team-a',
-    });
+    assert.deepEqual(
+      requestAttributes('GET', `${SERVER}/api/v1/namespaces/team-a`),
+      asked({ verb: 'get', resource: 'namespaces', namespace: 'team-a', name: 'team-a' }),
+    );
     assert.equal(requestAttributes('PUT', `${SERVER}/api/v1/namespaces/team-a/finalize`)?.subresource, 'finalize');
   });
   it('strips the base path of the server URL, and knows cluster-scoped requests', () => {
@@ -95,14 +98,7 @@ describe('requestAttributes: what was asked, as kube-apiserver RequestInfoFactor
       'https://rancher.example/k8s/clusters/c-1/apis/authorization.k8s.io/v1/subjectaccessreviews',
       '/k8s/clusters/c-1/',
     );
-    assert.deepEqual(r, {
-      verb: 'create',
-      group: 'authorization.k8s.io',
-      resource: 'subjectaccessreviews',
-      subresource: '',
-      namespace: '',
-      name: '',
-    });
+    assert.deepEqual(r, asked({ verb: 'create', group: 'authorization.k8s.io', resource: 'subjectaccessreviews' }));
   });
   it('gives nothing for non-resource paths, bad URLs and parts that are not printable ASCII', () => {
     assert.equal(requestAttributes('GET', `${SERVER}/version`), undefined);
@@ -130,15 +126,7 @@ describe('rbacForbiddenMessages: the exact sentence of kube-apiserver (responsew
     ]);
   });
   it('named, with group and subresource', () => {
-    const r = {
-      verb: 'patch',
-      group: 'infrastructure.cluster.x-k8s.io',
-      resource: 'terraformclusters',
-      subresource: 'status',
-      namespace: 't',
-      name: 'c1',
-    };
-    assert.deepEqual(rbacForbiddenMessages(r, 'u'), [
+    assert.deepEqual(rbacForbiddenMessages(statusPatch, 'u'), [
       'terraformclusters.infrastructure.cluster.x-k8s.io "c1" is forbidden: User "u" cannot patch resource ' +
         '"terraformclusters/status" in API group "infrastructure.cluster.x-k8s.io" in the namespace "t"',
     ]);
@@ -174,7 +162,7 @@ describe('describeError: only what the product knows, and words Kubernetes defin
     }
   });
   it('gives only the code (and the request) for a body that is not a Status: an HTML page echoing our headers', () => {
-    const html = `<html><body><h1>502</h1><pre>Authorization: Bearer ${TOKEN}\n${SENTINEL}</pre></body></html>`;
+    const html = headerEchoPage({ authorization: `Bearer ${TOKEN}` }, SENTINEL);
     const err = { code: 502, body: html, headers: {} };
     assert.equal(describeError(err), 'HTTP 502');
     rememberRequest(err.headers, { ...createSecret, name: 'x', verb: 'get' });

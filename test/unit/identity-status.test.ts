@@ -1,10 +1,9 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { CloudEvent } from 'cloudevents';
 import {
-  API_VERSION,
   DEFAULT_CONSUMER_KINDS,
-  IDENTITY_KIND,
+  IDENTITY_RESOURCE,
+  TERRAFORM_CLUSTER,
   type Condition,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
@@ -19,16 +18,24 @@ import {
   statusApplyBody,
   type SourceState,
 } from '../../functions/identity-status/decide.ts';
+import { apiServerEvent, pingEvent, type EventObject } from '../helpers/events.ts';
+import {
+  conditions,
+  consumer,
+  identity,
+  inNamespace,
+  inUseIn,
+  namespace,
+  secretRef,
+  stored,
+  type Modifier,
+} from '../helpers/fixtures.ts';
 
 const t1 = new Date('2026-03-01T10:00:00.500Z');
 const t2 = new Date('2026-03-02T10:00:00Z');
-const identity = (status?: TerraformClusterIdentity['status'], generation = 3): TerraformClusterIdentity => ({
-  apiVersion: API_VERSION,
-  kind: IDENTITY_KIND,
-  metadata: { name: 'aws-prod', generation, resourceVersion: '42' },
-  spec: { secretRef: { name: 'aws-creds', namespace: 'captf-system' } },
-  ...(status ? { status } : {}),
-});
+/** The identity under test: generation 3, read at resourceVersion 42, source captf-system/aws-creds. */
+const awsProd = (...mods: Modifier<TerraformClusterIdentity>[]) =>
+  identity('aws-prod', secretRef('captf-system', 'aws-creds'), stored(3, '42'), ...mods);
 const cond = (c: Partial<Condition>): Condition => ({
   type: 'Ready',
   status: 'True',
@@ -50,7 +57,7 @@ describe('identity-status: Ready condition (SPEC §9)', () => {
   ];
   for (const [source, status, reason, message] of table) {
     it(`source ${source} → Ready=${status}/${reason} with observedGeneration`, () => {
-      const c = readyCondition(identity(), source);
+      const c = readyCondition(awsProd(), source);
       assert.equal(c.type, 'Ready');
       assert.equal(c.status, status);
       assert.equal(c.reason, reason);
@@ -74,26 +81,27 @@ describe('identity-status: status.namespaces (SPEC §9)', () => {
 });
 
 describe('identity-status: change detection', () => {
-  const table: [string, TerraformClusterIdentity['status'] | undefined, SourceState, string[], string[]][] = [
-    ['fresh identity, no users: Ready only', undefined, 'found', [], ['Ready']],
-    ['fresh identity with a user: both', undefined, 'found', ['a'], ['Ready', 'namespaces']],
-    ['nothing changed', { conditions: [cond({})], namespaces: ['a'] }, 'found', ['a'], []],
-    ['absent namespaces equal an empty list', { conditions: [cond({})] }, 'found', [], []],
-    ['status flips', { conditions: [cond({})], namespaces: [] }, 'not-found', [], ['Ready']],
+  const ready = conditions(cond({}));
+  const table: [string, Modifier<TerraformClusterIdentity>[], SourceState, string[], string[]][] = [
+    ['fresh identity, no users: Ready only', [], 'found', [], ['Ready']],
+    ['fresh identity with a user: both', [], 'found', ['a'], ['Ready', 'namespaces']],
+    ['nothing changed', [ready, inUseIn('a')], 'found', ['a'], []],
+    ['absent namespaces equal an empty list', [ready], 'found', [], []],
+    ['status flips', [ready, inUseIn()], 'not-found', [], ['Ready']],
     [
       'reason changes, status does not',
-      { conditions: [cond({ status: 'False', reason: 'SecretNotFound', message: 'x' })], namespaces: [] },
+      [conditions(cond({ status: 'False', reason: 'SecretNotFound', message: 'x' })), inUseIn()],
       'forbidden',
       [],
       ['Ready'],
     ],
-    ['message changes only', { conditions: [cond({ message: 'old words' })], namespaces: [] }, 'found', [], ['Ready']],
-    ['generation moved on', { conditions: [cond({ observedGeneration: 2 })], namespaces: [] }, 'found', [], ['Ready']],
-    ['namespace added', { conditions: [cond({})], namespaces: ['a'] }, 'found', ['a', 'b'], ['namespaces']],
-    ['namespace removed', { conditions: [cond({})], namespaces: ['a', 'b'] }, 'found', ['b'], ['namespaces']],
+    ['message changes only', [conditions(cond({ message: 'old words' })), inUseIn()], 'found', [], ['Ready']],
+    ['generation moved on', [conditions(cond({ observedGeneration: 2 })), inUseIn()], 'found', [], ['Ready']],
+    ['namespace added', [ready, inUseIn('a')], 'found', ['a', 'b'], ['namespaces']],
+    ['namespace removed', [ready, inUseIn('a', 'b')], 'found', ['b'], ['namespaces']],
     [
       'other condition types are not ours to compare',
-      { conditions: [cond({}), cond({ type: 'Audited', status: 'False' })], namespaces: [] },
+      [conditions(cond({}), cond({ type: 'Audited', status: 'False' })), inUseIn()],
       'found',
       [],
       [],
@@ -101,26 +109,26 @@ describe('identity-status: change detection', () => {
   ];
   for (const [what, status, source, used, changed] of table) {
     it(what, () => {
-      const d = decideStatus(identity(status), source, { consumerNamespaces: used, mirrorNamespaces: [] }, t2);
+      const d = decideStatus(awsProd(...status), source, { consumerNamespaces: used, mirrorNamespaces: [] }, t2);
       assert.deepEqual(d.changed, changed);
     });
   }
 
   it('keeps lastTransitionTime unless the status flips', () => {
-    const kept = decideStatus(identity({ conditions: [cond({ message: 'old' })] }), 'found', noUse, t2);
+    const kept = decideStatus(awsProd(conditions(cond({ message: 'old' }))), 'found', noUse, t2);
     assert.equal(kept.ready.lastTransitionTime, '2026-01-01T00:00:00Z');
-    const flipped = decideStatus(identity({ conditions: [cond({})] }), 'not-found', noUse, t2);
+    const flipped = decideStatus(awsProd(conditions(cond({}))), 'not-found', noUse, t2);
     assert.equal(flipped.ready.lastTransitionTime, '2026-03-02T10:00:00Z');
-    const fresh = decideStatus(identity(), 'found', noUse, t1);
+    const fresh = decideStatus(awsProd(), 'found', noUse, t1);
     assert.equal(fresh.ready.lastTransitionTime, '2026-03-01T10:00:00Z');
   });
 
   it('the apply body carries only Ready, namespaces and the resourceVersion precondition', () => {
-    const id = identity({ conditions: [cond({ type: 'Audited' })], namespaces: ['old'] });
+    const id = awsProd(conditions(cond({ type: 'Audited' })), inUseIn('old'));
     const d = decideStatus(id, 'found', { consumerNamespaces: ['a'], mirrorNamespaces: [] }, t1);
     assert.deepEqual(statusApplyBody(id, d), {
-      apiVersion: API_VERSION,
-      kind: IDENTITY_KIND,
+      apiVersion: `${IDENTITY_RESOURCE.group}/${IDENTITY_RESOURCE.version}`,
+      kind: IDENTITY_RESOURCE.kind,
       metadata: { name: 'aws-prod', resourceVersion: '42' },
       status: { conditions: [d.ready], namespaces: ['a'] },
     });
@@ -128,45 +136,27 @@ describe('identity-status: change detection', () => {
 });
 
 describe('identity-status: which events refresh what', () => {
-  const ev = (type: string, data: unknown) =>
-    new CloudEvent<unknown>({
-      specversion: '1.0',
-      id: 'x',
-      source: '/s',
-      type,
-      datacontenttype: 'application/json',
-      data,
-    });
-  const classify = (e: CloudEvent<unknown>) => classifyEvent(e, DEFAULT_CONSUMER_KINDS);
-  const idRef = (name: string) =>
-    ev('dev.knative.apiserver.ref.update', { apiVersion: API_VERSION, kind: IDENTITY_KIND, name });
-  const idObj = (name: string) =>
-    ev('dev.knative.apiserver.resource.delete', { apiVersion: API_VERSION, kind: IDENTITY_KIND, metadata: { name } });
+  /** An ApiServerSource event about a built object, classified as the functions classify it. */
+  const about = (o: object, mode: 'ref' | 'resource', verb: 'add' | 'update' | 'delete', plural: string) =>
+    classifyEvent(apiServerEvent(o as EventObject, mode, verb, plural), DEFAULT_CONSUMER_KINDS);
+  const idRef = (name: string) => about(identity(name), 'ref', 'update', IDENTITY_RESOURCE.plural);
+  const idObj = (name: string) => about(identity(name), 'resource', 'delete', IDENTITY_RESOURCE.plural);
+  const ping = classifyEvent(pingEvent(), DEFAULT_CONSUMER_KINDS);
 
   it('identity events in either mode name identities, once each, in order', () => {
-    assert.deepEqual(planFor([idRef('b'), idObj('a'), idRef('b')].map(classify)), { kind: 'named', names: ['b', 'a'] });
+    assert.deepEqual(planFor([idRef('b'), idObj('a'), idRef('b')]), { kind: 'named', names: ['b', 'a'] });
   });
   it('any ping makes it a full refresh', () => {
-    assert.deepEqual(planFor([idRef('b'), ev('dev.knative.sources.ping', {})].map(classify)), { kind: 'all' });
+    assert.deepEqual(planFor([idRef('b'), ping]), { kind: 'all' });
   });
   it('an event about another kind is refused with 422 naming it', () => {
-    const consumer = ev('dev.knative.apiserver.ref.add', {
-      apiVersion: API_VERSION,
-      kind: 'TerraformCluster',
-      name: 'c',
-      namespace: 'team-a',
-    });
+    const c = about(consumer('c', inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural);
     assert.throws(
-      () => planFor([idRef('a'), consumer].map(classify)),
+      () => planFor([idRef('a'), c]),
       (e: unknown) => e instanceof HttpError && e.status === 422 && /TerraformCluster team-a\/c/.test(e.message),
     );
-    const ns = ev('dev.knative.apiserver.resource.update', {
-      apiVersion: 'v1',
-      kind: 'Namespace',
-      metadata: { name: 'team-a' },
-    });
     assert.throws(
-      () => planFor([classify(ns)]),
+      () => planFor([about(namespace('team-a'), 'resource', 'update', 'namespaces')]),
       (e: unknown) => e instanceof HttpError && e.status === 422,
     );
   });
