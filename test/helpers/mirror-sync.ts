@@ -1,133 +1,181 @@
 /**
- * Fixtures for mirror-sync tests: identities, consumers and source Secrets in the test
- * control plane, and a Knative-like delivery that retries 5xx answers.
+ * mirror-sync under test: one started in this process for a test file's world, the
+ * operator's source Secret its identities name, consumers made in bulk, the provider's manager
+ * calling prepare, a Knative-like delivery that retries 5xx answers, ApiServerSource events
+ * about identities and consumers, and a policy that refuses Secret writes.
+ * Objects are made with the builders and the world of fixtures.ts.
  */
+import assert from 'node:assert/strict';
 import type { CloudEvent } from 'cloudevents';
-import { AdmissionregistrationV1Api, type V1Secret } from '@kubernetes/client-node';
+import pLimit from 'p-limit';
+import { AdmissionregistrationV1Api, type KubeConfig, type V1Secret } from '@kubernetes/client-node';
 import {
-  API_VERSION,
-  GROUP,
-  IDENTITY_KIND,
-  IDENTITY_PLURAL,
-  VERSION,
-  type AllowedNamespaces,
+  DEFAULT_CONSUMER_KINDS,
+  IDENTITY_RESOURCE,
+  TERRAFORM_CLUSTER,
+  TERRAFORM_MACHINE,
+  type Condition,
   type Consumer,
+  type ConsumerKind,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
-import { ignoreNotFound, isNotFound, retryOnConflict, type Clients } from '../../functions/lib/kube.ts';
-import { mirrorName } from '../../functions/lib/mirror.ts';
+import { findConsumerKind } from '../../functions/lib/consumers.ts';
+import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { loadKubeConfig, type Clients } from '../../functions/lib/kube.ts';
+import { start } from '../../functions/mirror-sync/index.ts';
 import { apiServerEvent, postEvents } from './events.ts';
+import {
+  apiVersionOf,
+  conditionOf as conditionOfObject,
+  consumer,
+  identity,
+  identityRef,
+  inNamespace,
+  ofKind,
+  secretRef as sourceRef,
+  sourceSecret,
+  type Modifier,
+  type World,
+} from './fixtures.ts';
+import { scanLater } from './leaks.ts';
+import { captureLogger } from './logs.ts';
+import { manager, postPrepare, type PrepareAnswer } from './prepare.ts';
+import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 
-/** Plural of a shipped consumer kind. */
-export const PLURAL: Record<string, string> = {
-  TerraformCluster: 'terraformclusters',
-  TerraformMachine: 'terraformmachines',
-};
+// ---------------------------------------------------------------------------------------------
+// mirror-sync in this process
+// ---------------------------------------------------------------------------------------------
 
-/** The custom-object API's address of the identities. */
-const IDENTITIES = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
+/** A logger whose lines a test reads (logs.ts). */
+export type CapturedLog = ReturnType<typeof captureLogger>;
 
-/** The custom-object API's address of the consumers of `kind` in `namespace`. */
-const consumers = (namespace: string, kind: string) => ({
-  group: GROUP,
-  version: VERSION,
-  namespace,
-  plural: PLURAL[kind]!,
-});
-
-/** Creates (or replaces the spec of) an identity; returns it. */
-export async function putIdentity(
-  a: Clients,
-  name: string,
-  secretRef: { name: string; namespace: string },
-  allowedNamespaces?: AllowedNamespaces | null,
-  labels: Record<string, string> = {},
-): Promise<TerraformClusterIdentity> {
-  const body = {
-    apiVersion: API_VERSION,
-    kind: IDENTITY_KIND,
-    metadata: { name, labels },
-    spec: { secretRef, ...(allowedNamespaces === undefined ? {} : { allowedNamespaces }) },
-  };
-  try {
-    // A function may write the identity's status between the read and the write: read again.
-    return await retryOnConflict(() => replaceIdentity(a, name, body));
-  } catch (err) {
-    if (!isNotFound(err)) throw err;
-    return (await a.custom.createClusterCustomObject({ ...IDENTITIES, body })) as TerraformClusterIdentity;
-  }
+/** A mirror-sync running in this process for a test file. */
+export interface MirrorSyncUnderTest {
+  /** The running function (closed in the world's cleanup). */
+  handle: FunctionHandle;
+  /** Where its events go: `http://127.0.0.1:<port>/` (`${url}healthz`, `postPrepare(url, …)`). */
+  url: string;
+  /** Its log lines, captured (and scanned for planted Secret values after the file). */
+  log: CapturedLog;
 }
 
-/** Replaces an identity's spec and labels at the resourceVersion just read. @throws 404 when there is none. */
-async function replaceIdentity(
-  a: Clients,
-  name: string,
-  body: { metadata: Record<string, unknown> },
-): Promise<TerraformClusterIdentity> {
-  const cur = (await a.custom.getClusterCustomObject({ ...IDENTITIES, name })) as TerraformClusterIdentity;
-  return (await a.custom.replaceClusterCustomObject({
-    ...IDENTITIES,
-    name,
-    body: { ...body, metadata: { ...body.metadata, resourceVersion: cur.metadata.resourceVersion } },
-  })) as TerraformClusterIdentity;
+/**
+ * Starts mirror-sync in this process on a free port of 127.0.0.1, with the world's admin
+ * clients unless `opts.kubeconfig` (a KubeConfig or a kubeconfig file) says otherwise,
+ * `opts.env` as its whole environment, and a captured logger of its own (or `opts.log`, to
+ * share one). It is closed after the file's tests, in the world's cleanup.
+ * @throws what `start` throws (e.g. for a bad setting in `opts.env`); nothing is registered then.
+ */
+export async function mirrorSyncUnderTest(
+  w: World,
+  opts: { env?: Record<string, string>; kubeconfig?: KubeConfig | string; log?: CapturedLog } = {},
+): Promise<MirrorSyncUnderTest> {
+  const log = opts.log ?? captureLogger('mirror-sync');
+  const kubeconfig =
+    typeof opts.kubeconfig === 'string' ? loadKubeConfig(opts.kubeconfig) : (opts.kubeconfig ?? w.clients.kc);
+  const handle = await start({ port: 0, host: '127.0.0.1', kubeconfig, logger: log.logger, env: opts.env ?? {} });
+  w.onCleanup(() => handle.close());
+  return { handle, url: `http://127.0.0.1:${handle.port}/`, log };
 }
 
-/** Deletes an identity; ignores 404. */
-export async function deleteIdentity(a: Clients, name: string): Promise<void> {
-  await ignoreNotFound(a.custom.deleteClusterCustomObject({ ...IDENTITIES, name }));
+/** The value of `$CAPTF_CONSUMER_KINDS` configuring exactly `kinds` (group/version/Kind/plural each). */
+export const consumerKindsSetting = (...kinds: ConsumerKind[]): string =>
+  kinds.map((k) => `${k.group}/${k.version}/${k.kind}/${k.plural}`).join(',');
+
+/** A test file's operator source Secret, and identities that name it. */
+export interface OperatorSource {
+  /** The Secret as created (`w.read(source.secret)` reads it as it is now). */
+  secret: V1Secret;
+  /** Its namespace (a fresh one of the world's). */
+  namespace: string;
+  /** Its name (`creds`). */
+  name: string;
+  /** The `secretRef` naming it, for building identities (`identity(name, source.ref, …)`). */
+  ref: Modifier<TerraformClusterIdentity>;
+  /**
+   * Creates an identity naming it (named `<prefix>-id-<random>`, deleted after the file), with
+   * `mods`, e.g. `allowList(n)`; returns its name.
+   */
+  newIdentity(...mods: Modifier<TerraformClusterIdentity>[]): Promise<string>;
 }
 
-/** Creates a consumer of `kind` in `namespace` referencing `identity` (or none). */
-export async function createConsumer(
-  a: Clients,
-  namespace: string,
-  name: string,
-  identity: string | undefined,
-  kind = 'TerraformCluster',
-  extra: { finalizers?: string[] } = {},
-): Promise<Consumer> {
-  return (await a.custom.createNamespacedCustomObject({
-    ...consumers(namespace, kind),
-    body: {
-      apiVersion: API_VERSION,
-      kind,
-      metadata: { name, ...(extra.finalizers ? { finalizers: extra.finalizers } : {}) },
-      spec: identity ? { identityRef: { name: identity } } : {},
-    },
-  })) as Consumer;
-}
+/**
+ * Creates `identity(<prefix>-id-<random>, ...mods)` through the world (deleted after the
+ * file); returns its name.
+ */
+export const newIdentity = async (w: World, ...mods: Modifier<TerraformClusterIdentity>[]): Promise<string> =>
+  (await w.create(identity(w.name('id'), ...mods))).metadata.name!;
 
-/** Reads a consumer (with apiVersion/kind). */
-export async function getConsumer(
-  a: Clients,
-  namespace: string,
-  name: string,
-  kind = 'TerraformCluster',
-): Promise<Consumer> {
-  return (await a.custom.getNamespacedCustomObject({ ...consumers(namespace, kind), name })) as Consumer;
-}
-
-/** Deletes a consumer; ignores 404. */
-export async function deleteConsumer(
-  a: Clients,
-  namespace: string,
-  name: string,
-  kind = 'TerraformCluster',
-): Promise<void> {
-  await ignoreNotFound(a.custom.deleteNamespacedCustomObject({ ...consumers(namespace, kind), name }));
-}
-
-/** The mirror of `identity` in `namespace`, or undefined. */
-export const getMirror = (a: Clients, namespace: string, identity: string): Promise<V1Secret | undefined> =>
-  ignoreNotFound(a.core.readNamespacedSecret({ name: mirrorName(identity), namespace }));
-
-/** A condition of a consumer by type. */
-export function conditionOf(
-  c: Consumer,
+/** The condition `type` of `o` as the API server has it now (undefined when `o` is gone or has none). */
+export async function readCondition(
+  w: World,
+  o: TerraformClusterIdentity | Consumer,
   type: string,
-): { status: string; reason: string; message: string } | undefined {
-  return c.status?.conditions?.find((x) => x.type === type);
+): Promise<Condition | undefined> {
+  const now = await w.read(o);
+  return now && conditionOfObject(now, type);
 }
+
+/** Creates the source Secret `creds` (`mods`: its data, …) in a fresh namespace of `w`. */
+export async function operatorSource(w: World, ...mods: Modifier<V1Secret>[]): Promise<OperatorSource> {
+  const namespace = await w.namespace();
+  const name = 'creds';
+  const secret = await w.create(sourceSecret(name, inNamespace(namespace), ...mods));
+  const ref = sourceRef(namespace, name);
+  return { secret, namespace, name, ref, newIdentity: (...more) => newIdentity(w, ref, ...more) };
+}
+
+/** Every other consumer a TerraformMachine (odd `i`), the rest TerraformClusters: for `createConsumers`. */
+export const alternatingKinds = (i: number): ConsumerKind => (i % 2 ? TERRAFORM_MACHINE : TERRAFORM_CLUSTER);
+
+/**
+ * Creates `count` consumers `<prefix>-0`, `<prefix>-1`, … in `namespace` naming identity `id`
+ * at once, the i-th of kind `kindOf(i)` (default TerraformCluster); returns them as stored.
+ */
+export const createConsumers = (
+  w: World,
+  namespace: string,
+  id: string,
+  prefix: string,
+  count: number,
+  kindOf: (i: number) => ConsumerKind = () => TERRAFORM_CLUSTER,
+): Promise<Consumer[]> =>
+  Promise.all(
+    Array.from({ length: count }, (_, i) =>
+      w.create(consumer(`${prefix}-${i}`, inNamespace(namespace), identityRef(id), ofKind(kindOf(i)))),
+    ),
+  );
+
+/** The provider's manager asking a mirror-sync under test to prepare (SPEC §5). */
+export interface PrepareManager {
+  /** Its ServiceAccount and audience-bound token (prepare.ts `manager`). */
+  caller: PrepareCaller;
+  /** `POST /prepare` with `body` (usually `prepareTarget(consumer)`), as the manager. */
+  prepare(body: unknown): Promise<PrepareAnswer>;
+  /** The text of every answer so far (also scanned for planted Secret values after the file). */
+  answers: string[];
+}
+
+/** The provider's manager for `ms` (prepare.ts `manager`: `opts.extraRules` for a test's own kind). */
+export async function prepareManager(
+  w: World,
+  ms: MirrorSyncUnderTest,
+  opts: Parameters<typeof manager>[1] = {},
+): Promise<PrepareManager> {
+  const caller = await manager(w, opts);
+  const answers: string[] = [];
+  scanLater('prepare answers', () => answers.join('\n'));
+  const prepare = async (body: unknown) => {
+    const r = await postPrepare(ms.url, body, caller);
+    answers.push(r.text);
+    return r;
+  };
+  return { caller, prepare, answers };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events and their delivery
+// ---------------------------------------------------------------------------------------------
 
 /**
  * Delivers events to `url` like a Knative Trigger with a retry policy: re-sends on 5xx up
@@ -146,18 +194,71 @@ export async function deliver(
   return last;
 }
 
-/** An ApiServerSource event about a consumer object. */
+/**
+ * Delivers each of `events` like a Trigger (retrying 5xx up to 10 times), `inFlight` at a
+ * time (default: all at once), round-robin over `urls`; asserts that every answer is 200.
+ */
+export async function deliverAll(
+  urls: string | string[],
+  events: CloudEvent<unknown>[],
+  inFlight = events.length,
+): Promise<void> {
+  const to = typeof urls === 'string' ? [urls] : urls;
+  const limit = pLimit(Math.max(inFlight, 1));
+  const answers = await Promise.all(events.map((e, i) => limit(() => deliver(to[i % to.length]!, e, { retries: 10 }))));
+  assert.deepEqual(
+    answers.filter((r) => r.status !== 200).map((r) => r.text),
+    [],
+  );
+}
+
+/** The consumer kind of `c` among `kinds` (TerraformCluster when `c` names none). */
+function kindOf(c: Consumer, kinds: readonly ConsumerKind[]): ConsumerKind {
+  const kind = c.kind ? findConsumerKind(kinds, c.apiVersion ?? '', c.kind) : TERRAFORM_CLUSTER;
+  if (!kind) throw new Error(`no consumer kind ${c.apiVersion}/${c.kind}`);
+  return kind;
+}
+
+/**
+ * An ApiServerSource event about a consumer (of the shipped kinds, or of `kinds` for a
+ * test's own); a consumer built without a namespace makes an event without one.
+ */
 export const consumerEvent = (
   c: Consumer,
   mode: 'resource' | 'ref' = 'ref',
   verb: 'add' | 'update' | 'delete' = 'update',
-) =>
-  apiServerEvent(
-    { ...(c as object), apiVersion: API_VERSION, kind: c.kind ?? 'TerraformCluster', metadata: c.metadata as never },
+  kinds: readonly ConsumerKind[] = DEFAULT_CONSUMER_KINDS,
+) => {
+  const kind = kindOf(c, kinds);
+  return apiServerEvent(
+    { ...(c as object), apiVersion: apiVersionOf(kind), kind: kind.kind, metadata: c.metadata as never },
     mode,
     verb,
-    PLURAL[c.kind ?? 'TerraformCluster']!,
+    kind.plural,
   );
+};
+
+/** An ApiServerSource event about an identity (as built, or as read back). */
+export const identityEvent = (
+  i: TerraformClusterIdentity,
+  mode: 'resource' | 'ref' = 'ref',
+  verb: 'add' | 'update' | 'delete' = 'update',
+) =>
+  apiServerEvent(
+    {
+      ...(i as object),
+      apiVersion: apiVersionOf(IDENTITY_RESOURCE),
+      kind: IDENTITY_RESOURCE.kind,
+      metadata: i.metadata as never,
+    },
+    mode,
+    verb,
+    IDENTITY_RESOURCE.plural,
+  );
+
+// ---------------------------------------------------------------------------------------------
+// Policies
+// ---------------------------------------------------------------------------------------------
 
 /**
  * A ValidatingAdmissionPolicy (and its binding) that refuses `operations` on Secrets in the

@@ -7,85 +7,91 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { ApiextensionsV1Api, KubeConfig } from '@kubernetes/client-node';
-import { API_VERSION, GROUP, VERSION, type Consumer } from '../../functions/lib/api.ts';
-import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { ApiextensionsV1Api } from '@kubernetes/client-node';
+import { TERRAFORM_CLUSTER, type ConsumerKind } from '../../functions/lib/api.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { start } from '../../functions/mirror-sync/index.ts';
-import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
-import { apiServerEvent, pingEvent } from '../helpers/events.ts';
-import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
-import { manager, postPrepare } from '../helpers/prepare.ts';
-import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
+import { consumerObjects } from '../../functions/lib/objects.ts';
+import { asUser, eventually, suffix } from '../helpers/cluster.ts';
+import { pingEvent } from '../helpers/events.ts';
 import {
+  allowList,
+  allowSelector,
   conditionOf,
+  consumer,
+  data,
+  identity,
+  identityRef,
+  inNamespace,
+  labels,
+  mirrorOf,
+  namespace,
+  ofKind,
+  sourceSecret,
+  world,
+} from '../helpers/fixtures.ts';
+import { assertNoSecret, sentinel } from '../helpers/logs.ts';
+import {
   consumerEvent,
-  createConsumer,
-  deleteIdentity,
+  consumerKindsSetting,
   deliver,
-  getConsumer,
-  getMirror,
-  putIdentity,
+  mirrorSyncUnderTest,
+  operatorSource,
+  prepareManager,
+  readCondition,
   refuseSecrets,
+  type MirrorSyncUnderTest,
+  type OperatorSource,
+  type PrepareManager,
 } from '../helpers/mirror-sync.ts';
+import { prepareTarget } from '../helpers/prepare.ts';
 
-const a = admin();
-const ns = namespaces('edge');
-const log = captureLogger('mirror-sync');
+/** A cluster-scoped consumer kind of this file's own, so no other file sees it. */
+const GLOBAL: ConsumerKind = {
+  group: `edge-${suffix()}.captf.test`,
+  version: 'v1',
+  kind: 'TerraformGlobal',
+  plural: 'terraformglobals',
+};
+const KINDS = [TERRAFORM_CLUSTER, GLOBAL];
+const w = world('edge', { kinds: [GLOBAL] });
+const a = w.clients;
 const SECRET = sentinel();
-const source = { name: 'creds', namespace: '' };
-// A cluster-scoped consumer kind of this file's own, so no other file sees it.
-const G = `edge-${suffix()}.captf.test`;
-const PLURAL = 'terraformglobals';
-const KINDS = `${GROUP}/${VERSION}/TerraformCluster/terraformclusters,${G}/v1/TerraformGlobal/${PLURAL}`;
-let fn: FunctionHandle;
-let url: string;
+let ms: MirrorSyncUnderTest;
+let source: OperatorSource;
 /** The manager, allowed to prepare the shipped kinds and this file's cluster-scoped one. */
-let caller: PrepareCaller;
+let manager: PrepareManager;
 
 before(async () => {
-  source.namespace = await ns.create();
-  await a.core.createNamespacedSecret({
-    namespace: source.namespace,
-    body: { metadata: { name: source.name }, stringData: { token: SECRET } },
-  });
+  source = await operatorSource(w, data({ token: SECRET }));
   await installClusterScopedKind();
-  fn = await start({
-    port: 0,
-    host: '127.0.0.1',
-    kubeconfig: a.kc,
-    logger: log.logger,
-    env: { CAPTF_CONSUMER_KINDS: KINDS },
-  });
-  url = `http://127.0.0.1:${fn.port}/`;
-  caller = await manager(ns, {
-    extraRules: [{ apiGroups: [G], resources: [`${PLURAL}/prepare`], verbs: ['create'] }],
+  ms = await mirrorSyncUnderTest(w, { env: { CAPTF_CONSUMER_KINDS: consumerKindsSetting(...KINDS) } });
+  manager = await prepareManager(w, ms, {
+    extraRules: [{ apiGroups: [GLOBAL.group], resources: [`${GLOBAL.plural}/prepare`], verbs: ['create'] }],
   });
 });
-after(async () => {
-  await fn?.close();
-  assertNoSecret(log.lines.join('\n'), [SECRET, ...(caller ? [caller.token] : [])], 'mirror-sync log');
+after(() => {
+  assertNoSecret(
+    ms?.log.lines.join('\n') ?? '',
+    [SECRET, ...(manager ? [manager.caller.token] : [])],
+    'mirror-sync log',
+  );
 });
 
 /** A cluster-scoped CRD with `spec.identityRef` and a status subresource. */
 async function installClusterScopedKind(): Promise<void> {
   const ext = a.kc.makeApiClient(ApiextensionsV1Api);
-  const name = `${PLURAL}.${G}`;
+  const { group, version, kind, plural } = GLOBAL;
+  const name = `${plural}.${group}`;
   await ext.createCustomResourceDefinition({
     body: {
       metadata: { name },
       spec: {
-        group: G,
+        group,
         scope: 'Cluster',
-        names: {
-          kind: 'TerraformGlobal',
-          plural: PLURAL,
-          singular: 'terraformglobal',
-          listKind: 'TerraformGlobalList',
-        },
+        names: { kind, plural, singular: kind.toLowerCase(), listKind: `${kind}List` },
         versions: [
           {
-            name: 'v1',
+            name: version,
             served: true,
             storage: true,
             subresources: { status: {} },
@@ -107,10 +113,10 @@ async function installClusterScopedKind(): Promise<void> {
       },
     },
   });
-  ns.onCleanup(() => ext.deleteCustomResourceDefinition({ name }).then(() => undefined));
+  w.onCleanup(() => ext.deleteCustomResourceDefinition({ name }).then(() => undefined));
   await eventually('the cluster-scoped CRD to be served', async () => {
     try {
-      await a.custom.listClusterCustomObject({ group: G, version: 'v1', plural: PLURAL });
+      await consumerObjects(a, GLOBAL).list();
       return true;
     } catch {
       return false;
@@ -118,76 +124,39 @@ async function installClusterScopedKind(): Promise<void> {
   });
 }
 
-async function newIdentity(allowed: Parameters<typeof putIdentity>[3], ref = source): Promise<string> {
-  const name = `id-${suffix()}`;
-  ns.onCleanup(() => deleteIdentity(a, name));
-  await putIdentity(a, name, ref, allowed);
-  return name;
-}
-
-const globalEvent = (name: string) =>
-  apiServerEvent(
-    { apiVersion: `${G}/v1`, kind: 'TerraformGlobal', metadata: { name } as never },
-    'ref',
-    'update',
-    PLURAL,
-  );
-
-const prepare = async (body: unknown) => {
-  const r = await postPrepare(url, body, caller);
-  return { status: r.status, body: r.body as { reason?: string; error?: string } };
-};
-
-const linesAbout = (object: string) => log.entries().filter((e) => e.object === object);
+const linesAbout = (object: string) => ms.log.entries().filter((e) => e.object === object);
 
 describe('an input the reconcile cannot act on ends in a visible outcome, once', () => {
   it('a cluster-scoped consumer is NamespaceNotAllowed, prepare refuses it, and resyncs leave it alone', async () => {
-    const id = await newIdentity({ selector: {} });
-    const name = `global-${suffix()}`;
-    await a.custom.createClusterCustomObject({
-      group: G,
-      version: 'v1',
-      plural: PLURAL,
-      body: { apiVersion: `${G}/v1`, kind: 'TerraformGlobal', metadata: { name }, spec: { identityRef: { name: id } } },
-    });
-    ns.onCleanup(() => a.custom.deleteClusterCustomObject({ group: G, version: 'v1', plural: PLURAL, name }));
-    const r = await deliver(url, globalEvent(name), { retries: 0 });
+    const id = await source.newIdentity(allowSelector());
+    const name = w.name('global');
+    const global = await w.create(consumer(name, ofKind(GLOBAL), identityRef(id)));
+    const r = await deliver(ms.url, consumerEvent(global, 'ref', 'update', KINDS), { retries: 0 });
     assert.equal(r.status, 200, r.text);
     const result = (r.body as { events: { results: { reason: string; retry: boolean }[] }[] }).events[0]!.results;
     assert.deepEqual(result, [
       { object: `/${name}`, outcome: 'not-allowed', reason: 'NamespaceNotAllowed', retry: false },
     ]);
-    const get = async () =>
-      (await a.custom.getClusterCustomObject({ group: G, version: 'v1', plural: PLURAL, name })) as Consumer;
-    const obj = await get();
+    const obj = (await w.read(global))!;
     const cond = conditionOf(obj, 'IdentityAllowed');
     assert.equal(cond?.status, 'False');
     assert.equal(cond?.reason, 'NamespaceNotAllowed');
     assert.match(cond!.message, /cluster-scoped objects cannot use credentials/);
     assert.equal(linesAbout(`/${name}`).length, 1, 'one log line');
 
-    const p = await prepare({ apiVersion: `${G}/v1`, kind: 'TerraformGlobal', namespace: '', name });
+    const p = await manager.prepare({ ...prepareTarget(global), namespace: '' });
     assert.equal(p.status, 403, JSON.stringify(p.body));
     assert.equal(p.body.reason, 'IdentityNotAllowed');
 
     // Two resyncs: nothing is written to it again and nothing fails about it (no retry loop).
-    for (let i = 0; i < 2; i++) assert.equal((await deliver(url, pingEvent(), { retries: 0 })).status, 200);
-    assert.equal((await get()).metadata.resourceVersion, obj.metadata.resourceVersion, 'no write');
-    const errors = log.entries().filter((e) => e.level !== 'info' && JSON.stringify(e).includes(name));
+    for (let i = 0; i < 2; i++) assert.equal((await deliver(ms.url, pingEvent(), { retries: 0 })).status, 200);
+    assert.equal((await w.read(global))!.metadata.resourceVersion, obj.metadata.resourceVersion, 'no write');
+    const errors = ms.log.entries().filter((e) => e.level !== 'info' && JSON.stringify(e).includes(name));
     assert.deepEqual(errors, []);
   });
 
   it('a consumer event without a namespace for a namespaced kind is answered with a result saying so', async () => {
-    const r = await deliver(
-      url,
-      apiServerEvent(
-        { apiVersion: API_VERSION, kind: 'TerraformCluster', metadata: { name: 'x' } as never },
-        'ref',
-        'update',
-        'terraformclusters',
-      ),
-      { retries: 0 },
-    );
+    const r = await deliver(ms.url, consumerEvent(consumer('x')), { retries: 0 });
     assert.equal(r.status, 200, r.text);
     const results = (r.body as { events: { results: { reason: string; retry: boolean }[] }[] }).events[0]!.results;
     assert.equal(results.length, 1);
@@ -198,17 +167,14 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
 
 describe('a write refused for good says why and is not retried', () => {
   it('a 403 from a policy names the user, verb, resource and namespace, never the data', async () => {
-    const label = `captf-test-forbid-${suffix()}`;
-    const n = await ns.create({ [label]: 'true' });
-    const id = await newIdentity({ list: [n] });
+    const label = w.name('forbid');
+    const n = await w.namespace(labels({ [label]: 'true' }));
+    const id = await source.newIdentity(allowList(n));
     const user = `forbidden-${suffix()}`;
     const u = await asUser(user, ['system:masters']);
-    const kc = new KubeConfig();
-    kc.loadFromFile(u.kubeconfigPath);
-    const other = await start({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: log.logger, env: {} });
-    ns.onCleanup(() => other.close());
+    const other = await mirrorSyncUnderTest(w, { kubeconfig: u.kc, log: ms.log });
     // Forbidden (403), with a message that echoes the data back: it must not reach the condition.
-    ns.onCleanup(
+    w.onCleanup(
       await refuseSecrets(a, {
         label,
         operations: ['CREATE', 'UPDATE'],
@@ -216,13 +182,13 @@ describe('a write refused for good says why and is not retried', () => {
         reason: 'Forbidden',
       }),
     );
-    const c = await createConsumer(a, n, 'refused', id);
+    const c = await w.create(consumer('refused', inNamespace(n), identityRef(id)));
     const cond = await eventually(
       'the policy to refuse the mirror write',
       async () => {
-        await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n }).catch(() => undefined);
-        const r = await deliver(`http://127.0.0.1:${other.port}/`, consumerEvent(c), { retries: 0 });
-        const got = conditionOf(await getConsumer(a, n, 'refused'), 'CredentialsMirrored');
+        await w.delete(mirrorOf(id, inNamespace(n)));
+        const r = await deliver(other.url, consumerEvent(c), { retries: 0 });
+        const got = await readCondition(w, c, 'CredentialsMirrored');
         return r.status === 200 && got?.reason === 'MirrorFailed' && /403/.test(got.message) ? got : undefined;
       },
       60_000,
@@ -242,15 +208,15 @@ describe('a write refused for good says why and is not retried', () => {
   });
 
   it('a namespace being deleted says so in the condition, and the event is not retried', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    const c = await createConsumer(a, n, 'late', id);
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const c = await w.create(consumer('late', inNamespace(n), identityRef(id)));
     // A finalizer keeps the namespace Terminating while the test runs.
     await a.core.createNamespacedConfigMap({
       namespace: n,
       body: { metadata: { name: 'hold', finalizers: ['captf.io/test-hold'] } },
     });
-    ns.onCleanup(() =>
+    w.onCleanup(() =>
       a.core
         .patchNamespacedConfigMap({
           name: 'hold',
@@ -262,13 +228,13 @@ describe('a write refused for good says why and is not retried', () => {
           () => undefined,
         ),
     );
-    await a.core.deleteNamespace({ name: n });
-    await eventually('the namespace to be Terminating', async () => {
-      const got = await a.core.readNamespace({ name: n });
-      return got.status?.phase === 'Terminating';
-    });
-    const r = await deliver(url, consumerEvent(c), { retries: 0 });
-    const cond = conditionOf(await getConsumer(a, n, 'late'), 'CredentialsMirrored');
+    await w.delete(namespace(n));
+    await eventually(
+      'the namespace to be Terminating',
+      async () => (await w.read(namespace(n)))?.status?.phase === 'Terminating',
+    );
+    const r = await deliver(ms.url, consumerEvent(c), { retries: 0 });
+    const cond = await readCondition(w, c, 'CredentialsMirrored');
     if (cond?.reason === 'Mirrored') return; // another file's resync mirrored it before the deletion
     assert.equal(r.status, 200, r.text);
     assert.equal(cond?.reason, 'MirrorFailed');
@@ -278,14 +244,15 @@ describe('a write refused for good says why and is not retried', () => {
 
 describe('a revocation the API server refuses says so', () => {
   it('a refused delete leaves MirrorFailed saying the credentials are still there, never the data', async () => {
-    const label = `captf-test-nodelete-${suffix()}`;
-    const n = await ns.create({ [label]: 'true' });
-    const id = await newIdentity({ list: [n] });
-    const c = await createConsumer(a, n, 'kept', id);
-    assert.equal((await deliver(url, consumerEvent(c), { retries: 0 })).status, 200);
-    assert.ok(await getMirror(a, n, id));
+    const label = w.name('nodelete');
+    const n = await w.namespace(labels({ [label]: 'true' }));
+    const id = await source.newIdentity(allowList(n));
+    const c = await w.create(consumer('kept', inNamespace(n), identityRef(id)));
+    const mirror = mirrorOf(id, inNamespace(n));
+    assert.equal((await deliver(ms.url, consumerEvent(c), { retries: 0 })).status, 200);
+    assert.ok(await w.read(mirror));
     // A careless policy that echoes the data of the Secret being deleted.
-    ns.onCleanup(
+    w.onCleanup(
       await refuseSecrets(a, {
         label,
         operations: ['DELETE'],
@@ -293,7 +260,7 @@ describe('a revocation the API server refuses says so', () => {
       }),
     );
     // The policy takes a moment to be enforced: wait until it refuses deleting a probe Secret.
-    await a.core.createNamespacedSecret({ namespace: n, body: { metadata: { name: 'probe' } } });
+    await w.create(sourceSecret('probe', inNamespace(n)));
     await eventually(
       'the policy to refuse deletes',
       async () => {
@@ -306,26 +273,26 @@ describe('a revocation the API server refuses says so', () => {
       },
       60_000,
     );
-    await putIdentity(a, id, source, { list: [] });
+    await w.put(identity(id, source.ref, allowList()));
     let last = '';
     const cond = await eventually(
       'the refused revocation to show',
       async () => {
-        const r = await deliver(url, consumerEvent(c), { retries: 0 });
-        const got = conditionOf(await getConsumer(a, n, 'kept'), 'CredentialsMirrored');
+        const r = await deliver(ms.url, consumerEvent(c), { retries: 0 });
+        const got = await readCondition(w, c, 'CredentialsMirrored');
         last = `${r.status} ${r.text} ${JSON.stringify(got)}`;
         return r.status === 200 && got?.reason === 'MirrorFailed' ? got : undefined;
       },
       60_000,
     ).catch((err: Error) => {
-      throw new Error(`${err.message}; last answer: ${last}; log: ${log.lines.slice(-5).join('\n')}`);
+      throw new Error(`${err.message}; last answer: ${last}; log: ${ms.log.lines.slice(-5).join('\n')}`);
     });
     assert.match(cond.message, /could not be deleted and still holds the credentials/);
-    assert.equal(conditionOf(await getConsumer(a, n, 'kept'), 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
-    assert.ok(await getMirror(a, n, id), 'the policy kept it');
+    assert.equal((await readCondition(w, c, 'IdentityAllowed'))?.reason, 'NamespaceNotAllowed');
+    assert.ok(await w.read(mirror), 'the policy kept it');
     assertNoSecret(JSON.stringify(cond), [SECRET], 'condition');
     assert.ok(
-      log.entries().some((e) => e.level === 'warn' && e.message === 'reconcile key' && e.identity === id),
+      ms.log.entries().some((e) => e.level === 'warn' && e.message === 'reconcile key' && e.identity === id),
       'logged as a warning',
     );
   });

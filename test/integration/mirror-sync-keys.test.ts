@@ -9,106 +9,79 @@
  */
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
-import { KubeConfig } from '@kubernetes/client-node';
-import pLimit from 'p-limit';
-import type { Consumer } from '../../functions/lib/api.ts';
-import type { FunctionHandle } from '../../functions/lib/http.ts';
-import { start } from '../../functions/mirror-sync/index.ts';
+import { before, describe, it } from 'node:test';
+import type { V1Secret } from '@kubernetes/client-node';
+import { TERRAFORM_CLUSTER, type Consumer } from '../../functions/lib/api.ts';
 import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { AuditLog } from '../../scripts/bench/measure.ts';
-import { admin, asUser, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
+import { asUser, controlPlaneDir, suffix } from '../helpers/cluster.ts';
 import { pingEvent } from '../helpers/events.ts';
 import { startFaultProxy } from '../helpers/fault-proxy.ts';
+import { allowList, consumer, data, identityRef, inNamespace, mirrorOf, world } from '../helpers/fixtures.ts';
 import { invariantViolations, foreignSecrets } from '../helpers/invariant.ts';
-import { captureLogger } from '../helpers/logs.ts';
 import {
-  conditionOf,
+  alternatingKinds,
   consumerEvent,
-  createConsumer,
-  deleteIdentity,
+  createConsumers,
   deliver,
-  getConsumer,
-  getMirror,
-  putIdentity,
+  deliverAll,
+  mirrorSyncUnderTest,
+  operatorSource,
+  readCondition,
+  type OperatorSource,
 } from '../helpers/mirror-sync.ts';
 
-const a = admin();
-const ns = namespaces('msk');
+const w = world('msk');
+// "zz" namespaces sort late: their consumers are on the last pages of a cluster-wide list.
+const late = world('zzk');
+const a = w.clients;
 const audit = new AuditLog(join(controlPlaneDir(), 'logs', 'audit.log'));
-const source = { name: 'creds', namespace: '' };
-const started: FunctionHandle[] = [];
+let source: OperatorSource;
 
 before(async () => {
-  source.namespace = await ns.create();
-  await a.core.createNamespacedSecret({
-    namespace: source.namespace,
-    body: { metadata: { name: source.name }, data: { token: Buffer.from('keys').toString('base64') } },
-  });
-});
-after(async () => {
-  for (const f of started) await f.close();
+  source = await operatorSource(w, data({ token: 'keys' }));
 });
 
-async function newIdentity(allowed: Parameters<typeof putIdentity>[3]): Promise<string> {
-  const name = `id-${suffix()}`;
-  ns.onCleanup(() => deleteIdentity(a, name));
-  await putIdentity(a, name, source, allowed);
-  return name;
-}
-
-/** A mirror-sync instance in this process, as a user of its own; returns its URL and username. */
+/**
+ * A mirror-sync instance in this process, as a user of its own (in system:masters), or as the
+ * user of `kubeconfigPath` (a fault proxy's); returns its URL and username.
+ */
 async function instance(
   env: Record<string, string> = {},
   kubeconfigPath?: string,
 ): Promise<{ url: string; user: string }> {
   const user = `mirror-sync-${suffix()}`;
-  const u = await asUser(user, ['system:masters']);
-  const kc = new KubeConfig();
-  kc.loadFromFile(kubeconfigPath ?? u.kubeconfigPath);
-  const fn = await start({
-    port: 0,
-    host: '127.0.0.1',
-    kubeconfig: kc,
-    logger: captureLogger('mirror-sync').logger,
-    env,
-  });
-  started.push(fn);
-  return { url: `http://127.0.0.1:${fn.port}/`, user };
+  const kubeconfig = kubeconfigPath ?? (await asUser(user, ['system:masters'])).kubeconfigPath;
+  const { url } = await mirrorSyncUnderTest(w, { env, kubeconfig });
+  return { url, user };
 }
 
 /** Delivers each consumer's event, `inFlight` at a time, round-robin over `urls`, retrying 5xx like a Trigger. */
-async function burst(urls: string[], consumers: Consumer[], inFlight: number): Promise<void> {
-  const limit = pLimit(inFlight);
-  const answers = await Promise.all(
-    consumers.map((c, i) => limit(() => deliver(urls[i % urls.length]!, consumerEvent(c), { retries: 10 }))),
+const burst = (urls: string[], consumers: Consumer[], inFlight: number) =>
+  deliverAll(
+    urls,
+    consumers.map((c) => consumerEvent(c)),
+    inFlight,
   );
-  assert.deepEqual(
-    answers.filter((r) => r.status !== 200).map((r) => r.text),
-    [],
-  );
-}
 
-async function allMirrored(n: string, names: string[], kind = 'TerraformCluster'): Promise<void> {
-  for (const name of names)
-    assert.equal(conditionOf(await getConsumer(a, n, name, kind), 'CredentialsMirrored')?.reason, 'Mirrored', name);
+/** Asserts that every one of `consumers` says CredentialsMirrored=Mirrored. */
+async function allMirrored(consumers: Consumer[]): Promise<void> {
+  for (const c of consumers)
+    assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'Mirrored', c.metadata.name);
 }
 
 describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
   it('60 consumers, 8 events in flight to one instance: exactly 60 owner references, few mirror writes', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
     const foreign = await foreignSecrets(a, [n]);
-    const consumers = await Promise.all(Array.from({ length: 60 }, (_, i) => createConsumer(a, n, `b-${i}`, id)));
+    const consumers = await createConsumers(w, n, id, 'b', 60);
     const { url, user } = await instance();
     const mark = audit.mark();
     await burst([url], consumers, 8);
     const writes = audit.countFor(user, mark);
-    assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 60);
-    await allMirrored(
-      n,
-      consumers.map((c) => c.metadata.name!),
-    );
+    assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.length, 60);
+    await allMirrored(consumers);
     // One reconcile per event would write the mirror 60 times; coalesced, a handful of
     // reconciles each add every consumer that arrived meanwhile.
     assert.ok(writes.mirrorWrites <= 30, `${writes.mirrorWrites} mirror writes for 60 consumers`);
@@ -116,53 +89,39 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
   });
 
   it('the same burst split over two instances converges to exactly the live consumers', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    const consumers = await Promise.all(
-      Array.from({ length: 40 }, (_, i) =>
-        createConsumer(a, n, `t-${i}`, id, i % 2 ? 'TerraformMachine' : 'TerraformCluster'),
-      ),
-    );
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const consumers = await createConsumers(w, n, id, 't', 40, alternatingKinds);
     const one = await instance();
     const two = await instance();
     await burst([one.url, two.url], consumers, 8);
-    const refs = (await getMirror(a, n, id))!.metadata!.ownerReferences!;
+    const refs = (await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!;
     assert.deepEqual(refs.map((r) => r.uid).sort(), consumers.map((c) => c.metadata.uid).sort());
     assert.deepEqual(await invariantViolations(a, [n]), []);
   });
 
   it('consumers switching identities during a burst end on the mirror they name', async () => {
-    const n = await ns.create();
-    const idA = await newIdentity({ list: [n] });
-    const idB = await newIdentity({ list: [n] });
-    const consumers = await Promise.all(Array.from({ length: 20 }, (_, i) => createConsumer(a, n, `s-${i}`, idA)));
+    const n = await w.namespace();
+    const idA = await source.newIdentity(allowList(n));
+    const idB = await source.newIdentity(allowList(n));
+    const consumers = await createConsumers(w, n, idA, 's', 20);
     const { url } = await instance();
     const first = burst([url], consumers, 8);
     // Five switch to B while their A events are still being delivered.
     const switched = await Promise.all(
-      consumers.slice(0, 5).map(
-        (c) =>
-          a.custom.patchNamespacedCustomObject({
-            group: 'infrastructure.cluster.x-k8s.io',
-            version: 'v1beta2',
-            plural: 'terraformclusters',
-            namespace: n,
-            name: c.metadata.name!,
-            body: [{ op: 'replace', path: '/spec/identityRef/name', value: idB }],
-          }) as Promise<Consumer>,
-      ),
+      consumers.slice(0, 5).map((c) => w.put(consumer(c.metadata.name!, inNamespace(n), identityRef(idB)))),
     );
     await first;
     await burst([url], switched, 8);
     assert.deepEqual(
-      (await getMirror(a, n, idA))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
+      (await w.read(mirrorOf(idA, inNamespace(n))))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
       consumers
         .slice(5)
         .map((c) => c.metadata.name!)
         .sort(),
     );
     assert.deepEqual(
-      (await getMirror(a, n, idB))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
+      (await w.read(mirrorOf(idB, inNamespace(n))))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
       switched.map((c) => c.metadata.name!).sort(),
     );
     assert.deepEqual(await invariantViolations(a, [n]), []);
@@ -174,16 +133,12 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
  * compaction — to the first `times` cluster-wide TerraformCluster list pages that carry a
  * continue token.
  */
+const clusterWideList = `/apis/${TERRAFORM_CLUSTER.group}/${TERRAFORM_CLUSTER.version}/${TERRAFORM_CLUSTER.plural}`;
 async function expiringProxy(
   times: number,
 ): Promise<{ kubeconfigPath: string; expired: () => number; close: () => void }> {
   const proxy = await startFaultProxy((method, url) => {
-    if (
-      method !== 'GET' ||
-      !/^\/apis\/infrastructure\.cluster\.x-k8s\.io\/v1beta2\/terraformclusters\?/.test(url) ||
-      !/[?&]continue=/.test(url)
-    )
-      return undefined;
+    if (method !== 'GET' || !url.startsWith(`${clusterWideList}?`) || !/[?&]continue=/.test(url)) return undefined;
     if (proxy && proxy.faults() >= times) return undefined;
     return {
       status: 410,
@@ -197,22 +152,22 @@ async function expiringProxy(
 
 describe('the resync is made of lists (SPEC §12)', () => {
   it('an expired continue token restarts the list; a consumer on a later page is mirrored and its mirror kept', async () => {
-    // "zz" namespaces sort late: their consumers are on the last pages of a cluster-wide list.
-    const late = namespaces('zzk');
-    const n = await late.create();
-    const id = await newIdentity({ list: [n] });
-    const kept = await createConsumer(a, n, 'kept', id);
+    const n = await late.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const mirror = mirrorOf(id, inNamespace(n));
+    const kept = await w.create(consumer('kept', inNamespace(n), identityRef(id)));
     const { url } = await instance();
     assert.equal((await deliver(url, consumerEvent(kept))).status, 200);
-    const before = (await getMirror(a, n, id))!;
-    const fresh = await createConsumer(a, n, 'fresh', id); // no event: only the resync can mirror it
+    const before = (await w.read(mirror))!;
+    // No event: only the resync can mirror it.
+    const fresh = await w.create(consumer('fresh', inNamespace(n), identityRef(id)));
     const proxy = await expiringProxy(1);
     try {
       const resync = await instance({ CAPTF_PAGE_SIZE: '2' }, proxy.kubeconfigPath);
       const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
       assert.equal(r.status, 200, r.text);
       assert.equal(proxy.expired(), 1, 'the proxy expired one continue token');
-      const m = (await getMirror(a, n, id))!;
+      const m = (await w.read(mirror))!;
       assert.equal(m.metadata!.uid, before.metadata!.uid, 'the mirror of the live consumer was never collected');
       assert.deepEqual(
         m.metadata!.ownerReferences!.map((o) => o.uid).sort(),
@@ -225,41 +180,37 @@ describe('the resync is made of lists (SPEC §12)', () => {
   });
 
   it("never collects a look-alike: a labelled Secret whose name is not its identity's mirror name", async () => {
-    const n = await ns.create();
-    const idA = await newIdentity({ list: [n] });
-    const idB = await newIdentity({ list: [n] });
+    const n = await w.namespace();
+    const idA = await source.newIdentity(allowList(n));
+    const idB = await source.newIdentity(allowList(n));
     // Labelled and annotated like B's mirror, no owners, but named like A's: not a mirror of B.
     const lookalike = desiredMirror(idB, n, {}, { apiVersion: 'v1', kind: 'ConfigMap', name: 'x', uid: '1' });
     lookalike.metadata.name = mirrorName(idA);
     lookalike.metadata.ownerReferences = [];
-    const before = await a.core.createNamespacedSecret({ namespace: n, body: lookalike });
+    const before = await w.create(lookalike as V1Secret);
     const foreign = await foreignSecrets(a, [n]);
     const { url } = await instance();
     assert.equal((await deliver(url, pingEvent('captf-resync'))).status, 200);
-    const after = await a.core.readNamespacedSecret({ name: mirrorName(idA), namespace: n });
+    const after = (await w.read(lookalike as V1Secret))!;
     assert.equal(after.metadata!.resourceVersion, before.metadata!.resourceVersion);
     assert.deepEqual(await invariantViolations(a, [n], foreign), []);
   });
 
   it('a list that keeps expiring fails the ping with 5xx and deletes nothing', async () => {
-    const late = namespaces('zzx');
-    const n = await late.create();
-    const id = await newIdentity({ list: [n] });
-    const c = await createConsumer(a, n, 'only', id);
+    const n = await late.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const mirror = mirrorOf(id, inNamespace(n));
+    const c = await w.create(consumer('only', inNamespace(n), identityRef(id)));
     const { url } = await instance();
     assert.equal((await deliver(url, consumerEvent(c))).status, 200);
-    const before = (await getMirror(a, n, id))!;
+    const before = (await w.read(mirror))!;
     const proxy = await expiringProxy(1000);
     try {
       const resync = await instance({ CAPTF_PAGE_SIZE: '2' }, proxy.kubeconfigPath);
       const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
       assert.ok(r.status >= 500, `${r.status} ${r.text}`);
       assert.ok(proxy.expired() >= 3, 'restarted before giving up');
-      assert.equal(
-        (await getMirror(a, n, id))!.metadata!.resourceVersion,
-        before.metadata!.resourceVersion,
-        'untouched',
-      );
+      assert.equal((await w.read(mirror))!.metadata!.resourceVersion, before.metadata!.resourceVersion, 'untouched');
     } finally {
       proxy.close();
     }
@@ -292,9 +243,9 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
     { status: 429, reason: 'TooManyRequests', message: 'too many requests, please try again later' },
   ])
     it(`a ${answer.status} reading the mirror answers 503 and writes no condition and no Event`, async () => {
-      const n = await ns.create();
-      const id = await newIdentity({ list: [n] });
-      const c = await createConsumer(a, n, 'flaky-read', id);
+      const n = await w.namespace();
+      const id = await source.newIdentity(allowList(n));
+      const c = await w.create(consumer('flaky-read', inNamespace(n), identityRef(id)));
       const { user, url, proxy } = await behindProxy(
         (method, u) => method === 'GET' && u.startsWith(`/api/v1/namespaces/${n}/secrets/${mirrorName(id)}`),
         answer,
@@ -313,9 +264,9 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
     });
 
   it('a 503 writing the mirror answers 503 and writes no condition and no Event; the retry mirrors', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    const c = await createConsumer(a, n, 'flaky-write', id);
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const c = await w.create(consumer('flaky-write', inNamespace(n), identityRef(id)));
     const { user, url, proxy } = await behindProxy(
       (method, u) => (method === 'POST' || method === 'PUT') && u.startsWith(`/api/v1/namespaces/${n}/secrets`),
     );
@@ -337,7 +288,7 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
     }
     const { url: healthy } = await instance();
     assert.equal((await deliver(healthy, consumerEvent(c))).status, 200);
-    assert.equal(conditionOf(await getConsumer(a, n, 'flaky-write'), 'CredentialsMirrored')?.reason, 'Mirrored');
+    assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'Mirrored');
     assert.deepEqual(await invariantViolations(a, [n]), []);
   });
 });

@@ -1,68 +1,62 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, it } from 'node:test';
-import { API_VERSION } from '../../functions/lib/api.ts';
+import { before, describe, it } from 'node:test';
+import type { V1Secret } from '@kubernetes/client-node';
+import { TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import type { FunctionHandle } from '../../functions/lib/http.ts';
-import { desiredMirror } from '../../functions/lib/mirror.ts';
-import { start } from '../../functions/mirror-sync/index.ts';
-import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
-import { spawnFunction } from '../helpers/process.ts';
+import { desiredMirror, ownerReferenceFor } from '../../functions/lib/mirror.ts';
+import { controlPlaneDir, eventually } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, startSink } from '../helpers/events.ts';
-import { captureLogger } from '../helpers/logs.ts';
 import {
-  conditionOf,
+  allowList,
+  consumer,
+  data,
+  identityRef,
+  inNamespace,
+  labels,
+  mirrorOf,
+  ofKind,
+  secretRef,
+  sourceSecret,
+  uid,
+  world,
+} from '../helpers/fixtures.ts';
+import {
+  alternatingKinds,
   consumerEvent,
-  createConsumer,
-  deleteIdentity,
+  consumerKindsSetting,
+  createConsumers,
   deliver,
-  getConsumer,
-  getMirror,
-  putIdentity,
+  deliverAll,
+  mirrorSyncUnderTest,
+  newIdentity,
+  operatorSource,
+  readCondition,
+  type MirrorSyncUnderTest,
+  type OperatorSource,
 } from '../helpers/mirror-sync.ts';
+import { spawnFunction } from '../helpers/process.ts';
 
-const a = admin();
-const ns = namespaces('msr');
-const log = captureLogger('mirror-sync');
-let fn: FunctionHandle;
-let url: string;
-const source = { name: 'creds', namespace: '' };
+const w = world('msr');
+const a = w.clients;
+let ms: MirrorSyncUnderTest;
+let source: OperatorSource;
 const b64 = (s: string) => Buffer.from(s).toString('base64');
-
-async function newIdentity(allowed: Parameters<typeof putIdentity>[3], ref = source) {
-  const name = `id-${suffix()}`;
-  ns.onCleanup(() => deleteIdentity(a, name));
-  await putIdentity(a, name, ref, allowed);
-  return name;
-}
+/** The outcomes of an answer of mirror-sync, as `[object, outcome]`. */
+const outcomes = (body: unknown) =>
+  (body as { events: { results?: { object: string; outcome: string }[] }[] }).events
+    .flatMap((e) => e.results ?? [])
+    .map((r) => [r.object, r.outcome]);
 
 before(async () => {
-  source.namespace = await ns.create();
-  await a.core.createNamespacedSecret({
-    namespace: source.namespace,
-    body: { metadata: { name: source.name }, data: { token: b64('t0') } },
-  });
-  fn = await start({
-    port: 0,
-    host: '127.0.0.1',
-    kubeconfig: a.kc,
-    logger: log.logger,
-    env: { CAPTF_CONCURRENCY: '16' },
-  });
-  url = `http://127.0.0.1:${fn.port}/`;
-});
-after(async () => {
-  await fn?.close();
+  source = await operatorSource(w, data({ token: 't0' }));
+  ms = await mirrorSyncUnderTest(w, { env: { CAPTF_CONCURRENCY: '16' } });
 });
 
 describe('concurrency (SPEC §15)', () => {
   it('50 consumers in one namespace, events duplicated and reordered: exactly 50 owner references, no error left', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    const consumers = await Promise.all(
-      Array.from({ length: 50 }, (_, i) =>
-        createConsumer(a, n, `c-${i}`, id, i % 2 ? 'TerraformMachine' : 'TerraformCluster'),
-      ),
-    );
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const consumers = await createConsumers(w, n, id, 'c', 50, alternatingKinds);
     // Each consumer's add event twice, once per mode, shuffled, sent all at once in
     // separate requests (as a Broker would), with Knative-style retries on 5xx.
     const events = consumers.flatMap((c) => [
@@ -74,47 +68,29 @@ describe('concurrency (SPEC §15)', () => {
       const j = Math.floor(Math.random() * (i + 1));
       [events[i], events[j]] = [events[j]!, events[i]!];
     }
-    const answers = await Promise.all(events.map((e) => deliver(url, e, { retries: 10 })));
-    assert.deepEqual(
-      answers.filter((r) => r.status !== 200).map((r) => r.text),
-      [],
-    );
-    const m = (await getMirror(a, n, id))!;
+    await deliverAll(ms.url, events);
+    const m = (await w.read(mirrorOf(id, inNamespace(n))))!;
     const refs = m.metadata!.ownerReferences!;
     assert.equal(refs.length, 50);
     assert.deepEqual(new Set(refs.map((r) => r.uid)), new Set(consumers.map((c) => c.metadata.uid)));
     for (const c of consumers) {
-      const obj = await getConsumer(a, n, c.metadata.name!, c.kind);
-      assert.equal(conditionOf(obj, 'CredentialsMirrored')?.reason, 'Mirrored', c.metadata.name);
+      assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'Mirrored', c.metadata.name);
     }
   });
 
   it('50 consumers deleted at once never delete the mirror while one still uses it', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    const consumers = await Promise.all(Array.from({ length: 20 }, (_, i) => createConsumer(a, n, `d-${i}`, id)));
-    await Promise.all(consumers.map((c) => deliver(url, consumerEvent(c), { retries: 10 })));
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const consumers = await createConsumers(w, n, id, 'd', 20);
+    await Promise.all(consumers.map((c) => deliver(ms.url, consumerEvent(c), { retries: 10 })));
     const survivor = consumers[0]!;
     const doomed = consumers.slice(1);
-    await Promise.all(
-      doomed.map((c) =>
-        a.custom.deleteNamespacedCustomObject({
-          group: 'infrastructure.cluster.x-k8s.io',
-          version: 'v1beta2',
-          plural: 'terraformclusters',
-          namespace: n,
-          name: c.metadata.name!,
-        }),
-      ),
+    await Promise.all(doomed.map((c) => w.delete(c)));
+    await deliverAll(
+      ms.url,
+      doomed.map((c) => consumerEvent(c, 'resource', 'delete')),
     );
-    const answers = await Promise.all(
-      doomed.map((c) => deliver(url, consumerEvent(c, 'resource', 'delete'), { retries: 10 })),
-    );
-    assert.deepEqual(
-      answers.filter((r) => r.status !== 200).map((r) => r.text),
-      [],
-    );
-    const m = await getMirror(a, n, id);
+    const m = await w.read(mirrorOf(id, inNamespace(n)));
     assert.ok(m, 'the survivor still uses the mirror');
     assert.deepEqual(
       m.metadata!.ownerReferences!.map((r) => r.uid),
@@ -129,267 +105,203 @@ describe('resync on a ping (SPEC §6, §12)', () => {
   // too. So these tests assert end states and what this instance itself said or logged,
   // never the cluster-wide counters of the summary (which another file's work changes).
   it('reconciles every consumer and garbage-collects orphaned mirrors', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
     // A consumer whose add event was lost: only a resync can mirror for it.
-    const missed = await createConsumer(a, n, 'missed', id);
+    const missed = await w.create(consumer('missed', inNamespace(n), identityRef(id)));
     // An orphan: a mirror of ours left with no user at all (lost delete events). Without
     // owner references Kubernetes' garbage collector never touches it, and no object event
     // maps to its key (no consumer names its identity): only a resync can delete it. Whose
     // resync does (this ping's, or another test file's running at the same time) does not
     // matter: it is the same code; if resyncs stopped collecting orphans it would stay.
-    const orphanId = `id-${suffix()}`;
+    const orphanId = w.name('id');
     const orphan = desiredMirror(
       orphanId,
       n,
       { k: b64('v') },
-      {
-        apiVersion: API_VERSION,
-        kind: 'TerraformCluster',
-        name: 'long-gone',
-        uid: '00000000-0000-0000-0000-000000000001',
-      },
+      ownerReferenceFor(consumer('long-gone', uid('00000000-0000-0000-0000-000000000001'))),
     );
     orphan.metadata.ownerReferences = [];
-    await a.core.createNamespacedSecret({ namespace: n, body: orphan });
+    await w.create(orphan as V1Secret);
     // A Secret that only looks like a mirror (not ours: no identity annotation) is left alone.
-    const foreign = desiredMirror(
-      `other-${suffix()}`,
-      n,
-      {},
-      { apiVersion: 'v1', kind: 'ConfigMap', name: 'x', uid: '1' },
-    );
+    const foreign = desiredMirror(w.name('other'), n, {}, { apiVersion: 'v1', kind: 'ConfigMap', name: 'x', uid: '1' });
     foreign.metadata.annotations = {};
     foreign.metadata.ownerReferences = []; // else Kubernetes' own garbage collector removes it
-    foreign.metadata.name = `lookalike-${suffix()}`;
-    const foreignBefore = await a.core.createNamespacedSecret({ namespace: n, body: foreign });
-    const r = await deliver(url, pingEvent());
+    foreign.metadata.name = w.name('lookalike');
+    const foreignBefore = await w.create(foreign as V1Secret);
+    const r = await deliver(ms.url, pingEvent());
     assert.equal(r.status, 200, r.text);
     // The answer carries this resync's summary; its counts cover the whole cluster, where
     // other files work concurrently, so only its presence is checked here.
     const summary = (r.body as { events: { resync?: Record<string, unknown> }[] }).events[0]!.resync;
     assert.equal(typeof summary?.orphanedMirrorsDeleted, 'number', r.text);
     // The ping is answered after the work: this pass listed 'missed' after it was created.
-    const m = await getMirror(a, n, id);
+    const m = await w.read(mirrorOf(id, inNamespace(n)));
     assert.ok(m, 'the missed consumer got its mirror');
     assert.deepEqual(
       m.metadata!.ownerReferences!.map((o) => o.uid),
       [missed.metadata.uid],
     );
-    assert.equal(conditionOf(await getConsumer(a, n, 'missed'), 'CredentialsMirrored')?.reason, 'Mirrored');
+    assert.equal((await readCondition(w, missed, 'CredentialsMirrored'))?.reason, 'Mirrored');
     await eventually(
       'the orphaned mirror to be collected',
-      async () => (await getMirror(a, n, orphanId)) === undefined,
+      async () => (await w.read(mirrorOf(orphanId, inNamespace(n)))) === undefined,
     );
-    const foreignAfter = await a.core.readNamespacedSecret({ name: foreign.metadata.name, namespace: n });
+    const foreignAfter = (await w.read(foreign as V1Secret))!;
     assert.equal(
       foreignAfter.metadata!.resourceVersion,
       foreignBefore.metadata!.resourceVersion,
       'not ours: untouched',
     );
-    const resyncLine = log.entries().findLast((e) => e.message === 'resync');
+    const resyncLine = ms.log.entries().findLast((e) => e.message === 'resync');
     assert.ok(resyncLine && typeof resyncLine.durationMs === 'number');
   });
 
   it('never collects a mirror owned by a kind this instance is not configured for', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    const m = await createConsumer(a, n, 'machine-owner', id, 'TerraformMachine');
-    await deliver(url, consumerEvent(m));
-    const before = (await getMirror(a, n, id))!;
-    const narrow = await start({
-      port: 0,
-      host: '127.0.0.1',
-      kubeconfig: a.kc,
-      logger: captureLogger('mirror-sync').logger,
-      env: { CAPTF_CONSUMER_KINDS: 'infrastructure.cluster.x-k8s.io/v1beta2/TerraformCluster' },
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const mirror = mirrorOf(id, inNamespace(n));
+    const m = await w.create(consumer('machine-owner', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
+    await deliver(ms.url, consumerEvent(m));
+    const before = (await w.read(mirror))!;
+    const narrow = await mirrorSyncUnderTest(w, {
+      env: { CAPTF_CONSUMER_KINDS: consumerKindsSetting(TERRAFORM_CLUSTER) },
     });
-    try {
-      assert.equal((await deliver(`http://127.0.0.1:${narrow.port}/`, pingEvent())).status, 200);
-      // The same Secret, not one recreated since: another file's resync reconciling the
-      // TerraformMachine at the same time would recreate a mirror the narrow one deleted.
-      assert.equal(
-        (await getMirror(a, n, id))?.metadata!.uid,
-        before.metadata!.uid,
-        'still used by a TerraformMachine the narrow instance does not know',
-      );
-    } finally {
-      await narrow.close();
-    }
+    assert.equal((await deliver(narrow.url, pingEvent())).status, 200);
+    // The same Secret, not one recreated since: another file's resync reconciling the
+    // TerraformMachine at the same time would recreate a mirror the narrow one deleted.
+    assert.equal(
+      (await w.read(mirror))?.metadata!.uid,
+      before.metadata!.uid,
+      'still used by a TerraformMachine the narrow instance does not know',
+    );
   });
 
   it('with K_SINK set, sends one CloudEvent per mirror key to the sink instead of reconciling', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    await createConsumer(a, n, 'sunk-1', id);
-    await createConsumer(a, n, 'sunk-2', id, 'TerraformMachine');
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    await w.create(consumer('sunk-1', inNamespace(n), identityRef(id)));
+    await w.create(consumer('sunk-2', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
     const { url: sinkUrl, received, server: sink } = await startSink();
-    const fanoutLog = captureLogger('mirror-sync');
-    const fanout = await start({
-      port: 0,
-      host: '127.0.0.1',
-      kubeconfig: a.kc,
-      logger: fanoutLog.logger,
-      env: { K_SINK: sinkUrl },
+    w.onCleanup(async () => sink.close());
+    const fanout = await mirrorSyncUnderTest(w, { env: { K_SINK: sinkUrl } });
+    const r = await deliver(fanout.url, pingEvent());
+    assert.equal(r.status, 200, r.text);
+    // Two consumers, one key: one event for it.
+    const mine = received.filter((x) => (JSON.parse(x.body) as { namespace?: string }).namespace === n);
+    assert.equal(mine.length, 1);
+    const x = mine[0]!;
+    assert.equal(x.headers['ce-type'], KEY_EVENT_TYPE);
+    assert.equal(x.headers['ce-specversion'], '1.0');
+    assert.deepEqual(JSON.parse(x.body), { namespace: n, identity: id });
+    // Nothing reconciled in-process. (Whether the mirror exists says nothing here: other
+    // test files' resyncs reconcile every key of the cluster, this one included.)
+    const summary = (r.body as { events: { resync: { changed: number; sent: number } }[] }).events[0]!.resync;
+    assert.equal(summary.changed, 0, 'a fan-out instance reconciles nothing itself, whatever the cluster holds');
+    assert.ok(summary.sent >= 1);
+    assert.deepEqual(
+      fanout.log.entries().filter((e) => e.message === 'reconcile'),
+      [],
+    );
+    // The sink's event, delivered back (as the Trigger routes it), reconciles the key.
+    const back = await fetch(ms.url, {
+      method: 'POST',
+      headers: Object.fromEntries(
+        Object.entries(x.headers).filter(([k]) => k.startsWith('ce-') || k === 'content-type'),
+      ) as Record<string, string>,
+      body: x.body,
     });
-    try {
-      const r = await deliver(`http://127.0.0.1:${fanout.port}/`, pingEvent());
-      assert.equal(r.status, 200, r.text);
-      // Two consumers, one key: one event for it.
-      const mine = received.filter((x) => (JSON.parse(x.body) as { namespace?: string }).namespace === n);
-      assert.equal(mine.length, 1);
-      const x = mine[0]!;
-      assert.equal(x.headers['ce-type'], KEY_EVENT_TYPE);
-      assert.equal(x.headers['ce-specversion'], '1.0');
-      assert.deepEqual(JSON.parse(x.body), { namespace: n, identity: id });
-      // Nothing reconciled in-process. (Whether the mirror exists says nothing here: other
-      // test files' resyncs reconcile every key of the cluster, this one included.)
-      const summary = (r.body as { events: { resync: { changed: number; sent: number } }[] }).events[0]!.resync;
-      assert.equal(summary.changed, 0, 'a fan-out instance reconciles nothing itself, whatever the cluster holds');
-      assert.ok(summary.sent >= 1);
-      assert.deepEqual(
-        fanoutLog.entries().filter((e) => e.message === 'reconcile'),
-        [],
-      );
-      // The sink's event, delivered back (as the Trigger routes it), reconciles the key.
-      const back = await fetch(url, {
-        method: 'POST',
-        headers: Object.fromEntries(
-          Object.entries(x.headers).filter(([k]) => k.startsWith('ce-') || k === 'content-type'),
-        ) as Record<string, string>,
-        body: x.body,
-      });
-      const text = await back.text();
-      assert.equal(back.status, 200, text);
-      const results = (
-        JSON.parse(text) as { events: { results?: { object: string; outcome: string }[] }[] }
-      ).events.flatMap((e) => e.results ?? []);
-      assert.deepEqual(results.map((res) => [res.object, res.outcome]).sort(), [
-        [`${n}/sunk-1`, 'mirrored'],
-        [`${n}/sunk-2`, 'mirrored'],
-      ]);
-      assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 2);
-    } finally {
-      await fanout.close();
-      sink.close();
-    }
+    const text = await back.text();
+    assert.equal(back.status, 200, text);
+    assert.deepEqual(outcomes(JSON.parse(text)).sort(), [
+      [`${n}/sunk-1`, 'mirrored'],
+      [`${n}/sunk-2`, 'mirrored'],
+    ]);
+    assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.length, 2);
   });
 });
 
 describe('source-Secret fast path (SPEC §8, opt-in)', () => {
   it("a labelled source change fans out to the identity's consumers", async () => {
-    const srcNs = await ns.create();
-    const src = { name: `fast-${suffix()}`, namespace: srcNs };
-    const secret = await a.core.createNamespacedSecret({
+    const srcNs = await w.namespace();
+    const name = w.name('fast');
+    const sourceLabel = labels({ 'captf.io/identity-source': 'true' });
+    await w.create(sourceSecret(name, inNamespace(srcNs), sourceLabel, data({ k: 'one' })));
+    const n = await w.namespace();
+    const id = await newIdentity(w, secretRef(srcNs, name), allowList(n));
+    const c = await w.create(consumer('fast', inNamespace(n), identityRef(id)));
+    const fast = await mirrorSyncUnderTest(w, { env: { CAPTF_SOURCE_SECRET_EVENTS: 'true' } });
+    await deliver(fast.url, consumerEvent(c));
+    const updated = await a.core.replaceNamespacedSecret({
+      name,
       namespace: srcNs,
-      body: { metadata: { name: src.name, labels: { 'captf.io/identity-source': 'true' } }, data: { k: b64('one') } },
+      body: sourceSecret(name, inNamespace(srcNs), sourceLabel, data({ k: 'two' })),
     });
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] }, src);
-    const c = await createConsumer(a, n, 'fast', id);
-    const fast = await start({
-      port: 0,
-      host: '127.0.0.1',
-      kubeconfig: a.kc,
-      logger: captureLogger('mirror-sync').logger,
-      env: { CAPTF_SOURCE_SECRET_EVENTS: 'true' },
-    });
-    try {
-      const furl = `http://127.0.0.1:${fast.port}/`;
-      await deliver(furl, consumerEvent(c));
-      secret.data = { k: b64('two') };
-      const updated = await a.core.replaceNamespacedSecret({ name: src.name, namespace: srcNs, body: secret });
-      // Resource mode carries the labels; the event itself carries no data we use.
-      const r = await deliver(
-        furl,
-        apiServerEvent(
-          {
-            apiVersion: 'v1',
-            kind: 'Secret',
-            metadata: { name: src.name, namespace: srcNs, labels: updated.metadata!.labels },
-          },
-          'resource',
-          'update',
-          'secrets',
-        ),
-      );
-      assert.equal(r.status, 200, r.text);
-      // This instance reconciled the consumer because of the Secret event (other files'
-      // resyncs may reconcile it too, so the mirror's data alone would not prove that).
-      const results = (r.body as { events: { results?: { object: string; outcome: string }[] }[] }).events.flatMap(
-        (e) => e.results ?? [],
-      );
-      assert.deepEqual(
-        results.map((x) => [x.object, x.outcome]),
-        [[`${n}/fast`, 'mirrored']],
-      );
-      assert.equal((await getMirror(a, n, id))!.data!.k, b64('two'));
-    } finally {
-      await fast.close();
-    }
+    // Resource mode carries the labels; the event itself carries no data we use.
+    const r = await deliver(
+      fast.url,
+      apiServerEvent(
+        { apiVersion: 'v1', kind: 'Secret', metadata: { name, namespace: srcNs, labels: updated.metadata!.labels } },
+        'resource',
+        'update',
+        'secrets',
+      ),
+    );
+    assert.equal(r.status, 200, r.text);
+    // This instance reconciled the consumer because of the Secret event (other files'
+    // resyncs may reconcile it too, so the mirror's data alone would not prove that).
+    assert.deepEqual(outcomes(r.body), [[`${n}/fast`, 'mirrored']]);
+    assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.data!.k, b64('two'));
   });
 });
 
 describe('configuration', () => {
   it('refuses bad settings at start with the variable named', async () => {
-    await assert.rejects(start({ port: 0, kubeconfig: a.kc, env: { CAPTF_CONCURRENCY: '0' } }), /CAPTF_CONCURRENCY=0/);
-    await assert.rejects(
-      start({ port: 0, kubeconfig: a.kc, env: { CAPTF_SOURCE_SECRET_EVENTS: 'yes' } }),
-      /CAPTF_SOURCE_SECRET_EVENTS=yes/,
-    );
-    await assert.rejects(
-      start({ port: 0, kubeconfig: a.kc, env: { CAPTF_CONSUMER_KINDS: 'TerraformCluster' } }),
-      /CAPTF_CONSUMER_KINDS/,
-    );
-    await assert.rejects(start({ port: 0, kubeconfig: a.kc, env: { K_SINK: 'not a url' } }), /Invalid URL/);
+    for (const [env, error] of [
+      [{ CAPTF_CONCURRENCY: '0' }, /CAPTF_CONCURRENCY=0/],
+      [{ CAPTF_SOURCE_SECRET_EVENTS: 'yes' }, /CAPTF_SOURCE_SECRET_EVENTS=yes/],
+      [{ CAPTF_CONSUMER_KINDS: 'TerraformCluster' }, /CAPTF_CONSUMER_KINDS/],
+      [{ K_SINK: 'not a url' }, /Invalid URL/],
+    ] as const)
+      await assert.rejects(mirrorSyncUnderTest(w, { env }), error);
   });
 
   it('an extra consumer kind from configuration is reconciled like the shipped ones', async () => {
     // TerraformMachine only, as if an installation listed a single kind.
-    const onlyLog = captureLogger('mirror-sync');
-    const only = await start({
-      port: 0,
-      host: '127.0.0.1',
-      kubeconfig: a.kc,
-      logger: onlyLog.logger,
-      env: { CAPTF_CONSUMER_KINDS: 'infrastructure.cluster.x-k8s.io/v1beta2/TerraformMachine' },
+    const only = await mirrorSyncUnderTest(w, {
+      env: { CAPTF_CONSUMER_KINDS: consumerKindsSetting(TERRAFORM_MACHINE) },
     });
-    try {
-      const n = await ns.create();
-      const id = await newIdentity({ list: [n] });
-      const m = await createConsumer(a, n, 'machine', id, 'TerraformMachine');
-      const c = await createConsumer(a, n, 'cluster', id, 'TerraformCluster');
-      const u = `http://127.0.0.1:${only.port}/`;
-      assert.equal((await deliver(u, consumerEvent(m))).status, 200);
-      assert.equal(
-        (await deliver(u, consumerEvent(c), { retries: 0 })).status,
-        400,
-        'TerraformCluster is not configured here',
-      );
-      // The TerraformMachine's reference is on the mirror. Other test files' resyncs (all
-      // kinds configured) may add the TerraformCluster's meanwhile, so what this instance
-      // did not do is read from its own log, not from the mirror's owner list.
-      assert.ok(
-        (await getMirror(a, n, id))!.metadata!.ownerReferences!.some(
-          (r) => r.kind === 'TerraformMachine' && r.uid === m.metadata.uid,
-        ),
-      );
-      const reconciled = onlyLog
-        .entries()
-        .filter((e) => e.message === 'reconcile')
-        .map((e) => e.object);
-      assert.deepEqual([...new Set(reconciled)], [`${n}/machine`]);
-    } finally {
-      await only.close();
-    }
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    const m = await w.create(consumer('machine', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
+    const c = await w.create(consumer('cluster', inNamespace(n), identityRef(id)));
+    assert.equal((await deliver(only.url, consumerEvent(m))).status, 200);
+    assert.equal(
+      (await deliver(only.url, consumerEvent(c), { retries: 0 })).status,
+      400,
+      'TerraformCluster is not configured here',
+    );
+    // The TerraformMachine's reference is on the mirror. Other test files' resyncs (all
+    // kinds configured) may add the TerraformCluster's meanwhile, so what this instance
+    // did not do is read from its own log, not from the mirror's owner list.
+    assert.ok(
+      (await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.some(
+        (r) => r.kind === 'TerraformMachine' && r.uid === m.metadata.uid,
+      ),
+    );
+    const reconciled = only.log
+      .entries()
+      .filter((e) => e.message === 'reconcile')
+      .map((e) => e.object);
+    assert.deepEqual([...new Set(reconciled)], [`${n}/machine`]);
   });
 });
 
 describe('the real process (functions/main.ts mirror-sync)', () => {
   it('listens on PORT, logs JSON, and on SIGTERM finishes an in-flight resync before exiting 0', async () => {
-    const n = await ns.create();
-    const id = await newIdentity({ list: [n] });
-    await Promise.all(Array.from({ length: 15 }, (_, i) => createConsumer(a, n, `p-${i}`, id)));
+    const n = await w.namespace();
+    const id = await source.newIdentity(allowList(n));
+    await createConsumers(w, n, id, 'p', 15);
     const proc = await spawnFunction('mirror-sync', {
       KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`,
       CAPTF_CONCURRENCY: '2',
@@ -407,7 +319,7 @@ describe('the real process (functions/main.ts mirror-sync)', () => {
       assert.match(proc.output(), /"message":"stopped"/);
       for (const l of proc.output().split('\n').filter(Boolean)) JSON.parse(l);
       // The end state (whichever instance's resync did the work: other files resync too).
-      assert.equal((await getMirror(a, n, id))!.metadata!.ownerReferences!.length, 15);
+      assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.length, 15);
     } finally {
       proc.kill();
     }

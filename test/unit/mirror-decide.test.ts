@@ -7,8 +7,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Condition, Consumer, OwnerReference, TerraformClusterIdentity } from '../../functions/lib/api.ts';
-import { DEFAULT_CONSUMER_KINDS } from '../../functions/lib/api.ts';
-import { desiredMirror, mirrorOfLabel, sourceHash } from '../../functions/lib/mirror.ts';
+import { DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
+import { LABEL_MIRRORED, desiredMirror, mirrorOfLabel, sourceHash } from '../../functions/lib/mirror.ts';
 import { planConditions } from '../../functions/lib/conditions.ts';
 import {
   clusterScopedPlan,
@@ -17,32 +17,44 @@ import {
   type Snapshot,
   type SourceState,
 } from '../../functions/mirror-sync/decide.ts';
+import {
+  allowList,
+  allowSelector,
+  apiVersionOf,
+  consumer,
+  deleting,
+  identity,
+  identityRef,
+  inNamespace,
+  labels,
+  mirrorOf,
+  rows,
+  secretRef,
+  stored,
+  uid,
+  type Modifier,
+} from '../helpers/fixtures.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
-const AV = 'infrastructure.cluster.x-k8s.io/v1beta2';
 const b64 = (s: string) => Buffer.from(s).toString('base64');
 const data = { k: b64('v') };
 const found: SourceState = { state: 'found', data, hash: sourceHash(data) };
 const key = { namespace: 'team', identity: 'aws' };
-const owner = (name: string, uid: string, kind = 'TerraformCluster'): OwnerReference => ({
-  apiVersion: AV,
-  kind,
+/** The owner reference of consumer `name` (uid `id`) of `kind`. */
+const owner = (name: string, id: string, kind = TERRAFORM_CLUSTER): OwnerReference => ({
+  apiVersion: apiVersionOf(kind),
+  kind: kind.kind,
   name,
-  uid,
+  uid: id,
 });
-const consumer = (name: string, uid: string, extra: Partial<Consumer['metadata']> = {}): Consumer => ({
-  apiVersion: AV,
-  kind: 'TerraformCluster',
-  metadata: { name, namespace: 'team', uid, generation: 1, ...extra },
-  spec: { identityRef: { name: 'aws' } },
-});
-const identity = (allowed: unknown = { list: ['team'] }): TerraformClusterIdentity =>
-  ({
-    apiVersion: AV,
-    kind: 'TerraformClusterIdentity',
-    metadata: { name: 'aws' },
-    spec: { secretRef: { name: 's', namespace: 'ops' }, allowedNamespaces: allowed },
-  }) as TerraformClusterIdentity;
+/** TerraformCluster `name` as looked at by name (an entry of a snapshot's scope). */
+const named = (name: string) => ({ apiVersion: apiVersionOf(TERRAFORM_CLUSTER), kind: TERRAFORM_CLUSTER.kind, name });
+/** A user of identity `aws`: a TerraformCluster in namespace `team` with uid `id`, at generation 1. */
+const user = (name: string, id: string, ...mods: Modifier<Consumer>[]) =>
+  consumer(name, inNamespace('team'), identityRef('aws'), uid(id), stored(1, '1'), ...mods);
+/** Identity `aws`, with source `ops/s`, allowing namespace `team` unless `mods` say otherwise. */
+const aws = (...mods: Modifier<TerraformClusterIdentity>[]) =>
+  identity('aws', secretRef('ops', 's'), allowList('team'), ...mods);
 const mirror = (owners: OwnerReference[], d = data) => {
   const m = desiredMirror('aws', 'team', d, owners[0] ?? owner('x', '0'));
   m.metadata.ownerReferences = owners;
@@ -50,142 +62,125 @@ const mirror = (owners: OwnerReference[], d = data) => {
 };
 const snap = (over: Partial<Snapshot>): Snapshot => ({
   key,
-  identity: identity(),
+  identity: aws(),
   namespace: { labels: {} },
   source: found,
   mirror: undefined,
-  consumers: [consumer('a', '1')],
+  consumers: [user('a', '1')],
   scope: 'all',
   ...over,
 });
 
+/** A plan's conditions for its first consumer, as `Type=Status/Reason`. */
+const conditionsOf = (plan: ReturnType<typeof decide>) =>
+  plan.consumers[0]!.conditions.map((c) => `${c.type}=${c.status}/${c.reason}`);
+const ALLOWED = 'IdentityAllowed=True/NamespaceAllowed';
+const NOT_ALLOWED = 'IdentityAllowed=False/NamespaceNotAllowed';
+const MIRRORED = 'CredentialsMirrored=True/Mirrored';
+const SOURCE_NOT_FOUND = 'CredentialsMirrored=False/SourceNotFound';
+
+/** One row of the outcome table: the snapshot (over `snap`'s), the mirror action, the outcome and conditions. */
+interface OutcomeRow {
+  name: string;
+  snapshot: Partial<Snapshot>;
+  action: string;
+  outcome: string;
+  conditions: string[];
+}
+
 describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
-  const notOurs = {
-    metadata: { name: 'captf-creds-aws', namespace: 'team', labels: {}, resourceVersion: '3' },
-    data: {},
-  };
-  const rows: [string, Partial<Snapshot>, string, string, [string, string, string][]][] = [
-    // name, snapshot, mirror action, outcome, conditions [type, status, reason]
+  const notOurs = { ...mirrorOf('aws', inNamespace('team'), labels({})), data: {} };
+  rows<OutcomeRow>(
     [
-      'identity missing',
-      { identity: undefined, source: undefined },
-      'none',
-      'identity-not-found',
-      [['IdentityAllowed', 'False', 'IdentityNotFound']],
+      {
+        name: 'identity missing',
+        snapshot: { identity: undefined, source: undefined },
+        action: 'none',
+        outcome: 'identity-not-found',
+        conditions: ['IdentityAllowed=False/IdentityNotFound'],
+      },
+      {
+        name: 'identity missing, our mirror present',
+        snapshot: { identity: undefined, source: undefined, mirror: mirror([owner('a', '1')]) },
+        action: 'delete',
+        outcome: 'identity-not-found',
+        conditions: ['IdentityAllowed=False/IdentityNotFound'],
+      },
+      {
+        name: 'namespace not allowed',
+        snapshot: { identity: aws(allowList('other')), source: undefined, mirror: mirror([owner('a', '1')]) },
+        action: 'delete',
+        outcome: 'not-allowed',
+        conditions: [NOT_ALLOWED],
+      },
+      {
+        name: 'namespace missing',
+        snapshot: { namespace: undefined, source: undefined },
+        action: 'none',
+        outcome: 'not-allowed',
+        conditions: [NOT_ALLOWED],
+      },
+      {
+        name: 'allowed by selector labels',
+        snapshot: { identity: aws(allowSelector({ matchLabels: { t: 'y' } })), namespace: { labels: { t: 'y' } } },
+        action: 'create',
+        outcome: 'mirrored',
+        conditions: [ALLOWED, MIRRORED],
+      },
+      {
+        name: 'source missing, no mirror',
+        snapshot: { source: { state: 'missing', message: 'gone' } },
+        action: 'none',
+        outcome: 'source-not-found',
+        conditions: [ALLOWED, SOURCE_NOT_FOUND],
+      },
+      {
+        name: 'source unreadable, mirror kept',
+        snapshot: { source: { state: 'unreadable', message: '403' }, mirror: mirror([owner('a', '1')]) },
+        action: 'none',
+        outcome: 'source-not-found',
+        conditions: [ALLOWED, SOURCE_NOT_FOUND],
+      },
+      {
+        name: 'a Secret that is not ours holds the name',
+        snapshot: { mirror: notOurs },
+        action: 'blocked',
+        outcome: 'mirror-failed',
+        conditions: [ALLOWED, 'CredentialsMirrored=False/MirrorFailed'],
+      },
+      { name: 'no mirror yet', snapshot: {}, action: 'create', outcome: 'mirrored', conditions: [ALLOWED, MIRRORED] },
+      {
+        name: 'mirror current and owned: no write',
+        snapshot: { mirror: mirror([owner('a', '1')]) },
+        action: 'none',
+        outcome: 'mirrored',
+        conditions: [ALLOWED, MIRRORED],
+      },
+      {
+        name: 'mirror stale after a rotation',
+        snapshot: { mirror: mirror([owner('a', '1')], { k: b64('old') }) },
+        action: 'update',
+        outcome: 'mirrored',
+        conditions: [ALLOWED, MIRRORED],
+      },
     ],
-    [
-      'identity missing, our mirror present',
-      { identity: undefined, source: undefined, mirror: mirror([owner('a', '1')]) },
-      'delete',
-      'identity-not-found',
-      [['IdentityAllowed', 'False', 'IdentityNotFound']],
-    ],
-    [
-      'namespace not allowed',
-      { identity: identity({ list: ['other'] }), source: undefined, mirror: mirror([owner('a', '1')]) },
-      'delete',
-      'not-allowed',
-      [['IdentityAllowed', 'False', 'NamespaceNotAllowed']],
-    ],
-    [
-      'namespace missing',
-      { namespace: undefined, source: undefined },
-      'none',
-      'not-allowed',
-      [['IdentityAllowed', 'False', 'NamespaceNotAllowed']],
-    ],
-    [
-      'allowed by selector labels',
-      { identity: identity({ selector: { matchLabels: { t: 'y' } } }), namespace: { labels: { t: 'y' } } },
-      'create',
-      'mirrored',
-      [
-        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
-        ['CredentialsMirrored', 'True', 'Mirrored'],
-      ],
-    ],
-    [
-      'source missing, no mirror',
-      { source: { state: 'missing', message: 'gone' } },
-      'none',
-      'source-not-found',
-      [
-        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
-        ['CredentialsMirrored', 'False', 'SourceNotFound'],
-      ],
-    ],
-    [
-      'source unreadable, mirror kept',
-      { source: { state: 'unreadable', message: '403' }, mirror: mirror([owner('a', '1')]) },
-      'none',
-      'source-not-found',
-      [
-        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
-        ['CredentialsMirrored', 'False', 'SourceNotFound'],
-      ],
-    ],
-    [
-      'a Secret that is not ours holds the name',
-      { mirror: notOurs },
-      'blocked',
-      'mirror-failed',
-      [
-        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
-        ['CredentialsMirrored', 'False', 'MirrorFailed'],
-      ],
-    ],
-    [
-      'no mirror yet',
-      {},
-      'create',
-      'mirrored',
-      [
-        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
-        ['CredentialsMirrored', 'True', 'Mirrored'],
-      ],
-    ],
-    [
-      'mirror current and owned: no write',
-      { mirror: mirror([owner('a', '1')]) },
-      'none',
-      'mirrored',
-      [
-        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
-        ['CredentialsMirrored', 'True', 'Mirrored'],
-      ],
-    ],
-    [
-      'mirror stale after a rotation',
-      { mirror: mirror([owner('a', '1')], { k: b64('old') }) },
-      'update',
-      'mirrored',
-      [
-        ['IdentityAllowed', 'True', 'NamespaceAllowed'],
-        ['CredentialsMirrored', 'True', 'Mirrored'],
-      ],
-    ],
-  ];
-  for (const [name, over, action, outcome, conditions] of rows) {
-    it(name, () => {
-      const plan = decide(snap(over), kinds);
-      assert.equal(plan.mirror.action, action);
+    (row) => {
+      const plan = decide(snap(row.snapshot), kinds);
+      assert.equal(plan.mirror.action, row.action);
       assert.deepEqual(
         plan.consumers.map((c) => c.outcome),
-        [outcome],
+        [row.outcome],
       );
-      assert.deepEqual(
-        plan.consumers[0]!.conditions.map((c) => [c.type, c.status, c.reason]),
-        conditions,
-      );
+      assert.deepEqual(conditionsOf(plan), row.conditions);
       for (const c of plan.consumers[0]!.conditions) assert.equal(c.observedGeneration, 1);
-    });
-  }
+    },
+  );
   it('a deleting consumer in a namespace that is not allowed: ApplyJobSucceeded=False/IdentityNotAllowed, retried', () => {
     const plan = decide(
       snap({
-        identity: identity({ list: [] }),
+        identity: aws(allowList()),
         source: undefined,
-        consumers: [consumer('a', '1', { deletionTimestamp: '2026-01-01T00:00:00Z' })],
+        consumers: [user('a', '1', deleting('2026-01-01T00:00:00Z'))],
       }),
       kinds,
     );
@@ -202,7 +197,7 @@ describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
       snap({
         identity: undefined,
         source: undefined,
-        mirror: { metadata: { name: 'captf-creds-aws', labels: { 'captf.io/mirrored': 'true' } } },
+        mirror: mirrorOf('aws', labels({ [LABEL_MIRRORED]: 'true' })),
       }),
       kinds,
     );
@@ -222,7 +217,7 @@ describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
 
 describe('decide: the mirror of a listed key (scope all)', () => {
   it('creates one mirror with exactly one owner reference per consumer, labels and annotations', () => {
-    const plan = decide(snap({ consumers: [consumer('a', '1'), consumer('b', '2')] }), kinds);
+    const plan = decide(snap({ consumers: [user('a', '1'), user('b', '2')] }), kinds);
     assert.equal(plan.mirror.action, 'create');
     if (plan.mirror.action !== 'create') return;
     assert.deepEqual(
@@ -239,7 +234,7 @@ describe('decide: the mirror of a listed key (scope all)', () => {
   it("drops former users and stale UIDs, keeps other kinds' references, keeps the resourceVersion", () => {
     const foreign = { apiVersion: 'apps/v1', kind: 'Deployment', name: 'd', uid: 'f' };
     const plan = decide(
-      snap({ mirror: mirror([owner('gone', '9'), foreign, owner('a', 'old')]), consumers: [consumer('a', '1')] }),
+      snap({ mirror: mirror([owner('gone', '9'), foreign, owner('a', 'old')]), consumers: [user('a', '1')] }),
       kinds,
     );
     assert.equal(plan.mirror.action, 'update');
@@ -276,7 +271,7 @@ describe('decide: the mirror of a listed key (scope all)', () => {
   it('a missing source keeps the last good data while owners follow the consumers', () => {
     const old = mirror([owner('a', '1'), owner('b', '2')], { k: b64('last-good') });
     const plan = decide(
-      snap({ source: { state: 'missing', message: 'm' }, mirror: old, consumers: [consumer('a', '1')] }),
+      snap({ source: { state: 'missing', message: 'm' }, mirror: old, consumers: [user('a', '1')] }),
       kinds,
     );
     assert.equal(plan.mirror.action, 'update');
@@ -295,35 +290,23 @@ describe('decide: the mirror of a listed key (scope all)', () => {
 });
 
 describe('desiredOwnerReferences: consumers looked at by name', () => {
-  const existing = [owner('a', '1'), owner('b', '2'), owner('c', '3', 'TerraformMachine')];
+  const existing = [owner('a', '1'), owner('b', '2'), owner('c', '3', TERRAFORM_MACHINE)];
   it('adds a new consumer and leaves every other reference alone', () => {
-    const refs = desiredOwnerReferences(
-      existing,
-      { consumers: [consumer('d', '4')], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'd' }] },
-      kinds,
-    );
+    const refs = desiredOwnerReferences(existing, { consumers: [user('d', '4')], scope: [named('d')] }, kinds);
     assert.deepEqual(
       refs.map((r) => r.name),
       ['a', 'b', 'c', 'd'],
     );
   });
   it('removes a consumer that was looked at and is gone (or names another identity)', () => {
-    const refs = desiredOwnerReferences(
-      existing,
-      { consumers: [], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'b' }] },
-      kinds,
-    );
+    const refs = desiredOwnerReferences(existing, { consumers: [], scope: [named('b')] }, kinds);
     assert.deepEqual(
       refs.map((r) => r.name),
       ['a', 'c'],
     );
   });
   it('replaces a stale UID in place; a same-named object of another kind is another owner', () => {
-    const refs = desiredOwnerReferences(
-      existing,
-      { consumers: [consumer('a', '11')], scope: [{ apiVersion: AV, kind: 'TerraformCluster', name: 'a' }] },
-      kinds,
-    );
+    const refs = desiredOwnerReferences(existing, { consumers: [user('a', '11')], scope: [named('a')] }, kinds);
     assert.deepEqual(
       refs.map((r) => [r.name, r.uid]),
       [
@@ -336,7 +319,7 @@ describe('desiredOwnerReferences: consumers looked at by name', () => {
   it('never lists one owner twice', () => {
     const refs = desiredOwnerReferences(
       [owner('a', '1'), owner('a', '1')],
-      { consumers: [consumer('a', '1')], scope: 'all' },
+      { consumers: [user('a', '1')], scope: 'all' },
       kinds,
     );
     assert.equal(refs.length, 1);
@@ -404,23 +387,21 @@ describe('decide: states that wait for a person, and sources', () => {
     for (const over of [
       { identity: undefined },
       { source: { state: 'missing', message: 'gone' } as const },
-      { identity: identity({ list: ['other'] }) },
+      { identity: aws(allowList('other')) },
     ]) {
       const plan = decide(snap(over), kinds);
       assert.equal(plan.consumers[0]!.retry, false, JSON.stringify(Object.keys(over)));
     }
   });
   it('an identity whose source has the mirror prefix is inert: its own mirror goes, nothing is copied (SPEC §3)', () => {
-    const inertIdentity = (ref: { namespace: string; name: string }) =>
-      ({ ...identity(), spec: { ...identity().spec, secretRef: ref } }) as TerraformClusterIdentity;
-    const launderer = inertIdentity({ namespace: 'team', name: 'captf-creds-aws-prod' });
+    const launderer = aws(secretRef('team', 'captf-creds-aws-prod'));
     const cases: [string, Partial<Snapshot>, string][] = [
       ['no mirror yet: none is created', { identity: launderer, mirror: undefined, source: undefined }, 'none'],
       ['its mirror (maybe laundered) is deleted', { identity: launderer, mirror: mirror([owner('a', '1')]) }, 'delete'],
       [
         'its own source, looking like its mirror, is never touched',
         {
-          identity: inertIdentity({ namespace: 'team', name: 'captf-creds-aws' }),
+          identity: aws(secretRef('team', 'captf-creds-aws')),
           mirror: mirror([owner('a', '1')]),
         },
         'none',
@@ -432,28 +413,22 @@ describe('decide: states that wait for a person, and sources', () => {
       if (plan.mirror.action === 'delete') assert.equal(plan.mirror.why, 'inert', name);
       assert.equal(plan.sourceHash, undefined, name);
       assert.equal(plan.consumers[0]!.outcome, 'source-is-mirror', name);
-      assert.deepEqual(
-        plan.consumers[0]!.conditions.map((c) => `${c.type}=${c.status}/${c.reason}`),
-        ['IdentityAllowed=True/NamespaceAllowed', 'CredentialsMirrored=False/SourceIsMirror'],
-        name,
-      );
+      assert.deepEqual(conditionsOf(plan), [ALLOWED, 'CredentialsMirrored=False/SourceIsMirror'], name);
       assert.match(plan.consumers[0]!.message, /inert.*reserved for the mirrors/, name);
     }
   });
   it('another identity naming this mirror never makes it "not ours": revocation still deletes it', () => {
     // A rule "any identity's source is never ours" would let a launderer keep a mirror alive.
-    const plan = decide(snap({ identity: identity({ list: [] }), mirror: mirror([owner('a', '1')]) }), kinds);
+    const plan = decide(snap({ identity: aws(allowList()), mirror: mirror([owner('a', '1')]) }), kinds);
     assert.equal(plan.mirror.action, 'delete');
   });
   it('says a cluster-scoped consumer cannot use credentials', () => {
-    const c = consumer('c', '9');
-    delete (c.metadata as { namespace?: string }).namespace;
-    const p = clusterScopedPlan(c);
+    const p = clusterScopedPlan(consumer('c', identityRef('aws'), uid('9'), stored(1, '1')));
     assert.equal(p.outcome, 'not-allowed');
     assert.equal(p.retry, false);
     assert.deepEqual(
       p.conditions.map((x) => `${x.type}=${x.status}/${x.reason}`),
-      ['IdentityAllowed=False/NamespaceNotAllowed'],
+      [NOT_ALLOWED],
     );
     assert.match(p.message, /cluster-scoped objects cannot use credentials/);
   });

@@ -6,14 +6,17 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import type { ConsumerName, MirrorKey, Snapshot } from '../../functions/mirror-sync/decide.ts';
 import { KeyQueue } from '../../functions/mirror-sync/queue.ts';
 import type { KeyResult } from '../../functions/mirror-sync/reconcile.ts';
+import { apiVersionOf } from '../helpers/fixtures.ts';
 
 const key = { namespace: 'team', identity: 'aws' };
+/** A TerraformCluster named `name`, as the queue is told about it. */
 const n = (name: string): ConsumerName => ({
-  apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-  kind: 'TerraformCluster',
+  apiVersion: apiVersionOf(TERRAFORM_CLUSTER),
+  kind: TERRAFORM_CLUSTER.kind,
   name,
 });
 

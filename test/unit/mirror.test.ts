@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { describe, it } from 'node:test';
+import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import { RedactedApiError, redactApiError } from '../../functions/lib/kube.ts';
 import {
   ANNOTATION_IDENTITY,
@@ -18,8 +19,19 @@ import {
   withOwnerReference,
   withoutOwnerReference,
 } from '../../functions/lib/mirror.ts';
+import { apiVersionOf } from '../helpers/fixtures.ts';
 
 const b64 = (s: string | Buffer) => Buffer.from(s).toString('base64');
+/** One key and value as the source hash frames them: len(key) key len(value) value, lengths 32-bit big-endian. */
+const frame = (k: string, v: Buffer | string) => {
+  const [kb, vb] = [Buffer.from(k), Buffer.from(v)];
+  const l = (n: number) => {
+    const x = Buffer.alloc(4);
+    x.writeUInt32BE(n);
+    return x;
+  };
+  return Buffer.concat([l(kb.length), kb, l(vb.length), vb]);
+};
 
 // The README publishes these three vectors; changing one is a breaking change.
 export const HASH_VECTORS = {
@@ -62,15 +74,6 @@ describe('source hash (SPEC §3)', () => {
     };
     assert.equal(sourceHash(data), HASH_VECTORS.severalBinary);
     // Independent construction of the canonical input.
-    const frame = (k: string, v: Buffer) => {
-      const kb = Buffer.from(k);
-      const l = (n: number) => {
-        const x = Buffer.alloc(4);
-        x.writeUInt32BE(n);
-        return x;
-      };
-      return Buffer.concat([l(kb.length), kb, l(v.length), v]);
-    };
     const input = Buffer.concat([
       frame('AWS_SECRET_ACCESS_KEY', Buffer.from([0xde, 0xad, 0xbe, 0xef, 0x00])),
       frame('a', Buffer.from('alpha')),
@@ -86,16 +89,6 @@ describe('source hash (SPEC §3)', () => {
   it('sorts by UTF-8 bytes, not UTF-16 code units', () => {
     // U+FF5E (EF BD 9E) sorts before U+1F600 (F0 9F 98 80) in UTF-8, after it in UTF-16.
     const a = sourceHash({ '\uff5e': b64('1'), '\u{1f600}': b64('2') });
-    const frame = (k: string, v: string) => {
-      const kb = Buffer.from(k);
-      const vb = Buffer.from(v);
-      const l = (n: number) => {
-        const x = Buffer.alloc(4);
-        x.writeUInt32BE(n);
-        return x;
-      };
-      return Buffer.concat([l(kb.length), kb, l(vb.length), vb]);
-    };
     const expected = createHash('sha256')
       .update(Buffer.concat([frame('\uff5e', '1'), frame('\u{1f600}', '2')]))
       .digest('hex');
@@ -105,7 +98,7 @@ describe('source hash (SPEC §3)', () => {
 
 describe('ours and current (SPEC §3)', () => {
   const owner = {
-    apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
+    apiVersion: apiVersionOf(TERRAFORM_CLUSTER),
     kind: 'TerraformCluster',
     name: 'c1',
     uid: 'u1',
@@ -162,12 +155,12 @@ describe('ours and current (SPEC §3)', () => {
 });
 
 describe('owner references (SPEC §3, §6)', () => {
-  const ref = (
-    name: string,
-    uid: string,
-    kind = 'TerraformCluster',
-    apiVersion = 'infrastructure.cluster.x-k8s.io/v1beta2',
-  ) => ({ apiVersion, kind, name, uid });
+  const ref = (name: string, uid: string, kind = 'TerraformCluster', apiVersion = apiVersionOf(TERRAFORM_CLUSTER)) => ({
+    apiVersion,
+    kind,
+    name,
+    uid,
+  });
   const foreign = { apiVersion: 'apps/v1', kind: 'Deployment', name: 'x', uid: 'd1', controller: true };
   it('adds a missing reference', () => {
     assert.deepEqual(withOwnerReference([foreign], ref('a', '1')), { refs: [foreign, ref('a', '1')], changed: true });
@@ -182,7 +175,7 @@ describe('owner references (SPEC §3, §6)', () => {
   });
   it('treats another version of the same group as the same owner', () => {
     const out = withOwnerReference(
-      [ref('a', '1', 'TerraformCluster', 'infrastructure.cluster.x-k8s.io/v1beta1')],
+      [ref('a', '1', 'TerraformCluster', apiVersionOf({ ...TERRAFORM_CLUSTER, version: 'v1beta1' }))],
       ref('a', '1'),
     );
     assert.deepEqual(out, { refs: [ref('a', '1')], changed: true });
