@@ -8,6 +8,7 @@ import { createHash } from 'node:crypto';
 import { createServer, request, type IncomingHttpHeaders, type Server } from 'node:http';
 import { Watch, type KubeConfig, type V1Secret } from '@kubernetes/client-node';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED } from '../../functions/lib/mirror.ts';
+import { listen } from './events.ts';
 
 /** A seeded pseudo-random source in [0, 1) (mulberry32): the same seed gives the same storm. */
 export function seeded(seed: number): () => number {
@@ -112,9 +113,8 @@ export async function startChaosProxy(target: string, seed: number, rates: Chaos
       void go().then((status) => res.writeHead(status).end());
     });
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
   return {
-    url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
+    url: await listen(server),
     records,
     idleMs: () => performance.now() - last,
     close: () => server.close(),

@@ -1,25 +1,41 @@
 /**
  * CloudEvents shaped exactly as Knative's ApiServerSource and PingSource send them (binary
  * HTTP mode; type, source, subject, `kind`/`name`/`namespace`/`apiversion` extensions,
- * `application/json` data), for driving functions over HTTP in tests.
+ * `application/json` data), for driving functions over HTTP in tests; local sinks that record
+ * what they are sent; and Knative's real event path on the test control plane (the Broker data
+ * plane and the ApiServerSource adapter, from the rendered manifests).
  */
 import { randomUUID } from 'node:crypto';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { CloudEvent, HTTP } from 'cloudevents';
+import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
+import {
+  sourceConfigFor,
+  startApiServerSourceAdapter,
+  type ApiServerSourceSpec,
+  type RunningAdapter,
+} from '../../scripts/eventing/adapter.ts';
+import {
+  startEventingDataPlane,
+  type EventingDataPlane,
+  type EventingDataPlaneOptions,
+} from '../../scripts/eventing/dataplane.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { admin, controlPlaneDir } from './cluster.ts';
 
-/** An object as far as events need it. */
+/** An object as far as events need it: what a builder of fixtures.ts makes, or an object read back. */
 export interface EventObject {
-  apiVersion: string;
-  kind: string;
-  metadata: { name: string; namespace?: string; uid?: string; [k: string]: unknown };
-  [k: string]: unknown;
+  apiVersion?: string;
+  kind?: string;
+  metadata?: { name?: string; namespace?: string; uid?: string; labels?: Record<string, string> };
 }
 
 function subjectOf(o: EventObject, plural: string): string {
-  const gv = o.apiVersion.includes('/') ? `/apis/${o.apiVersion}` : `/api/${o.apiVersion}`;
-  return o.metadata.namespace
+  const apiVersion = o.apiVersion ?? '';
+  const gv = apiVersion.includes('/') ? `/apis/${apiVersion}` : `/api/${apiVersion}`;
+  return o.metadata?.namespace
     ? `${gv}/namespaces/${o.metadata.namespace}/${plural}/${o.metadata.name}`
-    : `${gv}/${plural}/${o.metadata.name}`;
+    : `${gv}/${plural}/${o.metadata?.name}`;
 }
 
 /**
@@ -34,9 +50,9 @@ export function apiServerEvent(
   verb: 'add' | 'update' | 'delete',
   plural: string,
 ): CloudEvent<unknown> {
-  const ns = obj.metadata.namespace ? { namespace: obj.metadata.namespace } : {};
+  const ns = obj.metadata?.namespace ? { namespace: obj.metadata.namespace } : {};
   const data =
-    mode === 'resource' ? obj : { apiVersion: obj.apiVersion, kind: obj.kind, name: obj.metadata.name, ...ns };
+    mode === 'resource' ? obj : { apiVersion: obj.apiVersion, kind: obj.kind, name: obj.metadata?.name, ...ns };
   return new CloudEvent<unknown>({
     specversion: '1.0',
     id: randomUUID(),
@@ -46,7 +62,7 @@ export function apiServerEvent(
     datacontenttype: 'application/json',
     data,
     kind: obj.kind,
-    name: obj.metadata.name,
+    name: obj.metadata?.name,
     ...ns,
     apiversion: obj.apiVersion,
   });
@@ -101,19 +117,126 @@ export async function postEvents(
 export interface ReceivedEvent {
   headers: IncomingHttpHeaders;
   body: string;
+  /** Its `ce-id` ('' when it has none). */
+  id: string;
+  /** `performance.now()` when it had arrived whole. */
+  at: number;
 }
 
-/** A local CloudEvents sink (a stand-in for a Broker or `K_SINK`) that records every request and answers 202. */
-export async function startSink(): Promise<{ url: string; received: ReceivedEvent[]; server: Server }> {
+/** How a sink answers one request. */
+export interface SinkAnswer {
+  status: number;
+  headers?: Record<string, string>;
+  body?: string;
+}
+
+/** Listens on a free port of 127.0.0.1; returns `http://127.0.0.1:<port>`. */
+export async function listen(server: Server): Promise<string> {
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
+  return `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+}
+
+/**
+ * A local CloudEvents sink (a stand-in for a Broker, `K_SINK`, a function or a dead-letter
+ * sink) that records every request and answers it with `answer` (default: 202, no body).
+ */
+export async function startSink(
+  answer: (e: ReceivedEvent) => SinkAnswer = () => ({ status: 202 }),
+): Promise<{ url: string; received: ReceivedEvent[]; server: Server }> {
   const received: ReceivedEvent[] = [];
   const server = createServer((req, res) => {
     let body = '';
     req.on('data', (d: Buffer) => (body += d.toString()));
     req.on('end', () => {
-      received.push({ headers: req.headers, body });
-      res.writeHead(202).end();
+      const e = { headers: req.headers, body, id: String(req.headers['ce-id'] ?? ''), at: performance.now() };
+      received.push(e);
+      const a = answer(e);
+      res.writeHead(a.status, a.headers).end(a.body);
     });
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}/`, received, server };
+  return { url: `${await listen(server)}/`, received, server };
+}
+
+const JSON_TYPE = { 'content-type': 'application/json' };
+
+/**
+ * A stand-in for a function: a {@link startSink} that answers by the event id's prefix, as a
+ * function would: `fail-` 500 and `bad-` 400 with a JSON error, `json-` 200 with a JSON body
+ * that is not a CloudEvent, anything else `ok` with no body.
+ */
+export const startFunctionStandIn = (ok = 202) =>
+  startSink(({ id }) =>
+    id.startsWith('fail-')
+      ? { status: 500, headers: JSON_TYPE, body: '{"error":"the API server is unavailable"}' }
+      : id.startsWith('bad-')
+        ? { status: 400, headers: JSON_TYPE, body: '{"error":"not an event this function takes"}' }
+        : id.startsWith('json-')
+          ? { status: 200, headers: JSON_TYPE, body: '{"ok":true}' }
+          : { status: ok },
+  );
+
+/** The manifests as shipped without CRDs (the test control plane has its own), for `render()`. */
+export const RENDERED_MANIFESTS = 'manifests/overlays/without-crds';
+
+/**
+ * Knative's Broker data plane (scripts/eventing/dataplane.ts) on the test control plane, as
+ * admin, with the eventing CRDs installed first.
+ */
+export async function startBroker(
+  opts: Omit<EventingDataPlaneOptions, 'kubeconfigPath' | 'kc'>,
+): Promise<EventingDataPlane> {
+  const { kc } = admin();
+  await installEventingCRDs(kc);
+  return startEventingDataPlane({ kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`, kc, ...opts });
+}
+
+/** Knative's real event path (see {@link startEventPath}). */
+export interface EventPath {
+  /** The Broker data plane. */
+  dp: EventingDataPlane;
+  /** The ApiServerSource adapter sending to the Broker. */
+  adapter: RunningAdapter;
+  /** Stops the adapter, then the data plane. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Knative's real event path from the rendered manifests: the Broker data plane with the
+ * Broker, Triggers and PingSources moved into `namespace` ({@link startBroker}), fed by the
+ * real ApiServerSource adapter configured from the rendered `captf-objects`, but watching only
+ * `watch` (the rendered source watches every namespace; on a control plane shared with other
+ * test files that would send their objects' events too).
+ * @param opts.name the adapter's name (unique per run).
+ */
+export async function startEventPath(
+  opts: Pick<EventingDataPlaneOptions, 'namespace' | 'sinks' | 'schedules'> & { watch: string[]; name: string },
+): Promise<EventPath> {
+  const rendered = await render(RENDERED_MANIFESTS);
+  const dp = await startBroker({
+    objects: rendered,
+    namespace: opts.namespace,
+    sinks: opts.sinks,
+    schedules: opts.schedules,
+  });
+  try {
+    const objects = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
+    const config = await sourceConfigFor(admin().kc, objects as unknown as ApiServerSourceSpec);
+    const adapter = await startApiServerSourceAdapter({
+      kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
+      sink: dp.brokerUrl,
+      source: { ...config, namespaces: opts.watch, allNamespaces: false },
+      name: opts.name,
+    });
+    return {
+      dp,
+      adapter,
+      async stop() {
+        await adapter.stop();
+        await dp.stop();
+      },
+    };
+  } catch (err) {
+    await dp.stop();
+    throw err;
+  }
 }

@@ -15,14 +15,7 @@
  */
 import type { V1Namespace, V1Secret } from '@kubernetes/client-node';
 import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
-import {
-  DEFAULT_CONSUMER_KINDS,
-  GROUP,
-  IDENTITY_PLURAL,
-  VERSION,
-  type Consumer,
-  type TerraformClusterIdentity,
-} from '../../functions/lib/api.ts';
+import { DEFAULT_CONSUMER_KINDS, type Consumer, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import { ignoreNotFound, type Clients } from '../../functions/lib/kube.ts';
 import {
   ANNOTATION_IDENTITY,
@@ -32,6 +25,7 @@ import {
   mirrorName,
   sourceHash,
 } from '../../functions/lib/mirror.ts';
+import { consumerObjects, identities } from '../../functions/lib/objects.ts';
 
 /** resourceVersion of every Secret in the namespaces that is not a mirror of ours, by `ns/name`. */
 export async function foreignSecrets(a: Clients, namespaces: readonly string[]): Promise<Map<string, string>> {
@@ -97,16 +91,10 @@ interface KeyFacts {
 
 /** Reads identities by name, each once. */
 function identityCache(a: Clients): (name: string) => Promise<TerraformClusterIdentity | undefined> {
-  const identities = new Map<string, TerraformClusterIdentity | undefined>();
+  const read = new Map<string, TerraformClusterIdentity | undefined>();
   return async (name) => {
-    if (!identities.has(name))
-      identities.set(
-        name,
-        (await ignoreNotFound(
-          a.custom.getClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name }),
-        )) as TerraformClusterIdentity | undefined,
-      );
-    return identities.get(name);
+    if (!read.has(name)) read.set(name, await ignoreNotFound(identities(a).get({ name })));
+    return read.get(name);
   };
 }
 
@@ -114,8 +102,8 @@ async function readNamespaceState(a: Clients, ns: string): Promise<NamespaceStat
   const nsObj = await ignoreNotFound(a.core.readNamespace({ name: ns }));
   const consumers: Consumer[] = [];
   for (const k of DEFAULT_CONSUMER_KINDS) {
-    const list = (await a.custom.listNamespacedCustomObject({ ...k, namespace: ns })) as { items: Consumer[] };
-    consumers.push(...list.items.map((c) => ({ ...c, kind: k.kind })));
+    // Typed: each item comes with its kind set.
+    consumers.push(...((await consumerObjects(a, k).list({ namespace: ns })).items ?? []));
   }
   const secrets = (await a.core.listNamespacedSecret({ namespace: ns })).items;
   return { ns, nsObj, consumers, secrets };

@@ -4,33 +4,42 @@
  * for the audience `captf-mirror-sync`, and the one way tests call `POST /prepare`.
  */
 import type { V1PolicyRule } from '@kubernetes/client-node';
+import type { Consumer } from '../../functions/lib/api.ts';
 import { prepareCaller, type PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
-import { admin, suffix } from './cluster.ts';
+import { suffix } from './cluster.ts';
+import type { World } from './fixtures.ts';
 
 /** The name the manifests bind the prepare role to (manifests/base/rbac/prepare.yaml). */
 export const MANAGER_SERVICE_ACCOUNT = 'captf-controller-manager';
 
 /**
  * A manager allowed to call prepare: ServiceAccount `captf-controller-manager` in a fresh
- * namespace of `ns`, bound to a copy of the shipped prepare role (plus `extraRules` for a
- * test's own consumer kind), with an audience-bound token. Its RBAC is removed with the
- * file's namespaces.
- * @param ns the file's namespace creator (cluster.ts `namespaces`).
+ * namespace of the world `w`, bound to a copy of the shipped prepare role (plus `extraRules`
+ * for a test's own consumer kind), with an audience-bound token. Its RBAC is removed with the
+ * world's objects.
  */
 export async function manager(
-  ns: { create(): Promise<string>; onCleanup(fn: () => Promise<unknown>): void },
+  w: Pick<World, 'clients' | 'namespace' | 'onCleanup'>,
   opts: { extraRules?: V1PolicyRule[]; audience?: string } = {},
 ): Promise<PrepareCaller> {
-  const namespace = await ns.create();
-  const caller = await prepareCaller(admin().kc, {
+  const namespace = await w.namespace();
+  const caller = await prepareCaller(w.clients.kc, {
     namespace,
     name: MANAGER_SERVICE_ACCOUNT,
     suffix: suffix(),
     ...opts,
   });
-  ns.onCleanup(caller.cleanup);
+  w.onCleanup(caller.cleanup);
   return caller;
 }
+
+/** What prepare is asked about: the consumer's apiVersion, kind, namespace and name (a built or a read consumer). */
+export const prepareTarget = (c: Consumer) => ({
+  apiVersion: c.apiVersion,
+  kind: c.kind,
+  namespace: c.metadata.namespace,
+  name: c.metadata.name,
+});
 
 /** An answer of prepare: status, the raw text, the parsed JSON (or `{}`), and the headers. */
 export interface PrepareAnswer {

@@ -6,16 +6,25 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { admin, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
+import { controlPlaneDir } from '../helpers/cluster.ts';
 import { pingEvent } from '../helpers/events.ts';
-import { createConsumer, deleteIdentity, deliver, putIdentity } from '../helpers/mirror-sync.ts';
+import {
+  allowList,
+  consumer,
+  identity,
+  identityRef,
+  inNamespace,
+  secretRef,
+  sourceSecret,
+  world,
+} from '../helpers/fixtures.ts';
+import { deliver } from '../helpers/mirror-sync.ts';
 import { spawnFunction, type FunctionProcess } from '../helpers/process.ts';
 import { connectionsTo } from '../helpers/sockets.ts';
 
-const a = admin();
-const ns = namespaces('pool');
+const w = world('pool');
 let fn: FunctionProcess;
-const apiPort = Number(new URL(a.kc.getCurrentCluster()!.server).port);
+const apiPort = Number(new URL(w.clients.kc.getCurrentCluster()!.server).port);
 
 before(async () => {
   fn = await spawnFunction('mirror-sync', {
@@ -29,16 +38,14 @@ after(() => fn?.kill());
 
 describe('the API connection pool (SPEC §0)', () => {
   it('keeps a resync with 16 reconciles in flight within CAPTF_API_CONNECTIONS sockets', async () => {
-    const n1 = await ns.create();
-    const n2 = await ns.create();
-    await a.core.createNamespacedSecret({
-      namespace: n1,
-      body: { metadata: { name: 'creds' }, data: { token: Buffer.from('pool').toString('base64') } },
-    });
-    const id = `pool-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, id));
-    await putIdentity(a, id, { name: 'creds', namespace: n1 }, { list: [n1, n2] });
-    await Promise.all(Array.from({ length: 40 }, (_, i) => createConsumer(a, i % 2 ? n1 : n2, `c-${i}`, id)));
+    const n1 = await w.namespace();
+    const n2 = await w.namespace();
+    await w.create(sourceSecret('creds', inNamespace(n1)));
+    const id = w.name('id');
+    await w.create(identity(id, secretRef(n1, 'creds'), allowList(n1, n2)));
+    await Promise.all(
+      Array.from({ length: 40 }, (_, i) => w.create(consumer(`c-${i}`, inNamespace(i % 2 ? n1 : n2), identityRef(id)))),
+    );
 
     let peak = 0;
     const timer = setInterval(() => (peak = Math.max(peak, connectionsTo(fn.child.pid!, apiPort))), 5);

@@ -14,22 +14,11 @@
  * - after one resync, the invariant (test/helpers/invariant.ts) holds in every namespace.
  */
 import assert from 'node:assert/strict';
-import { createServer } from 'node:http';
 import { after, before, describe, it } from 'node:test';
-import type { KubernetesObject } from '@kubernetes/client-node';
 import { isNamespaceAllowed } from '../../functions/lib/allowed-namespaces.ts';
-import { GROUP, VERSION, type AllowedNamespaces } from '../../functions/lib/api.ts';
+import type { AllowedNamespaces } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
-import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
-import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
-import {
-  sourceConfigFor,
-  startApiServerSourceAdapter,
-  type ApiServerSourceSpec,
-  type RunningAdapter,
-} from '../../scripts/eventing/adapter.ts';
-import { render } from '../../scripts/tools/kustomize.ts';
 import {
   seeded,
   startChaosProxy,
@@ -37,13 +26,23 @@ import {
   type ChaosProxy,
   type MirrorTimeline,
 } from '../helpers/churn.ts';
-import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { eventually, suffix } from '../helpers/cluster.ts';
+import { pingEvent, postEvents, startEventPath, startSink, type EventPath } from '../helpers/events.ts';
+import {
+  allowedNamespaces,
+  consumer,
+  identity,
+  identityRef,
+  inNamespace,
+  secretRef,
+  sourceSecret,
+  world,
+} from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
-import { createConsumer, deleteIdentity, putIdentity } from '../helpers/mirror-sync.ts';
 
-const a = admin();
-const ns = namespaces('churn');
+const w = world('churn');
+const a = w.clients;
 const SEED = Number(process.env.CAPTF_CHURN_SEED ?? Math.floor(Math.random() * 2 ** 31));
 const SECONDS = Number(process.env.CAPTF_CHURN_SECONDS ?? 20);
 /** Operations per second at most (0: as fast as one writer goes). Long storms need a pace the serial Broker can drain. */
@@ -53,14 +52,13 @@ const NAMESPACE_COUNT = 20;
 /** Slack for "at once": the Broker's hop, a delayed event, a reconcile. */
 const WINDOW_MS = 5000;
 const log = captureLogger('mirror-sync');
-const source = { name: 'creds', namespace: '' };
+let sourceNamespace: string;
 const nss: string[] = [];
 const run = suffix();
 const SELECTOR_LABEL = `churn-${run}`;
 const ids = { list: `churn-list-${run}`, selector: `churn-sel-${run}`, shared: `churn-shared-${run}` };
 let fn: FunctionHandle;
-let dp: EventingDataPlane;
-let adapter: RunningAdapter;
+let path: EventPath;
 let proxy: ChaosProxy;
 let timeline: MirrorTimeline;
 
@@ -99,6 +97,10 @@ const model = {
     if (identity === ids.selector) return { selector: { matchLabels: { [SELECTOR_LABEL]: 'in' } } };
     return { list: nss };
   },
+  /** The identity as the model has it now (for `w.put`). */
+  identity(id: string) {
+    return identity(id, secretRef(sourceNamespace, 'creds'), allowedNamespaces(this.spec(id)));
+  },
 };
 
 /** Records which (namespace, identity) pairs changed allowance after `mutate` changed the model. */
@@ -113,18 +115,11 @@ function recordAllowance(mutate: () => void): void {
 }
 
 before(async () => {
-  source.namespace = await ns.create();
-  await a.core.createNamespacedSecret({
-    namespace: source.namespace,
-    body: { metadata: { name: source.name }, stringData: { token: 'churn' } },
-  });
-  for (let i = 0; i < NAMESPACE_COUNT; i++) nss.push(await ns.create());
+  sourceNamespace = await w.namespace();
+  await w.create(sourceSecret('creds', inNamespace(sourceNamespace)));
+  for (let i = 0; i < NAMESPACE_COUNT; i++) nss.push(await w.namespace());
   for (const n of nss.slice(0, 8)) model.list.add(n);
-  for (const id of Object.values(ids)) {
-    ns.onCleanup(() => deleteIdentity(a, id));
-    await putIdentity(a, id, source, model.spec(id));
-  }
-  await installEventingCRDs(a.kc);
+  for (const id of Object.values(ids)) await w.create(model.identity(id));
   fn = await startMirrorSync({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
   proxy = await startChaosProxy(`http://127.0.0.1:${fn.port}`, SEED, {
     drop: 0.1,
@@ -132,12 +127,8 @@ before(async () => {
     delay: 0.2,
     maxDelayMs: 800,
   });
-  const rendered: KubernetesObject[] = await render('manifests/overlays/without-crds');
-  dp = await startEventingDataPlane({
-    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-    kc: a.kc,
-    objects: rendered,
-    namespace: source.namespace,
+  path = await startEventPath({
+    namespace: sourceNamespace,
     sinks: {
       'captf-mirror-sync': proxy.url,
       // Not under test here: a sink that takes everything.
@@ -146,13 +137,7 @@ before(async () => {
     },
     // No pings during the storm: the one resync afterwards is the test's.
     schedules: { 'captf-resync': '0 0 1 1 *', 'captf-identity-status': '0 0 1 1 *' },
-  });
-  const objects = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
-  const config = await sourceConfigFor(a.kc, objects as unknown as ApiServerSourceSpec);
-  adapter = await startApiServerSourceAdapter({
-    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-    sink: dp.brokerUrl,
-    source: { ...config, namespaces: nss, allNamespaces: false },
+    watch: nss,
     name: `churn-${run}`,
   });
   timeline = await watchMirrorTimeline(a.kc, nss);
@@ -160,32 +145,17 @@ before(async () => {
 
 after(async () => {
   timeline?.stop();
-  await adapter?.stop();
-  await dp?.stop();
+  await path?.stop();
   proxy?.close();
   await fn?.close();
 });
 
 /** A sink that answers 202 to everything (closed with the file). */
 async function acceptAll(): Promise<string> {
-  const server = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => res.writeHead(202).end());
-  });
-  ns.onCleanup(async () => server.close());
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+  const sink = await startSink();
+  w.onCleanup(async () => sink.server.close());
+  return sink.url;
 }
-
-const consumerPatch = (namespace: string, name: string, body: object[]) =>
-  a.custom.patchNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    plural: 'terraformclusters',
-    namespace,
-    name,
-    body,
-  });
 
 /** The storm: `workers` loops of random operations for `SECONDS`. */
 async function storm(random: () => number): Promise<{ ops: number }> {
@@ -199,26 +169,18 @@ async function storm(random: () => number): Promise<{ ops: number }> {
       const name = `c-${created++}`;
       const c = { namespace: pick(nss), identity: pick(Object.values(ids)) };
       live.set(`${c.namespace}/${name}`, c);
-      await createConsumer(a, c.namespace, name, c.identity);
+      await w.create(consumer(name, inNamespace(c.namespace), identityRef(c.identity)));
       used(`${c.namespace}/${name}`, c.identity);
     } else if (r < 0.6 && live.size) {
       const [key, c] = pick([...live]);
       c.identity = pick(Object.values(ids));
       used(key, c.identity);
-      await consumerPatch(c.namespace, key.split('/')[1]!, [
-        { op: 'replace', path: '/spec/identityRef/name', value: c.identity },
-      ]);
+      await w.put(consumer(key.split('/')[1]!, inNamespace(c.namespace), identityRef(c.identity)));
     } else if (r < 0.72 && live.size) {
       const [key, c] = pick([...live]);
       used(key, null);
       live.delete(key);
-      await a.custom.deleteNamespacedCustomObject({
-        group: GROUP,
-        version: VERSION,
-        plural: 'terraformclusters',
-        namespace: c.namespace,
-        name: key.split('/')[1]!,
-      });
+      await w.delete(consumer(key.split('/')[1]!, inNamespace(c.namespace)));
     } else if (r < 0.86) {
       const n = pick(nss);
       const into = !model.labelled.has(n);
@@ -230,7 +192,7 @@ async function storm(random: () => number): Promise<{ ops: number }> {
     } else {
       const n = pick(nss);
       recordAllowance(() => (model.list.has(n) ? model.list.delete(n) : model.list.add(n)));
-      await putIdentity(a, ids.list, source, model.spec(ids.list));
+      await w.put(model.identity(ids.list));
     }
     ops++;
   };
@@ -309,18 +271,8 @@ describe('churn storm through the Broker with a chaos proxy', () => {
     assert.deepEqual(wrongDeletes(), []);
     assert.deepEqual(lateRevocations(), []);
     // One resync, straight to mirror-sync (no chaos), then the invariant everywhere.
-    const r = await fetch(`http://127.0.0.1:${fn.port}/`, {
-      method: 'POST',
-      headers: {
-        'content-type': 'application/json',
-        'ce-specversion': '1.0',
-        'ce-id': `resync-${run}`,
-        'ce-source': 'churn',
-        'ce-type': 'dev.knative.sources.ping',
-      },
-      body: '{}',
-    });
-    assert.equal(r.status, 200, await r.text());
+    const r = await postEvents(`http://127.0.0.1:${fn.port}/`, pingEvent('captf-resync'));
+    assert.equal(r.status, 200, r.text);
     let violations: string[] = [];
     await eventually(
       'the invariant',

@@ -8,7 +8,6 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
 import { BatchV1Api, loadYaml, type V1Job, type V1PodSpec } from '@kubernetes/client-node';
-import { API_VERSION, GROUP, VERSION, type Consumer } from '../../functions/lib/api.ts';
 import {
   CREDENTIALS_MOUNT_PATH,
   CREDENTIALS_VOLUME,
@@ -17,46 +16,24 @@ import {
 } from '../../functions/lib/delivery.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { desiredMirror, mirrorName, ownerReferenceFor } from '../../functions/lib/mirror.ts';
-import { admin, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+import { eventually } from '../helpers/cluster.ts';
+import {
+  allowList,
+  consumer,
+  data,
+  identity,
+  identityRef,
+  inNamespace,
+  secretRef,
+  sourceSecret,
+  terraformJob,
+  world,
+} from '../helpers/fixtures.ts';
 import { sentinel } from '../helpers/logs.ts';
-import { deleteIdentity, putIdentity } from '../helpers/mirror-sync.ts';
 
-const a = admin();
+const w = world('delivery');
+const a = w.clients;
 const batch = a.kc.makeApiClient(BatchV1Api);
-const ns = namespaces('delivery');
-
-/** A Terraform Job as the provider's manager would write it, before credentials are added. */
-const baseJob = (name: string): V1Job => ({
-  apiVersion: 'batch/v1',
-  kind: 'Job',
-  metadata: { name },
-  spec: {
-    backoffLimit: 0,
-    template: {
-      spec: {
-        restartPolicy: 'Never',
-        securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 },
-        containers: [
-          {
-            name: 'terraform',
-            image: 'registry.example/captf-terraform:1.0',
-            command: ['captf-runner', '--', 'terraform', 'apply', '-auto-approve', '-input=false'],
-            env: [
-              { name: 'TF_IN_AUTOMATION', value: '1' },
-              { name: 'TF_INPUT', value: '0' },
-              { name: 'KUBE_NAMESPACE', valueFrom: { fieldRef: { fieldPath: 'metadata.namespace' } } },
-            ],
-            securityContext: {
-              allowPrivilegeEscalation: false,
-              readOnlyRootFilesystem: true,
-              capabilities: { drop: ['ALL'] },
-            },
-          },
-        ],
-      },
-    },
-  },
-});
 
 /** Checks every field the fragment sets on a pod spec read back from the API server. */
 function assertDelivered(spec: V1PodSpec | undefined, identity: string, fsGroup: number): void {
@@ -87,48 +64,35 @@ function assertDelivered(spec: V1PodSpec | undefined, identity: string, fsGroup:
 
 /**
  * Creates an identity allowing `namespace`, its source, a consumer, and the mirror it owns as
- * mirror-sync would write it (SPEC §3). The whole key is real and current: other files'
+ * mirror-sync would write it (SPEC §3); returns the identity's name. The whole key is real and current: other files'
  * resyncs run cluster-wide on the shared control plane, and would rightly delete a mirror
  * whose identity does not exist.
  */
-async function createMirror(namespace: string, identity: string): Promise<void> {
-  const data = {
-    AWS_ACCESS_KEY_ID: Buffer.from(sentinel()).toString('base64'),
-    TF_VAR_token: Buffer.from(sentinel()).toString('base64'),
-  };
-  await a.core.createNamespacedSecret({ namespace, body: { metadata: { name: 'source' }, data } });
-  ns.onCleanup(() => deleteIdentity(a, identity));
-  await putIdentity(a, identity, { namespace, name: 'source' }, { list: [namespace] });
-  const consumer = (await a.custom.createNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    namespace,
-    plural: 'terraformclusters',
-    body: {
-      apiVersion: API_VERSION,
-      kind: 'TerraformCluster',
-      metadata: { name: 'cluster-a' },
-      spec: { identityRef: { name: identity } },
-    },
-  })) as Consumer;
+async function createMirror(namespace: string): Promise<string> {
+  const id = w.name('aws');
+  const source = await w.create(
+    sourceSecret('source', inNamespace(namespace), data({ AWS_ACCESS_KEY_ID: sentinel(), TF_VAR_token: sentinel() })),
+  );
+  await w.create(identity(id, secretRef(namespace, 'source'), allowList(namespace)));
+  const owner = await w.create(consumer('cluster-a', inNamespace(namespace), identityRef(id)));
   // Another file's mirror-sync may reconcile this key first (a resync runs cluster-wide): then
   // it wrote this same mirror, and that is as good.
   await a.core
-    .createNamespacedSecret({ namespace, body: desiredMirror(identity, namespace, data, ownerReferenceFor(consumer)) })
+    .createNamespacedSecret({ namespace, body: desiredMirror(id, namespace, source.data, ownerReferenceFor(owner)) })
     .catch((err: unknown) => {
       if (apiStatus(err) !== 409) throw err;
     });
+  return id;
 }
 
 describe('a Job built with the credential delivery fragment', () => {
   it('is accepted by the API server (dry run and for real) and reads back with every field', async () => {
-    const n = await ns.create();
-    const identity = `aws-${suffix()}`;
-    await createMirror(n, identity);
-    const job = jobWithCredentials(baseJob('tf-apply'), identity, 'terraform');
+    const n = await w.namespace();
+    const id = await createMirror(n);
+    const job = jobWithCredentials(terraformJob('tf-apply', 'apply'), id, 'terraform');
 
     const dry = await batch.createNamespacedJob({ namespace: n, body: job, dryRun: 'All' });
-    assertDelivered(dry.spec?.template.spec, identity, DEFAULT_FS_GROUP);
+    assertDelivered(dry.spec?.template.spec, id, DEFAULT_FS_GROUP);
     await assert.rejects(
       batch.readNamespacedJob({ name: 'tf-apply', namespace: n }),
       (e: unknown) => apiStatus(e) === 404,
@@ -137,23 +101,22 @@ describe('a Job built with the credential delivery fragment', () => {
 
     await batch.createNamespacedJob({ namespace: n, body: job });
     const back = await batch.readNamespacedJob({ name: 'tf-apply', namespace: n });
-    assertDelivered(back.spec?.template.spec, identity, DEFAULT_FS_GROUP);
+    assertDelivered(back.spec?.template.spec, id, DEFAULT_FS_GROUP);
 
     // The mirror the Job references exists in the Job's namespace.
     const mirror = await a.core.readNamespacedSecret({
       name: back.spec!.template.spec!.volumes!.find((v) => v.name === CREDENTIALS_VOLUME)!.secret!.secretName!,
       namespace: n,
     });
-    assert.equal(mirror.metadata?.annotations?.['captf.io/identity'], identity);
+    assert.equal(mirror.metadata?.annotations?.['captf.io/identity'], id);
   });
 
   it('makes the job controller create a Pod that carries the same pieces (the Pod never starts: no kubelet)', async () => {
-    const n = await ns.create();
-    const identity = `aws-${suffix()}`;
-    await createMirror(n, identity);
+    const n = await w.namespace();
+    const id = await createMirror(n);
     await batch.createNamespacedJob({
       namespace: n,
-      body: jobWithCredentials(baseJob('tf-plan'), identity, 'terraform', { fsGroup: 4242 }),
+      body: jobWithCredentials(terraformJob('tf-plan', 'apply'), id, 'terraform', { fsGroup: 4242 }),
     });
     const pod = await eventually(
       'the job controller to create the Job Pod',
@@ -166,13 +129,13 @@ describe('a Job built with the credential delivery fragment', () => {
       },
       120_000,
     );
-    assertDelivered(pod.spec, identity, 4242);
+    assertDelivered(pod.spec, id, 4242);
   });
 
   it('is checked for real: the same Job with a defaultMode above 0777 is refused', async () => {
     // The API server validates these fields, so the acceptance above means something.
-    const n = await ns.create();
-    const job = jobWithCredentials(baseJob('tf-bad'), 'aws', 'terraform');
+    const n = await w.namespace();
+    const job = jobWithCredentials(terraformJob('tf-bad', 'apply'), 'aws', 'terraform');
     job.spec!.template.spec!.volumes![0]!.secret!.defaultMode = 0o1000;
     await assert.rejects(
       batch.createNamespacedJob({ namespace: n, body: job, dryRun: 'All' }),
@@ -195,7 +158,7 @@ describe('the example Job of docs/job-contract.md', () => {
     assert.equal(job.spec?.template.spec?.securityContext?.fsGroup, DEFAULT_FS_GROUP);
     assert.equal(job.spec?.template.spec?.containers[0]?.volumeMounts?.[0]?.mountPath, CREDENTIALS_MOUNT_PATH);
 
-    const n = await ns.create();
+    const n = await w.namespace();
     const dry = await batch.createNamespacedJob({
       namespace: n,
       body: { ...job, metadata: { ...job.metadata, namespace: n } },

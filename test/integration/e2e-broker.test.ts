@@ -14,36 +14,38 @@
 import assert from 'node:assert/strict';
 import { createServer, request, type Server } from 'node:http';
 import { after, before, describe, it } from 'node:test';
-import type { KubernetesObject } from '@kubernetes/client-node';
-import { GROUP, VERSION } from '../../functions/lib/api.ts';
+import { IDENTITY_RESOURCE, type AllowedNamespaces, type Consumer } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
-import { startEventingDataPlane, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
-import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
+import { eventually, suffix } from '../helpers/cluster.ts';
+import { listen, startEventPath, startSink, type EventPath } from '../helpers/events.ts';
 import {
-  sourceConfigFor,
-  startApiServerSourceAdapter,
-  type ApiServerSourceSpec,
-  type RunningAdapter,
-} from '../../scripts/eventing/adapter.ts';
-import { render } from '../../scripts/tools/kustomize.ts';
-import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
+  allowList,
+  allowedNamespaces,
+  consumer,
+  identity,
+  identityRef,
+  inNamespace,
+  labels,
+  mirrorOf,
+  secretRef,
+  sourceSecret,
+  world,
+  type Modifier,
+} from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
-import { createConsumer, deleteIdentity, getMirror, putIdentity } from '../helpers/mirror-sync.ts';
 
-const a = admin();
-const ns = namespaces('e2e-broker');
+const w = world('e2e-broker');
+const a = w.clients;
 const mirrorLog = captureLogger('mirror-sync');
 const statusLog = captureLogger('identity-status');
-const deadLetters: string[] = [];
 const SCOPE = { key: 'captf-test/e2e-broker', value: suffix() };
-const source = { name: 'creds', namespace: '' };
 const functions: FunctionHandle[] = [];
-let deadLetterServer: Server;
-let dp: EventingDataPlane;
-let adapter: RunningAdapter;
+let sourceNamespace: string;
+let deadLetters: Awaited<ReturnType<typeof startSink>>;
+let path: EventPath;
 let tenant: string;
 
 /** What a function was sent: the CloudEvent id, type and subject of each delivery. */
@@ -69,29 +71,18 @@ async function recordingProxy(fn: keyof typeof sent, port: number): Promise<stri
     req.pipe(up);
   });
   proxies.push(server);
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return `http://127.0.0.1:${(server.address() as { port: number }).port}`;
+  return listen(server);
 }
 
-/** The dead-letter sink: records the type of every event Knative gave up on. */
-async function startDeadLetters(): Promise<string> {
-  deadLetterServer = createServer((req, res) => {
-    deadLetters.push(String(req.headers['ce-type'] ?? ''));
-    req.resume();
-    req.on('end', () => res.writeHead(202).end());
-  });
-  await new Promise<void>((r) => deadLetterServer.listen(0, '127.0.0.1', () => r()));
-  return `http://127.0.0.1:${(deadLetterServer.address() as { port: number }).port}`;
-}
+/** This file's identity `id` of the source Secret, allowing its tenant namespace (or `allowed`), scoped to its identity-status. */
+const scoped = (id: string, allowed: AllowedNamespaces = { list: [tenant] }) =>
+  identity(id, secretRef(sourceNamespace, 'creds'), allowedNamespaces(allowed), labels({ [SCOPE.key]: SCOPE.value }));
 
 before(async () => {
-  source.namespace = await ns.create();
-  tenant = await ns.create();
-  await a.core.createNamespacedSecret({
-    namespace: source.namespace,
-    body: { metadata: { name: source.name }, stringData: { token: 'e2e-broker' } },
-  });
-  await installEventingCRDs(a.kc);
+  sourceNamespace = await w.namespace();
+  tenant = await w.namespace();
+  await w.create(sourceSecret('creds', inNamespace(sourceNamespace)));
+  deadLetters = await startSink();
   const ms = await startMirrorSync({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: mirrorLog.logger, env: {} });
   // Its pings refresh only this file's identities: others' statuses are other files' to assert.
   const is = await startIdentityStatus({
@@ -102,42 +93,30 @@ before(async () => {
     env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE.key}=${SCOPE.value}` },
   });
   functions.push(ms, is);
-  const rendered: KubernetesObject[] = await render('manifests/overlays/without-crds');
-  dp = await startEventingDataPlane({
-    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-    kc: a.kc,
-    objects: rendered,
-    namespace: source.namespace,
+  path = await startEventPath({
+    namespace: sourceNamespace,
     sinks: {
       'captf-mirror-sync': await recordingProxy('mirror-sync', ms.port),
       'captf-identity-status': await recordingProxy('identity-status', is.port),
-      'captf-dead-letters': await startDeadLetters(),
+      'captf-dead-letters': deadLetters.url,
     },
     schedules: { 'captf-resync': '*/3 * * * * *', 'captf-identity-status': '*/3 * * * * *' },
-  });
-  const objects = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
-  const config = await sourceConfigFor(a.kc, objects as unknown as ApiServerSourceSpec);
-  adapter = await startApiServerSourceAdapter({
-    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-    sink: dp.brokerUrl,
-    source: { ...config, namespaces: [tenant], allNamespaces: false },
-    name: `e2e-broker-${suffix()}`,
+    watch: [tenant],
+    name: w.name('adapter'),
   });
 });
 
 after(async () => {
-  await adapter?.stop();
-  await dp?.stop();
+  await path?.stop();
   for (const f of functions) await f.close();
-  deadLetterServer?.close();
+  deadLetters?.server.close();
   for (const p of proxies) p.close();
 });
 
 describe("through Knative's Broker, on the rendered eventing manifests", () => {
   it('consumer, identity and namespace events reach exactly the functions their Triggers name', async () => {
-    const id = `id-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, id));
-    await putIdentity(a, id, source, { list: [tenant] }, { [SCOPE.key]: SCOPE.value });
+    const id = w.name('id');
+    await w.create(scoped(id));
     // The adapter is at-most-once and may still be starting its watches: touch until seen.
     let touch = 0;
     const consumerAdds = () =>
@@ -147,22 +126,14 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
     await eventually(
       "a consumer's add event delivered to mirror-sync by the Broker",
       async () => {
-        await createConsumer(a, tenant, `c-${++touch}`, id);
+        await w.create(consumer(`c-${++touch}`, inNamespace(tenant), identityRef(id)));
         return consumerAdds().length > 0;
       },
       90_000,
     );
-    await eventually('its mirror', async () => (await getMirror(a, tenant, id)) !== undefined);
+    await eventually('its mirror', async () => (await w.read(mirrorOf(id, inNamespace(tenant)))) !== undefined);
     // The identity's own update event reaches identity-status (its Trigger) and mirror-sync (its own).
-    await putIdentity(
-      a,
-      id,
-      source,
-      { list: [tenant], selector: { matchLabels: { never: 'x' } } },
-      {
-        [SCOPE.key]: SCOPE.value,
-      },
-    );
+    await w.put(scoped(id, { list: [tenant], selector: { matchLabels: { never: 'x' } } }));
     const identityUpdates = (fn: keyof typeof sent) =>
       sent[fn].filter((e) => e.type === 'dev.knative.apiserver.ref.update' && e.subject.endsWith(`/${id}`));
     await eventually(
@@ -184,7 +155,7 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
     );
     // identity-status is sent identity events and its pings, never consumers or namespaces.
     const foreign = sent['identity-status'].filter(
-      (e) => e.type !== 'dev.knative.sources.ping' && !e.subject.includes('terraformclusteridentities'),
+      (e) => e.type !== 'dev.knative.sources.ping' && !e.subject.includes(`/${IDENTITY_RESOURCE.plural}/`),
     );
     assert.deepEqual(foreign, []);
     assert.deepEqual(
@@ -195,15 +166,19 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
       mirrorLog.entries().filter((e) => e.message === 'bad event'),
       [],
     );
-    assert.deepEqual(deadLetters, [], 'nothing was dead-lettered');
+    assert.deepEqual(
+      deadLetters.received.map((e) => e.headers['ce-type']),
+      [],
+      'nothing was dead-lettered',
+    );
   });
 
   it('retries only what a retry can fix: a consumer whose source is missing is reconciled a few times, and no delivery is retried', async (t) => {
-    const id = `id-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, id));
-    await putIdentity(a, id, { name: 'not-yet', namespace: source.namespace }, { list: [tenant] });
+    const id = w.name('id');
+    await w.create(identity(id, secretRef(sourceNamespace, 'not-yet'), allowList(tenant)));
     const name = `waiting-${suffix()}`;
-    await createConsumer(a, tenant, name, id);
+    const waiting = (...mods: Modifier<Consumer>[]) => consumer(name, inNamespace(tenant), identityRef(id), ...mods);
+    await w.create(waiting());
     const reconciles = () =>
       mirrorLog.entries().filter((e) => e.message === 'reconcile' && e.object === `${tenant}/${name}`);
     let touch = 0;
@@ -212,14 +187,7 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
       async () => {
         if (reconciles().length > 0) return true;
         // The adapter is at-most-once: touch the object until one of its events arrives.
-        await a.custom.patchNamespacedCustomObject({
-          group: GROUP,
-          version: VERSION,
-          plural: 'terraformclusters',
-          namespace: tenant,
-          name,
-          body: [{ op: 'add', path: '/metadata/labels', value: { touch: String(++touch) } }],
-        });
+        await w.put(waiting(labels({ touch: String(++touch) })));
         return false;
       },
       90_000,
@@ -254,15 +222,14 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
   });
 
   it('a dispatcher SIGKILLed mid-stream loses nothing the resync does not repair', async () => {
-    const id = `id-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, id));
-    await putIdentity(a, id, source, { list: [tenant] }, { [SCOPE.key]: SCOPE.value });
+    const id = w.name('id');
+    await w.create(scoped(id));
     // A stream of creations; the dispatcher is killed after the 10th and restarted after the 25th.
     const names = Array.from({ length: 40 }, (_, i) => `burst-${i}`);
     for (const [i, n] of names.entries()) {
-      if (i === 10) await dp.kill('dispatcher');
-      if (i === 25) await dp.restart('dispatcher');
-      await createConsumer(a, tenant, n, id);
+      if (i === 10) await path.dp.kill('dispatcher');
+      if (i === 25) await path.dp.restart('dispatcher');
+      await w.create(consumer(n, inNamespace(tenant), identityRef(id)));
       await new Promise((r) => setTimeout(r, 30));
     }
     // Events sent while the channel was down are lost (the adapter is at-most-once); the
@@ -270,7 +237,7 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
     await eventually(
       'every burst consumer on the mirror',
       async () => {
-        const m = await getMirror(a, tenant, id);
+        const m = await w.read(mirrorOf(id, inNamespace(tenant)));
         const owners = new Set((m?.metadata?.ownerReferences ?? []).map((o) => o.name));
         return names.every((n) => owners.has(n));
       },

@@ -15,48 +15,27 @@
  * Every other Trigger is as rendered (retry 5, exponential PT1S, `captf-dead-letters`).
  */
 import assert from 'node:assert/strict';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import type { KubernetesObject } from '@kubernetes/client-node';
 import { CloudEvent } from 'cloudevents';
+import { IDENTITY_RESOURCE, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import { PING_EVENT_TYPE, KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
-import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
-import { admin, controlPlaneDir, eventually, namespaces } from '../helpers/cluster.ts';
-import { apiServerEvent, postEvents } from '../helpers/events.ts';
+import type { Delivery, EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
+import { eventually } from '../helpers/cluster.ts';
+import {
+  RENDERED_MANIFESTS,
+  apiServerEvent,
+  postEvents,
+  startBroker,
+  startFunctionStandIn,
+  startSink,
+  type ReceivedEvent,
+} from '../helpers/events.ts';
+import { consumer, identity, inNamespace, namespace as namespaceObject, ofKind, world } from '../helpers/fixtures.ts';
 
-const a = admin();
-const ns = namespaces('eventing-dp');
-
-/** One request a sink received. */
-interface Hit {
-  id: string;
-  at: number;
-  headers: IncomingHttpHeaders;
-}
-
-/**
- * A stand-in for a function or a dead-letter sink: records each request. A function answers by
- * the event id's prefix — `fail-` 500, `json-` 200 with a JSON body (what the functions
- * answer), anything else 202; a dead-letter sink (`byId` false) always 202.
- */
-async function startRecorder(byId: boolean): Promise<{ url: string; hits: Hit[]; server: Server }> {
-  const hits: Hit[] = [];
-  const server = createServer((req, res) => {
-    req.resume();
-    req.on('end', () => {
-      const id = String(req.headers['ce-id'] ?? '');
-      hits.push({ id, at: performance.now(), headers: req.headers });
-      if (byId && id.startsWith('fail-')) res.writeHead(500).end();
-      else if (byId && id.startsWith('json-'))
-        res.writeHead(200, { 'content-type': 'application/json' }).end('{"ok":true}');
-      else res.writeHead(202).end();
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}`, hits, server };
-}
+const w = world('eventing-dp');
+const a = w.clients;
 
 const SINKS = [
   'captf-mirror-sync',
@@ -65,7 +44,7 @@ const SINKS = [
   'captf-broker-dead-letters',
 ] as const;
 type SinkName = (typeof SINKS)[number];
-const sinks = {} as Record<SinkName, Awaited<ReturnType<typeof startRecorder>>>;
+const sinks = {} as Record<SinkName, Awaited<ReturnType<typeof startSink>>>;
 let dp: EventingDataPlane;
 let namespace: string;
 
@@ -93,13 +72,11 @@ function testObjects(rendered: KubernetesObject[]): KubernetesObject[] {
 }
 
 before(async () => {
-  for (const name of SINKS) sinks[name] = await startRecorder(!name.includes('dead-letters'));
-  await installEventingCRDs(a.kc);
-  namespace = await ns.create();
-  dp = await startEventingDataPlane({
-    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-    kc: a.kc,
-    objects: testObjects(await render('manifests/overlays/without-crds')),
+  // A dead-letter sink always answers 202.
+  for (const name of SINKS) sinks[name] = await (name.includes('dead-letters') ? startSink() : startFunctionStandIn());
+  namespace = await w.namespace();
+  dp = await startBroker({
+    objects: testObjects(await render(RENDERED_MANIFESTS)),
     namespace,
     sinks: Object.fromEntries(SINKS.map((n) => [n, sinks[n].url])),
     schedules: { 'captf-resync': '*/2 * * * * *', 'captf-identity-status': '*/2 * * * * *' },
@@ -115,20 +92,17 @@ after(async () => {
 function received(id: string): Record<string, number> {
   const out: Record<string, number> = {};
   for (const name of SINKS) {
-    const n = sinks[name].hits.filter((h) => h.id === id).length;
+    const n = sinks[name].received.filter((h) => h.id === id).length;
     if (n) out[name] = n;
   }
   return out;
 }
 
-const hitsOf = (sink: SinkName, id: string) => sinks[sink].hits.filter((h) => h.id === id);
+const hitsOf = (sink: SinkName, id: string) => sinks[sink].received.filter((h) => h.id === id);
 
-const ref = (kind: string, apiVersion: string, namespaced: boolean) => ({
-  apiVersion,
-  kind,
-  metadata: { name: 'x', ...(namespaced ? { namespace: 'team-a' } : {}) },
-});
-const CAPI = 'infrastructure.cluster.x-k8s.io/v1beta2';
+/** The objects the events below are about. */
+const cluster = consumer('x', inNamespace('team-a'));
+const machine = consumer('x', inNamespace('team-a'), ofKind(TERRAFORM_MACHINE));
 
 /** A CloudEvent with a chosen id (the sinks answer by its prefix). */
 function withId(e: CloudEvent<unknown>, id: string): CloudEvent<unknown> {
@@ -147,7 +121,7 @@ function ping(source: string, id: string): CloudEvent<unknown> {
 }
 
 /** Seconds between consecutive attempts. */
-const gaps = (hits: Hit[]) => hits.slice(1).map((h, i) => (h.at - hits[i]!.at) / 1000);
+const gaps = (hits: ReceivedEvent[]) => hits.slice(1).map((h, i) => (h.at - hits[i]!.at) / 1000);
 
 /** Each gap within generous bounds of the expected back-off (timers never fire early; a busy machine is late). */
 function assertGaps(actual: number[], expected: number[]): void {
@@ -183,14 +157,11 @@ describe("Knative Eventing's broker data plane, on the rendered Broker and Trigg
 
   it('routes each kind of event to exactly the functions its Triggers name, once', async () => {
     const cases: [CloudEvent<unknown>, SinkName[]][] = [
-      [apiServerEvent(ref('TerraformCluster', CAPI, true), 'ref', 'add', 'terraformclusters'), ['captf-mirror-sync']],
-      [
-        apiServerEvent(ref('TerraformMachine', CAPI, true), 'ref', 'update', 'terraformmachines'),
-        ['captf-mirror-sync'],
-      ],
-      [apiServerEvent(ref('Namespace', 'v1', false), 'ref', 'delete', 'namespaces'), ['captf-mirror-sync']],
+      [apiServerEvent(cluster, 'ref', 'add', TERRAFORM_CLUSTER.plural), ['captf-mirror-sync']],
+      [apiServerEvent(machine, 'ref', 'update', TERRAFORM_MACHINE.plural), ['captf-mirror-sync']],
+      [apiServerEvent(namespaceObject('x'), 'ref', 'delete', 'namespaces'), ['captf-mirror-sync']],
       ...(['add', 'update', 'delete'] as const).map((verb): [CloudEvent<unknown>, SinkName[]] => [
-        apiServerEvent(ref('TerraformClusterIdentity', CAPI, false), 'ref', verb, 'terraformclusteridentities'),
+        apiServerEvent(identity('x'), 'ref', verb, IDENTITY_RESOURCE.plural),
         ['captf-mirror-sync', 'captf-identity-status'],
       ]),
       [ping('captf-resync', 'x'), ['captf-mirror-sync']],
@@ -198,7 +169,7 @@ describe("Knative Eventing's broker data plane, on the rendered Broker and Trigg
       [ping('somebody-elses', 'x'), []],
       [new CloudEvent({ id: 'x', type: KEY_EVENT_TYPE, source: 's', data: {} }), ['captf-mirror-sync']],
       // Resource mode is not what the manifests' ApiServerSource sends: no Trigger takes it.
-      [apiServerEvent(ref('TerraformCluster', CAPI, true), 'resource', 'add', 'terraformclusters'), []],
+      [apiServerEvent(cluster, 'resource', 'add', TERRAFORM_CLUSTER.plural), []],
     ];
     for (const [i, [event, want]] of cases.entries()) {
       const id = `route-${i}-${event.type}`;
@@ -217,7 +188,7 @@ describe("Knative Eventing's broker data plane, on the rendered Broker and Trigg
     const t0 = performance.now();
     const res = await postEvents(
       dp.brokerUrl,
-      withId(apiServerEvent(ref('TerraformCluster', CAPI, true), 'ref', 'add', 'terraformclusters'), id),
+      withId(apiServerEvent(cluster, 'ref', 'add', TERRAFORM_CLUSTER.plural), id),
     );
     const heldFor = (performance.now() - t0) / 1000;
     const attempts = hitsOf('captf-mirror-sync', id);
@@ -255,7 +226,7 @@ describe("Knative Eventing's broker data plane, on the rendered Broker and Trigg
 
   it("a Trigger's own delivery wins; without a dead-letter sink of its own it dead-letters to the Broker's", async () => {
     const id = 'fail-trigger-delivery';
-    const event = apiServerEvent(ref('TerraformMachine', CAPI, true), 'ref', 'update', 'terraformmachines');
+    const event = apiServerEvent(machine, 'ref', 'update', TERRAFORM_MACHINE.plural);
     await postEvents(dp.brokerUrl, withId(event, id));
     const attempts = hitsOf('captf-mirror-sync', id);
     assert.equal(attempts.length, 2, 'retry: 1 from the Trigger, not 2 from the Broker');
@@ -275,7 +246,7 @@ describe("Knative Eventing's broker data plane, on the rendered Broker and Trigg
 
   it('delivers both PingSources on their shortened schedules, each to its own function', async () => {
     const pings = (sink: SinkName, source: string) =>
-      sinks[sink].hits.filter(
+      sinks[sink].received.filter(
         (h) => h.headers['ce-type'] === PING_EVENT_TYPE && String(h.headers['ce-source']).endsWith(`/${source}`),
       );
     await eventually(

@@ -14,16 +14,27 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { Watch, type KubeConfig, type V1Secret } from '@kubernetes/client-node';
-import { PING_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
+import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import { makeClients, type Clients } from '../../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, LABEL_MIRRORED, sourceHash } from '../../functions/lib/mirror.ts';
+import { consumerObjects, identities } from '../../functions/lib/objects.ts';
 import { freePort } from '../../scripts/controlplane/controlplane.ts';
 import type { FunctionProcess } from '../../scripts/lib/process.ts';
 import { eventually } from '../../scripts/lib/wait.ts';
 import { startSystem, type RunningSystem } from '../../scripts/system/system.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
+import { pingEvent, postEvents } from '../helpers/events.ts';
+import {
+  allowList,
+  consumer,
+  identity,
+  identityRef,
+  inNamespace,
+  namespace,
+  secretRef,
+  sourceSecret,
+} from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
-import { createConsumer, putIdentity } from '../helpers/mirror-sync.ts';
 
 const dir = join(REPO_ROOT, '.local', `faults-${process.pid}`);
 const NAMESPACES = ['team-0', 'team-1', 'team-2', 'team-3'];
@@ -31,6 +42,7 @@ const NAMESPACES = ['team-0', 'team-1', 'team-2', 'team-3'];
 const statusLog: Record<string, unknown>[] = [];
 let system: RunningSystem;
 let a: Clients;
+let consumers: ReturnType<typeof consumerObjects>;
 let mirrorSync: FunctionProcess;
 const halfWritten: string[] = [];
 let stopWatch: (() => void) | undefined;
@@ -66,13 +78,10 @@ before(async () => {
   });
   mirrorSync = system.functions['mirror-sync'];
   a = makeClients(system.kc);
-  await a.core.createNamespace({ body: { metadata: { name: 'ops' } } });
-  await a.core.createNamespacedSecret({
-    namespace: 'ops',
-    body: { metadata: { name: 'creds' }, stringData: { token: 'faults' } },
-  });
-  for (const n of NAMESPACES) await a.core.createNamespace({ body: { metadata: { name: n } } });
-  await putIdentity(a, 'id-a', { namespace: 'ops', name: 'creds' }, { list: NAMESPACES });
+  consumers = consumerObjects(a, TERRAFORM_CLUSTER);
+  for (const n of ['ops', ...NAMESPACES]) await a.core.createNamespace({ body: namespace(n) });
+  await a.core.createNamespacedSecret({ namespace: 'ops', body: sourceSecret('creds', inNamespace('ops')) });
+  await identities(a).create(identity('id-a', secretRef('ops', 'creds'), allowList(...NAMESPACES)));
   await watchMirrors(system.kc);
 });
 
@@ -87,28 +96,20 @@ async function stream(prefix: string, count: number): Promise<void> {
   for (let i = 0; i < count; i += 5) {
     await Promise.all(
       Array.from({ length: Math.min(5, count - i) }, (_, j) =>
-        createConsumer(a, NAMESPACES[(i + j) % NAMESPACES.length]!, `${prefix}-${i + j}`, 'id-a').catch(() => {
-          // The API server may be down for a moment; the stream goes on.
-        }),
+        consumers
+          .create(
+            consumer(`${prefix}-${i + j}`, inNamespace(NAMESPACES[(i + j) % NAMESPACES.length]!), identityRef('id-a')),
+          )
+          .catch(() => {
+            // The API server may be down for a moment; the stream goes on.
+          }),
       ),
     );
   }
 }
 
 /** A PingSource tick's CloudEvent, posted straight to a function. */
-function postPing(url: string): Promise<Response> {
-  return fetch(`${url}/`, {
-    method: 'POST',
-    headers: {
-      'content-type': 'application/json',
-      'ce-specversion': '1.0',
-      'ce-id': `ping-${Date.now()}`,
-      'ce-source': 'faults',
-      'ce-type': PING_EVENT_TYPE,
-    },
-    body: '{}',
-  });
-}
+const postPing = (url: string) => postEvents(`${url}/`, pingEvent());
 
 /** One resync (answered 200: its work is done), then the invariant. */
 async function resyncAndCheck(): Promise<void> {
@@ -153,7 +154,7 @@ describe('faults under a stream of events through the Broker', () => {
             uid: 'u-1',
             operation: 'CREATE',
             userInfo: { username: 'alice' },
-            object: { metadata: { name: 'x' }, spec: { secretRef: { namespace: 'ops', name: 'creds' } } },
+            object: identity('x', secretRef('ops', 'creds')),
           },
         }),
       });

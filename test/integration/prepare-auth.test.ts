@@ -13,20 +13,35 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { KubeConfig } from '@kubernetes/client-node';
-import { API_VERSION } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import { freePort } from '../../scripts/controlplane/controlplane.ts';
 import { serviceAccountToken, type PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
-import { admin, controlPlaneDir, namespaces, suffix } from '../helpers/cluster.ts';
+import { controlPlaneDir, suffix } from '../helpers/cluster.ts';
 import { startFaultProxy, type Fault, type FaultProxy } from '../helpers/fault-proxy.ts';
+import {
+  allowList,
+  consumer,
+  data,
+  identity,
+  identityRef,
+  inNamespace,
+  secretRef,
+  sourceSecret,
+  world,
+} from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
-import { createConsumer, deleteIdentity, putIdentity } from '../helpers/mirror-sync.ts';
-import { MANAGER_SERVICE_ACCOUNT, manager, postPrepare, type PrepareAnswer } from '../helpers/prepare.ts';
+import {
+  MANAGER_SERVICE_ACCOUNT,
+  manager,
+  postPrepare,
+  prepareTarget,
+  type PrepareAnswer,
+} from '../helpers/prepare.ts';
 
-const a = admin();
-const ns = namespaces('pauth');
+const w = world('pauth');
+const a = w.clients;
 const log = captureLogger('mirror-sync');
 const SECRET = sentinel();
 /** Planted in every injected fault's message: it must reach no answer and no log line. */
@@ -41,12 +56,12 @@ let proxyKc: KubeConfig;
 const running: FunctionHandle[] = [];
 let url: string;
 let tenant: string;
-let identity: string;
+let idName: string;
 let caller: PrepareCaller;
 /** Callers that must be refused; `headerOnly` when the header alone decides (no TokenReview). */
 const refused: { what: string; authorization: string | undefined; status: 401 | 403; headerOnly?: true }[] = [];
 
-const target = (name: string) => ({ apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: tenant, name });
+const target = (name: string) => prepareTarget(consumer(name, inNamespace(tenant)));
 const isReview = (r: string) => /\/(tokenreviews|subjectaccessreviews)(\?|$)/.test(r);
 
 /** mirror-sync in-process, its API requests through the recording proxy (or `kc`). */
@@ -64,16 +79,12 @@ async function prepare(base: string, body: unknown, auth: PrepareCaller | string
 }
 
 before(async () => {
-  const operator = await ns.create();
-  await a.core.createNamespacedSecret({
-    namespace: operator,
-    body: { metadata: { name: 'creds' }, stringData: { token: SECRET } },
-  });
-  tenant = await ns.create();
-  identity = `pauth-${suffix()}`;
-  ns.onCleanup(() => deleteIdentity(a, identity));
-  await putIdentity(a, identity, { name: 'creds', namespace: operator }, { list: [tenant] });
-  await createConsumer(a, tenant, 'present', identity);
+  const operator = await w.namespace();
+  await w.create(sourceSecret('creds', inNamespace(operator), data({ token: SECRET })));
+  tenant = await w.namespace();
+  idName = w.name('id');
+  await w.create(identity(idName, secretRef(operator, 'creds'), allowList(tenant)));
+  await w.create(consumer('present', inNamespace(tenant), identityRef(idName)));
   proxy = await startFaultProxy((method, u) => {
     seen.push(`${method} ${u}`);
     return fault(method, u);
@@ -81,7 +92,7 @@ before(async () => {
   proxyKc = new KubeConfig();
   proxyKc.loadFromFile(proxy.kubeconfigPath);
   url = await startMirrorSync({ CAPTF_PREPARE_AUTH_CACHE_SECONDS: '0' });
-  caller = await manager(ns);
+  caller = await manager(w);
   await refusedCallers();
 });
 after(async () => {
@@ -100,7 +111,7 @@ async function refusedCallers(): Promise<void> {
     name: MANAGER_SERVICE_ACCOUNT,
     audience: 'someone-else',
   });
-  const strangerNs = await ns.create();
+  const strangerNs = await w.namespace();
   await a.core.createNamespacedServiceAccount({ namespace: strangerNs, body: { metadata: { name: 'stranger' } } });
   const stranger = await serviceAccountToken(a.kc, {
     namespace: strangerNs,
@@ -146,14 +157,14 @@ describe('prepare authenticates and authorizes its caller first (SPEC §5)', () 
   it('the manager gets 200 for an existing object, and the old 404 only after it is authorized', async () => {
     const ok = await prepare(url, target('present'), caller);
     assert.equal(ok.status, 200, ok.text);
-    assert.equal(ok.body.mirror, mirrorName(identity));
+    assert.equal(ok.body.mirror, mirrorName(idName));
     const missing = await prepare(url, target(`absent-${suffix()}`), caller);
     assert.equal(missing.status, 404, missing.text);
     assert.equal(missing.body.reason, 'ObjectNotFound');
   });
 
   it('after authentication a malformed body is a 400 naming what is wrong; an unknown kind is about configuration', async () => {
-    const bad = await prepare(url, { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: tenant }, caller);
+    const bad = await prepare(url, { ...target('present'), name: undefined }, caller); // no name
     assert.equal(bad.status, 400);
     assert.match(bad.body.error!, /field name/);
     const unknown = await prepare(url, { apiVersion: 'v1', kind: 'Pod', namespace: tenant, name: 'x' }, caller);

@@ -9,50 +9,57 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { BatchV1Api, RbacAuthorizationV1Api, type V1Job } from '@kubernetes/client-node';
-import { API_VERSION, GROUP, VERSION, type Consumer } from '../../functions/lib/api.ts';
+import type { Consumer } from '../../functions/lib/api.ts';
 import { CREDENTIALS_VOLUME, jobWithCredentials } from '../../functions/lib/delivery.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, mirrorName } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
-import { admin, asUser, eventually, namespaces, suffix } from '../helpers/cluster.ts';
-import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
-import { manager, postPrepare } from '../helpers/prepare.ts';
+import { asUser, eventually, suffix } from '../helpers/cluster.ts';
 import {
+  allowList,
   conditionOf,
-  createConsumer,
-  deleteConsumer,
-  deleteIdentity,
-  getConsumer,
-  getMirror,
-  putIdentity,
-} from '../helpers/mirror-sync.ts';
+  consumer,
+  data,
+  finalizers,
+  identity,
+  identityRef,
+  inNamespace,
+  mirrorOf,
+  secretRef,
+  sourceSecret,
+  terraformJob,
+  world,
+  type Modifier,
+} from '../helpers/fixtures.ts';
+import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
-const a = admin();
-const ns = namespaces('prepjob');
+const w = world('prepjob');
+const a = w.clients;
 const log = captureLogger('mirror-sync');
 const SECRET_VALUES = [sentinel(), sentinel()];
 const answers: string[] = [];
-const source = { name: 'cloud-creds', namespace: '' };
+const SOURCE = 'cloud-creds';
 const FINALIZER = 'captf.io/test-manager';
+let sourceNamespace: string;
 let fn: FunctionHandle;
 let url: string;
 let caller: PrepareCaller;
 
 before(async () => {
-  source.namespace = await ns.create();
-  const b64 = (s: string) => Buffer.from(s).toString('base64');
-  await a.core.createNamespacedSecret({
-    namespace: source.namespace,
-    body: {
-      metadata: { name: source.name },
-      data: { AWS_SECRET_ACCESS_KEY: b64(SECRET_VALUES[0]!), TF_VAR_token: b64(SECRET_VALUES[1]!) },
-    },
-  });
+  sourceNamespace = await w.namespace();
+  await w.create(
+    sourceSecret(
+      SOURCE,
+      inNamespace(sourceNamespace),
+      data({ AWS_SECRET_ACCESS_KEY: SECRET_VALUES[0]!, TF_VAR_token: SECRET_VALUES[1]! }),
+    ),
+  );
   fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
   url = `http://127.0.0.1:${fn.port}`;
-  caller = await manager(ns);
+  caller = await manager(w);
 });
 after(async () => {
   await fn?.close();
@@ -63,42 +70,28 @@ after(async () => {
 
 /** The manager's call: POST /prepare for one consumer, with its audience-bound token. */
 async function prepare(c: Consumer): Promise<{ status: number; body: Record<string, string> }> {
-  const r = await postPrepare(
-    url,
-    { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: c.metadata.namespace, name: c.metadata.name },
-    caller,
-  );
+  const r = await postPrepare(url, prepareTarget(c), caller);
   answers.push(r.text);
   return r;
 }
 
+/**
+ * A fresh namespace with consumer `name` naming a fresh identity that allows it; `allowing`
+ * builds that identity allowing the namespaces given (for `w.put`).
+ */
+async function key(name: string, ...mods: Modifier<Consumer>[]) {
+  const n = await w.namespace();
+  const id = w.name('id');
+  const allowing = (...namespaces: string[]) =>
+    identity(id, secretRef(sourceNamespace, SOURCE), allowList(...namespaces));
+  await w.create(allowing(n));
+  const c = await w.create(consumer(name, inNamespace(n), identityRef(id), ...mods));
+  return { n, id, c, allowing, mirror: mirrorOf(id, inNamespace(n)) };
+}
+
 /** The manager's Job for a consumer and an action, before credentials are added. */
-const terraformJob = (c: Consumer, action: 'apply' | 'destroy'): V1Job => ({
-  apiVersion: 'batch/v1',
-  kind: 'Job',
-  metadata: { name: `${c.metadata.name}-${action}`, namespace: c.metadata.namespace },
-  spec: {
-    backoffLimit: 0,
-    template: {
-      spec: {
-        restartPolicy: 'Never',
-        securityContext: { runAsNonRoot: true, runAsUser: 65532 },
-        containers: [
-          {
-            name: 'terraform',
-            image: 'registry.example/captf-terraform:1.0',
-            command: ['captf-runner', '--', 'terraform', action, '-auto-approve', '-input=false'],
-            env: [
-              { name: 'TF_IN_AUTOMATION', value: '1' },
-              { name: 'TF_INPUT', value: '0' },
-              { name: 'KUBE_NAMESPACE', value: c.metadata.namespace! },
-            ],
-          },
-        ],
-      },
-    },
-  },
-});
+const jobFor = (c: Consumer, action: 'apply' | 'destroy'): V1Job =>
+  terraformJob(`${c.metadata.name}-${action}`, action, inNamespace(c.metadata.namespace!));
 
 /** A user that may create and read Jobs in `namespace` and nothing else (no Secrets). */
 async function managerIn(namespace: string): Promise<BatchV1Api> {
@@ -140,30 +133,26 @@ async function createJob(batch: BatchV1Api, job: V1Job): Promise<V1Job> {
 
 describe('prepare, then the Job (SPEC §5, §11)', () => {
   it('a Job created after prepare answered 200 references the mirror prepare vouched for, current and owned', async () => {
-    const n = await ns.create();
-    const identity = `id-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, identity));
-    await putIdentity(a, identity, source, { list: [n] });
-    const c = await createConsumer(a, n, 'cluster-a', identity);
+    const { n, id, c, mirror } = await key('cluster-a');
     const batch = await managerIn(n);
 
     const p = await prepare(c);
     assert.equal(p.status, 200, JSON.stringify(p.body));
-    assert.equal(p.body.mirror, mirrorName(identity));
-    const identityRef = c.spec?.identityRef?.name; // the manager reads the identity from the consumer
-    assert.equal(identityRef, identity);
-    const job = await createJob(batch, jobWithCredentials(terraformJob(c, 'apply'), identityRef, 'terraform'));
+    assert.equal(p.body.mirror, mirrorName(id));
+    const ref = c.spec?.identityRef?.name; // the manager reads the identity from the consumer
+    assert.equal(ref, id);
+    const job = await createJob(batch, jobWithCredentials(jobFor(c, 'apply'), ref, 'terraform'));
 
     const back = await batch.readNamespacedJob({ name: job.metadata!.name!, namespace: n });
     const pod = back.spec!.template.spec!;
     const secretName = pod.volumes!.find((v) => v.name === CREDENTIALS_VOLUME)!.secret!.secretName!;
     assert.equal(secretName, p.body.mirror);
     assert.equal(pod.containers[0]!.envFrom![0]!.secretRef!.name, p.body.mirror);
-    const mirror = (await getMirror(a, n, identity))!;
-    assert.equal(mirror.metadata!.name, secretName, 'the Secret the Job references exists in its namespace');
-    assert.equal(mirror.metadata!.annotations![ANNOTATION_SOURCE_HASH], p.body.sourceHash);
+    const found = (await w.read(mirror))!;
+    assert.equal(found.metadata!.name, secretName, 'the Secret the Job references exists in its namespace');
+    assert.equal(found.metadata!.annotations![ANNOTATION_SOURCE_HASH], p.body.sourceHash);
     assert.ok(
-      mirror.metadata!.ownerReferences!.some((o) => o.uid === c.metadata.uid),
+      found.metadata!.ownerReferences!.some((o) => o.uid === c.metadata.uid),
       'owned by the consumer',
     );
 
@@ -183,79 +172,57 @@ describe('prepare, then the Job (SPEC §5, §11)', () => {
   });
 
   it('a destroy waits while the namespace is not allowed: prepare refuses, the object says why, no mirror is left; allowing it again lets the destroy Job start', async () => {
-    const n = await ns.create();
-    const identity = `id-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, identity));
-    await putIdentity(a, identity, source, { list: [n] });
-    const c = await createConsumer(a, n, 'cluster-b', identity, 'TerraformCluster', { finalizers: [FINALIZER] });
-    ns.onCleanup(() => dropFinalizer(n, 'cluster-b'));
+    const { n, id, c, allowing, mirror } = await key('cluster-b', finalizers(FINALIZER));
+    w.onCleanup(() => dropFinalizer(c));
     const batch = await managerIn(n);
 
     assert.equal((await prepare(c)).status, 200);
-    await createJob(batch, jobWithCredentials(terraformJob(c, 'apply'), identity, 'terraform'));
+    await createJob(batch, jobWithCredentials(jobFor(c, 'apply'), id, 'terraform'));
 
     // The operator narrows the identity, then the tenant deletes the cluster: the manager must run a destroy.
-    await putIdentity(a, identity, source, { list: [] });
-    await deleteConsumer(a, n, 'cluster-b');
+    await w.put(allowing());
+    await w.delete(c);
     const refused = await prepare(c);
     assert.equal(refused.status, 403);
     assert.equal(refused.body.reason, 'IdentityNotAllowed');
     // The manager creates no Job on a refusal; the object tells the user why the destroy waits.
-    const deleting = await getConsumer(a, n, 'cluster-b');
+    const deleting = (await w.read(c))!;
     assert.ok(deleting.metadata.deletionTimestamp);
     assert.equal(conditionOf(deleting, 'ApplyJobSucceeded')?.status, 'False');
     assert.equal(conditionOf(deleting, 'ApplyJobSucceeded')?.reason, 'IdentityNotAllowed');
     assert.equal(conditionOf(deleting, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
     // The mirror the apply Job referenced is gone, so that Job's Pod could no longer start with credentials.
-    assert.equal(await getMirror(a, n, identity), undefined);
+    assert.equal(await w.read(mirror), undefined);
 
     // The way out: the operator allows the namespace again; prepare succeeds and the destroy Job is created.
-    await putIdentity(a, identity, source, { list: [n] });
+    await w.put(allowing(n));
     const again = await prepare(c);
     assert.equal(again.status, 200, JSON.stringify(again.body));
-    const destroy = await createJob(batch, jobWithCredentials(terraformJob(c, 'destroy'), identity, 'terraform'));
+    const destroy = await createJob(batch, jobWithCredentials(jobFor(c, 'destroy'), id, 'terraform'));
     assert.equal(destroy.spec!.template.spec!.containers[0]!.envFrom![0]!.secretRef!.name, again.body.mirror);
-    assert.ok(await getMirror(a, n, identity), 'the mirror the destroy Job references exists');
-    assert.equal(conditionOf(await getConsumer(a, n, 'cluster-b'), 'ApplyJobSucceeded'), undefined);
+    assert.ok(await w.read(mirror), 'the mirror the destroy Job references exists');
+    assert.equal(conditionOf((await w.read(c))!, 'ApplyJobSucceeded'), undefined);
   });
 
   it('the other way out: the manager abandons the infrastructure (drops its finalizer) and no credentials stay behind', async () => {
-    const n = await ns.create();
-    const identity = `id-${suffix()}`;
-    ns.onCleanup(() => deleteIdentity(a, identity));
-    await putIdentity(a, identity, source, { list: [n] });
-    const c = await createConsumer(a, n, 'cluster-c', identity, 'TerraformCluster', { finalizers: [FINALIZER] });
+    const { c, allowing, mirror } = await key('cluster-c', finalizers(FINALIZER));
     assert.equal((await prepare(c)).status, 200);
-    await putIdentity(a, identity, source, { list: [] });
-    await deleteConsumer(a, n, 'cluster-c');
+    await w.put(allowing());
+    await w.delete(c);
     assert.equal((await prepare(c)).body.reason, 'IdentityNotAllowed');
 
-    await dropFinalizer(n, 'cluster-c');
-    await eventually(
-      'the consumer to be gone',
-      async () =>
-        (await getConsumer(a, n, 'cluster-c').catch((e: unknown) =>
-          apiStatus(e) === 404 ? undefined : Promise.reject(e),
-        )) === undefined,
-    );
+    await dropFinalizer(c);
+    await eventually('the consumer to be gone', async () => (await w.read(c)) === undefined);
     // Another file's resync (cluster-wide, from lists made before the revocation) may create
     // the mirror again for a moment; its re-check after creating deletes it: the end state counts.
-    await eventually('no mirror left', async () => (await getMirror(a, n, identity)) === undefined);
+    await eventually('no mirror left', async () => (await w.read(mirror)) === undefined);
     assert.equal((await prepare(c)).body.reason, 'ObjectNotFound');
   });
 });
 
 /** Removes the manager's finalizer (what the manager does after a destroy, or to abandon). */
-async function dropFinalizer(namespace: string, name: string): Promise<void> {
-  const o = await getConsumer(a, namespace, name).catch(() => undefined);
-  if (!o?.metadata.finalizers?.length) return;
-  o.metadata.finalizers = o.metadata.finalizers.filter((f) => f !== FINALIZER);
-  await a.custom.replaceNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    plural: 'terraformclusters',
-    namespace,
-    name,
-    body: o,
-  });
+async function dropFinalizer(c: Consumer): Promise<void> {
+  const o = await w.read(c);
+  if (!o?.metadata.finalizers?.includes(FINALIZER)) return;
+  await w.put({ ...o, metadata: { ...o.metadata, finalizers: o.metadata.finalizers.filter((f) => f !== FINALIZER) } });
 }

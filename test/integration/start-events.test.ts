@@ -17,55 +17,32 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import type { IncomingHttpHeaders } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { RbacAuthorizationV1Api, type KubernetesObject } from '@kubernetes/client-node';
-import { GROUP, IDENTITY_PLURAL, VERSION, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
+import { IDENTITY_RESOURCE, TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import { PING_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import { startEventingDataPlane, type Delivery, type EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
-import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
+import type { Delivery, EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { startDeadLetterSink, type DeadLetter, type DeadLetterSink } from '../../scripts/local/dead-letters.ts';
 import { pingMessage } from '../../scripts/local/events.ts';
 import { EXAMPLES_DIR, applyExamples } from '../../scripts/local/examples.ts';
 import { builtKubectlPath } from '../../scripts/tools/build.ts';
 import { MANIFESTS as EVENTING_MANIFESTS } from '../../scripts/system/system.ts';
-import { admin, controlPlaneDir, eventually, namespaces, suffix } from '../helpers/cluster.ts';
-import { apiServerEvent, postEvents } from '../helpers/events.ts';
+import { controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
+import {
+  apiServerEvent,
+  postEvents,
+  startBroker,
+  startFunctionStandIn,
+  type ReceivedEvent,
+} from '../helpers/events.ts';
+import { consumer, identity, inNamespace, namespace as namespaceObject, world } from '../helpers/fixtures.ts';
 
-const a = admin();
-const ns = namespaces('start-events');
-
-/** One request the stand-in for a function received. */
-interface Hit {
-  headers: IncomingHttpHeaders;
-  body: string;
-}
-
-/**
- * A stand-in for a function: records every request; answers by the event id's prefix, as a
- * function would — `fail-` 500 and `bad-` 400 with a JSON error, anything else 200 with no body
- * (what the functions answer Knative, which sends `Prefer: reply`).
- */
-async function startFunctionStandIn(): Promise<{ url: string; hits: Hit[]; server: Server }> {
-  const hits: Hit[] = [];
-  const server = createServer((req, res) => {
-    let body = '';
-    req.on('data', (d: Buffer) => (body += d.toString()));
-    req.on('end', () => {
-      hits.push({ headers: req.headers, body });
-      const id = String(req.headers['ce-id'] ?? '');
-      const json = { 'content-type': 'application/json' };
-      if (id.startsWith('fail-')) res.writeHead(500, json).end('{"error":"the API server is unavailable"}');
-      else if (id.startsWith('bad-')) res.writeHead(400, json).end('{"error":"not an event this function takes"}');
-      else res.writeHead(200).end();
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
-  return { url: `http://127.0.0.1:${(server.address() as { port: number }).port}/`, hits, server };
-}
+const w = world('start-events');
+const a = w.clients;
 
 let namespace: string;
 let dp: EventingDataPlane;
@@ -82,14 +59,13 @@ function testObjects(rendered: KubernetesObject[]): KubernetesObject[] {
 }
 
 before(async () => {
-  fns['mirror-sync'] = await startFunctionStandIn();
-  fns['identity-status'] = await startFunctionStandIn();
+  // Anything but `fail-` and `bad-` is answered 200 with no body (what the functions answer
+  // Knative, which sends `Prefer: reply`).
+  fns['mirror-sync'] = await startFunctionStandIn(200);
+  fns['identity-status'] = await startFunctionStandIn(200);
   dls = await startDeadLetterSink((d) => letters.push(d));
-  await installEventingCRDs(a.kc);
-  namespace = await ns.create();
-  dp = await startEventingDataPlane({
-    kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-    kc: a.kc,
+  namespace = await w.namespace();
+  dp = await startBroker({
     objects: testObjects(await render(EVENTING_MANIFESTS)),
     namespace,
     sinks: {
@@ -109,14 +85,14 @@ after(async () => {
 
 describe("what npm start sends and receives around Knative's Broker", () => {
   it("system.ping() sends what mtping sends for the manifests' PingSource, header for header", async (t) => {
-    const isPing = (h: Hit) => h.headers['ce-type'] === PING_EVENT_TYPE;
+    const isPing = (h: ReceivedEvent) => h.headers['ce-type'] === PING_EVENT_TYPE;
     const tick = await eventually('a tick of PingSource captf-resync at mirror-sync', async () =>
-      fns['mirror-sync'].hits.find(isPing),
+      fns['mirror-sync'].received.find(isPing),
     );
     const msg = pingMessage('captf-resync', namespace);
     const res = await fetch(dp.brokerUrl, { method: 'POST', headers: msg.headers, body: msg.body });
     assert.equal(res.status, 202);
-    const ours = fns['mirror-sync'].hits.find((h) => h.headers['ce-id'] === msg.headers['ce-id']);
+    const ours = fns['mirror-sync'].received.find((h) => h.headers['ce-id'] === msg.headers['ce-id']);
     assert.ok(ours, 'the Trigger captf-mirror-sync-resync routed our ping to mirror-sync');
     const attrs = (h: IncomingHttpHeaders) =>
       Object.fromEntries(
@@ -131,7 +107,7 @@ describe("what npm start sends and receives around Knative's Broker", () => {
     for (const h of [tick, ours])
       assert.ok(!Number.isNaN(Date.parse(String(h.headers['ce-time']))), 'both carry a time');
     assert.equal(
-      fns['identity-status'].hits.filter((h) => h.headers['ce-id'] === msg.headers['ce-id']).length,
+      fns['identity-status'].received.filter((h) => h.headers['ce-id'] === msg.headers['ce-id']).length,
       0,
       'and no other function got it',
     );
@@ -139,18 +115,9 @@ describe("what npm start sends and receives around Knative's Broker", () => {
 
   it('the dead-letter sink reads what Knative gives up on: after the retries for a 5xx, at once for a 400', async () => {
     const tc = (id: string) =>
-      apiServerEvent(
-        {
-          apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-          kind: 'TerraformCluster',
-          metadata: { name: 'prod', namespace: 'team-a' },
-        },
-        'ref',
-        'add',
-        'terraformclusters',
-      ).cloneWith({ id });
+      apiServerEvent(consumer('prod', inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural).cloneWith({ id });
     for (const id of ['fail-1', 'bad-1']) assert.equal((await postEvents(dp.brokerUrl, tc(id))).status, 202, id);
-    const attempts = (id: string) => fns['mirror-sync'].hits.filter((h) => h.headers['ce-id'] === id).length;
+    const attempts = (id: string) => fns['mirror-sync'].received.filter((h) => h.headers['ce-id'] === id).length;
     assert.equal(attempts('fail-1'), 2, 'the first try and the one retry of the test copy');
     assert.equal(attempts('bad-1'), 1, 'a 400 is not retried');
     assert.equal(letters.length, 2);
@@ -183,13 +150,10 @@ function renamedExamples(): { dir: string; sfx: string } {
   for (const f of readdirSync(EXAMPLES_DIR).filter((x) => x.endsWith('.yaml'))) {
     writeFileSync(join(dir, f), readFileSync(join(EXAMPLES_DIR, f), 'utf8').replace(renamed, `$1-${sfx}`));
   }
-  ns.onCleanup(async () => {
-    for (const id of ['aws-prod', 'gcp-dev'])
-      await a.custom
-        .deleteClusterCustomObject({ group: GROUP, version: VERSION, plural: IDENTITY_PLURAL, name: `${id}-${sfx}` })
-        .catch(() => undefined);
+  w.onCleanup(async () => {
+    for (const id of ['aws-prod', 'gcp-dev']) await w.delete(identity(`${id}-${sfx}`));
     for (const name of ['captf-system', 'team-a', 'team-b', 'team-c'])
-      await a.core.deleteNamespace({ name: `${name}-${sfx}` }).catch(() => undefined);
+      await w.delete(namespaceObject(`${name}-${sfx}`));
     const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
     for (const name of ['captf-example-terraform-objects', 'captf-example-identity-author'])
       await rbac.deleteClusterRole({ name: `${name}-${sfx}` }).catch(() => undefined);
@@ -226,23 +190,13 @@ describe('examples/', () => {
         'ClusterRoleBinding',
       ],
     );
-    const byList = (await a.custom.getClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      name: `aws-prod-${sfx}`,
-    })) as TerraformClusterIdentity;
+    const byList = (await w.read(identity(`aws-prod-${sfx}`)))!;
     assert.deepEqual(byList.spec.allowedNamespaces, { list: [`team-a-${sfx}`, `team-b-${sfx}`] });
-    const bySelector = (await a.custom.getClusterCustomObject({
-      group: GROUP,
-      version: VERSION,
-      plural: IDENTITY_PLURAL,
-      name: `gcp-dev-${sfx}`,
-    })) as TerraformClusterIdentity;
+    const bySelector = (await w.read(identity(`gcp-dev-${sfx}`)))!;
     assert.deepEqual(bySelector.spec.allowedNamespaces, {
       selector: { matchLabels: { 'captf.example/credentials': 'gcp' } },
     });
-    const labelled = await a.core.readNamespace({ name: `team-c-${sfx}` });
+    const labelled = (await w.read(namespaceObject(`team-c-${sfx}`)))!;
     assert.equal(labelled.metadata?.labels?.['captf.example/credentials'], 'gcp');
     // Applying again changes nothing and fails nowhere (kubectl apply is idempotent too).
     assert.equal((await applyExamples(a.kc, dir)).length, applied.length);
@@ -270,25 +224,23 @@ describe('examples/', () => {
       again.every((l) => l.endsWith(' unchanged') || (l.startsWith('secret/') && l.endsWith(' configured'))),
       again.join('\n'),
     );
-    const ids = run('get', 'terraformclusteridentities', `aws-prod-${sfx}`, `gcp-dev-${sfx}`);
+    const ids = run('get', IDENTITY_RESOURCE.plural, `aws-prod-${sfx}`, `gcp-dev-${sfx}`);
     t.diagnostic(ids);
     assert.match(ids.split('\n')[0]!, /^NAME\s+READY\s+SECRET-NAMESPACE\s+SECRET\s+NAMESPACES\s+AGE$/);
     assert.match(ids, new RegExp(`aws-prod-${sfx}\\s+captf-system-${sfx}\\s+aws-prod-${sfx}-credentials`));
-    const tcs = run('get', 'terraformclusters', '-n', `team-a-${sfx}`);
+    const tcs = run('get', TERRAFORM_CLUSTER.plural, '-n', `team-a-${sfx}`);
     assert.match(tcs.split('\n')[0]!, /^NAME\s+IDENTITY\s+MIRRORED\s+REASON\s+AGE$/);
     // The selectable field works from kubectl too.
     const bySelector = run(
       'get',
-      'terraformclusters',
+      TERRAFORM_CLUSTER.plural,
       '-A',
       '--field-selector',
       `spec.identityRef.name=aws-prod-${sfx}`,
       '-o',
       'name',
     );
-    assert.deepEqual(bySelector.trim().split('\n').sort(), [
-      'terraformcluster.infrastructure.cluster.x-k8s.io/prod',
-      'terraformcluster.infrastructure.cluster.x-k8s.io/staging',
-    ]);
+    const named = (name: string) => `${TERRAFORM_CLUSTER.kind.toLowerCase()}.${TERRAFORM_CLUSTER.group}/${name}`;
+    assert.deepEqual(bySelector.trim().split('\n').sort(), [named('prod'), named('staging')]);
   });
 });

@@ -21,14 +21,15 @@ import {
   CustomObjectsApi,
   KubeConfig,
 } from '@kubernetes/client-node';
-import { API_VERSION } from '../../functions/lib/api.ts';
+import { IDENTITY_RESOURCE } from '../../functions/lib/api.ts';
 import { isNotFound } from '../../functions/lib/kube.ts';
 import { startControlPlane, type ControlPlane } from '../../scripts/controlplane/controlplane.ts';
 import { applyExamples, loadExamples } from '../../scripts/local/examples.ts';
 import { WEBHOOK_CONFIGURATION } from '../../scripts/system/webhook.ts';
 import { serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { eventually } from '../helpers/cluster.ts';
-import { postPrepare } from '../helpers/prepare.ts';
+import { consumer, inNamespace } from '../helpers/fixtures.ts';
+import { postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
 const START = fileURLToPath(new URL('../../scripts/start.ts', import.meta.url));
 const REPO = fileURLToPath(new URL('../..', import.meta.url));
@@ -155,7 +156,7 @@ describe('npm start on an embedded control plane', () => {
       .makeApiClient(AdmissionregistrationV1Api)
       .readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION });
     assert.equal(vwc.webhooks?.[0]?.failurePolicy, 'Fail');
-    assert.deepEqual(vwc.webhooks?.[0]?.rules?.[0]?.resources, ['terraformclusteridentities']);
+    assert.deepEqual(vwc.webhooks?.[0]?.rules?.[0]?.resources, [IDENTITY_RESOURCE.plural]);
 
     // The adapter sends to the Broker, whose address is the banner's; the Triggers deliver to the functions.
     const pid = run.child.pid!;
@@ -206,7 +207,7 @@ describe('npm start on an embedded control plane', () => {
     const [, saName, saNs] = /kubectl create token (\S+) -n (\S+) --audience captf-mirror-sync/.exec(banner) ?? [];
     assert.ok(saName && saNs, 'the banner shows how to call prepare');
     const token = await serviceAccountToken(kc, { namespace: saNs, name: saName, audience: 'captf-mirror-sync' });
-    const prod = { apiVersion: API_VERSION, kind: 'TerraformCluster', namespace: 'team-a', name: 'prod' };
+    const prod = prepareTarget(consumer('prod', inNamespace('team-a')));
     assert.equal((await postPrepare(mirrorSyncUrl, prod, `Bearer ${token}`)).status, 200);
     assert.equal((await postPrepare(mirrorSyncUrl, prod, undefined)).status, 401);
     // A few resync and status ticks (mtping, every 3 s) later, nothing new is printed for unchanged objects.

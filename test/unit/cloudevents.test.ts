@@ -1,17 +1,15 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { CloudEvent, HTTP } from 'cloudevents';
-import { DEFAULT_CONSUMER_KINDS } from '../../functions/lib/api.ts';
+import { DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import { BadEventError, classifyEvent, parseCloudEvents, readCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import { apiServerEvent, pingEvent } from '../helpers/events.ts';
+import { apiServerEvent, pingEvent, type EventObject } from '../helpers/events.ts';
+import { consumer, identity, inNamespace, labels, namespace, ofKind, sourceSecret, uid } from '../helpers/fixtures.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
-const cluster = {
-  apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-  kind: 'TerraformCluster',
-  metadata: { name: 'c', namespace: 'team', uid: 'u-1', labels: { a: 'b' } },
-};
+const cluster = consumer('c', inNamespace('team'), labels({ a: 'b' }), uid('u-1'));
+const { plural } = TERRAFORM_CLUSTER;
 const parseBinary = (e: CloudEvent<unknown>) => {
   const m = HTTP.binary(e);
   return parseCloudEvents(m.headers as Record<string, string>, m.body as string);
@@ -19,7 +17,7 @@ const parseBinary = (e: CloudEvent<unknown>) => {
 
 describe('CloudEvents parsing and classification (SPEC §12)', () => {
   it('Resource mode: the object names itself, UID and labels known', () => {
-    const [e] = parseBinary(apiServerEvent(cluster, 'resource', 'add', 'terraformclusters'));
+    const [e] = parseBinary(apiServerEvent(cluster, 'resource', 'add', plural));
     assert.deepEqual(classifyEvent(e!, kinds), {
       type: 'object',
       id: e!.id,
@@ -31,7 +29,7 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
     });
   });
   it('Reference mode: data is the reference, no UID', () => {
-    const [e] = parseBinary(apiServerEvent(cluster, 'ref', 'delete', 'terraformclusters'));
+    const [e] = parseBinary(apiServerEvent(cluster, 'ref', 'delete', plural));
     const r = classifyEvent(e!, kinds);
     assert.ok(
       r.type === 'object' &&
@@ -42,29 +40,15 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
     );
   });
   it('classifies identities, namespaces, Secrets and other kinds', () => {
-    const t = (o: { apiVersion: string; kind: string; metadata: { name: string; namespace?: string } }) => {
+    const t = (o: EventObject) => {
       const r = classifyEvent(parseBinary(apiServerEvent(o, 'ref', 'update', 'x'))[0]!, kinds);
       return r.type === 'object' ? r.target : 'ping';
     };
-    assert.equal(
-      t({
-        apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-        kind: 'TerraformClusterIdentity',
-        metadata: { name: 'i' },
-      }),
-      'identity',
-    );
-    assert.equal(t({ apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'n' } }), 'namespace');
-    assert.equal(t({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 's', namespace: 'n' } }), 'secret');
+    assert.equal(t(identity('i')), 'identity');
+    assert.equal(t(namespace('n')), 'namespace');
+    assert.equal(t(sourceSecret('s', inNamespace('n'))), 'secret');
     assert.equal(t({ apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'd', namespace: 'n' } }), 'other');
-    assert.equal(
-      t({
-        apiVersion: 'infrastructure.cluster.x-k8s.io/v1beta2',
-        kind: 'TerraformMachine',
-        metadata: { name: 'm', namespace: 'n' },
-      }),
-      'consumer',
-    );
+    assert.equal(t(consumer('m', inNamespace('n'), ofKind(TERRAFORM_MACHINE))), 'consumer');
   });
   it('a ping is a ping, in structured mode too', () => {
     const m = HTTP.structured(pingEvent());
@@ -72,10 +56,7 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
     assert.equal(classifyEvent(e!, kinds).type, 'ping');
   });
   it('a batch yields each event', () => {
-    const body = JSON.stringify([
-      pingEvent().toJSON(),
-      apiServerEvent(cluster, 'ref', 'add', 'terraformclusters').toJSON(),
-    ]);
+    const body = JSON.stringify([pingEvent().toJSON(), apiServerEvent(cluster, 'ref', 'add', plural).toJSON()]);
     assert.equal(parseCloudEvents({ 'content-type': 'application/cloudevents-batch+json' }, body).length, 2);
   });
   it('rejects what is not a usable CloudEvent, saying why', () => {

@@ -6,7 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { DEFAULT_CONSUMER_KINDS } from '../../functions/lib/api.ts';
+import { TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import type { Outcome } from '../../functions/lib/http.ts';
 import {
   DEFAULT_PREPARE_AUDIENCE,
@@ -23,7 +23,7 @@ import {
   unauthorizedBody,
 } from '../../functions/mirror-sync/authorize.ts';
 
-const TC = DEFAULT_CONSUMER_KINDS[0]!;
+const TC = TERRAFORM_CLUSTER;
 /** The error text of an outcome that is not `done`. */
 const errorOf = (o: Outcome): string => (o.kind === 'done' ? '' : o.error);
 const AUD = DEFAULT_PREPARE_AUDIENCE;
@@ -84,8 +84,8 @@ describe('the SubjectAccessReview', () => {
         extra: { k: ['v'] },
         resourceAttributes: {
           verb: 'create',
-          group: 'infrastructure.cluster.x-k8s.io',
-          resource: 'terraformclusters',
+          group: TC.group,
+          resource: TC.plural,
           subresource: 'prepare',
           namespace: 'team-a',
           name: 'prod',
@@ -107,7 +107,7 @@ describe('cache keys', () => {
     assert.notEqual(a, accessKey(t, prepareAttributes(TC, { namespace: 'n', name: 'b' })));
     assert.notEqual(a, accessKey(t, prepareAttributes(TC, { namespace: 'm', name: 'a' })));
     assert.notEqual(a, accessKey(tokenKey('other'), prepareAttributes(TC, { namespace: 'n', name: 'a' })));
-    assert.notEqual(a, accessKey(t, prepareAttributes(DEFAULT_CONSUMER_KINDS[1]!, { namespace: 'n', name: 'a' })));
+    assert.notEqual(a, accessKey(t, prepareAttributes(TERRAFORM_MACHINE, { namespace: 'n', name: 'a' })));
   });
 });
 

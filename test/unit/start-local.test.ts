@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { attributesOf, describeDeadLetter } from '../../scripts/local/dead-letters.ts';
@@ -43,11 +44,14 @@ describe('watchPaths: what the adapter will list and watch', () => {
         allNamespaces: true,
         mode: 'Reference',
         resources: [
-          gvr('infrastructure.cluster.x-k8s.io', 'v1beta2', 'terraformclusters'),
+          gvr(TERRAFORM_CLUSTER.group, TERRAFORM_CLUSTER.version, TERRAFORM_CLUSTER.plural),
           gvr('', 'v1', 'namespaces'),
         ],
       }),
-      ['/apis/infrastructure.cluster.x-k8s.io/v1beta2/terraformclusters', '/api/v1/namespaces'],
+      [
+        `/apis/${TERRAFORM_CLUSTER.group}/${TERRAFORM_CLUSTER.version}/${TERRAFORM_CLUSTER.plural}`,
+        '/api/v1/namespaces',
+      ],
     );
   });
 });
