@@ -125,7 +125,7 @@ export const stored =
     o.metadata = { ...o.metadata, generation, resourceVersion };
   };
 
-/** The source Secret an identity names (SPEC §1). Default: `captf-system/creds`. */
+/** The source Secret an identity names (SPEC §1); without this modifier `identity()` names `captf-system/creds`. */
 export const secretRef =
   (namespace: string, name: string): Modifier<TerraformClusterIdentity> =>
   (o) => {
@@ -139,7 +139,7 @@ export const allowList =
     o.spec.allowedNamespaces = { list: namespaces };
   };
 
-/** `spec.allowedNamespaces.selector`; the empty selector (the default) allows every namespace. */
+/** `spec.allowedNamespaces.selector`; called without an argument, the empty selector, which allows every namespace. */
 export const allowSelector =
   (selector: LabelSelector = {}): Modifier<TerraformClusterIdentity> =>
   (o) => {
