@@ -43,7 +43,8 @@ export interface Webhook {
  * Starts the admission function as `captf-admission` (the rendered manifests' RBAC) over HTTPS
  * with a fresh test CA, registers a ValidatingWebhookConfiguration for identities labelled
  * `labelKey=<random>`, and waits until the API server calls it. After the file's tests the
- * registration goes first, then the function, then every identity with the label.
+ * registration goes first, then every identity with the label (retried while the API server
+ * still calls the webhook, which refuses deleting one in use), and the function last.
  */
 export async function admissionWebhook(w: World, labelKey: string): Promise<Webhook> {
   const value = suffix();
@@ -53,10 +54,6 @@ export async function admissionWebhook(w: World, labelKey: string): Promise<Webh
   const log = captureLogger('admission');
   const { leaf, caPem } = await createWebhookPair(mkdtempSync(join(tmpdir(), 'captf-adm-')), w.name('ca'));
   const objects = identities(w.clients);
-  w.onCleanup(async () => {
-    for (const o of (await objects.list({ labelSelector: selector })).items ?? [])
-      await objects.delete({ name: o.metadata.name! }).catch(() => undefined);
-  });
   const fn = await start({
     port: 0,
     host: '127.0.0.1',
@@ -65,6 +62,13 @@ export async function admissionWebhook(w: World, labelKey: string): Promise<Webh
     env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
   });
   w.onCleanup(() => fn.close());
+  w.onCleanup(() =>
+    eventually("the file's identities to be deleted", async () => {
+      const left = (await objects.list({ labelSelector: selector })).items ?? [];
+      for (const o of left) await objects.delete({ name: o.metadata.name! }).catch(() => undefined);
+      return left.length === 0;
+    }),
+  );
   const url = `https://127.0.0.1:${fn.port}`;
   const matchLabels = { [labelKey]: value };
   w.onCleanup(await registerWebhook(w.clients.kc, { url, caBundlePem: caPem, name: w.name('webhook'), matchLabels }));

@@ -248,6 +248,13 @@ export const data =
     o.data = Object.fromEntries(Object.entries(values).map(([k, v]) => [k, Buffer.from(v).toString('base64')]));
   };
 
+/** The same `data` as `secret` (as read back: a look-alike of a source carries its values, planted ones included). */
+export const dataOf =
+  (secret: V1Secret): Modifier<V1Secret> =>
+  (o) => {
+    o.data = { ...secret.data };
+  };
+
 /** The Secret's type (default Opaque). */
 export const secretType =
   (type: string): Modifier<V1Secret> =>
@@ -380,7 +387,11 @@ export interface World {
   namespace(...mods: Modifier<V1Namespace>[]): Promise<string>;
   /** Creates a built object (consumers and Secrets in `metadata.namespace`); returns what the API server stored. */
   create<T extends Built>(o: T): Promise<T>;
-  /** Creates an identity or consumer, or replaces its spec and labels at the current resourceVersion. */
+  /**
+   * Creates an identity or consumer, or replaces the stored one at its current resourceVersion:
+   * metadata (labels, annotations, finalizers) and spec become exactly the built object's, so
+   * what the builder did not set is removed (a finalizer too); the status is kept.
+   */
   put<T extends TerraformClusterIdentity | Consumer>(o: T): Promise<T>;
   /** Reads a built object back by its kind, name and namespace; undefined when it is gone. */
   read<T extends Built>(o: T): Promise<T | undefined>;
@@ -448,10 +459,13 @@ export function world(prefix: string, opts: { kinds?: readonly ConsumerKind[] } 
         return ns;
       }
       const namespaced = o.metadata?.namespace;
+      const made =
+        o.kind === 'Secret'
+          ? ((await a.core.createNamespacedSecret({ namespace: namespaced!, body: o as V1Secret })) as typeof o)
+          : ((await objectsOf(a, o as Consumer, kinds).create(o as Consumer)) as typeof o);
+      // Only what this call created is cleaned up (a refused create may share a name with another file's object).
       if (!namespaced || !created.includes(namespaced)) w.onCleanup(() => w.delete(o));
-      if (o.kind === 'Secret')
-        return (await a.core.createNamespacedSecret({ namespace: namespaced!, body: o as V1Secret })) as typeof o;
-      return (await objectsOf(a, o as Consumer, kinds).create(o as Consumer)) as typeof o;
+      return made;
     },
     async put(o) {
       const objects = objectsOf(a, o, kinds);

@@ -7,7 +7,9 @@
  * file's objects on the API server.
  */
 import { randomBytes } from 'node:crypto';
+import { DEFAULT_CONSUMER_KINDS } from '../../functions/lib/api.ts';
 import type { Clients } from '../../functions/lib/kube.ts';
+import { consumerObjects, identities } from '../../functions/lib/objects.ts';
 
 /** This run's sentinel (`npm test` sets one for every file; a file run alone makes its own). */
 export const RUN_SENTINEL = process.env.CAPTF_TEST_SENTINEL ?? `CAPTFLEAK${randomBytes(6).toString('hex')}`;
@@ -70,7 +72,6 @@ const listed = (list: Promise<unknown>, statusesOnly = false): Promise<string> =
     },
     () => '',
   );
-const GROUP_VERSION = { group: 'infrastructure.cluster.x-k8s.io', version: 'v1beta2' };
 
 /** Findings in the Events, consumers' conditions and identities' statuses of `namespaces` on the API server. */
 export async function clusterLeaks(a: Clients, namespaces: readonly string[]): Promise<string[]> {
@@ -79,16 +80,10 @@ export async function clusterLeaks(a: Clients, namespaces: readonly string[]): P
     const texts = await Promise.all([
       listed(a.core.listNamespacedEvent({ namespace })),
       listed(a.events.listNamespacedEvent({ namespace })),
-      ...['terraformclusters', 'terraformmachines'].map((plural) =>
-        listed(a.custom.listNamespacedCustomObject({ ...GROUP_VERSION, plural, namespace }), true),
-      ),
+      ...DEFAULT_CONSUMER_KINDS.map((kind) => listed(consumerObjects(a, kind).list({ namespace }), true)),
     ]);
     found.push(...findLeaks(texts.join('\n'), `Events and conditions in ${namespace}`));
   }
-  const identities = await listed(
-    a.custom.listClusterCustomObject({ ...GROUP_VERSION, plural: 'terraformclusteridentities' }),
-    true,
-  );
-  found.push(...findLeaks(identities, 'identity statuses'));
+  found.push(...findLeaks(await listed(identities(a).list(), true), 'identity statuses'));
   return found;
 }

@@ -39,6 +39,7 @@ import {
   conditions,
   consumer,
   data,
+  dataOf,
   finalizers,
   identity,
   identityRef,
@@ -366,7 +367,14 @@ function usageTests(): void {
     const [withMirror, notOurs, otherIdentity] = [await w.namespace(), await w.namespace(), await w.namespace()];
     const mirror = await createMirror(withMirror, name, source);
     // Same name without the mirrored label: someone else's Secret.
-    await w.create(sourceSecret(mirrorName(name), inNamespace(notOurs), annotations({ [ANNOTATION_IDENTITY]: name })));
+    await w.create(
+      sourceSecret(
+        mirrorName(name),
+        inNamespace(notOurs),
+        annotations({ [ANNOTATION_IDENTITY]: name }),
+        dataOf(source),
+      ),
+    );
     // Labeled, but annotated for another identity.
     await w.create(
       sourceSecret(
@@ -374,6 +382,7 @@ function usageTests(): void {
         inNamespace(otherIdentity),
         labels({ [LABEL_MIRRORED]: 'true' }),
         annotations({ [ANNOTATION_IDENTITY]: `other-${run}` }),
+        dataOf(source),
       ),
     );
 

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
-import { DEFAULT_CONSUMER_KINDS, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
+import { API_VERSION, DEFAULT_CONSUMER_KINDS, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import {
   isOurs,
@@ -117,7 +117,7 @@ function mirrorLifecycleTests(): void {
     const ref = m.metadata!.ownerReferences![0]!;
     assert.deepEqual(
       { apiVersion: ref.apiVersion, kind: ref.kind, name: ref.name, uid: ref.uid },
-      { apiVersion: c.apiVersion, kind: 'TerraformCluster', name: 'cluster-1', uid: c.metadata.uid },
+      { apiVersion: API_VERSION, kind: 'TerraformCluster', name: 'cluster-1', uid: c.metadata.uid },
     );
     assert.equal(ref.controller, undefined);
     assert.equal(ref.blockOwnerDeletion, undefined);

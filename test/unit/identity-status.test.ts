@@ -7,6 +7,7 @@ import {
   type Condition,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
+import { CloudEvent } from 'cloudevents';
 import { classifyEvent } from '../../functions/lib/cloudevents.ts';
 import { HttpError } from '../../functions/lib/http.ts';
 import { planFor } from '../../functions/identity-status/handler.ts';
@@ -145,6 +146,25 @@ describe('identity-status: which events refresh what', () => {
 
   it('identity events in either mode name identities, once each, in order', () => {
     assert.deepEqual(planFor([idRef('b'), idObj('a'), idRef('b')]), { kind: 'named', names: ['b', 'a'] });
+  });
+  it('an event that carries the object only in its data (no kind or name extensions) is read from the data', () => {
+    const dataOnly = (type: string, data: object) =>
+      classifyEvent(
+        new CloudEvent<unknown>({
+          specversion: '1.0',
+          id: 'x',
+          source: '/s',
+          type,
+          datacontenttype: 'application/json',
+          data,
+        }),
+        DEFAULT_CONSUMER_KINDS,
+      );
+    const apiVersion = `${IDENTITY_RESOURCE.group}/${IDENTITY_RESOURCE.version}`;
+    const kind = IDENTITY_RESOURCE.kind;
+    const ref = dataOnly('dev.knative.apiserver.ref.update', { apiVersion, kind, name: 'b' });
+    const resource = dataOnly('dev.knative.apiserver.resource.delete', { apiVersion, kind, metadata: { name: 'a' } });
+    assert.deepEqual(planFor([ref, resource]), { kind: 'named', names: ['b', 'a'] });
   });
   it('any ping makes it a full refresh', () => {
     assert.deepEqual(planFor([idRef('b'), ping]), { kind: 'all' });
