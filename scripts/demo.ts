@@ -19,10 +19,7 @@ import {
 } from '@kubernetes/client-node';
 import {
   API_VERSION,
-  GROUP,
-  IDENTITY_KIND,
-  IDENTITY_PLURAL,
-  VERSION,
+  DEFAULT_CONSUMER_KINDS,
   type Condition,
   type Consumer,
   type TerraformClusterIdentity,
@@ -30,7 +27,8 @@ import {
 import { getCondition } from '../functions/lib/conditions.ts';
 import { untrustedServerMessage } from '../functions/lib/api-errors.ts';
 import { DEFAULT_PREPARE_AUDIENCE } from '../functions/mirror-sync/authorize.ts';
-import { ignoreNotFound, isNotFound, loadKubeConfig } from '../functions/lib/kube.ts';
+import { ignoreNotFound, isNotFound, loadKubeConfig, retryOnConflict } from '../functions/lib/kube.ts';
+import { consumerObjects, identities } from '../functions/lib/objects.ts';
 import { ANNOTATION_SOURCE_HASH, isCurrent, mirrorName, sourceHash, type SecretLike } from '../functions/lib/mirror.ts';
 import { REPO_ROOT } from './tools/build.ts';
 import { applyExamples, loadExamples } from './local/examples.ts';
@@ -76,8 +74,6 @@ let system: RunningSystem | undefined;
 // A signal while the system starts aborts the start (which stops what it began); later it stops the system.
 const signal = stopOnSignal(() => system?.stop());
 
-const ids = { group: GROUP, version: VERSION, plural: IDENTITY_PLURAL };
-const plural: Record<string, string> = { TerraformCluster: 'terraformclusters', TerraformMachine: 'terraformmachines' };
 const SOURCE = { namespace: 'captf-system', name: 'aws-prod-credentials' };
 /** Variables the runner removes before Terraform starts. */
 const TF_OR_KUBE = /^(tf|kube)_/i;
@@ -172,23 +168,20 @@ function readMirror(d: Demo, namespace: string, identity: string): Promise<V1Sec
 }
 
 function readIdentity(d: Demo, name: string): Promise<TerraformClusterIdentity> {
-  return d.custom.getClusterCustomObject({ ...ids, name }) as Promise<TerraformClusterIdentity>;
+  return identities(d).get({ name });
 }
 
-/** The custom-object API's address of consumer `c` (kind, namespace, name). */
-function consumerRef(c: Consumer) {
-  return {
-    group: GROUP,
-    version: VERSION,
-    namespace: c.metadata.namespace!,
-    plural: plural[c.kind!]!,
-    name: c.metadata.name!,
-  };
+/** The objects of consumer `c`'s kind (one of the shipped two). */
+function consumersLike(d: Demo, c: Consumer) {
+  return consumerObjects(
+    d,
+    DEFAULT_CONSUMER_KINDS.find((k) => k.kind === c.kind)!,
+  );
 }
 
 /** A consumer as it is now. */
-async function readConsumer(d: Demo, c: Consumer): Promise<Consumer> {
-  return (await d.custom.getNamespacedCustomObject(consumerRef(c))) as Consumer;
+function readConsumer(d: Demo, c: Consumer): Promise<Consumer> {
+  return consumersLike(d, c).get({ namespace: c.metadata.namespace!, name: c.metadata.name! });
 }
 
 /** Whether `o` has a condition `type` with `status` (and `reason` when given). */
@@ -384,10 +377,11 @@ function checkRunnerOutput(out: { mirrorKeys: string[]; seen: string[]; stderr: 
 }
 
 async function narrowingRevokesTeamB(d: Demo): Promise<string> {
-  await d.custom.patchClusterCustomObject(
-    { ...ids, name: 'aws-prod', body: { spec: { allowedNamespaces: { list: ['team-a'] } } } },
-    setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
-  );
+  // identity-status may write the status between the read and the write: read again.
+  await retryOnConflict(async () => {
+    const cur = await readIdentity(d, 'aws-prod');
+    return identities(d).replace({ ...cur, spec: { ...cur.spec, allowedNamespaces: { list: ['team-a'] } } });
+  });
   await eventually(
     'the team-b mirror to be deleted',
     async () => (await readMirror(d, 'team-b', 'aws-prod')) === undefined,
@@ -407,7 +401,7 @@ async function narrowingRevokesTeamB(d: Demo): Promise<string> {
 async function webhookDeniesAlice(d: Demo): Promise<string> {
   // examples/40-tenant-rbac.yaml lets the group "tenants" create identities.
   const aliceKc = loadKubeConfig(await d.sys.controlPlane!.userKubeConfig('alice', ['tenants']));
-  const alice = aliceKc.makeApiClient(CustomObjectsApi);
+  const alice = identities({ custom: aliceKc.makeApiClient(CustomObjectsApi) });
   const canRead = await aliceKc
     .makeApiClient(CoreV1Api)
     .readNamespacedSecret(SOURCE)
@@ -417,8 +411,6 @@ async function webhookDeniesAlice(d: Demo): Promise<string> {
     );
   if (canRead) throw new Error('alice can read the source Secret; the step would prove nothing');
   const body = {
-    apiVersion: API_VERSION,
-    kind: IDENTITY_KIND,
     metadata: { name: 'alice-borrows-aws' },
     spec: { secretRef: SOURCE, allowedNamespaces: { list: ['team-b'] } },
   };
@@ -426,7 +418,7 @@ async function webhookDeniesAlice(d: Demo): Promise<string> {
     'the webhook to deny alice',
     async () => {
       try {
-        await alice.createClusterCustomObject({ ...ids, body });
+        await alice.create(body);
       } catch (err) {
         // The API server's own text, as kubectl prints it: the demo acts as a person at a
         // terminal (a function never shows it, SPEC §15).
@@ -434,7 +426,7 @@ async function webhookDeniesAlice(d: Demo): Promise<string> {
         if (/denied the request/.test(msg)) return msg;
         throw err; // e.g. RBAC not yet effective: try again
       }
-      await d.custom.deleteClusterCustomObject({ ...ids, name: 'alice-borrows-aws' });
+      await identities(d).delete({ name: 'alice-borrows-aws' });
       throw new Error('alice was allowed to create an identity on a Secret she cannot read');
     },
     30_000,
@@ -444,7 +436,7 @@ async function webhookDeniesAlice(d: Demo): Promise<string> {
 
 async function deletingInUseIdentityRefused(d: Demo): Promise<string> {
   try {
-    await d.custom.deleteClusterCustomObject({ ...ids, name: 'gcp-dev' });
+    await identities(d).delete({ name: 'gcp-dev' });
   } catch (err) {
     const msg = untrustedServerMessage(err);
     if (!/denied the request/.test(msg)) throw err;
@@ -455,7 +447,7 @@ async function deletingInUseIdentityRefused(d: Demo): Promise<string> {
 
 async function deletingUnusedIdentityAllowed(d: Demo): Promise<string> {
   for (const c of d.consumers.filter((x) => x.spec?.identityRef?.name === 'gcp-dev')) {
-    await d.custom.deleteNamespacedCustomObject(consumerRef(c));
+    await consumersLike(d, c).delete({ namespace: c.metadata.namespace!, name: c.metadata.name! });
   }
   await eventually(
     'the team-c mirror to be gone',
@@ -466,7 +458,7 @@ async function deletingUnusedIdentityAllowed(d: Demo): Promise<string> {
     'gcp-dev status.namespaces to be empty',
     async () => ((await readIdentity(d, 'gcp-dev')).status?.namespaces ?? []).length === 0,
   );
-  await d.custom.deleteClusterCustomObject({ ...ids, name: 'gcp-dev' });
+  await identities(d).delete({ name: 'gcp-dev' });
   await eventually('gcp-dev to be gone', async () =>
     readIdentity(d, 'gcp-dev').then(
       () => false,

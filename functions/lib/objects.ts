@@ -71,8 +71,14 @@ export interface CustomObjects<T extends CustomObject> {
 
 const APPLY: ConfigurationOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
 
+/** What the accessors need of a client set: only the custom-object API. */
+export type CustomClients = Pick<Clients, 'custom'>;
+
 /** Typed access to the objects of `resource` (SPEC §1 kinds, or a configured consumer kind). */
-export function customObjects<T extends CustomObject>(clients: Clients, resource: ResourceKind): CustomObjects<T> {
+export function customObjects<T extends CustomObject>(
+  clients: CustomClients,
+  resource: ResourceKind,
+): CustomObjects<T> {
   const { group, version, plural, kind } = resource;
   const apiVersion = `${group}/${version}`;
   const where = { group, version, plural };
@@ -129,9 +135,9 @@ export function customObjects<T extends CustomObject>(clients: Clients, resource
 }
 
 /** The TerraformClusterIdentities (cluster-scoped, SPEC §1). */
-export const identities = (clients: Clients): CustomObjects<TerraformClusterIdentity> =>
+export const identities = (clients: CustomClients): CustomObjects<TerraformClusterIdentity> =>
   customObjects<TerraformClusterIdentity>(clients, IDENTITY_RESOURCE);
 
 /** The consumers of one kind (namespaced, SPEC §1). */
-export const consumerObjects = (clients: Clients, kind: ConsumerKind): CustomObjects<Consumer> =>
+export const consumerObjects = (clients: CustomClients, kind: ConsumerKind): CustomObjects<Consumer> =>
   customObjects<Consumer>(clients, kind);

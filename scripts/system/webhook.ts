@@ -4,7 +4,7 @@
  * object selector so that only their own identities are sent to their webhook.
  */
 import { AdmissionregistrationV1Api, type KubeConfig } from '@kubernetes/client-node';
-import { GROUP, IDENTITY_PLURAL, VERSION } from '../../functions/lib/api.ts';
+import { IDENTITY_RESOURCE } from '../../functions/lib/api.ts';
 import { isNotFound } from '../../functions/lib/kube.ts';
 
 /** Name of the ValidatingWebhookConfiguration registered for the local admission function. */
@@ -40,10 +40,10 @@ export function webhookConfiguration(opts: WebhookConfigurationOptions) {
         clientConfig: { url: `${opts.url}/validate`, caBundle: Buffer.from(opts.caBundlePem).toString('base64') },
         rules: [
           {
-            apiGroups: [GROUP],
-            apiVersions: [VERSION],
+            apiGroups: [IDENTITY_RESOURCE.group],
+            apiVersions: [IDENTITY_RESOURCE.version],
             operations: ['CREATE', 'UPDATE', 'DELETE'],
-            resources: [IDENTITY_PLURAL],
+            resources: [IDENTITY_RESOURCE.plural],
             scope: 'Cluster',
           },
         ],

@@ -154,7 +154,7 @@ describe('prepare authenticates and authorizes its caller first (SPEC §5)', () 
     }
   });
 
-  it('the manager gets 200 for an existing object, and the old 404 only after it is authorized', async () => {
+  it('the manager gets 200 for an existing object, and 404 for an absent one only after it is authorized', async () => {
     const ok = await prepare(url, target('present'), caller);
     assert.equal(ok.status, 200, ok.text);
     assert.equal(ok.body.mirror, mirrorName(idName));
