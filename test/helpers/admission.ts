@@ -18,7 +18,7 @@ import { identities } from '../../functions/lib/objects.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { registerWebhook } from '../../scripts/system/webhook.ts';
 import { eventually, suffix } from './cluster.ts';
-import { allowSelector, identity, labels, type AccountClients, type Modifier, type World } from './fixtures.ts';
+import * as fx from './fixtures.ts';
 import { captureLogger } from './logs.ts';
 
 // ---------------------------------------------------------------------------------------------
@@ -30,11 +30,11 @@ export interface Webhook {
   /** The running function. */
   fn: FunctionHandle;
   /** Its ServiceAccount `captf-admission` (`user` is the audit log's `user.username` of its requests). */
-  account: AccountClients;
+  account: fx.AccountClients;
   /** Its log lines, kept (and scanned for planted values after the file). */
   log: ReturnType<typeof captureLogger>;
   /** Labels an identity as the file's own: only such identities are sent to this webhook. */
-  ours: Modifier<TerraformClusterIdentity>;
+  ours: fx.Modifier<TerraformClusterIdentity>;
   /** The label selector (`key=value`) of the file's own identities. */
   selector: string;
 }
@@ -46,9 +46,9 @@ export interface Webhook {
  * registration goes first, then every identity with the label (retried while the API server
  * still calls the webhook, which refuses deleting one in use), and the function last.
  */
-export async function admissionWebhook(w: World, labelKey: string): Promise<Webhook> {
+export async function admissionWebhook(w: fx.World, labelKey: string): Promise<Webhook> {
   const value = suffix();
-  const ours = labels({ [labelKey]: value });
+  const ours = fx.labels({ [labelKey]: value });
   const selector = `${labelKey}=${value}`;
   const account = await w.account('captf-admission');
   const log = captureLogger('admission');
@@ -74,10 +74,10 @@ export async function admissionWebhook(w: World, labelKey: string): Promise<Webh
   w.onCleanup(await registerWebhook(w.clients.kc, { url, caBundlePem: caPem, name: w.name('webhook'), matchLabels }));
   // Active once it refuses what only it refuses: an unknown selector operator passes the CRD schema.
   await eventually('the webhook to be active', async () => {
-    const probe = identity(
+    const probe = fx.identity(
       w.name('probe'),
       ours,
-      allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near' }] }),
+      fx.allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near' }] }),
     );
     try {
       await objects.create(probe);
@@ -91,8 +91,8 @@ export async function admissionWebhook(w: World, labelKey: string): Promise<Webh
 }
 
 /** The stored identity `name`, read as admin; fails the test when there is none. */
-export async function storedIdentity(w: World, name: string): Promise<TerraformClusterIdentity> {
-  const o = await w.read(identity(name));
+export async function storedIdentity(w: fx.World, name: string): Promise<TerraformClusterIdentity> {
+  const o = await w.read(fx.identity(name));
   if (!o) throw new Error(`identity ${name} is not stored`);
   return o;
 }
@@ -112,7 +112,7 @@ export interface Subject {
  * (a ClusterRole and its ClusterRoleBinding, deleted after the file). Waits until the API
  * server's authorizer allows the subject the first verb of the first rule.
  */
-export async function grant(w: World, subject: Subject, rules: V1PolicyRule[], namespace?: string): Promise<void> {
+export async function grant(w: fx.World, subject: Subject, rules: V1PolicyRule[], namespace?: string): Promise<void> {
   const rbac = w.clients.kc.makeApiClient(RbacAuthorizationV1Api);
   const name = w.name('grant');
   const binding = {

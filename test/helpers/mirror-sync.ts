@@ -24,19 +24,7 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { loadKubeConfig, type Clients } from '../../functions/lib/kube.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import { apiServerEvent, postEvents } from './events.ts';
-import {
-  apiVersionOf,
-  conditionOf as conditionOfObject,
-  consumer,
-  identity,
-  identityRef,
-  inNamespace,
-  ofKind,
-  secretRef as sourceRef,
-  sourceSecret,
-  type Modifier,
-  type World,
-} from './fixtures.ts';
+import * as fx from './fixtures.ts';
 import { scanLater } from './leaks.ts';
 import { captureLogger } from './logs.ts';
 import { manager, postPrepare, type PrepareAnswer } from './prepare.ts';
@@ -67,7 +55,7 @@ export interface MirrorSyncUnderTest {
  * @throws what `start` throws (e.g. for a bad setting in `opts.env`); nothing is registered then.
  */
 export async function mirrorSyncUnderTest(
-  w: World,
+  w: fx.World,
   opts: { env?: Record<string, string>; kubeconfig?: KubeConfig | string; log?: CapturedLog } = {},
 ): Promise<MirrorSyncUnderTest> {
   const log = opts.log ?? captureLogger('mirror-sync');
@@ -91,37 +79,37 @@ export interface OperatorSource {
   /** Its name (`creds`). */
   name: string;
   /** The `secretRef` naming it, for building identities (`identity(name, source.ref, …)`). */
-  ref: Modifier<TerraformClusterIdentity>;
+  ref: fx.Modifier<TerraformClusterIdentity>;
   /**
    * Creates an identity naming it (named `<prefix>-id-<random>`, deleted after the file), with
    * `mods`, e.g. `allowList(n)`; returns its name.
    */
-  newIdentity(...mods: Modifier<TerraformClusterIdentity>[]): Promise<string>;
+  newIdentity(...mods: fx.Modifier<TerraformClusterIdentity>[]): Promise<string>;
 }
 
 /**
  * Creates `identity(<prefix>-id-<random>, ...mods)` through the world (deleted after the
  * file); returns its name.
  */
-export const newIdentity = async (w: World, ...mods: Modifier<TerraformClusterIdentity>[]): Promise<string> =>
-  (await w.create(identity(w.name('id'), ...mods))).metadata.name!;
+export const newIdentity = async (w: fx.World, ...mods: fx.Modifier<TerraformClusterIdentity>[]): Promise<string> =>
+  (await w.create(fx.identity(w.name('id'), ...mods))).metadata.name!;
 
 /** The condition `type` of `o` as the API server has it now (undefined when `o` is gone or has none). */
 export async function readCondition(
-  w: World,
+  w: fx.World,
   o: TerraformClusterIdentity | Consumer,
   type: string,
 ): Promise<Condition | undefined> {
   const now = await w.read(o);
-  return now && conditionOfObject(now, type);
+  return now && fx.conditionOf(now, type);
 }
 
 /** Creates the source Secret `creds` (`mods`: its data, …) in a fresh namespace of `w`. */
-export async function operatorSource(w: World, ...mods: Modifier<V1Secret>[]): Promise<OperatorSource> {
+export async function operatorSource(w: fx.World, ...mods: fx.Modifier<V1Secret>[]): Promise<OperatorSource> {
   const namespace = await w.namespace();
   const name = 'creds';
-  const secret = await w.create(sourceSecret(name, inNamespace(namespace), ...mods));
-  const ref = sourceRef(namespace, name);
+  const secret = await w.create(fx.sourceSecret(name, fx.inNamespace(namespace), ...mods));
+  const ref = fx.secretRef(namespace, name);
   return { secret, namespace, name, ref, newIdentity: (...more) => newIdentity(w, ref, ...more) };
 }
 
@@ -133,7 +121,7 @@ export const alternatingKinds = (i: number): ConsumerKind => (i % 2 ? TERRAFORM_
  * at once, the i-th of kind `kindOf(i)` (default TerraformCluster); returns them as stored.
  */
 export const createConsumers = (
-  w: World,
+  w: fx.World,
   namespace: string,
   id: string,
   prefix: string,
@@ -142,7 +130,7 @@ export const createConsumers = (
 ): Promise<Consumer[]> =>
   Promise.all(
     Array.from({ length: count }, (_, i) =>
-      w.create(consumer(`${prefix}-${i}`, inNamespace(namespace), identityRef(id), ofKind(kindOf(i)))),
+      w.create(fx.consumer(`${prefix}-${i}`, fx.inNamespace(namespace), fx.identityRef(id), fx.ofKind(kindOf(i)))),
     ),
   );
 
@@ -158,7 +146,7 @@ export interface PrepareManager {
 
 /** The provider's manager for `ms` (prepare.ts `manager`: `opts.extraRules` for a test's own kind). */
 export async function prepareManager(
-  w: World,
+  w: fx.World,
   ms: MirrorSyncUnderTest,
   opts: Parameters<typeof manager>[1] = {},
 ): Promise<PrepareManager> {
@@ -231,7 +219,7 @@ export const consumerEvent = (
 ) => {
   const kind = kindOf(c, kinds);
   return apiServerEvent(
-    { ...(c as object), apiVersion: apiVersionOf(kind), kind: kind.kind, metadata: c.metadata as never },
+    { ...(c as object), apiVersion: fx.apiVersionOf(kind), kind: kind.kind, metadata: c.metadata as never },
     mode,
     verb,
     kind.plural,
@@ -247,7 +235,7 @@ export const identityEvent = (
   apiServerEvent(
     {
       ...(i as object),
-      apiVersion: apiVersionOf(IDENTITY_RESOURCE),
+      apiVersion: fx.apiVersionOf(IDENTITY_RESOURCE),
       kind: IDENTITY_RESOURCE.kind,
       metadata: i.metadata as never,
     },

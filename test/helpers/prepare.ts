@@ -7,7 +7,7 @@ import type { V1PolicyRule } from '@kubernetes/client-node';
 import type { Consumer } from '../../functions/lib/api.ts';
 import { prepareCaller, type PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { suffix } from './cluster.ts';
-import type { World } from './fixtures.ts';
+import * as fx from './fixtures.ts';
 
 /** The name the manifests bind the prepare role to (manifests/base/rbac/prepare.yaml). */
 export const MANAGER_SERVICE_ACCOUNT = 'captf-controller-manager';
@@ -19,7 +19,7 @@ export const MANAGER_SERVICE_ACCOUNT = 'captf-controller-manager';
  * world's objects.
  */
 export async function manager(
-  w: Pick<World, 'clients' | 'namespace' | 'onCleanup'>,
+  w: Pick<fx.World, 'clients' | 'namespace' | 'onCleanup'>,
   opts: { extraRules?: V1PolicyRule[]; audience?: string } = {},
 ): Promise<PrepareCaller> {
   const namespace = await w.namespace();

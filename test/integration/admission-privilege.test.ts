@@ -27,22 +27,10 @@ import {
   type Webhook,
 } from '../helpers/admission.ts';
 import { asUser, eventually, suffix } from '../helpers/cluster.ts';
-import {
-  allowList,
-  allowedNamespaces,
-  allowSelector,
-  data,
-  identity,
-  inNamespace,
-  namespace,
-  secretRef,
-  sourceSecret,
-  world,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 
-const w = world('priv');
+const w = fx.world('priv');
 const TIER = `captf-test/tier-${suffix()}`;
 const planted = [sentinel(), sentinel(), sentinel()];
 const seen: string[] = [];
@@ -70,9 +58,9 @@ async function api(user: string, method: string, path: string, opts: Parameters<
 }
 
 /** An identity of this file (sent to the webhook). */
-const ours = (name: string, ...mods: Modifier<TerraformClusterIdentity>[]) => identity(name, hook.ours, ...mods);
+const ours = (name: string, ...mods: fx.Modifier<TerraformClusterIdentity>[]) => fx.identity(name, hook.ours, ...mods);
 const read = (name: string) => storedIdentity(w, name);
-const exists = async (name: string) => (await w.read(identity(name))) !== undefined;
+const exists = async (name: string) => (await w.read(fx.identity(name))) !== undefined;
 
 /** The identities the operator made, which the attacker tries to point or widen. */
 const OPERATOR = {
@@ -94,7 +82,7 @@ before(async () => {
     [secretsNs, 'other-creds', planted[1]!],
     [malloryNs, 'creds', planted[2]!],
   ] as const) {
-    await w.create(sourceSecret(name, inNamespace(namespace), data({ token: value })));
+    await w.create(fx.sourceSecret(name, fx.inNamespace(namespace), fx.data({ token: value })));
   }
   hook = await admissionWebhook(w, 'captf-test/privilege');
 
@@ -116,14 +104,18 @@ before(async () => {
   ]);
 
   // Created by the admin.
-  const creds = secretRef(secretsNs, 'creds');
+  const creds = fx.secretRef(secretsNs, 'creds');
   const inTier = { matchExpressions: [{ key: TIER, operator: 'In', values: ['gold'] }] };
-  await w.create(ours(OPERATOR.list, creds, allowList(tenantA)));
-  await w.create(ours(OPERATOR.selector, creds, allowSelector(inTier)));
+  await w.create(ours(OPERATOR.list, creds, fx.allowList(tenantA)));
+  await w.create(ours(OPERATOR.selector, creds, fx.allowSelector(inTier)));
   await w.create(
-    ours(OPERATOR.mixed, creds, allowedNamespaces({ list: [tenantA], selector: { matchLabels: { [TIER]: 'gold' } } })),
+    ours(
+      OPERATOR.mixed,
+      creds,
+      fx.allowedNamespaces({ list: [tenantA], selector: { matchLabels: { [TIER]: 'gold' } } }),
+    ),
   );
-  await w.create(ours(OPERATOR.forced, creds, allowList(tenantA)));
+  await w.create(ours(OPERATOR.forced, creds, fx.allowList(tenantA)));
 });
 
 /** What one row saw, for the table. */
@@ -174,11 +166,11 @@ interface Attempt {
 const ATTEMPTS: Attempt[] = [
   {
     what: 'a second identity on the same Secret (CREATE)',
-    attempt: () => createDenied(ours(w.name('mal-second'), secretRef(secretsNs, 'creds'), allowList(tenantB))),
+    attempt: () => createDenied(ours(w.name('mal-second'), fx.secretRef(secretsNs, 'creds'), fx.allowList(tenantB))),
   },
   {
     what: 'the same CREATE as a dry run (dryRun=All)',
-    attempt: () => createDenied(ours(w.name('mal-dry'), secretRef(secretsNs, 'creds')), '?dryRun=All'),
+    attempt: () => createDenied(ours(w.name('mal-dry'), fx.secretRef(secretsNs, 'creds')), '?dryRun=All'),
   },
   {
     what: 'a non-canonical reference to the Secret (upper case, trailing dot)',
@@ -189,7 +181,7 @@ const ATTEMPTS: Attempt[] = [
         [secretsNs, 'creds.'],
         [`${secretsNs}.`, 'creds'],
       ] as const) {
-        const body = ours(w.name('mal-odd'), secretRef(namespace, name));
+        const body = ours(w.name('mal-odd'), fx.secretRef(namespace, name));
         const r = await api(mallory, 'POST', identityPath(), { body });
         assert.ok(r.status === 422 || r.status === 403, `${namespace}/${name}: ${r.status} ${r.message}`);
         outcomes.push(String(r.status));
@@ -201,7 +193,7 @@ const ATTEMPTS: Attempt[] = [
     what: 'two steps: an identity on her own Secret (allowed), then secretRef pointed at the operator’s',
     attempt: async () => {
       const name = malOwn;
-      const body = ours(name, secretRef(malloryNs, 'creds'), allowList(tenantB));
+      const body = ours(name, fx.secretRef(malloryNs, 'creds'), fx.allowList(tenantB));
       const created = await api(mallory, 'POST', identityPath(), { body });
       assert.equal(created.status, 201, `step 1 (her own Secret) is allowed: ${created.message}`);
       const otherCreds = { spec: { secretRef: { name: 'other-creds', namespace: secretsNs } } };
@@ -262,7 +254,7 @@ const ATTEMPTS: Attempt[] = [
     what: 'server-side apply of a wider list (fieldManager=mallory, force=true)',
     attempt: () =>
       unchanged(OPERATOR.list, async () => {
-        const { apiVersion, kind } = identity(OPERATOR.list);
+        const { apiVersion, kind } = fx.identity(OPERATOR.list);
         return deniedForSecret(
           await api(mallory, 'PATCH', identityPath(OPERATOR.list, '?fieldManager=mallory&force=true'), {
             contentType: 'application/apply-patch+yaml',
@@ -419,7 +411,7 @@ describe('privilege: a user who may not get the Secret cannot point an identity 
     const allowed = async () =>
       isNamespaceAllowed(sel.spec.allowedNamespaces, {
         name: tenantB,
-        labels: (await w.read(namespace(tenantB)))?.metadata?.labels ?? {},
+        labels: (await w.read(fx.namespace(tenantB)))?.metadata?.labels ?? {},
       });
     assert.equal(await allowed(), false, `${tenantB} starts outside the selector's set`);
     const gold = { contentType: MERGE, body: { metadata: { labels: { [TIER]: 'gold' } } } };

@@ -19,7 +19,7 @@ import { freePort } from '../../scripts/controlplane/controlplane.ts';
 import { createCA, createLeaf, type CertPair } from '../../scripts/controlplane/pki.ts';
 import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
-import { identity } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 interface Answer {
   status: number;
@@ -62,7 +62,7 @@ const review = (request: unknown, over: Record<string, unknown> = {}) =>
   JSON.stringify({ apiVersion: 'admission.k8s.io/v1', kind: 'AdmissionReview', request, ...over });
 /** A well-formed metadata-only UPDATE review: needs no API call, so it is answered from the decisions alone. */
 const goodRequest = (uid: string) => {
-  const obj = identity('x');
+  const obj = fx.identity('x');
   return {
     uid,
     operation: 'UPDATE',

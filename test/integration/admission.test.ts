@@ -24,29 +24,13 @@ import { identities } from '../../functions/lib/objects.ts';
 import { builtKubectlPath } from '../../scripts/tools/build.ts';
 import { admissionWebhook, grant, identityPath, request, storedIdentity, type Webhook } from '../helpers/admission.ts';
 import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
-import {
-  allowList,
-  allowSelector,
-  allowedNamespaces,
-  consumer,
-  data,
-  finalizers,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  ofKind,
-  secretRef,
-  sourceSecret,
-  world,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 
 type Identity = TerraformClusterIdentity;
 type User = Clients & { kubeconfigPath: string };
 
-const w = world('adm');
+const w = fx.world('adm');
 const a = w.clients;
 const sfx = suffix();
 const secretValues = [sentinel(), sentinel(), sentinel()];
@@ -63,8 +47,8 @@ let consumerNs: string;
 const users: Record<'direct' | 'member' | 'scoped' | 'nobody' | 'lister', User> = {} as never;
 
 /** An identity of this file (sent to the webhook) on `secretsNs/creds`, unless modifiers say otherwise. */
-const ours = (name: string, ...mods: Modifier<Identity>[]) =>
-  identity(name, hook.ours, secretRef(secretsNs, 'creds'), ...mods);
+const ours = (name: string, ...mods: fx.Modifier<Identity>[]) =>
+  fx.identity(name, hook.ours, fx.secretRef(secretsNs, 'creds'), ...mods);
 const create = (c: Clients, o: Identity) => identities(c).create(o);
 const read = (name: string) => storedIdentity(w, name);
 /** Read-modify-write as `c` (an UPDATE through the webhook). */
@@ -139,7 +123,7 @@ before(async () => {
     [secretsNs, 'other-creds', 1],
     [otherSecretsNs, 'creds', 2],
   ] as const) {
-    await w.create(sourceSecret(name, inNamespace(n), data({ token: secretValues[v]! })));
+    await w.create(fx.sourceSecret(name, fx.inNamespace(n), fx.data({ token: secretValues[v]! })));
   }
   hook = await admissionWebhook(w, 'captf-test/admission');
 
@@ -173,7 +157,7 @@ const createAllowed = (what: string, c: Clients, o: Identity) =>
 describe('admission on CREATE: a SubjectAccessReview for get on the named Secret', () => {
   it('allowed by direct RBAC (a RoleBinding to the user), and the SAR is visible in the audit log', async () => {
     const before = sarCount();
-    await createAllowed('direct create', users.direct, ours(w.name('c-direct'), allowList('a')));
+    await createAllowed('direct create', users.direct, ours(w.name('c-direct'), fx.allowList('a')));
     await eventually('the SubjectAccessReview in the audit log', async () => sarCount() > before, 10_000);
   });
 
@@ -183,7 +167,7 @@ describe('admission on CREATE: a SubjectAccessReview for get on the named Secret
 
   it('allowed through a Role scoped by resourceNames, for that Secret only', async () => {
     await createAllowed('scoped create', users.scoped, ours(w.name('c-scoped')));
-    const other = ours(w.name('c-scoped-other'), secretRef(secretsNs, 'other-creds'));
+    const other = ours(w.name('c-scoped-other'), fx.secretRef(secretsNs, 'other-creds'));
     const r = await rejection(create(users.scoped, other));
     assert.match(r.message, new RegExp(`user "scoped-${sfx}" may not get Secret ${secretsNs}/other-creds`));
   });
@@ -234,7 +218,7 @@ describe('admission on UPDATE: a SAR only when secretRef changes or allowedNames
   const base = () =>
     ours(
       name,
-      allowedNamespaces({
+      fx.allowedNamespaces({
         list: ['a', 'b'],
         selector: {
           matchLabels: { env: 'prod' },
@@ -349,7 +333,7 @@ describe('admission on UPDATE: a SAR only when secretRef changes or allowedNames
 describe('admission rejects invalid forms', () => {
   it('allowedNamespaces: {} is rejected by the CRD CEL rule before the webhook', async () => {
     const mark = hook.log.lines.length;
-    const r = await rejection(create(a, ours(w.name('r-empty'), allowedNamespaces({}))));
+    const r = await rejection(create(a, ours(w.name('r-empty'), fx.allowedNamespaces({}))));
     assert.equal(r.code, 422);
     assert.match(r.message, /allowedNamespaces: \{\} is ambiguous/);
     await new Promise((res) => setTimeout(res, 500));
@@ -371,14 +355,14 @@ describe('admission rejects invalid forms', () => {
   ];
   for (const [what, expr, msg] of operators) {
     it(`a selector with ${what} is rejected by the webhook, naming the bad part`, async () => {
-      const r = await rejection(create(a, ours(w.name('r-op'), allowSelector({ matchExpressions: [expr] }))));
+      const r = await rejection(create(a, ours(w.name('r-op'), fx.allowSelector({ matchExpressions: [expr] }))));
       assert.equal(r.code, 422);
       assert.match(r.message, msg);
     });
   }
 
   it('an invalid Secret name is rejected by the webhook', async () => {
-    const r = await rejection(create(a, ours(w.name('r-name'), secretRef(secretsNs, 'Not_Valid'))));
+    const r = await rejection(create(a, ours(w.name('r-name'), fx.secretRef(secretsNs, 'Not_Valid'))));
     assert.match(r.message, /spec\.secretRef\.name: "Not_Valid" is not a valid Secret name/);
   });
 });
@@ -406,7 +390,7 @@ describe('admission on DELETE: refused while the identity is in use', () => {
   it('refused with an empty status while a live consumer references it; allowed once it is gone', async () => {
     const name = w.name('d-live');
     await createAllowed('identity', a, ours(name));
-    const user = await w.create(consumer('user', inNamespace(consumerNs), identityRef(name)));
+    const user = await w.create(fx.consumer('user', fx.inNamespace(consumerNs), fx.identityRef(name)));
     assert.deepEqual((await read(name)).status ?? {}, {}, 'status is empty');
     const r = await rejection(remove(users.nobody, name));
     assert.match(r.message, new RegExp(`in use in namespace\\(s\\) ${consumerNs};`));
@@ -425,7 +409,7 @@ describe('admission on DELETE: refused while the identity is in use', () => {
     const name = w.name('d-unused');
     await createAllowed('identity', a, ours(name));
     await remove(users.nobody, name);
-    assert.equal(await w.read(identity(name)), undefined);
+    assert.equal(await w.read(fx.identity(name)), undefined);
   });
 });
 
@@ -434,10 +418,10 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without v
   // `{}`) but not the webhook. Created without this file's label, the webhook's objectSelector
   // does not match, so the API server stores it as if the webhook had been down.
   const name = w.name('rat');
-  const invalid = () => allowSelector({ matchExpressions: [{ key: 'tier', operator: 'In' }] });
+  const invalid = () => fx.allowSelector({ matchExpressions: [{ key: 'tier', operator: 'In' }] });
 
   it('an identity stored with a spec the webhook rejects gets a label, is deleted, and loses its finalizer', async () => {
-    await w.create(identity(name, secretRef(secretsNs, 'creds'), invalid(), finalizers('test.captf.io/hold')));
+    await w.create(fx.identity(name, fx.secretRef(secretsNs, 'creds'), invalid(), fx.finalizers('test.captf.io/hold')));
     w.onCleanup(() => update(a, name, (o) => void (o.metadata.finalizers = [])));
     // The same spec is refused by the webhook on create (so the stored one predates the rule).
     const refused = await rejection(create(a, ours(w.name('rat-new'), invalid())));
@@ -449,7 +433,7 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without v
     const sars = sarCount();
     await update(users.nobody, name, (o) => {
       hook.ours(o);
-      labels({ team: 'blue' })(o);
+      fx.labels({ team: 'blue' })(o);
     });
     await assertNoSar(mark, sars, 'adding labels');
     assert.equal(reviewedSince(mark)[0]!.why, 'spec unchanged (not validated: ratcheting)');
@@ -467,7 +451,7 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is admitted without v
     assert.ok((await read(name)).metadata.deletionTimestamp, 'Terminating');
     mark = hook.log.lines.length;
     await update(users.nobody, name, (o) => void (o.metadata.finalizers = []));
-    await eventually('the identity to be gone', async () => (await w.read(identity(name))) === undefined);
+    await eventually('the identity to be gone', async () => (await w.read(fx.identity(name))) === undefined);
     assert.ok(
       reviewedSince(mark).some(
         (e) => e.operation === 'UPDATE' && e.allowed === true && e.subjectAccessReview === false,
@@ -497,26 +481,26 @@ describe('warnings before a revocation (SPEC §10)', () => {
 
   before(async () => {
     [nsA, nsB, nsC] = await Promise.all([
-      w.namespace(labels({ [TIER]: 'gold' })),
-      w.namespace(labels({ [TIER]: 'gold' })),
-      w.namespace(labels({ [TIER]: 'silver' })),
+      w.namespace(fx.labels({ [TIER]: 'gold' })),
+      w.namespace(fx.labels({ [TIER]: 'gold' })),
+      w.namespace(fx.labels({ [TIER]: 'silver' })),
     ]);
   });
 
   /** An identity of this file and its consumers: `counts` per namespace, half clusters, half machines. */
-  async function identityInUse(name: string, allowed: Modifier<Identity>, counts: [string, number][]) {
+  async function identityInUse(name: string, allowed: fx.Modifier<Identity>, counts: [string, number][]) {
     await createAllowed('the identity', a, ours(name, allowed));
     for (const [namespace, n] of counts) {
       for (let i = 0; i < n; i++) {
-        const kind = ofKind(i % 2 ? TERRAFORM_MACHINE : TERRAFORM_CLUSTER);
-        await w.create(consumer(`${name}-${i}`, inNamespace(namespace), identityRef(name), kind));
+        const kind = fx.ofKind(i % 2 ? TERRAFORM_MACHINE : TERRAFORM_CLUSTER);
+        await w.create(fx.consumer(`${name}-${i}`, fx.inNamespace(namespace), fx.identityRef(name), kind));
       }
     }
   }
 
   it('a dry-run narrowing previews the warning and changes nothing; the real one returns it too', async () => {
     const name = w.name('w-list');
-    await identityInUse(name, allowList(nsA, nsB, nsC), [
+    await identityInUse(name, fx.allowList(nsA, nsB, nsC), [
       [nsA, 1],
       [nsB, 2],
       [nsC, 1],
@@ -543,7 +527,7 @@ describe('warnings before a revocation (SPEC §10)', () => {
   it('a tightened selector: the webhook reads namespace labels (get namespaces) and names who loses access', async () => {
     const name = w.name('w-sel');
     const exists = { key: TIER, operator: 'Exists' };
-    await identityInUse(name, allowSelector({ matchExpressions: [exists] }), [
+    await identityInUse(name, fx.allowSelector({ matchExpressions: [exists] }), [
       [nsA, 1],
       [nsC, 3],
     ]);
@@ -558,7 +542,7 @@ describe('warnings before a revocation (SPEC §10)', () => {
 
   it('no warning when nobody loses access; a widening that passes the SAR is warned about what it drops', async () => {
     const name = w.name('w-none');
-    await identityInUse(name, allowList(nsA, nsB), [[nsA, 1]]);
+    await identityInUse(name, fx.allowList(nsA, nsB), [[nsA, 1]]);
     const none = await put(users.nobody, name, narrowTo(nsA));
     assert.deepEqual(identityWarnings(none.warnings), []);
     const swap = await put(users.direct, name, narrowTo(nsC));
@@ -570,7 +554,7 @@ describe('warnings before a revocation (SPEC §10)', () => {
 
   it('a secretRef change that passes the SAR warns that every mirror will be rewritten from the new Secret', async () => {
     const name = w.name('w-ref');
-    await identityInUse(name, allowList(nsA), [[nsA, 1]]);
+    await identityInUse(name, fx.allowList(nsA), [[nsA, 1]]);
     const change = (o: Identity) => void (o.spec.secretRef = { name: 'other-creds', namespace: secretsNs });
     const r = await put(users.direct, name, change);
     assert.deepEqual(identityWarnings(r.warnings), [
@@ -582,7 +566,7 @@ describe('warnings before a revocation (SPEC §10)', () => {
   const skip = kubectl ? false : 'kubectl is not built (npm run tools -- kubectl)';
   it('kubectl prints the warnings as Warning: lines, and --dry-run=server is a preview', { skip }, async (t) => {
     const name = w.name('w-kubectl');
-    await identityInUse(name, allowList(nsA, nsB), [[nsB, 2]]);
+    await identityInUse(name, fx.allowList(nsA, nsB), [[nsB, 2]]);
     const patch = JSON.stringify({ spec: { allowedNamespaces: { list: [nsA] } } });
     const resource = `${IDENTITY_RESOURCE.plural}.${IDENTITY_RESOURCE.group}`;
     const args = ['--kubeconfig', users.nobody.kubeconfigPath, 'patch', resource, name, '--type', 'merge', '-p', patch];

@@ -8,21 +8,12 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { controlPlaneDir } from '../helpers/cluster.ts';
 import { pingEvent } from '../helpers/events.ts';
-import {
-  allowList,
-  consumer,
-  identity,
-  identityRef,
-  inNamespace,
-  secretRef,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { deliver } from '../helpers/mirror-sync.ts';
 import { spawnFunction, type FunctionProcess } from '../helpers/process.ts';
 import { connectionsTo } from '../helpers/sockets.ts';
 
-const w = world('pool');
+const w = fx.world('pool');
 let fn: FunctionProcess;
 const apiPort = Number(new URL(w.clients.kc.getCurrentCluster()!.server).port);
 
@@ -40,11 +31,13 @@ describe('the API connection pool (SPEC §0)', () => {
   it('keeps a resync with 16 reconciles in flight within CAPTF_API_CONNECTIONS sockets', async () => {
     const n1 = await w.namespace();
     const n2 = await w.namespace();
-    await w.create(sourceSecret('creds', inNamespace(n1)));
+    await w.create(fx.sourceSecret('creds', fx.inNamespace(n1)));
     const id = w.name('id');
-    await w.create(identity(id, secretRef(n1, 'creds'), allowList(n1, n2)));
+    await w.create(fx.identity(id, fx.secretRef(n1, 'creds'), fx.allowList(n1, n2)));
     await Promise.all(
-      Array.from({ length: 40 }, (_, i) => w.create(consumer(`c-${i}`, inNamespace(i % 2 ? n1 : n2), identityRef(id)))),
+      Array.from({ length: 40 }, (_, i) =>
+        w.create(fx.consumer(`c-${i}`, fx.inNamespace(i % 2 ? n1 : n2), fx.identityRef(id))),
+      ),
     );
 
     let peak = 0;

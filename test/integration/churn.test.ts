@@ -28,20 +28,11 @@ import {
 } from '../helpers/churn.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents, startEventPath, startSink, type EventPath } from '../helpers/events.ts';
-import {
-  allowedNamespaces,
-  consumer,
-  identity,
-  identityRef,
-  inNamespace,
-  secretRef,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
 
-const w = world('churn');
+const w = fx.world('churn');
 const a = w.clients;
 const SEED = Number(process.env.CAPTF_CHURN_SEED ?? Math.floor(Math.random() * 2 ** 31));
 const SECONDS = Number(process.env.CAPTF_CHURN_SECONDS ?? 20);
@@ -99,7 +90,7 @@ const model = {
   },
   /** The identity as the model has it now (for `w.put`). */
   identity(id: string) {
-    return identity(id, secretRef(sourceNamespace, 'creds'), allowedNamespaces(this.spec(id)));
+    return fx.identity(id, fx.secretRef(sourceNamespace, 'creds'), fx.allowedNamespaces(this.spec(id)));
   },
 };
 
@@ -116,7 +107,7 @@ function recordAllowance(mutate: () => void): void {
 
 before(async () => {
   sourceNamespace = await w.namespace();
-  await w.create(sourceSecret('creds', inNamespace(sourceNamespace)));
+  await w.create(fx.sourceSecret('creds', fx.inNamespace(sourceNamespace)));
   for (let i = 0; i < NAMESPACE_COUNT; i++) nss.push(await w.namespace());
   for (const n of nss.slice(0, 8)) model.list.add(n);
   for (const id of Object.values(ids)) await w.create(model.identity(id));
@@ -169,18 +160,18 @@ async function storm(random: () => number): Promise<{ ops: number }> {
       const name = `c-${created++}`;
       const c = { namespace: pick(nss), identity: pick(Object.values(ids)) };
       live.set(`${c.namespace}/${name}`, c);
-      await w.create(consumer(name, inNamespace(c.namespace), identityRef(c.identity)));
+      await w.create(fx.consumer(name, fx.inNamespace(c.namespace), fx.identityRef(c.identity)));
       used(`${c.namespace}/${name}`, c.identity);
     } else if (r < 0.6 && live.size) {
       const [key, c] = pick([...live]);
       c.identity = pick(Object.values(ids));
       used(key, c.identity);
-      await w.put(consumer(key.split('/')[1]!, inNamespace(c.namespace), identityRef(c.identity)));
+      await w.put(fx.consumer(key.split('/')[1]!, fx.inNamespace(c.namespace), fx.identityRef(c.identity)));
     } else if (r < 0.72 && live.size) {
       const [key, c] = pick([...live]);
       used(key, null);
       live.delete(key);
-      await w.delete(consumer(key.split('/')[1]!, inNamespace(c.namespace)));
+      await w.delete(fx.consumer(key.split('/')[1]!, fx.inNamespace(c.namespace)));
     } else if (r < 0.86) {
       const n = pick(nss);
       const into = !model.labelled.has(n);

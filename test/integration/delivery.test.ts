@@ -17,21 +17,10 @@ import {
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { desiredMirror, mirrorName, ownerReferenceFor } from '../../functions/lib/mirror.ts';
 import { eventually } from '../helpers/cluster.ts';
-import {
-  allowList,
-  consumer,
-  data,
-  identity,
-  identityRef,
-  inNamespace,
-  secretRef,
-  sourceSecret,
-  terraformJob,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { sentinel } from '../helpers/logs.ts';
 
-const w = world('delivery');
+const w = fx.world('delivery');
 const a = w.clients;
 const batch = a.kc.makeApiClient(BatchV1Api);
 
@@ -71,10 +60,14 @@ function assertDelivered(spec: V1PodSpec | undefined, identity: string, fsGroup:
 async function createMirror(namespace: string): Promise<string> {
   const id = w.name('aws');
   const source = await w.create(
-    sourceSecret('source', inNamespace(namespace), data({ AWS_ACCESS_KEY_ID: sentinel(), TF_VAR_token: sentinel() })),
+    fx.sourceSecret(
+      'source',
+      fx.inNamespace(namespace),
+      fx.data({ AWS_ACCESS_KEY_ID: sentinel(), TF_VAR_token: sentinel() }),
+    ),
   );
-  await w.create(identity(id, secretRef(namespace, 'source'), allowList(namespace)));
-  const owner = await w.create(consumer('cluster-a', inNamespace(namespace), identityRef(id)));
+  await w.create(fx.identity(id, fx.secretRef(namespace, 'source'), fx.allowList(namespace)));
+  const owner = await w.create(fx.consumer('cluster-a', fx.inNamespace(namespace), fx.identityRef(id)));
   // Another file's mirror-sync may reconcile this key first (a resync runs cluster-wide): then
   // it wrote this same mirror, and that is as good.
   await a.core
@@ -89,7 +82,7 @@ describe('a Job built with the credential delivery fragment', () => {
   it('is accepted by the API server (dry run and for real) and reads back with every field', async () => {
     const n = await w.namespace();
     const id = await createMirror(n);
-    const job = jobWithCredentials(terraformJob('tf-apply', 'apply'), id, 'terraform');
+    const job = jobWithCredentials(fx.terraformJob('tf-apply', 'apply'), id, 'terraform');
 
     const dry = await batch.createNamespacedJob({ namespace: n, body: job, dryRun: 'All' });
     assertDelivered(dry.spec?.template.spec, id, DEFAULT_FS_GROUP);
@@ -116,7 +109,7 @@ describe('a Job built with the credential delivery fragment', () => {
     const id = await createMirror(n);
     await batch.createNamespacedJob({
       namespace: n,
-      body: jobWithCredentials(terraformJob('tf-plan', 'apply'), id, 'terraform', { fsGroup: 4242 }),
+      body: jobWithCredentials(fx.terraformJob('tf-plan', 'apply'), id, 'terraform', { fsGroup: 4242 }),
     });
     const pod = await eventually(
       'the job controller to create the Job Pod',
@@ -135,7 +128,7 @@ describe('a Job built with the credential delivery fragment', () => {
   it('is checked for real: the same Job with a defaultMode above 0777 is refused', async () => {
     // The API server validates these fields, so the acceptance above means something.
     const n = await w.namespace();
-    const job = jobWithCredentials(terraformJob('tf-bad', 'apply'), 'aws', 'terraform');
+    const job = jobWithCredentials(fx.terraformJob('tf-bad', 'apply'), 'aws', 'terraform');
     job.spec!.template.spec!.volumes![0]!.secret!.defaultMode = 0o1000;
     await assert.rejects(
       batch.createNamespacedJob({ namespace: n, body: job, dryRun: 'All' }),

@@ -20,24 +20,11 @@ import { start as startIdentityStatus } from '../../functions/identity-status/in
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import { listen, startEventPath, startSink, type EventPath } from '../helpers/events.ts';
-import {
-  allowList,
-  allowedNamespaces,
-  consumer,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  secretRef,
-  sourceSecret,
-  world,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
 
-const w = world('e2e-broker');
+const w = fx.world('e2e-broker');
 const a = w.clients;
 const mirrorLog = captureLogger('mirror-sync');
 const statusLog = captureLogger('identity-status');
@@ -76,12 +63,17 @@ async function recordingProxy(fn: keyof typeof sent, port: number): Promise<stri
 
 /** This file's identity `id` of the source Secret, allowing its tenant namespace (or `allowed`), scoped to its identity-status. */
 const scoped = (id: string, allowed: AllowedNamespaces = { list: [tenant] }) =>
-  identity(id, secretRef(sourceNamespace, 'creds'), allowedNamespaces(allowed), labels({ [SCOPE.key]: SCOPE.value }));
+  fx.identity(
+    id,
+    fx.secretRef(sourceNamespace, 'creds'),
+    fx.allowedNamespaces(allowed),
+    fx.labels({ [SCOPE.key]: SCOPE.value }),
+  );
 
 before(async () => {
   sourceNamespace = await w.namespace();
   tenant = await w.namespace();
-  await w.create(sourceSecret('creds', inNamespace(sourceNamespace)));
+  await w.create(fx.sourceSecret('creds', fx.inNamespace(sourceNamespace)));
   deadLetters = await startSink();
   const ms = await startMirrorSync({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: mirrorLog.logger, env: {} });
   // Its pings refresh only this file's identities: others' statuses are other files' to assert.
@@ -126,12 +118,12 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
     await eventually(
       "a consumer's add event delivered to mirror-sync by the Broker",
       async () => {
-        await w.create(consumer(`c-${++touch}`, inNamespace(tenant), identityRef(id)));
+        await w.create(fx.consumer(`c-${++touch}`, fx.inNamespace(tenant), fx.identityRef(id)));
         return consumerAdds().length > 0;
       },
       90_000,
     );
-    await eventually('its mirror', async () => (await w.read(mirrorOf(id, inNamespace(tenant)))) !== undefined);
+    await eventually('its mirror', async () => (await w.read(fx.mirrorOf(id, fx.inNamespace(tenant)))) !== undefined);
     // The identity's own update event reaches identity-status (its Trigger) and mirror-sync (its own).
     await w.put(scoped(id, { list: [tenant], selector: { matchLabels: { never: 'x' } } }));
     const identityUpdates = (fn: keyof typeof sent) =>
@@ -175,9 +167,10 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
 
   it('retries only what a retry can fix: a consumer whose source is missing is reconciled a few times, and no delivery is retried', async (t) => {
     const id = w.name('id');
-    await w.create(identity(id, secretRef(sourceNamespace, 'not-yet'), allowList(tenant)));
+    await w.create(fx.identity(id, fx.secretRef(sourceNamespace, 'not-yet'), fx.allowList(tenant)));
     const name = `waiting-${suffix()}`;
-    const waiting = (...mods: Modifier<Consumer>[]) => consumer(name, inNamespace(tenant), identityRef(id), ...mods);
+    const waiting = (...mods: fx.Modifier<Consumer>[]) =>
+      fx.consumer(name, fx.inNamespace(tenant), fx.identityRef(id), ...mods);
     await w.create(waiting());
     const reconciles = () =>
       mirrorLog.entries().filter((e) => e.message === 'reconcile' && e.object === `${tenant}/${name}`);
@@ -187,7 +180,7 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
       async () => {
         if (reconciles().length > 0) return true;
         // The adapter is at-most-once: touch the object until one of its events arrives.
-        await w.put(waiting(labels({ touch: String(++touch) })));
+        await w.put(waiting(fx.labels({ touch: String(++touch) })));
         return false;
       },
       90_000,
@@ -229,7 +222,7 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
     for (const [i, n] of names.entries()) {
       if (i === 10) await path.dp.kill('dispatcher');
       if (i === 25) await path.dp.restart('dispatcher');
-      await w.create(consumer(n, inNamespace(tenant), identityRef(id)));
+      await w.create(fx.consumer(n, fx.inNamespace(tenant), fx.identityRef(id)));
       await new Promise((r) => setTimeout(r, 30));
     }
     // Events sent while the channel was down are lost (the adapter is at-most-once); the
@@ -237,7 +230,7 @@ describe("through Knative's Broker, on the rendered eventing manifests", () => {
     await eventually(
       'every burst consumer on the mirror',
       async () => {
-        const m = await w.read(mirrorOf(id, inNamespace(tenant)));
+        const m = await w.read(fx.mirrorOf(id, fx.inNamespace(tenant)));
         const owners = new Set((m?.metadata?.ownerReferences ?? []).map((o) => o.name));
         return names.every((n) => owners.has(n));
       },

@@ -32,9 +32,9 @@ import {
   startSink,
   type ReceivedEvent,
 } from '../helpers/events.ts';
-import { consumer, identity, inNamespace, namespace as namespaceObject, ofKind, world } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
-const w = world('eventing-dp');
+const w = fx.world('eventing-dp');
 const a = w.clients;
 
 const SINKS = [
@@ -101,8 +101,8 @@ function received(id: string): Record<string, number> {
 const hitsOf = (sink: SinkName, id: string) => sinks[sink].received.filter((h) => h.id === id);
 
 /** The objects the events below are about. */
-const cluster = consumer('x', inNamespace('team-a'));
-const machine = consumer('x', inNamespace('team-a'), ofKind(TERRAFORM_MACHINE));
+const cluster = fx.consumer('x', fx.inNamespace('team-a'));
+const machine = fx.consumer('x', fx.inNamespace('team-a'), fx.ofKind(TERRAFORM_MACHINE));
 
 /** A CloudEvent with a chosen id (the sinks answer by its prefix). */
 function withId(e: CloudEvent<unknown>, id: string): CloudEvent<unknown> {
@@ -159,9 +159,9 @@ describe("Knative Eventing's broker data plane, on the rendered Broker and Trigg
     const cases: [CloudEvent<unknown>, SinkName[]][] = [
       [apiServerEvent(cluster, 'ref', 'add', TERRAFORM_CLUSTER.plural), ['captf-mirror-sync']],
       [apiServerEvent(machine, 'ref', 'update', TERRAFORM_MACHINE.plural), ['captf-mirror-sync']],
-      [apiServerEvent(namespaceObject('x'), 'ref', 'delete', 'namespaces'), ['captf-mirror-sync']],
+      [apiServerEvent(fx.namespace('x'), 'ref', 'delete', 'namespaces'), ['captf-mirror-sync']],
       ...(['add', 'update', 'delete'] as const).map((verb): [CloudEvent<unknown>, SinkName[]] => [
-        apiServerEvent(identity('x'), 'ref', verb, IDENTITY_RESOURCE.plural),
+        apiServerEvent(fx.identity('x'), 'ref', verb, IDENTITY_RESOURCE.plural),
         ['captf-mirror-sync', 'captf-identity-status'],
       ]),
       [ping('captf-resync', 'x'), ['captf-mirror-sync']],

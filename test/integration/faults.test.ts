@@ -24,16 +24,7 @@ import { eventually } from '../../scripts/lib/wait.ts';
 import { startSystem, type RunningSystem } from '../../scripts/system/system.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
-import {
-  allowList,
-  consumer,
-  identity,
-  identityRef,
-  inNamespace,
-  namespace,
-  secretRef,
-  sourceSecret,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 
 const dir = join(REPO_ROOT, '.local', `faults-${process.pid}`);
@@ -79,9 +70,9 @@ before(async () => {
   mirrorSync = system.functions['mirror-sync'];
   a = makeClients(system.kc);
   consumers = consumerObjects(a, TERRAFORM_CLUSTER);
-  for (const n of ['ops', ...NAMESPACES]) await a.core.createNamespace({ body: namespace(n) });
-  await a.core.createNamespacedSecret({ namespace: 'ops', body: sourceSecret('creds', inNamespace('ops')) });
-  await identities(a).create(identity('id-a', secretRef('ops', 'creds'), allowList(...NAMESPACES)));
+  for (const n of ['ops', ...NAMESPACES]) await a.core.createNamespace({ body: fx.namespace(n) });
+  await a.core.createNamespacedSecret({ namespace: 'ops', body: fx.sourceSecret('creds', fx.inNamespace('ops')) });
+  await identities(a).create(fx.identity('id-a', fx.secretRef('ops', 'creds'), fx.allowList(...NAMESPACES)));
   await watchMirrors(system.kc);
 });
 
@@ -98,7 +89,11 @@ async function stream(prefix: string, count: number): Promise<void> {
       Array.from({ length: Math.min(5, count - i) }, (_, j) =>
         consumers
           .create(
-            consumer(`${prefix}-${i + j}`, inNamespace(NAMESPACES[(i + j) % NAMESPACES.length]!), identityRef('id-a')),
+            fx.consumer(
+              `${prefix}-${i + j}`,
+              fx.inNamespace(NAMESPACES[(i + j) % NAMESPACES.length]!),
+              fx.identityRef('id-a'),
+            ),
           )
           .catch(() => {
             // The API server may be down for a moment; the stream goes on.
@@ -154,7 +149,7 @@ describe('faults under a stream of events through the Broker', () => {
             uid: 'u-1',
             operation: 'CREATE',
             userInfo: { username: 'alice' },
-            object: identity('x', secretRef('ops', 'creds')),
+            object: fx.identity('x', fx.secretRef('ops', 'creds')),
           },
         }),
       });

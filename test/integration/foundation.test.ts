@@ -11,22 +11,9 @@ import { apiStatus } from '../../functions/lib/kube.ts';
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { readAdminKubeConfig } from '../../scripts/controlplane/controlplane.ts';
 import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
-import {
-  allowedNamespaces,
-  consumer,
-  consumerSpec,
-  data,
-  identity,
-  identityRef,
-  inNamespace,
-  ofKind,
-  ownedBy,
-  sourceSecret,
-  VALID_ALLOWED_NAMESPACES,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
-const w = world('foundation');
+const w = fx.world('foundation');
 const a = w.clients;
 
 describe('the local control plane', () => {
@@ -64,20 +51,22 @@ describe('the local control plane', () => {
   });
 
   it('rejects allowedNamespaces: {} through the CEL rule, and accepts the valid forms', async () => {
-    await assert.rejects(w.create(identity(w.name('cel-empty'), allowedNamespaces({}))), (err: unknown) => {
+    await assert.rejects(w.create(fx.identity(w.name('cel-empty'), fx.allowedNamespaces({}))), (err: unknown) => {
       assert.equal(apiStatus(err), 422);
       assert.match(String((err as { body?: unknown }).body), /allowedNamespaces: \{\} is ambiguous/);
       return true;
     });
-    for (const form of VALID_ALLOWED_NAMESPACES) {
-      await w.create(identity(w.name('cel-ok'), allowedNamespaces(form)));
+    for (const form of fx.VALID_ALLOWED_NAMESPACES) {
+      await w.create(fx.identity(w.name('cel-ok'), fx.allowedNamespaces(form)));
     }
   });
 
   it('finds a consumer by field selector on spec.identityRef.name', async () => {
     const n = await w.namespace();
-    await w.create(consumer('uses-aws', inNamespace(n), identityRef('aws'), consumerSpec({ region: 'eu-1' })));
-    await w.create(consumer('uses-gcp', inNamespace(n), identityRef('gcp')));
+    await w.create(
+      fx.consumer('uses-aws', fx.inNamespace(n), fx.identityRef('aws'), fx.consumerSpec({ region: 'eu-1' })),
+    );
+    await w.create(fx.consumer('uses-gcp', fx.inNamespace(n), fx.identityRef('gcp')));
     const list = await consumerObjects(a, TERRAFORM_CLUSTER).list({
       namespace: n,
       fieldSelector: 'spec.identityRef.name=aws',
@@ -91,7 +80,7 @@ describe('the local control plane', () => {
 
   it('authenticates minted users by client certificate and enforces RBAC (403 without, 200 through a group)', async () => {
     const n = await w.namespace();
-    await w.create(sourceSecret('creds', inNamespace(n), data({ k: 'v' })));
+    await w.create(fx.sourceSecret('creds', fx.inNamespace(n), fx.data({ k: 'v' })));
     const nobody = await asUser(`nobody-${suffix()}`);
     await assert.rejects(
       nobody.core.readNamespacedSecret({ name: 'creds', namespace: n }),
@@ -125,8 +114,8 @@ describe('the local control plane', () => {
 
   it('runs the garbage collector: a dependent Secret goes when its owner is deleted', async (t) => {
     const n = await w.namespace();
-    const owner = await w.create(consumer('owner', inNamespace(n), ofKind(TERRAFORM_MACHINE)));
-    const dependent = await w.create(sourceSecret('dependent', inNamespace(n), ownedBy(owner)));
+    const owner = await w.create(fx.consumer('owner', fx.inNamespace(n), fx.ofKind(TERRAFORM_MACHINE)));
+    const dependent = await w.create(fx.sourceSecret('dependent', fx.inNamespace(n), fx.ownedBy(owner)));
     await w.delete(owner);
     await eventually(
       'the garbage collector to delete the dependent Secret',

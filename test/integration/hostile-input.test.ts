@@ -24,7 +24,7 @@ import type { FuzzTarget } from '../../scripts/soak/fuzz.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName, type RunningSystem } from '../../scripts/system/system.ts';
 import { admissionReview } from '../helpers/admission.ts';
 import { admin, controlPlaneDir, suffix } from '../helpers/cluster.ts';
-import { consumer, identity, identitySpec, inNamespace, secretRef } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 /** Cases per function in `npm test` (override with CAPTF_FUZZ_RUNS). */
 const RUNS = Number(process.env.CAPTF_FUZZ_RUNS || 300);
@@ -53,7 +53,7 @@ const posted = (path: string, headers: Record<string, string>, body: unknown): F
   expect: 'no-5xx',
   request: { method: 'POST', path, headers, body },
 });
-const cluster = consumer('fz-00000a', inNamespace('fz-a0a0a0'));
+const cluster = fx.consumer('fz-00000a', fx.inNamespace('fz-a0a0a0'));
 
 /**
  * The counterexamples the fuzz found (shrunk), kept as they were posted. A seed replays only
@@ -68,8 +68,8 @@ const REGRESSIONS: { target: string; what: string; found: string; request: FuzzC
       '/validate',
       { 'content-type': 'application/json' },
       fuzzReview('UPDATE', 'fz-aaa000', {
-        object: identity('fz-aaa000', identitySpec(deepObject(10_000))),
-        oldObject: identity('fz-aaa000', identitySpec(deepObject(10_000))),
+        object: fx.identity('fz-aaa000', fx.identitySpec(deepObject(10_000))),
+        oldObject: fx.identity('fz-aaa000', fx.identitySpec(deepObject(10_000))),
       }),
     ),
   },
@@ -82,7 +82,7 @@ const REGRESSIONS: { target: string; what: string; found: string; request: FuzzC
       {},
       {
         ...fuzzReview('CREATE', 'fz-0a0000', {
-          object: identity('fz-aaa000', secretRef('captf-fuzz-secrets', 'fz-00a0aa')),
+          object: fx.identity('fz-aaa000', fx.secretRef('captf-fuzz-secrets', 'fz-00a0aa')),
         }),
         apiVersion: deepArray(200_000),
       },

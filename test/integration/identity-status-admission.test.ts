@@ -16,22 +16,11 @@ import { identities } from '../../functions/lib/objects.ts';
 import { admissionWebhook, storedIdentity, type Webhook } from '../helpers/admission.ts';
 import { eventually } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
-import {
-  allowSelector,
-  consumer,
-  data,
-  identity,
-  identityRef,
-  inNamespace,
-  mirrorOf,
-  secretRef,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { scanLater } from '../helpers/leaks.ts';
 
-const w = world('idst-adm');
+const w = fx.world('idst-adm');
 const a = w.clients;
 const statusLog = captureLogger('identity-status');
 const secretValue = sentinel();
@@ -60,7 +49,7 @@ async function tryDelete(name: string): Promise<string | undefined> {
 describe('identity-status with admission: deleting an identity in use', () => {
   before(async () => {
     src = await w.namespace();
-    await w.create(sourceSecret('creds', inNamespace(src), data({ token: secretValue })));
+    await w.create(fx.sourceSecret('creds', fx.inNamespace(src), fx.data({ token: secretValue })));
     // Admission's own RBAC matrix is admission.test.ts's job.
     hook = await admissionWebhook(w, 'captf-test/identity-status-admission');
     const status = await w.account('captf-identity-status');
@@ -76,15 +65,15 @@ describe('identity-status with admission: deleting an identity in use', () => {
 
   it('is refused while used, and allowed after the last consumer and mirror are gone and a refresh emptied status.namespaces', async () => {
     const name = w.name('id');
-    await w.create(identity(name, hook.ours, secretRef(src, 'creds'), allowSelector()));
+    await w.create(fx.identity(name, hook.ours, fx.secretRef(src, 'creds'), fx.allowSelector()));
     const [withConsumer, withMirror] = [await w.namespace(), await w.namespace()];
-    const user = await w.create(consumer('user', inNamespace(withConsumer), identityRef(name)));
+    const user = await w.create(fx.consumer('user', fx.inNamespace(withConsumer), fx.identityRef(name)));
     // A mirror whose users are gone but which is still there (owned by a ConfigMap that stays).
     const cm = await a.core.createNamespacedConfigMap({
       namespace: withMirror,
       body: { metadata: { name: 'holder' } },
     });
-    const source = await w.read(sourceSecret('creds', inNamespace(src)));
+    const source = await w.read(fx.sourceSecret('creds', fx.inNamespace(src)));
     await w.create(
       desiredMirror(name, withMirror, source!.data, {
         apiVersion: 'v1',
@@ -110,14 +99,14 @@ describe('identity-status with admission: deleting an identity in use', () => {
     assert.match(refusal ?? 'deleted', new RegExp(`in use in namespace\\(s\\) ${withMirror}`));
 
     // Mirror gone, but status.namespaces is only emptied by the next refresh: still refused.
-    await w.delete(mirrorOf(name, inNamespace(withMirror)));
+    await w.delete(fx.mirrorOf(name, fx.inNamespace(withMirror)));
     refusal = await tryDelete(name);
     assert.match(refusal ?? 'deleted', /in use/, 'refused until the next refresh');
 
     await refreshAll();
     assert.deepEqual((await storedIdentity(w, name)).status?.namespaces, []);
     assert.equal(await tryDelete(name), undefined, 'allowed once unused');
-    await eventually('the identity to be gone', async () => (await w.read(identity(name))) === undefined);
+    await eventually('the identity to be gone', async () => (await w.read(fx.identity(name))) === undefined);
   });
 
   it('no planted value in the function logs or answers', () => {

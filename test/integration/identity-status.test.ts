@@ -31,32 +31,12 @@ import { start } from '../../functions/identity-status/index.ts';
 import { METADATA, METADATA_LIST, refreshIdentity } from '../../functions/identity-status/refresh.ts';
 import { controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, postEvents, type EventObject } from '../helpers/events.ts';
-import {
-  allowList,
-  allowSelector,
-  annotations,
-  applyStatusAs,
-  conditions,
-  consumer,
-  data,
-  dataOf,
-  finalizers,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  ofKind,
-  secretRef,
-  sourceSecret,
-  world,
-  type AccountClients,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { spawnFunction } from '../helpers/process.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { scanLater } from '../helpers/leaks.ts';
 
-const w = world('idst');
+const w = fx.world('idst');
 const a = w.clients;
 const run = suffix();
 const SCOPE_LABEL = 'captf-test/identity-status';
@@ -65,7 +45,7 @@ const planted: string[] = [];
 const responses: string[] = [];
 scanLater('HTTP answers', () => responses.join('\n'));
 /** The function's ServiceAccount: it may list Secrets everywhere and get them only in `src`. */
-let account: AccountClients;
+let account: fx.AccountClients;
 let fn: FunctionHandle;
 let url: string;
 let src: string; // namespace of readable source Secrets
@@ -76,8 +56,14 @@ const withoutSecretGet = (rules: V1PolicyRule[]): V1PolicyRule[] =>
   rules.map((r) => (r.resources?.includes('secrets') ? { ...r, verbs: r.verbs.filter((v) => v !== 'get') } : r));
 
 /** An identity in this file's scope (its label) allowing every namespace, with source `<namespace>/<name>-src`. */
-const scoped = (name: string, namespace = src, ...mods: Modifier<TerraformClusterIdentity>[]) =>
-  identity(name, secretRef(namespace, `${name}-src`), allowSelector(), labels({ [SCOPE_LABEL]: run }), ...mods);
+const scoped = (name: string, namespace = src, ...mods: fx.Modifier<TerraformClusterIdentity>[]) =>
+  fx.identity(
+    name,
+    fx.secretRef(namespace, `${name}-src`),
+    fx.allowSelector(),
+    fx.labels({ [SCOPE_LABEL]: run }),
+    ...mods,
+  );
 
 /** A consumer `name` of `kind` in `namespace` using identity `id`. */
 const consumerOf = (
@@ -85,14 +71,14 @@ const consumerOf = (
   name: string,
   id: string,
   kind = TERRAFORM_CLUSTER,
-  ...mods: Modifier<Consumer>[]
-) => consumer(name, inNamespace(namespace), ofKind(kind), identityRef(id), ...mods);
+  ...mods: fx.Modifier<Consumer>[]
+) => fx.consumer(name, fx.inNamespace(namespace), fx.ofKind(kind), fx.identityRef(id), ...mods);
 
 /** A source Secret holding two fresh values that no output may show; returns it as stored. */
 async function createSource(namespace: string, name: string): Promise<V1Secret> {
   const values = { AWS_SECRET_ACCESS_KEY: sentinel(), TF_VAR_token: sentinel() };
   planted.push(...Object.values(values));
-  return w.create(sourceSecret(name, inNamespace(namespace), data(values)));
+  return w.create(fx.sourceSecret(name, fx.inNamespace(namespace), fx.data(values)));
 }
 
 /** A fresh identity in this file's scope and its source Secret, both created. */
@@ -127,7 +113,7 @@ const eventAbout = (o: object, mode: Mode, verb: Verb, plural: string) =>
 const idEvent = (id: TerraformClusterIdentity, mode: Mode, verb: Verb) =>
   eventAbout(id, mode, verb, IDENTITY_RESOURCE.plural);
 /** An ApiServerSource event about a consumer (not identity-status's to take). */
-const consumerEvent = () => eventAbout(consumer('c', inNamespace(src)), 'ref', 'add', TERRAFORM_CLUSTER.plural);
+const consumerEvent = () => eventAbout(fx.consumer('c', fx.inNamespace(src)), 'ref', 'add', TERRAFORM_CLUSTER.plural);
 
 /** Posts an event about identity `id`; in `resource` mode it carries the identity as it is now (or as given, when gone). */
 async function identityEvent(id: TerraformClusterIdentity, mode: Mode = 'ref', verb: Verb = 'update') {
@@ -283,7 +269,7 @@ function readyTests(): void {
     assert.deepEqual(got.status?.namespaces, []);
 
     // A spec change bumps the generation; the next refresh reports it as observed.
-    await w.put(scoped(name, src, allowList('x')));
+    await w.put(scoped(name, src, fx.allowList('x')));
     await identityEvent(id, 'resource', 'update');
     got = await reread(id);
     assert.equal(ready(got)?.observedGeneration, (created.metadata.generation ?? 1) + 1);
@@ -349,7 +335,7 @@ function usageTests(): void {
     const { name, id } = await sourcedIdentity('deleting');
     const n = await w.namespace();
     const dying = consumerOf(n, 'dying', name, TERRAFORM_MACHINE);
-    await w.create(consumerOf(n, 'dying', name, TERRAFORM_MACHINE, finalizers('captf.io/test-hold')));
+    await w.create(consumerOf(n, 'dying', name, TERRAFORM_MACHINE, fx.finalizers('captf.io/test-hold')));
     await w.delete(dying);
     assert.ok((await w.read(dying))?.metadata.deletionTimestamp, 'the consumer is deleting');
     await ping();
@@ -368,21 +354,21 @@ function usageTests(): void {
     const mirror = await createMirror(withMirror, name, source);
     // Same name without the mirrored label: someone else's Secret.
     await w.create(
-      sourceSecret(
+      fx.sourceSecret(
         mirrorName(name),
-        inNamespace(notOurs),
-        annotations({ [ANNOTATION_IDENTITY]: name }),
-        dataOf(source),
+        fx.inNamespace(notOurs),
+        fx.annotations({ [ANNOTATION_IDENTITY]: name }),
+        fx.dataOf(source),
       ),
     );
     // Labeled, but annotated for another identity.
     await w.create(
-      sourceSecret(
+      fx.sourceSecret(
         mirrorName(name),
-        inNamespace(otherIdentity),
-        labels({ [LABEL_MIRRORED]: 'true' }),
-        annotations({ [ANNOTATION_IDENTITY]: `other-${run}` }),
-        dataOf(source),
+        fx.inNamespace(otherIdentity),
+        fx.labels({ [LABEL_MIRRORED]: 'true' }),
+        fx.annotations({ [ANNOTATION_IDENTITY]: `other-${run}` }),
+        fx.dataOf(source),
       ),
     );
 
@@ -448,7 +434,7 @@ function writeTests(): void {
       message: 'ok',
       lastTransitionTime: '2026-01-01T00:00:00Z',
     };
-    await applyStatusAs(a, scoped(name, src, conditions(audited)), 'another-controller');
+    await fx.applyStatusAs(a, scoped(name, src, fx.conditions(audited)), 'another-controller');
     await w.delete(source);
     await identityEvent(id);
     const got = await reread(id);
@@ -461,7 +447,7 @@ function writeTests(): void {
     const n = await w.namespace();
     await w.create(consumerOf(n, 'c', name));
     // Someone writes the identity after our read: its resourceVersion moves on.
-    await w.put(scoped(name, src, annotations({ touched: 'yes' })));
+    await w.put(scoped(name, src, fx.annotations({ touched: 'yes' })));
     const result = await refreshIdentity(
       {
         clients: account.clients,
@@ -524,7 +510,7 @@ function httpTests(): void {
     assert.equal(structured.status, 200, structured.text);
     assert.equal(ready(await reread(id))?.reason, 'SecretFound');
 
-    const missing = identity(`missing-${run}`);
+    const missing = fx.identity(`missing-${run}`);
     const batch = await postEvents(
       url,
       [idEvent(id, 'ref', 'update'), idEvent(missing, 'resource', 'delete')],
@@ -564,7 +550,7 @@ function httpTests(): void {
     assert.match(mixedBody.error, /TerraformCluster/);
 
     // An identity outside the configured selector is out of scope, like a gone one.
-    const outside = await w.create(identity(`idst-outside-${run}`, secretRef(src, 'x')));
+    const outside = await w.create(fx.identity(`idst-outside-${run}`, fx.secretRef(src, 'x')));
     const out = await identityEvent(outside);
     assert.equal((out.body as { gone: number }).gone, 1);
     assert.equal((await reread(outside)).status, undefined, 'out-of-scope identity untouched');
@@ -619,7 +605,7 @@ function processTests(): void {
     await limit.map(names, async (name, i) => {
       // Every third identity points at a missing Secret; every 10th has consumers; every 25th a mirror.
       const secret = i % 3 === 0 ? `${bulk}-missing` : `${bulk}-src`;
-      await w.create(scoped(name, src, secretRef(src, secret), labels({ 'captf-test/bulk': bulk })));
+      await w.create(scoped(name, src, fx.secretRef(src, secret), fx.labels({ 'captf-test/bulk': bulk })));
       const used: string[] = [];
       if (i % 10 === 0) {
         await w.create(consumerOf(n1, `c-${i}`, name));

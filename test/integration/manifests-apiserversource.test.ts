@@ -22,23 +22,10 @@ import {
 import { render } from '../../scripts/tools/kustomize.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import { startSink, type ReceivedEvent } from '../helpers/events.ts';
-import {
-  allowList,
-  annotations,
-  consumer,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  ofKind,
-  secretRef,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
 
-const w = world('apiserversource');
+const w = fx.world('apiserversource');
 const a = w.clients;
 const kinds = consumerKindsFromEnv({});
 /** How the adapter's configuration names a resource. */
@@ -127,7 +114,7 @@ function referenceModeTests(): void {
     // A consumer: created, then deleted.
     const name = `tc-${suffix()}`;
     const touched = (n: number) =>
-      consumer(name, inNamespace(target), identityRef('aws'), annotations({ touch: String(n) }));
+      fx.consumer(name, fx.inNamespace(target), fx.identityRef('aws'), fx.annotations({ touch: String(n) }));
     const c = await w.create(touched(0));
     let touches = 0;
     const subject = `/apis/${c.apiVersion}/namespaces/${target}/${TERRAFORM_CLUSTER.plural}/${name}`;
@@ -173,13 +160,13 @@ function referenceModeTests(): void {
 
     // An identity (cluster-scoped).
     const idName = w.name('id');
-    const id = await w.create(identity(idName));
+    const id = await w.create(fx.identity(idName));
     // Each resource has its own watch, which may start a moment after the consumers' one.
     let idTouches = 0;
     const idEv = await awaitEvent(
       'the identity event',
       (r) => r.headers['ce-name'] === idName,
-      () => w.put(identity(idName, labels({ touch: String(++idTouches) }))),
+      () => w.put(fx.identity(idName, fx.labels({ touch: String(++idTouches) }))),
     );
     t.diagnostic(`identity event headers: ${JSON.stringify(ceHeaders(idEv.headers))}`);
     // Upstream quirk (v0.49): a cluster-scoped object's subject keeps an empty namespace
@@ -198,7 +185,7 @@ function referenceModeTests(): void {
     );
 
     // A namespace.
-    const n2 = await w.namespace(labels({ 'captf.io/tenant': 'true' }));
+    const n2 = await w.namespace(fx.labels({ 'captf.io/tenant': 'true' }));
     let nsTouches = 0;
     const nsEv = await awaitEvent(
       'the namespace event',
@@ -235,7 +222,13 @@ function resourceModeAndEndToEndTests(): void {
     adapters.push(adapter);
     const name = `tm-${suffix()}`;
     const touched = (t: number) =>
-      consumer(name, inNamespace(n), ofKind(TERRAFORM_MACHINE), identityRef('aws'), labels({ touch: String(t) }));
+      fx.consumer(
+        name,
+        fx.inNamespace(n),
+        fx.ofKind(TERRAFORM_MACHINE),
+        fx.identityRef('aws'),
+        fx.labels({ touch: String(t) }),
+      );
     await w.create(touched(0));
     let touches = 0;
     const ev = await awaitEvent(
@@ -260,8 +253,8 @@ function resourceModeAndEndToEndTests(): void {
   it('end to end: the adapter drives mirror-sync (both as their ServiceAccounts): a new consumer gets its mirror, and it goes when the consumer goes', async () => {
     const [operator, tenant] = [await w.namespace(), await w.namespace()];
     const idName = w.name('e2e');
-    await w.create(sourceSecret('creds', inNamespace(operator)));
-    await w.create(identity(idName, secretRef(operator, 'creds'), allowList(tenant)));
+    await w.create(fx.sourceSecret('creds', fx.inNamespace(operator)));
+    await w.create(fx.identity(idName, fx.secretRef(operator, 'creds'), fx.allowList(tenant)));
     const { clients } = await w.account('captf-mirror-sync');
     const fn = await (
       await import('../../functions/mirror-sync/index.ts')
@@ -285,9 +278,9 @@ function resourceModeAndEndToEndTests(): void {
     );
     const name = `tc-${suffix()}`;
     const touched = (t: number) =>
-      consumer(name, inNamespace(tenant), identityRef(idName), labels({ touch: String(t) }));
+      fx.consumer(name, fx.inNamespace(tenant), fx.identityRef(idName), fx.labels({ touch: String(t) }));
     const c = await w.create(touched(0));
-    const mirrorAt = mirrorOf(idName, inNamespace(tenant));
+    const mirrorAt = fx.mirrorOf(idName, fx.inNamespace(tenant));
     let touches = 0;
     const mirror = await eventually("the mirror made from the adapter's event", async () => {
       const m = await w.read(mirrorAt);

@@ -18,9 +18,9 @@ import { untrustedServerMessage } from '../../functions/lib/api-errors.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/controlplane/crds.ts';
 import { KUSTOMIZATIONS, relocate, render } from '../../scripts/tools/kustomize.ts';
-import { world } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
-const w = world('manifests');
+const w = fx.world('manifests');
 const a = w.clients;
 
 /**

@@ -46,25 +46,7 @@ import { registerWebhook } from '../../scripts/system/webhook.ts';
 import { prepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { eventually } from '../../scripts/lib/wait.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
-import {
-  allowList,
-  allowSelector,
-  annotations,
-  conditionOf,
-  consumer,
-  data,
-  finalizers,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  namespace,
-  ownedBy,
-  secretRef,
-  sourceSecret,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { consumerEvent, identityEvent } from '../helpers/mirror-sync.ts';
 import { postPrepare, prepareTarget } from '../helpers/prepare.ts';
@@ -97,7 +79,7 @@ function crdsWithoutRule(): V1CustomResourceDefinition[] {
 }
 
 /** Applies `mods` to identity `name` as it is now and writes it back (read again on a conflict). */
-const update = (name: string, ...mods: Modifier<TerraformClusterIdentity>[]) =>
+const update = (name: string, ...mods: fx.Modifier<TerraformClusterIdentity>[]) =>
   retryOnConflict(async () => {
     const current = await ids.get({ name });
     for (const m of mods) m(current);
@@ -120,12 +102,12 @@ async function toMirrorSync(...events: Parameters<typeof postEvents>[1][]): Prom
 async function launderedCopy(identityName: string, owner: Consumer): Promise<void> {
   const source = await a.core.readNamespacedSecret({ name: 'creds', namespace: 'ops' });
   const where = owner.metadata.namespace!;
-  const body = mirrorOf(
+  const body = fx.mirrorOf(
     identityName,
-    inNamespace(where),
-    labels({ [LABEL_MIRRORED]: 'true', 'captf.io/managed': 'true' }),
-    annotations({ [ANNOTATION_IDENTITY]: identityName, [ANNOTATION_SOURCE_HASH]: sourceHash(source.data) }),
-    ownedBy(owner),
+    fx.inNamespace(where),
+    fx.labels({ [LABEL_MIRRORED]: 'true', 'captf.io/managed': 'true' }),
+    fx.annotations({ [ANNOTATION_IDENTITY]: identityName, [ANNOTATION_SOURCE_HASH]: sourceHash(source.data) }),
+    fx.ownedBy(owner),
   );
   await a.core.createNamespacedSecret({ namespace: where, body: { ...body, data: source.data } });
 }
@@ -173,10 +155,10 @@ before(async () => {
   ids = identities(a);
   clusters = consumerObjects(a, TERRAFORM_CLUSTER);
   await applyCRDs(kc, crdsWithoutRule());
-  for (const n of ['ops', 'team-a', 'team-b', 'team-c']) await a.core.createNamespace({ body: namespace(n) });
+  for (const n of ['ops', 'team-a', 'team-b', 'team-c']) await a.core.createNamespace({ body: fx.namespace(n) });
   await a.core.createNamespacedSecret({
     namespace: 'ops',
-    body: sourceSecret('creds', inNamespace('ops'), data({ token: SECRET })),
+    body: fx.sourceSecret('creds', fx.inNamespace('ops'), fx.data({ token: SECRET })),
   });
   const opts = (i: number) => ({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: logs[i]!.logger, env: {} });
   mirrorSync = await startMirrorSync(opts(0));
@@ -191,7 +173,7 @@ before(async () => {
   tenant = await tenantAdmin();
   await a.core.createNamespacedSecret({
     namespace: 'team-a',
-    body: sourceSecret('tenant-own', inNamespace('team-a'), data({ token: 'tenant' })),
+    body: fx.sourceSecret('tenant-own', fx.inNamespace('team-a'), fx.data({ token: 'tenant' })),
   });
 });
 
@@ -203,7 +185,7 @@ after(async () => {
 });
 
 describe('a mirror is never a source (SPEC §3)', () => {
-  const operatorSource = secretRef('ops', 'creds');
+  const operatorSource = fx.secretRef('ops', 'creds');
   /** The result of `p`: undefined when it succeeds, else the API error's code and body. */
   const refusal = async (p: Promise<unknown>) => {
     const err = await p.then(
@@ -214,8 +196,8 @@ describe('a mirror is never a source (SPEC §3)', () => {
   };
 
   it('the operator identity mirrors into team-a', async () => {
-    await ids.create(identity('aws-prod', operatorSource, allowList('team-a', 'team-c')));
-    const c = await clusters.create(consumer('prod', inNamespace('team-a'), identityRef('aws-prod')));
+    await ids.create(fx.identity('aws-prod', operatorSource, fx.allowList('team-a', 'team-c')));
+    const c = await clusters.create(fx.consumer('prod', fx.inNamespace('team-a'), fx.identityRef('aws-prod')));
     await toMirrorSync(consumerEvent(c));
     const m = await mirrorIn('team-a', 'aws-prod');
     assert.ok(m && isOurs(m, 'aws-prod', { namespace: 'ops', name: 'creds' }));
@@ -227,7 +209,7 @@ describe('a mirror is never a source (SPEC §3)', () => {
     const asTenant = identities(tenant);
     /** An identity of the tenant's, on Secret `secret` of team-a, allowing every namespace. */
     const tenantIdentity = (name: string, secret: string) =>
-      identity(name, secretRef('team-a', secret), allowSelector());
+      fx.identity(name, fx.secretRef('team-a', secret), fx.allowSelector());
     // The API server picks the webhook configuration up within moments: until then a create gets through.
     const created = await eventually('the webhook to refuse the launderer', async () => {
       const r = await refusal(asTenant.create(tenantIdentity('aws-copy-new', mirrorName('aws-prod'))));
@@ -252,18 +234,18 @@ describe('a mirror is never a source (SPEC §3)', () => {
       .deleteValidatingWebhookConfiguration({ name: 'captf-credentials-local' });
     // The launderer, with a copy it got before the rule, used in team-c; and a squatter on a
     // mirror name nobody uses yet.
-    await ids.create(identity('aws-copy', secretRef('team-a', mirrorName('aws-prod')), allowSelector()));
-    await ids.create(identity('squat', secretRef('team-b', mirrorName('aws-dev')), allowList('team-b')));
-    const victim = await clusters.create(consumer('tenant', inNamespace('team-c'), identityRef('aws-copy')));
+    await ids.create(fx.identity('aws-copy', fx.secretRef('team-a', mirrorName('aws-prod')), fx.allowSelector()));
+    await ids.create(fx.identity('squat', fx.secretRef('team-b', mirrorName('aws-dev')), fx.allowList('team-b')));
+    const victim = await clusters.create(fx.consumer('tenant', fx.inNamespace('team-c'), fx.identityRef('aws-copy')));
     await launderedCopy('aws-copy', victim);
     await applyCRDs(a.kc, loadCRDs());
 
-    await toMirrorSync(pingEvent(), identityEvent(identity('aws-copy')), consumerEvent(victim));
+    await toMirrorSync(pingEvent(), identityEvent(fx.identity('aws-copy')), consumerEvent(victim));
     assert.equal(await mirrorIn('team-c', 'aws-copy'), undefined, 'the laundered copy is deleted');
     const got = await clusters.get({ name: 'tenant', namespace: 'team-c' });
-    assert.equal(conditionOf(got, 'CredentialsMirrored')?.reason, 'SourceIsMirror');
-    assert.equal(conditionOf(got, 'IdentityAllowed')?.status, 'True');
-    assert.match(conditionOf(got, 'CredentialsMirrored')!.message, /aws-copy is inert/);
+    assert.equal(fx.conditionOf(got, 'CredentialsMirrored')?.reason, 'SourceIsMirror');
+    assert.equal(fx.conditionOf(got, 'IdentityAllowed')?.status, 'True');
+    assert.match(fx.conditionOf(got, 'CredentialsMirrored')!.message, /aws-copy is inert/);
     // The provider's manager is told why no Job may start there.
     const manager = await prepareCaller(a.kc, { namespace: 'ops', name: 'captf-controller-manager', suffix: 'm' });
     const prep = await postPrepare(`http://127.0.0.1:${mirrorSync.port}`, prepareTarget(victim), manager);
@@ -272,7 +254,7 @@ describe('a mirror is never a source (SPEC §3)', () => {
     assert.equal(prep.body.sourceHash, undefined);
     // The operator's consumer is untouched: the launderer does not make its mirror "not ours".
     const prod = await clusters.get({ name: 'prod', namespace: 'team-a' });
-    assert.equal(conditionOf(prod, 'CredentialsMirrored')?.reason, 'Mirrored');
+    assert.equal(fx.conditionOf(prod, 'CredentialsMirrored')?.reason, 'Mirrored');
     const m = (await mirrorIn('team-a', 'aws-prod'))!;
     assert.ok(isCurrent(m, sourceHash((await a.core.readNamespacedSecret({ name: 'creds', namespace: 'ops' })).data)));
 
@@ -282,38 +264,38 @@ describe('a mirror is never a source (SPEC §3)', () => {
       ['squat', 'SecretIsMirror'],
       ['aws-prod', 'SecretFound'],
     ] as const) {
-      assert.equal(conditionOf(await ids.get({ name }), 'Ready')?.reason, reason, name);
+      assert.equal(fx.conditionOf(await ids.get({ name }), 'Ready')?.reason, reason, name);
     }
   });
 
   it('the squatter takes no mirror name first: a later identity gets its mirror, and keeps it across a resync', async () => {
-    await ids.create(identity('aws-dev', operatorSource, allowList('team-b')));
-    const c = await clusters.create(consumer('dev', inNamespace('team-b'), identityRef('aws-dev')));
-    await toMirrorSync(consumerEvent(c), identityEvent(identity('squat')), pingEvent());
+    await ids.create(fx.identity('aws-dev', operatorSource, fx.allowList('team-b')));
+    const c = await clusters.create(fx.consumer('dev', fx.inNamespace('team-b'), fx.identityRef('aws-dev')));
+    await toMirrorSync(consumerEvent(c), identityEvent(fx.identity('squat')), pingEvent());
     const m = await mirrorIn('team-b', 'aws-dev');
     assert.ok(m && isOurs(m, 'aws-dev', { namespace: 'ops', name: 'creds' }));
     assert.equal(
-      conditionOf(await clusters.get({ name: 'dev', namespace: 'team-b' }), 'CredentialsMirrored')?.reason,
+      fx.conditionOf(await clusters.get({ name: 'dev', namespace: 'team-b' }), 'CredentialsMirrored')?.reason,
       'Mirrored',
     );
   });
 
   it('the operator still revokes: narrowing deletes the mirror another identity names', async () => {
-    await update('aws-prod', allowList('team-c'));
-    await toMirrorSync(identityEvent(identity('aws-prod')));
+    await update('aws-prod', fx.allowList('team-c'));
+    await toMirrorSync(identityEvent(fx.identity('aws-prod')));
     assert.equal(await mirrorIn('team-a', 'aws-prod'), undefined);
     const prod = await clusters.get({ name: 'prod', namespace: 'team-a' });
-    assert.equal(conditionOf(prod, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
+    assert.equal(fx.conditionOf(prod, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
   });
 
   it('the CRD rule ratchets: an inert identity may be narrowed and lose its finalizers, never moved onto a mirror', async () => {
-    await update('aws-copy', finalizers('captf.io/test'));
-    await update('aws-copy', allowList());
-    await update('aws-copy', finalizers(), labels({ narrowed: 'true' }));
-    const moved = await refusal(update('aws-copy', secretRef('team-a', mirrorName('aws-dev'))));
+    await update('aws-copy', fx.finalizers('captf.io/test'));
+    await update('aws-copy', fx.allowList());
+    await update('aws-copy', fx.finalizers(), fx.labels({ narrowed: 'true' }));
+    const moved = await refusal(update('aws-copy', fx.secretRef('team-a', mirrorName('aws-dev'))));
     assert.equal(moved?.code, 422, 'moving onto another mirror is refused by CEL alone');
     assert.match(moved!.body, /reserved for mirrors.*aws-dev/);
-    const created = await refusal(ids.create(identity('late-copy', secretRef('team-c', mirrorName('aws-prod')))));
+    const created = await refusal(ids.create(fx.identity('late-copy', fx.secretRef('team-c', mirrorName('aws-prod')))));
     assert.equal(created?.code, 422, 'the CRD refuses a new one with no webhook at all');
     await eventually('nothing left of the launderer', async () => (await mirrorIn('team-c', 'aws-copy')) === undefined);
   });

@@ -9,7 +9,7 @@ import { after, before, describe, it } from 'node:test';
 import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import { startApiServerSourceAdapter, type RunningAdapter } from '../../scripts/eventing/adapter.ts';
 import { controlPlaneDir, eventually } from '../helpers/cluster.ts';
-import { allowList, consumer, data, identityRef, inNamespace, labels, mirrorOf, world } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import {
   mirrorSyncUnderTest,
   operatorSource,
@@ -17,13 +17,13 @@ import {
   type OperatorSource,
 } from '../helpers/mirror-sync.ts';
 
-const w = world('adapter');
+const w = fx.world('adapter');
 let ms: MirrorSyncUnderTest;
 let source: OperatorSource;
 const adapters: RunningAdapter[] = [];
 
 before(async () => {
-  source = await operatorSource(w, data({ token: 'adapter-e2e' }));
+  source = await operatorSource(w, fx.data({ token: 'adapter-e2e' }));
   ms = await mirrorSyncUnderTest(w);
 });
 after(async () => {
@@ -34,7 +34,7 @@ for (const mode of ['Reference', 'Resource'] as const) {
   describe(`the real ApiServerSource adapter in ${mode} mode`, () => {
     it('creating a consumer makes its mirror appear; deleting it cleans up', async (t) => {
       const n = await w.namespace();
-      const id = await source.newIdentity(allowList(n));
+      const id = await source.newIdentity(fx.allowList(n));
       const { group, version, plural } = TERRAFORM_CLUSTER;
       const adapter = await startApiServerSourceAdapter({
         kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
@@ -53,7 +53,7 @@ for (const mode of ['Reference', 'Resource'] as const) {
       // shows an event arrived is this instance's reconcile of the object (only the adapter
       // sends it events), not the mirror: other test files' resyncs, cluster-wide on the
       // same control plane, may create the mirror before any event is delivered.
-      const e2e = await w.create(consumer('e2e', inNamespace(n), identityRef(id)));
+      const e2e = await w.create(fx.consumer('e2e', fx.inNamespace(n), fx.identityRef(id)));
       let touch = 0;
       let polls = 0;
       const line = await eventually(
@@ -65,7 +65,9 @@ for (const mode of ['Reference', 'Resource'] as const) {
           if (found) return found;
           // About once a second: a reconcile takes a moment after the event that caused it.
           if (polls++ % 5 === 0) {
-            await w.put(consumer('e2e', inNamespace(n), identityRef(id), labels({ touch: String(++touch) })));
+            await w.put(
+              fx.consumer('e2e', fx.inNamespace(n), fx.identityRef(id), fx.labels({ touch: String(++touch) })),
+            );
           }
           return undefined;
         },
@@ -73,7 +75,7 @@ for (const mode of ['Reference', 'Resource'] as const) {
       );
       t.diagnostic(`reconcile log line: ${JSON.stringify(line)}`);
       // The mirror is written before the reconcile logs its line.
-      const mirror = mirrorOf(id, inNamespace(n));
+      const mirror = fx.mirrorOf(id, fx.inNamespace(n));
       assert.equal((await w.read(mirror))?.metadata!.ownerReferences![0]!.name, 'e2e');
 
       await w.delete(e2e);

@@ -13,22 +13,7 @@ import { mirrorName } from '../../functions/lib/mirror.ts';
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { asUser, eventually, suffix } from '../helpers/cluster.ts';
 import { pingEvent } from '../helpers/events.ts';
-import {
-  allowList,
-  allowSelector,
-  conditionOf,
-  consumer,
-  data,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  namespace,
-  ofKind,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 import {
   consumerEvent,
@@ -53,7 +38,7 @@ const GLOBAL: ConsumerKind = {
   plural: 'terraformglobals',
 };
 const KINDS = [TERRAFORM_CLUSTER, GLOBAL];
-const w = world('edge', { kinds: [GLOBAL] });
+const w = fx.world('edge', { kinds: [GLOBAL] });
 const a = w.clients;
 const SECRET = sentinel();
 let ms: MirrorSyncUnderTest;
@@ -62,7 +47,7 @@ let source: OperatorSource;
 let manager: PrepareManager;
 
 before(async () => {
-  source = await operatorSource(w, data({ token: SECRET }));
+  source = await operatorSource(w, fx.data({ token: SECRET }));
   await installClusterScopedKind();
   ms = await mirrorSyncUnderTest(w, { env: { CAPTF_CONSUMER_KINDS: consumerKindsSetting(...KINDS) } });
   manager = await prepareManager(w, ms, {
@@ -128,9 +113,9 @@ const linesAbout = (object: string) => ms.log.entries().filter((e) => e.object =
 
 describe('an input the reconcile cannot act on ends in a visible outcome, once', () => {
   it('a cluster-scoped consumer is NamespaceNotAllowed, prepare refuses it, and resyncs leave it alone', async () => {
-    const id = await source.newIdentity(allowSelector());
+    const id = await source.newIdentity(fx.allowSelector());
     const name = w.name('global');
-    const global = await w.create(consumer(name, ofKind(GLOBAL), identityRef(id)));
+    const global = await w.create(fx.consumer(name, fx.ofKind(GLOBAL), fx.identityRef(id)));
     const r = await deliver(ms.url, consumerEvent(global, 'ref', 'update', KINDS), { retries: 0 });
     assert.equal(r.status, 200, r.text);
     const result = (r.body as { events: { results: { reason: string; retry: boolean }[] }[] }).events[0]!.results;
@@ -138,7 +123,7 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
       { object: `/${name}`, outcome: 'not-allowed', reason: 'NamespaceNotAllowed', retry: false },
     ]);
     const obj = (await w.read(global))!;
-    const cond = conditionOf(obj, 'IdentityAllowed');
+    const cond = fx.conditionOf(obj, 'IdentityAllowed');
     assert.equal(cond?.status, 'False');
     assert.equal(cond?.reason, 'NamespaceNotAllowed');
     assert.match(cond!.message, /cluster-scoped objects cannot use credentials/);
@@ -156,7 +141,7 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
   });
 
   it('a consumer event without a namespace for a namespaced kind is answered with a result saying so', async () => {
-    const r = await deliver(ms.url, consumerEvent(consumer('x')), { retries: 0 });
+    const r = await deliver(ms.url, consumerEvent(fx.consumer('x')), { retries: 0 });
     assert.equal(r.status, 200, r.text);
     const results = (r.body as { events: { results: { reason: string; retry: boolean }[] }[] }).events[0]!.results;
     assert.equal(results.length, 1);
@@ -168,8 +153,8 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
 describe('a write refused for good says why and is not retried', () => {
   it('a 403 from a policy names the user, verb, resource and namespace, never the data', async () => {
     const label = w.name('forbid');
-    const n = await w.namespace(labels({ [label]: 'true' }));
-    const id = await source.newIdentity(allowList(n));
+    const n = await w.namespace(fx.labels({ [label]: 'true' }));
+    const id = await source.newIdentity(fx.allowList(n));
     const user = `forbidden-${suffix()}`;
     const u = await asUser(user, ['system:masters']);
     const other = await mirrorSyncUnderTest(w, { kubeconfig: u.kc, log: ms.log });
@@ -182,11 +167,11 @@ describe('a write refused for good says why and is not retried', () => {
         reason: 'Forbidden',
       }),
     );
-    const c = await w.create(consumer('refused', inNamespace(n), identityRef(id)));
+    const c = await w.create(fx.consumer('refused', fx.inNamespace(n), fx.identityRef(id)));
     const cond = await eventually(
       'the policy to refuse the mirror write',
       async () => {
-        await w.delete(mirrorOf(id, inNamespace(n)));
+        await w.delete(fx.mirrorOf(id, fx.inNamespace(n)));
         const r = await deliver(other.url, consumerEvent(c), { retries: 0 });
         const got = await readCondition(w, c, 'CredentialsMirrored');
         return r.status === 200 && got?.reason === 'MirrorFailed' && /403/.test(got.message) ? got : undefined;
@@ -209,8 +194,8 @@ describe('a write refused for good says why and is not retried', () => {
 
   it('a namespace being deleted says so in the condition, and the event is not retried', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('late', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('late', fx.inNamespace(n), fx.identityRef(id)));
     // A finalizer keeps the namespace Terminating while the test runs.
     await a.core.createNamespacedConfigMap({
       namespace: n,
@@ -228,10 +213,10 @@ describe('a write refused for good says why and is not retried', () => {
           () => undefined,
         ),
     );
-    await w.delete(namespace(n));
+    await w.delete(fx.namespace(n));
     await eventually(
       'the namespace to be Terminating',
-      async () => (await w.read(namespace(n)))?.status?.phase === 'Terminating',
+      async () => (await w.read(fx.namespace(n)))?.status?.phase === 'Terminating',
     );
     const r = await deliver(ms.url, consumerEvent(c), { retries: 0 });
     const cond = await readCondition(w, c, 'CredentialsMirrored');
@@ -245,10 +230,10 @@ describe('a write refused for good says why and is not retried', () => {
 describe('a revocation the API server refuses says so', () => {
   it('a refused delete leaves MirrorFailed saying the credentials are still there, never the data', async () => {
     const label = w.name('nodelete');
-    const n = await w.namespace(labels({ [label]: 'true' }));
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('kept', inNamespace(n), identityRef(id)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const n = await w.namespace(fx.labels({ [label]: 'true' }));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('kept', fx.inNamespace(n), fx.identityRef(id)));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     assert.equal((await deliver(ms.url, consumerEvent(c), { retries: 0 })).status, 200);
     assert.ok(await w.read(mirror));
     // A careless policy that echoes the data of the Secret being deleted.
@@ -260,7 +245,7 @@ describe('a revocation the API server refuses says so', () => {
       }),
     );
     // The policy takes a moment to be enforced: wait until it refuses deleting a probe Secret.
-    await w.create(sourceSecret('probe', inNamespace(n)));
+    await w.create(fx.sourceSecret('probe', fx.inNamespace(n)));
     await eventually(
       'the policy to refuse deletes',
       async () => {
@@ -273,7 +258,7 @@ describe('a revocation the API server refuses says so', () => {
       },
       60_000,
     );
-    await w.put(identity(id, source.ref, allowList()));
+    await w.put(fx.identity(id, source.ref, fx.allowList()));
     let last = '';
     const cond = await eventually(
       'the refused revocation to show',

@@ -17,7 +17,7 @@ import { AuditLog } from '../../scripts/bench/measure.ts';
 import { asUser, controlPlaneDir, suffix } from '../helpers/cluster.ts';
 import { pingEvent } from '../helpers/events.ts';
 import { startFaultProxy } from '../helpers/fault-proxy.ts';
-import { allowList, consumer, data, identityRef, inNamespace, mirrorOf, world } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations, foreignSecrets } from '../helpers/invariant.ts';
 import {
   alternatingKinds,
@@ -31,15 +31,15 @@ import {
   type OperatorSource,
 } from '../helpers/mirror-sync.ts';
 
-const w = world('msk');
+const w = fx.world('msk');
 // "zz" namespaces sort late: their consumers are on the last pages of a cluster-wide list.
-const late = world('zzk');
+const late = fx.world('zzk');
 const a = w.clients;
 const audit = new AuditLog(join(controlPlaneDir(), 'logs', 'audit.log'));
 let source: OperatorSource;
 
 before(async () => {
-  source = await operatorSource(w, data({ token: 'keys' }));
+  source = await operatorSource(w, fx.data({ token: 'keys' }));
 });
 
 /**
@@ -73,14 +73,14 @@ async function allMirrored(consumers: Consumer[]): Promise<void> {
 describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
   it('60 consumers, 8 events in flight to one instance: exactly 60 owner references, few mirror writes', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
+    const id = await source.newIdentity(fx.allowList(n));
     const foreign = await foreignSecrets(a, [n]);
     const consumers = await createConsumers(w, n, id, 'b', 60);
     const { url, user } = await instance();
     const mark = audit.mark();
     await burst([url], consumers, 8);
     const writes = audit.countFor(user, mark);
-    assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.length, 60);
+    assert.equal((await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!.length, 60);
     await allMirrored(consumers);
     // One reconcile per event would write the mirror 60 times; coalesced, a handful of
     // reconciles each add every consumer that arrived meanwhile.
@@ -90,38 +90,38 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
 
   it('the same burst split over two instances converges to exactly the live consumers', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
+    const id = await source.newIdentity(fx.allowList(n));
     const consumers = await createConsumers(w, n, id, 't', 40, alternatingKinds);
     const one = await instance();
     const two = await instance();
     await burst([one.url, two.url], consumers, 8);
-    const refs = (await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!;
+    const refs = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!;
     assert.deepEqual(refs.map((r) => r.uid).sort(), consumers.map((c) => c.metadata.uid).sort());
     assert.deepEqual(await invariantViolations(a, [n]), []);
   });
 
   it('consumers switching identities during a burst end on the mirror they name', async () => {
     const n = await w.namespace();
-    const idA = await source.newIdentity(allowList(n));
-    const idB = await source.newIdentity(allowList(n));
+    const idA = await source.newIdentity(fx.allowList(n));
+    const idB = await source.newIdentity(fx.allowList(n));
     const consumers = await createConsumers(w, n, idA, 's', 20);
     const { url } = await instance();
     const first = burst([url], consumers, 8);
     // Five switch to B while their A events are still being delivered.
     const switched = await Promise.all(
-      consumers.slice(0, 5).map((c) => w.put(consumer(c.metadata.name!, inNamespace(n), identityRef(idB)))),
+      consumers.slice(0, 5).map((c) => w.put(fx.consumer(c.metadata.name!, fx.inNamespace(n), fx.identityRef(idB)))),
     );
     await first;
     await burst([url], switched, 8);
     assert.deepEqual(
-      (await w.read(mirrorOf(idA, inNamespace(n))))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
+      (await w.read(fx.mirrorOf(idA, fx.inNamespace(n))))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
       consumers
         .slice(5)
         .map((c) => c.metadata.name!)
         .sort(),
     );
     assert.deepEqual(
-      (await w.read(mirrorOf(idB, inNamespace(n))))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
+      (await w.read(fx.mirrorOf(idB, fx.inNamespace(n))))!.metadata!.ownerReferences!.map((r) => r.name).sort(),
       switched.map((c) => c.metadata.name!).sort(),
     );
     assert.deepEqual(await invariantViolations(a, [n]), []);
@@ -153,14 +153,14 @@ async function expiringProxy(
 describe('the resync is made of lists (SPEC §12)', () => {
   it('an expired continue token restarts the list; a consumer on a later page is mirrored and its mirror kept', async () => {
     const n = await late.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const mirror = mirrorOf(id, inNamespace(n));
-    const kept = await w.create(consumer('kept', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
+    const kept = await w.create(fx.consumer('kept', fx.inNamespace(n), fx.identityRef(id)));
     const { url } = await instance();
     assert.equal((await deliver(url, consumerEvent(kept))).status, 200);
     const before = (await w.read(mirror))!;
     // No event: only the resync can mirror it.
-    const fresh = await w.create(consumer('fresh', inNamespace(n), identityRef(id)));
+    const fresh = await w.create(fx.consumer('fresh', fx.inNamespace(n), fx.identityRef(id)));
     const proxy = await expiringProxy(1);
     try {
       const resync = await instance({ CAPTF_PAGE_SIZE: '2' }, proxy.kubeconfigPath);
@@ -181,8 +181,8 @@ describe('the resync is made of lists (SPEC §12)', () => {
 
   it("never collects a look-alike: a labelled Secret whose name is not its identity's mirror name", async () => {
     const n = await w.namespace();
-    const idA = await source.newIdentity(allowList(n));
-    const idB = await source.newIdentity(allowList(n));
+    const idA = await source.newIdentity(fx.allowList(n));
+    const idB = await source.newIdentity(fx.allowList(n));
     // Labelled and annotated like B's mirror, no owners, but named like A's: not a mirror of B.
     const lookalike = desiredMirror(idB, n, {}, { apiVersion: 'v1', kind: 'ConfigMap', name: 'x', uid: '1' });
     lookalike.metadata.name = mirrorName(idA);
@@ -198,9 +198,9 @@ describe('the resync is made of lists (SPEC §12)', () => {
 
   it('a list that keeps expiring fails the ping with 5xx and deletes nothing', async () => {
     const n = await late.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const mirror = mirrorOf(id, inNamespace(n));
-    const c = await w.create(consumer('only', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
+    const c = await w.create(fx.consumer('only', fx.inNamespace(n), fx.identityRef(id)));
     const { url } = await instance();
     assert.equal((await deliver(url, consumerEvent(c))).status, 200);
     const before = (await w.read(mirror))!;
@@ -244,8 +244,8 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
   ])
     it(`a ${answer.status} reading the mirror answers 503 and writes no condition and no Event`, async () => {
       const n = await w.namespace();
-      const id = await source.newIdentity(allowList(n));
-      const c = await w.create(consumer('flaky-read', inNamespace(n), identityRef(id)));
+      const id = await source.newIdentity(fx.allowList(n));
+      const c = await w.create(fx.consumer('flaky-read', fx.inNamespace(n), fx.identityRef(id)));
       const { user, url, proxy } = await behindProxy(
         (method, u) => method === 'GET' && u.startsWith(`/api/v1/namespaces/${n}/secrets/${mirrorName(id)}`),
         answer,
@@ -265,8 +265,8 @@ describe('a failure a retry can fix changes no condition (SPEC §4, §16)', () =
 
   it('a 503 writing the mirror answers 503 and writes no condition and no Event; the retry mirrors', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('flaky-write', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('flaky-write', fx.inNamespace(n), fx.identityRef(id)));
     const { user, url, proxy } = await behindProxy(
       (method, u) => (method === 'POST' || method === 'PUT') && u.startsWith(`/api/v1/namespaces/${n}/secrets`),
     );

@@ -6,20 +6,7 @@ import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import { desiredMirror, ownerReferenceFor } from '../../functions/lib/mirror.ts';
 import { controlPlaneDir, eventually } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, startSink } from '../helpers/events.ts';
-import {
-  allowList,
-  consumer,
-  data,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  ofKind,
-  secretRef,
-  sourceSecret,
-  uid,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import {
   alternatingKinds,
   consumerEvent,
@@ -36,7 +23,7 @@ import {
 } from '../helpers/mirror-sync.ts';
 import { spawnFunction } from '../helpers/process.ts';
 
-const w = world('msr');
+const w = fx.world('msr');
 const a = w.clients;
 let ms: MirrorSyncUnderTest;
 let source: OperatorSource;
@@ -48,14 +35,14 @@ const outcomes = (body: unknown) =>
     .map((r) => [r.object, r.outcome]);
 
 before(async () => {
-  source = await operatorSource(w, data({ token: 't0' }));
+  source = await operatorSource(w, fx.data({ token: 't0' }));
   ms = await mirrorSyncUnderTest(w, { env: { CAPTF_CONCURRENCY: '16' } });
 });
 
 describe('concurrency (SPEC §15)', () => {
   it('50 consumers in one namespace, events duplicated and reordered: exactly 50 owner references, no error left', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
+    const id = await source.newIdentity(fx.allowList(n));
     const consumers = await createConsumers(w, n, id, 'c', 50, alternatingKinds);
     // Each consumer's add event twice, once per mode, shuffled, sent all at once in
     // separate requests (as a Broker would), with Knative-style retries on 5xx.
@@ -69,7 +56,7 @@ describe('concurrency (SPEC §15)', () => {
       [events[i], events[j]] = [events[j]!, events[i]!];
     }
     await deliverAll(ms.url, events);
-    const m = (await w.read(mirrorOf(id, inNamespace(n))))!;
+    const m = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!;
     const refs = m.metadata!.ownerReferences!;
     assert.equal(refs.length, 50);
     assert.deepEqual(new Set(refs.map((r) => r.uid)), new Set(consumers.map((c) => c.metadata.uid)));
@@ -80,7 +67,7 @@ describe('concurrency (SPEC §15)', () => {
 
   it('50 consumers deleted at once never delete the mirror while one still uses it', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
+    const id = await source.newIdentity(fx.allowList(n));
     const consumers = await createConsumers(w, n, id, 'd', 20);
     await Promise.all(consumers.map((c) => deliver(ms.url, consumerEvent(c), { retries: 10 })));
     const survivor = consumers[0]!;
@@ -90,7 +77,7 @@ describe('concurrency (SPEC §15)', () => {
       ms.url,
       doomed.map((c) => consumerEvent(c, 'resource', 'delete')),
     );
-    const m = await w.read(mirrorOf(id, inNamespace(n)));
+    const m = await w.read(fx.mirrorOf(id, fx.inNamespace(n)));
     assert.ok(m, 'the survivor still uses the mirror');
     assert.deepEqual(
       m.metadata!.ownerReferences!.map((r) => r.uid),
@@ -106,9 +93,9 @@ describe('resync on a ping (SPEC §6, §12)', () => {
   // never the cluster-wide counters of the summary (which another file's work changes).
   it('reconciles every consumer and garbage-collects orphaned mirrors', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
+    const id = await source.newIdentity(fx.allowList(n));
     // A consumer whose add event was lost: only a resync can mirror for it.
-    const missed = await w.create(consumer('missed', inNamespace(n), identityRef(id)));
+    const missed = await w.create(fx.consumer('missed', fx.inNamespace(n), fx.identityRef(id)));
     // An orphan: a mirror of ours left with no user at all (lost delete events). Without
     // owner references Kubernetes' garbage collector never touches it, and no object event
     // maps to its key (no consumer names its identity): only a resync can delete it. Whose
@@ -119,7 +106,7 @@ describe('resync on a ping (SPEC §6, §12)', () => {
       orphanId,
       n,
       { k: b64('v') },
-      ownerReferenceFor(consumer('long-gone', uid('00000000-0000-0000-0000-000000000001'))),
+      ownerReferenceFor(fx.consumer('long-gone', fx.uid('00000000-0000-0000-0000-000000000001'))),
     );
     orphan.metadata.ownerReferences = [];
     await w.create(orphan as V1Secret);
@@ -136,7 +123,7 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     const summary = (r.body as { events: { resync?: Record<string, unknown> }[] }).events[0]!.resync;
     assert.equal(typeof summary?.orphanedMirrorsDeleted, 'number', r.text);
     // The ping is answered after the work: this pass listed 'missed' after it was created.
-    const m = await w.read(mirrorOf(id, inNamespace(n)));
+    const m = await w.read(fx.mirrorOf(id, fx.inNamespace(n)));
     assert.ok(m, 'the missed consumer got its mirror');
     assert.deepEqual(
       m.metadata!.ownerReferences!.map((o) => o.uid),
@@ -145,7 +132,7 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     assert.equal((await readCondition(w, missed, 'CredentialsMirrored'))?.reason, 'Mirrored');
     await eventually(
       'the orphaned mirror to be collected',
-      async () => (await w.read(mirrorOf(orphanId, inNamespace(n)))) === undefined,
+      async () => (await w.read(fx.mirrorOf(orphanId, fx.inNamespace(n)))) === undefined,
     );
     const foreignAfter = (await w.read(foreign as V1Secret))!;
     assert.equal(
@@ -159,9 +146,11 @@ describe('resync on a ping (SPEC §6, §12)', () => {
 
   it('never collects a mirror owned by a kind this instance is not configured for', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const mirror = mirrorOf(id, inNamespace(n));
-    const m = await w.create(consumer('machine-owner', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
+    const m = await w.create(
+      fx.consumer('machine-owner', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)),
+    );
     await deliver(ms.url, consumerEvent(m));
     const before = (await w.read(mirror))!;
     const narrow = await mirrorSyncUnderTest(w, {
@@ -179,9 +168,9 @@ describe('resync on a ping (SPEC §6, §12)', () => {
 
   it('with K_SINK set, sends one CloudEvent per mirror key to the sink instead of reconciling', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    await w.create(consumer('sunk-1', inNamespace(n), identityRef(id)));
-    await w.create(consumer('sunk-2', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
+    const id = await source.newIdentity(fx.allowList(n));
+    await w.create(fx.consumer('sunk-1', fx.inNamespace(n), fx.identityRef(id)));
+    await w.create(fx.consumer('sunk-2', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)));
     const { url: sinkUrl, received, server: sink } = await startSink();
     w.onCleanup(async () => sink.close());
     const fanout = await mirrorSyncUnderTest(w, { env: { K_SINK: sinkUrl } });
@@ -217,7 +206,7 @@ describe('resync on a ping (SPEC §6, §12)', () => {
       [`${n}/sunk-1`, 'mirrored'],
       [`${n}/sunk-2`, 'mirrored'],
     ]);
-    assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.length, 2);
+    assert.equal((await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!.length, 2);
   });
 });
 
@@ -225,17 +214,17 @@ describe('source-Secret fast path (SPEC §8, opt-in)', () => {
   it("a labelled source change fans out to the identity's consumers", async () => {
     const srcNs = await w.namespace();
     const name = w.name('fast');
-    const sourceLabel = labels({ 'captf.io/identity-source': 'true' });
-    await w.create(sourceSecret(name, inNamespace(srcNs), sourceLabel, data({ k: 'one' })));
+    const sourceLabel = fx.labels({ 'captf.io/identity-source': 'true' });
+    await w.create(fx.sourceSecret(name, fx.inNamespace(srcNs), sourceLabel, fx.data({ k: 'one' })));
     const n = await w.namespace();
-    const id = await newIdentity(w, secretRef(srcNs, name), allowList(n));
-    const c = await w.create(consumer('fast', inNamespace(n), identityRef(id)));
+    const id = await newIdentity(w, fx.secretRef(srcNs, name), fx.allowList(n));
+    const c = await w.create(fx.consumer('fast', fx.inNamespace(n), fx.identityRef(id)));
     const fast = await mirrorSyncUnderTest(w, { env: { CAPTF_SOURCE_SECRET_EVENTS: 'true' } });
     await deliver(fast.url, consumerEvent(c));
     const updated = await a.core.replaceNamespacedSecret({
       name,
       namespace: srcNs,
-      body: sourceSecret(name, inNamespace(srcNs), sourceLabel, data({ k: 'two' })),
+      body: fx.sourceSecret(name, fx.inNamespace(srcNs), sourceLabel, fx.data({ k: 'two' })),
     });
     // Resource mode carries the labels; the event itself carries no data we use.
     const r = await deliver(
@@ -251,7 +240,7 @@ describe('source-Secret fast path (SPEC §8, opt-in)', () => {
     // This instance reconciled the consumer because of the Secret event (other files'
     // resyncs may reconcile it too, so the mirror's data alone would not prove that).
     assert.deepEqual(outcomes(r.body), [[`${n}/fast`, 'mirrored']]);
-    assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.data!.k, b64('two'));
+    assert.equal((await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.data!.k, b64('two'));
   });
 });
 
@@ -272,9 +261,11 @@ describe('configuration', () => {
       env: { CAPTF_CONSUMER_KINDS: consumerKindsSetting(TERRAFORM_MACHINE) },
     });
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const m = await w.create(consumer('machine', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
-    const c = await w.create(consumer('cluster', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const m = await w.create(
+      fx.consumer('machine', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)),
+    );
+    const c = await w.create(fx.consumer('cluster', fx.inNamespace(n), fx.identityRef(id)));
     assert.equal((await deliver(only.url, consumerEvent(m))).status, 200);
     assert.equal(
       (await deliver(only.url, consumerEvent(c), { retries: 0 })).status,
@@ -285,7 +276,7 @@ describe('configuration', () => {
     // kinds configured) may add the TerraformCluster's meanwhile, so what this instance
     // did not do is read from its own log, not from the mirror's owner list.
     assert.ok(
-      (await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.some(
+      (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!.some(
         (r) => r.kind === 'TerraformMachine' && r.uid === m.metadata.uid,
       ),
     );
@@ -300,7 +291,7 @@ describe('configuration', () => {
 describe('the real process (functions/main.ts mirror-sync)', () => {
   it('listens on PORT, logs JSON, and on SIGTERM finishes an in-flight resync before exiting 0', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
+    const id = await source.newIdentity(fx.allowList(n));
     await createConsumers(w, n, id, 'p', 15);
     const proc = await spawnFunction('mirror-sync', {
       KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`,
@@ -319,7 +310,7 @@ describe('the real process (functions/main.ts mirror-sync)', () => {
       assert.match(proc.output(), /"message":"stopped"/);
       for (const l of proc.output().split('\n').filter(Boolean)) JSON.parse(l);
       // The end state (whichever instance's resync did the work: other files resync too).
-      assert.equal((await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!.length, 15);
+      assert.equal((await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!.length, 15);
     } finally {
       proc.kill();
     }

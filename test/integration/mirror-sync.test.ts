@@ -16,28 +16,7 @@ import {
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { eventually } from '../helpers/cluster.ts';
 import { apiServerEvent } from '../helpers/events.ts';
-import {
-  allowList,
-  allowSelector,
-  annotations,
-  applyStatusAs,
-  conditionOf,
-  conditions,
-  consumer,
-  data,
-  finalizers,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  namespace,
-  ofKind,
-  rows,
-  secretRef,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { scanLater } from '../helpers/leaks.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 import {
@@ -56,7 +35,7 @@ import {
 } from '../helpers/mirror-sync.ts';
 import { prepareTarget } from '../helpers/prepare.ts';
 
-const w = world('ms');
+const w = fx.world('ms');
 const a = w.clients;
 const SECRET_VALUES = [sentinel(), sentinel()];
 const responses: string[] = [];
@@ -80,7 +59,7 @@ const eventsAbout = async (namespace: string, name: string) =>
 before(async () => {
   source = await operatorSource(
     w,
-    data({ AWS_ACCESS_KEY_ID: SECRET_VALUES[0]!, AWS_SECRET_ACCESS_KEY: SECRET_VALUES[1]! }),
+    fx.data({ AWS_ACCESS_KEY_ID: SECRET_VALUES[0]!, AWS_SECRET_ACCESS_KEY: SECRET_VALUES[1]! }),
   );
   ms = await mirrorSyncUnderTest(w);
   manager = await prepareManager(w, ms);
@@ -99,11 +78,11 @@ describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
 function mirrorLifecycleTests(): void {
   it('creating a consumer makes a mirror with exact labels, annotations, data and one owner reference', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('cluster-1', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('cluster-1', fx.inNamespace(n), fx.identityRef(id)));
     const r = await send(ms.url, consumerEvent(c, 'ref', 'add'));
     assert.equal(r.status, 200, r.text);
-    const m = (await w.read(mirrorOf(id, inNamespace(n))))!;
+    const m = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!;
     assert.equal(m.metadata!.name, `captf-creds-${id}`);
     assert.equal(m.type, 'Opaque');
     assert.deepEqual(m.metadata!.labels, { [LABEL_MIRRORED]: 'true', [LABEL_MANAGED]: 'true', [LABEL_MIRROR_OF]: id });
@@ -122,11 +101,11 @@ function mirrorLifecycleTests(): void {
     assert.equal(ref.controller, undefined);
     assert.equal(ref.blockOwnerDeletion, undefined);
     const obj = (await w.read(c))!;
-    assert.deepEqual(conditionOf(obj, 'IdentityAllowed')?.reason, 'NamespaceAllowed');
-    assert.equal(conditionOf(obj, 'IdentityAllowed')?.status, 'True');
-    assert.equal(conditionOf(obj, 'CredentialsMirrored')?.status, 'True');
-    assert.equal(conditionOf(obj, 'CredentialsMirrored')?.reason, 'Mirrored');
-    assert.equal(conditionOf(obj, 'CredentialsMirrored')?.observedGeneration, obj.metadata.generation);
+    assert.deepEqual(fx.conditionOf(obj, 'IdentityAllowed')?.reason, 'NamespaceAllowed');
+    assert.equal(fx.conditionOf(obj, 'IdentityAllowed')?.status, 'True');
+    assert.equal(fx.conditionOf(obj, 'CredentialsMirrored')?.status, 'True');
+    assert.equal(fx.conditionOf(obj, 'CredentialsMirrored')?.reason, 'Mirrored');
+    assert.equal(fx.conditionOf(obj, 'CredentialsMirrored')?.observedGeneration, obj.metadata.generation);
     const events = await eventsAbout(n, 'cluster-1');
     assert.deepEqual(events.map((e) => e.reason).sort(), ['Mirrored', 'NamespaceAllowed']);
     assert.ok(events.every((e) => e.reportingController === 'captf.io/mirror-sync'));
@@ -134,8 +113,8 @@ function mirrorLifecycleTests(): void {
 
   it('reconciles racing on one object record each condition change once', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('raced', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('raced', fx.inNamespace(n), fx.identityRef(id)));
     const answers = await Promise.all(
       Array.from({ length: 6 }, (_, i) => send(ms.url, consumerEvent(c, i % 2 ? 'ref' : 'resource', 'add'))),
     );
@@ -149,9 +128,9 @@ function mirrorLifecycleTests(): void {
 
   it('repeated no-op reconciles write nothing: mirror and object resourceVersions stay the same', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('steady', inNamespace(n), identityRef(id)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('steady', fx.inNamespace(n), fx.identityRef(id)));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     assert.equal((await send(ms.url, consumerEvent(c))).status, 200);
     const m1 = (await w.read(mirror))!;
     const o1 = (await w.read(c))!;
@@ -182,18 +161,18 @@ function mirrorLifecycleTests(): void {
 
   it('a rotated source reaches the mirror on the next reconcile', async () => {
     const n = await w.namespace();
-    const rotating = sourceSecret(w.name('rot'), inNamespace(source.namespace), data({ k: 'v1' }));
+    const rotating = fx.sourceSecret(w.name('rot'), fx.inNamespace(source.namespace), fx.data({ k: 'v1' }));
     await w.create(rotating);
-    const id = await newIdentity(w, secretRef(source.namespace, rotating.metadata!.name!), allowList(n));
-    const c = await w.create(consumer('rot', inNamespace(n), identityRef(id)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const id = await newIdentity(w, fx.secretRef(source.namespace, rotating.metadata!.name!), fx.allowList(n));
+    const c = await w.create(fx.consumer('rot', fx.inNamespace(n), fx.identityRef(id)));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     await send(ms.url, consumerEvent(c));
     assert.equal((await w.read(mirror))!.data!.k, b64('v1'));
     const { name, namespace: where } = rotating.metadata as { name: string; namespace: string };
     await a.core.replaceNamespacedSecret({
       name,
       namespace: where,
-      body: sourceSecret(name, inNamespace(where), data({ k: 'v2', extra: 'x' })),
+      body: fx.sourceSecret(name, fx.inNamespace(where), fx.data({ k: 'v2', extra: 'x' })),
     });
     await send(ms.url, consumerEvent(c));
     const m = (await w.read(mirror))!;
@@ -206,19 +185,19 @@ function mirrorLifecycleTests(): void {
 
   it('narrowing the list revokes: the mirror is deleted and conditions say why', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n, 'elsewhere'));
-    const c = await w.create(consumer('narrowed', inNamespace(n), identityRef(id)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const id = await source.newIdentity(fx.allowList(n, 'elsewhere'));
+    const c = await w.create(fx.consumer('narrowed', fx.inNamespace(n), fx.identityRef(id)));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     await send(ms.url, consumerEvent(c));
     assert.ok(await w.read(mirror));
-    const narrowed = await w.put(identity(id, source.ref, allowList('elsewhere')));
+    const narrowed = await w.put(fx.identity(id, source.ref, fx.allowList('elsewhere')));
     const r = await send(ms.url, identityEvent(narrowed));
     assert.equal(r.status, 200, r.text);
     assert.equal(await w.read(mirror), undefined);
     const obj = (await w.read(c))!;
-    assert.equal(conditionOf(obj, 'IdentityAllowed')?.status, 'False');
-    assert.equal(conditionOf(obj, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
-    assert.equal(conditionOf(obj, 'CredentialsMirrored'), undefined, 'no stale Mirrored=True after revocation');
+    assert.equal(fx.conditionOf(obj, 'IdentityAllowed')?.status, 'False');
+    assert.equal(fx.conditionOf(obj, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
+    assert.equal(fx.conditionOf(obj, 'CredentialsMirrored'), undefined, 'no stale Mirrored=True after revocation');
     // The consumer's own event after the revocation (the echo of our status write) changes
     // nothing: one revocation, one Warning Event.
     assert.equal((await send(ms.url, consumerEvent(c))).status, 200);
@@ -228,13 +207,13 @@ function mirrorLifecycleTests(): void {
 
   it('relabelling the namespace revokes a selector identity (namespace event fans out)', async () => {
     const label = { 'captf.io/tenant': w.name('tenant') };
-    const n = await w.namespace(labels(label));
-    const id = await source.newIdentity(allowSelector({ matchLabels: label }));
-    const c = await w.create(consumer('relabel', inNamespace(n), identityRef(id)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const n = await w.namespace(fx.labels(label));
+    const id = await source.newIdentity(fx.allowSelector({ matchLabels: label }));
+    const c = await w.create(fx.consumer('relabel', fx.inNamespace(n), fx.identityRef(id)));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     await send(ms.url, consumerEvent(c));
     assert.ok(await w.read(mirror));
-    const nsObj = (await w.read(namespace(n)))!;
+    const nsObj = (await w.read(fx.namespace(n)))!;
     nsObj.metadata!.labels = { 'captf.io/tenant': 'someone-else' };
     const updated = await a.core.replaceNamespace({ name: n, body: nsObj });
     const r = await send(ms.url, apiServerEvent(updated as never, 'resource', 'update', 'namespaces'));
@@ -245,13 +224,13 @@ function mirrorLifecycleTests(): void {
 
   it('deleting the identity revokes: mirror deleted, IdentityNotFound, answered as handled (it waits for a person)', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('orphaned', inNamespace(n), identityRef(id)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('orphaned', fx.inNamespace(n), fx.identityRef(id)));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     await send(ms.url, consumerEvent(c));
     assert.ok(await w.read(mirror));
-    await w.delete(identity(id));
-    const r = await send(ms.url, identityEvent(identity(id), 'ref', 'delete'), { retries: 0 });
+    await w.delete(fx.identity(id));
+    const r = await send(ms.url, identityEvent(fx.identity(id), 'ref', 'delete'), { retries: 0 });
     assert.equal(r.status, 200, 'IdentityNotFound waits for a person: a retry cannot fix it (SPEC §4)');
     assert.equal(await w.read(mirror), undefined);
     const cond = await readCondition(w, c, 'IdentityAllowed');
@@ -264,15 +243,17 @@ function mirrorLifecycleTests(): void {
 function repairAndReleaseTests(): void {
   it('an object deleted and recreated under the same name gets its stale owner reference replaced', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const keep = await w.create(consumer('keeper', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
-    const c1 = await w.create(consumer('phoenix', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const keep = await w.create(
+      fx.consumer('keeper', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)),
+    );
+    const c1 = await w.create(fx.consumer('phoenix', fx.inNamespace(n), fx.identityRef(id)));
     await send(ms.url, [consumerEvent(keep), consumerEvent(c1)], { mode: 'batch' });
     await w.delete(c1);
-    const c2 = await w.create(consumer('phoenix', inNamespace(n), identityRef(id)));
+    const c2 = await w.create(fx.consumer('phoenix', fx.inNamespace(n), fx.identityRef(id)));
     assert.notEqual(c1.metadata.uid, c2.metadata.uid);
     await send(ms.url, consumerEvent(c2, 'resource', 'add'));
-    const refs = (await w.read(mirrorOf(id, inNamespace(n))))!.metadata!.ownerReferences!;
+    const refs = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!;
     const phoenix = refs.filter((r) => r.name === 'phoenix');
     assert.deepEqual(
       phoenix.map((r) => r.uid),
@@ -283,9 +264,9 @@ function repairAndReleaseTests(): void {
 
   it('a mirror deleted by hand is recreated; one edited by hand (annotation kept) is repaired', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('repair', inNamespace(n), identityRef(id)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('repair', fx.inNamespace(n), fx.identityRef(id)));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     await send(ms.url, consumerEvent(c));
     const good = (await w.read(mirror))!;
     await w.delete(mirror);
@@ -304,18 +285,18 @@ function repairAndReleaseTests(): void {
 
   it('a blocking non-mirror Secret is never written; MirrorFailed until it is removed, then the mirror appears', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const id = await source.newIdentity(fx.allowList(n));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     const blocker = await w.create(
-      mirrorOf(
+      fx.mirrorOf(
         id,
-        inNamespace(n),
-        labels({ [LABEL_MIRRORED]: 'true' }),
-        annotations({ [ANNOTATION_IDENTITY]: 'some-other-identity' }),
-        data({ mine: 'hands off' }),
+        fx.inNamespace(n),
+        fx.labels({ [LABEL_MIRRORED]: 'true' }),
+        fx.annotations({ [ANNOTATION_IDENTITY]: 'some-other-identity' }),
+        fx.data({ mine: 'hands off' }),
       ),
     );
-    const c = await w.create(consumer('blocked', inNamespace(n), identityRef(id)));
+    const c = await w.create(fx.consumer('blocked', fx.inNamespace(n), fx.identityRef(id)));
     const r = await send(ms.url, consumerEvent(c), { retries: 0 });
     assert.equal(r.status, 200, 'a blocking Secret needs a human, not a retry storm');
     const still = (await w.read(mirror))!;
@@ -334,22 +315,24 @@ function repairAndReleaseTests(): void {
 
   it('a missing source Secret gives SourceNotFound, answered as handled', async () => {
     const n = await w.namespace();
-    const id = await newIdentity(w, secretRef(source.namespace, 'does-not-exist'), allowList(n));
-    const c = await w.create(consumer('nosource', inNamespace(n), identityRef(id)));
+    const id = await newIdentity(w, fx.secretRef(source.namespace, 'does-not-exist'), fx.allowList(n));
+    const c = await w.create(fx.consumer('nosource', fx.inNamespace(n), fx.identityRef(id)));
     const r = await send(ms.url, consumerEvent(c), { retries: 0 });
     assert.equal(r.status, 200, 'the source event (or the resync) brings the change, not a retry');
     const cond = await readCondition(w, c, 'CredentialsMirrored');
     assert.equal(cond?.reason, 'SourceNotFound');
     assert.match(cond!.message, /does-not-exist/);
-    assert.equal(await w.read(mirrorOf(id, inNamespace(n))), undefined);
+    assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined);
   });
 
   it("the last user's deletion deletes the mirror, but not while another user exists", async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c1 = await w.create(consumer('first', inNamespace(n), identityRef(id)));
-    const c2 = await w.create(consumer('second', inNamespace(n), identityRef(id), ofKind(TERRAFORM_MACHINE)));
-    const mirror = mirrorOf(id, inNamespace(n));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c1 = await w.create(fx.consumer('first', fx.inNamespace(n), fx.identityRef(id)));
+    const c2 = await w.create(
+      fx.consumer('second', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)),
+    );
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     await send(ms.url, [consumerEvent(c1), consumerEvent(c2)], { mode: 'batch' });
     assert.equal((await w.read(mirror))!.metadata!.ownerReferences!.length, 2);
     await w.delete(c1);
@@ -368,8 +351,8 @@ function repairAndReleaseTests(): void {
 
   it("removing identityRef releases the mirror and clears our conditions, keeping other writers' conditions", async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('quitter', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('quitter', fx.inNamespace(n), fx.identityRef(id)));
     await send(ms.url, consumerEvent(c));
     // Another controller owns a condition type of its own on the same object.
     const provisioned = {
@@ -379,52 +362,56 @@ function repairAndReleaseTests(): void {
       message: 'done',
       lastTransitionTime: '2026-01-01T00:00:00Z',
     };
-    await applyStatusAs(a, consumer('quitter', inNamespace(n), conditions(provisioned)), 'provider-manager');
+    await fx.applyStatusAs(
+      a,
+      fx.consumer('quitter', fx.inNamespace(n), fx.conditions(provisioned)),
+      'provider-manager',
+    );
     await send(ms.url, consumerEvent(c));
     assert.equal(
       (await readCondition(w, c, 'Provisioned'))?.reason,
       'Applied',
       "other writers' types survive our apply",
     );
-    await w.put(consumer('quitter', inNamespace(n)));
+    await w.put(fx.consumer('quitter', fx.inNamespace(n)));
     await send(ms.url, consumerEvent(c));
     const after = (await w.read(c))!;
-    assert.equal(conditionOf(after, 'CredentialsMirrored'), undefined);
-    assert.equal(conditionOf(after, 'IdentityAllowed'), undefined);
-    assert.equal(conditionOf(after, 'Provisioned')?.reason, 'Applied');
-    assert.equal(await w.read(mirrorOf(id, inNamespace(n))), undefined, 'it was the only user');
+    assert.equal(fx.conditionOf(after, 'CredentialsMirrored'), undefined);
+    assert.equal(fx.conditionOf(after, 'IdentityAllowed'), undefined);
+    assert.equal(fx.conditionOf(after, 'Provisioned')?.reason, 'Applied');
+    assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined, 'it was the only user');
   });
 
   it('a consumer that switches identity lets go of the old mirror', async () => {
     const n = await w.namespace();
-    const id1 = await source.newIdentity(allowList(n));
-    const id2 = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('switcher', inNamespace(n), identityRef(id1)));
+    const id1 = await source.newIdentity(fx.allowList(n));
+    const id2 = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('switcher', fx.inNamespace(n), fx.identityRef(id1)));
     await send(ms.url, consumerEvent(c));
-    await w.put(consumer('switcher', inNamespace(n), identityRef(id2)));
+    await w.put(fx.consumer('switcher', fx.inNamespace(n), fx.identityRef(id2)));
     await send(ms.url, consumerEvent(c));
-    assert.equal(await w.read(mirrorOf(id1, inNamespace(n))), undefined);
-    assert.ok(await w.read(mirrorOf(id2, inNamespace(n))));
+    assert.equal(await w.read(fx.mirrorOf(id1, fx.inNamespace(n))), undefined);
+    assert.ok(await w.read(fx.mirrorOf(id2, fx.inNamespace(n))));
   });
 
   it('structured mode works too', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowSelector());
-    const c = await w.create(consumer('structured', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowSelector());
+    const c = await w.create(fx.consumer('structured', fx.inNamespace(n), fx.identityRef(id)));
     const r = await send(ms.url, consumerEvent(c, 'resource', 'add'), { mode: 'structured' });
     assert.equal(r.status, 200, r.text);
-    assert.ok(await w.read(mirrorOf(id, inNamespace(n))));
+    assert.ok(await w.read(fx.mirrorOf(id, fx.inNamespace(n))));
   });
 }
 
 describe('prepare (SPEC §5)', () => {
   it('answers 200 {mirror, sourceHash} on an allowed namespace, with the mirror current and owned', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('prep', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('prep', fx.inNamespace(n), fx.identityRef(id)));
     const r = await manager.prepare(prepareTarget(c));
     assert.equal(r.status, 200, JSON.stringify(r.body));
-    const m = (await w.read(mirrorOf(id, inNamespace(n))))!;
+    const m = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!;
     assert.equal(r.body.mirror, m.metadata!.name);
     assert.equal(r.body.sourceHash, sourceHash(m.data));
     assert.ok(m.metadata!.ownerReferences!.some((o) => o.uid === c.metadata.uid));
@@ -432,28 +419,30 @@ describe('prepare (SPEC §5)', () => {
 
   it('refuses a namespace that is not allowed; a deleting object shows ApplyJobSucceeded=False/IdentityNotAllowed and prepare keeps refusing', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('doomed', inNamespace(n), identityRef(id), finalizers('captf.io/test-destroy')));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(
+      fx.consumer('doomed', fx.inNamespace(n), fx.identityRef(id), fx.finalizers('captf.io/test-destroy')),
+    );
     w.onCleanup(async () => {
       const o = await w.read(c);
       if (o) await w.put({ ...o, metadata: { ...o.metadata, finalizers: [] } });
     });
     assert.equal((await manager.prepare(prepareTarget(c))).status, 200);
-    await w.put(identity(id, source.ref, allowList()));
+    await w.put(fx.identity(id, source.ref, fx.allowList()));
     await w.delete(c);
     const r = await manager.prepare(prepareTarget(c));
     assert.equal(r.status, 403);
     assert.equal(r.body.reason, 'IdentityNotAllowed');
-    assert.equal(await w.read(mirrorOf(id, inNamespace(n))), undefined);
+    assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined);
     const obj = (await w.read(c))!;
     assert.ok(obj.metadata.deletionTimestamp);
-    assert.equal(conditionOf(obj, 'ApplyJobSucceeded')?.status, 'False');
-    assert.equal(conditionOf(obj, 'ApplyJobSucceeded')?.reason, 'IdentityNotAllowed');
+    assert.equal(fx.conditionOf(obj, 'ApplyJobSucceeded')?.status, 'False');
+    assert.equal(fx.conditionOf(obj, 'ApplyJobSucceeded')?.reason, 'IdentityNotAllowed');
     const ev = await send(ms.url, consumerEvent(c), { retries: 0 });
     assert.equal(ev.status, 200, 'the event is handled: the namespace waits for a person');
     assert.equal((await manager.prepare(prepareTarget(c))).status, 403, 'prepare keeps refusing the destroy');
     // The way out: allow the namespace again.
-    await w.put(identity(id, source.ref, allowList(n)));
+    await w.put(fx.identity(id, source.ref, fx.allowList(n)));
     assert.equal((await manager.prepare(prepareTarget(c))).status, 200);
     assert.equal(await readCondition(w, c, 'ApplyJobSucceeded'), undefined);
   });
@@ -461,14 +450,14 @@ describe('prepare (SPEC §5)', () => {
   it('answers the other reasons with non-2xx JSON', async () => {
     const n = await w.namespace();
     assert.equal(
-      (await manager.prepare(prepareTarget(consumer('nope', inNamespace(n))))).body.reason,
+      (await manager.prepare(prepareTarget(fx.consumer('nope', fx.inNamespace(n))))).body.reason,
       'ObjectNotFound',
     );
-    const lost = await w.create(consumer('lost', inNamespace(n), identityRef(w.name('id-missing'))));
+    const lost = await w.create(fx.consumer('lost', fx.inNamespace(n), fx.identityRef(w.name('id-missing'))));
     const r = await manager.prepare(prepareTarget(lost));
     assert.equal(r.status, 404, 'IdentityNotFound waits for a person (SPEC §5)');
     assert.equal(r.body.reason, 'IdentityNotFound');
-    const target = prepareTarget(consumer('x', inNamespace(n)));
+    const target = prepareTarget(fx.consumer('x', fx.inNamespace(n)));
     for (const bad of [
       'not json',
       '[]',
@@ -505,7 +494,7 @@ const BATCH = { 'content-type': 'application/cloudevents-batch+json' };
 
 describe('bad input (SPEC §15)', () => {
   const REF_ADD = 'dev.knative.apiserver.ref.add';
-  rows(
+  fx.rows(
     [
       {
         name: 'no CloudEvent at all',
@@ -585,31 +574,31 @@ describe('names and batches (SPEC §12, §15)', () => {
         namespace: o.metadata?.namespace,
       });
     const cases: [string, RegExp][] = [
-      [ref(namespace('..')), /not a valid Kubernetes object name/],
-      [ref(consumer('x', inNamespace('..'))), /not a valid namespace name/],
-      [ref(identity('aws,metadata.namespace=x')), /not a valid Kubernetes object name/],
+      [ref(fx.namespace('..')), /not a valid Kubernetes object name/],
+      [ref(fx.consumer('x', fx.inNamespace('..'))), /not a valid namespace name/],
+      [ref(fx.identity('aws,metadata.namespace=x')), /not a valid Kubernetes object name/],
     ];
     for (const [data, re] of cases) {
       const r = await post(ce('dev.knative.apiserver.ref.update'), data);
       assert.equal(r.status, 400, data);
       assert.match(r.error, re);
     }
-    const p = await manager.prepare(prepareTarget(consumer('.', inNamespace('team'))));
+    const p = await manager.prepare(prepareTarget(fx.consumer('.', fx.inNamespace('team'))));
     assert.equal(p.status, 400);
     assert.match(p.body.error!, /not a valid object name/);
   });
 
   it('a mixed batch still processes its good events, and says which elements were bad', async () => {
     const n = await w.namespace();
-    const id = await source.newIdentity(allowList(n));
-    const c = await w.create(consumer('batched', inNamespace(n), identityRef(id)));
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('batched', fx.inNamespace(n), fx.identityRef(id)));
     const body = JSON.stringify([consumerEvent(c).toJSON(), { specversion: '1.0', id: 'x' }, 'not an object']);
     const r = await post(BATCH, body);
     assert.equal(r.status, 400);
     assert.match(r.error, /batch\[1\]: invalid CloudEvent: lacks required attribute\(s\) source, type/);
     assert.match(r.error, /batch\[2\]: invalid CloudEvent: not a JSON object/);
     assert.doesNotMatch(r.error, /instancePath|\n/);
-    assert.ok(await w.read(mirrorOf(id, inNamespace(n))), 'the valid event was processed');
+    assert.ok(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), 'the valid event was processed');
   });
 
   /** A batch of `count` PingSource ticks, as JSON. */
@@ -641,8 +630,8 @@ describe('names and batches (SPEC §12, §15)', () => {
 describe('errors never carry Secret data (SPEC §15)', () => {
   it('a mirror write refused by a policy that quotes the data yields MirrorFailed without the values', async () => {
     const label = w.name('vap');
-    const n = await w.namespace(labels({ [label]: 'true' }));
-    const id = await source.newIdentity(allowList(n));
+    const n = await w.namespace(fx.labels({ [label]: 'true' }));
+    const id = await source.newIdentity(fx.allowList(n));
     // A careless policy whose message echoes the Secret's data back to the writer.
     w.onCleanup(
       await refuseSecrets(a, {
@@ -651,12 +640,12 @@ describe('errors never carry Secret data (SPEC §15)', () => {
         messageExpression: "'rejected data: ' + string(object.data)",
       }),
     );
-    const c = await w.create(consumer('refused', inNamespace(n), identityRef(id)));
+    const c = await w.create(fx.consumer('refused', fx.inNamespace(n), fx.identityRef(id)));
     // The policy takes a moment to be enforced; until then the write may succeed.
     await eventually(
       'the policy to refuse the mirror write',
       async () => {
-        await w.delete(mirrorOf(id, inNamespace(n)));
+        await w.delete(fx.mirrorOf(id, fx.inNamespace(n)));
         const r = await send(ms.url, consumerEvent(c), { retries: 0 });
         // Refused for good: the condition says so and the event is not retried.
         return r.status === 200 && (await readCondition(w, c, 'CredentialsMirrored'))?.reason === 'MirrorFailed';

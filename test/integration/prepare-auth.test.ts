@@ -20,17 +20,7 @@ import { freePort } from '../../scripts/controlplane/controlplane.ts';
 import { serviceAccountToken, type PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { controlPlaneDir, suffix } from '../helpers/cluster.ts';
 import { startFaultProxy, type Fault, type FaultProxy } from '../helpers/fault-proxy.ts';
-import {
-  allowList,
-  consumer,
-  data,
-  identity,
-  identityRef,
-  inNamespace,
-  secretRef,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import {
   MANAGER_SERVICE_ACCOUNT,
@@ -40,7 +30,7 @@ import {
   type PrepareAnswer,
 } from '../helpers/prepare.ts';
 
-const w = world('pauth');
+const w = fx.world('pauth');
 const a = w.clients;
 const log = captureLogger('mirror-sync');
 const SECRET = sentinel();
@@ -61,7 +51,7 @@ let caller: PrepareCaller;
 /** Callers that must be refused; `headerOnly` when the header alone decides (no TokenReview). */
 const refused: { what: string; authorization: string | undefined; status: 401 | 403; headerOnly?: true }[] = [];
 
-const target = (name: string) => prepareTarget(consumer(name, inNamespace(tenant)));
+const target = (name: string) => prepareTarget(fx.consumer(name, fx.inNamespace(tenant)));
 const isReview = (r: string) => /\/(tokenreviews|subjectaccessreviews)(\?|$)/.test(r);
 
 /** mirror-sync in-process, its API requests through the recording proxy (or `kc`). */
@@ -80,11 +70,11 @@ async function prepare(base: string, body: unknown, auth: PrepareCaller | string
 
 before(async () => {
   const operator = await w.namespace();
-  await w.create(sourceSecret('creds', inNamespace(operator), data({ token: SECRET })));
+  await w.create(fx.sourceSecret('creds', fx.inNamespace(operator), fx.data({ token: SECRET })));
   tenant = await w.namespace();
   idName = w.name('id');
-  await w.create(identity(idName, secretRef(operator, 'creds'), allowList(tenant)));
-  await w.create(consumer('present', inNamespace(tenant), identityRef(idName)));
+  await w.create(fx.identity(idName, fx.secretRef(operator, 'creds'), fx.allowList(tenant)));
+  await w.create(fx.consumer('present', fx.inNamespace(tenant), fx.identityRef(idName)));
   proxy = await startFaultProxy((method, u) => {
     seen.push(`${method} ${u}`);
     return fault(method, u);

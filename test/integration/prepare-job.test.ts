@@ -17,26 +17,11 @@ import { ANNOTATION_SOURCE_HASH, mirrorName } from '../../functions/lib/mirror.t
 import { start } from '../../functions/mirror-sync/index.ts';
 import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { asUser, eventually, suffix } from '../helpers/cluster.ts';
-import {
-  allowList,
-  conditionOf,
-  consumer,
-  data,
-  finalizers,
-  identity,
-  identityRef,
-  inNamespace,
-  mirrorOf,
-  secretRef,
-  sourceSecret,
-  terraformJob,
-  world,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
-const w = world('prepjob');
+const w = fx.world('prepjob');
 const a = w.clients;
 const log = captureLogger('mirror-sync');
 const SECRET_VALUES = [sentinel(), sentinel()];
@@ -51,10 +36,10 @@ let caller: PrepareCaller;
 before(async () => {
   sourceNamespace = await w.namespace();
   await w.create(
-    sourceSecret(
+    fx.sourceSecret(
       SOURCE,
-      inNamespace(sourceNamespace),
-      data({ AWS_SECRET_ACCESS_KEY: SECRET_VALUES[0]!, TF_VAR_token: SECRET_VALUES[1]! }),
+      fx.inNamespace(sourceNamespace),
+      fx.data({ AWS_SECRET_ACCESS_KEY: SECRET_VALUES[0]!, TF_VAR_token: SECRET_VALUES[1]! }),
     ),
   );
   fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
@@ -79,19 +64,19 @@ async function prepare(c: Consumer): Promise<{ status: number; body: Record<stri
  * A fresh namespace with consumer `name` naming a fresh identity that allows it; `allowing`
  * builds that identity allowing the namespaces given (for `w.put`).
  */
-async function key(name: string, ...mods: Modifier<Consumer>[]) {
+async function key(name: string, ...mods: fx.Modifier<Consumer>[]) {
   const n = await w.namespace();
   const id = w.name('id');
   const allowing = (...namespaces: string[]) =>
-    identity(id, secretRef(sourceNamespace, SOURCE), allowList(...namespaces));
+    fx.identity(id, fx.secretRef(sourceNamespace, SOURCE), fx.allowList(...namespaces));
   await w.create(allowing(n));
-  const c = await w.create(consumer(name, inNamespace(n), identityRef(id), ...mods));
-  return { n, id, c, allowing, mirror: mirrorOf(id, inNamespace(n)) };
+  const c = await w.create(fx.consumer(name, fx.inNamespace(n), fx.identityRef(id), ...mods));
+  return { n, id, c, allowing, mirror: fx.mirrorOf(id, fx.inNamespace(n)) };
 }
 
 /** The manager's Job for a consumer and an action, before credentials are added. */
 const jobFor = (c: Consumer, action: 'apply' | 'destroy'): V1Job =>
-  terraformJob(`${c.metadata.name}-${action}`, action, inNamespace(c.metadata.namespace!));
+  fx.terraformJob(`${c.metadata.name}-${action}`, action, fx.inNamespace(c.metadata.namespace!));
 
 /** A user that may create and read Jobs in `namespace` and nothing else (no Secrets). */
 async function managerIn(namespace: string): Promise<BatchV1Api> {
@@ -172,7 +157,7 @@ describe('prepare, then the Job (SPEC §5, §11)', () => {
   });
 
   it('a destroy waits while the namespace is not allowed: prepare refuses, the object says why, no mirror is left; allowing it again lets the destroy Job start', async () => {
-    const { n, id, c, allowing, mirror } = await key('cluster-b', finalizers(FINALIZER));
+    const { n, id, c, allowing, mirror } = await key('cluster-b', fx.finalizers(FINALIZER));
     w.onCleanup(() => dropFinalizer(c));
     const batch = await managerIn(n);
 
@@ -188,9 +173,9 @@ describe('prepare, then the Job (SPEC §5, §11)', () => {
     // The manager creates no Job on a refusal; the object tells the user why the destroy waits.
     const deleting = (await w.read(c))!;
     assert.ok(deleting.metadata.deletionTimestamp);
-    assert.equal(conditionOf(deleting, 'ApplyJobSucceeded')?.status, 'False');
-    assert.equal(conditionOf(deleting, 'ApplyJobSucceeded')?.reason, 'IdentityNotAllowed');
-    assert.equal(conditionOf(deleting, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
+    assert.equal(fx.conditionOf(deleting, 'ApplyJobSucceeded')?.status, 'False');
+    assert.equal(fx.conditionOf(deleting, 'ApplyJobSucceeded')?.reason, 'IdentityNotAllowed');
+    assert.equal(fx.conditionOf(deleting, 'IdentityAllowed')?.reason, 'NamespaceNotAllowed');
     // The mirror the apply Job referenced is gone, so that Job's Pod could no longer start with credentials.
     assert.equal(await w.read(mirror), undefined);
 
@@ -201,11 +186,11 @@ describe('prepare, then the Job (SPEC §5, §11)', () => {
     const destroy = await createJob(batch, jobWithCredentials(jobFor(c, 'destroy'), id, 'terraform'));
     assert.equal(destroy.spec!.template.spec!.containers[0]!.envFrom![0]!.secretRef!.name, again.body.mirror);
     assert.ok(await w.read(mirror), 'the mirror the destroy Job references exists');
-    assert.equal(conditionOf((await w.read(c))!, 'ApplyJobSucceeded'), undefined);
+    assert.equal(fx.conditionOf((await w.read(c))!, 'ApplyJobSucceeded'), undefined);
   });
 
   it('the other way out: the manager abandons the infrastructure (drops its finalizer) and no credentials stay behind', async () => {
-    const { c, allowing, mirror } = await key('cluster-c', finalizers(FINALIZER));
+    const { c, allowing, mirror } = await key('cluster-c', fx.finalizers(FINALIZER));
     assert.equal((await prepare(c)).status, 200);
     await w.put(allowing());
     await w.delete(c);

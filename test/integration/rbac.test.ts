@@ -22,28 +22,11 @@ import { render } from '../../scripts/tools/kustomize.ts';
 import { installRbac, serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
-import {
-  allowList,
-  allowSelector,
-  conditionOf,
-  consumer,
-  data,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  secretRef,
-  sourceSecret,
-  world,
-  type Account,
-  type AccountClients,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import { MANAGER_SERVICE_ACCOUNT, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
-const w = world('rbac');
+const w = fx.world('rbac');
 const a = w.clients;
 // Labels this file's identities, so its identity-status ping refreshes only them: unscoped, it
 // would write the status of every test file's identities (other files share the control
@@ -51,7 +34,7 @@ const a = w.clients;
 const SCOPE_LABEL = 'captf-test/rbac';
 const SCOPE_VALUE = suffix();
 /** The functions' accounts, and the provider manager's, which the shipped prepare role is bound to. */
-type Sa = Account | typeof MANAGER_SERVICE_ACCOUNT;
+type Sa = fx.Account | typeof MANAGER_SERVICE_ACCOUNT;
 const { group: INFRA, plural: IDS } = IDENTITY_RESOURCE;
 const [TCS, TMS] = [TERRAFORM_CLUSTER.plural, TERRAFORM_MACHINE.plural];
 
@@ -75,9 +58,9 @@ after(async () => {
   for (const f of running) await f.close();
 });
 
-const accounts = new Map<Account, Promise<AccountClients>>();
+const accounts = new Map<fx.Account, Promise<fx.AccountClients>>();
 /** Clients acting as a function's ServiceAccount with exactly its rendered RBAC (installed once for the file). */
-function as(sa: Account): Promise<AccountClients> {
+function as(sa: fx.Account): Promise<fx.AccountClients> {
   if (!accounts.has(sa)) accounts.set(sa, w.account(sa));
   return accounts.get(sa)!;
 }
@@ -225,7 +208,7 @@ describe('least-privilege RBAC from the rendered manifests', () => {
 
   it('real requests: admission cannot read Secrets; identity-status cannot write them; the event-source account only reads what it sources', async () => {
     const n = await w.namespace();
-    const creds = await w.create(sourceSecret('creds', inNamespace(n), data({ k: 'v' })));
+    const creds = await w.create(fx.sourceSecret('creds', fx.inNamespace(n), fx.data({ k: 'v' })));
     const forbidden = (e: unknown) => apiStatus(e) === 403;
     const adm = (await as('captf-admission')).clients;
     await assert.rejects(adm.core.readNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
@@ -233,12 +216,12 @@ describe('least-privilege RBAC from the rendered manifests', () => {
 
     const st = (await as('captf-identity-status')).clients;
     assert.equal((await st.core.readNamespacedSecret({ name: 'creds', namespace: n })).metadata?.name, 'creds');
-    await assert.rejects(st.core.createNamespacedSecret({ namespace: n, body: sourceSecret('x') }), forbidden);
+    await assert.rejects(st.core.createNamespacedSecret({ namespace: n, body: fx.sourceSecret('x') }), forbidden);
     await assert.rejects(
       st.core.replaceNamespacedSecret({
         name: 'creds',
         namespace: n,
-        body: sourceSecret('creds', data({ k: 'changed' })),
+        body: fx.sourceSecret('creds', fx.data({ k: 'changed' })),
       }),
       forbidden,
     );
@@ -255,7 +238,10 @@ describe('least-privilege RBAC from the rendered manifests', () => {
     });
     await assert.rejects(src.core.readNamespacedSecret({ name: 'creds', namespace: n }), forbidden);
     await assert.rejects(src.core.listNamespacedConfigMap({ namespace: n }), forbidden);
-    await assert.rejects(consumerObjects(src, TERRAFORM_CLUSTER).create(consumer('x', inNamespace(n))), forbidden);
+    await assert.rejects(
+      consumerObjects(src, TERRAFORM_CLUSTER).create(fx.consumer('x', fx.inNamespace(n))),
+      forbidden,
+    );
     // The secret is unchanged.
     const s = await w.read(creds);
     assert.equal(Buffer.from(s!.data!.k!, 'base64').toString(), 'v');
@@ -266,17 +252,22 @@ describe('each function works as its ServiceAccount', () => {
   /** An identity in this file's scope, its source Secret and a consumer that uses it, all unique to one test. */
   async function inUse() {
     const [operator, tenant] = [await w.namespace(), await w.namespace()];
-    await w.create(sourceSecret('creds', inNamespace(operator)));
+    await w.create(fx.sourceSecret('creds', fx.inNamespace(operator)));
     const id = await w.create(
-      identity(w.name('id'), secretRef(operator, 'creds'), allowList(tenant), labels({ [SCOPE_LABEL]: SCOPE_VALUE })),
+      fx.identity(
+        w.name('id'),
+        fx.secretRef(operator, 'creds'),
+        fx.allowList(tenant),
+        fx.labels({ [SCOPE_LABEL]: SCOPE_VALUE }),
+      ),
     );
-    const c = await w.create(consumer('tc', inNamespace(tenant), identityRef(id.metadata.name)));
+    const c = await w.create(fx.consumer('tc', fx.inNamespace(tenant), fx.identityRef(id.metadata.name)));
     return { operator, tenant, id, idName: id.metadata.name!, c };
   }
 
   async function startAs<T extends { start(o: object): Promise<FunctionHandle> }>(
     mod: Promise<T>,
-    sa: Account,
+    sa: fx.Account,
     env: NodeJS.ProcessEnv = {},
   ) {
     const { logger, lines } = captureLogger(sa);
@@ -305,10 +296,10 @@ describe('each function works as its ServiceAccount', () => {
     assert.equal(res.status, 200, `${res.text}\n${lines.join('\n')}`);
     assert.equal(res.body.mirror, mirrorName(idName));
     assert.ok(!lines.join('\n').includes(token), 'the token appears in no log line');
-    const mirror = await w.read(mirrorOf(idName, inNamespace(tenant)));
+    const mirror = await w.read(fx.mirrorOf(idName, fx.inNamespace(tenant)));
     assert.equal(mirror?.metadata?.ownerReferences?.[0]?.name, c.metadata.name);
     const status = (await w.read(c))?.status;
-    assert.equal(conditionOf({ status }, 'CredentialsMirrored')?.status, 'True', JSON.stringify(status));
+    assert.equal(fx.conditionOf({ status }, 'CredentialsMirrored')?.status, 'True', JSON.stringify(status));
     assert.deepEqual(refusals(lines), []);
   });
 
@@ -321,7 +312,7 @@ describe('each function works as its ServiceAccount', () => {
     assert.ok(r.status >= 200 && r.status < 300, `${r.status} ${r.text}\n${lines.join('\n')}`);
     const got = await eventually('Ready=True on the identity', async () => {
       const o = await w.read(id);
-      return o && conditionOf(o, 'Ready')?.status === 'True' && o.status?.namespaces?.length ? o : undefined;
+      return o && fx.conditionOf(o, 'Ready')?.status === 'True' && o.status?.namespaces?.length ? o : undefined;
     });
     assert.deepEqual(got.status?.namespaces, [tenant]);
     assert.deepEqual(refusals(lines), []);
@@ -364,15 +355,15 @@ describe('each function works as its ServiceAccount', () => {
         (await res.json()) as { response: { allowed: boolean; status?: { message?: string }; warnings?: string[] } }
       ).response;
     };
-    const fresh = identity(w.name('new'), secretRef(operator, 'creds'), allowList(tenant));
+    const fresh = fx.identity(w.name('new'), fx.secretRef(operator, 'creds'), fx.allowList(tenant));
     assert.equal((await post(review('CREATE', `nobody-${suffix()}`, ['system:authenticated'], fresh))).allowed, false);
     assert.equal(
       (await post(review('CREATE', 'admin', ['system:masters', 'system:authenticated'], fresh))).allowed,
       true,
     );
     /** The identity in use, as the API server would hand it to admission (with an empty status). */
-    const asReviewed = (...mods: Modifier<TerraformClusterIdentity>[]) => ({
-      ...identity(idName, secretRef(operator, 'creds'), ...mods),
+    const asReviewed = (...mods: fx.Modifier<TerraformClusterIdentity>[]) => ({
+      ...fx.identity(idName, fx.secretRef(operator, 'creds'), ...mods),
       status: {},
     });
     // DELETE: the live consumer lookup (list with a field selector) runs with this account.
@@ -381,8 +372,8 @@ describe('each function works as its ServiceAccount', () => {
     assert.match(del.status?.message ?? '', new RegExp(tenant));
     // A narrowing from a selector: the consumer lookup, then a get of the tenant namespace's
     // labels, both as this account; the warning names the namespace (not "could not compute").
-    const everywhere = asReviewed(allowSelector());
-    const nowhere = asReviewed(allowList());
+    const everywhere = asReviewed(fx.allowSelector());
+    const nowhere = asReviewed(fx.allowList());
     const narrowing = await post(review('UPDATE', `nobody-${suffix()}`, ['system:authenticated'], nowhere, everywhere));
     assert.equal(narrowing.allowed, true);
     assert.deepEqual(narrowing.warnings, [

@@ -39,9 +39,9 @@ import {
   startFunctionStandIn,
   type ReceivedEvent,
 } from '../helpers/events.ts';
-import { consumer, identity, inNamespace, namespace as namespaceObject, world } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
-const w = world('start-events');
+const w = fx.world('start-events');
 const a = w.clients;
 
 let namespace: string;
@@ -115,7 +115,9 @@ describe("what npm start sends and receives around Knative's Broker", () => {
 
   it('the dead-letter sink reads what Knative gives up on: after the retries for a 5xx, at once for a 400', async () => {
     const tc = (id: string) =>
-      apiServerEvent(consumer('prod', inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural).cloneWith({ id });
+      apiServerEvent(fx.consumer('prod', fx.inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural).cloneWith({
+        id,
+      });
     for (const id of ['fail-1', 'bad-1']) assert.equal((await postEvents(dp.brokerUrl, tc(id))).status, 202, id);
     const attempts = (id: string) => fns['mirror-sync'].received.filter((h) => h.headers['ce-id'] === id).length;
     assert.equal(attempts('fail-1'), 2, 'the first try and the one retry of the test copy');
@@ -151,9 +153,8 @@ function renamedExamples(): { dir: string; sfx: string } {
     writeFileSync(join(dir, f), readFileSync(join(EXAMPLES_DIR, f), 'utf8').replace(renamed, `$1-${sfx}`));
   }
   w.onCleanup(async () => {
-    for (const id of ['aws-prod', 'gcp-dev']) await w.delete(identity(`${id}-${sfx}`));
-    for (const name of ['captf-system', 'team-a', 'team-b', 'team-c'])
-      await w.delete(namespaceObject(`${name}-${sfx}`));
+    for (const id of ['aws-prod', 'gcp-dev']) await w.delete(fx.identity(`${id}-${sfx}`));
+    for (const name of ['captf-system', 'team-a', 'team-b', 'team-c']) await w.delete(fx.namespace(`${name}-${sfx}`));
     const rbac = a.kc.makeApiClient(RbacAuthorizationV1Api);
     for (const name of ['captf-example-terraform-objects', 'captf-example-identity-author'])
       await rbac.deleteClusterRole({ name: `${name}-${sfx}` }).catch(() => undefined);
@@ -190,13 +191,13 @@ describe('examples/', () => {
         'ClusterRoleBinding',
       ],
     );
-    const byList = (await w.read(identity(`aws-prod-${sfx}`)))!;
+    const byList = (await w.read(fx.identity(`aws-prod-${sfx}`)))!;
     assert.deepEqual(byList.spec.allowedNamespaces, { list: [`team-a-${sfx}`, `team-b-${sfx}`] });
-    const bySelector = (await w.read(identity(`gcp-dev-${sfx}`)))!;
+    const bySelector = (await w.read(fx.identity(`gcp-dev-${sfx}`)))!;
     assert.deepEqual(bySelector.spec.allowedNamespaces, {
       selector: { matchLabels: { 'captf.example/credentials': 'gcp' } },
     });
-    const labelled = (await w.read(namespaceObject(`team-c-${sfx}`)))!;
+    const labelled = (await w.read(fx.namespace(`team-c-${sfx}`)))!;
     assert.equal(labelled.metadata?.labels?.['captf.example/credentials'], 'gcp');
     // Applying again changes nothing and fails nowhere (kubectl apply is idempotent too).
     assert.equal((await applyExamples(a.kc, dir)).length, applied.length);

@@ -28,7 +28,7 @@ import { applyExamples, loadExamples } from '../../scripts/local/examples.ts';
 import { WEBHOOK_CONFIGURATION } from '../../scripts/system/webhook.ts';
 import { serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { eventually } from '../helpers/cluster.ts';
-import { consumer, inNamespace } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
 const START = fileURLToPath(new URL('../../scripts/start.ts', import.meta.url));
@@ -207,7 +207,7 @@ describe('npm start on an embedded control plane', () => {
     const [, saName, saNs] = /kubectl create token (\S+) -n (\S+) --audience captf-mirror-sync/.exec(banner) ?? [];
     assert.ok(saName && saNs, 'the banner shows how to call prepare');
     const token = await serviceAccountToken(kc, { namespace: saNs, name: saName, audience: 'captf-mirror-sync' });
-    const prod = prepareTarget(consumer('prod', inNamespace('team-a')));
+    const prod = prepareTarget(fx.consumer('prod', fx.inNamespace('team-a')));
     assert.equal((await postPrepare(mirrorSyncUrl, prod, `Bearer ${token}`)).status, 200);
     assert.equal((await postPrepare(mirrorSyncUrl, prod, undefined)).status, 401);
     // A few resync and status ticks (mtping, every 3 s) later, nothing new is printed for unchanged objects.

@@ -28,24 +28,12 @@ import { serviceAccountKubeConfig } from '../../scripts/lib/serviceaccount.ts';
 import { controlPlaneDir, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { headerEchoPage, startFaultProxy, withServer, type Answer, type FaultProxy } from '../helpers/fault-proxy.ts';
-import {
-  allowList,
-  conditionOf,
-  consumer,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  secretRef,
-  sourceSecret,
-  world,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import { consumerEvent, deliver } from '../helpers/mirror-sync.ts';
 import { scanLater } from '../helpers/leaks.ts';
 
-const w = world('untrusted');
+const w = fx.world('untrusted');
 const a = w.clients;
 /** Token-shaped (a JWT's look), unique to this run. */
 const SENTINEL = `eyJ${randomBytes(18).toString('base64url')}.${randomBytes(30).toString('base64url')}`;
@@ -140,17 +128,19 @@ function keep<T>(what: T): T {
 
 /** A source Secret, an identity in this file's scope allowing `n`, and a consumer in `n` that uses it. */
 async function inUse(n: string) {
-  const source = await w.create(sourceSecret(w.name('src'), inNamespace(home)));
+  const source = await w.create(fx.sourceSecret(w.name('src'), fx.inNamespace(home)));
   const { name, namespace } = source.metadata as { name: string; namespace: string };
   const id = w.name('id');
-  await w.create(identity(id, secretRef(namespace, name), allowList(n), labels({ [SCOPE_LABEL]: SCOPE_VALUE })));
-  const c = await w.create(consumer(w.name('c'), inNamespace(n), identityRef(id)));
+  await w.create(
+    fx.identity(id, fx.secretRef(namespace, name), fx.allowList(n), fx.labels({ [SCOPE_LABEL]: SCOPE_VALUE })),
+  );
+  const c = await w.create(fx.consumer(w.name('c'), fx.inNamespace(n), fx.identityRef(id)));
   return { id, c, source: { name, namespace } };
 }
 
 /** The consumer's CredentialsMirrored condition and its namespace's Events, kept for the scan. */
 async function conditionAndEvents(c: Consumer) {
-  const cond = conditionOf((await w.read(c))!, 'CredentialsMirrored');
+  const cond = fx.conditionOf((await w.read(c))!, 'CredentialsMirrored');
   const events = await a.events.listNamespacedEvent({ namespace: c.metadata.namespace! });
   keep(cond);
   keep(events.items.map((e) => ({ reason: e.reason, note: e.note })));
@@ -286,7 +276,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     const n = await w.namespace();
     const { id, c, source } = await inUse(n);
     assert.equal(keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 })).status, 200);
-    const mirror = mirrorOf(id, inNamespace(n));
+    const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     const before = (await w.read(mirror))?.data;
     faults.set(`GET /api/v1/namespaces/${source.namespace}/secrets/${source.name}`, html(200));
     const r = keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 }));
@@ -389,7 +379,7 @@ describe('identity-status through a hostile proxy (SPEC §15)', () => {
     faults.set(`PATCH /apis/${group}/${version}/${plural}/${id}/status`, invalidWithCauses);
     const r = keep(await postEvents(`${url}/`, pingEvent('captf-identity-status')));
     assert.match(r.text, new RegExp(`HTTP 422 Invalid \\(patch ${plural}\\.[^)]*/status \\\\"${id}\\\\"`));
-    keep(await w.read(identity(id)));
+    keep(await w.read(fx.identity(id)));
   });
 });
 
@@ -404,7 +394,7 @@ describe('admission SubjectAccessReview through a hostile proxy (SPEC §15)', ()
         operation: 'CREATE',
         name: 'x',
         userInfo: { username: 'alice', groups: ['g'] },
-        object: identity('x'),
+        object: fx.identity('x'),
       },
     });
   async function ask(url: string, uid: string): Promise<string> {

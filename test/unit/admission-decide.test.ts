@@ -11,71 +11,69 @@ import {
 } from '../../functions/admission/decide.ts';
 import type { TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import { identityRequest } from '../helpers/admission.ts';
-import {
-  allowList,
-  allowSelector,
-  allowedNamespaces,
-  identity,
-  identitySpec,
-  inUseIn,
-  labels,
-  secretRef,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 /** The identity `aws` on `captf-system/creds`. */
-const aws = (...mods: Modifier<TerraformClusterIdentity>[]) => identity('aws', ...mods);
+const aws = (...mods: fx.Modifier<TerraformClusterIdentity>[]) => fx.identity('aws', ...mods);
 const req = identityRequest;
 
 describe('validateIdentitySpec (SPEC §1, §2)', () => {
-  const rows: [string, Modifier<TerraformClusterIdentity>[], RegExp | null][] = [
+  const rows: [string, fx.Modifier<TerraformClusterIdentity>[], RegExp | null][] = [
     ['minimal valid spec', [], null],
-    ['with list and selector', [allowedNamespaces({ list: ['a'], selector: { matchLabels: { x: 'y' } } })], null],
-    ['allowedNamespaces null', [allowedNamespaces(null)], null],
-    ['spec missing', [identitySpec(undefined)], /^spec: must be an object/],
-    ['secretRef missing', [identitySpec({})], /spec\.secretRef: required/],
-    ['secretRef.name missing', [identitySpec({ secretRef: { namespace: 'ns' } })], /spec\.secretRef\.name: required/],
+    ['with list and selector', [fx.allowedNamespaces({ list: ['a'], selector: { matchLabels: { x: 'y' } } })], null],
+    ['allowedNamespaces null', [fx.allowedNamespaces(null)], null],
+    ['spec missing', [fx.identitySpec(undefined)], /^spec: must be an object/],
+    ['secretRef missing', [fx.identitySpec({})], /spec\.secretRef: required/],
+    [
+      'secretRef.name missing',
+      [fx.identitySpec({ secretRef: { namespace: 'ns' } })],
+      /spec\.secretRef\.name: required/,
+    ],
     [
       'secretRef.namespace missing',
-      [identitySpec({ secretRef: { name: 'n' } })],
+      [fx.identitySpec({ secretRef: { name: 'n' } })],
       /spec\.secretRef\.namespace: required/,
     ],
-    ['secretRef.name empty', [secretRef('ns', '')], /spec\.secretRef\.name: required/],
+    ['secretRef.name empty', [fx.secretRef('ns', '')], /spec\.secretRef\.name: required/],
     [
       'secretRef.name invalid',
-      [secretRef('ns', 'Bad_Name')],
+      [fx.secretRef('ns', 'Bad_Name')],
       /spec\.secretRef\.name: "Bad_Name" is not a valid Secret name/,
     ],
-    ['secretRef.name may have dots', [secretRef('ns', 'a.b-c')], null],
+    ['secretRef.name may have dots', [fx.secretRef('ns', 'a.b-c')], null],
     [
       'secretRef.namespace with a dot is invalid',
-      [secretRef('a.b', 'n')],
+      [fx.secretRef('a.b', 'n')],
       /spec\.secretRef\.namespace: "a\.b" is not a valid namespace name/,
     ],
-    ['secretRef.namespace too long', [secretRef('x'.repeat(64), 'n')], /namespace: .* is not a valid namespace name/],
-    ['allowedNamespaces {} rejected', [allowedNamespaces({})], /\{\} is ambiguous/],
+    [
+      'secretRef.namespace too long',
+      [fx.secretRef('x'.repeat(64), 'n')],
+      /namespace: .* is not a valid namespace name/,
+    ],
+    ['allowedNamespaces {} rejected', [fx.allowedNamespaces({})], /\{\} is ambiguous/],
     [
       'unknown operator named',
-      [allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near', values: ['v'] }] })],
+      [fx.allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near', values: ['v'] }] })],
       /matchExpressions\[0\]\.operator: "Near" is not a valid operator/,
     ],
     [
       'In without values',
-      [allowSelector({ matchExpressions: [{ key: 'k', operator: 'In' }] })],
+      [fx.allowSelector({ matchExpressions: [{ key: 'k', operator: 'In' }] })],
       /matchExpressions\[0\]\.values: must be non-empty when operator is In/,
     ],
     [
       'Exists with values',
-      [allowSelector({ matchExpressions: [{ key: 'k', operator: 'Exists', values: ['v'] }] })],
+      [fx.allowSelector({ matchExpressions: [{ key: 'k', operator: 'Exists', values: ['v'] }] })],
       /values: must be empty when operator is Exists/,
     ],
-    ['bad label key', [allowSelector({ matchLabels: { 'bad key': 'v' } })], /matchLabels: key "bad key"/],
+    ['bad label key', [fx.allowSelector({ matchLabels: { 'bad key': 'v' } })], /matchLabels: key "bad key"/],
     [
       'bad label value',
-      [allowSelector({ matchLabels: { k: 'bad value!' } })],
+      [fx.allowSelector({ matchLabels: { k: 'bad value!' } })],
       /matchLabels\["k"\]: value "bad value!"/,
     ],
-    ['bad list entry', [allowList('Team_A')], /list\[0\]: "Team_A" is not a valid namespace name/],
+    ['bad list entry', [fx.allowList('Team_A')], /list\[0\]: "Team_A" is not a valid namespace name/],
   ];
   for (const [name, mods, expected] of rows) {
     it(name, () => {
@@ -93,7 +91,7 @@ describe('validateIdentitySpec (SPEC §1, §2)', () => {
 describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', () => {
   /** `allowedNamespaces` of `list` and a selector of `matchLabels`. */
   const listAndLabels = (list: string[], matchLabels: Record<string, string>) =>
-    allowedNamespaces({ list, selector: { matchLabels } });
+    fx.allowedNamespaces({ list, selector: { matchLabels } });
   const prod = { env: 'prod' };
   const base = aws(listAndLabels(['a', 'b'], prod));
   const rows: [string, IdentityRequest, 'allow' | 'deny' | 'check-secret-access' | 'check-in-use'][] = [
@@ -103,16 +101,16 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
       req('CREATE', base, undefined, { dryRun: true }),
       'check-secret-access',
     ],
-    ['CREATE invalid spec', req('CREATE', aws(identitySpec({ secretRef: { name: 'x' } }))), 'deny'],
-    ['CREATE with {}', req('CREATE', aws(allowedNamespaces({}))), 'deny'],
+    ['CREATE invalid spec', req('CREATE', aws(fx.identitySpec({ secretRef: { name: 'x' } }))), 'deny'],
+    ['CREATE with {}', req('CREATE', aws(fx.allowedNamespaces({}))), 'deny'],
     [
       'UPDATE secretRef.name changed',
-      req('UPDATE', aws(listAndLabels(['a', 'b'], prod), secretRef('captf-system', 'other')), base),
+      req('UPDATE', aws(listAndLabels(['a', 'b'], prod), fx.secretRef('captf-system', 'other')), base),
       'check-secret-access',
     ],
     [
       'UPDATE secretRef.namespace changed',
-      req('UPDATE', aws(listAndLabels(['a', 'b'], prod), secretRef('ops', 'creds')), base),
+      req('UPDATE', aws(listAndLabels(['a', 'b'], prod), fx.secretRef('ops', 'creds')), base),
       'check-secret-access',
     ],
     ['UPDATE list gains a name', req('UPDATE', aws(listAndLabels(['a', 'b', 'c'], prod)), base), 'check-secret-access'],
@@ -124,11 +122,15 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
     ],
     [
       'UPDATE selector loses a requirement',
-      req('UPDATE', aws(allowedNamespaces({ list: ['a', 'b'], selector: {} })), base),
+      req('UPDATE', aws(fx.allowedNamespaces({ list: ['a', 'b'], selector: {} })), base),
       'check-secret-access',
     ],
-    ['UPDATE metadata only', req('UPDATE', aws(listAndLabels(['a', 'b'], prod), labels({ team: 'x' })), base), 'allow'],
-    ['UPDATE to an invalid spec', req('UPDATE', aws(allowedNamespaces({})), base), 'deny'],
+    [
+      'UPDATE metadata only',
+      req('UPDATE', aws(listAndLabels(['a', 'b'], prod), fx.labels({ team: 'x' })), base),
+      'allow',
+    ],
+    ['UPDATE to an invalid spec', req('UPDATE', aws(fx.allowedNamespaces({})), base), 'deny'],
     ['UPDATE of the status subresource', req('UPDATE', base, base, { subResource: 'status' }), 'allow'],
     ['DELETE', req('DELETE', undefined, base), 'check-in-use'],
     ['CONNECT is not reviewed', req('CONNECT', base), 'deny'],
@@ -140,7 +142,7 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   }
 
   it('asks about the new Secret when secretRef changes', () => {
-    const plan = planReview(req('UPDATE', aws(listAndLabels(['a', 'b'], prod), secretRef('ops', 'new')), base));
+    const plan = planReview(req('UPDATE', aws(listAndLabels(['a', 'b'], prod), fx.secretRef('ops', 'new')), base));
     assert.equal(plan.action, 'check-secret-access');
     if (plan.action === 'check-secret-access') {
       assert.deepEqual(plan.secret, { namespace: 'ops', name: 'new' });
@@ -156,7 +158,9 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   });
 
   it('an invalid spec is denied with 422 naming the bad part', () => {
-    const plan = planReview(req('CREATE', aws(allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near' }] }))));
+    const plan = planReview(
+      req('CREATE', aws(fx.allowSelector({ matchExpressions: [{ key: 'k', operator: 'Near' }] }))),
+    );
     assert.ok(plan.action === 'deny');
     if (plan.action === 'deny') {
       assert.equal(plan.decision.code, 422);
@@ -165,7 +169,7 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
   });
 
   it('DELETE carries oldObject.status.namespaces and uses request.name', () => {
-    const plan = planReview(req('DELETE', undefined, aws(inUseIn('t-b', 't-a'))));
+    const plan = planReview(req('DELETE', undefined, aws(fx.inUseIn('t-b', 't-a'))));
     assert.deepEqual(plan, { action: 'check-in-use', identity: 'aws', statusNamespaces: ['t-b', 't-a'] });
   });
 
@@ -175,18 +179,18 @@ describe('planReview: which operations need a SubjectAccessReview (SPEC §10)', 
 });
 
 describe('planReview: the mirror prefix is reserved (SPEC §3, §10)', () => {
-  const onMirror = secretRef('team-a', 'captf-creds-aws-prod');
+  const onMirror = fx.secretRef('team-a', 'captf-creds-aws-prod');
   const rows: [string, IdentityRequest, 'deny' | 'allow' | 'check-secret-access'][] = [
     ['CREATE naming a mirror', req('CREATE', aws(onMirror)), 'deny'],
     ['UPDATE that moves secretRef onto a mirror', req('UPDATE', aws(onMirror), aws()), 'deny'],
     [
       'UPDATE of an old inert identity that only narrows (ratcheting)',
-      req('UPDATE', aws(onMirror, allowList('a')), aws(onMirror, allowList('a', 'b'))),
+      req('UPDATE', aws(onMirror, fx.allowList('a')), aws(onMirror, fx.allowList('a', 'b'))),
       'allow',
     ],
     [
       'UPDATE of an old inert identity that leaves spec alone (finalizers)',
-      req('UPDATE', aws(onMirror, labels({ x: 'y' })), aws(onMirror)),
+      req('UPDATE', aws(onMirror, fx.labels({ x: 'y' })), aws(onMirror)),
       'allow',
     ],
     [

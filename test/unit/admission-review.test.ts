@@ -3,12 +3,12 @@ import { describe, it } from 'node:test';
 import { admissionConfigFromEnv } from '../../functions/admission/index.ts';
 import { parseReview, reviewResponse } from '../../functions/admission/admission-review.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
-import { identity } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 /** An AdmissionReview's JSON, with `over` replacing its top-level fields. */
 const review = (request: unknown, over: Record<string, unknown> = {}) =>
   JSON.stringify({ ...admissionReview(request), ...over });
-const good = identityRequest('CREATE', identity('aws'), undefined, {
+const good = identityRequest('CREATE', fx.identity('aws'), undefined, {
   uid: 'abc',
   userInfo: { username: 'alice', uid: 'u1', groups: ['g'], extra: { scopes: ['a', 'b'] } },
   dryRun: true,

@@ -23,28 +23,15 @@ import { reviewIdentity, type ReviewDeps } from '../../functions/admission/revie
 import { DEFAULT_CONSUMER_KINDS, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import type { Clients } from '../../functions/lib/kube.ts';
 import { identityRequest } from '../helpers/admission.ts';
-import {
-  allowList,
-  allowSelector,
-  consumer,
-  deleting,
-  finalizers,
-  identity,
-  identityRef,
-  identitySpec,
-  inNamespace,
-  labels,
-  secretRef,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
 
 /** The identity `aws` on `captf-system/creds`. */
-const aws = (...mods: Modifier<TerraformClusterIdentity>[]) => identity('aws', ...mods);
+const aws = (...mods: fx.Modifier<TerraformClusterIdentity>[]) => fx.identity('aws', ...mods);
 const update = (object: unknown, oldObject: unknown, extra: Partial<IdentityRequest> = {}): IdentityRequest =>
   identityRequest('UPDATE', object, oldObject, extra);
 /** An `allowedNamespaces` the CRD schema accepts and the webhook refuses: `In` without values. */
-const invalid = () => allowSelector({ matchExpressions: [{ key: 'tier', operator: 'In' }] });
+const invalid = () => fx.allowSelector({ matchExpressions: [{ key: 'tier', operator: 'In' }] });
 const check = (oldAllowed: unknown, newAllowed: unknown, name = 'aws'): ImpactCheck => ({
   identity: name,
   oldAllowed,
@@ -52,16 +39,16 @@ const check = (oldAllowed: unknown, newAllowed: unknown, name = 'aws'): ImpactCh
 });
 
 describe('ratcheting: an UPDATE that leaves spec unchanged is not validated (SPEC §10)', () => {
-  const stored = aws(invalid(), finalizers('example.com/keep'));
+  const stored = aws(invalid(), fx.finalizers('example.com/keep'));
 
   it('adding a label to an identity stored with an invalid spec is allowed, with no review and no notes', () => {
-    const plan = planReview(update(aws(invalid(), labels({ team: 'x' })), stored));
+    const plan = planReview(update(aws(invalid(), fx.labels({ team: 'x' })), stored));
     assert.deepEqual(plan, { action: 'allow', why: 'spec unchanged (not validated: ratcheting)' });
   });
 
   it('removing the last finalizer of a deleting identity with an invalid spec is allowed', () => {
-    const old = aws(invalid(), finalizers('example.com/keep'), deleting());
-    const plan = planReview(update(aws(invalid(), finalizers(), deleting()), old));
+    const old = aws(invalid(), fx.finalizers('example.com/keep'), fx.deleting());
+    const plan = planReview(update(aws(invalid(), fx.finalizers(), fx.deleting()), old));
     assert.equal(plan.action, 'allow');
   });
 
@@ -69,18 +56,18 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is not validated (SPE
     const { secretRef, allowedNamespaces } = stored.spec;
     const reordered = { allowedNamespaces, secretRef: { name: secretRef.name, namespace: secretRef.namespace } };
     assert.notDeepEqual(Object.keys(reordered), Object.keys(stored.spec), 'the keys are in another order');
-    assert.equal(planReview(update(aws(identitySpec(reordered)), stored)).action, 'allow');
+    assert.equal(planReview(update(aws(fx.identitySpec(reordered)), stored)).action, 'allow');
   });
 
   it('changing the invalid spec is validated as before (denied 422 while still invalid)', () => {
-    const still = aws(allowSelector({ matchExpressions: [{ key: 'other', operator: 'In' }] }));
+    const still = aws(fx.allowSelector({ matchExpressions: [{ key: 'other', operator: 'In' }] }));
     const plan = planReview(update(still, stored));
     assert.equal(plan.action, 'deny');
     if (plan.action === 'deny') assert.equal(plan.decision.code, 422);
   });
 
   it('fixing the invalid spec needs the SubjectAccessReview (the old value allowed nothing)', () => {
-    const fixed = aws(allowSelector({ matchLabels: { tier: 'x' } }));
+    const fixed = aws(fx.allowSelector({ matchLabels: { tier: 'x' } }));
     const plan = planReview(update(fixed, stored));
     assert.equal(plan.action, 'check-secret-access');
     if (plan.action === 'check-secret-access') assert.equal(plan.notes?.impact, undefined, 'nothing to revoke');
@@ -92,10 +79,10 @@ describe('ratcheting: an UPDATE that leaves spec unchanged is not validated (SPE
 });
 
 describe('planReview: the notes an allowed UPDATE carries', () => {
-  const base = aws(allowList('a', 'b'));
+  const base = aws(fx.allowList('a', 'b'));
 
   it('narrowing: allowed without a SAR, with an impact check of old and new allowedNamespaces', () => {
-    const plan = planReview(update(aws(allowList('a')), base));
+    const plan = planReview(update(aws(fx.allowList('a')), base));
     assert.equal(plan.action, 'allow');
     if (plan.action === 'allow')
       assert.deepEqual(plan.notes, {
@@ -105,13 +92,13 @@ describe('planReview: the notes an allowed UPDATE carries', () => {
   });
 
   it('a widening that also drops a name: SAR, then an impact check', () => {
-    const plan = planReview(update(aws(allowList('a', 'c')), base));
+    const plan = planReview(update(aws(fx.allowList('a', 'c')), base));
     assert.equal(plan.action, 'check-secret-access');
     if (plan.action === 'check-secret-access') assert.ok(plan.notes?.impact);
   });
 
   it('secretRef change: SAR, a rewrite warning naming the new Secret, no impact check', () => {
-    const plan = planReview(update(aws(secretRef('ops', 'new-creds'), allowList('a', 'b')), base));
+    const plan = planReview(update(aws(fx.secretRef('ops', 'new-creds'), fx.allowList('a', 'b')), base));
     assert.equal(plan.action, 'check-secret-access');
     if (plan.action === 'check-secret-access')
       assert.deepEqual(plan.notes, {
@@ -120,7 +107,7 @@ describe('planReview: the notes an allowed UPDATE carries', () => {
   });
 
   it('from an absent allowedNamespaces nothing can be revoked: no impact check', () => {
-    const plan = planReview(update(aws(allowList()), aws()));
+    const plan = planReview(update(aws(fx.allowList()), aws()));
     assert.ok(plan.action === 'allow' && plan.notes && !plan.notes.impact);
   });
 });
@@ -285,7 +272,7 @@ function fakeDeps(opts: {
 }) {
   const calls = { lists: 0, namespaceReads: [] as string[], sars: 0 };
   const items = Object.entries(opts.consumers ?? {}).flatMap(([namespace, n]) =>
-    Array.from({ length: n }, (_, i) => consumer(`c${i}`, inNamespace(namespace), identityRef('aws'))),
+    Array.from({ length: n }, (_, i) => fx.consumer(`c${i}`, fx.inNamespace(namespace), fx.identityRef('aws'))),
   );
   let listed = false;
   const clients = {
@@ -330,8 +317,8 @@ function fakeDeps(opts: {
 }
 
 describe('reviewIdentity: the impact lookup of the shell (review.ts)', () => {
-  const old = aws(allowList('team-a', 'team-b'));
-  const narrowed = aws(allowList('team-a'));
+  const old = aws(fx.allowList('team-a', 'team-b'));
+  const narrowed = aws(fx.allowList('team-a'));
 
   it('a narrowing is allowed with the revocation warning; list-only values read no namespace', async () => {
     const { deps, calls } = fakeDeps({ consumers: { 'team-a': 1, 'team-b': 2 } });
@@ -352,8 +339,8 @@ describe('reviewIdentity: the impact lookup of the shell (review.ts)', () => {
   });
 
   it('a selector reads the labels of the namespaces in use, and a namespace that is gone loses nothing', async () => {
-    const sel = aws(allowSelector({ matchLabels: { env: 'prod' } }));
-    const tighter = aws(allowSelector({ matchLabels: { env: 'prod', tier: 'gold' } }));
+    const sel = aws(fx.allowSelector({ matchLabels: { env: 'prod' } }));
+    const tighter = aws(fx.allowSelector({ matchLabels: { env: 'prod', tier: 'gold' } }));
     const { deps, calls } = fakeDeps({
       consumers: { gold: 1, silver: 4, gone: 1 },
       labels: { gold: { env: 'prod', tier: 'gold' }, silver: { env: 'prod' } },
@@ -390,7 +377,7 @@ describe('reviewIdentity: the impact lookup of the shell (review.ts)', () => {
 
   it('a secretRef change that passes the SAR warns that every mirror will be rewritten', async () => {
     const { deps, calls } = fakeDeps({});
-    const moved = aws(secretRef('ops', 'new-creds'), allowList('team-a', 'team-b'));
+    const moved = aws(fx.secretRef('ops', 'new-creds'), fx.allowList('team-a', 'team-b'));
     const d = await reviewIdentity(update(moved, old), deps);
     assert.equal(calls.sars, 1);
     assert.equal(calls.lists, 0, 'allowedNamespaces unchanged: no impact lookup');
@@ -402,7 +389,7 @@ describe('reviewIdentity: the impact lookup of the shell (review.ts)', () => {
 
   it('a ratcheted update makes no API call at all', async () => {
     const { deps, calls } = fakeDeps({});
-    const d = await reviewIdentity(update(aws(invalid(), labels({ a: 'b' })), aws(invalid())), deps);
+    const d = await reviewIdentity(update(aws(invalid(), fx.labels({ a: 'b' })), aws(invalid())), deps);
     assert.ok(d.allowed && !d.warnings);
     assert.deepEqual(calls, { lists: 0, namespaceReads: [], sars: 0 });
   });

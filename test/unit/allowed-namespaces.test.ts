@@ -10,7 +10,7 @@ import {
   validateLabelSelector,
 } from '../../functions/lib/allowed-namespaces.ts';
 import type { AllowedNamespaces } from '../../functions/lib/api.ts';
-import { VALID_ALLOWED_NAMESPACES } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 const ns = (name: string, labels: Record<string, string> = {}) => ({ name, labels });
 const tenant = ns('team-a', { 'captf.io/tenant': 'true', env: 'prod' });
@@ -109,7 +109,7 @@ describe('isNamespaceAllowed: every row of SPEC §2', () => {
 
 describe('validateAllowedNamespaces', () => {
   it('accepts absent, null and every valid form', () => {
-    for (const v of VALID_ALLOWED_NAMESPACES) {
+    for (const v of fx.VALID_ALLOWED_NAMESPACES) {
       assert.deepEqual(validateAllowedNamespaces(v), [], JSON.stringify(v));
     }
   });

@@ -5,10 +5,10 @@ import { DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '..
 import { BadEventError, classifyEvent, parseCloudEvents, readCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { apiServerEvent, pingEvent, type EventObject } from '../helpers/events.ts';
-import { consumer, identity, inNamespace, labels, namespace, ofKind, sourceSecret, uid } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
-const cluster = consumer('c', inNamespace('team'), labels({ a: 'b' }), uid('u-1'));
+const cluster = fx.consumer('c', fx.inNamespace('team'), fx.labels({ a: 'b' }), fx.uid('u-1'));
 const { plural } = TERRAFORM_CLUSTER;
 const parseBinary = (e: CloudEvent<unknown>) => {
   const m = HTTP.binary(e);
@@ -44,11 +44,11 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
       const r = classifyEvent(parseBinary(apiServerEvent(o, 'ref', 'update', 'x'))[0]!, kinds);
       return r.type === 'object' ? r.target : 'ping';
     };
-    assert.equal(t(identity('i')), 'identity');
-    assert.equal(t(namespace('n')), 'namespace');
-    assert.equal(t(sourceSecret('s', inNamespace('n'))), 'secret');
+    assert.equal(t(fx.identity('i')), 'identity');
+    assert.equal(t(fx.namespace('n')), 'namespace');
+    assert.equal(t(fx.sourceSecret('s', fx.inNamespace('n'))), 'secret');
     assert.equal(t({ apiVersion: 'apps/v1', kind: 'Deployment', metadata: { name: 'd', namespace: 'n' } }), 'other');
-    assert.equal(t(consumer('m', inNamespace('n'), ofKind(TERRAFORM_MACHINE))), 'consumer');
+    assert.equal(t(fx.consumer('m', fx.inNamespace('n'), fx.ofKind(TERRAFORM_MACHINE))), 'consumer');
   });
   it('a ping is a ping, in structured mode too', () => {
     const m = HTTP.structured(pingEvent());

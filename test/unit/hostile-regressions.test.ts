@@ -11,7 +11,7 @@ import { describe, it } from 'node:test';
 import { MAX_REVIEW_NESTING, nestsDeeperThan, parseReview } from '../../functions/admission/admission-review.ts';
 import { BadEventError, readCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
-import { identity, identitySpec } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 const deepObject = (d: number) => '{"a":'.repeat(d) + '1' + '}'.repeat(d);
 const deepArray = (d: number) => '['.repeat(d) + ']'.repeat(d);
@@ -30,7 +30,7 @@ describe('nestsDeeperThan', () => {
 describe('parseReview: deep nesting', () => {
   it('an UPDATE with the same 10 000-deep spec in object and oldObject is denied, echoing the uid, without a stack overflow', () => {
     // The fuzz's shrunk counterexample (seed 1472984686, path 168:0:…:1).
-    const deep = identity('fz-aaa000', identitySpec('@deep'));
+    const deep = fx.identity('fz-aaa000', fx.identitySpec('@deep'));
     const request = identityRequest('UPDATE', deep, deep, { name: 'fz-aaa000', userInfo: { username: 'fuzz-user' } });
     const p = parseReview(spliced(admissionReview(request), deepObject(10_000)));
     assert.equal(p.ok, false);
@@ -51,7 +51,7 @@ describe('parseReview: deep nesting', () => {
 
   it('a real review, as deep as managedFields make it, is not refused', () => {
     const fields = JSON.parse(`{"f:spec":{"f:allowedNamespaces":{"f:selector":{"f:matchExpressions":{}}}}}`);
-    const object = { ...identity('x'), metadata: { name: 'x', managedFields: [{ fieldsV1: fields }] } };
+    const object = { ...fx.identity('x'), metadata: { name: 'x', managedFields: [{ fieldsV1: fields }] } };
     assert.equal(parseReview(JSON.stringify(admissionReview(identityRequest('CREATE', object)))).ok, true);
   });
 });

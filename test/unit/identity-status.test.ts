@@ -20,23 +20,13 @@ import {
   type SourceState,
 } from '../../functions/identity-status/decide.ts';
 import { apiServerEvent, pingEvent, type EventObject } from '../helpers/events.ts';
-import {
-  conditions,
-  consumer,
-  identity,
-  inNamespace,
-  inUseIn,
-  namespace,
-  secretRef,
-  stored,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 const t1 = new Date('2026-03-01T10:00:00.500Z');
 const t2 = new Date('2026-03-02T10:00:00Z');
 /** The identity under test: generation 3, read at resourceVersion 42, source captf-system/aws-creds. */
-const awsProd = (...mods: Modifier<TerraformClusterIdentity>[]) =>
-  identity('aws-prod', secretRef('captf-system', 'aws-creds'), stored(3, '42'), ...mods);
+const awsProd = (...mods: fx.Modifier<TerraformClusterIdentity>[]) =>
+  fx.identity('aws-prod', fx.secretRef('captf-system', 'aws-creds'), fx.stored(3, '42'), ...mods);
 const cond = (c: Partial<Condition>): Condition => ({
   type: 'Ready',
   status: 'True',
@@ -82,27 +72,27 @@ describe('identity-status: status.namespaces (SPEC §9)', () => {
 });
 
 describe('identity-status: change detection', () => {
-  const ready = conditions(cond({}));
-  const table: [string, Modifier<TerraformClusterIdentity>[], SourceState, string[], string[]][] = [
+  const ready = fx.conditions(cond({}));
+  const table: [string, fx.Modifier<TerraformClusterIdentity>[], SourceState, string[], string[]][] = [
     ['fresh identity, no users: Ready only', [], 'found', [], ['Ready']],
     ['fresh identity with a user: both', [], 'found', ['a'], ['Ready', 'namespaces']],
-    ['nothing changed', [ready, inUseIn('a')], 'found', ['a'], []],
+    ['nothing changed', [ready, fx.inUseIn('a')], 'found', ['a'], []],
     ['absent namespaces equal an empty list', [ready], 'found', [], []],
-    ['status flips', [ready, inUseIn()], 'not-found', [], ['Ready']],
+    ['status flips', [ready, fx.inUseIn()], 'not-found', [], ['Ready']],
     [
       'reason changes, status does not',
-      [conditions(cond({ status: 'False', reason: 'SecretNotFound', message: 'x' })), inUseIn()],
+      [fx.conditions(cond({ status: 'False', reason: 'SecretNotFound', message: 'x' })), fx.inUseIn()],
       'forbidden',
       [],
       ['Ready'],
     ],
-    ['message changes only', [conditions(cond({ message: 'old words' })), inUseIn()], 'found', [], ['Ready']],
-    ['generation moved on', [conditions(cond({ observedGeneration: 2 })), inUseIn()], 'found', [], ['Ready']],
-    ['namespace added', [ready, inUseIn('a')], 'found', ['a', 'b'], ['namespaces']],
-    ['namespace removed', [ready, inUseIn('a', 'b')], 'found', ['b'], ['namespaces']],
+    ['message changes only', [fx.conditions(cond({ message: 'old words' })), fx.inUseIn()], 'found', [], ['Ready']],
+    ['generation moved on', [fx.conditions(cond({ observedGeneration: 2 })), fx.inUseIn()], 'found', [], ['Ready']],
+    ['namespace added', [ready, fx.inUseIn('a')], 'found', ['a', 'b'], ['namespaces']],
+    ['namespace removed', [ready, fx.inUseIn('a', 'b')], 'found', ['b'], ['namespaces']],
     [
       'other condition types are not ours to compare',
-      [conditions(cond({}), cond({ type: 'Audited', status: 'False' })), inUseIn()],
+      [fx.conditions(cond({}), cond({ type: 'Audited', status: 'False' })), fx.inUseIn()],
       'found',
       [],
       [],
@@ -116,16 +106,16 @@ describe('identity-status: change detection', () => {
   }
 
   it('keeps lastTransitionTime unless the status flips', () => {
-    const kept = decideStatus(awsProd(conditions(cond({ message: 'old' }))), 'found', noUse, t2);
+    const kept = decideStatus(awsProd(fx.conditions(cond({ message: 'old' }))), 'found', noUse, t2);
     assert.equal(kept.ready.lastTransitionTime, '2026-01-01T00:00:00Z');
-    const flipped = decideStatus(awsProd(conditions(cond({}))), 'not-found', noUse, t2);
+    const flipped = decideStatus(awsProd(fx.conditions(cond({}))), 'not-found', noUse, t2);
     assert.equal(flipped.ready.lastTransitionTime, '2026-03-02T10:00:00Z');
     const fresh = decideStatus(awsProd(), 'found', noUse, t1);
     assert.equal(fresh.ready.lastTransitionTime, '2026-03-01T10:00:00Z');
   });
 
   it('the apply body carries only Ready, namespaces and the resourceVersion precondition', () => {
-    const id = awsProd(conditions(cond({ type: 'Audited' })), inUseIn('old'));
+    const id = awsProd(fx.conditions(cond({ type: 'Audited' })), fx.inUseIn('old'));
     const d = decideStatus(id, 'found', { consumerNamespaces: ['a'], mirrorNamespaces: [] }, t1);
     assert.deepEqual(statusApplyBody(id, d), {
       apiVersion: `${IDENTITY_RESOURCE.group}/${IDENTITY_RESOURCE.version}`,
@@ -140,8 +130,8 @@ describe('identity-status: which events refresh what', () => {
   /** An ApiServerSource event about a built object, classified as the functions classify it. */
   const about = (o: object, mode: 'ref' | 'resource', verb: 'add' | 'update' | 'delete', plural: string) =>
     classifyEvent(apiServerEvent(o as EventObject, mode, verb, plural), DEFAULT_CONSUMER_KINDS);
-  const idRef = (name: string) => about(identity(name), 'ref', 'update', IDENTITY_RESOURCE.plural);
-  const idObj = (name: string) => about(identity(name), 'resource', 'delete', IDENTITY_RESOURCE.plural);
+  const idRef = (name: string) => about(fx.identity(name), 'ref', 'update', IDENTITY_RESOURCE.plural);
+  const idObj = (name: string) => about(fx.identity(name), 'resource', 'delete', IDENTITY_RESOURCE.plural);
   const ping = classifyEvent(pingEvent(), DEFAULT_CONSUMER_KINDS);
 
   it('identity events in either mode name identities, once each, in order', () => {
@@ -170,13 +160,13 @@ describe('identity-status: which events refresh what', () => {
     assert.deepEqual(planFor([idRef('b'), ping]), { kind: 'all' });
   });
   it('an event about another kind is refused with 422 naming it', () => {
-    const c = about(consumer('c', inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural);
+    const c = about(fx.consumer('c', fx.inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural);
     assert.throws(
       () => planFor([idRef('a'), c]),
       (e: unknown) => e instanceof HttpError && e.status === 422 && /TerraformCluster team-a\/c/.test(e.message),
     );
     assert.throws(
-      () => planFor([about(namespace('team-a'), 'resource', 'update', 'namespaces')]),
+      () => planFor([about(fx.namespace('team-a'), 'resource', 'update', 'namespaces')]),
       (e: unknown) => e instanceof HttpError && e.status === 422,
     );
   });

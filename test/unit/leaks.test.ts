@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Clients } from '../../functions/lib/kube.ts';
 import { LABEL_MIRRORED } from '../../functions/lib/mirror.ts';
-import { data, labels, sourceSecret } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 import { RUN_SENTINEL, SENTINEL_KEY, findLeaks, plantSentinels } from '../helpers/leaks.ts';
 
 describe('planted Secret values are found in any form', () => {
@@ -12,10 +12,10 @@ describe('planted Secret values are found in any form', () => {
       core: { createNamespacedSecret: async (p: { body: (typeof created)[number] }) => created.push(p.body) },
     } as unknown as Clients;
     const c = plantSentinels(fake);
-    await c.core.createNamespacedSecret({ namespace: 'n', body: sourceSecret('s', data({ k: 'v' })) });
+    await c.core.createNamespacedSecret({ namespace: 'n', body: fx.sourceSecret('s', fx.data({ k: 'v' })) });
     await c.core.createNamespacedSecret({
       namespace: 'n',
-      body: sourceSecret('m', labels({ [LABEL_MIRRORED]: 'true' }), data({ k: 'v' })),
+      body: fx.sourceSecret('m', fx.labels({ [LABEL_MIRRORED]: 'true' }), fx.data({ k: 'v' })),
     });
     const planted = Buffer.from(created[0]!.data![SENTINEL_KEY]!, 'base64').toString();
     assert.ok(planted.startsWith(RUN_SENTINEL));

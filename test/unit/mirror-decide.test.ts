@@ -17,23 +17,7 @@ import {
   type Snapshot,
   type SourceState,
 } from '../../functions/mirror-sync/decide.ts';
-import {
-  allowList,
-  allowSelector,
-  apiVersionOf,
-  consumer,
-  deleting,
-  identity,
-  identityRef,
-  inNamespace,
-  labels,
-  mirrorOf,
-  rows,
-  secretRef,
-  stored,
-  uid,
-  type Modifier,
-} from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
 const b64 = (s: string) => Buffer.from(s).toString('base64');
@@ -42,19 +26,23 @@ const found: SourceState = { state: 'found', data, hash: sourceHash(data) };
 const key = { namespace: 'team', identity: 'aws' };
 /** The owner reference of consumer `name` (uid `id`) of `kind`. */
 const owner = (name: string, id: string, kind = TERRAFORM_CLUSTER): OwnerReference => ({
-  apiVersion: apiVersionOf(kind),
+  apiVersion: fx.apiVersionOf(kind),
   kind: kind.kind,
   name,
   uid: id,
 });
 /** TerraformCluster `name` as looked at by name (an entry of a snapshot's scope). */
-const named = (name: string) => ({ apiVersion: apiVersionOf(TERRAFORM_CLUSTER), kind: TERRAFORM_CLUSTER.kind, name });
+const named = (name: string) => ({
+  apiVersion: fx.apiVersionOf(TERRAFORM_CLUSTER),
+  kind: TERRAFORM_CLUSTER.kind,
+  name,
+});
 /** A user of identity `aws`: a TerraformCluster in namespace `team` with uid `id`, at generation 1. */
-const user = (name: string, id: string, ...mods: Modifier<Consumer>[]) =>
-  consumer(name, inNamespace('team'), identityRef('aws'), uid(id), stored(1, '1'), ...mods);
+const user = (name: string, id: string, ...mods: fx.Modifier<Consumer>[]) =>
+  fx.consumer(name, fx.inNamespace('team'), fx.identityRef('aws'), fx.uid(id), fx.stored(1, '1'), ...mods);
 /** Identity `aws`, with source `ops/s`, allowing namespace `team` unless `mods` say otherwise. */
-const aws = (...mods: Modifier<TerraformClusterIdentity>[]) =>
-  identity('aws', secretRef('ops', 's'), allowList('team'), ...mods);
+const aws = (...mods: fx.Modifier<TerraformClusterIdentity>[]) =>
+  fx.identity('aws', fx.secretRef('ops', 's'), fx.allowList('team'), ...mods);
 const mirror = (owners: OwnerReference[], d = data) => {
   const m = desiredMirror('aws', 'team', d, owners[0] ?? owner('x', '0'));
   m.metadata.ownerReferences = owners;
@@ -89,8 +77,8 @@ interface OutcomeRow {
 }
 
 describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
-  const notOurs = { ...mirrorOf('aws', inNamespace('team'), labels({})), data: {} };
-  rows<OutcomeRow>(
+  const notOurs = { ...fx.mirrorOf('aws', fx.inNamespace('team'), fx.labels({})), data: {} };
+  fx.rows<OutcomeRow>(
     [
       {
         name: 'identity missing',
@@ -108,7 +96,7 @@ describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
       },
       {
         name: 'namespace not allowed',
-        snapshot: { identity: aws(allowList('other')), source: undefined, mirror: mirror([owner('a', '1')]) },
+        snapshot: { identity: aws(fx.allowList('other')), source: undefined, mirror: mirror([owner('a', '1')]) },
         action: 'delete',
         outcome: 'not-allowed',
         conditions: [NOT_ALLOWED],
@@ -122,7 +110,7 @@ describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
       },
       {
         name: 'allowed by selector labels',
-        snapshot: { identity: aws(allowSelector({ matchLabels: { t: 'y' } })), namespace: { labels: { t: 'y' } } },
+        snapshot: { identity: aws(fx.allowSelector({ matchLabels: { t: 'y' } })), namespace: { labels: { t: 'y' } } },
         action: 'create',
         outcome: 'mirrored',
         conditions: [ALLOWED, MIRRORED],
@@ -178,9 +166,9 @@ describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
   it('a deleting consumer in a namespace that is not allowed: ApplyJobSucceeded=False/IdentityNotAllowed, retried', () => {
     const plan = decide(
       snap({
-        identity: aws(allowList()),
+        identity: aws(fx.allowList()),
         source: undefined,
-        consumers: [user('a', '1', deleting('2026-01-01T00:00:00Z'))],
+        consumers: [user('a', '1', fx.deleting('2026-01-01T00:00:00Z'))],
       }),
       kinds,
     );
@@ -197,7 +185,7 @@ describe('decide: the outcome table of SPEC §16 (one consumer)', () => {
       snap({
         identity: undefined,
         source: undefined,
-        mirror: mirrorOf('aws', labels({ [LABEL_MIRRORED]: 'true' })),
+        mirror: fx.mirrorOf('aws', fx.labels({ [LABEL_MIRRORED]: 'true' })),
       }),
       kinds,
     );
@@ -387,21 +375,21 @@ describe('decide: states that wait for a person, and sources', () => {
     for (const over of [
       { identity: undefined },
       { source: { state: 'missing', message: 'gone' } as const },
-      { identity: aws(allowList('other')) },
+      { identity: aws(fx.allowList('other')) },
     ]) {
       const plan = decide(snap(over), kinds);
       assert.equal(plan.consumers[0]!.retry, false, JSON.stringify(Object.keys(over)));
     }
   });
   it('an identity whose source has the mirror prefix is inert: its own mirror goes, nothing is copied (SPEC §3)', () => {
-    const launderer = aws(secretRef('team', 'captf-creds-aws-prod'));
+    const launderer = aws(fx.secretRef('team', 'captf-creds-aws-prod'));
     const cases: [string, Partial<Snapshot>, string][] = [
       ['no mirror yet: none is created', { identity: launderer, mirror: undefined, source: undefined }, 'none'],
       ['its mirror (maybe laundered) is deleted', { identity: launderer, mirror: mirror([owner('a', '1')]) }, 'delete'],
       [
         'its own source, looking like its mirror, is never touched',
         {
-          identity: aws(secretRef('team', 'captf-creds-aws')),
+          identity: aws(fx.secretRef('team', 'captf-creds-aws')),
           mirror: mirror([owner('a', '1')]),
         },
         'none',
@@ -419,11 +407,11 @@ describe('decide: states that wait for a person, and sources', () => {
   });
   it('another identity naming this mirror never makes it "not ours": revocation still deletes it', () => {
     // A rule "any identity's source is never ours" would let a launderer keep a mirror alive.
-    const plan = decide(snap({ identity: aws(allowList()), mirror: mirror([owner('a', '1')]) }), kinds);
+    const plan = decide(snap({ identity: aws(fx.allowList()), mirror: mirror([owner('a', '1')]) }), kinds);
     assert.equal(plan.mirror.action, 'delete');
   });
   it('says a cluster-scoped consumer cannot use credentials', () => {
-    const p = clusterScopedPlan(consumer('c', identityRef('aws'), uid('9'), stored(1, '1')));
+    const p = clusterScopedPlan(fx.consumer('c', fx.identityRef('aws'), fx.uid('9'), fx.stored(1, '1')));
     assert.equal(p.outcome, 'not-allowed');
     assert.equal(p.retry, false);
     assert.deepEqual(

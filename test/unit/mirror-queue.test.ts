@@ -10,12 +10,12 @@ import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import type { ConsumerName, MirrorKey, Snapshot } from '../../functions/mirror-sync/decide.ts';
 import { KeyQueue } from '../../functions/mirror-sync/queue.ts';
 import type { KeyResult } from '../../functions/mirror-sync/reconcile.ts';
-import { apiVersionOf } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 const key = { namespace: 'team', identity: 'aws' };
 /** A TerraformCluster named `name`, as the queue is told about it. */
 const n = (name: string): ConsumerName => ({
-  apiVersion: apiVersionOf(TERRAFORM_CLUSTER),
+  apiVersion: fx.apiVersionOf(TERRAFORM_CLUSTER),
   kind: TERRAFORM_CLUSTER.kind,
   name,
 });

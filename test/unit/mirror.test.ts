@@ -19,7 +19,7 @@ import {
   withOwnerReference,
   withoutOwnerReference,
 } from '../../functions/lib/mirror.ts';
-import { apiVersionOf } from '../helpers/fixtures.ts';
+import * as fx from '../helpers/fixtures.ts';
 
 const b64 = (s: string | Buffer) => Buffer.from(s).toString('base64');
 /** One key and value as the source hash frames them: len(key) key len(value) value, lengths 32-bit big-endian. */
@@ -98,7 +98,7 @@ describe('source hash (SPEC §3)', () => {
 
 describe('ours and current (SPEC §3)', () => {
   const owner = {
-    apiVersion: apiVersionOf(TERRAFORM_CLUSTER),
+    apiVersion: fx.apiVersionOf(TERRAFORM_CLUSTER),
     kind: 'TerraformCluster',
     name: 'c1',
     uid: 'u1',
@@ -155,7 +155,12 @@ describe('ours and current (SPEC §3)', () => {
 });
 
 describe('owner references (SPEC §3, §6)', () => {
-  const ref = (name: string, uid: string, kind = 'TerraformCluster', apiVersion = apiVersionOf(TERRAFORM_CLUSTER)) => ({
+  const ref = (
+    name: string,
+    uid: string,
+    kind = 'TerraformCluster',
+    apiVersion = fx.apiVersionOf(TERRAFORM_CLUSTER),
+  ) => ({
     apiVersion,
     kind,
     name,
@@ -175,7 +180,7 @@ describe('owner references (SPEC §3, §6)', () => {
   });
   it('treats another version of the same group as the same owner', () => {
     const out = withOwnerReference(
-      [ref('a', '1', 'TerraformCluster', apiVersionOf({ ...TERRAFORM_CLUSTER, version: 'v1beta1' }))],
+      [ref('a', '1', 'TerraformCluster', fx.apiVersionOf({ ...TERRAFORM_CLUSTER, version: 'v1beta1' }))],
       ref('a', '1'),
     );
     assert.deepEqual(out, { refs: [ref('a', '1')], changed: true });
