@@ -1,5 +1,6 @@
 /**
- * The one vocabulary tests use for the project's objects.
+ * The one vocabulary tests use for the project's objects, imported whole:
+ * `import * as fx from '../helpers/fixtures.ts'`.
  *
  * - **Builders**, one per kind (`identity`, `consumer`, `sourceSecret`, `namespace`), each
  *   taking a name and modifiers (`secretRef`, `allowList`, `identityRef`, `inNamespace`,
