@@ -11,6 +11,8 @@ import { createServer as createHttpsServer } from 'node:https';
 import {
   closeServer,
   createApp,
+  JSON_TYPES,
+  readBody,
   errorHandler,
   limitIdleConnections,
   listen,
@@ -88,8 +90,12 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const clients = makeClients(kubeconfig);
   const consumerKinds = consumerKindsFromEnv(env);
 
-  const app = createApp({ bodyLimit: ADMISSION_BODY_LIMIT });
-  app.post('/validate', validateHandler({ clients, consumerKinds, logger }));
+  const app = createApp();
+  app.post(
+    '/validate',
+    readBody({ types: JSON_TYPES, limit: ADMISSION_BODY_LIMIT }),
+    validateHandler({ clients, consumerKinds, logger }),
+  );
   app.use(errorHandler(logger));
 
   let server: Server;

@@ -9,6 +9,8 @@ import { consumerKindsFromEnv } from '../lib/consumers.ts';
 import {
   closeServer,
   createApp,
+  EVENT_TYPES,
+  readBody,
   errorHandler,
   limitIdleConnections,
   listen,
@@ -54,7 +56,11 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const logger = opts.logger ?? createLogger('identity-status');
   const { concurrency, identitySelector } = statusConfigFromEnv(env);
   const app = createApp();
-  app.post('/', handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }));
+  app.post(
+    '/',
+    readBody({ types: EVENT_TYPES }),
+    handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }),
+  );
   app.use(errorHandler(logger));
   const server = createServer(serverOptions(), app);
   limitIdleConnections(server);

@@ -1,11 +1,20 @@
 /**
- * The HTTP shell shared by every function (express 5): raw bodies with a size limit,
+ * The HTTP shell shared by every function (express 5): bodies of the accepted content types
+ * read as text up to a size limit,
  * `GET /healthz`, JSON error answers that never echo request bodies, and a graceful stop on
  * SIGTERM that finishes in-flight requests (Knative sends SIGTERM before scaling down).
  */
 import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import express, { type ErrorRequestHandler, type Express, type Request, type Response } from 'express';
+import express, {
+  type ErrorRequestHandler,
+  type Express,
+  type Request,
+  type RequestHandler,
+  type Response,
+} from 'express';
+import { parse as parseContentType } from 'content-type';
+import getRawBody from 'raw-body';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { describeError } from './api-errors.ts';
 import { loadKubeConfig } from './kube.ts';
@@ -142,29 +151,92 @@ export function sendEventOutcome(req: Request, res: Response, o: Outcome): void 
   sendOutcome(res, o);
 }
 
-/**
- * Creates an express app with `GET /healthz` and a raw-text body parser for every content
- * type (CloudEvents and AdmissionReviews are parsed by the handlers, so a malformed body is
- * the handler's 4xx, not a crash).
- * @param opts.bodyLimit bytes (default {@link DEFAULT_BODY_LIMIT}); larger bodies get 413.
- * @param opts.beforeBody registers routes or middleware that run before any body is read
- *   (mirror-sync's prepare refuses a caller without credentials this way, SPEC §5).
- */
-export function createApp(opts: { bodyLimit?: number; beforeBody?: (app: Express) => void } = {}): Express {
+/** Creates an express app with `GET /healthz`; each route reads its body with {@link readBody}. */
+export function createApp(): Express {
   const app = express();
   app.disable('x-powered-by');
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
-  opts.beforeBody?.(app);
-  app.use(express.text({ type: () => true, limit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT }));
   return app;
 }
 
-/** Our words for body-parser's error types (its own messages may quote the body). */
+/** How long a connection whose body was refused stays half-closed before it is dropped (ms). */
+const LINGER_MS = 2_000;
+
+/** Content types of an AdmissionReview or a prepare request. */
+export const JSON_TYPES: readonly string[] = ['application/json'];
+/** Content types of CloudEvents as Knative delivers them: binary (JSON data), structured and batch mode. */
+export const EVENT_TYPES: readonly string[] = [
+  'application/json',
+  'application/cloudevents+json',
+  'application/cloudevents-batch+json',
+];
+
+/**
+ * Middleware reading a route's body as UTF-8 text into `req.body` (the handlers parse it, so
+ * a malformed body is their 4xx). A body of another content type, encoding or charset is a
+ * 415 before any byte is read; a request without a body, or with an empty one, is let through
+ * with `''`. A body over `limit` is a 413 at
+ * once when `Content-Length` says so, otherwise as soon as the limit is passed: reading stops
+ * there (raw-body pauses the stream) and the connection is closed after the answer, so the
+ * sender is not read to its end.
+ * @param opts.types accepted media types (parameters such as `charset` are ignored).
+ * @param opts.limit bytes (default {@link DEFAULT_BODY_LIMIT}).
+ */
+export function readBody(opts: { types: readonly string[]; limit?: number }): RequestHandler {
+  const limit = opts.limit ?? DEFAULT_BODY_LIMIT;
+  return (req, res, next) => {
+    const type = req.is([...opts.types]);
+    // An empty body has no type to check (a ping without data carries none, or any).
+    if (type === null || req.headers['content-length'] === '0') {
+      req.body = '';
+      return next();
+    }
+    const refused = type === false ? `content type must be one of ${opts.types.join(', ')}` : unreadable(req);
+    if (refused) throw new HttpError(415, refused);
+    getRawBody(req, { limit, length: req.headers['content-length'], encoding: 'utf8' }).then(
+      (text) => {
+        req.body = text;
+        next();
+      },
+      (err: { type?: string }) => {
+        stopReading(req, res);
+        next(err);
+      },
+    );
+  };
+}
+
+/** Why a body of an accepted type cannot be read as UTF-8 text, if it cannot. */
+function unreadable(req: Request): string | undefined {
+  const encoding = req.headers['content-encoding'];
+  if (encoding && encoding !== 'identity') return 'content encoding must be identity';
+  // JSON is UTF-8 (RFC 8259 §8.1): any other declared charset is refused, not guessed at.
+  const charset = parseContentType(req.headers['content-type'] ?? '').parameters.charset?.toLowerCase();
+  return charset && charset !== 'utf-8' && charset !== 'utf8' ? 'charset must be utf-8' : undefined;
+}
+
+/**
+ * Reads no more of a refused body. After the answer the connection is half-closed (the sender
+ * sees the answer and the end before anything else) and dropped a moment later; closing it at
+ * once could reset it before the sender has read the answer.
+ */
+function stopReading(req: Request, res: Response): void {
+  req.socket.pause();
+  res.on('finish', () => {
+    req.socket.end();
+    req.socket.pause();
+    setTimeout(() => req.socket.destroy(), LINGER_MS).unref();
+  });
+}
+
+/** Our words for raw-body's error types (its own messages may quote the body). */
 const BODY_PARSER_MESSAGES = new Map([
   ['entity.too.large', 'request body too large'],
   ['entity.parse.failed', 'request body is not valid'],
+  ['request.size.invalid', 'request body is shorter or longer than its Content-Length'],
+  ['encoding.unsupported', 'request body encoding is not supported'],
 ]);
 
 /** The message of a 4xx raised by a middleware (body-parser's own words may quote the body). */

@@ -9,6 +9,9 @@ import { consumerKindsFromEnv, setPageSizeFromEnv } from '../lib/consumers.ts';
 import {
   closeServer,
   createApp,
+  EVENT_TYPES,
+  JSON_TYPES,
+  readBody,
   errorHandler,
   limitIdleConnections,
   listen,
@@ -63,9 +66,9 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   // SPEC §5: the caller's token is checked before the body is read; the SubjectAccessReview
   // for the named object comes before anything about the object is read.
   const gate = new PrepareGate(kubeconfig, prepareAuthFromEnv(env), logger);
-  const app = createApp({ beforeBody: (a) => a.post('/prepare', gate.authenticate) });
-  app.post('/', handler.handle);
-  app.post('/prepare', async (req, res) => {
+  const app = createApp();
+  app.post('/', readBody({ types: EVENT_TYPES }), handler.handle);
+  app.post('/prepare', gate.authenticate, readBody({ types: JSON_TYPES }), async (req, res) => {
     const caller = res.locals.caller as Caller;
     const body = typeof req.body === 'string' ? req.body : '';
     sendOutcome(res, await prepare(deps, handler, body, (kind, r) => gate.authorize(caller, kind, r)));

@@ -1,10 +1,17 @@
 /**
  * Runs a function as the container does — `node functions/main.ts <name>` — through the
  * scripts' one spawn-and-wait helper (scripts/lib/process.ts), and exposes its combined output,
- * the port it reported in its `listening` log line, and its exit.
+ * the port it reported in its `listening` log line, and its exit; or all three functions in
+ * the test's own process.
  */
+import type { KubeConfig } from '@kubernetes/client-node';
+import { start as startAdmission } from '../../functions/admission/index.ts';
+import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
+import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { spawnFunction as spawnListening, type FunctionProcess as Spawned } from '../../scripts/lib/process.ts';
 import { scanLater } from './leaks.ts';
+import { captureLogger } from './logs.ts';
 
 /** A function running as a child process. */
 export interface FunctionProcess extends Spawned {
@@ -26,4 +33,29 @@ export async function spawnFunction(name: string, env: NodeJS.ProcessEnv): Promi
   });
   scanLater(`${name} output`, () => out);
   return { ...fn, output: () => out };
+}
+
+/** The three functions started in this process for a test (admission over plain HTTP). */
+export interface InProcessFunctions {
+  admission: FunctionHandle;
+  mirrorSync: FunctionHandle;
+  identityStatus: FunctionHandle;
+}
+
+/**
+ * Starts admission (plain HTTP), mirror-sync and identity-status in this process on free
+ * loopback ports with `kc`, each logging into a captured logger; the caller closes them.
+ */
+export async function startInProcess(kc: KubeConfig): Promise<InProcessFunctions> {
+  const base = { port: 0, host: '127.0.0.1', kubeconfig: kc };
+  const [admission, mirrorSync, identityStatus] = await Promise.all([
+    startAdmission({
+      ...base,
+      logger: captureLogger('admission').logger,
+      env: { CAPTF_ADMISSION_PLAIN_HTTP: 'true' },
+    }),
+    startMirrorSync({ ...base, logger: captureLogger('mirror-sync').logger, env: {} }),
+    startIdentityStatus({ ...base, logger: captureLogger('identity-status').logger, env: {} }),
+  ]);
+  return { admission, mirrorSync, identityStatus };
 }

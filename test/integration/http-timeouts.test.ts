@@ -1,7 +1,7 @@
 /**
  * Server timeouts: every function's server has a headers timeout, a
  * whole-request timeout, a socket idle timeout and a keep-alive timeout
- * (functions/lib/http.ts `SERVER_TIMEOUTS`); body size is limited by the body parser. A
+ * (functions/lib/http.ts `SERVER_TIMEOUTS`); body size is limited by `readBody`. A
  * slow-loris client sending one byte a second — in the headers, or in the body after complete
  * headers — is cut off within the documented bound, and so is a client that connects and sends
  * nothing; the server goes on serving. The time a handler spends on a complete request is not
@@ -16,14 +16,14 @@ import { join } from 'node:path';
 import { connect as tlsConnect } from 'node:tls';
 import { after, before, describe, it } from 'node:test';
 import { start as startAdmission } from '../../functions/admission/index.ts';
-import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
-import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import {
   SERVER_TIMEOUTS,
   closeServer,
   createApp,
   errorHandler,
+  JSON_TYPES,
   limitIdleConnections,
+  readBody,
   listen,
   serverOptions,
   type FunctionHandle,
@@ -31,6 +31,7 @@ import {
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { admin, suffix } from '../helpers/cluster.ts';
 import { captureLogger } from '../helpers/logs.ts';
+import { startInProcess } from '../helpers/process.ts';
 
 /** What a dripping client saw: when the server closed, what it answered, how many bytes it sent. */
 interface Dripped {
@@ -82,33 +83,28 @@ const SLACK_MS = 2_000;
 
 describe('every server sets the timeouts of SERVER_TIMEOUTS', () => {
   const a = admin();
-  const handles: { name: string; fn: FunctionHandle; open: () => Socket }[] = [];
+  const handles: { name: string; fn: FunctionHandle; open: () => Socket; path: string }[] = [];
 
   before(async () => {
     const dir = mkdtempSync(join(tmpdir(), 'captf-timeouts-'));
     const { leaf } = await createWebhookPair(dir, `captf-timeouts-ca-${suffix()}`);
     const base = { port: 0, host: '127.0.0.1', kubeconfig: a.kc };
-    const started = await Promise.all([
+    const [tls, plain] = await Promise.all([
       startAdmission({
         ...base,
         logger: captureLogger('admission').logger,
         env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
       }),
-      startAdmission({
-        ...base,
-        logger: captureLogger('admission').logger,
-        env: { CAPTF_ADMISSION_PLAIN_HTTP: 'true' },
-      }),
-      startMirrorSync({ ...base, logger: captureLogger('mirror-sync').logger, env: {} }),
-      startIdentityStatus({ ...base, logger: captureLogger('identity-status').logger, env: {} }),
+      startInProcess(a.kc),
     ]);
+    const started = [tls, plain.admission, plain.mirrorSync, plain.identityStatus];
     const names = ['admission (HTTPS)', 'admission (plain HTTP)', 'mirror-sync', 'identity-status'];
     started.forEach((fn, i) => {
       const open =
         fn.scheme === 'https'
           ? () => tlsConnect({ host: '127.0.0.1', port: fn.port, rejectUnauthorized: false })
           : () => netConnect(fn.port, '127.0.0.1');
-      handles.push({ name: names[i]!, fn, open });
+      handles.push({ name: names[i]!, fn, open, path: names[i]!.startsWith('admission') ? '/validate' : '/' });
     });
   });
   after(async () => {
@@ -126,13 +122,13 @@ describe('every server sets the timeouts of SERVER_TIMEOUTS', () => {
 
   it('slow-loris, one byte a second: cut off in the headers, in the body, and when silent; still serving', async (t) => {
     const { headersMs, requestMs, idleMs, checkEveryMs } = SERVER_TIMEOUTS;
-    const runs = handles.flatMap(({ name, open }) => [
+    const runs = handles.flatMap(({ name, open, path }) => [
       { name, what: 'headers', bound: headersMs + checkEveryMs, run: () => drip(open, { drip: HEAD }) },
       {
         name,
         what: 'body',
         bound: requestMs + checkEveryMs,
-        run: () => drip(open, { prefix: HEAD, drip: '{"a":"' + 'x'.repeat(990) }),
+        run: () => drip(open, { prefix: HEAD.replace('POST / ', `POST ${path} `), drip: '{"a":"' + 'x'.repeat(990) }),
       },
       { name, what: 'silence', bound: idleMs, run: () => drip(open, { drip: '' }) },
     ]);
@@ -158,7 +154,7 @@ describe('the idle timeout does not count the time a handler works', () => {
   it('an answer that takes longer than the idle timeout arrives; a silent connection is closed', async () => {
     const t = { headersMs: 1_000, requestMs: 2_000, idleMs: 300, keepAliveMs: 500, checkEveryMs: 100 };
     const app = createApp();
-    app.post('/slow', async (_req, res) => {
+    app.post('/slow', readBody({ types: JSON_TYPES }), async (_req, res) => {
       await new Promise((r) => setTimeout(r, 1_000));
       res.json({ done: true });
     });
@@ -167,7 +163,11 @@ describe('the idle timeout does not count the time a handler works', () => {
     limitIdleConnections(server, t);
     const port = await listen(server, 0, '127.0.0.1');
     try {
-      const r = await fetch(`http://127.0.0.1:${port}/slow`, { method: 'POST', body: '{}' });
+      const r = await fetch(`http://127.0.0.1:${port}/slow`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{}',
+      });
       assert.deepEqual(await r.json(), { done: true });
       const silent = await drip(() => netConnect(port, '127.0.0.1'), { drip: '' });
       assert.ok(silent.closedAfterMs < 300 + 500, `closed after ${silent.closedAfterMs} ms`);
