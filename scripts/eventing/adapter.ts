@@ -113,6 +113,8 @@ export interface AdapterOptions {
   namespace?: string;
   /** Receives each adapter log line (JSON, from zap). */
   onLog?: (line: string) => void;
+  /** Added to the adapter's environment (e.g. `{ GODEBUG: 'netdns=go+2' }`: Go logs each name lookup). */
+  env?: Readonly<Record<string, string>>;
 }
 
 /** A running adapter. */
@@ -143,6 +145,7 @@ export function adapterEnv(opts: AdapterOptions, profilingPort: number): NodeJS.
     K_OBSERVABILITY_CONFIG: '{}',
     SYSTEM_NAMESPACE: 'knative-eventing',
     PROFILING_PORT: String(profilingPort),
+    ...opts.env,
   };
 }
 

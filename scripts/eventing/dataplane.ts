@@ -39,6 +39,7 @@ import {
 import {
   choosePorts,
   spawnComponent,
+  startRefusingProxy,
   stopComponent,
   waitListening,
   type ComponentProcess,
@@ -80,6 +81,8 @@ export interface EventingDataPlaneOptions {
   onLog?: (component: EventingComponent, line: string) => void;
   /** Build progress lines when the binaries are missing (default stderr). */
   onBuild?: (line: string) => void;
+  /** Added to every process's environment (e.g. `{ GODEBUG: 'netdns=go+2' }`: Go logs each name lookup). */
+  env?: Readonly<Record<string, string>>;
 }
 
 /** A running data plane. */
@@ -94,6 +97,8 @@ export interface EventingDataPlane {
   ports: DataPlanePorts;
   /** Each component's last log lines (at most 5000). */
   logs: Record<EventingComponent, string[]>;
+  /** `host:port` of each HTTPS request the processes made to a name off the machine, refused on loopback (their `HTTPS_PROXY`). */
+  refused: readonly string[];
   /** Sends `signal` (default SIGKILL) to one component; resolves once it exited. */
   kill(component: EventingComponent, signal?: NodeJS.Signals): Promise<void>;
   /** Stops one component if running and starts it again on the same ports; resolves once the Broker delivers again. */
@@ -283,12 +288,20 @@ class Processes {
   }
 }
 
+/** The API server's host name or address (brackets of an IPv6 address removed), for `NO_PROXY`. */
+function apiServerHost(kc: KubeConfig): string | undefined {
+  const server = kc.getCurrentCluster()?.server;
+  return server ? new URL(server).hostname.replace(/^\[(.*)\]$/, '$1') : undefined;
+}
+
 /**
  * Starts Knative Eventing's broker data plane against a cluster (see the file comment): builds
  * the binaries and creates the system namespace, its ConfigMaps and the target namespace when
  * missing, applies the Broker, Triggers and PingSources of `objects` and the Broker's
  * InMemoryChannel, writes every field the eventing controllers would, starts the ingress,
- * filter, dispatcher and mtping on free ports, and resolves once the Broker accepts events.
+ * filter, dispatcher and mtping on free ports (with `HTTPS_PROXY` a loopback proxy that refuses
+ * everything: scripts/eventing/processes.ts startRefusingProxy), and resolves once the Broker
+ * accepts events.
  * Needs the Eventing CRDs (scripts/controlplane/crds.ts installEventingCRDs).
  * @returns the running data plane; call `stop()` when done.
  * @throws Error when there is not exactly one Broker, a ref cannot be resolved (a Knative
@@ -308,12 +321,21 @@ export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Pr
   };
   const applied = await applyAndWire(opts, addresses);
   const brokerUrl = brokerAddress(addresses, applied.broker);
-  const env: EnvContext = { kubeconfigPath: opts.kubeconfigPath, systemNamespace: SYSTEM_NAMESPACE, ports };
+  const proxy = await startRefusingProxy();
+  const env: EnvContext = {
+    kubeconfigPath: opts.kubeconfigPath,
+    systemNamespace: SYSTEM_NAMESPACE,
+    ports,
+    httpsProxy: proxy.url,
+    noProxy: apiServerHost(opts.kc),
+    extraEnv: opts.env,
+  };
   const procs = new Processes({ bins, env, onLog: opts.onLog }, { brokerUrl, timeoutMs: 60_000 });
+  const stop = () => procs.stop().then(() => proxy.close());
   try {
     await procs.start(COMPONENTS);
   } catch (err) {
-    await procs.stop();
+    await stop();
     throw err;
   }
   return {
@@ -322,9 +344,10 @@ export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Pr
     applied,
     ports,
     logs: procs.logs,
+    refused: proxy.refused,
     kill: (c, signal) => procs.kill(c, signal),
     restart: (c) => procs.restart(c),
-    stop: () => procs.stop(),
+    stop,
   };
 }
 

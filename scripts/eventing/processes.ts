@@ -6,7 +6,8 @@
  * it (docs/eventing-dataplane.md "Ports, interfaces, several data planes").
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { connect, createServer } from 'node:net';
+import { createServer as createHttpServer } from 'node:http';
+import { connect, createServer, type AddressInfo } from 'node:net';
 import { freePort } from '../controlplane/controlplane.ts';
 import { isRunning, onLines, stopProcess } from '../lib/process.ts';
 import { IMC_PORT_ENV, type EventingBinaries, type EventingComponent } from './build.ts';
@@ -62,6 +63,12 @@ export interface EnvContext {
   kubeconfigPath: string;
   systemNamespace: string;
   ports: DataPlanePorts;
+  /** `HTTPS_PROXY` of every component: a {@link startRefusingProxy}'s URL. */
+  httpsProxy?: string;
+  /** `NO_PROXY`: the API server's host (Go never proxies loopback addresses anyway). */
+  noProxy?: string;
+  /** Added to every component's environment last (e.g. `GODEBUG: 'netdns=go+2'`). */
+  extraEnv?: Readonly<Record<string, string>>;
 }
 
 /** Environment variables only one component reads (upstream config/…/deployments/*.yaml). */
@@ -96,8 +103,9 @@ function ownEnv(component: EventingComponent, { systemNamespace: ns, ports }: En
 /**
  * The whole environment of one component (nothing else is inherited): the kubeconfig, the
  * system namespace (ConfigMaps and leader-election Leases live there), a pod name unique to
- * this process, the ports, and what upstream's Deployment sets (config/brokers/mt-channel-broker,
- * config/channels/in-memory-channel, config/core/deployments/pingsource-mt-adapter.yaml).
+ * this process, the ports, what upstream's Deployment sets (config/brokers/mt-channel-broker,
+ * config/channels/in-memory-channel, config/core/deployments/pingsource-mt-adapter.yaml), and
+ * `HTTPS_PROXY`/`NO_PROXY` when given (see {@link startRefusingProxy}).
  */
 export function componentEnv(component: EventingComponent, ctx: EnvContext): NodeJS.ProcessEnv {
   return {
@@ -111,7 +119,63 @@ export function componentEnv(component: EventingComponent, ctx: EnvContext): Nod
     CONFIG_OBSERVABILITY_NAME: 'config-observability',
     METRICS_DOMAIN: 'knative.dev/internal/eventing',
     PROFILING_PORT: String(ctx.ports.profiling[component]),
+    ...(ctx.httpsProxy ? { HTTPS_PROXY: ctx.httpsProxy } : {}),
+    ...(ctx.noProxy ? { NO_PROXY: ctx.noProxy } : {}),
     ...ownEnv(component, ctx),
+    ...ctx.extraEnv,
+  };
+}
+
+/** A running {@link startRefusingProxy}. */
+export interface RefusingProxy {
+  /** `http://127.0.0.1:<port>`, for `HTTPS_PROXY`. */
+  url: string;
+  /** Each `host:port` the processes asked it to reach (at most 1000, oldest dropped). */
+  refused: string[];
+  /** Stops listening and drops open connections. */
+  close(): Promise<void>;
+}
+
+/**
+ * An HTTP proxy on 127.0.0.1 that refuses everything (403) and records what was asked, for the
+ * processes' `HTTPS_PROXY`. Why: at start, the ingress, filter and dispatcher each fetch
+ * `https://kubernetes.default.svc/.well-known/openid-configuration` (knative.dev/eventing
+ * pkg/auth/verifier.go NewVerifier → initOIDCProvider, the compiled-in default of
+ * pkg/apis/feature/features.go DefaultOIDCDiscoveryBaseURL, read before the
+ * `config-features` ConfigMap is), whether or not OIDC is enabled. Outside a cluster that name
+ * would go to the host's DNS server; through a proxy Go resolves nothing (the CONNECT carries
+ * the name) and the request fails here, on loopback, as it fails without one (upstream logs
+ * "could not initialize provider", harmless with OIDC off). Go never proxies loopback
+ * addresses (`net/http` ProxyFromEnvironment), so the API server on 127.0.0.1 and the
+ * local sinks are reached directly.
+ */
+export async function startRefusingProxy(): Promise<RefusingProxy> {
+  const refused: string[] = [];
+  const note = (target: string | undefined) => {
+    refused.push(target ?? '');
+    if (refused.length > 1000) refused.shift();
+  };
+  const answer = 'captf: this data plane reaches nothing off the machine (scripts/eventing/processes.ts)\n';
+  const server = createHttpServer((req, res) => {
+    note(req.url);
+    res.writeHead(403, { 'content-type': 'text/plain' }).end(answer);
+  });
+  server.on('connect', (req, socket) => {
+    note(req.url);
+    socket.on('error', () => undefined);
+    socket.end(`HTTP/1.1 403 Forbidden\r\ncontent-length: ${answer.length}\r\nconnection: close\r\n\r\n${answer}`);
+  });
+  await new Promise<void>((res, rej) => server.once('error', rej).listen(0, '127.0.0.1', () => res()));
+  server.unref();
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    refused,
+    close: () =>
+      new Promise((res) => {
+        server.closeAllConnections();
+        server.close(() => res());
+      }),
   };
 }
 
