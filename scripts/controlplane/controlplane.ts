@@ -3,7 +3,9 @@
  * kube-controller-manager on free loopback ports — for tests and the local mode (SPEC §14,
  * §15). Users authenticate with client certificates signed by `<dir>/pki/client-ca.*`
  * (CN = user, O = groups); authorization is Node,RBAC; the controller-manager runs the
- * garbage-collector, namespace, job and service-account controllers.
+ * controllers of {@link CONTROLLERS}: garbage collection, namespaces, Jobs, service accounts,
+ * ClusterRole aggregation (so the built-in `admin`, `edit` and `view` grant what they do on a
+ * cluster) and the `kube-root-ca.crt` ConfigMap of every namespace.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -17,8 +19,50 @@ import { sleep } from '../lib/wait.ts';
 import { ensureControlPlaneBinaries, type ControlPlaneBinaries } from '../tools/build.ts';
 import { createCA, createLeaf, createServiceAccountKeys, type CertPair } from './pki.ts';
 
-/** Controllers the controller-manager runs (garbage collection proves owner references work). */
-export const CONTROLLERS = ['garbagecollector', 'namespace', 'job', 'serviceaccount', 'serviceaccount-token'];
+/**
+ * Controllers the controller-manager runs (`--controllers`, names as kube-controller-manager
+ * v1.36 `--help` lists them): those of a real cluster that this product's users and tests
+ * touch. Each one costs CPU on a small machine shared by parallel test files, so the rest stay off
+ * (the last two below cost about 0.2 s of CPU at start and a few ms per namespace made and
+ * deleted, measured on two cores; nothing when idle).
+ *
+ * In:
+ * - `garbage-collector-controller`: owner references really delete things (mirrors owned by consumers).
+ * - `namespace-controller`: a deleted namespace really empties and goes (every test file's world).
+ * - `job-controller`: Jobs get their Pods (test/integration/delivery.test.ts reads one).
+ * - `serviceaccount-controller`: every namespace gets its `default` ServiceAccount, which
+ *   those Pods run as (without it the API server refuses them).
+ * - `serviceaccount-token-controller`: a Secret of type `kubernetes.io/service-account-token`
+ *   gets its token, as on a cluster.
+ * - `clusterrole-aggregation-controller`: fills the built-in `admin`, `edit` and `view`
+ *   ClusterRoles, which are empty without it; users bound to them
+ *   (`kubectl create rolebinding --clusterrole=edit`) get what a cluster gives
+ *   (test/integration/controlplane-roles.test.ts).
+ * - `root-ca-certificate-publisher-controller`: the `kube-root-ca.crt` ConfigMap in every
+ *   namespace, which every Pod's service-account token volume names and a user listing
+ *   ConfigMaps sees; one small write per new namespace.
+ *
+ * Out: `ttl-after-finished-controller` (no Job finishes: no kubelet runs Pods, and the
+ * product's Jobs set no TTL); `pod-garbage-collector-controller` (Pods stay Pending on no
+ * node); `resourcequota-controller` (nothing here creates a ResourceQuota, and it watches every
+ * quota-able resource, a second garbage collector's worth of informers);
+ * `disruption-controller` (no Pod runs, nothing evicts); the workload controllers
+ * (deployment, replicaset, statefulset, daemonset, cronjob: the functions run as processes,
+ * and the one Deployment a test makes has no replicas); endpoints and endpointslice (no
+ * Services); `validatingadmissionpolicy-status-controller` (the API server enforces the tests'
+ * ValidatingAdmissionPolicies itself; the controller only writes type-check warnings nobody
+ * reads); the certificatesigningrequest ones (users are minted straight from the client CA);
+ * the node, volume and cloud ones (no nodes, no volumes).
+ */
+export const CONTROLLERS = [
+  'garbage-collector-controller',
+  'namespace-controller',
+  'job-controller',
+  'serviceaccount-controller',
+  'serviceaccount-token-controller',
+  'clusterrole-aggregation-controller',
+  'root-ca-certificate-publisher-controller',
+];
 
 /** Options of {@link startControlPlane}. */
 export interface StartOptions {
@@ -178,7 +222,10 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
         binaries.kubeControllerManager,
         controllerManagerArgs(kubeconfigPath, pki),
       );
-    else log('[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run');
+    else
+      log(
+        '[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run, and the built-in admin, edit and view ClusterRoles grant nothing',
+      );
   } catch (err) {
     await components.stop();
     throw err;
