@@ -23,6 +23,8 @@ export interface Fault {
   message: string;
   /** The Status's `details` (name, kind, causes), when given. */
   details?: unknown;
+  /** Extra answer headers (e.g. `Retry-After` on a 429). */
+  headers?: Readonly<Record<string, string>>;
 }
 
 /** Any answer the proxy gives instead of the API server: a Status, another body, or a reset connection. */
@@ -69,12 +71,16 @@ function reply(answer: Answer, req: IncomingMessage, res: ServerResponse): void 
   req.resume();
   if ('reset' in answer) req.socket.destroy();
   else if ('body' in answer) res.writeHead(answer.status, { 'content-type': answer.contentType }).end(answer.body);
-  else res.writeHead(answer.status, { 'content-type': 'application/json' }).end(JSON.stringify(statusBody(answer)));
+  else
+    res
+      .writeHead(answer.status, { 'content-type': 'application/json', ...answer.headers })
+      .end(JSON.stringify(statusBody(answer)));
 }
 
 /**
  * Starts the proxy.
- * @param fault decides per request: an answer to give, or undefined to forward.
+ * @param fault decides per request: an answer to give, or undefined to forward; a promise of
+ *   either holds the request until it settles (a slow API server).
  * @param opts.kubeconfigPath whose client certificate the proxy forwards with (default
  *   admin's), so the audit log tells the proxied function's requests apart.
  * @param opts.ownCredentials forward each request with the client's own credentials (its
@@ -82,7 +88,7 @@ function reply(answer: Answer, req: IncomingMessage, res: ServerResponse): void 
  *   reach the proxy with `withServer(theirKubeConfig, proxy.url)`.
  */
 export async function startFaultProxy(
-  fault: (method: string, url: string, req: IncomingMessage) => Answer | undefined,
+  fault: (method: string, url: string, req: IncomingMessage) => Answer | undefined | Promise<Answer | undefined>,
   opts: { kubeconfigPath?: string; ownCredentials?: boolean } = {},
 ): Promise<FaultProxy> {
   const a = admin();
@@ -104,8 +110,8 @@ export async function startFaultProxy(
     ? { ca }
     : { cert: Buffer.from(user.certData!, 'base64'), key: Buffer.from(user.keyData!, 'base64'), ca };
   let faults = 0;
-  const server = createServer({ cert: readFileSync(leaf.cert), key: readFileSync(leaf.key) }, (req, res) => {
-    const answer = fault(req.method ?? 'GET', req.url ?? '/', req);
+  const server = createServer({ cert: readFileSync(leaf.cert), key: readFileSync(leaf.key) }, async (req, res) => {
+    const answer = await fault(req.method ?? 'GET', req.url ?? '/', req);
     if (answer) {
       faults++;
       reply(answer, req, res);
