@@ -15,13 +15,15 @@
  *   authorizer writes for this user and request ({@link rbacForbiddenMessages});
  * - for a transport failure, its error codes (an allow-list, or `^[A-Z][A-Z0-9_]{2,60}$`).
  * Never the Status `message`, a non-Status body (an HTML error page), request options,
- * URLs or headers.
+ * URLs or headers. The one thing read from an answer's headers is the wait a `Retry-After`
+ * asks for, as a number ({@link retryAfterOf}).
  *
  * What was asked is recorded by the HTTP layer of {@link makeClients} (kube.ts) for each
  * failed request ({@link rememberRequest}), so every caller of {@link describeError} gets it
  * without passing it; a caller may pass it explicitly for clients built elsewhere.
  */
 import { X509Certificate } from 'node:crypto';
+import { parseRetryAfter } from './retry-after.ts';
 
 /**
  * One request as the API server's authorizer sees it (k8s.io/apiserver
@@ -64,16 +66,40 @@ export class RedactedApiError extends Error {
   readonly code: number | undefined;
   /** The Status's `details.causes[].reason` values that are `metav1.CauseType`s (e.g. `NamespaceTerminating`). */
   readonly causes: readonly string[];
+  /** The wait the answer's `Retry-After` asked for, in seconds ({@link retryAfterOf}); undefined for none. */
+  readonly retryAfterSeconds: number | undefined;
   /**
    * @param code HTTP status kept so `isConflict`/`isNotFound` still work.
    * @param message safe text (from {@link describeError}).
    * @param causes cause types kept from the Status.
+   * @param retryAfterSeconds the wait kept from the answer's `Retry-After`.
    */
-  constructor(code: number | undefined, message: string, causes: readonly string[] = []) {
+  constructor(code: number | undefined, message: string, causes: readonly string[] = [], retryAfterSeconds?: number) {
     super(message);
     this.code = code;
     this.causes = causes;
+    this.retryAfterSeconds = retryAfterSeconds;
   }
+}
+
+/**
+ * The wait, in seconds, that the answer of a failed API call asks for with `Retry-After`
+ * (retry-after.ts `parseRetryAfter`: delay-seconds or an HTTP-date), read only from a 429 or
+ * 5xx answer as client-go does (k8s.io/client-go rest/with_retry.go `checkWait`): the API
+ * server sends it when it throttles (priority and fairness, max-in-flight) or times out. A
+ * {@link RedactedApiError} keeps the wait of the error it replaced.
+ * @param now milliseconds since the epoch, for an HTTP-date (default: the current time).
+ * @returns seconds ≥ 0 (not capped), or undefined when the answer asks for no wait.
+ */
+export function retryAfterOf(err: unknown, now: number = Date.now()): number | undefined {
+  if (err instanceof RedactedApiError) return err.retryAfterSeconds;
+  const status = apiStatus(err);
+  if (status === undefined || (status !== 429 && status < 500)) return undefined;
+  const headers = (err as { headers?: unknown }).headers;
+  if (typeof headers !== 'object' || headers === null) return undefined;
+  // client-node's fetch library names the headers in lower case; a hand-made error may not.
+  const name = Object.keys(headers).find((k) => k.toLowerCase() === 'retry-after');
+  return name === undefined ? undefined : parseRetryAfter((headers as Record<string, unknown>)[name], now);
 }
 
 const asked = new WeakMap<object, RequestAttributes | (() => RequestAttributes | undefined)>();
@@ -123,7 +149,7 @@ export function describeError(err: unknown, request: RequestAttributes | undefin
 /**
  * For errors of requests whose answer must never be shown (kept for callers that need
  * codes and causes after the error object is gone): the {@link describeError} text, the
- * HTTP code and the Kubernetes-defined cause types.
+ * HTTP code, the Kubernetes-defined cause types and the `Retry-After` wait.
  * @returns a {@link RedactedApiError}, or the input unchanged when it is not an HTTP error.
  */
 export function redactApiError(err: unknown): unknown {
@@ -131,7 +157,7 @@ export function redactApiError(err: unknown): unknown {
   if (code === undefined || err instanceof RedactedApiError) return err;
   const status = statusOf((err as { body?: unknown }).body);
   const types = [...new Set(keptCauses(status?.details?.causes).map((c) => c.type))];
-  return new RedactedApiError(code, describeError(err), types);
+  return new RedactedApiError(code, describeError(err), types, retryAfterOf(err));
 }
 
 /**

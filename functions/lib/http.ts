@@ -19,6 +19,7 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import { describeError } from './api-errors.ts';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
+import { retryAfterHeader } from './retry-after.ts';
 
 /** Largest request body accepted, in bytes (Kubernetes objects are at most ~1.5 MiB). */
 export const DEFAULT_BODY_LIMIT = 3 * 1024 * 1024;
@@ -102,6 +103,8 @@ export class HttpError extends Error {
  * `done` 200 (the work the request names is done), `bad-input` 400 (malformed or unusable
  * input: fix the request), `forbidden` 403, `not-found` 404, `conflict` 409 and
  * `unprocessable` 422 (states that wait for a person), `retry` 503 (a retry can fix it).
+ * A `retry` may say how long to wait first (`retryAfterSeconds`: the `Retry-After` header,
+ * lib/retry-after.ts); the other kinds never carry one.
  */
 export type Outcome =
   | { kind: 'done'; body: object }
@@ -110,6 +113,8 @@ export type Outcome =
       error: string;
       reason?: string | undefined;
       body?: object;
+      /** `retry` only: seconds the sender should wait before retrying (sent as `Retry-After`). */
+      retryAfterSeconds?: number | undefined;
     };
 
 /** HTTP status of each {@link Outcome} kind. */
@@ -125,13 +130,16 @@ export const OUTCOME_STATUS: Record<Outcome['kind'], number> = {
 
 /**
  * Sends an outcome: its status from {@link OUTCOME_STATUS}; the body as given for `done`,
- * else `{error, reason?, ...body}`.
+ * else `{error, reason?, ...body}`; a `retry` with `retryAfterSeconds` also gets a
+ * `Retry-After` header (retry-after.ts `retryAfterHeader`: whole seconds, 1 to 30).
  */
 export function sendOutcome(res: Response, o: Outcome): void {
   if (o.kind === 'done') {
     res.status(OUTCOME_STATUS.done).json(o.body);
     return;
   }
+  if (o.kind === 'retry' && o.retryAfterSeconds !== undefined)
+    res.set('Retry-After', retryAfterHeader(o.retryAfterSeconds));
   res.status(OUTCOME_STATUS[o.kind]).json({ error: o.error, ...(o.reason ? { reason: o.reason } : {}), ...o.body });
 }
 

@@ -30,7 +30,7 @@ import {
 } from './api-errors.ts';
 
 // Errors become text in one place only (SPEC §15): api-errors.ts.
-export { apiStatus, describeError, redactApiError, RedactedApiError } from './api-errors.ts';
+export { apiStatus, describeError, redactApiError, RedactedApiError, retryAfterOf } from './api-errors.ts';
 
 /**
  * Loads the kubeconfig the way a function does at start-up: an explicit path, else

@@ -12,7 +12,8 @@
 import { createHash } from 'node:crypto';
 import type { ConsumerKind } from '../lib/api.ts';
 import type { Outcome } from '../lib/http.ts';
-import { describeError } from '../lib/kube.ts';
+import { describeError, retryAfterOf } from '../lib/kube.ts';
+import { largestRetryAfter } from '../lib/retry-after.ts';
 
 /** Audience the caller's token must be bound to unless `CAPTF_PREPARE_AUDIENCE` says otherwise. */
 export const DEFAULT_PREPARE_AUDIENCE = 'captf-mirror-sync';
@@ -204,7 +205,8 @@ export function forbidden(attrs: PrepareAttributes): Outcome {
 
 /**
  * Prepare's answer when a review could not be made (the API server unreachable, 5xx, 429,
- * or any other failure): 503, never 401, 403 or 200 (SPEC §5). The message names the review
+ * or any other failure): 503, never 401, 403 or 200 (SPEC §5), with `Retry-After` when a
+ * throttled API server asked for a wait (at most 30 s). The message names the review
  * and the failure as `describeError` words it, never the server's text (SPEC §15).
  * @param review `TokenReview` or `SubjectAccessReview`.
  */
@@ -213,5 +215,6 @@ export function reviewFailed(review: 'TokenReview' | 'SubjectAccessReview', err:
     kind: 'retry',
     reason: 'AuthorizationUnavailable',
     error: `mirror-sync could not check the caller: its ${review} failed (${describeError(err)}); call prepare again`,
+    retryAfterSeconds: largestRetryAfter([retryAfterOf(err)]),
   };
 }

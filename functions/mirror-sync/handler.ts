@@ -9,7 +9,8 @@ import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
 import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } from '../lib/cloudevents.ts';
 import { sendEventOutcome, type Outcome } from '../lib/http.ts';
-import { describeError, makeClients, type Clients } from '../lib/kube.ts';
+import { describeError, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
+import { largestRetryAfter } from '../lib/retry-after.ts';
 import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
 import { keyString } from './decide.ts';
 import type { KeyQueue } from './queue.ts';
@@ -44,6 +45,8 @@ type Done = {
   keys?: string[];
   resync?: ResyncSummary;
   ignored?: string;
+  /** With `ignored`: the largest wait, in seconds, a throttled API server asked for in this event's work. */
+  retryAfterSeconds?: number;
   /** Why an event needed no work (a Secret without the source label). */
   skipped?: string;
 };
@@ -176,7 +179,12 @@ export class MirrorSyncHandler {
       id,
       results: consumers.map(({ object, outcome, reason, retry }) => ({ object, outcome, reason, retry })),
       keys: results.map((r) => keyString(r.key)),
-      ...(failed.length ? { ignored: `failed: ${failed.map((r) => r.error).join('; ')}` } : {}),
+      ...(failed.length
+        ? failedWork(
+            failed.map((r) => r.error),
+            failed.map((r) => r.retryAfterSeconds),
+          )
+        : {}),
     };
   }
 
@@ -184,7 +192,8 @@ export class MirrorSyncHandler {
    * Express handler for `POST /`.
    * Answers: 200 `{events: [...]}`; 400 `{error}` for a malformed or unusable event (valid
    * events of a batch are still processed) or a batch over `MAX_BATCH`; 503 `{error, events}`
-   * when a reconcile asks for a retry or an API call failed.
+   * when a reconcile asks for a retry or an API call failed, with `Retry-After` when the API
+   * server throttled some of the work (the largest wait it asked for, at most 30 s).
    */
   handle = async (req: Request, res: Response): Promise<void> => {
     sendEventOutcome(req, res, await this.answer(typeof req.body === 'string' ? req.body : '', req.headers));
@@ -214,7 +223,12 @@ export class MirrorSyncHandler {
     if (bad.length) this.deps.logger.warn('bad event', { errors: bad });
     const badEvents = bad.length ? { badEvents: bad } : {};
     if (done.some(needsRetry))
-      return { kind: 'retry', error: 'some reconciles must be retried', body: { events: done, ...badEvents } };
+      return {
+        kind: 'retry',
+        error: 'some reconciles must be retried',
+        body: { events: done, ...badEvents },
+        retryAfterSeconds: largestRetryAfter(done.map((d) => d.retryAfterSeconds)),
+      };
     if (bad.length) return { kind: 'bad-input', error: bad.join('; '), body: { events: done } };
     return { kind: 'done', body: { events: done } };
   }
@@ -226,9 +240,21 @@ export class MirrorSyncHandler {
     } catch (err) {
       if (err instanceof BadEventError) return err.message;
       this.deps.logger.warn('event failed', { id: r.id, error: describeError(err) });
-      return { id: r.id, ignored: `failed: ${describeError(err)}` };
+      return { id: r.id, ...failedWork([describeError(err)], [retryAfterOf(err)]) };
     }
   }
+}
+
+/**
+ * What an event says about its failed work: `ignored` naming every failure, and the largest
+ * wait a throttled API server asked for in it (capped, lib/retry-after.ts), when one did.
+ */
+function failedWork(
+  errors: readonly (string | undefined)[],
+  waits: readonly (number | undefined)[],
+): Pick<Done, 'ignored' | 'retryAfterSeconds'> {
+  const wait = largestRetryAfter(waits);
+  return { ignored: `failed: ${errors.join('; ')}`, ...(wait === undefined ? {} : { retryAfterSeconds: wait }) };
 }
 
 /** Whether an event's work must be retried (a result asks for it, or the work failed). */

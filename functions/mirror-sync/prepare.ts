@@ -8,8 +8,9 @@ import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import { HttpError, type Outcome } from '../lib/http.ts';
-import { describeError, ignoreNotFound, makeClients, type Clients } from '../lib/kube.ts';
+import { describeError, ignoreNotFound, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
+import { largestRetryAfter } from '../lib/retry-after.ts';
 import type { MirrorSyncHandler } from './handler.ts';
 import type { MirrorKey } from './decide.ts';
 import { keysForConsumer } from './keys.ts';
@@ -89,11 +90,14 @@ export interface PrepareOutcome {
   /** Mirror name and source hash when the mirror is current. */
   mirror?: string;
   sourceHash?: string;
+  /** For an `error`: the wait, in seconds, a throttled API server asked for (answered as `Retry-After`). */
+  retryAfterSeconds?: number | undefined;
 }
 
 /**
  * Maps prepare's outcome to its answer (SPEC §5: 403/404/409 for states that wait for a
- * person, 503 only for failures a retry can fix; statuses from lib/http.ts `OUTCOME_STATUS`).
+ * person, 503 only for failures a retry can fix, with the wait a throttled API server asked
+ * for; statuses from lib/http.ts `OUTCOME_STATUS`).
  */
 export function prepareAnswer(r: PrepareOutcome, ready: boolean): Outcome {
   switch (r.outcome) {
@@ -115,7 +119,12 @@ export function prepareAnswer(r: PrepareOutcome, ready: boolean): Outcome {
     case 'no-identity-ref':
       return { kind: 'unprocessable', reason: 'NoIdentityRef', error: r.message };
     default:
-      return { kind: 'retry', reason: r.reason, error: r.message };
+      return {
+        kind: 'retry',
+        reason: r.reason,
+        error: r.message,
+        retryAfterSeconds: largestRetryAfter([r.retryAfterSeconds]),
+      };
   }
 }
 
@@ -160,7 +169,8 @@ export async function prepare(
     results = await handler.runKeys(found.keys);
   } catch (err) {
     // The API server failed the lookups: a retry can fix that (SPEC §5).
-    return prepareAnswer({ ...base, outcome: 'error', reason: 'APIError', message: describeError(err) }, false);
+    const failed = { outcome: 'error', reason: 'APIError', message: describeError(err) } as const;
+    return prepareAnswer({ ...base, ...failed, retryAfterSeconds: retryAfterOf(err) }, false);
   }
   const { consumer } = found;
   if (!consumer) return prepareAnswer({ ...base, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
@@ -176,7 +186,11 @@ async function answerFor(
   r: { req: PrepareRequest; consumer: Consumer; own: KeyResult; base: { object: string; kind: string } },
 ): Promise<Outcome> {
   const { req, consumer, own, base } = r;
-  if (own.error) return prepareAnswer({ ...base, outcome: 'error', reason: 'APIError', message: own.error }, false);
+  if (own.error)
+    return prepareAnswer(
+      { ...base, outcome: 'error', reason: 'APIError', message: own.error, retryAfterSeconds: own.retryAfterSeconds },
+      false,
+    );
   const mine = own.consumers.find((c) => c.object === base.object && c.kind === base.kind);
   if (!mine)
     return prepareAnswer(

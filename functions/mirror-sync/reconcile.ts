@@ -20,6 +20,7 @@ import {
   makeClients,
   redactApiError,
   RedactedApiError,
+  retryAfterOf,
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
@@ -74,6 +75,11 @@ export interface KeyResult {
   retry: boolean;
   /** Set when an API call failed (safe text: no Secret data). */
   error?: string | undefined;
+  /**
+   * With `error`: the wait, in seconds, the failed call's answer asked for with `Retry-After`
+   * (a throttled API server; lib/api-errors.ts `retryAfterOf`, not capped here).
+   */
+  retryAfterSeconds?: number | undefined;
   /** Set when a write was refused for good: logged as a warning, not retried (safe text). */
   warning?: string | undefined;
   durationMs: number;
@@ -272,6 +278,7 @@ async function onWriteFailed(
       consumers: plan.consumers.map((p) => ({ ...resultOf(plan.key, p), retry: true })),
       retry: true,
       error: `${verb} of mirror ${plan.key.namespace}/${name} failed: ${describeError(err)}`,
+      retryAfterSeconds: retryAfterOf(err),
     };
   }
   // Refused for good: it waits for a person, so the conditions say why and nothing retries.
@@ -367,7 +374,7 @@ export async function reconcileKey(
       error: `the mirror kept changing; gave up after ${ATTEMPTS} attempts`,
     };
   } catch (err) {
-    result = { key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
+    result = failedKey(key, err);
   }
   const done: KeyResult = {
     ...result,
@@ -377,6 +384,16 @@ export async function reconcileKey(
   logKey(deps.logger, done, scope);
   return done;
 }
+
+/** The result of a key whose reconcile failed on `err` (an API error): retried, with the wait its answer asked for. */
+export const failedKey = (key: MirrorKey, err: unknown): Omit<KeyResult, 'durationMs' | 'apiCalls'> => ({
+  key,
+  mirrorAction: 'unchanged',
+  consumers: [],
+  retry: true,
+  error: describeError(err),
+  retryAfterSeconds: retryAfterOf(err),
+});
 
 /**
  * Logs a key's reconcile: one `reconcile` line per consumer the request named or whose

@@ -33,7 +33,7 @@ import {
 } from './decide.ts';
 import { readSource } from './observe.ts';
 import type { KeyQueue } from './queue.ts';
-import { act, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
+import { act, failedKey, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
 /** CloudEvent source of the events a resync sends to `K_SINK`. */
 export const RESYNC_SOURCE = 'captf-credentials/mirror-sync/resync';
@@ -284,7 +284,7 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
     logKey(pass.deps.logger, { ...r, durationMs: Math.round(performance.now() - t0), apiCalls: 0 });
     return r;
   } catch (err) {
-    return { key: plan.key, mirrorAction: 'unchanged', consumers: [], retry: true, error: describeError(err) };
+    return failedKey(plan.key, err);
   }
 }
 

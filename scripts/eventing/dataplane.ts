@@ -144,12 +144,30 @@ function refResolver(
 const ensureNamespace = (kc: KubeConfig, name: string): Promise<void> =>
   createOnce(kc.makeApiClient(CoreV1Api).createNamespace({ body: { metadata: { name } } }));
 
-/** Creates the system namespace and its three ConfigMaps when missing (empty data: upstream defaults). */
+/**
+ * The feature flags the local data plane sets in `config-features` (every other flag keeps
+ * upstream's default, pkg/apis/feature/features.go newDefaults). `delivery-retryafter` is what a
+ * cluster operator enables so that Knative's webhook accepts `delivery.retryAfterMax`
+ * (pkg/apis/duck/v1/delivery_types.go Validate; refused as a disallowed field otherwise), which
+ * the manifests' `components/retry-after` sets on mirror-sync's Triggers: with it the dispatcher
+ * waits as long as a 429 or 503 answer's `Retry-After` asks, up to that maximum
+ * (pkg/kncloudevents/retries.go generateBackoffFn). The data plane itself reads only
+ * `retryAfterMax`; the flag is set so the local installation is the one a cluster needs.
+ */
+export const LOCAL_FEATURES: Readonly<Record<string, string>> = { 'delivery-retryafter': 'enabled' };
+
+/**
+ * Creates the system namespace and its three ConfigMaps when missing (`config-logging` and
+ * `config-observability` empty: upstream defaults), and applies {@link LOCAL_FEATURES} to
+ * `config-features` (its other keys are left as they are).
+ */
 async function ensureSystemNamespace(kc: KubeConfig, namespace: string): Promise<void> {
   await ensureNamespace(kc, namespace);
   const core = kc.makeApiClient(CoreV1Api);
-  for (const name of ['config-logging', 'config-observability', 'config-features'])
+  for (const name of ['config-logging', 'config-observability'])
     await createOnce(core.createNamespacedConfigMap({ namespace, body: { metadata: { name } } }));
+  const features = { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'config-features', namespace } };
+  await apply(kc, { ...features, data: { ...LOCAL_FEATURES } } as KubernetesObject);
 }
 
 /** {@link serverSideApply} as the data plane's field manager. */

@@ -224,8 +224,9 @@ const ADAPTER_BENIGN = [/^Sink timeout configuration is invalid/];
  * Errors and warnings the data plane's processes (ingress, filter, dispatcher) print at every
  * start with the local configuration, none of which a user can act on:
  * - the OIDC verifier cannot reach `kubernetes.default.svc` for the cluster's OIDC discovery
- *   (a process outside a pod has no such name). OIDC is off — the system namespace's empty
- *   `config-features` means upstream's default `authentication-oidc: disabled` — and
+ *   (a process outside a pod has no such name). OIDC is off — the system namespace's
+ *   `config-features` sets only `delivery-retryafter`, so upstream's default
+ *   `authentication-oidc: disabled` holds — and
  *   upstream's own message says to ignore it then (knative.dev/eventing pkg/auth verifier.go,
  *   once at start and once per config update);
  * - `secrets "<component>-server-tls" not found`: the certificates of the HTTPS servers,

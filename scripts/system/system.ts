@@ -44,8 +44,14 @@ import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
 export { FUNCTION_NAMES, type FunctionName } from './functions.ts';
 export { PINGS } from './broker.ts';
 
-/** The kustomization the system runs: the namespace, RBAC, Knative Services and eventing objects. */
-export const MANIFESTS = 'manifests/base';
+/**
+ * The kustomization the system runs: the entry point with `Retry-After` honoured on
+ * mirror-sync's Triggers (`components/retry-after`; the local data plane enables the feature
+ * flag it needs, scripts/eventing/dataplane.ts `LOCAL_FEATURES`). Its CRDs are installed on
+ * their own (scripts/controlplane/crds.ts), so {@link RunningSystem.rendered} leaves them out:
+ * the namespace, RBAC, Knative Services, eventing and webhook objects.
+ */
+export const MANIFESTS = 'manifests/overlays/retry-after';
 
 /** Options of {@link startSystem}; without any but `dir` and `progress`: a control plane with the CRDs. */
 export interface SystemOptions {
@@ -286,7 +292,7 @@ async function buildTools(s: Startup): Promise<void> {
 
 /** Step 2 (beside the control plane): the rendered {@link MANIFESTS}, which only the functions and events need. */
 async function renderManifests(s: Startup): Promise<KubernetesObject[]> {
-  return s.opts.functions ? render(MANIFESTS) : [];
+  return s.opts.functions ? (await render(MANIFESTS)).filter((o) => o.kind !== 'CustomResourceDefinition') : [];
 }
 
 /** Step 2 (beside rendering): the control plane, started here unless the options name a cluster. */

@@ -25,12 +25,13 @@ export function ensureKustomize(log?: (line: string) => void): Promise<string> {
 
 /**
  * Every kustomization of the project, relative to the repository root: the entry point, the
- * overlay without CRDs and the source-Secret fast path.
+ * overlay without CRDs, the source-Secret fast path and `Retry-After` on mirror-sync's Triggers.
  */
 export const KUSTOMIZATIONS: readonly string[] = [
   'manifests',
   'manifests/overlays/without-crds',
   'manifests/overlays/secret-fast-path',
+  'manifests/overlays/retry-after',
 ];
 
 /**

@@ -6,7 +6,7 @@
  * plane and the ApiServerSource adapter, from the rendered manifests).
  */
 import { randomUUID } from 'node:crypto';
-import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer, request, type IncomingHttpHeaders, type Server } from 'node:http';
 import { CloudEvent, HTTP } from 'cloudevents';
 import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import {
@@ -83,13 +83,13 @@ export function pingEvent(name = 'resync'): CloudEvent<unknown> {
 /**
  * POSTs CloudEvents to `url`: one event in `binary` (default) or `structured` mode, or
  * several as a `batch` (`application/cloudevents-batch+json`).
- * @returns status and parsed JSON body (or text).
+ * @returns status, parsed JSON body (or text) and the answer's headers.
  */
 export async function postEvents(
   url: string,
   events: CloudEvent<unknown> | CloudEvent<unknown>[],
   mode: 'binary' | 'structured' | 'batch' = 'binary',
-): Promise<{ status: number; body: unknown; text: string }> {
+): Promise<EventAnswer> {
   let headers: Record<string, string>;
   let body: string;
   if (mode === 'batch') {
@@ -110,7 +110,16 @@ export async function postEvents(
   } catch {
     // keep text
   }
-  return { status: res.status, body: parsed, text };
+  return { status: res.status, body: parsed, text, headers: res.headers };
+}
+
+/** A function's answer to {@link postEvents}. */
+export interface EventAnswer {
+  status: number;
+  /** The body parsed as JSON, or its text when it is not JSON. */
+  body: unknown;
+  text: string;
+  headers: Headers;
 }
 
 /** One request a {@link startSink} received. */
@@ -155,6 +164,41 @@ export async function startSink(
     });
   });
   return { url: `${await listen(server)}/`, received, server };
+}
+
+/** One delivery a {@link startRecordingProxy} passed on to its function, and the function's answer. */
+export interface Relayed {
+  /** The CloudEvent's `ce-id`, `ce-type` and `ce-subject` ('' when absent). */
+  id: string;
+  type: string;
+  subject: string;
+  /** `performance.now()` when the request arrived. */
+  at: number;
+  /** The function's answer: its status, its `Retry-After` header, and `performance.now()` when it was passed back; unset until then. */
+  answer?: { status: number; retryAfter: string | undefined; at: number };
+}
+
+/**
+ * A recording pass-through in front of a function listening on 127.0.0.1:`port`, so a test
+ * sees what the Broker delivered and what the function answered, when.
+ * @returns its URL, what it relayed so far (in arrival order), and its server (close it after the file).
+ */
+export async function startRecordingProxy(port: number): Promise<{ url: string; relayed: Relayed[]; server: Server }> {
+  const relayed: Relayed[] = [];
+  const server = createServer((req, res) => {
+    const h = (name: string) => String(req.headers[name] ?? '');
+    const entry: Relayed = { id: h('ce-id'), type: h('ce-type'), subject: h('ce-subject'), at: performance.now() };
+    relayed.push(entry);
+    const up = request({ host: '127.0.0.1', port, method: req.method, path: req.url, headers: req.headers }, (r) => {
+      const status = r.statusCode ?? 502;
+      entry.answer = { status, retryAfter: r.headers['retry-after'], at: performance.now() };
+      res.writeHead(status, r.headers);
+      r.pipe(res);
+    });
+    up.on('error', () => res.writeHead(502).end());
+    req.pipe(up);
+  });
+  return { url: await listen(server), relayed, server };
 }
 
 const JSON_TYPE = { 'content-type': 'application/json' };

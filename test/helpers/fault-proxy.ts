@@ -27,6 +27,17 @@ export interface Fault {
   headers?: Readonly<Record<string, string>>;
 }
 
+/**
+ * The API server throttling a request, as its priority and fairness does: 429
+ * `TooManyRequests`, with `Retry-After: <retryAfter>` when given (seconds or an HTTP-date).
+ */
+export const tooManyRequests = (retryAfter?: string): Fault => ({
+  status: 429,
+  reason: 'TooManyRequests',
+  message: 'too many requests, please try again later',
+  ...(retryAfter === undefined ? {} : { headers: { 'Retry-After': retryAfter } }),
+});
+
 /** Any answer the proxy gives instead of the API server: a Status, another body, or a reset connection. */
 export type Answer = Fault | { status: number; contentType: string; body: string } | { reset: true };
 

@@ -1,7 +1,7 @@
 /**
- * mirror-sync under test: one started in this process for a test file's world, the
- * operator's source Secret its identities name, consumers made in bulk, the provider's manager
- * calling prepare, a Knative-like delivery that retries 5xx answers, ApiServerSource events
+ * mirror-sync under test: one started in this process for a test file's world (also behind a
+ * fault proxy with per-test rules), the operator's source Secret its identities name,
+ * consumers made in bulk, the provider's manager calling prepare, a Knative-like delivery that retries 5xx answers, ApiServerSource events
  * about identities and consumers, and a policy that refuses Secret writes.
  * Objects are made with the builders and the world of fixtures.ts.
  */
@@ -23,7 +23,9 @@ import { findConsumerKind } from '../../functions/lib/consumers.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { loadKubeConfig, type Clients } from '../../functions/lib/kube.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
-import { apiServerEvent, postEvents } from './events.ts';
+import { mirrorName } from '../../functions/lib/mirror.ts';
+import { apiServerEvent, postEvents, type EventAnswer } from './events.ts';
+import { startFaultProxy, type Answer, type FaultProxy } from './fault-proxy.ts';
 import * as fx from './fixtures.ts';
 import { scanLater } from './leaks.ts';
 import { captureLogger } from './logs.ts';
@@ -65,6 +67,47 @@ export async function mirrorSyncUnderTest(
   w.onCleanup(() => handle.close());
   return { handle, url: `http://127.0.0.1:${handle.port}/`, log };
 }
+
+/** One rule of a {@link ProxiedMirrorSync}'s proxy: `answer` the next `times` requests that `matches`. */
+export interface FaultRule {
+  matches: (method: string, url: string) => boolean;
+  answer: Answer;
+  times: number;
+}
+
+/** A mirror-sync under test whose API calls go through a fault proxy (fault-proxy.ts). */
+export interface ProxiedMirrorSync extends MirrorSyncUnderTest {
+  proxy: FaultProxy;
+  /** Adds a rule; the first rule that matches a request and has answers left answers it. */
+  fault(rule: FaultRule): void;
+}
+
+/**
+ * Starts {@link mirrorSyncUnderTest} with admin's credentials through a fault proxy that
+ * forwards every request except those a rule added with `fault()` answers. One instance may
+ * serve a whole file: each test adds rules that match its own objects only. Both are closed
+ * after the file.
+ */
+export async function mirrorSyncBehindProxy(
+  w: fx.World,
+  opts: { env?: Record<string, string>; log?: CapturedLog } = {},
+): Promise<ProxiedMirrorSync> {
+  const rules: FaultRule[] = [];
+  const proxy = await startFaultProxy((method, url) => {
+    const rule = rules.find((r) => r.times > 0 && r.matches(method, url));
+    if (rule) rule.times--;
+    return rule?.answer;
+  });
+  w.onCleanup(async () => proxy.close());
+  const ms = await mirrorSyncUnderTest(w, { ...opts, kubeconfig: proxy.kubeconfigPath });
+  return { ...ms, proxy, fault: (rule) => void rules.push(rule) };
+}
+
+/** Matches mirror-sync's read of identity `id`'s mirror in `namespace` (every reconcile of that key makes one). */
+export const mirrorRead =
+  (namespace: string, id: string) =>
+  (method: string, url: string): boolean =>
+    method === 'GET' && url.startsWith(`/api/v1/namespaces/${namespace}/secrets/${mirrorName(id)}`);
 
 /** The value of `$CAPTF_CONSUMER_KINDS` configuring exactly `kinds` (group/version/Kind/plural each). */
 export const consumerKindsSetting = (...kinds: ConsumerKind[]): string =>
@@ -173,7 +216,7 @@ export async function deliver(
   url: string,
   events: CloudEvent<unknown> | CloudEvent<unknown>[],
   opts: { retries?: number; mode?: 'binary' | 'structured' | 'batch' } = {},
-): Promise<{ status: number; body: unknown; text: string }> {
+): Promise<EventAnswer> {
   let last = await postEvents(url, events, opts.mode);
   for (let i = 0; i < (opts.retries ?? 5) && last.status >= 500; i++) {
     await new Promise((r) => setTimeout(r, 100 * (i + 1)));

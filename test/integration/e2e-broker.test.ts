@@ -12,14 +12,14 @@
  * namespace; on a control plane shared with other test files that would send them here too).
  */
 import assert from 'node:assert/strict';
-import { createServer, request, type Server } from 'node:http';
+import type { Server } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { IDENTITY_RESOURCE, type AllowedNamespaces, type Consumer } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
-import { listen, startEventPath, startSink, type EventPath } from '../helpers/events.ts';
+import { startEventPath, startRecordingProxy, startSink, type EventPath, type Relayed } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
@@ -35,30 +35,16 @@ let deadLetters: Awaited<ReturnType<typeof startSink>>;
 let path: EventPath;
 let tenant: string;
 
-/** What a function was sent: the CloudEvent id, type and subject of each delivery. */
-const sent: Record<'mirror-sync' | 'identity-status', { id: string; type: string; subject: string }[]> = {
-  'mirror-sync': [],
-  'identity-status': [],
-};
+/** What a function was sent: the CloudEvent id, type and subject of each delivery (and its answer). */
+const sent = { 'mirror-sync': [] as Relayed[], 'identity-status': [] as Relayed[] };
 const proxies: Server[] = [];
 
-/** A recording pass-through in front of a function, so the test sees what the Broker delivered. */
+/** A recording pass-through in front of a function (events.ts), so the test sees what the Broker delivered. */
 async function recordingProxy(fn: keyof typeof sent, port: number): Promise<string> {
-  const server = createServer((req, res) => {
-    sent[fn].push({
-      id: String(req.headers['ce-id'] ?? ''),
-      type: String(req.headers['ce-type'] ?? ''),
-      subject: String(req.headers['ce-subject'] ?? ''),
-    });
-    const up = request({ host: '127.0.0.1', port, method: req.method, path: req.url, headers: req.headers }, (r) => {
-      res.writeHead(r.statusCode ?? 502, r.headers);
-      r.pipe(res);
-    });
-    up.on('error', () => res.writeHead(502).end());
-    req.pipe(up);
-  });
-  proxies.push(server);
-  return listen(server);
+  const proxy = await startRecordingProxy(port);
+  sent[fn] = proxy.relayed;
+  proxies.push(proxy.server);
+  return proxy.url;
 }
 
 /** This file's identity `id` of the source Secret, allowing its tenant namespace (or `allowed`), scoped to its identity-status. */

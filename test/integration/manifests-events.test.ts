@@ -3,7 +3,8 @@
  * §13): Trigger and PingSource event types, ApiServerSource resources
  * (turned into events exactly as the adapter sends them and classified by the functions'
  * own parser), consumer kinds from configuration, the webhook's rules, and RBAC for every
- * sourced resource.
+ * sourced resource; and `Retry-After` honoured only where the cluster allows it (the
+ * retry-after overlay).
  */
 import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';
@@ -18,6 +19,7 @@ import {
   classifyEvent,
 } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
+import { MAX_RETRY_AFTER_SECONDS } from '../../functions/lib/retry-after.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 
 interface Trigger {
@@ -30,6 +32,7 @@ interface Trigger {
       backoffPolicy?: string;
       backoffDelay?: string;
       deadLetterSink?: { ref?: { name: string } };
+      retryAfterMax?: string;
     };
   };
 }
@@ -57,10 +60,12 @@ const kinds = consumerKindsFromEnv({});
 const of = <T>(objs: KubernetesObject[], kind: string) => objs.filter((o) => o.kind === kind) as unknown as T[];
 let base: KubernetesObject[];
 let fast: KubernetesObject[];
+let retryAfter: KubernetesObject[];
 
 before(async () => {
   base = await render('manifests');
   fast = await render('manifests/overlays/secret-fast-path');
+  retryAfter = await render('manifests/overlays/retry-after');
 });
 
 /** The ClusterRole/Role rules of one ServiceAccount's roles (bound by name in the manifests). */
@@ -107,6 +112,28 @@ describe('event wiring vs. what the functions accept', () => {
       assert.equal(t.spec.delivery?.deadLetterSink?.ref?.name, 'captf-dead-letters');
       assert.equal(t.spec.subscriber.ref.kind, 'Service');
     }
+  });
+
+  it("Retry-After: only overlays/retry-after sets retryAfterMax, on mirror-sync's Triggers, to mirror-sync's cap", () => {
+    // Knative's webhook refuses retryAfterMax unless config-features enables delivery-retryafter.
+    assert.deepEqual(
+      of<Trigger>(base, 'Trigger').filter((t) => t.spec.delivery?.retryAfterMax !== undefined),
+      [],
+      'the entry point applies on a cluster with the flag off',
+    );
+    const set = of<Trigger>(retryAfter, 'Trigger').filter((t) => t.spec.delivery?.retryAfterMax !== undefined);
+    assert.deepEqual(
+      set.map((t) => t.metadata.name).sort(),
+      of<Trigger>(base, 'Trigger')
+        .filter((t) => t.spec.subscriber.ref.name === 'captf-mirror-sync')
+        .map((t) => t.metadata.name)
+        .sort(),
+    );
+    for (const t of set) assert.equal(t.spec.delivery!.retryAfterMax, `PT${MAX_RETRY_AFTER_SECONDS}S`);
+    // Nothing else differs from the entry point.
+    const stripped = structuredClone(retryAfter);
+    for (const t of of<Trigger>(stripped, 'Trigger')) delete t.spec.delivery?.retryAfterMax;
+    assert.deepEqual(stripped, base);
   });
 
   it('mirror-sync gets every Reference-mode event (no filter but the type); identity-status gets identity events', () => {
