@@ -123,6 +123,8 @@ export async function startFaultProxy(
   let faults = 0;
   const server = createServer({ cert: readFileSync(leaf.cert), key: readFileSync(leaf.key) }, async (req, res) => {
     const answer = await fault(req.method ?? 'GET', req.url ?? '/', req);
+    // The client gave up while the fault held its request: nothing to forward.
+    if (res.destroyed) return;
     if (answer) {
       faults++;
       reply(answer, req, res);
@@ -142,7 +144,9 @@ export async function startFaultProxy(
         r.pipe(res);
       },
     );
-    up.on('error', () => res.writeHead(502).end());
+    up.on('error', () => (res.headersSent ? res.destroy() : res.writeHead(502).end()));
+    // A client that goes away mid-request takes the upstream request with it (no socket left open).
+    res.on('close', () => up.destroy());
     req.pipe(up);
   });
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', () => r()));
