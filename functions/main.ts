@@ -3,10 +3,11 @@
  * `node functions/main.ts <function>` (or `npm run function -- <function>`), where
  * <function> is `admission`, `mirror-sync` or `identity-status`. Configuration comes from
  * the environment (docs/configuration.md); exits 2 on an unknown function name or bad
- * configuration. SIGTERM finishes in-flight requests, then exits.
+ * configuration. SIGTERM drains: nothing new is accepted, answers in flight finish, then the
+ * process exits 0 (1 if the `CAPTF_DRAIN_SECONDS` deadline passed first).
  */
 import { apiConnectionsFromEnv, setApiConnections } from './lib/api-pool.ts';
-import { portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } from './lib/http.ts';
+import { drainMsFromEnv, portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } from './lib/http.ts';
 
 // Static imports per name so a bundler includes every function, and importing one function
 // loads none of the others' code.
@@ -25,6 +26,7 @@ if (!load) {
 try {
   // One kept-alive pool per process for every API call (lib/api-pool.ts).
   setApiConnections(apiConnectionsFromEnv(process.env));
+  const drainMs = drainMsFromEnv(process.env);
   // HOST: all interfaces by default, as in a container; local mode binds loopback only.
   const fn = await (await load()).start({ port: portFromEnv(), host: process.env.HOST || undefined });
   fn.logger.info('listening', {
@@ -33,7 +35,7 @@ try {
     scheme: fn.scheme,
     startupMs: Math.round(performance.now()),
   });
-  stopGracefully(fn.server, fn.logger, fn.onStop ? { onStop: fn.onStop } : {});
+  stopGracefully(fn, drainMs);
 } catch (err) {
   process.stderr.write(`${name}: cannot start: ${err instanceof Error ? err.message.split('\n')[0] : String(err)}\n`);
   process.exit(2);

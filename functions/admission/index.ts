@@ -121,10 +121,9 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     port,
     scheme: cfg.plainHttp ? 'http' : 'https',
     logger,
-    onStop: stopWatching,
-    async close() {
+    close(deadlineMs?: number) {
       stopWatching();
-      await closeServer(server);
+      return closeServer(server, deadlineMs);
     },
   };
 }

@@ -65,5 +65,5 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const server = createServer(serverOptions(), app);
   limitIdleConnections(server);
   const port = await listen(server, wanted, opts.host);
-  return { server, port, scheme: 'http', logger, close: () => closeServer(server) };
+  return { server, port, scheme: 'http', logger, close: (deadlineMs) => closeServer(server, deadlineMs) };
 }

@@ -1,8 +1,9 @@
 /**
  * The HTTP shell shared by every function (express 5): bodies of the accepted content types
  * read as text up to a size limit,
- * `GET /healthz`, JSON error answers that never echo request bodies, and a graceful stop on
- * SIGTERM that finishes in-flight requests (Knative sends SIGTERM before scaling down).
+ * `GET /healthz`, JSON error answers that never echo request bodies, and the drain on SIGTERM
+ * (Knative sends it before removing a pod): nothing new accepted, also on kept-alive
+ * connections, answers in flight finished, exit within a deadline.
  */
 import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
@@ -66,21 +67,13 @@ export function serverOptions(t: ServerTimeouts = SERVER_TIMEOUTS): ServerOption
  * {@link serverOptions}: a connection with no traffic for `idleMs` is destroyed unless a
  * complete request on it is still being answered (the handler's own time is not idleness).
  * Node also routes the keep-alive timeout through the same event, so an idle kept-alive
- * connection is destroyed as before.
+ * connection is destroyed as before. Also starts tracking the answers in flight, which
+ * {@link closeServer} needs: call it before listening.
  */
 export function limitIdleConnections(server: Server, t: ServerTimeouts = SERVER_TIMEOUTS): void {
-  const inFlight = new WeakMap<Socket, Set<IncomingMessage>>();
-  server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-    const socket = req.socket;
-    let set = inFlight.get(socket);
-    if (!set) inFlight.set(socket, (set = new Set()));
-    set.add(req);
-    const done = () => set.delete(req);
-    res.once('finish', done);
-    res.once('close', done);
-  });
+  const answers = answersOf(server);
   server.setTimeout(t.idleMs, (socket: Socket) => {
-    const working = [...(inFlight.get(socket) ?? [])].some((req) => req.complete);
+    const working = [...answers.open].some((res) => res.socket === socket && res.req.complete);
     if (!working) socket.destroy();
   });
 }
@@ -275,34 +268,47 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
 }
 
 /**
- * Stops on SIGTERM/SIGINT: stops accepting connections, lets in-flight requests finish
- * (at most `graceMs`, default 30 s), then exits 0.
- * @param onStop optional extra cleanup (e.g. closing file watchers) run after the server closes.
+ * Stops on SIGTERM or SIGINT (SPEC §13): {@link FunctionHandle.close} with `drainMs` as the
+ * deadline, then exits 0 once every connection has closed, or 1 if answers were still in
+ * flight at the deadline. A second signal changes nothing.
+ * @param drainMs the drain deadline (ms): Knative's termination grace period is the revision's
+ *   `timeoutSeconds`, and the manifests set `CAPTF_DRAIN_SECONDS` to it ({@link drainMsFromEnv}).
  */
-export function stopGracefully(
-  server: Server,
-  logger: Logger,
-  opts: { graceMs?: number; onStop?: () => void } = {},
-): void {
+export function stopGracefully(fn: FunctionHandle, drainMs: number): void {
   let stopping = false;
-  const stop = (signal: string) => {
+  const stop = async (signal: string) => {
     if (stopping) return;
     stopping = true;
-    logger.info('stopping', { signal });
-    const force = setTimeout(() => {
-      logger.warn('in-flight requests did not finish in time; exiting', { graceMs: opts.graceMs ?? 30_000 });
+    fn.logger.info('stopping', { signal, inFlight: answersInFlight(fn.server), drainSeconds: drainMs / 1000 });
+    const drained = await fn.close(drainMs);
+    if (!drained) {
+      fn.logger.warn('answers still in flight at the drain deadline; exiting', {
+        inFlight: answersInFlight(fn.server),
+        drainSeconds: drainMs / 1000,
+      });
       process.exit(1);
-    }, opts.graceMs ?? 30_000);
-    force.unref();
-    server.close(() => {
-      opts.onStop?.();
-      logger.info('stopped');
-      process.exit(0);
-    });
-    server.closeIdleConnections();
+    }
+    fn.logger.info('stopped');
+    process.exit(0);
   };
-  process.on('SIGTERM', () => stop('SIGTERM'));
-  process.on('SIGINT', () => stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
+}
+
+/** Default drain deadline (s) when `CAPTF_DRAIN_SECONDS` is unset; the manifests always set it. */
+export const DEFAULT_DRAIN_SECONDS = 30;
+
+/**
+ * The drain deadline in ms from `CAPTF_DRAIN_SECONDS` (whole seconds, 1–3600; default
+ * {@link DEFAULT_DRAIN_SECONDS}).
+ * @throws Error naming the variable for any other value.
+ */
+export function drainMsFromEnv(env: NodeJS.ProcessEnv = process.env): number {
+  const raw = env.CAPTF_DRAIN_SECONDS?.trim() || String(DEFAULT_DRAIN_SECONDS);
+  const seconds = Number(raw);
+  if (!/^\d+$/.test(raw) || seconds < 1 || seconds > 3600)
+    throw new Error(`CAPTF_DRAIN_SECONDS=${raw} must be a whole number of seconds from 1 to 3600`);
+  return seconds * 1000;
 }
 
 /** The port to listen on: `$PORT` (Knative sets it) or `fallback`. @throws Error on a bad value. */
@@ -350,10 +356,11 @@ export interface FunctionHandle {
   /** `http` or `https`. */
   scheme: 'http' | 'https';
   logger: Logger;
-  /** Closes the server (waits for in-flight requests) and releases watchers. */
-  close(): Promise<void>;
-  /** Extra cleanup for {@link stopGracefully}. */
-  onStop?: () => void;
+  /**
+   * Releases watchers and drains the server ({@link closeServer}).
+   * @returns true once every connection closed, false if some were open at `deadlineMs`.
+   */
+  close(deadlineMs?: number): Promise<boolean>;
 }
 
 /**
@@ -372,10 +379,61 @@ export function listen(server: Server, port: number, host = '0.0.0.0'): Promise<
   });
 }
 
-/** Closes a server, waiting for in-flight requests. */
-export function closeServer(server: Server): Promise<void> {
-  return new Promise((res) => {
-    server.close(() => res());
+/**
+ * Drains a server (SPEC §13): it stops listening, closes idle connections at once, and makes
+ * each answer in flight the last on its connection (`Connection: close`, so a kept-alive
+ * client opens no new request on it); the answers themselves finish undisturbed.
+ * @param deadlineMs how long to wait for the last connection (default: as long as it takes).
+ * @returns true once every connection closed, false if some were still open at the deadline
+ *   (they are left open: the caller decides, e.g. exits).
+ */
+export function closeServer(server: Server, deadlineMs = Infinity): Promise<boolean> {
+  const answers = answersOf(server);
+  answers.draining = true;
+  for (const res of answers.open) lastOnConnection(server, res);
+  return new Promise((resolve) => {
+    const timer = Number.isFinite(deadlineMs) ? setTimeout(() => resolve(false), deadlineMs) : undefined;
+    server.close(() => {
+      clearTimeout(timer);
+      resolve(true);
+    });
     server.closeIdleConnections();
   });
 }
+
+/** Answers a server is sending, and whether it drains (then every answer is a connection's last). */
+interface Answers {
+  open: Set<ServerResponse>;
+  draining: boolean;
+}
+
+const ANSWERS = new WeakMap<Server, Answers>();
+
+/**
+ * The answers in flight on `server`, tracked from the first call on (every function's
+ * {@link limitIdleConnections} makes it before listening). Node keeps answering new requests
+ * on kept-alive connections after `server.close()`, hence the tracking.
+ */
+function answersOf(server: Server): Answers {
+  const known = ANSWERS.get(server);
+  if (known) return known;
+  const made: Answers = { open: new Set(), draining: false };
+  ANSWERS.set(server, made);
+  // Before the app's listener: an answer sent synchronously must see the header too.
+  server.prependListener('request', (_req: IncomingMessage, res: ServerResponse) => {
+    made.open.add(res);
+    res.once('close', () => made.open.delete(res));
+    if (made.draining) lastOnConnection(server, res);
+  });
+  return made;
+}
+
+/** Makes `res` the last answer on its connection. */
+function lastOnConnection(server: Server, res: ServerResponse): void {
+  if (!res.headersSent) res.setHeader('connection', 'close');
+  // Headers already out said keep-alive: close the connection as soon as it is idle.
+  else res.once('finish', () => setImmediate(() => server.closeIdleConnections()));
+}
+
+/** How many answers `server` is sending now. */
+export const answersInFlight = (server: Server): number => answersOf(server).open.size;

@@ -16,6 +16,7 @@ import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { AppsV1Api, KubeConfig, VersionApi, type KubernetesObject } from '@kubernetes/client-node';
 import { describeError } from '../../functions/lib/api-errors.ts';
+import { DEFAULT_DRAIN_SECONDS } from '../../functions/lib/http.ts';
 import { EventPaths } from '../bench/paths.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { applyCRDs, EVENTING_CRDS, installCRDs, loadThirdPartyCRDs } from '../controlplane/crds.ts';
@@ -403,7 +404,8 @@ function instanceStarter(
       await fn.stop();
       throw new Error(`${name} was started after the system stopped`);
     }
-    s.cleanups.push(() => fn.stop());
+    // Its own drain deadline first (it then exits by itself), SIGKILL only after that.
+    s.cleanups.push(() => fn.stop(DEFAULT_DRAIN_SECONDS * 1000 + 5_000));
     return fn;
   };
 }

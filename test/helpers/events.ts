@@ -83,12 +83,14 @@ export function pingEvent(name = 'resync'): CloudEvent<unknown> {
 /**
  * POSTs CloudEvents to `url`: one event in `binary` (default) or `structured` mode, or
  * several as a `batch` (`application/cloudevents-batch+json`).
+ * @param signal aborts the request (a Broker's ingress may hold it while it delivers).
  * @returns status, parsed JSON body (or text) and the answer's headers.
  */
 export async function postEvents(
   url: string,
   events: CloudEvent<unknown> | CloudEvent<unknown>[],
   mode: 'binary' | 'structured' | 'batch' = 'binary',
+  signal?: AbortSignal,
 ): Promise<EventAnswer> {
   let headers: Record<string, string>;
   let body: string;
@@ -102,7 +104,7 @@ export async function postEvents(
     headers = msg.headers as Record<string, string>;
     body = typeof msg.body === 'string' ? msg.body : JSON.stringify(msg.body);
   }
-  const res = await fetch(url, { method: 'POST', headers, body });
+  const res = await fetch(url, { method: 'POST', headers, body, ...(signal ? { signal } : {}) });
   const text = await res.text();
   let parsed: unknown = text;
   try {

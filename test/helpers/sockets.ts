@@ -1,8 +1,13 @@
 /**
- * Counts a process's TCP connections to one port, from /proc (Linux): the socket inodes of
- * `/proc/<pid>/fd` matched against the connection tables `/proc/<pid>/net/tcp` and `tcp6`.
+ * Watching TCP connections: a process's connections to one port, counted from /proc (Linux:
+ * the socket inodes of `/proc/<pid>/fd` matched against `/proc/<pid>/net/tcp` and `tcp6`);
+ * and a tap, a byte-for-byte TCP relay in front of an HTTP/1.1 server that records each
+ * connection's exchanges without changing them (one upstream connection per client
+ * connection, closed when the other side closes), so a test sees what a client such as
+ * Knative's Broker filter saw: answers, their `Connection` header, requests cut off.
  */
 import { readFileSync, readdirSync, readlinkSync } from 'node:fs';
+import { connect, createServer, type Socket } from 'node:net';
 
 function socketInodes(pid: number): Set<string> {
   const out = new Set<string>();
@@ -45,4 +50,100 @@ export function connectionsTo(pid: number, port: number): number {
     }
   }
   return n;
+}
+
+/** One client connection through a {@link Tap}. */
+export interface TappedConnection {
+  /** When each request began reaching the server (`Date.now()` of its first byte). */
+  requests: number[];
+  /** Each answer's status line and headers, lower-cased. */
+  answers: string[];
+  /** The server closed the connection while a request on it had no answer yet. */
+  cut: boolean;
+  /** The server refused the connection (nothing reached it). */
+  refused: boolean;
+  /** A request on it waits for its answer. */
+  pending: boolean;
+  /** Which side closed it first, once closed. */
+  closed?: 'server' | 'client';
+}
+
+/** A running tap. */
+export interface Tap {
+  /** `http://127.0.0.1:<port>`: give clients this instead of the server's address. */
+  url: string;
+  connections: TappedConnection[];
+  /** The start (`Date.now()`) of the oldest request the server is answering, if any. */
+  oldestPending(): number | undefined;
+  close(): Promise<void>;
+}
+
+/** Relays one client connection to `port`, recording into `c`. */
+function relay(client: Socket, port: number, c: TappedConnection): void {
+  const server = connect(port, '127.0.0.1');
+  let connected = false;
+  let clientGone = false;
+  let head = '';
+  server.once('connect', () => (connected = true));
+  client.on('data', (d: Buffer) => {
+    if (!c.pending) c.requests.push(Date.now());
+    c.pending = true;
+    head = '';
+    server.write(d);
+  });
+  server.on('data', (d: Buffer) => {
+    if (c.pending) {
+      head += d.toString('latin1');
+      const end = head.indexOf('\r\n\r\n');
+      if (end >= 0) {
+        c.answers.push(head.slice(0, end).toLowerCase());
+        c.pending = false;
+      }
+    }
+    client.write(d);
+  });
+  server.on('close', () => {
+    c.closed ??= 'server';
+    if (!connected) c.refused = true;
+    else if (c.pending && !clientGone) c.cut = true;
+    c.pending = false;
+    client.destroy();
+  });
+  server.on('error', () => {});
+  client.on('error', () => {});
+  client.on('close', () => {
+    c.closed ??= 'client';
+    clientGone = true;
+    server.destroy();
+  });
+}
+
+/**
+ * Starts a tap in front of the HTTP/1.1 server on loopback `port`.
+ * @returns the tap; its connections fill as clients come.
+ */
+export async function startTap(port: number): Promise<Tap> {
+  const connections: TappedConnection[] = [];
+  const sockets = new Set<Socket>();
+  const tap = createServer((client) => {
+    const c: TappedConnection = { requests: [], answers: [], cut: false, refused: false, pending: false };
+    connections.push(c);
+    sockets.add(client);
+    client.on('close', () => sockets.delete(client));
+    relay(client, port, c);
+  });
+  await new Promise<void>((r) => tap.listen(0, '127.0.0.1', () => r()));
+  return {
+    url: `http://127.0.0.1:${(tap.address() as { port: number }).port}`,
+    connections,
+    oldestPending: () => {
+      const starts = connections.filter((c) => c.pending).map((c) => c.requests.at(-1)!);
+      return starts.length ? Math.min(...starts) : undefined;
+    },
+    close: () =>
+      new Promise<void>((r) => {
+        for (const s of sockets) s.destroy();
+        tap.close(() => r());
+      }),
+  };
 }

@@ -3,8 +3,8 @@
  * §13): Trigger and PingSource event types, ApiServerSource resources
  * (turned into events exactly as the adapter sends them and classified by the functions'
  * own parser), consumer kinds from configuration, the webhook's rules, and RBAC for every
- * sourced resource; and `Retry-After` honoured only where the cluster allows it (the
- * retry-after overlay).
+ * sourced resource; `Retry-After` honoured only where the cluster allows it (the
+ * retry-after overlay); and each function's drain deadline against its revision's timeout.
  */
 import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';
@@ -19,6 +19,7 @@ import {
   classifyEvent,
 } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
+import { drainMsFromEnv } from '../../functions/lib/http.ts';
 import { MAX_RETRY_AFTER_SECONDS } from '../../functions/lib/retry-after.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 
@@ -305,5 +306,29 @@ describe('event wiring vs. what the functions accept', () => {
     assert.ok(
       of<KubernetesObject>(base, 'Certificate').some((c) => c.metadata?.namespace === ns && c.metadata?.name === name),
     );
+  });
+});
+
+describe('the Knative Services', () => {
+  it("each function's drain deadline is its revision's timeoutSeconds (Knative's grace period), a value it accepts", () => {
+    const services = of<{
+      metadata: { name: string };
+      spec: {
+        template: {
+          spec: { timeoutSeconds: number; containers: { args?: string[]; env?: { name: string; value?: string }[] }[] };
+        };
+      };
+    }>(base, 'Service').filter((s) => s.spec.template.spec.containers[0]!.args?.length);
+    assert.deepEqual(services.map((s) => s.spec.template.spec.containers[0]!.args![0]).sort(), [
+      'admission',
+      'identity-status',
+      'mirror-sync',
+    ]);
+    for (const s of services) {
+      const { timeoutSeconds, containers } = s.spec.template.spec;
+      const env = Object.fromEntries((containers[0]!.env ?? []).map((e) => [e.name, e.value]));
+      assert.equal(env.CAPTF_DRAIN_SECONDS, String(timeoutSeconds), s.metadata.name);
+      assert.equal(drainMsFromEnv(env), timeoutSeconds * 1000, s.metadata.name);
+    }
   });
 });
