@@ -17,6 +17,7 @@ import {
   limitIdleConnections,
   listen,
   serverOptions,
+  SERVER_TIMEOUTS,
   startSettings,
   type FunctionHandle,
   type StartOptions,
@@ -104,7 +105,9 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     server = createHttpServer(serverOptions(), app);
   } else {
     const pair = readTlsPair(cfg);
-    const https = createHttpsServer({ ...serverOptions(), cert: pair.cert, key: pair.key }, app);
+    // The TLS handshake gets the headers' bound too (Node's default is 120 s).
+    const tlsOptions = { ...serverOptions(), handshakeTimeout: SERVER_TIMEOUTS.headersMs };
+    const https = createHttpsServer({ ...tlsOptions, cert: pair.cert, key: pair.key }, app);
     stopWatching = watchTlsPair(https, cfg, pair, logger);
     server = https;
   }

@@ -5,8 +5,7 @@
  * (Knative sends it before removing a pod): nothing new accepted, also on kept-alive
  * connections, answers in flight finished, exit within a deadline.
  */
-import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
+import type { Server } from 'node:http';
 import express, {
   type ErrorRequestHandler,
   type Express,
@@ -18,65 +17,22 @@ import { parse as parseContentType } from 'content-type';
 import getRawBody from 'raw-body';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { describeError } from './api-errors.ts';
+import { answersInFlight, refusedWhileDraining } from './connections.ts';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
 import { retryAfterHeader } from './retry-after.ts';
 
+// The connection layer (timeouts, idle limit, drain) lives in connections.ts; the functions take it from here.
+export {
+  closeServer,
+  limitIdleConnections,
+  serverOptions,
+  SERVER_TIMEOUTS,
+  type ServerTimeouts,
+} from './connections.ts';
+
 /** Largest request body accepted, in bytes (Kubernetes objects are at most ~1.5 MiB). */
 export const DEFAULT_BODY_LIMIT = 3 * 1024 * 1024;
-
-/**
- * Timeouts of every function's server (milliseconds), so a client that sends slowly, stops
- * sending, or never reads cannot hold a connection open (slow-loris):
- * - `headersMs`: the request line and headers must be in within this time (Node's
- *   `headersTimeout`); otherwise 408 and the connection is closed;
- * - `requestMs`: the whole request, body included, within this time (`requestTimeout`);
- *   otherwise 408. A 4 MiB AdmissionReview needs 210 KB/s, far below any in-cluster sender;
- * - `idleMs`: no byte in either direction for this long while a request is being received or
- *   its answer sent closes the connection; the time a handler works on a complete request does
- *   not count (a resync may take minutes: Knative's `timeoutSeconds` bounds that);
- * - `keepAliveMs`: an idle kept-alive connection is closed after this (Node's default, made explicit;
- *   Node waits 1 s more than it advertises);
- * - `checkEveryMs`: how often Node checks the first two (`connectionsCheckingInterval`), so a
- *   slow client is cut off at most this much after its deadline.
- * Body size is limited separately ({@link createApp}); headers by Node's 16 KiB (431).
- */
-export const SERVER_TIMEOUTS = {
-  headersMs: 10_000,
-  requestMs: 20_000,
-  idleMs: 10_000,
-  keepAliveMs: 5_000,
-  checkEveryMs: 1_000,
-} as const;
-
-/** The shape of {@link SERVER_TIMEOUTS} (tests pass shorter ones). */
-export type ServerTimeouts = { readonly [K in keyof typeof SERVER_TIMEOUTS]: number };
-
-/** Options for `http.createServer`/`https.createServer` that set {@link SERVER_TIMEOUTS}. */
-export function serverOptions(t: ServerTimeouts = SERVER_TIMEOUTS): ServerOptions {
-  return {
-    headersTimeout: t.headersMs,
-    requestTimeout: t.requestMs,
-    keepAliveTimeout: t.keepAliveMs,
-    connectionsCheckingInterval: t.checkEveryMs,
-  };
-}
-
-/**
- * Sets the socket idle timeout of {@link SERVER_TIMEOUTS} on a server created with
- * {@link serverOptions}: a connection with no traffic for `idleMs` is destroyed unless a
- * complete request on it is still being answered (the handler's own time is not idleness).
- * Node also routes the keep-alive timeout through the same event, so an idle kept-alive
- * connection is destroyed as before. Also starts tracking the answers in flight, which
- * {@link closeServer} needs: call it before listening.
- */
-export function limitIdleConnections(server: Server, t: ServerTimeouts = SERVER_TIMEOUTS): void {
-  const answers = answersOf(server);
-  server.setTimeout(t.idleMs, (socket: Socket) => {
-    const working = [...answers.open].some((res) => res.socket === socket && res.req.complete);
-    if (!working) socket.destroy();
-  });
-}
 
 /** A JSON error answer: `{ error, reason? }` with an HTTP status. */
 export class HttpError extends Error {
@@ -152,10 +108,18 @@ export function sendEventOutcome(req: Request, res: Response, o: Outcome): void 
   sendOutcome(res, o);
 }
 
-/** Creates an express app with `GET /healthz`; each route reads its body with {@link readBody}. */
+/**
+ * Creates an express app with `GET /healthz`; each route reads its body with {@link readBody}.
+ * A request that reaches a draining server (connections.ts `closeServer`) is answered 503 with
+ * `Connection: close` and `Retry-After: 1` before any route runs: the sender retries elsewhere.
+ */
 export function createApp(): Express {
   const app = express();
   app.disable('x-powered-by');
+  app.use((req, res, next) => {
+    if (!refusedWhileDraining(req)) return next();
+    res.set('retry-after', '1').status(503).json({ error: 'this instance is stopping; send the request again' });
+  });
   app.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' });
   });
@@ -378,62 +342,3 @@ export function listen(server: Server, port: number, host = '0.0.0.0'): Promise<
     });
   });
 }
-
-/**
- * Drains a server (SPEC §13): it stops listening, closes idle connections at once, and makes
- * each answer in flight the last on its connection (`Connection: close`, so a kept-alive
- * client opens no new request on it); the answers themselves finish undisturbed.
- * @param deadlineMs how long to wait for the last connection (default: as long as it takes).
- * @returns true once every connection closed, false if some were still open at the deadline
- *   (they are left open: the caller decides, e.g. exits).
- */
-export function closeServer(server: Server, deadlineMs = Infinity): Promise<boolean> {
-  const answers = answersOf(server);
-  answers.draining = true;
-  for (const res of answers.open) lastOnConnection(server, res);
-  return new Promise((resolve) => {
-    const timer = Number.isFinite(deadlineMs) ? setTimeout(() => resolve(false), deadlineMs) : undefined;
-    server.close(() => {
-      clearTimeout(timer);
-      resolve(true);
-    });
-    server.closeIdleConnections();
-  });
-}
-
-/** Answers a server is sending, and whether it drains (then every answer is a connection's last). */
-interface Answers {
-  open: Set<ServerResponse>;
-  draining: boolean;
-}
-
-const ANSWERS = new WeakMap<Server, Answers>();
-
-/**
- * The answers in flight on `server`, tracked from the first call on (every function's
- * {@link limitIdleConnections} makes it before listening). Node keeps answering new requests
- * on kept-alive connections after `server.close()`, hence the tracking.
- */
-function answersOf(server: Server): Answers {
-  const known = ANSWERS.get(server);
-  if (known) return known;
-  const made: Answers = { open: new Set(), draining: false };
-  ANSWERS.set(server, made);
-  // Before the app's listener: an answer sent synchronously must see the header too.
-  server.prependListener('request', (_req: IncomingMessage, res: ServerResponse) => {
-    made.open.add(res);
-    res.once('close', () => made.open.delete(res));
-    if (made.draining) lastOnConnection(server, res);
-  });
-  return made;
-}
-
-/** Makes `res` the last answer on its connection. */
-function lastOnConnection(server: Server, res: ServerResponse): void {
-  if (!res.headersSent) res.setHeader('connection', 'close');
-  // Headers already out said keep-alive: close the connection as soon as it is idle.
-  else res.once('finish', () => setImmediate(() => server.closeIdleConnections()));
-}
-
-/** How many answers `server` is sending now. */
-export const answersInFlight = (server: Server): number => answersOf(server).open.size;

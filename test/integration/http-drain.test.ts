@@ -10,15 +10,20 @@
  */
 import assert from 'node:assert/strict';
 import { Agent, createServer, request, type IncomingHttpHeaders } from 'node:http';
+import { connect } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import {
   closeServer,
   createApp,
   DEFAULT_DRAIN_SECONDS,
   drainMsFromEnv,
+  JSON_TYPES,
   limitIdleConnections,
   listen,
+  readBody,
   serverOptions,
+  SERVER_TIMEOUTS,
+  type ServerTimeouts,
 } from '../../functions/lib/http.ts';
 import { sleep } from '../../scripts/lib/wait.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
@@ -42,21 +47,45 @@ function get(port: number, path: string, agent: Agent): Promise<{ status: number
   });
 }
 
-/** A server like every function's, with `/slow` answering once the test releases it. */
-async function slowServer() {
+/**
+ * A server like every function's (timeouts `t`), with `/slow` answering once the test releases
+ * it, `/work` counting the requests it handled, and `POST /body` reading a JSON body.
+ */
+async function slowServer(t: ServerTimeouts = SERVER_TIMEOUTS) {
   const releases: (() => void)[] = [];
+  let handled = 0;
   const app = createApp();
   app.get('/slow', async (_req, res) => {
     await new Promise<void>((r) => releases.push(r));
     res.json({ done: true });
   });
-  const server = createServer(serverOptions(), app);
-  limitIdleConnections(server);
+  app.get('/work', (_req, res) => {
+    handled++;
+    res.json({ done: true });
+  });
+  app.post('/body', readBody({ types: JSON_TYPES }), (_req, res) => {
+    res.json({ done: true });
+  });
+  const server = createServer(serverOptions(t), app);
+  limitIdleConnections(server, t);
   const port = await listen(server, 0, '127.0.0.1');
   const held = () => releases.length;
   const release = () => releases.splice(0).forEach((r) => r());
-  return { server, port, held, release };
+  return { server, port, held, release, handled: () => handled };
 }
+
+/** A raw connection: what it received, and a promise that settles when the server closed it. */
+function raw(port: number) {
+  const socket = connect(port, '127.0.0.1');
+  let received = '';
+  socket.on('data', (d: Buffer) => (received += d.toString('latin1')));
+  socket.on('error', () => {});
+  const closed = new Promise<void>((r) => socket.once('close', () => r()));
+  return { socket, received: () => received, closed };
+}
+
+/** The status lines of every answer in `text`. */
+const statusLines = (text: string) => text.match(/HTTP\/1\.1 \d{3}/g) ?? [];
 
 describe('a server drains', () => {
   it('closes idle kept-alive connections at once, refuses new ones, and ends each answer in flight with Connection: close', async () => {
@@ -105,6 +134,92 @@ describe('a server drains', () => {
     } finally {
       agent.destroy();
       s.release();
+      s.server.closeAllConnections();
+    }
+  });
+
+  it('closes a connection that has sent no request yet, and never handles a request sent after the drain began', async () => {
+    const s = await slowServer();
+    try {
+      const fresh = raw(s.port);
+      const busy = raw(s.port);
+      await new Promise((r) => fresh.socket.once('connect', r));
+      busy.socket.write('GET /slow HTTP/1.1\r\nHost: x\r\n\r\n');
+      await eventually('the slow request held', async () => s.held() === 1);
+      const drained = closeServer(s.server);
+      await fresh.closed;
+      // Pipelined behind the answer in flight: it reaches the server, which must not handle it.
+      busy.socket.write('GET /work HTTP/1.1\r\nHost: x\r\n\r\n');
+      await sleep(200);
+      s.release();
+      await busy.closed;
+      assert.equal(await drained, true);
+      assert.equal(fresh.received(), '', 'nothing was answered on the fresh connection');
+      assert.deepEqual(statusLines(busy.received()).slice(0, 1), ['HTTP/1.1 200']);
+      assert.equal(s.handled(), 0, 'the request sent after the drain began was not handled');
+    } finally {
+      s.release();
+      s.server.closeAllConnections();
+    }
+  });
+
+  it('answers every request pipelined before the drain began, the last one with Connection: close', async () => {
+    const s = await slowServer();
+    try {
+      const c = raw(s.port);
+      c.socket.write('GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /slow HTTP/1.1\r\nHost: x\r\n\r\n');
+      await eventually('both requests held', async () => s.held() === 2);
+      const drained = closeServer(s.server);
+      s.release();
+      await c.closed;
+      assert.equal(await drained, true);
+      assert.deepEqual(statusLines(c.received()), ['HTTP/1.1 200', 'HTTP/1.1 200']);
+      assert.match(c.received().split('HTTP/1.1 200')[2]!, /\r\nConnection: close\r\n/i);
+    } finally {
+      s.release();
+      s.server.closeAllConnections();
+    }
+  });
+
+  it('waits for a handler whose client went away: its work is still in flight', async () => {
+    const s = await slowServer();
+    try {
+      const c = raw(s.port);
+      c.socket.write('GET /slow HTTP/1.1\r\nHost: x\r\n\r\n');
+      await eventually('the slow request held', async () => s.held() === 1);
+      c.socket.destroy();
+      await c.closed;
+      let settled = false;
+      const drained = closeServer(s.server).then((d) => ((settled = true), d));
+      await sleep(300);
+      assert.equal(settled, false, 'the drain did not end while the handler worked');
+      s.release();
+      assert.equal(await drained, true);
+    } finally {
+      s.release();
+    }
+  });
+
+  it('keeps cutting slow senders while it drains: dripped headers at once, a dripped body at its request deadline', async () => {
+    const t = { headersMs: 500, requestMs: 1_000, idleMs: 10_000, keepAliveMs: 500, checkEveryMs: 100 };
+    const s = await slowServer(t);
+    const body = raw(s.port);
+    const head = raw(s.port);
+    const drip = setInterval(() => {
+      body.socket.write('x');
+      head.socket.write('x');
+    }, 100);
+    try {
+      body.socket.write(
+        'POST /body HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{',
+      );
+      head.socket.write('GET /work HTTP/1.1\r\nX-Slow: ');
+      await sleep(200);
+      // Far inside the deadline: only the server's own bounds can end the drain this soon.
+      assert.equal(await closeServer(s.server, 5_000), true);
+      assert.equal(s.handled(), 0);
+    } finally {
+      clearInterval(drip);
       s.server.closeAllConnections();
     }
   });
