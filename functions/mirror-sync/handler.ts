@@ -10,7 +10,7 @@ import pLimit from 'p-limit';
 import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } from '../lib/cloudevents.ts';
 import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
-import { largestRetryAfter } from '../lib/retry-after.ts';
+import { largestRetryAfter, retryAfterHeader } from '../lib/retry-after.ts';
 import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
 import { keyString } from './decide.ts';
 import type { KeyQueue } from './queue.ts';
@@ -45,7 +45,7 @@ type Done = {
   keys?: string[];
   resync?: ResyncSummary;
   ignored?: string;
-  /** With `ignored`: the largest wait, in seconds, a throttled API server asked for in this event's work. */
+  /** With `ignored`: the largest wait a throttled API server asked for in this event's work, as answered in `Retry-After` (whole seconds, 1–30). */
   retryAfterSeconds?: number;
   /** Why an event needed no work (a Secret without the source label). */
   skipped?: string;
@@ -254,7 +254,9 @@ function failedWork(
   waits: readonly (number | undefined)[],
 ): Pick<Done, 'ignored' | 'retryAfterSeconds'> {
   const wait = largestRetryAfter(waits);
-  return { ignored: `failed: ${errors.join('; ')}`, ...(wait === undefined ? {} : { retryAfterSeconds: wait }) };
+  // In the body as in the header: whole seconds, 1 to 30.
+  const asked = wait === undefined ? {} : { retryAfterSeconds: Number(retryAfterHeader(wait)) };
+  return { ignored: `failed: ${errors.join('; ')}`, ...asked };
 }
 
 /** Whether an event's work must be retried (a result asks for it, or the work failed). */
