@@ -72,6 +72,8 @@ function servingOf(server: Server, t: ServerTimeouts = SERVER_TIMEOUTS): Serving
   const s: Serving = { open: new Map(), sockets: new Map(), timeouts: t };
   SERVING.set(server, s);
   server.on(server instanceof TlsServer ? 'secureConnection' : 'connection', (socket: Socket) => {
+    // A TLS handshake that ends while draining: nothing new is accepted.
+    if (s.drain) return void socket.destroy();
     s.sockets.set(socket, { used: false });
     socket.once('close', () => s.sockets.delete(socket));
   });
@@ -80,12 +82,14 @@ function servingOf(server: Server, t: ServerTimeouts = SERVER_TIMEOUTS): Serving
     const mark = s.sockets.get(req.socket);
     if (mark) mark.used = true;
     s.open.set(res, Date.now());
+    const ended = () => {
+      if (s.open.delete(res)) s.drain?.onEnd();
+    };
+    // A handler ends its answer, or destroys it when it failed after the headers went out.
     const end = res.end.bind(res);
-    res.end = ((...args: Parameters<typeof end>) => {
-      s.open.delete(res);
-      s.drain?.onEnd();
-      return end(...args);
-    }) as typeof res.end;
+    res.end = ((...args: Parameters<typeof end>) => (ended(), end(...args))) as typeof res.end;
+    const destroy = res.destroy.bind(res);
+    res.destroy = ((err?: Error) => (ended(), destroy(err))) as typeof res.destroy;
     if (s.drain) {
       REFUSED.add(req);
       res.setHeader('connection', 'close');

@@ -211,11 +211,18 @@ const clientErrorMessage = (e: { type?: string; message?: string }): string =>
 /**
  * The last middleware: turns thrown errors into JSON answers. Body-parser errors keep their
  * status (400 malformed, 413 too large); {@link HttpError} keeps its status and message;
- * anything else is a 500 whose message is logged, not returned.
+ * anything else is a 500 whose message is logged, not returned. An error after the answer's
+ * headers went out is logged and its connection destroyed.
  */
 export function errorHandler(logger: Logger): ErrorRequestHandler {
   return (err, req, res, _next) => {
     const e = err as { status?: number; statusCode?: number; type?: string; message?: string };
+    if (res.headersSent) {
+      // Half an answer is out: nothing honest can follow it on this connection.
+      logger.error('request failed after its answer began', { path: req.path, error: describeError(err) });
+      res.destroy();
+      return;
+    }
     if (err instanceof HttpError) {
       res.status(err.status).json({ error: err.message, ...(err.reason ? { reason: err.reason } : {}) });
       return;

@@ -163,6 +163,28 @@ describe('a server drains', () => {
     }
   });
 
+  it('answers a request that arrives while it drains 503 with Retry-After: 1, and runs no handler', async () => {
+    const s = await slowServer();
+    try {
+      const c = raw(s.port);
+      // A kept-alive connection that carried a request, then began another before the drain.
+      c.socket.write('GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n');
+      await eventually('the first answer', async () => statusLines(c.received()).length === 1);
+      c.socket.write('GET /work HTTP/1.1\r\nHost: x\r\n');
+      await sleep(100);
+      const drained = closeServer(s.server);
+      c.socket.write('\r\n');
+      await c.closed;
+      assert.equal(await drained, true);
+      assert.deepEqual(statusLines(c.received()), ['HTTP/1.1 200', 'HTTP/1.1 503']);
+      assert.match(c.received(), /\r\nretry-after: 1\r\n/i);
+      assert.match(c.received(), /\r\nconnection: close\r\n/i);
+      assert.equal(s.handled(), 0);
+    } finally {
+      s.server.closeAllConnections();
+    }
+  });
+
   it('answers every request pipelined before the drain began, the last one with Connection: close', async () => {
     const s = await slowServer();
     try {
