@@ -318,7 +318,8 @@ export function secretAccessDecision(user: string, secret: SecretKey, rule: stri
 }
 
 /**
- * SPEC §10 delete refusal: refused while the identity is in use.
+ * SPEC §10 delete refusal: refused while the identity is in use; the message gives the count,
+ * the first {@link DELETE_NAMESPACES_SHOWN} namespaces and "and N more", with long names shortened.
  * @param identity the identity's name.
  * @param user the requesting user's name.
  * @param statusNamespaces `oldObject.status.namespaces`.
@@ -341,12 +342,22 @@ export function deleteDecision(
   }
   const inUse = [...new Set([...statusNamespaces, ...consumerNamespaces])].sort();
   if (inUse.length === 0) return { allowed: true, why: 'identity not in use' };
+  const shown = inUse.slice(0, DELETE_NAMESPACES_SHOWN);
+  const more = inUse.length > shown.length ? `, and ${inUse.length - shown.length} more` : '';
   return deny(
     403,
     'Forbidden',
-    `user ${JSON.stringify(user)} may not delete TerraformClusterIdentity ${JSON.stringify(identity)}: it is in use in namespace(s) ${inUse.join(', ')}; an identity in use cannot be deleted — point its consumers elsewhere or delete them first`,
+    `user ${JSON.stringify(shorten(user, NAME_IN_WARNING))} may not delete TerraformClusterIdentity ${JSON.stringify(shorten(identity, NAME_IN_WARNING))}: ` +
+      `it is in use in ${count(inUse.length, 'namespace')}: ${shown.join(', ')}${more} (see its status.namespaces); ` +
+      'an identity in use cannot be deleted — point its consumers elsewhere or delete them first',
   );
 }
+
+/**
+ * How many namespaces a delete refusal names (SPEC §10): with names of at most 63 characters and
+ * the identity and user names shortened, the message stays under 1 KiB.
+ */
+export const DELETE_NAMESPACES_SHOWN = 10;
 
 /**
  * The longest warning this webhook sends: Kubernetes may cut a webhook's warning longer than

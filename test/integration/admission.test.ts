@@ -380,7 +380,7 @@ describe('admission on DELETE: refused while the identity is in use', () => {
     assert.match(
       r.message,
       new RegExp(
-        `user "nobody-${sfx}" may not delete TerraformClusterIdentity "${name}": it is in use in namespace\\(s\\) team-a, team-b`,
+        `user "nobody-${sfx}" may not delete TerraformClusterIdentity "${name}": it is in use in 2 namespaces: team-a, team-b \\(see its status.namespaces\\)`,
       ),
     );
     await inUseIn(name, []);
@@ -393,7 +393,7 @@ describe('admission on DELETE: refused while the identity is in use', () => {
     const user = await w.create(fx.consumer('user', fx.inNamespace(consumerNs), fx.identityRef(name)));
     assert.deepEqual((await read(name)).status ?? {}, {}, 'status is empty');
     const r = await rejection(remove(users.nobody, name));
-    assert.match(r.message, new RegExp(`in use in namespace\\(s\\) ${consumerNs};`));
+    assert.match(r.message, new RegExp(`in use in 1 namespace: ${consumerNs} \\(see its status.namespaces\\);`));
     await w.delete(user);
     await eventually(
       'delete once unused',

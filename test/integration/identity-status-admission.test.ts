@@ -88,7 +88,7 @@ describe('identity-status with admission: deleting an identity in use', () => {
     let refusal = await tryDelete(name);
     assert.match(
       refusal ?? 'deleted',
-      new RegExp(`in use in namespace\\(s\\) ${[withConsumer, withMirror].sort().join(', ')}`),
+      new RegExp(`in use in 2 namespaces: ${[withConsumer, withMirror].sort().join(', ')} \\(`),
     );
 
     // Last consumer gone; the refresh still sees the mirror, so the delete is still refused.
@@ -96,7 +96,7 @@ describe('identity-status with admission: deleting an identity in use', () => {
     await refreshAll();
     assert.deepEqual((await storedIdentity(w, name)).status?.namespaces, [withMirror]);
     refusal = await tryDelete(name);
-    assert.match(refusal ?? 'deleted', new RegExp(`in use in namespace\\(s\\) ${withMirror}`));
+    assert.match(refusal ?? 'deleted', new RegExp(`in use in 1 namespace: ${withMirror} \\(`));
 
     // Mirror gone, but status.namespaces is only emptied by the next refresh: still refused.
     await w.delete(fx.mirrorOf(name, fx.inNamespace(withMirror)));

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { validateIdentitySpec } from '../../functions/lib/identity-spec.ts';
 import {
+  DELETE_NAMESPACES_SHOWN,
   deleteDecision,
   planReview,
   secretAccessDecision,
@@ -255,17 +256,32 @@ describe('deleteDecision (SPEC §10)', () => {
     const d = deleteDecision('aws', 'bob', ['t-b', 't-a'], []);
     assert.ok(
       !d.allowed &&
-        /in use in namespace\(s\) t-a, t-b/.test(d.message) &&
+        /in use in 2 namespaces: t-a, t-b \(see its status\.namespaces\)/.test(d.message) &&
         /user "bob" may not delete TerraformClusterIdentity "aws"/.test(d.message),
     );
   });
+  it('in use in 300 namespaces, with the longest names: the count, the first 10, "and 290 more", under 1 KiB', () => {
+    const namespaces = Array.from({ length: 300 }, (_, i) => `${String(i).padStart(3, '0')}-${'n'.repeat(59)}`);
+    const d = deleteDecision(
+      'i'.repeat(253),
+      `system:serviceaccount:${'s'.repeat(63)}:${'a'.repeat(200)}`,
+      [],
+      namespaces,
+    );
+    assert.equal(d.allowed, false);
+    assert.ok(Buffer.byteLength(d.message) < 1024, `${Buffer.byteLength(d.message)} bytes`);
+    assert.match(d.message, /in use in 300 namespaces: /);
+    assert.ok(d.message.includes(`${namespaces.slice(0, DELETE_NAMESPACES_SHOWN).join(', ')}, and 290 more`));
+    assert.match(d.message, /status\.namespaces/);
+    assert.ok(!d.message.includes('i'.repeat(64)), 'the identity name is shortened');
+  });
   it('a live consumer with empty status → refused', () => {
     const d = deleteDecision('aws', 'bob', [], ['t-c', 't-c']);
-    assert.ok(!d.allowed && /namespace\(s\) t-c;/.test(d.message));
+    assert.ok(!d.allowed && /in use in 1 namespace: t-c \(/.test(d.message));
   });
   it('both sources are merged, sorted and unique', () => {
     const d = deleteDecision('aws', 'bob', ['b'], ['a', 'b']);
-    assert.ok(!d.allowed && /namespace\(s\) a, b;/.test(d.message));
+    assert.ok(!d.allowed && /in use in 2 namespaces: a, b \(/.test(d.message));
   });
   it('a failed lookup denies (fail closed)', () => {
     const d = deleteDecision('aws', 'bob', [], { error: 'HTTP 403 Forbidden' });
