@@ -232,21 +232,31 @@ function refusedWriteMessage(plan: Plan, err: unknown): string {
 
 /**
  * The plan after a refused write: each consumer `MirrorFailed` with `message`. A refused
- * delete keeps the decision's `IdentityAllowed` (the namespace is still not allowed) and
- * says that the mirror, and its credentials, are still there.
+ * delete keeps the decision's `IdentityAllowed` reason (the namespace is still not allowed),
+ * but both conditions then say that the mirror, and its credentials, are still there, and
+ * what a person must do.
  */
 function failedPlan(plan: Plan, message: string): ConsumerPlan[] {
-  const why =
-    plan.mirror.action === 'delete'
-      ? `the mirror could not be deleted and still holds the credentials: ${message}`
-      : message;
+  const revoking = plan.mirror.action === 'delete';
+  const { namespace } = plan.key;
+  const still = `mirror Secret ${namespace}/${writeOf(plan).name} is still there and still holds the credentials`;
+  const todo = 'delete it by hand, or lift what refuses the delete';
+  const why = revoking ? `the mirror could not be deleted; ${still}: ${message}; ${todo}` : message;
+  const allowedNote = (m: string) =>
+    `${m.replace(/; no mirror is kept there$/, '')}; ${still}: deleting it was refused (see CredentialsMirrored); ${todo}`;
   return plan.consumers.map((p): ConsumerPlan => ({
     ...p,
     outcome: 'mirror-failed',
     reason: 'MirrorFailed',
     message: why,
     conditions: [
-      ...p.conditions.filter((c) => c.type !== 'CredentialsMirrored'),
+      ...p.conditions
+        .filter((c) => c.type !== 'CredentialsMirrored')
+        .map((c) =>
+          revoking && c.type === 'IdentityAllowed' && c.status === 'False'
+            ? { ...c, message: allowedNote(c.message) }
+            : c,
+        ),
       {
         type: 'CredentialsMirrored',
         status: 'False',

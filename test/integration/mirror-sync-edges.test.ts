@@ -272,8 +272,12 @@ describe('a revocation the API server refuses says so', () => {
     ).catch((err: Error) => {
       throw new Error(`${err.message}; last answer: ${last}; log: ${ms.log.lines.slice(-5).join('\n')}`);
     });
-    assert.match(cond.message, /could not be deleted and still holds the credentials/);
-    assert.equal((await readCondition(w, c, 'IdentityAllowed'))?.reason, 'NamespaceNotAllowed');
+    assert.match(cond.message, /could not be deleted; mirror Secret .* is still there and still holds the credentials/);
+    assert.match(cond.message, /delete it by hand, or lift what refuses the delete$/);
+    const allowed = await readCondition(w, c, 'IdentityAllowed');
+    assert.equal(allowed?.reason, 'NamespaceNotAllowed');
+    assert.doesNotMatch(allowed!.message, /no mirror is kept there/, 'it does not claim the mirror is gone');
+    assert.match(allowed!.message, /is still there .*: deleting it was refused/);
     assert.ok(await w.read(mirror), 'the policy kept it');
     assertNoSecret(JSON.stringify(cond), [SECRET], 'condition');
     assert.ok(
