@@ -88,7 +88,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const { port: wanted, kubeconfig, env } = startSettings(opts);
   const logger = opts.logger ?? createLogger('admission');
   const cfg = admissionConfigFromEnv(env);
-  const clients = makeClients(kubeconfig);
+  const clients = makeClients(kubeconfig, undefined, logger);
   const consumerKinds = consumerKindsFromEnv(env);
 
   const app = createApp();

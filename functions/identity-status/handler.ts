@@ -118,7 +118,7 @@ async function runPlan(
   counter: { calls: number },
 ): Promise<RefreshResult[] | Outcome> {
   const deps: RefreshDeps = {
-    clients: makeClients(cfg.kc, counter),
+    clients: makeClients(cfg.kc, counter, cfg.logger),
     consumerKinds: cfg.consumerKinds,
     concurrency: cfg.concurrency,
     identitySelector: cfg.identitySelector,

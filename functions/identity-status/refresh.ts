@@ -77,8 +77,9 @@ export const METADATA_LIST: ConfigurationOptions = setHeaderOptions(
 async function listIdentities(deps: RefreshDeps, fieldSelector?: string): Promise<TerraformClusterIdentity[]> {
   const objects = identities(deps.clients);
   const labelSelector = deps.identitySelector;
-  const list = await listAllPages((cont) =>
-    objects.list({ limit: PAGE_SIZE, _continue: cont, labelSelector, fieldSelector }),
+  const list = await listAllPages(
+    (cont) => objects.list({ limit: PAGE_SIZE, _continue: cont, labelSelector, fieldSelector }),
+    deps.clients.logger,
   );
   return list.items;
 }
@@ -93,11 +94,13 @@ async function* listMirrors(
   deps: RefreshDeps,
   fieldSelector?: string,
 ): AsyncGenerator<{ identity: string; namespace: string }> {
-  const list = await listAllPages((cont) =>
-    deps.clients.core.listSecretForAllNamespaces(
-      { labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector, limit: PAGE_SIZE, _continue: cont },
-      METADATA_LIST,
-    ),
+  const list = await listAllPages(
+    (cont) =>
+      deps.clients.core.listSecretForAllNamespaces(
+        { labelSelector: `${LABEL_MIRRORED}=true`, fieldSelector, limit: PAGE_SIZE, _continue: cont },
+        METADATA_LIST,
+      ),
+    deps.clients.logger,
   );
   for (const s of list.items) {
     const secret = s as SecretLike;

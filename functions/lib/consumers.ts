@@ -73,7 +73,10 @@ export async function* listConsumers(
   opts: { namespace?: string; fieldSelector?: string } = {},
 ): AsyncGenerator<Consumer> {
   const objects = consumerObjects(clients, kind);
-  const list = await listAllPages((cont) => objects.list({ ...opts, limit: currentPageSize, _continue: cont }));
+  const list = await listAllPages(
+    (cont) => objects.list({ ...opts, limit: currentPageSize, _continue: cont }),
+    clients.logger,
+  );
   yield* list.items;
 }
 

@@ -24,10 +24,12 @@ import {
   apiStatus,
   rememberRequest,
   requestAttributes,
+  requestOf,
   sentBody,
   usernameFromCredentials,
   type RequestAttributes,
 } from './api-errors.ts';
+import type { Logger } from './log.ts';
 
 // Errors become text in one place only (SPEC §15): api-errors.ts.
 export { apiStatus, describeError, redactApiError, RedactedApiError, retryAfterOf } from './api-errors.ts';
@@ -62,6 +64,8 @@ export interface Clients {
   authn: AuthenticationV1Api;
   events: EventsV1Api;
   counter: CallCounter;
+  /** Where library code warns about what it did on its own (a list restarted); none in some tests. */
+  logger?: Logger | undefined;
 }
 
 /**
@@ -70,9 +74,10 @@ export interface Clients {
  * request is recorded with its error (what was asked, and for a 403 who asked) so that
  * `describeError` can say it without quoting the answer (api-errors.ts).
  * @param counter shared counter (a fresh one when omitted); reset it per reconcile.
+ * @param logger the function's logger, for the warnings of library code ({@link listAllPages}).
  * @throws Error when the kubeconfig has no current cluster.
  */
-export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 }): Clients {
+export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 }, logger?: Logger): Clients {
   const cluster = kc.getCurrentCluster();
   if (!cluster) throw new Error('kubeconfig has no current cluster');
   const config: Configuration = createConfiguration({
@@ -98,6 +103,7 @@ export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 })
     authn: new AuthenticationV1Api(config),
     events: new EventsV1Api(config),
     counter,
+    logger,
   };
 }
 
@@ -208,14 +214,17 @@ export const LIST_RESTARTS = 2;
 
 /**
  * Reads every page of a list (`limit` + `continue`). A continue token that expired midway
- * (410 Gone) restarts the list from the first page, at most {@link LIST_RESTARTS} times: a
- * partial list is never returned as if it were whole.
+ * (410 Gone) restarts the list from the first page, at most {@link LIST_RESTARTS} times, each
+ * restart one warning naming the list and the attempt: a partial list is never returned as if
+ * it were whole.
  * @param page fetches one page for a continue token (undefined = first page).
+ * @param logger where a restart is said (usually the clients' `logger`).
  * @returns every item and the resourceVersion of the list's last page.
  * @throws the 410 when restarts run out, and any other API error of a page.
  */
 export async function listAllPages<T>(
   page: (cont: string | undefined) => Promise<ListPage<T>>,
+  logger?: Logger,
 ): Promise<{ items: T[]; resourceVersion: string }> {
   for (let restart = 0; ; restart++) {
     const progress = { items: [] as T[], cont: undefined as string | undefined, resourceVersion: '' };
@@ -223,8 +232,21 @@ export async function listAllPages<T>(
       return await readPages(page, progress);
     } catch (err) {
       if (apiStatus(err) !== 410 || progress.cont === undefined || restart >= LIST_RESTARTS) throw err;
+      logger?.warn('list restarted from its first page: its continue token expired', {
+        list: listName(err),
+        attempt: restart + 2,
+        attempts: LIST_RESTARTS + 1,
+      });
     }
   }
+}
+
+/** The list a failed page belonged to, from what was asked (`secrets in team-a`), or `a list` when unknown. */
+function listName(err: unknown): string {
+  const r = requestOf(err);
+  if (!r) return 'a list';
+  const resource = r.group ? `${r.resource}.${r.group}` : r.resource;
+  return r.namespace ? `${resource} in ${r.namespace}` : resource;
 }
 
 /** Reads pages into `progress` until the last; `progress.cont` tells a caller how far it got. */

@@ -116,7 +116,7 @@ export class MirrorSyncHandler {
       return this.done(ev.id, await this.runKeys([{ key, scope: 'all' }]), []);
     }
     this.checkTarget(ev);
-    const clients = makeClients(this.deps.kc);
+    const clients = makeClients(this.deps.kc, undefined, this.deps.logger);
     switch (ev.target) {
       case 'consumer':
         return this.consumerEvent(clients, ev);

@@ -40,8 +40,10 @@ const MIRRORS = `${LABEL_MIRRORED}=true`;
 /** Mirrors (by label) in one namespace, with data. */
 async function mirrorsIn(clients: Clients, namespace: string): Promise<V1Secret[]> {
   return (
-    await listAllPages((cont) =>
-      clients.core.listNamespacedSecret({ namespace, labelSelector: MIRRORS, limit: pageSize(), _continue: cont }),
+    await listAllPages(
+      (cont) =>
+        clients.core.listNamespacedSecret({ namespace, labelSelector: MIRRORS, limit: pageSize(), _continue: cont }),
+      clients.logger,
     )
   ).items;
 }
@@ -138,12 +140,14 @@ export async function keysForIdentity(
   // (made before the mirror-of label existed, or relabelled by hand) is found too.
   const [identity, mirrors] = await Promise.all([
     readIdentity(clients, identityName),
-    listAllPages((cont) =>
-      clients.core.listSecretForAllNamespaces({
-        fieldSelector: `metadata.name=${mirrorName(identityName)}`,
-        limit: pageSize(),
-        _continue: cont,
-      }),
+    listAllPages(
+      (cont) =>
+        clients.core.listSecretForAllNamespaces({
+          fieldSelector: `metadata.name=${mirrorName(identityName)}`,
+          limit: pageSize(),
+          _continue: cont,
+        }),
+      clients.logger,
     ),
   ]);
   const consumers = await consumersOfIdentity(clients, kinds, identityName);

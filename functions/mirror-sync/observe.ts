@@ -122,7 +122,10 @@ export async function identitiesUsingSecret(
 ): Promise<string[]> {
   const fieldSelector = `${SECRET_REF_FIELDS.namespace}=${secret.namespace},${SECRET_REF_FIELDS.name}=${secret.name}`;
   const objects = identities(clients);
-  const list = await listAllPages((cont) => objects.list({ fieldSelector, limit: pageSize(), _continue: cont }));
+  const list = await listAllPages(
+    (cont) => objects.list({ fieldSelector, limit: pageSize(), _continue: cont }),
+    clients.logger,
+  );
   return list.items.map((i) => i.metadata.name!).sort();
 }
 

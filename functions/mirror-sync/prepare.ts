@@ -160,7 +160,7 @@ export async function prepare(
   const { req, kind } = parsed;
   const refused = await authorize(kind, req);
   if (refused) return refused;
-  const clients = makeClients(deps.kc);
+  const clients = makeClients(deps.kc, undefined, deps.logger);
   const base = { object: `${req.namespace}/${req.name}`, kind: kind.kind };
   let found: Awaited<ReturnType<typeof keysForConsumer>>;
   let results: KeyResult[];

@@ -363,7 +363,7 @@ export async function reconcileKey(
   const counter = { calls: 0 };
   let result: Omit<KeyResult, 'durationMs' | 'apiCalls'> | undefined;
   try {
-    const clients = makeClients(deps.kc, counter);
+    const clients = makeClients(deps.kc, counter, deps.logger);
     for (let attempt = 1; attempt <= ATTEMPTS && !result; attempt++) {
       // Another writer got there first: a short jittered pause so two instances do not collide in lockstep.
       if (attempt > 1) await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 25 * attempt)));

@@ -74,18 +74,25 @@ interface Lists {
 async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Lists> {
   const limit = pageSize();
   const mirrors = (
-    await listAllPages((cont) =>
-      clients.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, limit, _continue: cont }),
+    await listAllPages(
+      (cont) =>
+        clients.core.listSecretForAllNamespaces({ labelSelector: `${LABEL_MIRRORED}=true`, limit, _continue: cont }),
+      clients.logger,
     )
   ).items;
   const consumers: Consumer[] = [];
   for (const k of deps.kinds) {
     const kindObjects = consumerObjects(clients, k);
-    consumers.push(...(await listAllPages((cont) => kindObjects.list({ limit, _continue: cont }))).items);
+    consumers.push(
+      ...(await listAllPages((cont) => kindObjects.list({ limit, _continue: cont }), clients.logger)).items,
+    );
   }
   const identityObjects = identities(clients);
-  const identityList = (await listAllPages((cont) => identityObjects.list({ limit, _continue: cont }))).items;
-  const namespaces = (await listAllPages((cont) => clients.core.listNamespace({ limit, _continue: cont }))).items;
+  const identityList = (await listAllPages((cont) => identityObjects.list({ limit, _continue: cont }), clients.logger))
+    .items;
+  const namespaces = (
+    await listAllPages((cont) => clients.core.listNamespace({ limit, _continue: cont }), clients.logger)
+  ).items;
   return {
     mirrors,
     consumers,
@@ -161,7 +168,7 @@ export async function resync(
 ): Promise<ResyncSummary> {
   const started = performance.now();
   deps.logger.info('resync started');
-  const clients = makeClients(deps.kc, { calls: 0 });
+  const clients = makeClients(deps.kc, { calls: 0 }, deps.logger);
   const lists = await listEverything(clients, deps);
   const keys = groupByKey(lists);
   const pass: Pass = {

@@ -28,6 +28,7 @@ import {
   mirrorSyncUnderTest,
   operatorSource,
   readCondition,
+  type CapturedLog,
   type OperatorSource,
 } from '../helpers/mirror-sync.ts';
 
@@ -49,12 +50,16 @@ before(async () => {
 async function instance(
   env: Record<string, string> = {},
   kubeconfigPath?: string,
-): Promise<{ url: string; user: string }> {
+): Promise<{ url: string; user: string; log: CapturedLog }> {
   const user = `mirror-sync-${suffix()}`;
   const kubeconfig = kubeconfigPath ?? (await asUser(user, ['system:masters'])).kubeconfigPath;
-  const { url } = await mirrorSyncUnderTest(w, { env, kubeconfig });
-  return { url, user };
+  const { url, log } = await mirrorSyncUnderTest(w, { env, kubeconfig });
+  return { url, user, log };
 }
+
+/** The warnings `log` has of lists restarted after their continue token expired. */
+const restarts = (log: CapturedLog) =>
+  log.entries().filter((e) => e.level === 'warn' && String(e.message).startsWith('list restarted'));
 
 /** Delivers each consumer's event, `inFlight` at a time, round-robin over `urls`, retrying 5xx like a Trigger. */
 const burst = (urls: string[], consumers: Consumer[], inFlight: number) =>
@@ -167,6 +172,11 @@ describe('the resync is made of lists (SPEC §12)', () => {
       const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
       assert.equal(r.status, 200, r.text);
       assert.equal(proxy.expired(), 1, 'the proxy expired one continue token');
+      assert.deepEqual(
+        restarts(resync.log).map((e) => [e.list, e.attempt, e.attempts]),
+        [[`${TERRAFORM_CLUSTER.plural}.${TERRAFORM_CLUSTER.group}`, 2, 3]],
+        'one warning naming the list and the attempt',
+      );
       const m = (await w.read(mirror))!;
       assert.equal(m.metadata!.uid, before.metadata!.uid, 'the mirror of the live consumer was never collected');
       assert.deepEqual(
@@ -210,6 +220,10 @@ describe('the resync is made of lists (SPEC §12)', () => {
       const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
       assert.ok(r.status >= 500, `${r.status} ${r.text}`);
       assert.ok(proxy.expired() >= 3, 'restarted before giving up');
+      assert.deepEqual(
+        restarts(resync.log).map((e) => e.attempt),
+        [2, 3],
+      );
       assert.equal((await w.read(mirror))!.metadata!.resourceVersion, before.metadata!.resourceVersion, 'untouched');
     } finally {
       proxy.close();
