@@ -7,11 +7,19 @@
  * Secrets are only ever read as metadata (`PartialObjectMetadata`), so this function never
  * receives credential data at all, let alone logs it.
  */
-import { setHeaderOptions, type ConfigurationOptions } from '@kubernetes/client-node';
 import pLimit from 'p-limit';
 import { type ConsumerKind, type TerraformClusterIdentity } from '../lib/api.ts';
 import { PAGE_SIZE, consumersOfIdentity, listConsumers } from '../lib/consumers.ts';
-import { describeError, isForbidden, isNotFound, listAllPages, retryOnConflict, type Clients } from '../lib/kube.ts';
+import {
+  describeError,
+  isForbidden,
+  isNotFound,
+  listAllPages,
+  METADATA,
+  METADATA_LIST,
+  retryOnConflict,
+  type Clients,
+} from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { identities } from '../lib/objects.ts';
 import {
@@ -53,21 +61,6 @@ export interface RefreshResult {
   error?: string;
   durationMs: number;
 }
-
-/**
- * Request options asking the API server for metadata only (`PartialObjectMetadata`, see
- * Kubernetes "API concepts: receiving resources as tables/metadata"): RBAC is the same as a
- * normal get, but no Secret data is ever sent to this function.
- */
-export const METADATA: ConfigurationOptions = setHeaderOptions(
-  'Accept',
-  'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1',
-);
-/** {@link METADATA} for list calls (`PartialObjectMetadataList`). */
-export const METADATA_LIST: ConfigurationOptions = setHeaderOptions(
-  'Accept',
-  'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1',
-);
 
 /**
  * Lists identities in scope, page by page (SPEC §12: paginated; an expired continue token restarts the list).

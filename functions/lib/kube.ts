@@ -18,6 +18,8 @@ import {
   type HttpLibrary,
   type RequestContext,
   type ResponseContext,
+  setHeaderOptions,
+  type ConfigurationOptions,
 } from '@kubernetes/client-node';
 import { pooledAuthentication } from './api-pool.ts';
 import {
@@ -30,6 +32,21 @@ import {
   type RequestAttributes,
 } from './api-errors.ts';
 import type { Logger } from './log.ts';
+
+/**
+ * Request options asking the API server for metadata only (`PartialObjectMetadata`, see
+ * Kubernetes "API concepts: receiving resources as tables/metadata"): RBAC is the same as a
+ * normal get, but no Secret data is ever sent to the function.
+ */
+export const METADATA: ConfigurationOptions = setHeaderOptions(
+  'Accept',
+  'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1',
+);
+/** {@link METADATA} for list calls (`PartialObjectMetadataList`). */
+export const METADATA_LIST: ConfigurationOptions = setHeaderOptions(
+  'Accept',
+  'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1',
+);
 
 // Errors become text in one place only (SPEC §15): api-errors.ts.
 export { apiStatus, describeError, redactApiError, RedactedApiError, retryAfterOf } from './api-errors.ts';

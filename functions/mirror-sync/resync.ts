@@ -18,7 +18,7 @@ import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import type { Consumer, TerraformClusterIdentity } from '../lib/api.ts';
 import { KEY_EVENT_TYPE } from '../lib/cloudevents.ts';
 import { pageSize } from '../lib/consumers.ts';
-import { describeError, listAllPages, makeClients, type Clients } from '../lib/kube.ts';
+import { describeError, ignoreNotFound, listAllPages, makeClients, METADATA, type Clients } from '../lib/kube.ts';
 import { consumerObjects, identities } from '../lib/objects.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName } from '../lib/mirror.ts';
 import { planConditions } from '../lib/conditions.ts';
@@ -285,6 +285,11 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
     // Only conditions to change: the lists may be minutes old and a status write carries
     // no precondition, so such a key is reconciled from fresh reads instead.
     if (plan.mirror.action === 'none' || plan.mirror.action === 'blocked') return await pass.queue.run(plan.key, 'all');
+    // The mirror list sees only labelled Secrets: a create is first checked against whatever
+    // stands at the mirror's name (metadata only), so a Secret in the way is never sent a create
+    // that cannot succeed; the key is decided from fresh reads instead, as an event would.
+    if (plan.mirror.action === 'create' && (await somethingAt(pass.clients, plan.key)))
+      return await pass.queue.run(plan.key, 'all');
     const r = await act(pass.clients, pass.deps, plan);
     // The mirror changed since the list (a consumer arrived meanwhile): reconcile it again, fresh.
     if (r === 'conflict') return await pass.queue.run(plan.key, 'all');
@@ -293,6 +298,15 @@ async function actListed(pass: Pass, plan: Plan): Promise<Omit<KeyResult, 'durat
   } catch (err) {
     return failedKey(plan.key, err);
   }
+}
+
+/** Whether any Secret stands at `key`'s mirror name (a metadata-only read: no data is fetched). */
+async function somethingAt(clients: Clients, key: MirrorKey): Promise<boolean> {
+  const name = mirrorName(key.identity);
+  return (
+    (await ignoreNotFound(clients.core.readNamespacedSecret({ namespace: key.namespace, name }, METADATA))) !==
+    undefined
+  );
 }
 
 /** Adds one key's result to the summary. */

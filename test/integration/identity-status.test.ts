@@ -24,11 +24,11 @@ import {
 } from '../../functions/lib/api.ts';
 import { getCondition } from '../../functions/lib/conditions.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
-import { apiStatus } from '../../functions/lib/kube.ts';
+import { apiStatus, METADATA, METADATA_LIST } from '../../functions/lib/kube.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { start } from '../../functions/identity-status/index.ts';
-import { METADATA, METADATA_LIST, refreshIdentity } from '../../functions/identity-status/refresh.ts';
+import { refreshIdentity } from '../../functions/identity-status/refresh.ts';
 import { controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, postEvents, type EventObject } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';

@@ -3,9 +3,10 @@ import { before, describe, it } from 'node:test';
 import type { V1Secret } from '@kubernetes/client-node';
 import { TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
-import { desiredMirror, ownerReferenceFor } from '../../functions/lib/mirror.ts';
+import { desiredMirror, mirrorName, ownerReferenceFor } from '../../functions/lib/mirror.ts';
 import { controlPlaneDir, eventually } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, startSink } from '../helpers/events.ts';
+import { startFaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import {
   alternatingKinds,
@@ -207,6 +208,31 @@ describe('resync on a ping (SPEC §6, §12)', () => {
       [`${n}/sunk-2`, 'mirrored'],
     ]);
     assert.equal((await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!.length, 2);
+  });
+});
+
+describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
+  it('a Secret in the way gets no create, and a pass that changes nothing writes nothing there', async () => {
+    const n = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(n));
+    await w.create(fx.sourceSecret(mirrorName(id), fx.inNamespace(n)));
+    const c = await w.create(fx.consumer('blocked', fx.inNamespace(n), fx.identityRef(id)));
+    assert.equal((await deliver(ms.url, consumerEvent(c))).status, 200);
+    assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'MirrorFailed');
+    // Every request that would change something in the namespace, as this instance sends it.
+    const writes: string[] = [];
+    const proxy = await startFaultProxy((method, url) => {
+      if (method !== 'GET' && url.includes(`/namespaces/${n}/`)) writes.push(`${method} ${url.split('?')[0]}`);
+      return undefined;
+    });
+    try {
+      const resyncs = await mirrorSyncUnderTest(w, { kubeconfig: proxy.kubeconfigPath });
+      for (const _ of [1, 2]) assert.equal((await deliver(resyncs.url, pingEvent(), { retries: 0 })).status, 200);
+      assert.deepEqual(writes, [], 'no create of the mirror, no condition, no Event');
+      assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'MirrorFailed');
+    } finally {
+      proxy.close();
+    }
   });
 });
 
