@@ -2,7 +2,8 @@
  * Finds or builds the Go tools of scripts/tools/registry.ts: one tool set at a time, from its
  * pinned wrapper modules under scripts/tools/go/ through the Go module proxy, into
  * `.cache/<set>/<versions>-<digest>/bin`, under a cross-process lock. A build happens only
- * when a wrapper's go.mod/go.sum or the set's patches change. `npm run tools` builds them all.
+ * when a wrapper's go.mod/go.sum, its own `.go` files or the set's patches change. `npm run
+ * tools` builds them all.
  */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -47,9 +48,16 @@ export function pinnedVersion(tool: Pick<GoTool, 'module' | 'versionOf'>): strin
   return m[1]!;
 }
 
+/** The `.go` files of a wrapper module's own packages, relative to it, sorted. */
+const ownGoFiles = (module: string): string[] =>
+  readdirSync(join(GO_DIR, module), { recursive: true, encoding: 'utf8' })
+    .filter((f) => f.endsWith('.go'))
+    .sort();
+
 /**
  * Cache folder of a tool set: module names and pinned versions, plus a digest of the wrapper
- * go.mod/go.sum (comment lines excluded) and of the patches, so any re-pin rebuilds.
+ * go.mod/go.sum (comment lines excluded), of the patches and of the wrapper's own `.go` files,
+ * so any re-pin or source change rebuilds.
  */
 export function cacheDir(set: ToolSet): string {
   const h = createHash('sha256');
@@ -62,6 +70,9 @@ export function cacheDir(set: ToolSet): string {
     }
     // Only tools with patches hash them, so the keys of the others stay as they were.
     if (t.patches?.length) h.update(JSON.stringify(t.patches));
+    // A wrapper's own Go packages (a builder's main): editing one rebuilds. Wrappers without
+    // any keep their keys.
+    for (const f of ownGoFiles(t.module)) h.update(`${f}\0${readFileSync(join(GO_DIR, t.module, f), 'utf8')}`);
     parts.push(`${t.module}-${pinnedVersion(t)}`);
   }
   return join(REPO_ROOT, '.cache', set, `${parts.join('_')}-${h.digest('hex').slice(0, 8)}`);
@@ -103,7 +114,9 @@ function run(
   });
 }
 
-const goEnv = { CGO_ENABLED: '0', GOFLAGS: '-mod=readonly' };
+// No VCS stamp: a wrapper's own main package (scripts/tools/go/image) would otherwise embed the
+// repository's commit and dirty state, and its binary (the pause image) change with every commit.
+const goEnv = { CGO_ENABLED: '0', GOFLAGS: '-mod=readonly -buildvcs=false' };
 
 /**
  * Applies a patch's `replace` list to `text` (the upstream `file`).
@@ -250,9 +263,10 @@ const STALE_LOCK_MS = 30 * 60_000;
 /**
  * Runs `fn` while holding the lock folder `.cache/<name>.lock` (mkdir is atomic), waiting for
  * another holder first: `npm test` runs test files in parallel processes, and two of them
- * must not build one set at once (a build replaces the whole bin folder when it finishes).
+ * must not build one set (or one image, scripts/image/build.ts) at once (a build replaces the
+ * whole bin folder when it finishes).
  */
-async function withBuildLock<T>(name: string, fn: () => Promise<T>): Promise<T> {
+export async function withBuildLock<T>(name: string, fn: () => Promise<T>): Promise<T> {
   const lock = join(REPO_ROOT, '.cache', `${name}.lock`);
   mkdirSync(dirname(lock), { recursive: true });
   for (;;) {
