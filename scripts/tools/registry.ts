@@ -114,7 +114,7 @@ function kubernetesLdflags(v: string): string[] {
 const EVENTING = 'knative.dev/eventing';
 
 /** A tool set's name: its key in {@link TOOLS} and its folder under `.cache/`. */
-export type ToolSet = 'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl';
+export type ToolSet = 'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl' | 'imagebuild';
 
 /**
  * The tool sets; a set's name is its cache folder under `.cache/`. Knative Eventing 1.22 is
@@ -172,6 +172,17 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
       versionOf: 'k8s.io/kubernetes',
       binaries: { kubectl: 'k8s.io/kubernetes/cmd/kubectl' },
       ldflags: kubernetesLdflags,
+    },
+  ],
+  /**
+   * The daemonless image builder `captf-image` (go-containerregistry) and `pause`, the process of
+   * a pod's sandbox container, both from the wrapper's own sources (scripts/image/).
+   */
+  imagebuild: [
+    {
+      module: 'image',
+      versionOf: 'github.com/google/go-containerregistry',
+      binaries: { 'captf-image': 'captf.local/tools/image', pause: 'captf.local/tools/image/pause' },
     },
   ],
 };
