@@ -21,7 +21,7 @@ import { FUNCTION_NAMES } from '../../scripts/lib/warm-compile-cache.ts';
 import { buildImage, type BuiltImage } from '../../scripts/image/build.ts';
 import { rootfsCommand, unpackImage, type UnpackedImage } from '../../scripts/image/rootfs.ts';
 import { REPO_ROOT, withBuildLock } from '../../scripts/tools/build.ts';
-import { controlPlaneDir } from '../helpers/cluster.ts';
+import { controlPlaneDir, eventually } from '../helpers/cluster.ts';
 
 const skip = process.getuid?.() === 0 ? false : 'needs root: mount namespaces and chroot';
 const work = mkdtempSync(join(tmpdir(), 'captf-image-test-'));
@@ -248,9 +248,11 @@ describe('the image runs each function as 65532 on a read-only root', { skip }, 
     });
     const child = spawn(cmd.command, cmd.args, { env: cmd.env, stdio: 'ignore' });
     try {
-      await new Promise((r) => setTimeout(r, 300));
+      // The spawned shell sets up the mounts, then execs pause in its place: wait for that.
+      const status = () => readFileSync(`/proc/${child.pid}/status`, 'utf8');
+      await eventually('pause to replace the set-up shell', async () => /^Name:\s+pause$/m.test(status()), 30_000);
       assert.equal(child.exitCode, null, 'pause is still running');
-      assert.match(readFileSync(`/proc/${child.pid}/status`, 'utf8'), /^Uid:\s+65535\s/m);
+      assert.match(status(), /^Uid:\s+65535\s/m);
       const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
       child.kill('SIGTERM');
       assert.equal(await exit, 0);
