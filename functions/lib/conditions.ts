@@ -87,3 +87,23 @@ export function planConditions(
   const owned = next.filter((c) => desiredTypes.has(c.type));
   return { conditions: next, owned, changedInputs, changed: changedInputs.length > 0 || removed.length > 0 };
 }
+
+/**
+ * The owned conditions `conditions` still holds although `desired` leaves them out, with
+ * their index, last first (so removing them one after another keeps the others' indexes).
+ * Server-side apply leaves such a condition in place when another field manager also claims
+ * it: after a `managedFields` reset, the API server gives every field to `before-first-apply`
+ * at the next apply (structured-merge-diff's skip-non-applied manager), and a list item
+ * co-owned that way outlives any apply that omits it.
+ */
+export function strayConditions(
+  conditions: readonly Condition[] | undefined,
+  desired: readonly ConditionInput[],
+  ownedTypes: readonly string[] = CONSUMER_CONDITION_TYPES,
+): { index: number; type: string }[] {
+  const wanted = new Set(desired.map((d) => d.type));
+  return (conditions ?? [])
+    .map((c, index) => ({ index, type: c.type }))
+    .filter((c) => ownedTypes.includes(c.type) && !wanted.has(c.type))
+    .reverse();
+}

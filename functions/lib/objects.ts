@@ -67,9 +67,19 @@ export interface CustomObjects<T extends CustomObject> {
    * given, is a precondition.
    */
   applyStatus(body: StatusApply, fieldManager?: string): Promise<T>;
+  /**
+   * JSON patch (RFC 6902) of the status subresource as {@link FIELD_MANAGER}: for what server-side
+   * apply cannot do (remove a list item another manager also claims). Its `test` operations are
+   * the preconditions (a failed one answers 422).
+   */
+  patchStatus(at: ObjectAddress, ops: readonly JsonPatchOp[]): Promise<T>;
 }
 
+/** One RFC 6902 operation of those this project sends. */
+export type JsonPatchOp = { op: 'test'; path: string; value: unknown } | { op: 'remove'; path: string };
+
 const APPLY: ConfigurationOptions = setHeaderOptions('Content-Type', PatchStrategy.ServerSideApply);
+const JSON_PATCH: ConfigurationOptions = setHeaderOptions('Content-Type', PatchStrategy.JsonPatch);
 
 /** What the accessors need of a client set: only the custom-object API. */
 export type CustomClients = Pick<Clients, 'custom'>;
@@ -122,16 +132,30 @@ export function customObjects<T extends CustomObject>(
         ? custom.deleteNamespacedCustomObject({ ...where, namespace, name })
         : custom.deleteClusterCustomObject({ ...where, name }));
     },
-    async applyStatus(body, fieldManager = FIELD_MANAGER) {
-      const { name, namespace } = body.metadata;
-      const at = { ...where, name: name!, body: full(body), fieldManager, force: true };
-      return typed(
-        await (namespace
-          ? custom.patchNamespacedCustomObjectStatus({ ...at, namespace }, APPLY)
-          : custom.patchClusterCustomObjectStatus(at, APPLY)),
-      );
+    async applyStatus({ metadata, ...rest }, fieldManager = FIELD_MANAGER) {
+      const at = { name: metadata.name!, namespace: metadata.namespace };
+      const body = full({ metadata, ...rest });
+      return typed(await patchStatus(clients, resource, at, { body, fieldManager, force: true, contentType: APPLY }));
+    },
+    async patchStatus(at, ops) {
+      const req = { body: ops, fieldManager: FIELD_MANAGER, contentType: JSON_PATCH };
+      return typed(await patchStatus(clients, resource, at, req));
     },
   };
+}
+
+/** PATCH of an object's status subresource, at cluster scope when it has no namespace. */
+function patchStatus(
+  { custom }: CustomClients,
+  { group, version, plural }: ResourceKind,
+  { name, namespace }: ObjectAddress,
+  req: { body: unknown; fieldManager: string; force?: boolean; contentType: ConfigurationOptions },
+): Promise<object> {
+  const { contentType, ...params } = req;
+  const where = { group, version, plural };
+  return namespace
+    ? custom.patchNamespacedCustomObjectStatus({ ...where, ...params, name, namespace }, contentType)
+    : custom.patchClusterCustomObjectStatus({ ...where, ...params, name }, contentType);
 }
 
 /** The TerraformClusterIdentities (cluster-scoped, SPEC §1). */

@@ -1,6 +1,7 @@
 /**
  * Writes a consumer's conditions (SPEC §4, §16): server-side apply to the status
- * subresource with field manager `captf-credentials`, only when something changed, and a
+ * subresource with field manager `captf-credentials`, only when something changed (and a
+ * pinned JSON patch for an owned condition the apply could not remove), and a
  * Kubernetes Event (events.k8s.io/v1) per changed condition with reason = condition reason
  * (one per change even when reconciles of the same object race, see {@link eventName}).
  */
@@ -8,10 +9,13 @@ import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
-import { describeError, isConflict, isNotFound, type Clients } from '../lib/kube.ts';
+import { apiStatus, describeError, isConflict, isNotFound, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { consumerObjects } from '../lib/objects.ts';
-import { planConditions } from '../lib/conditions.ts';
+import { consumerObjects, type CustomObjects, type JsonPatchOp } from '../lib/objects.ts';
+import { planConditions, strayConditions } from '../lib/conditions.ts';
+
+/** A JSON patch `test` failed (422 Invalid): the object is not what was seen. */
+const isInvalid = (err: unknown): boolean => apiStatus(err) === 422;
 
 /** `reportingController` of the Events this function records. */
 export const REPORTING_CONTROLLER = 'captf.io/mirror-sync';
@@ -48,14 +52,54 @@ export async function writeConditions(
   if (!plan.changed) return false;
   const { name, namespace } = consumer.metadata;
   const metadata = namespace ? { name, namespace } : { name };
+  const objects = consumerObjects(clients, kind);
+  let applied: Consumer;
   try {
-    await consumerObjects(clients, kind).applyStatus({ metadata, status: { conditions: plan.owned } });
+    applied = await objects.applyStatus({ metadata, status: { conditions: plan.owned } });
   } catch (err) {
     if (isNotFound(err)) return false;
     throw err;
   }
+  // The apply's own answer says whether it removed what it left out (see strayConditions).
+  const stray = strayConditions(applied.status?.conditions, desired);
+  if (stray.length) await removeStray(objects, applied, stray, ctx);
   await Promise.all(plan.changedInputs.map((c) => recordEvent(clients, target, c, ctx)));
   return true;
+}
+
+/**
+ * Removes owned conditions an apply could not remove, by a JSON patch pinned to the
+ * resourceVersion the apply returned and to each condition's type at its index: it removes
+ * exactly what was seen, or nothing. A failed pin (the object changed since) is left to the
+ * reconcile that change brings; other API errors are thrown.
+ */
+async function removeStray(
+  objects: CustomObjects<Consumer>,
+  applied: Consumer,
+  stray: readonly { index: number; type: string }[],
+  ctx: WriteContext,
+): Promise<void> {
+  const { name, namespace, resourceVersion } = applied.metadata;
+  const ops: JsonPatchOp[] = [{ op: 'test', path: '/metadata/resourceVersion', value: resourceVersion }];
+  for (const s of stray)
+    ops.push(
+      { op: 'test', path: `/status/conditions/${s.index}/type`, value: s.type },
+      { op: 'remove', path: `/status/conditions/${s.index}` },
+    );
+  try {
+    await objects.patchStatus({ name: name!, namespace }, ops);
+  } catch (err) {
+    if (!isNotFound(err) && !isInvalid(err)) throw err;
+    ctx.logger.info('stray conditions not removed: the object changed meanwhile', {
+      object: `${namespace ?? ''}/${name}`,
+      types: stray.map((s) => s.type),
+    });
+    return;
+  }
+  ctx.logger.info('stray conditions removed', {
+    object: `${namespace ?? ''}/${name}`,
+    types: stray.map((s) => s.type),
+  });
 }
 
 /**

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, describe, it } from 'node:test';
-import { API_VERSION, DEFAULT_CONSUMER_KINDS, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
+import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
+import { API_VERSION, DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import {
   isOurs,
@@ -16,6 +17,7 @@ import {
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { eventually } from '../helpers/cluster.ts';
 import { apiServerEvent } from '../helpers/events.ts';
+import { startFaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { scanLater } from '../helpers/leaks.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
@@ -36,6 +38,11 @@ import {
 import { prepareTarget } from '../helpers/prepare.ts';
 
 const w = fx.world('ms');
+const TC_RESOURCE = {
+  group: TERRAFORM_CLUSTER.group,
+  version: TERRAFORM_CLUSTER.version,
+  plural: TERRAFORM_CLUSTER.plural,
+};
 const a = w.clients;
 const SECRET_VALUES = [sentinel(), sentinel()];
 const responses: string[] = [];
@@ -52,6 +59,14 @@ async function send(...args: Parameters<typeof deliver>) {
   responses.push(r.text);
   return r;
 }
+/** A condition type of another controller's own, which our status writes must keep. */
+const PROVISIONED = {
+  type: 'Provisioned',
+  status: 'True' as const,
+  reason: 'Applied',
+  message: 'done',
+  lastTransitionTime: '2026-01-01T00:00:00Z',
+};
 /** The Events (events.k8s.io) in `namespace` about the object named `name`. */
 const eventsAbout = async (namespace: string, name: string) =>
   (await a.events.listNamespacedEvent({ namespace })).items.filter((e) => e.regarding?.name === name);
@@ -354,17 +369,9 @@ function repairAndReleaseTests(): void {
     const id = await source.newIdentity(fx.allowList(n));
     const c = await w.create(fx.consumer('quitter', fx.inNamespace(n), fx.identityRef(id)));
     await send(ms.url, consumerEvent(c));
-    // Another controller owns a condition type of its own on the same object.
-    const provisioned = {
-      type: 'Provisioned',
-      status: 'True' as const,
-      reason: 'Applied',
-      message: 'done',
-      lastTransitionTime: '2026-01-01T00:00:00Z',
-    };
     await fx.applyStatusAs(
       a,
-      fx.consumer('quitter', fx.inNamespace(n), fx.conditions(provisioned)),
+      fx.consumer('quitter', fx.inNamespace(n), fx.conditions(PROVISIONED)),
       'provider-manager',
     );
     await send(ms.url, consumerEvent(c));
@@ -380,6 +387,54 @@ function repairAndReleaseTests(): void {
     assert.equal(fx.conditionOf(after, 'IdentityAllowed'), undefined);
     assert.equal(fx.conditionOf(after, 'Provisioned')?.reason, 'Applied');
     assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined, 'it was the only user');
+  });
+
+  describe('our conditions go even after a managedFields reset, and then nothing is written', () => {
+    fx.rows(
+      [
+        {
+          name: 'the namespace revoked',
+          change: (id: string, n: string) => w.put(fx.identity(id, source.ref, fx.allowList(`${n}-other`))),
+          left: ['IdentityAllowed', 'Provisioned'],
+        },
+        {
+          name: 'spec.identityRef removed',
+          change: (_id: string, n: string) => w.put(fx.consumer('reset', fx.inNamespace(n))),
+          left: ['Provisioned'],
+        },
+      ],
+      async ({ change, left }) => {
+        const n = await w.namespace();
+        const id = await source.newIdentity(fx.allowList(n));
+        const c = await w.create(fx.consumer('reset', fx.inNamespace(n), fx.identityRef(id)));
+        await send(ms.url, consumerEvent(c));
+        await fx.applyStatusAs(a, fx.consumer('reset', fx.inNamespace(n), fx.conditions(PROVISIONED)), 'provider');
+        // The documented reset: the API server forgets every owner, then gives all to
+        // `before-first-apply` at the next apply.
+        await a.custom.patchNamespacedCustomObject(
+          { ...TC_RESOURCE, namespace: n, name: 'reset', body: { metadata: { managedFields: [{}] } } },
+          setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+        );
+        await change(id, n);
+        const statusWrites: string[] = [];
+        const proxy = await startFaultProxy((method, url) => {
+          if (method === 'PATCH' && url.includes(`/namespaces/${n}/terraformclusters/reset/status`))
+            statusWrites.push(url);
+          return undefined;
+        });
+        try {
+          const through = await mirrorSyncUnderTest(w, { kubeconfig: proxy.kubeconfigPath, log: ms.log });
+          assert.equal((await send(through.url, consumerEvent(c))).status, 200);
+          const types = (await w.read(c))!.status!.conditions!.map((x) => x.type).sort();
+          assert.deepEqual(types, left, 'our stale condition is gone; the other writer’s stays');
+          statusWrites.length = 0;
+          assert.equal((await send(through.url, consumerEvent(c))).status, 200);
+          assert.deepEqual(statusWrites, [], 'the reconcile after the removal writes no status');
+        } finally {
+          proxy.close();
+        }
+      },
+    );
   });
 
   it('a consumer that switches identity lets go of the old mirror', async () => {

@@ -7,6 +7,7 @@ import {
   removeCondition,
   rfc3339,
   setCondition,
+  strayConditions,
 } from '../../functions/lib/conditions.ts';
 
 const t1 = new Date('2026-01-01T00:00:00.123Z');
@@ -71,5 +72,19 @@ describe('conditions (SPEC §16, Cluster API util/conditions)', () => {
       true,
     );
     assert.equal(conditionChanged(a, { type: 'Y', status: 'True', reason: 'R', message: 'm' }), true);
+  });
+});
+
+describe('strayConditions: owned conditions an apply left in place', () => {
+  const c = (type: string): Condition => ({ type, status: 'True', reason: 'R', message: 'm', lastTransitionTime: 'x' });
+  it("lists owned types left out of the desired set, last index first; never another writer's type", () => {
+    const now = [c('IdentityAllowed'), c('Provisioned'), c('CredentialsMirrored'), c('ApplyJobSucceeded')];
+    const desired = [{ type: 'IdentityAllowed', status: 'False' as const, reason: 'R', message: 'm' }];
+    assert.deepEqual(strayConditions(now, desired), [
+      { index: 3, type: 'ApplyJobSucceeded' },
+      { index: 2, type: 'CredentialsMirrored' },
+    ]);
+    assert.deepEqual(strayConditions(now.slice(0, 2), desired), []);
+    assert.deepEqual(strayConditions(undefined, []), []);
   });
 });
