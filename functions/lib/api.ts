@@ -110,8 +110,15 @@ export interface ResourceKind {
   plural: string;
 }
 
-/** A consumer kind from configuration (SPEC §1). */
-export type ConsumerKind = ResourceKind;
+/** A consumer kind from configuration (SPEC §1), with its scope once discovery has told it. */
+export interface ConsumerKind extends ResourceKind {
+  /**
+   * False for a cluster-scoped kind (lib/consumers.ts `discoverConsumerKinds`, at start);
+   * absent or true: namespaced, as the shipped kinds are. A cluster-scoped kind is never
+   * listed in a namespace.
+   */
+  namespaced?: boolean;
+}
 
 /** The identity's kind and resource (SPEC §1). */
 export const IDENTITY_RESOURCE: ResourceKind = Object.freeze({

@@ -4,7 +4,7 @@
  * paginated lists of every consumer (resync, SPEC §12). Reads only; never cached.
  */
 import { DEFAULT_CONSUMER_KINDS, IDENTITY_REF_FIELD, type Consumer, type ConsumerKind } from './api.ts';
-import { listAllPages, type Clients } from './kube.ts';
+import { describeError, isNotFound, listAllPages, type Clients } from './kube.ts';
 import { consumerObjects } from './objects.ts';
 
 /** Environment variable listing consumer kinds: `group/version/Kind[/plural]`, comma-separated. */
@@ -60,9 +60,66 @@ export function findConsumerKind(
   return kinds.find((k) => `${k.group}/${k.version}` === apiVersion && k.kind === kind);
 }
 
+/** `group/version/Kind`, as configuration and messages spell a kind. */
+export const kindName = (k: ConsumerKind): string => `${k.group}/${k.version}/${k.kind}`;
+
+/**
+ * The configured kinds with their scope, as the API server's discovery (`GET
+ * /apis/<group>/<version>`, one request per group/version) serves them, so that a
+ * cluster-scoped kind is never listed in a namespace. A CRD's scope cannot change, so once
+ * at start is enough. Without `$CAPTF_CONSUMER_KINDS` the shipped kinds are returned as
+ * they are (namespaced, by their CRDs) and nothing is asked.
+ * @throws Error naming the kind and what to change: not served, served under another plural
+ *   than the configured one, or discovery failed (the process should not start).
+ */
+export async function discoverConsumerKinds(
+  clients: Clients,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<ConsumerKind[]> {
+  const kinds = consumerKindsFromEnv(env);
+  if (!env[CONSUMER_KINDS_ENV]?.trim()) return kinds;
+  return Promise.all(kinds.map((k) => discoverOne(clients, k)));
+}
+
+async function discoverOne(clients: Clients, k: ConsumerKind): Promise<ConsumerKind> {
+  let found: Awaited<ReturnType<Clients['discovery']['resourceOf']>>;
+  try {
+    found = await clients.discovery.resourceOf(`${k.group}/${k.version}`, k.kind);
+  } catch (err) {
+    // 404: the group/version is not served at all, which says the same as a missing kind.
+    if (isNotFound(err)) found = undefined;
+    else
+      throw new Error(`${CONSUMER_KINDS_ENV}: could not discover ${kindName(k)}: ${describeError(err)}`, {
+        cause: err,
+      });
+  }
+  if (!found)
+    throw new Error(
+      `${CONSUMER_KINDS_ENV}: ${kindName(k)} is not served by the API server; install its CRD or remove it from the list`,
+    );
+  if (found.name !== k.plural)
+    throw new Error(
+      `${CONSUMER_KINDS_ENV}: ${kindName(k)} is served as ${JSON.stringify(found.name)}, not ${JSON.stringify(k.plural)}; write ${kindName(k)}/${found.name}`,
+    );
+  return { ...k, namespaced: found.namespaced };
+}
+
+/**
+ * Whether an object of `kind` can be where a request says it is (SPEC §4: a bad event answers
+ * 4xx): a namespaced kind needs a namespace, a cluster-scoped one has none.
+ * @returns the reason it cannot, or undefined.
+ */
+export function scopeMismatch(kind: ConsumerKind, namespace: string | undefined): string | undefined {
+  const clusterScoped = kind.namespaced === false;
+  if (!namespace && !clusterScoped) return `${kind.kind} is namespaced, but no namespace was given`;
+  if (namespace && clusterScoped) return `${kind.kind} is cluster-scoped, but namespace ${namespace} was given`;
+  return undefined;
+}
+
 /**
  * Lists every object of one consumer kind in all namespaces (or one), page by page (an
- * expired continue token restarts the list: kube.ts `listAllPages`).
+ * expired continue token restarts the list: kube.ts `listAllPages`). A cluster-scoped kind has
+ * nothing in a namespace, so it is not asked there.
  * Items get `apiVersion` and `kind` filled in (list items may omit them).
  * @param opts.fieldSelector e.g. `spec.identityRef.name=aws-prod`.
  * @throws the API error of a failed page.
@@ -72,6 +129,7 @@ export async function* listConsumers(
   kind: ConsumerKind,
   opts: { namespace?: string; fieldSelector?: string } = {},
 ): AsyncGenerator<Consumer> {
+  if (opts.namespace && kind.namespaced === false) return;
   const objects = consumerObjects(clients, kind);
   const list = await listAllPages(
     (cont) => objects.list({ ...opts, limit: currentPageSize, _continue: cont }),

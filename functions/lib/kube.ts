@@ -11,6 +11,7 @@ import {
   EventsV1Api,
   IsomorphicFetchHttpLibrary,
   KubeConfig,
+  KubernetesObjectApi,
   ServerConfiguration,
   createConfiguration,
   wrapHttpLibrary,
@@ -80,6 +81,8 @@ export interface Clients {
   /** TokenReviews (mirror-sync's prepare checks its callers, SPEC §5). */
   authn: AuthenticationV1Api;
   events: EventsV1Api;
+  /** Discovery of a kind's resource (scope, plural). */
+  discovery: Discovery;
   counter: CallCounter;
   /** Where library code warns about what it did on its own (a list restarted); none in some tests. */
   logger?: Logger | undefined;
@@ -119,9 +122,25 @@ export function makeClients(kc: KubeConfig, counter: CallCounter = { calls: 0 },
     authz: new AuthorizationV1Api(config),
     authn: new AuthenticationV1Api(config),
     events: new EventsV1Api(config),
+    discovery: new Discovery(config),
     counter,
     logger,
   };
+}
+
+/**
+ * client-node's discovery of one kind (`GET /apis/<group>/<version>`, remembered per
+ * group/version by the instance), which it keeps protected behind its generic object client.
+ */
+export class Discovery extends KubernetesObjectApi {
+  /**
+   * The served resource of `kind` in `apiVersion` (its plural as `name`, and `namespaced`).
+   * @returns undefined when the group/version serves no such kind. @throws the API error
+   *   (404 when the group/version is not served at all).
+   */
+  resourceOf(apiVersion: string, kind: string): ReturnType<KubernetesObjectApi['resource']> {
+    return this.resource(apiVersion, kind);
+  }
 }
 
 /** The API answered 404. */

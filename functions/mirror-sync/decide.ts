@@ -46,13 +46,20 @@ export interface ConsumerName {
 export type SourceState =
   { state: 'found'; data: SecretData; hash: string } | { state: 'missing' | 'unreadable'; message: string };
 
+/** What a decision needs of a namespace: its labels (SPEC §2), and whether it is being deleted. */
+export interface NamespaceState {
+  labels?: Record<string, string> | undefined;
+  /** Terminating: the API server refuses new objects there, so no mirror can be created. */
+  terminating?: boolean;
+}
+
 /** Everything a decision needs, read fresh from the API server (observe.ts, resync.ts). */
 export interface Snapshot {
   key: MirrorKey;
   /** Undefined: no such identity. */
   identity: TerraformClusterIdentity | undefined;
   /** Undefined: no such namespace. */
-  namespace: { labels?: Record<string, string> | undefined } | undefined;
+  namespace: NamespaceState | undefined;
   /** The source Secret; undefined when it was not read (the identity or namespace already decides). */
   source: SourceState | undefined;
   /** The Secret holding the mirror's name, if any (with data and resourceVersion). */
@@ -410,6 +417,10 @@ function inert(ctx: Ctx, identity: TerraformClusterIdentity): Plan {
   };
 }
 
+/** Why a mirror write cannot happen in a namespace being deleted: the API server creates nothing there. */
+export const namespaceTerminatingMessage = (verb: string, namespace: string, name: string | undefined): string =>
+  `cannot ${verb} mirror Secret ${namespace}/${name}: namespace ${namespace} is being deleted (NamespaceTerminating)`;
+
 /** Why the Secret at the mirror's name is not ours (SPEC §3). */
 function inTheWay(ctx: Ctx): string {
   const { key, name } = ctx;
@@ -478,7 +489,11 @@ function mirrored(ctx: Ctx, source: Extract<SourceState, { state: 'found' }>): P
   const { key, existing, refs, name } = ctx;
   if (!ctx.users) return { key, mirror: unused(ctx), consumers: [] };
   let mirror: MirrorAction;
-  if (!existing) {
+  if (!existing && ctx.snapshot.namespace?.terminating) {
+    // The create would be refused (403 NamespaceTerminating) at every try: say so once
+    // instead, in the words of that refusal (reconcile.ts), so either path writes one condition.
+    return blocked(ctx, namespaceTerminatingMessage('create', key.namespace, name));
+  } else if (!existing) {
     const body = desiredMirror(key.identity, key.namespace, source.data, refs[0]!);
     body.metadata.ownerReferences = refs;
     mirror = { action: 'create', body };

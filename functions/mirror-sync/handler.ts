@@ -9,6 +9,7 @@ import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
 import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } from '../lib/cloudevents.ts';
 import { sendEventOutcome, type Outcome } from '../lib/http.ts';
+import { findConsumerKind, scopeMismatch } from '../lib/consumers.ts';
 import { describeError, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
 import { largestRetryAfter, retryAfterHeader } from '../lib/retry-after.ts';
 import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
@@ -132,8 +133,15 @@ export class MirrorSyncHandler {
     }
   }
 
-  /** @throws BadEventError for objects of other kinds, and Secrets while the fast path is off. */
+  /**
+   * @throws BadEventError for objects of other kinds, a consumer placed where its kind's scope
+   *   rules out (a namespaced kind without a namespace), and Secrets while the fast path is off.
+   */
   private checkTarget(ev: ObjectEvent): void {
+    const kind =
+      ev.target === 'consumer' ? findConsumerKind(this.deps.kinds, ev.ref.apiVersion, ev.ref.kind) : undefined;
+    const mismatch = kind && scopeMismatch(kind, ev.ref.namespace);
+    if (mismatch) throw new BadEventError(`event ${ev.id} is about ${ev.ref.kind} ${ev.ref.name}: ${mismatch}`);
     if (ev.target === 'other')
       throw new BadEventError(
         `event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`,

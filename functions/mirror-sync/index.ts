@@ -5,7 +5,7 @@
  * `GET /healthz`. Started by `functions/main.ts mirror-sync`.
  */
 import { createServer } from 'node:http';
-import { consumerKindsFromEnv, setPageSizeFromEnv } from '../lib/consumers.ts';
+import { discoverConsumerKinds, kindName, setPageSizeFromEnv } from '../lib/consumers.ts';
 import {
   closeServer,
   createApp,
@@ -21,6 +21,7 @@ import {
   type FunctionHandle,
   type StartOptions,
 } from '../lib/http.ts';
+import { makeClients } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
 import { prepareAuthFromEnv } from './authorize.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
@@ -55,9 +56,14 @@ export function configFromEnv(env: NodeJS.ProcessEnv): EventConfig {
 export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const { port: wanted, kubeconfig, env } = startSettings(opts);
   const logger = opts.logger ?? createLogger('mirror-sync');
-  const deps: ReconcileDeps = { kc: kubeconfig, kinds: consumerKindsFromEnv(env), logger };
   const cfg = configFromEnv(env);
   setPageSizeFromEnv(env);
+  // Configured kinds' scopes first: a cluster-scoped kind is never listed in a namespace.
+  const kinds = await discoverConsumerKinds(makeClients(kubeconfig, undefined, logger), env);
+  logger.info('consumer kinds', {
+    kinds: kinds.map((k) => `${kindName(k)}/${k.plural} (${k.namespaced === false ? 'cluster-scoped' : 'namespaced'})`),
+  });
+  const deps: ReconcileDeps = { kc: kubeconfig, kinds, logger };
   const handler = new MirrorSyncHandler(
     deps,
     cfg,

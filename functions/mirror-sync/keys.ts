@@ -24,7 +24,7 @@ import {
   mirrorName,
   sameOwner,
 } from '../lib/mirror.ts';
-import { mayHoldMirror, type ConsumerName, type SourceState } from './decide.ts';
+import { mayHoldMirror, type ConsumerName, type NamespaceState, type SourceState } from './decide.ts';
 import { identitiesUsingSecret, readIdentity, readNamespace, readSource, type KeyWork } from './observe.ts';
 
 export type { KeyWork } from './observe.ts';
@@ -189,10 +189,7 @@ async function sourceOnce(
 }
 
 /** Reads namespaces (a few at a time); `null` for one that does not exist. */
-async function readNamespaces(
-  clients: Clients,
-  names: readonly string[],
-): Promise<Map<string, { labels?: Record<string, string> | undefined } | null>> {
+async function readNamespaces(clients: Clients, names: readonly string[]): Promise<Map<string, NamespaceState | null>> {
   const limit = pLimit(8);
   return new Map(
     await Promise.all(names.map((n) => limit(async () => [n, (await readNamespace(clients, n)) ?? null] as const))),

@@ -16,7 +16,15 @@ import { findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, isForbidden, listAllPages, type Clients } from '../lib/kube.ts';
 import { consumerObjects, identities } from '../lib/objects.ts';
 import { mirrorName, namesSecret, sourceHash, type SecretLike } from '../lib/mirror.ts';
-import { mayHoldMirror, type ConsumerName, type MirrorKey, type Snapshot, type SourceState } from './decide.ts';
+import type { V1Namespace } from '@kubernetes/client-node';
+import {
+  mayHoldMirror,
+  type ConsumerName,
+  type NamespaceState,
+  type MirrorKey,
+  type Snapshot,
+  type SourceState,
+} from './decide.ts';
 
 /**
  * Reads a caller already made for this key after the request arrived (each optional; `null`
@@ -25,7 +33,7 @@ import { mayHoldMirror, type ConsumerName, type MirrorKey, type Snapshot, type S
  */
 export interface Seed {
   identity?: TerraformClusterIdentity | null;
-  namespace?: { labels?: Record<string, string> | undefined } | null;
+  namespace?: NamespaceState | null;
   source?: SourceState;
   mirror?: Snapshot['mirror'] | null;
   /** The key's consumers as the scope asks for them. */
@@ -48,13 +56,16 @@ export async function readIdentity(clients: Clients, name: string): Promise<Terr
   return ignoreNotFound(identities(clients).get({ name }));
 }
 
-/** GETs a namespace's labels; undefined when it does not exist. */
-export async function readNamespace(
-  clients: Clients,
-  name: string,
-): Promise<{ labels?: Record<string, string> | undefined } | undefined> {
+/** GETs a namespace's labels and whether it is being deleted; undefined when it does not exist. */
+export async function readNamespace(clients: Clients, name: string): Promise<NamespaceState | undefined> {
   const ns = await ignoreNotFound(clients.core.readNamespace({ name }));
-  return ns ? { labels: ns.metadata?.labels } : undefined;
+  return ns ? namespaceState(ns) : undefined;
+}
+
+/** What a decision needs of a namespace read or listed. */
+export function namespaceState(ns: V1Namespace): NamespaceState {
+  const terminating = Boolean(ns.metadata?.deletionTimestamp) || ns.status?.phase === 'Terminating';
+  return { labels: ns.metadata?.labels, ...(terminating ? { terminating } : {}) };
 }
 
 /**

@@ -6,7 +6,7 @@
  */
 import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
-import { findConsumerKind } from '../lib/consumers.ts';
+import { findConsumerKind, kindName, scopeMismatch } from '../lib/consumers.ts';
 import { HttpError, type Outcome } from '../lib/http.ts';
 import { describeError, ignoreNotFound, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
@@ -26,8 +26,10 @@ export interface PrepareRequest {
 
 /**
  * Parses and validates the body of `POST /prepare`. An empty `namespace` names a
- * cluster-scoped object (answered like any object whose namespace is not allowed, SPEC §2).
- * @throws HttpError 400 naming the missing or bad field, or the unknown kind.
+ * cluster-scoped object (answered like any object whose namespace is not allowed, SPEC §2);
+ * it must match the kind's scope.
+ * @throws HttpError 400 naming the missing or bad field, the unknown kind, or a namespace the
+ *   kind's scope rules out.
  */
 export function parsePrepareRequest(
   raw: string,
@@ -52,7 +54,10 @@ export function parsePrepareRequest(
     );
   if (!isDns1123Subdomain(req.name))
     throw new HttpError(400, `name ${JSON.stringify(req.name).slice(0, 80)} is not a valid object name`, 'BadRequest');
-  return { req, kind: configuredKind(kinds, req) };
+  const kind = configuredKind(kinds, req);
+  const mismatch = scopeMismatch(kind, req.namespace);
+  if (mismatch) throw new HttpError(400, `${req.name}: ${mismatch}`, 'BadRequest');
+  return { req, kind };
 }
 
 /** The body as a JSON object. @throws HttpError 400. */
@@ -74,7 +79,7 @@ function configuredKind(kinds: readonly ConsumerKind[], req: PrepareRequest): Co
   if (kind) return kind;
   throw new HttpError(
     400,
-    `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map((k) => `${k.group}/${k.version}/${k.kind}`).join(', ')})`,
+    `${req.apiVersion}/${req.kind} is not a configured consumer kind (${kinds.map(kindName).join(', ')})`,
     'UnknownKind',
   );
 }

@@ -31,6 +31,7 @@ import {
   mayHoldMirror,
   type ConsumerPlan,
   type MirrorKey,
+  namespaceTerminatingMessage,
   type Outcome,
   type Plan,
   type Snapshot,
@@ -225,8 +226,7 @@ function refusedWriteMessage(plan: Plan, err: unknown): string {
   const { namespace } = plan.key;
   const what = `${verb} mirror Secret ${namespace}/${name}`;
   const causes = err instanceof RedactedApiError ? err.causes : [];
-  if (causes.includes('NamespaceTerminating'))
-    return `cannot ${what}: namespace ${namespace} is being deleted (NamespaceTerminating)`;
+  if (causes.includes('NamespaceTerminating')) return namespaceTerminatingMessage(verb, namespace, name);
   return `the API server refused to ${what}: ${describeError(err)}`;
 }
 

@@ -31,7 +31,7 @@ import {
   type Snapshot,
   type SourceState,
 } from './decide.ts';
-import { readSource } from './observe.ts';
+import { namespaceState, readSource } from './observe.ts';
 import type { KeyQueue } from './queue.ts';
 import { act, failedKey, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
@@ -243,7 +243,7 @@ async function snapshotOf(
 ): Promise<Snapshot> {
   const identity = lists.identities.get(key.identity);
   const ns = lists.namespaces.get(key.namespace);
-  const namespace = ns ? { labels: ns.metadata?.labels } : undefined;
+  const namespace = ns ? namespaceState(ns) : undefined;
   return {
     key,
     identity,

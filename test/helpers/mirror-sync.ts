@@ -269,6 +269,12 @@ export const consumerEvent = (
   );
 };
 
+/** The outcomes of an answer of mirror-sync to events, as `[object, outcome]`. */
+export const outcomes = (body: unknown): [string, string][] =>
+  (body as { events: { results?: { object: string; outcome: string }[] }[] }).events
+    .flatMap((e) => e.results ?? [])
+    .map((r) => [r.object, r.outcome]);
+
 /** An ApiServerSource event about an identity (as built, or as read back). */
 export const identityEvent = (
   i: TerraformClusterIdentity,

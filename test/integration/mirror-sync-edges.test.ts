@@ -1,9 +1,10 @@
 /**
  * Edge cases, through the real API server: an input
  * the reconcile cannot act on ends in a visible outcome that is not retried (a cluster-scoped
- * consumer kind, an event without a namespace); a Secret that an identity names as its
+ * consumer kind, never listed in a namespace; an event placing a consumer where its kind's
+ * scope rules out answers 400); a Secret that an identity names as its
  * source is never written or deleted, whatever its labels; a write refused for good says who
- * lacked what, or that the namespace is being deleted, and is not retried.
+ * lacked what, and is not retried.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
@@ -12,7 +13,7 @@ import { TERRAFORM_CLUSTER, type ConsumerKind } from '../../functions/lib/api.ts
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { asUser, eventually, suffix } from '../helpers/cluster.ts';
-import { pingEvent } from '../helpers/events.ts';
+import { apiServerEvent, pingEvent } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 import {
@@ -21,6 +22,7 @@ import {
   deliver,
   mirrorSyncUnderTest,
   operatorSource,
+  outcomes,
   prepareManager,
   readCondition,
   refuseSecrets,
@@ -140,13 +142,38 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
     assert.deepEqual(errors, []);
   });
 
-  it('a consumer event without a namespace for a namespaced kind is answered with a result saying so', async () => {
-    const r = await deliver(ms.url, consumerEvent(fx.consumer('x')), { retries: 0 });
+  it("an event placing a consumer where its kind's scope rules out answers 400 and is logged (SPEC §4)", async () => {
+    const n = await w.namespace();
+    const cases = [
+      { ev: consumerEvent(fx.consumer(w.name('x')), 'ref', 'update', KINDS), want: /TerraformCluster is namespaced/ },
+      {
+        ev: consumerEvent(fx.consumer(w.name('g'), fx.inNamespace(n), fx.ofKind(GLOBAL)), 'ref', 'update', KINDS),
+        want: new RegExp(`TerraformGlobal is cluster-scoped, but namespace ${n} was given`),
+      },
+    ];
+    for (const { ev, want } of cases) {
+      const r = await deliver(ms.url, ev, { retries: 0 });
+      assert.equal(r.status, 400, r.text);
+      assert.match(r.text, want);
+      assert.ok(
+        ms.log.entries().some((e) => e.message === 'bad event' && want.test(JSON.stringify(e))),
+        'logged as a bad event',
+      );
+    }
+    const p = await manager.prepare({ ...prepareTarget(fx.consumer('x', fx.inNamespace(n))), namespace: '' });
+    assert.equal(p.status, 400, JSON.stringify(p.body));
+    assert.match(String(p.body.error), /TerraformCluster is namespaced, but no namespace was given/);
+  });
+
+  it('a Namespace event never lists a cluster-scoped kind in the namespace', async () => {
+    const n = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(n));
+    await w.create(fx.consumer('in-ns', fx.inNamespace(n), fx.identityRef(id)));
+    const r = await deliver(ms.url, apiServerEvent(fx.namespace(n), 'ref', 'update', 'namespaces'), { retries: 0 });
     assert.equal(r.status, 200, r.text);
-    const results = (r.body as { events: { results: { reason: string; retry: boolean }[] }[] }).events[0]!.results;
-    assert.equal(results.length, 1);
-    assert.equal(results[0]!.reason, 'ObjectGone');
-    assert.equal(results[0]!.retry, false);
+    assert.deepEqual(outcomes(r.body), [[`${n}/in-ns`, 'mirrored']]);
+    const lines = ms.log.entries().filter((e) => e.level !== 'info' && JSON.stringify(e).includes(n));
+    assert.deepEqual(lines, [], 'no failed list, no warning');
   });
 });
 
@@ -190,40 +217,6 @@ describe('a write refused for good says why and is not retried', () => {
     );
     assert.match(cond.message, new RegExp(`create mirror Secret ${n}/${mirrorName(id)}`));
     assertNoSecret(JSON.stringify(cond), [SECRET, Buffer.from(SECRET).toString('base64')], 'condition');
-  });
-
-  it('a namespace being deleted says so in the condition, and the event is not retried', async () => {
-    const n = await w.namespace();
-    const id = await source.newIdentity(fx.allowList(n));
-    const c = await w.create(fx.consumer('late', fx.inNamespace(n), fx.identityRef(id)));
-    // A finalizer keeps the namespace Terminating while the test runs.
-    await a.core.createNamespacedConfigMap({
-      namespace: n,
-      body: { metadata: { name: 'hold', finalizers: ['captf.io/test-hold'] } },
-    });
-    w.onCleanup(() =>
-      a.core
-        .patchNamespacedConfigMap({
-          name: 'hold',
-          namespace: n,
-          body: [{ op: 'remove', path: '/metadata/finalizers' }],
-        })
-        .then(
-          () => undefined,
-          () => undefined,
-        ),
-    );
-    await w.delete(fx.namespace(n));
-    await eventually(
-      'the namespace to be Terminating',
-      async () => (await w.read(fx.namespace(n)))?.status?.phase === 'Terminating',
-    );
-    const r = await deliver(ms.url, consumerEvent(c), { retries: 0 });
-    const cond = await readCondition(w, c, 'CredentialsMirrored');
-    if (cond?.reason === 'Mirrored') return; // another file's resync mirrored it before the deletion
-    assert.equal(r.status, 200, r.text);
-    assert.equal(cond?.reason, 'MirrorFailed');
-    assert.match(cond!.message, new RegExp(`namespace ${n} is being deleted \\(NamespaceTerminating\\)`));
   });
 });
 

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { before, describe, it } from 'node:test';
 import type { V1Secret } from '@kubernetes/client-node';
-import { TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
+import { TERRAFORM_CLUSTER, TERRAFORM_MACHINE, type Consumer } from '../../functions/lib/api.ts';
 import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import { desiredMirror, mirrorName, ownerReferenceFor } from '../../functions/lib/mirror.ts';
 import { controlPlaneDir, eventually } from '../helpers/cluster.ts';
@@ -18,6 +18,7 @@ import {
   mirrorSyncUnderTest,
   newIdentity,
   operatorSource,
+  outcomes,
   readCondition,
   type MirrorSyncUnderTest,
   type OperatorSource,
@@ -29,11 +30,6 @@ const a = w.clients;
 let ms: MirrorSyncUnderTest;
 let source: OperatorSource;
 const b64 = (s: string) => Buffer.from(s).toString('base64');
-/** The outcomes of an answer of mirror-sync, as `[object, outcome]`. */
-const outcomes = (body: unknown) =>
-  (body as { events: { results?: { object: string; outcome: string }[] }[] }).events
-    .flatMap((e) => e.results ?? [])
-    .map((r) => [r.object, r.outcome]);
 
 before(async () => {
   source = await operatorSource(w, fx.data({ token: 't0' }));
@@ -234,6 +230,40 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
       proxy.close();
     }
   });
+
+  it('a namespace being deleted gets no create of a mirror, from an event or a resync; the condition says why', async () => {
+    const n = await w.namespace();
+    // Allowed only once the namespace is Terminating, so no resync (of any file) mirrors it before.
+    const id = await source.newIdentity(fx.allowList(w.name('elsewhere')));
+    // A finalizer keeps the consumer, and so the namespace, Terminating while the test looks.
+    const held = (...mods: fx.Modifier<Consumer>[]) =>
+      fx.consumer('held', fx.inNamespace(n), fx.identityRef(id), fx.finalizers('test.captf.io/hold'), ...mods);
+    const c = await w.create(held());
+    w.onCleanup(async () => void (await w.put(held(fx.finalizers()))));
+    await a.core.deleteNamespace({ name: n });
+    await eventually(
+      'the namespace to be Terminating',
+      async () => (await a.core.readNamespace({ name: n })).status?.phase === 'Terminating',
+    );
+    await w.put(fx.identity(id, source.ref, fx.allowList(n)));
+    const creates: string[] = [];
+    const proxy = await startFaultProxy((method, url) => {
+      if (method === 'POST' && url.includes(`/namespaces/${n}/secrets`)) creates.push(url.split('?')[0]!);
+      return undefined;
+    });
+    try {
+      const through = await mirrorSyncUnderTest(w, { kubeconfig: proxy.kubeconfigPath });
+      assert.equal((await deliver(through.url, consumerEvent(c), { retries: 0 })).status, 200);
+      for (const _ of [1, 2]) assert.equal((await deliver(through.url, pingEvent(), { retries: 0 })).status, 200);
+      assert.deepEqual(creates, [], 'no create that the API server would refuse');
+      const cond = await readCondition(w, c, 'CredentialsMirrored');
+      assert.equal(cond?.reason, 'MirrorFailed');
+      assert.match(cond!.message, new RegExp(`namespace ${n} is being deleted \\(NamespaceTerminating\\)`));
+      assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined);
+    } finally {
+      proxy.close();
+    }
+  });
 });
 
 describe('source-Secret fast path (SPEC §8, opt-in)', () => {
@@ -277,6 +307,19 @@ describe('configuration', () => {
       [{ CAPTF_SOURCE_SECRET_EVENTS: 'yes' }, /CAPTF_SOURCE_SECRET_EVENTS=yes/],
       [{ CAPTF_CONSUMER_KINDS: 'TerraformCluster' }, /CAPTF_CONSUMER_KINDS/],
       [{ K_SINK: 'not a url' }, /Invalid URL/],
+      // Discovery at start (the API server's answer, not a guess from the name).
+      [
+        { CAPTF_CONSUMER_KINDS: 'nothing.captf.test/v1/TerraformNothing' },
+        /nothing\.captf\.test\/v1\/TerraformNothing is not served by the API server; install its CRD/,
+      ],
+      [
+        { CAPTF_CONSUMER_KINDS: `${fx.apiVersionOf(TERRAFORM_CLUSTER)}/TerraformNothing` },
+        /TerraformNothing is not served by the API server/,
+      ],
+      [
+        { CAPTF_CONSUMER_KINDS: `${fx.apiVersionOf(TERRAFORM_CLUSTER)}/TerraformCluster/clusters` },
+        /served as "terraformclusters", not "clusters"; write .*\/TerraformCluster\/terraformclusters/,
+      ],
     ] as const)
       await assert.rejects(mirrorSyncUnderTest(w, { env }), error);
   });

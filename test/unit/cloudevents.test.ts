@@ -3,7 +3,7 @@ import { describe, it } from 'node:test';
 import { CloudEvent, HTTP } from 'cloudevents';
 import { DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
 import { BadEventError, classifyEvent, parseCloudEvents, readCloudEvents } from '../../functions/lib/cloudevents.ts';
-import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
+import { consumerKindsFromEnv, scopeMismatch } from '../../functions/lib/consumers.ts';
 import { apiServerEvent, pingEvent, type EventObject } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 
@@ -132,4 +132,39 @@ describe('consumer kinds from configuration (SPEC §1)', () => {
       /"TerraformCluster" is not group\/version\/Kind/,
     );
   });
+});
+
+describe("a consumer's place against its kind's scope (SPEC §4: a bad event answers 4xx)", () => {
+  const global = { group: 'example.io', version: 'v1', kind: 'TerraformGlobal', plural: 'terraformglobals' };
+  fx.rows(
+    [
+      { name: 'a namespaced kind in a namespace', kind: TERRAFORM_CLUSTER, namespace: 'team', want: undefined },
+      {
+        name: 'a namespaced kind without a namespace',
+        kind: TERRAFORM_CLUSTER,
+        namespace: undefined,
+        want: /TerraformCluster is namespaced, but no namespace/,
+      },
+      { name: 'a namespaced kind, namespace ""', kind: TERRAFORM_CLUSTER, namespace: '', want: /is namespaced/ },
+      {
+        name: 'a cluster-scoped kind without a namespace',
+        kind: { ...global, namespaced: false },
+        namespace: undefined,
+        want: undefined,
+      },
+      {
+        name: 'a cluster-scoped kind in a namespace',
+        kind: { ...global, namespaced: false },
+        namespace: 'team',
+        want: /cluster-scoped, but namespace team/,
+      },
+      // Not discovered (the shipped kinds): namespaced, as their CRDs are.
+      { name: 'a kind whose scope was not discovered', kind: global, namespace: undefined, want: /is namespaced/ },
+    ],
+    ({ kind, namespace, want }) => {
+      const got = scopeMismatch(kind, namespace);
+      if (want) assert.match(got ?? '', want);
+      else assert.equal(got, undefined);
+    },
+  );
 });

@@ -275,6 +275,21 @@ describe('decide: the mirror of a listed key (scope all)', () => {
     const m = { ...mirror([owner('a', '1')], { k: b64('old') }), type: 'kubernetes.io/tls' };
     assert.equal(decide(snap({ mirror: m }), kinds).mirror.action, 'blocked');
   });
+  it('in a namespace being deleted, no create (it would be refused); an existing mirror is still kept current', () => {
+    const terminating = { labels: {}, terminating: true };
+    const p = decide(snap({ namespace: terminating }), kinds);
+    assert.equal(p.mirror.action, 'blocked');
+    assert.deepEqual(
+      p.consumers.map((c) => [c.reason, c.retry]),
+      [['MirrorFailed', false]],
+    );
+    assert.equal(
+      p.consumers[0]!.message,
+      'cannot create mirror Secret team/captf-creds-aws: namespace team is being deleted (NamespaceTerminating)',
+    );
+    const stale = mirror([owner('a', '1')], { k: b64('old') });
+    assert.equal(decide(snap({ namespace: terminating, mirror: stale }), kinds).mirror.action, 'update');
+  });
 });
 
 describe('desiredOwnerReferences: consumers looked at by name', () => {
