@@ -9,10 +9,24 @@ import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import type { ConditionInput } from '../lib/conditions.ts';
-import { apiStatus, describeError, isConflict, isNotFound, type Clients } from '../lib/kube.ts';
+import {
+  apiStatus,
+  describeError,
+  isConflict,
+  isNotFound,
+  redactApiError,
+  RedactedApiError,
+  type Clients,
+} from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { consumerObjects, type CustomObjects, type JsonPatchOp } from '../lib/objects.ts';
 import { planConditions, strayConditions } from '../lib/conditions.ts';
+
+/** The `metav1.CauseType`s of an API error's Status (none for other errors). */
+const causesOf = (err: unknown): readonly string[] => {
+  const r = redactApiError(err);
+  return r instanceof RedactedApiError ? r.causes : [];
+};
 
 /** A JSON patch `test` failed (422 Invalid): the object is not what was seen. */
 const isInvalid = (err: unknown): boolean => apiStatus(err) === 422;
@@ -133,7 +147,10 @@ async function recordEvent(
   } catch (err) {
     // 409: a concurrent reconcile of the same object recorded this very change already.
     if (isConflict(err)) return;
-    ctx.logger.warn('could not record event', {
+    // A namespace being deleted takes no new Events; its objects go with it, and the
+    // condition already says so: nothing a person must look at.
+    const level = causesOf(err).includes('NamespaceTerminating') ? 'info' : 'warn';
+    ctx.logger[level]('could not record event', {
       object: `${namespace ?? ''}/${name}`,
       reason: c.reason,
       error: describeError(err),

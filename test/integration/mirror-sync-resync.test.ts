@@ -260,6 +260,8 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
       assert.equal(cond?.reason, 'MirrorFailed');
       assert.match(cond!.message, new RegExp(`namespace ${n} is being deleted \\(NamespaceTerminating\\)`));
       assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined);
+      const warnings = through.log.entries().filter((e) => e.level !== 'info' && JSON.stringify(e).includes(n));
+      assert.deepEqual(warnings, [], 'nothing a person must look at (not even the refused Event)');
     } finally {
       proxy.close();
     }
