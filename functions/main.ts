@@ -20,7 +20,7 @@ const FUNCTIONS: Record<string, () => Promise<{ start(opts: StartOptions): Promi
 const name = process.argv[2] ?? '';
 const load = FUNCTIONS[name];
 if (!load) {
-  process.stderr.write(`usage: main.ts <${Object.keys(FUNCTIONS).join('|')}> (got ${JSON.stringify(name)})\n`);
+  process.stderr.write(`usage: main <${Object.keys(FUNCTIONS).join('|')}> (got ${JSON.stringify(name)})\n`);
   process.exit(2);
 }
 try {

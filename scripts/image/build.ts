@@ -49,6 +49,8 @@ export interface BuiltImage {
   layers: { digest: string; diffID: string; size: number }[];
   /** Digest of the inputs (staged files, spec, builder); equal inputs reuse the tar. */
   key: string;
+  /** SHA-256 of the tar file itself: a tar that changed since it was written is never reused. */
+  sha256: string;
   /** True when the tar was reused. */
   cached: boolean;
 }
@@ -93,6 +95,13 @@ function inputKey(spec: object, layers: LayerSpec[], builder: string): string {
 }
 
 /** The `.json` stored beside a tar; undefined when absent or unreadable (the tar is then rebuilt). */
+/** Whether the tar is the one its `.json` describes (a damaged or edited tar is rebuilt). */
+function intact(out: string, meta: BuiltImage): boolean {
+  return existsSync(out) && lstatSync(out).size === meta.bytes && fileSha256(out) === meta.sha256;
+}
+
+const fileSha256 = (file: string): string => createHash('sha256').update(readFileSync(file)).digest('hex');
+
 function readMeta(file: string): BuiltImage | undefined {
   try {
     return JSON.parse(readFileSync(file, 'utf8')) as BuiltImage;
@@ -126,7 +135,7 @@ export async function buildImage(name: ImageName, opts: BuildImageOptions = {}):
       const spec = { ref: def.ref, created: created(), os: 'linux', architecture, config };
       const key = inputKey(spec, layers, builder);
       const meta = readMeta(`${out}.json`);
-      if (!opts.force && meta?.key === key && existsSync(out)) return { ...meta, cached: true };
+      if (!opts.force && meta?.key === key && intact(out, meta)) return { ...meta, cached: true };
       return await writeImage({ name, out, key, builder }, { ...spec, layers });
     } finally {
       rmSync(root, { recursive: true, force: true });
@@ -154,6 +163,7 @@ async function writeImage(
       path: out,
       digest: r.digest,
       bytes: lstatSync(out).size,
+      sha256: fileSha256(out),
       layers: r.layers,
       key: target.key,
       cached: false,

@@ -31,6 +31,9 @@ const exec = promisify(execFile);
  */
 export const DEBIAN_PACKAGES = ['base-files', 'libc6', 'libgcc-s1', 'gcc-12-base', 'libstdc++6'] as const;
 
+/** The Debian release those packages must come from: the Dockerfile's `NODE_IMAGE` is `…-bookworm-slim`. */
+export const DEBIAN_RELEASE = { codename: 'bookworm', version: '12' } as const;
+
 /** One downloaded package. */
 export interface DebianPackage {
   name: string;
@@ -116,4 +119,21 @@ export async function installDebianFiles(debs: readonly DebianPackage[], root: s
   } finally {
     rmSync(tmp, { recursive: true, force: true });
   }
+  const problem = releaseProblem(readFileSync(join(root, 'usr', 'lib', 'os-release'), 'utf8'));
+  if (problem) throw new Error(problem);
+}
+
+/**
+ * apt downloads the host's release: packages of another one (a Debian 13 or Ubuntu host) would
+ * pass for Debian 12 in the image's history and beside the Dockerfile's Node image.
+ * @param osRelease the text of the unpacked `usr/lib/os-release` (from base-files).
+ * @returns what is wrong, naming the release found and the one needed; undefined when right.
+ */
+export function releaseProblem(osRelease: string): string | undefined {
+  const field = (name: string) =>
+    new RegExp(`^${name}=(.*)$`, 'm').exec(osRelease)?.[1]?.replace(/"/g, '') ?? 'unknown';
+  const [id, codename] = [field('ID'), field('VERSION_CODENAME')];
+  const { codename: want, version } = DEBIAN_RELEASE;
+  if (id === 'debian' && codename === want) return undefined;
+  return `apt on this host offers packages of ${id} ${codename}, but the image's base is Debian ${version} (${want}), the release of the Dockerfile's NODE_IMAGE: build on a Debian ${version} host, or point apt at ${want}`;
 }

@@ -5,9 +5,10 @@
  *   Same `/app/dist`, ENTRYPOINT, ENV, USER, WORKDIR, EXPOSE and Node binary (the `node`
  *   devDependency is the official linux build the `node:<version>-bookworm-slim` image ships);
  *   the base is not bookworm-slim but only what that binary needs from Debian 12 (./debian.ts):
- *   no shell, no package manager, no setuid programs, 5 MB instead of 75 MB, five pinned-by-apt
+ *   no shell, no package manager, no setuid programs, about 7 MB instead of 75 MB, five pinned-by-apt
  *   packages instead of ninety.
- * - `pause`, the process of every pod's sandbox container on the node the next issues run.
+ * - `pause`, the process of a pod's sandbox container: the sandbox image a node's containerd
+ *   runs once per pod (set as its `sandbox_image`), so a test node needs no registry.
  */
 import { spawn } from 'node:child_process';
 import {
@@ -25,7 +26,7 @@ import { join } from 'node:path';
 import { buildBundles } from '../lib/bundles.ts';
 import { onLines } from '../lib/process.ts';
 import { REPO_ROOT, ensureTool, withBuildLock } from '../tools/build.ts';
-import { fetchDebianPackages, installDebianFiles } from './debian.ts';
+import { DEBIAN_RELEASE, fetchDebianPackages, installDebianFiles } from './debian.ts';
 import { rootfsCommand } from './rootfs.ts';
 
 /** The fields of an OCI image config's `config` the images set (go-containerregistry's names). */
@@ -119,7 +120,7 @@ async function stageProduct(root: string, opts: StageOptions): Promise<LayerSpec
     {
       root,
       paths: readdirSync(root).filter((n) => n !== 'app'),
-      createdBy: `captf: Debian 12 ${packages}; node ${NODE_VERSION} (npm package node) at /usr/local/bin`,
+      createdBy: `captf: Debian ${DEBIAN_RELEASE.version} (${DEBIAN_RELEASE.codename}) ${packages}; node ${NODE_VERSION} (npm package node) at /usr/local/bin`,
     },
     {
       root,

@@ -12,7 +12,18 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { cpSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync } from 'node:fs';
+import {
+  closeSync,
+  cpSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  writeSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -202,6 +213,18 @@ describe('the image build is reproducible', { skip }, () => {
     assert.equal(again.digest, built.digest);
     const sha = (f: string) => createHash('sha256').update(readFileSync(f)).digest('hex');
     assert.equal(sha(again.path), sha(built.path));
+  });
+
+  it('a tar changed since it was written is rebuilt, never reused under its old digest', async () => {
+    const out = join(work, 'again.tar');
+    const opts = { out, log: () => undefined };
+    assert.equal((await buildImage('captf-credentials', opts)).cached, true, 'unchanged: reused');
+    const fd = openSync(out, 'r+');
+    writeSync(fd, Buffer.from('XXXX'), 0, 4, Math.floor(statSync(out).size / 2));
+    closeSync(fd);
+    const rebuilt = await buildImage('captf-credentials', opts);
+    assert.equal(rebuilt.cached, false);
+    assert.equal(rebuilt.digest, built.digest);
   });
 });
 

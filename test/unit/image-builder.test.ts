@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { promisify } from 'node:util';
-import { keepDebianFile } from '../../scripts/image/debian.ts';
+import { keepDebianFile, releaseProblem } from '../../scripts/image/debian.ts';
 import { unpackImage } from '../../scripts/image/rootfs.ts';
 import { ensureTool } from '../../scripts/tools/build.ts';
 
@@ -117,5 +117,17 @@ describe('the Debian files the product image takes', () => {
     ];
     for (const [pkg, path] of kept) assert.ok(keepDebianFile(pkg!, path!), `${pkg} ${path} is kept`);
     for (const [pkg, path] of dropped) assert.ok(!keepDebianFile(pkg!, path!), `${pkg} ${path} is dropped`);
+  });
+});
+
+describe('the Debian release of the packages apt hands out', () => {
+  it('takes Debian 12 (bookworm) only, and says what it found otherwise', () => {
+    assert.equal(releaseProblem('ID=debian\nVERSION_ID="12"\nVERSION_CODENAME=bookworm\n'), undefined);
+    assert.match(
+      releaseProblem('ID=debian\nVERSION_CODENAME=trixie\n') ?? '',
+      /packages of debian trixie, but the image's base is Debian 12 \(bookworm\)/,
+    );
+    assert.match(releaseProblem('ID=ubuntu\nVERSION_CODENAME=noble\n') ?? '', /ubuntu noble/);
+    assert.match(releaseProblem('') ?? '', /unknown unknown/);
   });
 });
