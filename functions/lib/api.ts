@@ -16,6 +16,15 @@ export const IDENTITY_PLURAL = 'terraformclusteridentities';
 /** Field manager for every server-side apply this project makes (SPEC §4). */
 export const FIELD_MANAGER = 'captf-credentials';
 
+/** One `metav1.ManagedFieldsEntry`: who owns which fields (server-side apply). */
+export interface ManagedFieldsEntry {
+  manager?: string;
+  operation?: string;
+  subresource?: string;
+  /** The owned field set (`f:<field>`, `k:<list key as JSON>`), as the API server sends it. */
+  fieldsV1?: unknown;
+}
+
 /** Minimal object metadata this project reads; a subset of `metav1.ObjectMeta`. */
 export interface ObjectMeta {
   name?: string;
@@ -28,6 +37,7 @@ export interface ObjectMeta {
   deletionTimestamp?: string | Date;
   finalizers?: string[];
   ownerReferences?: OwnerReference[];
+  managedFields?: ManagedFieldsEntry[];
 }
 
 /** `metav1.OwnerReference` as the mirror carries it (SPEC §3). */

@@ -4,7 +4,10 @@
  * paginated lists of every consumer (resync, SPEC §12). Reads only; never cached.
  */
 import { DEFAULT_CONSUMER_KINDS, IDENTITY_REF_FIELD, type Consumer, type ConsumerKind } from './api.ts';
-import { describeError, isNotFound, listAllPages, type Clients } from './kube.ts';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { isDns1123Label } from './allowed-namespaces.ts';
+import { isTransportError } from './api-errors.ts';
+import { apiStatus, describeError, isNotFound, listAllPages, type Clients } from './kube.ts';
 import { consumerObjects } from './objects.ts';
 
 /** Environment variable listing consumer kinds: `group/version/Kind[/plural]`, comma-separated. */
@@ -81,27 +84,71 @@ export async function discoverConsumerKinds(
   return Promise.all(kinds.map((k) => discoverOne(clients, k)));
 }
 
+/** Attempts of a discovery request at start, and each one's deadline (ms). */
+const DISCOVERY_ATTEMPTS = 3;
+const DISCOVERY_DEADLINE_MS = 10_000;
+
 async function discoverOne(clients: Clients, k: ConsumerKind): Promise<ConsumerKind> {
-  let found: Awaited<ReturnType<Clients['discovery']['resourceOf']>>;
-  try {
-    found = await clients.discovery.resourceOf(`${k.group}/${k.version}`, k.kind);
-  } catch (err) {
-    // 404: the group/version is not served at all, which says the same as a missing kind.
-    if (isNotFound(err)) found = undefined;
-    else
-      throw new Error(`${CONSUMER_KINDS_ENV}: could not discover ${kindName(k)}: ${describeError(err)}`, {
-        cause: err,
-      });
-  }
+  const found = await servedResource(clients, k);
   if (!found)
     throw new Error(
       `${CONSUMER_KINDS_ENV}: ${kindName(k)} is not served by the API server; install its CRD or remove it from the list`,
     );
+  // Discovery's answer is foreign text: only a valid plural and a boolean scope are used or shown.
+  if (!isDns1123Label(found.name) || typeof found.namespaced !== 'boolean')
+    throw new Error(`${CONSUMER_KINDS_ENV}: the API server's discovery answer for ${kindName(k)} is not usable`);
   if (found.name !== k.plural)
     throw new Error(
       `${CONSUMER_KINDS_ENV}: ${kindName(k)} is served as ${JSON.stringify(found.name)}, not ${JSON.stringify(k.plural)}; write ${kindName(k)}/${found.name}`,
     );
   return { ...k, namespaced: found.namespaced };
+}
+
+/**
+ * The served resource of `k`, or undefined when its group/version does not serve it (404
+ * included). A failed or hung request is tried {@link DISCOVERY_ATTEMPTS} times, each within
+ * {@link DISCOVERY_DEADLINE_MS}, 1 s and 2 s apart.
+ * @throws Error saying the API server could not be asked (or answered nonsense), and why.
+ */
+async function servedResource(
+  clients: Clients,
+  k: ConsumerKind,
+): Promise<{ name?: unknown; namespaced?: unknown } | undefined> {
+  let last: unknown;
+  for (let attempt = 1; attempt <= DISCOVERY_ATTEMPTS; attempt++) {
+    if (attempt > 1) await sleep(1000 * (attempt - 1));
+    try {
+      return await withDeadline(clients.discovery.resourceOf(`${k.group}/${k.version}`, k.kind), DISCOVERY_DEADLINE_MS);
+    } catch (err) {
+      if (isNotFound(err)) return undefined;
+      last = err;
+    }
+  }
+  const why =
+    apiStatus(last) !== undefined || isTransportError(last) || last instanceof DeadlineError
+      ? describeError(last)
+      : 'its answer could not be read';
+  throw new Error(
+    `${CONSUMER_KINDS_ENV}: could not discover ${kindName(k)} from the API server (${DISCOVERY_ATTEMPTS} attempts): ${why}`,
+    { cause: last },
+  );
+}
+
+class DeadlineError extends Error {}
+
+/** `p`, or a {@link DeadlineError} after `ms` (the request itself is left to finish). */
+async function withDeadline<T>(p: Promise<T>, ms: number): Promise<T> {
+  const timer = new AbortController();
+  try {
+    return await Promise.race([
+      p,
+      sleep(ms, undefined, { signal: timer.signal }).then(() => {
+        throw new DeadlineError(`no answer within ${ms / 1000} s`);
+      }),
+    ]);
+  } finally {
+    timer.abort();
+  }
 }
 
 /**

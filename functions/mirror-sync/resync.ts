@@ -21,7 +21,6 @@ import { pageSize } from '../lib/consumers.ts';
 import { describeError, ignoreNotFound, listAllPages, makeClients, METADATA, type Clients } from '../lib/kube.ts';
 import { consumerObjects, identities } from '../lib/objects.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, isOurs, mirrorName } from '../lib/mirror.ts';
-import { planConditions } from '../lib/conditions.ts';
 import {
   decide,
   keyString,
@@ -33,6 +32,7 @@ import {
 } from './decide.ts';
 import { namespaceState, readSource } from './observe.ts';
 import type { KeyQueue } from './queue.ts';
+import { conditionPlan } from './status.ts';
 import { act, failedKey, logKey, settleWithoutKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
 /** CloudEvent source of the events a resync sends to `K_SINK`. */
@@ -143,7 +143,7 @@ const isKeyless = (c: Consumer): boolean => {
 /** Whether acting on a plan would write anything (mirror or any consumer's conditions). */
 function needsWork(plan: Plan, now: Date): boolean {
   if (plan.mirror.action !== 'none' && plan.mirror.action !== 'blocked') return true;
-  return plan.consumers.some((p) => planConditions(p.consumer.status?.conditions, p.conditions, now).changed);
+  return plan.consumers.some((p) => conditionPlan(p.consumer, p.conditions, now).changed);
 }
 
 /** What one pass works with. */

@@ -19,8 +19,8 @@ import {
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { consumerObjects, type CustomObjects, type JsonPatchOp } from '../lib/objects.ts';
-import { planConditions, strayConditions } from '../lib/conditions.ts';
+import { consumerObjects, type CustomObjects, type JsonPatchOp, type ObjectAddress } from '../lib/objects.ts';
+import { planConditions, strayConditions, typesClaimedByOthers } from '../lib/conditions.ts';
 
 /** The `metav1.CauseType`s of an API error's Status (none for other errors). */
 const causesOf = (err: unknown): readonly string[] => {
@@ -28,8 +28,12 @@ const causesOf = (err: unknown): readonly string[] => {
   return r instanceof RedactedApiError ? r.causes : [];
 };
 
-/** A JSON patch `test` failed (422 Invalid): the object is not what was seen. */
-const isInvalid = (err: unknown): boolean => apiStatus(err) === 422;
+/**
+ * A JSON patch `test` failed: the object is not what was seen. The API server answers 422
+ * without causes ("the server rejected our request due to an error in our request"); a 422
+ * from validation names its causes.
+ */
+const failedPin = (err: unknown): boolean => apiStatus(err) === 422 && causesOf(err).length === 0;
 
 /** `reportingController` of the Events this function records. */
 export const REPORTING_CONTROLLER = 'captf.io/mirror-sync';
@@ -62,7 +66,7 @@ export async function writeConditions(
   ctx: WriteContext,
 ): Promise<boolean> {
   const { kind, consumer } = target;
-  const plan = planConditions(consumer.status?.conditions, desired, ctx.now);
+  const plan = conditionPlan(consumer, desired, ctx.now);
   if (!plan.changed) return false;
   const { name, namespace } = consumer.metadata;
   const metadata = namespace ? { name, namespace } : { name };
@@ -74,46 +78,75 @@ export async function writeConditions(
     if (isNotFound(err)) return false;
     throw err;
   }
-  // The apply's own answer says whether it removed what it left out (see strayConditions).
-  const stray = strayConditions(applied.status?.conditions, desired);
-  if (stray.length) await removeStray(objects, applied, stray, ctx);
+  await removeWhatApplyLeft(objects, { at: { name: name!, namespace }, applied, desired }, ctx);
   await Promise.all(plan.changedInputs.map((c) => recordEvent(clients, target, c, ctx)));
   return true;
 }
 
 /**
- * Removes owned conditions an apply could not remove, by a JSON patch pinned to the
- * resourceVersion the apply returned and to each condition's type at its index: it removes
- * exactly what was seen, or nothing. A failed pin (the object changed since) is left to the
- * reconcile that change brings; other API errors are thrown.
+ * The condition write a consumer needs: what {@link writeConditions} applies and the resync
+ * counts as work. Our types another controller also claims (its `managedFields`) are kept.
+ */
+export function conditionPlan(
+  consumer: Consumer,
+  desired: readonly ConditionInput[],
+  now: Date,
+): ReturnType<typeof planConditions> {
+  const keep = typesClaimedByOthers(consumer.metadata.managedFields);
+  return planConditions(consumer.status?.conditions, desired, now, { keep });
+}
+
+/**
+ * The apply's own answer says whether it removed what it left out (see strayConditions): what
+ * is still there, claimed by no other manager, goes by {@link removeStray}. An answer without a
+ * resourceVersion or a conditions list is not acted on.
+ */
+async function removeWhatApplyLeft(
+  objects: CustomObjects<Consumer>,
+  r: { at: ObjectAddress; applied: Consumer | undefined; desired: readonly ConditionInput[] },
+  ctx: WriteContext,
+): Promise<void> {
+  const { at, applied, desired } = r;
+  const keep = typesClaimedByOthers(applied?.metadata?.managedFields);
+  const stray = strayConditions(applied?.status?.conditions, desired, { keep });
+  const resourceVersion = applied?.metadata?.resourceVersion;
+  if (stray.length && typeof resourceVersion === 'string' && resourceVersion)
+    await removeStray(objects, { at, resourceVersion }, stray, ctx);
+}
+
+/**
+ * Removes owned conditions an apply could not remove (co-owned only by the reset manager), by a
+ * JSON patch pinned to the resourceVersion the apply returned and to each condition's type at
+ * its index: it removes exactly what was seen, or nothing. A failed pin (the object changed
+ * since: 422 without causes) is left to the reconcile that change brings; another refusal is a
+ * warning; other API errors are thrown.
  */
 async function removeStray(
   objects: CustomObjects<Consumer>,
-  applied: Consumer,
+  seen: { at: ObjectAddress; resourceVersion: string },
   stray: readonly { index: number; type: string }[],
   ctx: WriteContext,
 ): Promise<void> {
-  const { name, namespace, resourceVersion } = applied.metadata;
+  const { at, resourceVersion } = seen;
+  const { name, namespace } = at;
   const ops: JsonPatchOp[] = [{ op: 'test', path: '/metadata/resourceVersion', value: resourceVersion }];
   for (const s of stray)
     ops.push(
       { op: 'test', path: `/status/conditions/${s.index}/type`, value: s.type },
       { op: 'remove', path: `/status/conditions/${s.index}` },
     );
+  const fields = { object: `${namespace ?? ''}/${name}`, types: stray.map((s) => s.type) };
   try {
-    await objects.patchStatus({ name: name!, namespace }, ops);
+    await objects.patchStatus(at, ops);
   } catch (err) {
-    if (!isNotFound(err) && !isInvalid(err)) throw err;
-    ctx.logger.info('stray conditions not removed: the object changed meanwhile', {
-      object: `${namespace ?? ''}/${name}`,
-      types: stray.map((s) => s.type),
-    });
+    if (isNotFound(err) || failedPin(err))
+      ctx.logger.info('stray conditions not removed: the object changed meanwhile', fields);
+    else if (apiStatus(err) === 422)
+      ctx.logger.warn('stray conditions not removed: the API server refused', { ...fields, error: describeError(err) });
+    else throw err;
     return;
   }
-  ctx.logger.info('stray conditions removed', {
-    object: `${namespace ?? ''}/${name}`,
-    types: stray.map((s) => s.type),
-  });
+  ctx.logger.info('stray conditions removed', fields);
 }
 
 /**

@@ -326,6 +326,32 @@ describe('configuration', () => {
       await assert.rejects(mirrorSyncUnderTest(w, { env }), error);
   });
 
+  it('takes nothing from a discovery answer it cannot use, and repeats none of its text', async () => {
+    const planted = `evil-${'A'.repeat(300)} <planted>`;
+    const resources = [
+      { kind: TERRAFORM_CLUSTER.kind, name: planted, namespaced: true },
+      { kind: TERRAFORM_MACHINE.kind, name: TERRAFORM_MACHINE.plural, namespaced: 'false' },
+    ];
+    const proxy = await startFaultProxy((method, url) =>
+      method === 'GET' && url.split('?')[0] === `/apis/${fx.apiVersionOf(TERRAFORM_CLUSTER)}`
+        ? { status: 200, contentType: 'application/json', body: JSON.stringify({ kind: 'APIResourceList', resources }) }
+        : undefined,
+    );
+    try {
+      for (const kind of [TERRAFORM_CLUSTER, TERRAFORM_MACHINE]) {
+        const env = { CAPTF_CONSUMER_KINDS: consumerKindsSetting(kind) };
+        const err = await mirrorSyncUnderTest(w, { env, kubeconfig: proxy.kubeconfigPath }).then(
+          () => assert.fail('started on an unusable discovery answer'),
+          (e: Error) => e,
+        );
+        assert.match(err.message, new RegExp(`discovery answer for .*/${kind.kind} is not usable`));
+        assert.doesNotMatch(err.message, /planted|AAAA/);
+      }
+    } finally {
+      proxy.close();
+    }
+  });
+
   it('an extra consumer kind from configuration is reconciled like the shipped ones', async () => {
     // TerraformMachine only, as if an installation listed a single kind.
     const only = await mirrorSyncUnderTest(w, {

@@ -87,6 +87,7 @@ after(() => {
 describe('mirror-sync reconcile (SPEC §4) through CloudEvents', () => {
   mirrorLifecycleTests();
   repairAndReleaseTests();
+  conditionOwnershipTests();
 });
 
 /** A consumer's mirror: created, left alone when current, rotated, revoked. */
@@ -389,54 +390,6 @@ function repairAndReleaseTests(): void {
     assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined, 'it was the only user');
   });
 
-  describe('our conditions go even after a managedFields reset, and then nothing is written', () => {
-    fx.rows(
-      [
-        {
-          name: 'the namespace revoked',
-          change: (id: string, n: string) => w.put(fx.identity(id, source.ref, fx.allowList(`${n}-other`))),
-          left: ['IdentityAllowed', 'Provisioned'],
-        },
-        {
-          name: 'spec.identityRef removed',
-          change: (_id: string, n: string) => w.put(fx.consumer('reset', fx.inNamespace(n))),
-          left: ['Provisioned'],
-        },
-      ],
-      async ({ change, left }) => {
-        const n = await w.namespace();
-        const id = await source.newIdentity(fx.allowList(n));
-        const c = await w.create(fx.consumer('reset', fx.inNamespace(n), fx.identityRef(id)));
-        await send(ms.url, consumerEvent(c));
-        await fx.applyStatusAs(a, fx.consumer('reset', fx.inNamespace(n), fx.conditions(PROVISIONED)), 'provider');
-        // The documented reset: the API server forgets every owner, then gives all to
-        // `before-first-apply` at the next apply.
-        await a.custom.patchNamespacedCustomObject(
-          { ...TC_RESOURCE, namespace: n, name: 'reset', body: { metadata: { managedFields: [{}] } } },
-          setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
-        );
-        await change(id, n);
-        const statusWrites: string[] = [];
-        const proxy = await startFaultProxy((method, url) => {
-          if (method === 'PATCH' && url.includes(`/namespaces/${n}/terraformclusters/reset/status`))
-            statusWrites.push(url);
-          return undefined;
-        });
-        try {
-          const through = await mirrorSyncUnderTest(w, { kubeconfig: proxy.kubeconfigPath, log: ms.log });
-          assert.equal((await send(through.url, consumerEvent(c))).status, 200);
-          const types = (await w.read(c))!.status!.conditions!.map((x) => x.type).sort();
-          assert.deepEqual(types, left, 'our stale condition is gone; the other writer’s stays');
-          statusWrites.length = 0;
-          assert.equal((await send(through.url, consumerEvent(c))).status, 200);
-          assert.deepEqual(statusWrites, [], 'the reconcile after the removal writes no status');
-        } finally {
-          proxy.close();
-        }
-      },
-    );
-  });
-
   it('a consumer that switches identity lets go of the old mirror', async () => {
     const n = await w.namespace();
     const id1 = await source.newIdentity(fx.allowList(n));
@@ -733,3 +686,68 @@ describe('never leak a secret (SPEC §15)', () => {
     assert.ok(ms.log.lines.length > 10, 'the scan saw the logs of the tests above');
   });
 });
+
+/** Whose conditions are whose (server-side apply's field managers, SPEC §4, §16). */
+function conditionOwnershipTests(): void {
+  describe('our conditions go even after a managedFields reset, and then nothing is written', () => {
+    fx.rows(
+      [
+        {
+          name: 'the namespace revoked',
+          change: (id: string, n: string) => w.put(fx.identity(id, source.ref, fx.allowList(`${n}-other`))),
+          left: ['IdentityAllowed', 'Provisioned'],
+        },
+        {
+          name: 'spec.identityRef removed',
+          change: (_id: string, n: string) => w.put(fx.consumer('reset', fx.inNamespace(n))),
+          left: ['Provisioned'],
+        },
+      ],
+      async ({ change, left }) => {
+        const n = await w.namespace();
+        const id = await source.newIdentity(fx.allowList(n));
+        const c = await w.create(fx.consumer('reset', fx.inNamespace(n), fx.identityRef(id)));
+        await send(ms.url, consumerEvent(c));
+        await fx.applyStatusAs(a, fx.consumer('reset', fx.inNamespace(n), fx.conditions(PROVISIONED)), 'provider');
+        // The documented reset: the API server forgets every owner, then gives all to
+        // `before-first-apply` at the next apply.
+        await a.custom.patchNamespacedCustomObject(
+          { ...TC_RESOURCE, namespace: n, name: 'reset', body: { metadata: { managedFields: [{}] } } },
+          setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+        );
+        await change(id, n);
+        const statusWrites: string[] = [];
+        const proxy = await startFaultProxy((method, url) => {
+          if (method === 'PATCH' && url.includes(`/namespaces/${n}/terraformclusters/reset/status`))
+            statusWrites.push(url);
+          return undefined;
+        });
+        try {
+          const through = await mirrorSyncUnderTest(w, { kubeconfig: proxy.kubeconfigPath, log: ms.log });
+          assert.equal((await send(through.url, consumerEvent(c))).status, 200);
+          const types = (await w.read(c))!.status!.conditions!.map((x) => x.type).sort();
+          assert.deepEqual(types, left, 'our stale condition is gone; the other writer’s stays');
+          statusWrites.length = 0;
+          assert.equal((await send(through.url, consumerEvent(c))).status, 200);
+          assert.deepEqual(statusWrites, [], 'the reconcile after the removal writes no status');
+        } finally {
+          proxy.close();
+        }
+      },
+    );
+  });
+
+  it('a condition of our type that another controller also claims is left alone, with no write', async () => {
+    const n = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(n));
+    const c = await w.create(fx.consumer('shared', fx.inNamespace(n), fx.identityRef(id)));
+    await send(ms.url, consumerEvent(c));
+    const theirs = { ...PROVISIONED, type: 'ApplyJobSucceeded', reason: 'JobCompleted' };
+    await fx.applyStatusAs(a, fx.consumer('shared', fx.inNamespace(n), fx.conditions(theirs)), 'provider');
+    const before = (await w.read(c))!;
+    assert.equal((await send(ms.url, consumerEvent(c))).status, 200);
+    const after = (await w.read(c))!;
+    assert.equal(fx.conditionOf(after, 'ApplyJobSucceeded')?.reason, 'JobCompleted');
+    assert.equal(after.metadata.resourceVersion, before.metadata.resourceVersion, 'no write');
+  });
+}

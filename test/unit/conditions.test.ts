@@ -7,11 +7,15 @@ import {
   removeCondition,
   rfc3339,
   setCondition,
+  planConditions,
   strayConditions,
+  typesClaimedByOthers,
 } from '../../functions/lib/conditions.ts';
 
 const t1 = new Date('2026-01-01T00:00:00.123Z');
 const t2 = new Date('2026-01-02T00:00:00Z');
+/** A condition of `type` as stored. */
+const c = (type: string): Condition => ({ type, status: 'True', reason: 'R', message: 'm', lastTransitionTime: 'x' });
 
 describe('conditions (SPEC §16, Cluster API util/conditions)', () => {
   it('adds a new condition with lastTransitionTime = now (RFC 3339, seconds)', () => {
@@ -76,7 +80,6 @@ describe('conditions (SPEC §16, Cluster API util/conditions)', () => {
 });
 
 describe('strayConditions: owned conditions an apply left in place', () => {
-  const c = (type: string): Condition => ({ type, status: 'True', reason: 'R', message: 'm', lastTransitionTime: 'x' });
   it("lists owned types left out of the desired set, last index first; never another writer's type", () => {
     const now = [c('IdentityAllowed'), c('Provisioned'), c('CredentialsMirrored'), c('ApplyJobSucceeded')];
     const desired = [{ type: 'IdentityAllowed', status: 'False' as const, reason: 'R', message: 'm' }];
@@ -86,5 +89,46 @@ describe('strayConditions: owned conditions an apply left in place', () => {
     ]);
     assert.deepEqual(strayConditions(now.slice(0, 2), desired), []);
     assert.deepEqual(strayConditions(undefined, []), []);
+  });
+});
+
+describe('typesClaimedByOthers: who else owns a condition (managedFields)', () => {
+  const entry = (manager: string, ...types: string[]) => ({
+    manager,
+    operation: 'Apply',
+    subresource: 'status',
+    fieldsV1: {
+      'f:status': { 'f:conditions': Object.fromEntries(types.map((t) => [`k:{"type":"${t}"}`, { '.': {} }])) },
+    },
+  });
+  it("counts other controllers' claims, not ours and not the reset manager's", () => {
+    const fields = [
+      entry('captf-credentials', 'IdentityAllowed', 'CredentialsMirrored'),
+      entry('before-first-apply', 'IdentityAllowed', 'CredentialsMirrored', 'ApplyJobSucceeded'),
+      entry('provider-manager', 'ApplyJobSucceeded', 'Provisioned'),
+    ];
+    assert.deepEqual([...typesClaimedByOthers(fields)].sort(), ['ApplyJobSucceeded', 'Provisioned']);
+  });
+  it('reads nothing into malformed entries', () => {
+    const junk = [
+      null,
+      {},
+      { manager: 'x', fieldsV1: 'text' },
+      { manager: 'x', fieldsV1: { 'f:status': { 'f:conditions': { 'k:not json': {}, 'k:{"type":7}': {}, '.': {} } } } },
+    ];
+    assert.deepEqual([...typesClaimedByOthers(junk as never)], []);
+    assert.deepEqual([...typesClaimedByOthers(undefined)], []);
+  });
+  it('a type another controller claims is never removed, so keeping it is no change', () => {
+    const desired = [{ type: 'IdentityAllowed', status: 'True' as const, reason: 'R', message: 'm' }];
+    const now = [c('IdentityAllowed'), c('ApplyJobSucceeded')];
+    const keep = new Set(['ApplyJobSucceeded']);
+    assert.equal(planConditions(now, desired, t2).changed, true);
+    assert.equal(planConditions(now, desired, t2, { keep }).changed, false);
+    assert.deepEqual(strayConditions(now, desired, { keep }), []);
+    assert.deepEqual(strayConditions('junk', desired), []);
+    assert.deepEqual(strayConditions([null, { type: 5 }, c('CredentialsMirrored')], desired), [
+      { index: 2, type: 'CredentialsMirrored' },
+    ]);
   });
 });
