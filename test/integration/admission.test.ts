@@ -387,6 +387,20 @@ describe('admission on DELETE: refused while the identity is in use', () => {
     await remove(users.nobody, name);
   });
 
+  it('in use in 300 namespaces with the longest names, the refusal still fits in 1 KiB (SPEC §10)', async () => {
+    const name = w.name('d-many');
+    await createAllowed('identity', a, ours(name));
+    const namespaces = Array.from({ length: 300 }, (_, i) => `${String(i).padStart(3, '0')}-${'n'.repeat(59)}`);
+    await inUseIn(name, namespaces);
+    const r = await rejection(remove(users.nobody, name));
+    const denial = r.message.slice(r.message.indexOf(`user "nobody-${sfx}"`));
+    assert.ok(Buffer.byteLength(denial) < 1024, `${Buffer.byteLength(denial)} bytes: ${denial}`);
+    assert.match(denial, /in use in 300 namespaces: 000-n+, 001-n+, .*, and 290 more \(see its status\.namespaces\)/);
+    assert.doesNotMatch(denial, /010-n/, 'the eleventh is not listed');
+    await inUseIn(name, []);
+    await remove(users.nobody, name);
+  });
+
   it('refused with an empty status while a live consumer references it; allowed once it is gone', async () => {
     const name = w.name('d-live');
     await createAllowed('identity', a, ours(name));
