@@ -6,7 +6,7 @@
  * tools` builds them all.
  */
 import { spawn } from 'node:child_process';
-import { createHash } from 'node:crypto';
+import { createHash, type Hash } from 'node:crypto';
 import {
   chmodSync,
   copyFileSync,
@@ -63,19 +63,34 @@ export function cacheDir(set: ToolSet): string {
   const h = createHash('sha256');
   const parts: string[] = [];
   for (const t of TOOLS[set]) {
-    for (const f of ['go.mod', 'go.sum']) {
-      const p = join(GO_DIR, t.module, f);
-      // Comments do not change what is built, so editing one must not force a rebuild.
-      if (existsSync(p)) h.update(readFileSync(p, 'utf8').replace(/^\s*\/\/.*$/gm, ''));
-    }
-    // Only tools with patches hash them, so the keys of the others stay as they were.
-    if (t.patches?.length) h.update(JSON.stringify(t.patches));
-    // A wrapper's own Go packages (a builder's main): editing one rebuilds. Wrappers without
-    // any keep their keys.
-    for (const f of ownGoFiles(t.module)) h.update(`${f}\0${readFileSync(join(GO_DIR, t.module, f), 'utf8')}`);
+    hashTool(h, t);
     parts.push(`${t.module}-${pinnedVersion(t)}`);
   }
   return join(REPO_ROOT, '.cache', set, `${parts.join('_')}-${h.digest('hex').slice(0, 8)}`);
+}
+
+/** Adds to `h` what decides one tool's binaries (see {@link cacheDir}). */
+function hashTool(h: Hash, t: GoTool): void {
+  for (const f of ['go.mod', 'go.sum']) {
+    const p = join(GO_DIR, t.module, f);
+    // Comments do not change what is built, so editing one must not force a rebuild.
+    if (existsSync(p)) h.update(readFileSync(p, 'utf8').replace(/^\s*\/\/.*$/gm, ''));
+  }
+  for (const part of buildOptionsKey(t)) h.update(part);
+  // A wrapper's own Go packages (a builder's main): editing one rebuilds. Wrappers without
+  // any keep their keys.
+  for (const f of ownGoFiles(t.module)) h.update(`${f}\0${readFileSync(join(GO_DIR, t.module, f), 'utf8')}`);
+}
+
+/**
+ * A tool's source patches, and its cgo and tags, as cache-key parts. Only tools that have them
+ * hash them, so the keys of the others stay as they were.
+ */
+function buildOptionsKey({ patches = [], cgo = false, tags = [] }: GoTool): string[] {
+  return [
+    ...(patches.length ? [JSON.stringify(patches)] : []),
+    ...(cgo || tags.length ? [JSON.stringify({ cgo, tags })] : []),
+  ];
 }
 
 /** Names of the binaries a tool set builds, in registry order. */
@@ -230,11 +245,13 @@ async function buildTool(
   }, 15_000);
   try {
     const ldflags = ['-s', '-w', ...(tool.ldflags?.(version) ?? [])].join(' ');
-    const flags = ['-v', '-trimpath', '-ldflags', ldflags, ...modFlags];
+    const tags = tool.tags?.length ? ['-tags', tool.tags.join(',')] : [];
+    const flags = ['-v', '-trimpath', '-ldflags', ldflags, ...tags, ...modFlags];
+    const env = tool.cgo ? { ...goEnv, CGO_ENABLED: '1' } : goEnv;
     for (const [name, pkg] of Object.entries(tool.binaries)) {
       log(`[build] ${tool.module}: compiling ${pkg}`);
       const out = join(tmpBin, name);
-      await run('go', ['build', ...flags, '-o', out, pkg], { cwd, env: goEnv, onLines: (n) => (compiled += n) });
+      await run('go', ['build', ...flags, '-o', out, pkg], { cwd, env, onLines: (n) => (compiled += n) });
     }
   } finally {
     clearInterval(tick);

@@ -15,6 +15,10 @@ export interface GoTool {
   binaries: Readonly<Record<string, string>>;
   /** Extra `-ldflags` computed from the pinned version. */
   ldflags?: (version: string) => string[];
+  /** Build with cgo (`CGO_ENABLED=1`; gcc and the C headers are Debian packages `.ci/run` installs). */
+  cgo?: boolean;
+  /** Go build tags, e.g. `seccomp`. */
+  tags?: readonly string[];
   /**
    * Source patches of dependencies, applied to module copies used through `go build -modfile`
    * (the module cache and the wrapper module are never modified); part of the cache key, so
@@ -112,9 +116,11 @@ function kubernetesLdflags(v: string): string[] {
 }
 
 const EVENTING = 'knative.dev/eventing';
+const CONTAINERD = 'github.com/containerd/containerd/v2';
+const CNI_PLUGINS = 'github.com/containernetworking/plugins/plugins';
 
 /** A tool set's name: its key in {@link TOOLS} and its folder under `.cache/`. */
-export type ToolSet = 'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl' | 'imagebuild';
+export type ToolSet = 'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl' | 'imagebuild' | 'node';
 
 /**
  * The tool sets; a set's name is its cache folder under `.cache/`. Knative Eventing 1.22 is
@@ -184,5 +190,52 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
       versionOf: 'github.com/google/go-containerregistry',
       binaries: { 'captf-image': 'captf.local/tools/image', pause: 'captf.local/tools/image/pause' },
     },
+  ],
+  /**
+   * A real node for the tests that run the image as pods: the kubelet, kube-proxy and the
+   * scheduler from the control plane's Kubernetes module; containerd with its runc shim and
+   * ctr; runc with seccomp (RuntimeDefault profiles); the CNI plugins of the pod network; and
+   * CoreDNS trimmed to the plugins cluster DNS needs (scripts/tools/go/coredns/main.go).
+   */
+  node: [
+    {
+      module: 'kubernetes',
+      versionOf: 'k8s.io/kubernetes',
+      binaries: {
+        kubelet: 'k8s.io/kubernetes/cmd/kubelet',
+        'kube-proxy': 'k8s.io/kubernetes/cmd/kube-proxy',
+        'kube-scheduler': 'k8s.io/kubernetes/cmd/kube-scheduler',
+      },
+      ldflags: kubernetesLdflags,
+    },
+    {
+      module: 'containerd',
+      versionOf: CONTAINERD,
+      binaries: {
+        containerd: `${CONTAINERD}/cmd/containerd`,
+        'containerd-shim-runc-v2': `${CONTAINERD}/cmd/containerd-shim-runc-v2`,
+        ctr: `${CONTAINERD}/cmd/ctr`,
+      },
+      ldflags: (v) => [`-X ${CONTAINERD}/version.Version=${v}`],
+    },
+    {
+      module: 'runc',
+      versionOf: 'github.com/opencontainers/runc',
+      binaries: { runc: 'github.com/opencontainers/runc' },
+      ldflags: (v) => [`-X main.version=${v.replace(/^v/, '')}`],
+      cgo: true,
+      tags: ['seccomp'],
+    },
+    {
+      module: 'cni',
+      versionOf: 'github.com/containernetworking/plugins',
+      binaries: {
+        bridge: `${CNI_PLUGINS}/main/bridge`,
+        'host-local': `${CNI_PLUGINS}/ipam/host-local`,
+        loopback: `${CNI_PLUGINS}/main/loopback`,
+        portmap: `${CNI_PLUGINS}/meta/portmap`,
+      },
+    },
+    { module: 'coredns', versionOf: 'github.com/coredns/coredns', binaries: { coredns: 'captf.local/tools/coredns' } },
   ],
 };
