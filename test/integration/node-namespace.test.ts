@@ -1,0 +1,161 @@
+/**
+ * The test node's namespaces (scripts/node/namespace.ts): a process inside serves on the node's
+ * address and the host reaches it on 127.0.0.1; the host's interfaces, routes and mounts never
+ * change; and nothing is left — no process, mount, interface, route or cgroup — after a stop,
+ * after the process that started the node is SIGKILLed, or, once the next start from the same
+ * folder has swept, after the holder itself is SIGKILLed. A second node from the same folder is
+ * refused; one from another folder runs beside it. Needs root (namespaces, cgroups).
+ */
+import assert from 'node:assert/strict';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { onLines } from '../../scripts/lib/process.ts';
+import {
+  cgroupHierarchies,
+  cgroupRootOf,
+  markedProcesses,
+  startNodeNamespace,
+  type NodeNamespace,
+} from '../../scripts/node/namespace.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
+import { eventually } from '../helpers/cluster.ts';
+
+const skip = process.getuid?.() === 0 ? false : 'needs root: namespaces and cgroups';
+const work = mkdtempSync(join(tmpdir(), 'captf-node-test-'));
+after(() => {
+  // A failed test may leave a node behind: its processes would keep this file from ending.
+  for (const name of existsSync(work) ? readdirSync(work) : []) {
+    for (const pid of leftOf(join(work, name)).processes) process.kill(pid, 'SIGKILL');
+  }
+  rmSync(work, { recursive: true, force: true });
+});
+
+/** What the host shows of itself: interfaces, routes, mounts. */
+function hostState(): { links: string; routes: string; mounts: string } {
+  const ip = (...args: string[]) => execFileSync('ip', args, { encoding: 'utf8' });
+  return {
+    links: ip('-o', 'link', 'show').replace(/\s+link\/.*$/gm, ''),
+    routes: ip('route', 'show', 'table', 'all'),
+    mounts: readFileSync('/proc/self/mountinfo', 'utf8'),
+  };
+}
+
+/** What is left of the node from `dir`: marked processes and its cgroup folders. */
+function leftOf(dir: string): { processes: number[]; cgroups: string[] } {
+  const processes = markedProcesses(dir);
+  const cgroups = cgroupHierarchies()
+    .map((h) => join('/sys/fs/cgroup', h, cgroupRootOf(dir)))
+    .filter((d) => existsSync(d));
+  return { processes, cgroups };
+}
+
+const nothingLeft = (dir: string) => {
+  const left = leftOf(dir);
+  return left.processes.length === 0 && left.cgroups.length === 0;
+};
+
+/** A web server on port 8080 of the address given as its argument. */
+const WEB_SERVER = "require('node:http').createServer((q, s) => s.end('ok')).listen(8080, process.argv[1])";
+
+/** A web server on the node's address, and a sleeper, inside. */
+function serveInside(ns: NodeNamespace): ChildProcess[] {
+  return [
+    ns.spawn(process.execPath, ['-e', WEB_SERVER, ns.address], { stdio: 'ignore' }),
+    ns.spawn('sleep', ['3600'], { stdio: 'ignore' }),
+  ];
+}
+
+/** GET / through the host's forward of the node's port 8080, once it answers. */
+const throughForward = (port: number) =>
+  eventually('the server inside to answer through the forward', async () => {
+    try {
+      return (await fetch(`http://127.0.0.1:${port}/`)).status === 200;
+    } catch {
+      return false;
+    }
+  });
+
+describe("the test node's namespaces", { skip }, () => {
+  it('serve on the node address, reached from the host; stop leaves nothing', async () => {
+    const before = hostState();
+    const dir = join(work, 'stop');
+    const ns = await startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 });
+    serveInside(ns);
+    await throughForward(ns.forwarded.get(8080)!);
+    assert.deepEqual(hostState(), before, 'the host shows no new interface, route or mount');
+    assert.ok(cgroupHierarchies().every((h) => existsSync(join('/sys/fs/cgroup', h, ns.cgroupRoot))));
+    await ns.stop();
+    assert.deepEqual(leftOf(dir), { processes: [], cgroups: [] });
+    assert.deepEqual(hostState(), before);
+  });
+
+  it('the process that started the node is SIGKILLed: the holder notices and leaves nothing', async () => {
+    const before = hostState();
+    const dir = join(work, 'killed-parent');
+    const parent = spawn(
+      process.execPath,
+      [
+        '--input-type=module',
+        '-e',
+        `const { startNodeNamespace } = await import(${JSON.stringify(join(REPO_ROOT, 'scripts/node/namespace.ts'))});
+         const ns = await startNodeNamespace({ dir: ${JSON.stringify(dir)}, forwards: [8080], graceMs: 2000 });
+         ns.spawn(process.execPath, ['-e', ${JSON.stringify(WEB_SERVER)}, ns.address], { stdio: 'ignore' });
+         ns.spawn('sleep', ['3600'], { stdio: 'ignore' });
+         console.log(JSON.stringify({ port: ns.forwarded.get(8080) }));
+         setInterval(() => {}, 1 << 30);`,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    const port = await new Promise<number>((resolve) => onLines(parent.stdout!, (l) => resolve(JSON.parse(l).port)));
+    await throughForward(port);
+    assert.ok(leftOf(dir).processes.length >= 3, 'the holder, the server and the sleeper run');
+    parent.kill('SIGKILL');
+    await eventually('nothing of the node to be left', async () => nothingLeft(dir), 20_000);
+    assert.deepEqual(hostState(), before);
+  });
+
+  it('the holder itself is SIGKILLed: the next start from the folder sweeps what it left', async () => {
+    const dir = join(work, 'killed-holder');
+    const first = await startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 });
+    serveInside(first);
+    await throughForward(first.forwarded.get(8080)!);
+    process.kill(first.pid, 'SIGKILL');
+    await eventually('the holder to be gone', async () => !existsSync(`/proc/${first.pid}`));
+    assert.ok(leftOf(dir).processes.length >= 2, 'what ran inside outlives a killed holder');
+    await first.stop(); // this side's forward; the holder is already gone
+    const second = await startNodeNamespace({ dir, graceMs: 2000 });
+    assert.ok(!leftOf(dir).processes.some((p) => p !== second.pid && !isHolderOf(p, second)), 'swept');
+    await second.stop();
+    assert.deepEqual(leftOf(dir), { processes: [], cgroups: [] });
+  });
+
+  it('a second node from the same folder is refused; one from another folder runs beside it', async () => {
+    const dir = join(work, 'one');
+    const ns = await startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 });
+    try {
+      await assert.rejects(startNodeNamespace({ dir }), /a test node from .* is already running \(holder PID \d+\)/);
+      const other = await startNodeNamespace({ dir: join(work, 'two'), forwards: [8080], graceMs: 2000 });
+      serveInside(ns);
+      serveInside(other);
+      await throughForward(ns.forwarded.get(8080)!);
+      await throughForward(other.forwarded.get(8080)!);
+      await other.stop();
+    } finally {
+      await ns.stop();
+    }
+    assert.ok(nothingLeft(dir) && nothingLeft(join(work, 'two')));
+  });
+});
+
+/** Whether `pid` is `ns`'s holder or the unshare that forked it. */
+function isHolderOf(pid: number, ns: NodeNamespace): boolean {
+  if (pid === ns.pid) return true;
+  try {
+    return readFileSync(`/proc/${ns.pid}/stat`, 'utf8').split(') ')[1]!.split(' ')[1] === String(pid);
+  } catch {
+    return false;
+  }
+}
