@@ -78,7 +78,7 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
   mkdirSync(dir, { recursive: true });
   checkPrograms();
   refuseSecond(dir);
-  sweep(dir);
+  await sweepNode(dir);
   const config: HolderConfig = {
     ...NODE_NETWORK,
     cgroupRoot: cgroupRootOf(dir),
@@ -172,8 +172,8 @@ export function markedProcesses(dir: string): number[] {
     .filter((pid) => Number.isInteger(pid) && pid !== process.pid && markedWith(pid, dir));
 }
 
-/** Kills what a holder that was killed itself left of a node from `dir`, and its cgroups. */
-function sweep(dir: string): void {
+/** Kills what a holder that was killed itself left of a node from `dir`, and removes its cgroups. */
+export async function sweepNode(dir: string): Promise<void> {
   for (const pid of markedProcesses(dir)) {
     try {
       process.kill(pid, 'SIGKILL');
@@ -181,6 +181,8 @@ function sweep(dir: string): void {
       // Gone meanwhile.
     }
   }
+  // A cgroup can only be removed once the processes in it have exited.
+  for (let i = 0; i < 50 && markedProcesses(dir).length; i++) await new Promise((r) => setTimeout(r, 100));
   const root = cgroupRootOf(dir);
   for (const h of cgroupHierarchies()) {
     const top = join(CGROUP_FS, h, root);

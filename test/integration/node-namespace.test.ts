@@ -18,6 +18,7 @@ import {
   cgroupRootOf,
   markedProcesses,
   startNodeNamespace,
+  sweepNode,
   type NodeNamespace,
 } from '../../scripts/node/namespace.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
@@ -25,11 +26,9 @@ import { eventually } from '../helpers/cluster.ts';
 
 const skip = process.getuid?.() === 0 ? false : 'needs root: namespaces and cgroups';
 const work = mkdtempSync(join(tmpdir(), 'captf-node-test-'));
-after(() => {
+after(async () => {
   // A failed test may leave a node behind: its processes would keep this file from ending.
-  for (const name of existsSync(work) ? readdirSync(work) : []) {
-    for (const pid of leftOf(join(work, name)).processes) process.kill(pid, 'SIGKILL');
-  }
+  for (const name of existsSync(work) ? readdirSync(work) : []) await sweepNode(join(work, name));
   rmSync(work, { recursive: true, force: true });
 });
 
