@@ -19,7 +19,8 @@ import { join, resolve } from 'node:path';
 /** The functions `dist/main.mjs` serves (functions/main.ts). */
 export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status'] as const;
 
-const PLACEHOLDER_KUBECONFIG = `apiVersion: v1
+/** A kubeconfig naming a server that is never asked: a function starts with it and answers /healthz. */
+export const PLACEHOLDER_KUBECONFIG = `apiVersion: v1
 kind: Config
 clusters: [{name: warm, cluster: {server: "https://127.0.0.1:9", insecure-skip-tls-verify: true}}]
 users: [{name: warm, user: {token: warm}}]

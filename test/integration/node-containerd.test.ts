@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { buildImage, type BuiltImage } from '../../scripts/image/build.ts';
 import { PRODUCT_CONFIG } from '../../scripts/image/images.ts';
+import { PLACEHOLDER_KUBECONFIG } from '../../scripts/lib/warm-compile-cache.ts';
 import { nodeBinaries } from '../../scripts/node/binaries.ts';
 import { startContainerd, type Containerd } from '../../scripts/node/containerd.ts';
 import {
@@ -55,7 +56,7 @@ describe("the product image under the test node's containerd", { skip }, () => {
   it('runs mirror-sync as 65532, read-only, seccomp, in the node cgroup; /healthz from the host; SIGTERM exits 0', async () => {
     const kubeconfig = join(work, 'kubeconfig');
     // A server that is never asked: mirror-sync makes no API call until an event arrives.
-    writeFileSync(kubeconfig, KUBECONFIG);
+    writeFileSync(kubeconfig, PLACEHOLDER_KUBECONFIG);
     const run = containerd.ctr([
       'run',
       '--rm',
@@ -105,11 +106,3 @@ describe("the product image under the test node's containerd", { skip }, () => {
     assert.deepEqual(cgroups, []);
   });
 });
-
-const KUBECONFIG = `apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://10.240.0.1:6443", insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: unused}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`;
