@@ -75,8 +75,8 @@ export const cgroupRootOf = (dir: string): string =>
  */
 export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<NodeNamespace> {
   const { dir } = opts;
-  mkdirSync(dir, { recursive: true });
   checkPrograms();
+  mkdirSync(dir, { recursive: true });
   refuseSecond(dir);
   await sweepNode(dir);
   const config: HolderConfig = {
@@ -130,8 +130,12 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
   };
 }
 
-/** @throws Error naming a program the node needs that is not on PATH. */
+/** @throws Error when this process is not root, or naming a program the node needs that is not on PATH. */
 function checkPrograms(): void {
+  if (process.getuid?.() !== 0)
+    throw new Error(
+      'the test node needs root: it makes network and mount namespaces and cgroups (run the tests as root)',
+    );
   for (const [program, from] of [
     ['unshare', 'util-linux'],
     ['nsenter', 'util-linux'],

@@ -4,10 +4,10 @@
  * change; and nothing is left — no process, mount, interface, route or cgroup — after a stop,
  * after the process that started the node is SIGKILLed, or, once the next start from the same
  * folder has swept, after the holder itself is SIGKILLed. A second node from the same folder is
- * refused; one from another folder runs beside it. Needs root (namespaces, cgroups).
+ * refused; one from another folder runs beside it. Needs root (namespaces, cgroups): without it the node's start fails saying so.
  */
 import assert from 'node:assert/strict';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -24,7 +24,6 @@ import {
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { eventually } from '../helpers/cluster.ts';
 
-const skip = process.getuid?.() === 0 ? false : 'needs root: namespaces and cgroups';
 const work = mkdtempSync(join(tmpdir(), 'captf-node-test-'));
 after(async () => {
   // A failed test may leave a node behind: its processes would keep this file from ending.
@@ -77,7 +76,19 @@ const throughForward = (port: number) =>
     }
   });
 
-describe("the test node's namespaces", { skip }, () => {
+describe("the test node's namespaces", () => {
+  it('refuses to start without root, and says why', () => {
+    const script = `import(${JSON.stringify(join(REPO_ROOT, 'scripts/node/namespace.ts'))})
+      .then((m) => m.startNodeNamespace({ dir: ${JSON.stringify(join(work, 'unprivileged'))} }))
+      .then(() => console.log('started'), (e) => console.log(e.message));`;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+      uid: 65532,
+      gid: 65532,
+      encoding: 'utf8',
+    });
+    assert.match(r.stdout, /the test node needs root: it makes network and mount namespaces and cgroups/, r.stderr);
+  });
+
   it('serve on the node address, reached from the host; stop leaves nothing', async () => {
     const before = hostState();
     const dir = join(work, 'stop');
