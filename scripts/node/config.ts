@@ -15,8 +15,8 @@ export interface HolderConfig {
   cgroupRoot: string;
   /** cgroup hierarchies under /sys/fs/cgroup the root is made in (v1 controllers, `unified`). */
   cgroupHierarchies: string[];
-  /** Unix sockets the holder listens on, each forwarded to a port of the node's address. */
-  forwards: { socket: string; port: number }[];
+  /** The Unix socket the holder serves the way in from the host on (./forward.ts). */
+  socket: string;
   /** How long processes inside get between SIGTERM and SIGKILL at teardown (ms). */
   graceMs: number;
 }
@@ -35,10 +35,10 @@ export function parseHolderConfig(raw: string): HolderConfig {
   } catch {
     throw new Error('node holder: its argument must be its configuration as JSON');
   }
-  const strings = ['bridge', 'address', 'serviceCidr', 'cgroupRoot'] as const;
+  const strings = ['bridge', 'address', 'serviceCidr', 'cgroupRoot', 'socket'] as const;
   for (const k of strings) if (typeof c[k] !== 'string' || !c[k]) throw new Error(`node holder: ${k} is missing`);
   if (!/^[a-z0-9][a-z0-9-]{0,62}$/.test(c.cgroupRoot!))
     throw new Error('node holder: cgroupRoot must be one path element');
-  if (!Array.isArray(c.cgroupHierarchies) || !Array.isArray(c.forwards)) throw new Error('node holder: lists missing');
+  if (!Array.isArray(c.cgroupHierarchies)) throw new Error('node holder: cgroupHierarchies is missing');
   return { ...(c as HolderConfig), graceMs: typeof c.graceMs === 'number' ? c.graceMs : 10_000 };
 }

@@ -21,6 +21,8 @@ export const K8S_NAMESPACE = 'k8s.io';
 export interface Containerd {
   /** Its gRPC socket (inside the node's folder, so reachable from the host too). */
   socket: string;
+  /** The folder of the pod network's CNI configuration (the kubelet's side writes it). */
+  cniConfDir: string;
   process: ChildProcess;
   /**
    * Runs `ctr` against it, inside the node, in the `k8s.io` namespace.
@@ -107,5 +109,5 @@ export async function startContainerd(ns: NodeNamespace, o: ContainerdOptions): 
         code === 0 ? resolve(out) : reject(new Error(`ctr ${args.join(' ')} exited ${code}: ${err.trim()}`)),
       );
     });
-  return { socket, process: child, ctr };
+  return { socket, cniConfDir: join(root, 'cni'), process: child, ctr };
 }

@@ -1,23 +1,81 @@
 /**
- * The one TCP/Unix-socket forward of the test node, used on both sides of the namespace
- * boundary: the host listens on 127.0.0.1 and connects to the holder's Unix socket; the holder
- * listens on that socket and connects to the node's address inside.
+ * The test node's one way in from the host: the holder listens on a Unix socket in the node's
+ * folder (the host can reach that file, not an address inside the namespace); each connection
+ * starts with one line naming an address inside (`10.244.0.5:8080\n`), and the holder joins the
+ * rest of it to a connection to that address. The host side is a 127.0.0.1 listener per target
+ * that writes that line, so a test, kubectl or a browser only see a loopback port.
  */
-import { createConnection, createServer, type NetConnectOpts, type Server } from 'node:net';
+import { createConnection, createServer, type Server, type Socket } from 'node:net';
+import { isIPv4 } from 'node:net';
+
+/** An address inside the node. */
+export interface Target {
+  host: string;
+  port: number;
+}
+
+/** The longest first line the holder reads (an IPv4 address, a colon, a port, a newline). */
+const MAX_HEADER = 32;
+
+/** Parses a connection's first line (without its newline). Pure. @returns undefined unless `IPv4:port`. */
+export function parseTarget(line: string): Target | undefined {
+  const m = /^(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$/.exec(line);
+  if (!m || !isIPv4(m[1]!)) return undefined;
+  const port = Number(m[2]);
+  return port >= 1 && port <= 65535 ? { host: m[1]!, port } : undefined;
+}
+
+/** Joins two sockets; an error or end on either side ends both. */
+function join(a: Socket, b: Socket): void {
+  a.pipe(b).pipe(a);
+  const close = () => {
+    a.destroy();
+    b.destroy();
+  };
+  a.on('error', close);
+  b.on('error', close);
+  a.on('close', close);
+  b.on('close', close);
+}
 
 /**
- * A server that joins each connection to a new one made to `target`; an error or end on either
- * side ends both. Not listening yet: the caller chooses where.
+ * The host's side: a server (not listening yet) whose every connection is carried through the
+ * holder's socket `socket` to `target` inside the node.
  */
-export function forwardingServer(target: NetConnectOpts): Server {
+export function hostForward(socket: string, target: Target): Server {
   return createServer((inbound) => {
-    const outbound = createConnection(target);
-    inbound.pipe(outbound).pipe(inbound);
-    const close = () => {
-      inbound.destroy();
-      outbound.destroy();
+    const outbound = createConnection({ path: socket });
+    outbound.write(`${target.host}:${target.port}\n`);
+    join(inbound, outbound);
+  });
+}
+
+/**
+ * The holder's side: a server (not listening yet) that reads each connection's first line,
+ * connects to the address it names and joins the two. A line that names no `IPv4:port` within
+ * {@link MAX_HEADER} bytes closes the connection.
+ */
+export function holderForward(): Server {
+  return createServer((inbound) => {
+    let head = Buffer.alloc(0);
+    const onData = (chunk: Buffer) => {
+      head = Buffer.concat([head, chunk]);
+      const nl = head.indexOf(10);
+      if (nl < 0) {
+        if (head.length > MAX_HEADER) inbound.destroy();
+        return;
+      }
+      inbound.off('data', onData);
+      inbound.pause();
+      const target = parseTarget(head.subarray(0, nl).toString('latin1'));
+      if (!target) return void inbound.destroy();
+      const outbound = createConnection(target);
+      const rest = head.subarray(nl + 1);
+      if (rest.length) outbound.write(rest);
+      join(inbound, outbound);
+      inbound.resume();
     };
-    inbound.on('error', close);
-    outbound.on('error', close);
+    inbound.on('data', onData);
+    inbound.on('error', () => inbound.destroy());
   });
 }

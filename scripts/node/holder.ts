@@ -1,21 +1,23 @@
 /**
  * The process that owns the test node's network and mount namespaces (started by
  * namespace.ts as `unshare --net --mount --fork node holder.ts`, so it runs inside them).
- * It sets the namespaces up, says `ready` on stdout as one JSON line, forwards the Unix
- * sockets it is asked to (the host side of a forward cannot reach an address inside), and
+ * It sets the namespaces up, says `ready` on stdout as one JSON line, serves the node's way in
+ * from the host (./forward.ts: the host side of a forward cannot reach an address inside), and
  * tears everything down when its stdin ends: on `stop()`, and equally when the process that
  * started it dies however it dies (its end of the pipe closes with it).
  *
- * Teardown: every other process in these namespaces gets SIGTERM, then SIGKILL after a grace
- * period; the cgroups under the node's root are removed in every hierarchy; then the holder
- * exits, and with the last process the namespaces and every mount made in them go away.
+ * Teardown: every other process in these namespaces, and every process in the node's cgroups
+ * (containers have namespaces of their own), gets SIGTERM, then SIGKILL after a grace period;
+ * the cgroups under the node's root are removed in every hierarchy; then the holder exits, and
+ * with the last process the namespaces and every mount made in them go away.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readlinkSync, rmdirSync, rmSync } from 'node:fs';
+import { readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
+import { CGROUP_FS, cgroupProcesses, removeCgroups } from './cgroups.ts';
 import { parseHolderConfig, type HolderConfig } from './config.ts';
-import { forwardingServer } from './forward.ts';
+import { holderForward } from './forward.ts';
 
 const config: HolderConfig = parseHolderConfig(process.argv[2] ?? '');
 const ownNet = readlinkSync('/proc/self/ns/net');
@@ -34,31 +36,41 @@ function sh(cmd: string, ...args: string[]): void {
 
 /** Mounts, loopback, the node's bridge and address, and the routes and sysctls a node needs. */
 function setUp(): void {
-  // Mounts stay here: containerd, runc and CNI write under /run, the kubelet under /var/log.
+  // Mounts stay here: containerd, runc and CNI write under /run, the kubelet under /var/log,
+  // and under /var/lib paths no flag moves (the kubelet's device-plugins socket, CNI's cache).
   sh('mount', '--make-rprivate', '/');
-  sh('mount', '-t', 'tmpfs', '-o', 'mode=755', 'tmpfs', '/run');
-  sh('mount', '-t', 'tmpfs', '-o', 'mode=755', 'tmpfs', '/var/log');
+  for (const dir of ['/run', '/var/log', '/var/lib']) sh('mount', '-t', 'tmpfs', '-o', 'mode=755', 'tmpfs', dir);
   sh('ip', 'link', 'set', 'lo', 'up');
   sh('ip', 'link', 'add', config.bridge, 'type', 'bridge');
   sh('ip', 'addr', 'add', config.address, 'dev', config.bridge);
   sh('ip', 'link', 'set', config.bridge, 'up');
   // Without a default route, connecting to a ClusterIP fails before kube-proxy's DNAT runs.
   sh('ip', 'route', 'add', config.serviceCidr, 'dev', config.bridge);
+  // Both per network namespace: the node routes for its pods, and bridged pod-to-pod replies
+  // pass kube-proxy's conntrack (a Service's endpoint on the same bridge answers unNATed otherwise).
   sh('sysctl', '-qw', 'net.ipv4.ip_forward=1');
-  for (const h of config.cgroupHierarchies) sh('mkdir', '-p', join('/sys/fs/cgroup', h, config.cgroupRoot));
+  sh('sysctl', '-qw', 'net.bridge.bridge-nf-call-iptables=1');
+  for (const h of config.cgroupHierarchies) sh('mkdir', '-p', join(CGROUP_FS, h, config.cgroupRoot));
+  // A new v1 cpuset cgroup has no CPUs or memory nodes: nothing could run in it (the kubelet's pods).
+  const cpuset = join(CGROUP_FS, 'cpuset');
+  if (config.cgroupHierarchies.includes('cpuset'))
+    for (const f of ['cpuset.cpus', 'cpuset.mems'])
+      writeFileSync(join(cpuset, config.cgroupRoot, f), readFileSync(join(cpuset, f)));
 }
 
-/** Forwards each connection on a Unix socket to an address inside (the host's side pipes into it). */
-function forward(socketPath: string, target: { host: string; port: number }): void {
+/** Serves the way in from the host on the Unix socket `socketPath`. */
+function serveForwards(socketPath: string): void {
   rmSync(socketPath, { force: true });
-  const server = forwardingServer(target);
+  const server = holderForward();
   server.listen(socketPath);
   servers.push(server);
 }
 
-/** PIDs of every other process whose network or mount namespace is this one's. */
+/** PIDs of every other process whose network or mount namespace is this one's, or in the node's cgroups. */
 function processesInside(): number[] {
-  const pids: number[] = [];
+  const pids: number[] = cgroupProcesses(config.cgroupRoot, config.cgroupHierarchies).filter(
+    (pid) => pid !== process.pid,
+  );
   for (const entry of readdirSync('/proc')) {
     const pid = Number(entry);
     // The holder, and the unshare that forked it (it waits for the holder and goes with it).
@@ -66,7 +78,7 @@ function processesInside(): number[] {
     try {
       const net = readlinkSync(`/proc/${pid}/ns/net`);
       const mnt = readlinkSync(`/proc/${pid}/ns/mnt`);
-      if (net === ownNet || mnt === ownMnt) pids.push(pid);
+      if ((net === ownNet || mnt === ownMnt) && !pids.includes(pid)) pids.push(pid);
     } catch {
       // Gone meanwhile, or a kernel thread.
     }
@@ -84,29 +96,6 @@ const signal = (pids: readonly number[], sig: NodeJS.Signals) => {
   }
 };
 
-/** Removes the node's cgroup tree in every hierarchy, deepest first (only empty ones can go). */
-function removeCgroups(): string[] {
-  const left: string[] = [];
-  for (const h of config.cgroupHierarchies) {
-    const root = join('/sys/fs/cgroup', h, config.cgroupRoot);
-    if (!existsSync(root)) continue;
-    const dirs = [
-      root,
-      ...readdirSync(root, { recursive: true, withFileTypes: true })
-        .filter((d) => d.isDirectory())
-        .map((d) => join(d.parentPath, d.name)),
-    ];
-    for (const d of dirs.sort((a, b) => b.length - a.length)) {
-      try {
-        rmdirSync(d);
-      } catch {
-        left.push(d);
-      }
-    }
-  }
-  return left;
-}
-
 let tearing: Promise<void> | undefined;
 
 /** Stops everything inside, waiting `graceMs` for SIGTERM before SIGKILL, then removes the cgroups. */
@@ -119,13 +108,13 @@ async function tearDown(): Promise<void> {
     signal(processesInside(), 'SIGKILL');
     await new Promise((r) => setTimeout(r, 100));
   }
-  const left = removeCgroups();
+  const left = removeCgroups(config.cgroupRoot, config.cgroupHierarchies);
   if (left.length) process.stderr.write(`node holder: cgroups left: ${left.join(', ')}\n`);
 }
 
 try {
   setUp();
-  for (const f of config.forwards) forward(f.socket, { host: config.address.split('/')[0]!, port: f.port });
+  serveForwards(config.socket);
   process.stdout.write(`${JSON.stringify({ ready: true, pid: process.pid, net: ownNet })}\n`);
 } catch (err) {
   process.stdout.write(`${JSON.stringify({ ready: false, error: (err as Error).message })}\n`);

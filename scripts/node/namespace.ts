@@ -14,20 +14,21 @@
  * side (each namespace has its own copy of the same address).
  */
 import { execFileSync, spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import type { Server } from 'node:net';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import type { AddressInfo, Server } from 'node:net';
 import { join } from 'node:path';
 import { onLines } from '../lib/process.ts';
 import { REPO_ROOT } from '../tools/build.ts';
+import { cgroupHierarchies, cgroupProcesses, cgroupRootOf, removeCgroups } from './cgroups.ts';
 import { NODE_NETWORK, type HolderConfig } from './config.ts';
-import { forwardingServer } from './forward.ts';
+import { hostForward, type Target } from './forward.ts';
+
+export { cgroupHierarchies, cgroupRootOf } from './cgroups.ts';
 
 /** Environment variable marking every process started in a node: its folder. */
 export const NODE_MARKER = 'CAPTF_NODE_DIR';
 
 const HOLDER = join(REPO_ROOT, 'scripts', 'node', 'holder.ts');
-const CGROUP_FS = '/sys/fs/cgroup';
 
 /** Options of {@link startNodeNamespace}. */
 export interface NodeNamespaceOptions {
@@ -49,24 +50,16 @@ export interface NodeNamespace {
   cgroupRoot: string;
   /** For each forwarded port of the node's address, the 127.0.0.1 port that reaches it. */
   forwarded: ReadonlyMap<number, number>;
+  /**
+   * A new 127.0.0.1 port that reaches `target` inside (a pod's address, say); closed at stop.
+   * @returns the port.
+   */
+  forward(target: Target): Promise<number>;
   /** Spawns `cmd` inside the namespaces (marked with {@link NODE_MARKER}). */
   spawn(cmd: string, args: readonly string[], opts?: SpawnOptions): ChildProcess;
   /** Stops everything inside and ends the namespaces; resolves when the holder has exited. */
   stop(): Promise<void>;
 }
-
-/** The cgroup hierarchies to make the node's root in: every v1 controller mount and the unified one. */
-export function cgroupHierarchies(): string[] {
-  if (existsSync(join(CGROUP_FS, 'cgroup.controllers'))) return ['']; // cgroup v2 only
-  return readdirSync(CGROUP_FS, { withFileTypes: true })
-    .filter((d) => d.isDirectory())
-    .map((d) => d.name)
-    .sort();
-}
-
-/** The node's cgroup root, one per folder. */
-export const cgroupRootOf = (dir: string): string =>
-  `captf-node-${createHash('sha256').update(dir).digest('hex').slice(0, 10)}`;
 
 /**
  * Starts the node's namespaces.
@@ -79,14 +72,53 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
   mkdirSync(dir, { recursive: true });
   refuseSecond(dir);
   await sweepNode(dir);
+  // A fresh folder: what a stopped or swept node left (containerd's and the kubelet's state) is stale.
+  rmSync(dir, { recursive: true, force: true });
+  mkdirSync(dir, { recursive: true });
   const config: HolderConfig = {
     ...NODE_NETWORK,
     cgroupRoot: cgroupRootOf(dir),
     cgroupHierarchies: cgroupHierarchies(),
-    forwards: (opts.forwards ?? []).map((port) => ({ socket: join(dir, `forward-${port}.sock`), port })),
+    socket: join(dir, 'forward.sock'),
     graceMs: opts.graceMs ?? 10_000,
   };
-  const holder = spawn(
+  const holder = spawnHolder(config, dir);
+  const ready = await holderReady(holder);
+  writeFileSync(join(dir, 'holder.pid'), `${ready.pid}\n`);
+  const servers: Server[] = [];
+  const address = NODE_NETWORK.address.split('/')[0]!;
+  const forward = async (target: Target) => {
+    const server = hostForward(config.socket, target);
+    servers.push(server);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    return (server.address() as AddressInfo).port;
+  };
+  const forwarded = new Map<number, number>();
+  for (const port of opts.forwards ?? []) forwarded.set(port, await forward({ host: address, port }));
+  const exited = new Promise<void>((r) => holder.once('exit', () => r()));
+  return {
+    pid: ready.pid,
+    address,
+    cgroupRoot: config.cgroupRoot,
+    forwarded,
+    forward,
+    spawn: (cmd, args, spawnOpts = {}) =>
+      spawn('nsenter', ['-t', String(ready.pid), '-n', '-m', '--', cmd, ...args], {
+        ...spawnOpts,
+        env: { ...(spawnOpts.env ?? process.env), [NODE_MARKER]: dir },
+      }),
+    async stop() {
+      for (const s of servers) s.close();
+      holder.stdin?.end();
+      await exited;
+      rmSync(join(dir, 'holder.pid'), { force: true });
+    },
+  };
+}
+
+/** Starts the holder in new network and mount namespaces; it dies with this process's end of its stdin. */
+function spawnHolder(config: HolderConfig, dir: string): ChildProcess {
+  return spawn(
     'unshare',
     [
       '--net',
@@ -101,33 +133,6 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
     ],
     { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, [NODE_MARKER]: dir } },
   );
-  const ready = await holderReady(holder);
-  writeFileSync(join(dir, 'holder.pid'), `${ready.pid}\n`);
-  const forwarded = new Map<number, number>();
-  const servers: Server[] = [];
-  for (const f of config.forwards) {
-    const server = await forwardFromHost(f.socket);
-    servers.push(server);
-    forwarded.set(f.port, (server.address() as { port: number }).port);
-  }
-  const exited = new Promise<void>((r) => holder.once('exit', () => r()));
-  return {
-    pid: ready.pid,
-    address: NODE_NETWORK.address.split('/')[0]!,
-    cgroupRoot: config.cgroupRoot,
-    forwarded,
-    spawn: (cmd, args, spawnOpts = {}) =>
-      spawn('nsenter', ['-t', String(ready.pid), '-n', '-m', '--', cmd, ...args], {
-        ...spawnOpts,
-        env: { ...(spawnOpts.env ?? process.env), [NODE_MARKER]: dir },
-      }),
-    async stop() {
-      for (const s of servers) s.close();
-      holder.stdin?.end();
-      await exited;
-      rmSync(join(dir, 'holder.pid'), { force: true });
-    },
-  };
 }
 
 /** @throws Error when this process is not root, or naming a program the node needs that is not on PATH. */
@@ -169,11 +174,16 @@ function markedWith(pid: number, dir: string): boolean {
   }
 }
 
-/** PIDs of the processes (other than this one) started for the node from `dir`. */
+/**
+ * PIDs of the processes (other than this one) of the node from `dir`: those started for it
+ * (marked), and those in its cgroups (containers, which carry their own environment).
+ */
 export function markedProcesses(dir: string): number[] {
-  return readdirSync('/proc')
+  const marked = readdirSync('/proc')
     .map(Number)
     .filter((pid) => Number.isInteger(pid) && pid !== process.pid && markedWith(pid, dir));
+  const contained = cgroupProcesses(cgroupRootOf(dir), cgroupHierarchies());
+  return [...new Set([...marked, ...contained])].filter((pid) => pid !== process.pid);
 }
 
 /** Kills what a holder that was killed itself left of a node from `dir`, and removes its cgroups. */
@@ -187,15 +197,8 @@ export async function sweepNode(dir: string): Promise<void> {
   }
   // A cgroup can only be removed once the processes in it have exited.
   for (let i = 0; i < 50 && markedProcesses(dir).length; i++) await new Promise((r) => setTimeout(r, 100));
-  const root = cgroupRootOf(dir);
-  for (const h of cgroupHierarchies()) {
-    const top = join(CGROUP_FS, h, root);
-    if (!existsSync(top) || !statSync(top).isDirectory()) continue;
-    const dirs = readdirSync(top, { recursive: true, withFileTypes: true })
-      .filter((d) => d.isDirectory())
-      .map((d) => join(d.parentPath, d.name));
-    for (const d of [...dirs.sort((a, b) => b.length - a.length), top]) rmdirSync(d);
-  }
+  const left = removeCgroups(cgroupRootOf(dir), cgroupHierarchies());
+  if (left.length) throw new Error(`the test node's cgroups could not be removed: ${left.join(', ')}`);
 }
 
 /** Waits for the holder's first line: ready with its PID, or the setup step that failed. */
@@ -225,11 +228,4 @@ function holderReady(holder: ChildProcess): Promise<{ pid: number }> {
         );
     });
   });
-}
-
-/** A 127.0.0.1 listener whose connections the holder's Unix socket `socket` carries inside. */
-async function forwardFromHost(socket: string): Promise<Server> {
-  const server = forwardingServer({ path: socket });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return server;
 }

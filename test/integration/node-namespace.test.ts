@@ -7,7 +7,7 @@
  * refused; one from another folder runs beside it. Needs root (namespaces, cgroups): without it the node's start fails saying so.
  */
 import assert from 'node:assert/strict';
-import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,6 +23,7 @@ import {
 } from '../../scripts/node/namespace.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { eventually } from '../helpers/cluster.ts';
+import { hostNetworkAndMounts } from '../helpers/node.ts';
 
 const work = mkdtempSync(join(tmpdir(), 'captf-node-test-'));
 after(async () => {
@@ -30,16 +31,6 @@ after(async () => {
   for (const name of existsSync(work) ? readdirSync(work) : []) await sweepNode(join(work, name));
   rmSync(work, { recursive: true, force: true });
 });
-
-/** What the host shows of itself: interfaces, routes, mounts. */
-function hostState(): { links: string; routes: string; mounts: string } {
-  const ip = (...args: string[]) => execFileSync('ip', args, { encoding: 'utf8' });
-  return {
-    links: ip('-o', 'link', 'show').replace(/\s+link\/.*$/gm, ''),
-    routes: ip('route', 'show', 'table', 'all'),
-    mounts: readFileSync('/proc/self/mountinfo', 'utf8'),
-  };
-}
 
 /** What is left of the node from `dir`: marked processes and its cgroup folders. */
 function leftOf(dir: string): { processes: number[]; cgroups: string[] } {
@@ -90,20 +81,20 @@ describe("the test node's namespaces", () => {
   });
 
   it('serve on the node address, reached from the host; stop leaves nothing', async () => {
-    const before = hostState();
+    const before = hostNetworkAndMounts();
     const dir = join(work, 'stop');
     const ns = await startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 });
     serveInside(ns);
     await throughForward(ns.forwarded.get(8080)!);
-    assert.deepEqual(hostState(), before, 'the host shows no new interface, route or mount');
+    assert.deepEqual(hostNetworkAndMounts(), before, 'the host shows no new interface, route, nftables rule or mount');
     assert.ok(cgroupHierarchies().every((h) => existsSync(join('/sys/fs/cgroup', h, ns.cgroupRoot))));
     await ns.stop();
     assert.deepEqual(leftOf(dir), { processes: [], cgroups: [] });
-    assert.deepEqual(hostState(), before);
+    assert.deepEqual(hostNetworkAndMounts(), before);
   });
 
   it('the process that started the node is SIGKILLed: the holder notices and leaves nothing', async () => {
-    const before = hostState();
+    const before = hostNetworkAndMounts();
     const dir = join(work, 'killed-parent');
     const parent = spawn(
       process.execPath,
@@ -124,7 +115,7 @@ describe("the test node's namespaces", () => {
     assert.ok(leftOf(dir).processes.length >= 3, 'the holder, the server and the sleeper run');
     parent.kill('SIGKILL');
     await eventually('nothing of the node to be left', async () => nothingLeft(dir), 20_000);
-    assert.deepEqual(hostState(), before);
+    assert.deepEqual(hostNetworkAndMounts(), before);
   });
 
   it('the holder itself is SIGKILLed: the next start from the folder sweeps what it left', async () => {

@@ -1,0 +1,67 @@
+/**
+ * The test node's cgroups: one root folder per node (named from its folder) in every hierarchy
+ * this machine mounts, v1 controllers and the unified one alike. The kubelet puts every pod
+ * under it (its `cgroupRoot`) and runc mirrors each container into the unified hierarchy too,
+ * so the tree is what finds a container's processes (they have their own namespaces) and what
+ * must be gone after a stop. Used by the holder (inside) and by the sweep (from the host).
+ */
+import { createHash } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync, rmdirSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+
+/** Where the cgroup file systems are mounted. */
+export const CGROUP_FS = '/sys/fs/cgroup';
+
+/** The cgroup hierarchies to make the node's root in: every v1 controller mount and the unified one. */
+export function cgroupHierarchies(): string[] {
+  if (existsSync(join(CGROUP_FS, 'cgroup.controllers'))) return ['']; // cgroup v2 only
+  return readdirSync(CGROUP_FS, { withFileTypes: true })
+    .filter((d) => d.isDirectory())
+    .map((d) => d.name)
+    .sort();
+}
+
+/** The node's cgroup root, one per folder. */
+export const cgroupRootOf = (dir: string): string =>
+  `captf-node-${createHash('sha256').update(dir).digest('hex').slice(0, 10)}`;
+
+/** The node's root folder and every folder under it in one hierarchy, deepest first ([] when absent). */
+function tree(hierarchy: string, root: string): string[] {
+  const top = join(CGROUP_FS, hierarchy, root);
+  if (!existsSync(top) || !statSync(top).isDirectory()) return [];
+  const below = readdirSync(top, { recursive: true, withFileTypes: true })
+    .filter((d) => d.isDirectory())
+    .map((d) => join(d.parentPath, d.name));
+  return [...below.sort((a, b) => b.length - a.length), top];
+}
+
+/** PIDs of every process in the node's cgroups, in any hierarchy. */
+export function cgroupProcesses(root: string, hierarchies: readonly string[]): number[] {
+  const pids = new Set<number>();
+  for (const h of hierarchies)
+    for (const d of tree(h, root)) {
+      try {
+        for (const l of readFileSync(join(d, 'cgroup.procs'), 'utf8').split('\n')) if (l) pids.add(Number(l));
+      } catch {
+        // Removed meanwhile.
+      }
+    }
+  return [...pids];
+}
+
+/**
+ * Removes the node's cgroup tree in every hierarchy, deepest first (only an empty cgroup can go).
+ * @returns the folders that could not be removed (a process still in them).
+ */
+export function removeCgroups(root: string, hierarchies: readonly string[]): string[] {
+  const left: string[] = [];
+  for (const h of hierarchies)
+    for (const d of tree(h, root)) {
+      try {
+        rmdirSync(d);
+      } catch {
+        left.push(d);
+      }
+    }
+  return left;
+}
