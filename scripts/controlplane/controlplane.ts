@@ -7,7 +7,7 @@
  * ClusterRole aggregation (so the built-in `admin`, `edit` and `view` grant what they do on a
  * cluster) and the `kube-root-ca.crt` ConfigMap of every namespace.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request } from 'node:https';
@@ -64,6 +64,55 @@ export const CONTROLLERS = [
   'root-ca-certificate-publisher-controller',
 ];
 
+/**
+ * Controllers added when the control plane serves a test node (scripts/node/node.ts), where
+ * Pods really run:
+ * - `node-lifecycle-controller` and `taint-eviction-controller`: the kubelet registers its Node
+ *   tainted `node.kubernetes.io/not-ready`, and only the lifecycle controller removes the taint
+ *   once the Node is Ready (nothing schedules before).
+ * - `endpoints-controller`, `endpointslice-controller`, `endpointslice-mirroring-controller`:
+ *   a Service's endpoints, which kube-proxy and CoreDNS read (Knative also reads legacy Endpoints).
+ * - `deployment-controller`, `replicaset-controller`: Deployments get Pods.
+ * - `ttl-controller`, `ttl-after-finished-controller`, `pod-garbage-collector-controller`:
+ *   what a real cluster does with finished Jobs and orphaned Pods.
+ */
+export const NODE_CONTROLLERS = [
+  'node-lifecycle-controller',
+  'taint-eviction-controller',
+  'endpoints-controller',
+  'endpointslice-controller',
+  'endpointslice-mirroring-controller',
+  'deployment-controller',
+  'replicaset-controller',
+  'ttl-controller',
+  'ttl-after-finished-controller',
+  'pod-garbage-collector-controller',
+];
+
+/** The port the API server listens on at a test node's address (inside its namespace). */
+export const NODE_API_PORT = 6443;
+
+/** The names a Pod reaches the API server by: the `kubernetes` Service's ClusterIP and DNS names. */
+const IN_CLUSTER_SANS = [
+  'IP:10.0.0.1',
+  'DNS:kubernetes',
+  'DNS:kubernetes.default',
+  'DNS:kubernetes.default.svc',
+  'DNS:kubernetes.default.svc.cluster.local',
+];
+
+/** Where a control plane runs when it serves a test node: inside the node's namespaces. */
+export interface OnNode {
+  /** Spawns a process inside the node (scripts/node/namespace.ts `spawn`). */
+  spawn(cmd: string, args: readonly string[], opts?: SpawnOptions): ChildProcess;
+  /** A 127.0.0.1 port that reaches `target` inside (namespace.ts `forward`). */
+  forward(target: { host: string; port: number }): Promise<number>;
+  /** The node's address, which the API server binds and advertises. */
+  address: string;
+  /** The kube-scheduler binary (tool set `node`). */
+  scheduler: string;
+}
+
 /** Options of {@link startControlPlane}. */
 export interface StartOptions {
   /** State folder (wiped on start): pki/, etcd data, logs/, kubeconfigs. */
@@ -72,6 +121,11 @@ export interface StartOptions {
   log?: (line: string) => void;
   /** Size at which the audit log rotates, in MB (default 200); the bench reads one unrotated log. */
   auditLogMaxSizeMB?: number;
+  /**
+   * Serve a test node: run inside its namespaces, bind its address, add {@link NODE_CONTROLLERS}
+   * and kube-scheduler. The host still reaches the API server on 127.0.0.1 (a forward).
+   */
+  node?: OnNode;
 }
 
 /** A running control plane. */
@@ -81,6 +135,13 @@ export interface ControlPlane {
   server: string;
   /** Kubeconfig of `admin` in group `system:masters`. */
   kubeconfigPath: string;
+  /**
+   * Serving a node: admin's kubeconfig for processes inside it (the node's address; the
+   * host's 127.0.0.1 forward does not exist there). Otherwise the same as `kubeconfigPath`.
+   */
+  insideKubeconfigPath: string;
+  /** PEM of the CA that signed the API server's certificate. */
+  caPem: string;
   binaries: ControlPlaneBinaries;
   /** Mints a client certificate for `name` in `groups` and writes a kubeconfig; returns its path. */
   userKubeConfig(name: string, groups?: readonly string[]): Promise<string>;
@@ -187,7 +248,7 @@ interface Component {
 }
 
 /** The processes a control plane runs. */
-export type ControlPlaneComponent = 'etcd' | 'kube-apiserver' | 'kube-controller-manager';
+export type ControlPlaneComponent = 'etcd' | 'kube-apiserver' | 'kube-controller-manager' | 'kube-scheduler';
 
 /**
  * Starts etcd, kube-apiserver and (when available) kube-controller-manager in `opts.dir`,
@@ -201,31 +262,26 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
   const binaries = await ensureControlPlaneBinaries(log);
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(join(dir, 'logs'), { recursive: true });
-  const pki = await createPki(join(dir, 'pki'));
-  const ports: Ports = { etcd: await freePort(), peer: await freePort(), api: await freePort() };
-  const server = `https://127.0.0.1:${ports.api}`;
-  const kubeconfigPath = writeKubeConfig(join(dir, 'admin.kubeconfig'), {
-    server,
-    caPem: pki.caPem,
-    user: 'admin',
-    cert: pki.admin,
-  });
+  const { node } = opts;
+  const pki = await createPki(join(dir, 'pki'), node ? [`IP:${node.address}`, ...IN_CLUSTER_SANS] : []);
+  const { ports, bind, server } = await addresses(node);
+  const kubeconfig = (name: string, url: string) =>
+    writeKubeConfig(join(dir, name), { server: url, caPem: pki.caPem, user: 'admin', cert: pki.admin });
+  const kubeconfigPath = kubeconfig('admin.kubeconfig', server);
+  const insideKubeconfigPath = node
+    ? kubeconfig('inside-admin.kubeconfig', `https://${bind}:${ports.api}`)
+    : kubeconfigPath;
   writeAuditPolicy(dir);
-  const components = newComponents(join(dir, 'logs'));
+  const components = newComponents(join(dir, 'logs'), node?.spawn ?? spawn);
   try {
     components.start('etcd', binaries.etcd, etcdArgs(dir, ports));
-    components.start('kube-apiserver', binaries.kubeApiserver, apiServerArgs(dir, ports, pki, opts.auditLogMaxSizeMB));
+    components.start(
+      'kube-apiserver',
+      binaries.kubeApiserver,
+      apiServerArgs({ dir, ports, pki, bind, node: !!node, auditLogMaxSizeMB: opts.auditLogMaxSizeMB }),
+    );
     await waitReady({ server, pki, components });
-    if (binaries.kubeControllerManager)
-      components.start(
-        'kube-controller-manager',
-        binaries.kubeControllerManager,
-        controllerManagerArgs(kubeconfigPath, pki),
-      );
-    else
-      log(
-        '[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run, and the built-in admin, edit and view ClusterRoles grant nothing',
-      );
+    startControllers(components, { binaries, kubeconfig: insideKubeconfigPath, pki, node, log });
   } catch (err) {
     await components.stop();
     throw err;
@@ -234,6 +290,8 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     dir,
     server,
     kubeconfigPath,
+    insideKubeconfigPath,
+    caPem: pki.caPem,
     binaries,
     userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
     stopComponent: (name) => components.stopOne(name),
@@ -245,8 +303,54 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
   };
 }
 
-/** The CAs, the service-account keys, the API server's serving certificate and admin's client certificate. */
-async function createPki(pkiDir: string): Promise<Pki> {
+/**
+ * The ports inside, the address the API server binds, and its URL from the host: on a node,
+ * its address and a forward; otherwise free loopback ports.
+ */
+async function addresses(node: OnNode | undefined): Promise<{ ports: Ports; bind: string; server: string }> {
+  const ports: Ports = { etcd: await freePort(), peer: await freePort(), api: node ? NODE_API_PORT : await freePort() };
+  if (!node) return { ports, bind: '127.0.0.1', server: `https://127.0.0.1:${ports.api}` };
+  const hostPort = await node.forward({ host: node.address, port: ports.api });
+  return { ports, bind: node.address, server: `https://127.0.0.1:${hostPort}` };
+}
+
+/** kube-controller-manager (when available) and, serving a node, kube-scheduler. */
+function startControllers(
+  components: Components,
+  o: {
+    binaries: ControlPlaneBinaries;
+    kubeconfig: string;
+    pki: Pki;
+    node: OnNode | undefined;
+    log: (l: string) => void;
+  },
+): void {
+  const { binaries, kubeconfig, pki, node } = o;
+  if (binaries.kubeControllerManager)
+    components.start(
+      'kube-controller-manager',
+      binaries.kubeControllerManager,
+      controllerManagerArgs(kubeconfig, pki, node ? [...CONTROLLERS, ...NODE_CONTROLLERS] : CONTROLLERS),
+    );
+  else
+    o.log(
+      '[controlplane] no kube-controller-manager in KUBEBUILDER_ASSETS: garbage collection will not run, and the built-in admin, edit and view ClusterRoles grant nothing',
+    );
+  if (node)
+    components.start('kube-scheduler', node.scheduler, [
+      `--kubeconfig=${kubeconfig}`,
+      `--authentication-kubeconfig=${kubeconfig}`,
+      `--authorization-kubeconfig=${kubeconfig}`,
+      '--leader-elect=false',
+      '--secure-port=0',
+    ]);
+}
+
+/**
+ * The CAs, the service-account keys, the API server's serving certificate (for loopback and
+ * `extraSans`) and admin's client certificate.
+ */
+async function createPki(pkiDir: string, extraSans: readonly string[]): Promise<Pki> {
   const [servingCA, clientCA, sa] = await Promise.all([
     createCA(pkiDir, 'ca', 'captf-local-ca'),
     createCA(pkiDir, 'client-ca', 'captf-local-client-ca'),
@@ -258,7 +362,7 @@ async function createPki(pkiDir: string): Promise<Pki> {
       dir: pkiDir,
       name: 'apiserver',
       cn: 'kube-apiserver',
-      sans: ['IP:127.0.0.1', 'DNS:localhost'],
+      sans: ['IP:127.0.0.1', 'DNS:localhost', ...extraSans],
       usage: 'server',
     }),
     createLeaf({ ca: clientCA, dir: pkiDir, name: 'admin', cn: 'admin', orgs: ['system:masters'], usage: 'client' }),
@@ -283,12 +387,12 @@ function writeAuditPolicy(dir: string): void {
 type Components = ReturnType<typeof newComponents>;
 
 /** Components that log to `<logDir>/<name>.log`. */
-function newComponents(logDir: string) {
+function newComponents(logDir: string, spawnIn: OnNode['spawn']) {
   const list: Component[] = [];
   let stopping = false;
   const spawnLogged = (name: string, bin: string, args: string[]): ChildProcess => {
     const fd = openSync(join(logDir, `${name}.log`), 'a');
-    const child = spawn(bin, args, { stdio: ['ignore', fd, fd] });
+    const child = spawnIn(bin, args, { stdio: ['ignore', fd, fd] });
     closeSync(fd);
     live.add(child);
     child.on('exit', () => live.delete(child));
@@ -349,11 +453,30 @@ function etcdArgs(dir: string, ports: Ports): string[] {
   ];
 }
 
-function apiServerArgs(dir: string, ports: Ports, pki: Pki, auditLogMaxSizeMB = 200): string[] {
+/** What the API server's arguments depend on. */
+interface ApiServerSetup {
+  dir: string;
+  ports: Ports;
+  pki: Pki;
+  /** The address it binds and advertises. */
+  bind: string;
+  /** Serving a node: kubelets to reach by their InternalIP, and NodeRestriction. */
+  node: boolean;
+  auditLogMaxSizeMB: number | undefined;
+}
+
+function apiServerArgs({ dir, ports, pki, bind, node, auditLogMaxSizeMB = 200 }: ApiServerSetup): string[] {
+  const forNode = [
+    // The node's name is no host name this machine resolves (`kubectl logs` dials the kubelet).
+    '--kubelet-preferred-address-types=InternalIP',
+    `--kubelet-client-certificate=${pki.admin.cert}`,
+    `--kubelet-client-key=${pki.admin.key}`,
+    '--enable-admission-plugins=NodeRestriction',
+  ];
   return [
     `--etcd-servers=http://127.0.0.1:${ports.etcd}`,
-    '--bind-address=127.0.0.1',
-    '--advertise-address=127.0.0.1',
+    `--bind-address=${bind}`,
+    `--advertise-address=${bind}`,
     `--secure-port=${ports.api}`,
     `--tls-cert-file=${pki.serving.cert}`,
     `--tls-private-key-file=${pki.serving.key}`,
@@ -367,13 +490,14 @@ function apiServerArgs(dir: string, ports: Ports, pki: Pki, auditLogMaxSizeMB = 
     `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`,
     `--audit-log-path=${join(dir, 'logs', 'audit.log')}`,
     `--audit-log-maxsize=${auditLogMaxSizeMB}`,
+    ...(node ? forNode : []),
   ];
 }
 
-function controllerManagerArgs(kubeconfigPath: string, pki: Pki): string[] {
+function controllerManagerArgs(kubeconfigPath: string, pki: Pki, controllers: readonly string[]): string[] {
   return [
     `--kubeconfig=${kubeconfigPath}`,
-    `--controllers=${CONTROLLERS.join(',')}`,
+    `--controllers=${controllers.join(',')}`,
     `--service-account-private-key-file=${pki.sa.key}`,
     `--root-ca-file=${pki.servingCA.cert}`,
     '--leader-elect=false',
@@ -415,11 +539,18 @@ async function waitReady(opts: { server: string; pki: Pki; components: Component
  * Mints a user of a running control plane in `dir`: a client certificate with CN = `name`
  * and O = each group, signed by `<dir>/pki/client-ca.*`, and a kubeconfig for it.
  * Equivalent to `openssl req … -subj /CN=name/O=group` + `openssl x509 -req -CA client-ca.crt`.
+ * @param where `inside`: the kubeconfig names the API server as processes inside a test node
+ *   reach it (a kubelet, kube-proxy); default `host`.
  * @returns the kubeconfig path (`<dir>/users/<name>-<groups>.kubeconfig`).
- * @throws Error when `dir` holds no control plane or openssl fails.
+ * @throws Error when `dir` holds no control plane (or, `inside`, none serving a node) or openssl fails.
  */
-export async function userKubeConfig(dir: string, name: string, groups: readonly string[] = []): Promise<string> {
-  const { server, caPem } = readAdminKubeConfig(dir);
+export async function userKubeConfig(
+  dir: string,
+  name: string,
+  groups: readonly string[] = [],
+  where: 'host' | 'inside' = 'host',
+): Promise<string> {
+  const { server, caPem } = readAdminKubeConfig(dir, where === 'inside' ? 'inside-admin.kubeconfig' : undefined);
   const clientCA = { cert: join(dir, 'pki', 'client-ca.crt'), key: join(dir, 'pki', 'client-ca.key') };
   const usersDir = join(dir, 'users');
   const base = `${name}-${groups.join('+')}-${randomBytes(3).toString('hex')}`.replace(/[^A-Za-z0-9_.+-]/g, '_');
@@ -428,8 +559,11 @@ export async function userKubeConfig(dir: string, name: string, groups: readonly
 }
 
 /** Server URL and CA PEM from `<dir>/admin.kubeconfig`. @throws Error when absent. */
-export function readAdminKubeConfig(dir: string): { server: string; caPem: string; kubeconfigPath: string } {
-  const kubeconfigPath = join(resolve(dir), 'admin.kubeconfig');
+export function readAdminKubeConfig(
+  dir: string,
+  file = 'admin.kubeconfig',
+): { server: string; caPem: string; kubeconfigPath: string } {
+  const kubeconfigPath = join(resolve(dir), file);
   const kc = new KubeConfig();
   kc.loadFromFile(kubeconfigPath);
   const cluster = kc.getCurrentCluster();
