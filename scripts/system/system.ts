@@ -25,6 +25,7 @@ import { ensureEventingDataPlane } from '../eventing/build.ts';
 import { ensureApiServerSourceAdapter } from '../eventing/adapter.ts';
 import type { FunctionProcess } from '../lib/process.ts';
 import { bothSettled, firstLine } from '../lib/wait.ts';
+import { startNode, type TestNode } from '../node/node.ts';
 import { cronSchedule } from '../local/events.ts';
 import { watchMirrors } from '../local/mirrors.ts';
 import { LogPrinter, type Printed } from '../local/print.ts';
@@ -68,6 +69,11 @@ export interface SystemOptions {
   cluster?: { kubeconfig: string; install: boolean } | undefined;
   /** Size at which the control plane's audit log rotates, in MB (the bench reads one unrotated log). */
   auditLogMaxSizeMB?: number;
+  /**
+   * Start a real node (scripts/node/node.ts): the control plane runs inside its namespaces and
+   * pods run on its kubelet; the host still reaches the API server on 127.0.0.1. Needs root.
+   */
+  node?: boolean;
   /** Run the functions from source or as the production bundles; absent: no functions. */
   functions?: FunctionsFrom;
   /**
@@ -103,6 +109,8 @@ export interface RunningSystem {
   server: string;
   /** Set when the control plane was started here. */
   controlPlane?: ControlPlane;
+  /** With `node`: the node, where pods run. */
+  node?: TestNode;
   /** The rendered {@link MANIFESTS}. */
   rendered: readonly KubernetesObject[];
   /** The first instance of each function; empty when the options ask for none. */
@@ -148,6 +156,7 @@ interface Startup {
 /** The cluster the system runs against. */
 interface Cluster {
   controlPlane: ControlPlane | undefined;
+  node?: TestNode;
   kubeconfigPath: string;
   kc: KubeConfig;
   server: string;
@@ -200,6 +209,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
       kc: cluster.kc,
       server: cluster.server,
       ...(cluster.controlPlane ? { controlPlane: cluster.controlPlane } : {}),
+      ...(cluster.node ? { node: cluster.node } : {}),
       rendered,
       functions,
       startFunction: start,
@@ -243,6 +253,7 @@ function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
 
 /** @throws Error when the options would write into a named cluster without `install`, or need a control plane of their own. */
 function checkNamedCluster(opts: SystemOptions, install: boolean): void {
+  if (opts.node) throw new Error('a node runs with a control plane started here, not with a named cluster');
   if (!install && opts.events) throw new Error(NAMED_CLUSTER_NEEDS_INSTALL);
   if (!install && opts.webhook) throw new Error('registering the webhook writes into the cluster: it needs install');
   if (opts.users === 'service-accounts' || opts.auditLogMaxSizeMB !== undefined)
@@ -296,13 +307,26 @@ async function renderManifests(s: Startup): Promise<KubernetesObject[]> {
   return s.opts.functions ? (await render(MANIFESTS)).filter((o) => o.kind !== 'CustomResourceDefinition') : [];
 }
 
-/** Step 2 (beside rendering): the control plane, started here unless the options name a cluster. */
+/**
+ * Step 2 (beside rendering): the control plane, started here (inside a node when asked)
+ * unless the options name a cluster.
+ */
 async function connectCluster(s: Startup): Promise<Cluster> {
   let controlPlane: ControlPlane | undefined;
+  let node: TestNode | undefined;
   let kubeconfigPath: string;
   if (s.opts.cluster) {
     kubeconfigPath = s.opts.cluster.kubeconfig;
     mkdirSync(s.opts.dir, { recursive: true });
+  } else if (s.opts.node) {
+    node = await startNode({
+      dir: s.opts.dir,
+      log: s.opts.progress,
+      ...(s.opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: s.opts.auditLogMaxSizeMB } : {}),
+    });
+    s.cleanups.push(() => node!.stop());
+    controlPlane = node.controlPlane;
+    kubeconfigPath = controlPlane.kubeconfigPath;
   } else {
     const cp = await startControlPlane({
       dir: s.opts.dir,
@@ -330,7 +354,7 @@ async function connectCluster(s: Startup): Promise<Cluster> {
     .catch((err: unknown) => {
       throw new Error(`${server} (from ${kubeconfigPath}) does not answer: ${describeError(err)}`);
     });
-  return { controlPlane, kubeconfigPath, kc, server };
+  return { controlPlane, ...(node ? { node } : {}), kubeconfigPath, kc, server };
 }
 
 /**

@@ -1,0 +1,165 @@
+/**
+ * A real one-node cluster on this machine, for the tests that run the product as pods: the
+ * node's namespaces (./namespace.ts), a control plane inside them that binds the node's
+ * address (scripts/controlplane, with the controllers and scheduler a node needs), containerd
+ * with the product and pause images imported (./containerd.ts), the kubelet and the pod
+ * network (./kubelet.ts), kube-proxy and CoreDNS (./services.ts). The host reaches the API
+ * server on 127.0.0.1 through the node's forward, so tests, kubectl and a shell never enter
+ * the namespace; {@link TestNode.forward} reaches a pod the same way.
+ *
+ * {@link startNode} reads as its list of steps; each pushes its undo, and a failed start runs
+ * them in reverse. The node's own stop (the holder's teardown) is what ends every process,
+ * container and cgroup, also when this process dies.
+ */
+import { execFileSync } from 'node:child_process';
+import { join, resolve } from 'node:path';
+import { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
+import { startControlPlane, userKubeConfig, type ControlPlane } from '../controlplane/controlplane.ts';
+import { buildImage, type BuiltImage } from '../image/build.ts';
+import { eventually, firstLine } from '../lib/wait.ts';
+import { nodeBinaries } from './binaries.ts';
+import { startContainerd, type Containerd } from './containerd.ts';
+import { NODE_NAME, startKubelet } from './kubelet.ts';
+import { startNodeNamespace, sweepNode, type NodeNamespace } from './namespace.ts';
+import { HEALTH_PORTS, startCoreDNS, startKubeProxy } from './services.ts';
+
+/** Options of {@link startNode}. */
+export interface NodeOptions {
+  /** State folder: `controlplane/` and `node/` (each wiped on start). */
+  dir: string;
+  /** Progress lines (builds, steps). */
+  log: (line: string) => void;
+  /** Size at which the control plane's audit log rotates, in MB. */
+  auditLogMaxSizeMB?: number;
+}
+
+/** A running test node. */
+export interface TestNode {
+  controlPlane: ControlPlane;
+  namespace: NodeNamespace;
+  containerd: Containerd;
+  /** The product image as imported (pods name `image.ref`, `imagePullPolicy: Never`). */
+  image: BuiltImage;
+  /** A 127.0.0.1 port reaching `target` inside the node (a pod's IP and port). */
+  forward(target: { host: string; port: number }): Promise<number>;
+  /** Stops every process, container, mount and cgroup of the node and its control plane. */
+  stop(): Promise<void>;
+}
+
+/** How long the node may take to become Ready once its kubelet starts, in ms (generous). */
+const READY_TIMEOUT_MS = 120_000;
+
+/**
+ * Starts the node: builds what is missing, then the namespaces, the control plane, containerd
+ * with the images, the kubelet, kube-proxy and CoreDNS; resolves once the Node is Ready and
+ * untainted and kube-proxy and CoreDNS answer their health checks.
+ * @throws Error naming the missing capability (root, a program, nftables, a bridge, a cgroup),
+ *   the component that failed with where its log is, or a node already running from `dir`;
+ *   whatever was started is stopped first.
+ */
+export async function startNode(opts: NodeOptions): Promise<TestNode> {
+  const dir = resolve(opts.dir);
+  const nodeDir = join(dir, 'node');
+  checkNftables();
+  const [bin, image, pause] = [
+    await nodeBinaries(opts.log),
+    await buildImage('captf-credentials', { log: opts.log }),
+    await buildImage('pause', { log: opts.log }),
+  ];
+  const undo: (() => Promise<void>)[] = [];
+  const stop = async () => {
+    for (const u of undo.splice(0).reverse()) await u();
+  };
+  try {
+    opts.log('[node] namespaces');
+    const ns = await startNodeNamespace({ dir: nodeDir });
+    undo.push(async () => {
+      await ns.stop();
+      await sweepNode(nodeDir);
+    });
+    const controlPlane = await startControlPlane({
+      dir: join(dir, 'controlplane'),
+      log: opts.log,
+      node: { spawn: ns.spawn, forward: ns.forward, address: ns.address, scheduler: bin['kube-scheduler']! },
+      ...(opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: opts.auditLogMaxSizeMB } : {}),
+    });
+    // After the namespace's teardown has ended every process: this only forgets them.
+    undo.unshift(() => controlPlane.stop());
+    opts.log('[node] containerd, images');
+    const containerd = await startContainerd(ns, { dir: nodeDir, bin, sandboxImage: pause.ref });
+    for (const i of [pause, image]) await containerd.ctr(['images', 'import', i.path]);
+    opts.log('[node] kubelet, kube-proxy, CoreDNS');
+    await startNodeAgents(ns, { dir: nodeDir, bin, controlPlane, containerd });
+    await nodeReady(ns, { kubeconfigPath: controlPlane.kubeconfigPath, dir: nodeDir });
+    opts.log(`[node] ${NODE_NAME} is Ready at ${ns.address}; API server ${controlPlane.server}`);
+    return { controlPlane, namespace: ns, containerd, image, forward: ns.forward, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/** @throws Error when `nft` (kube-proxy's nftables mode runs it) is missing. */
+function checkNftables(): void {
+  try {
+    execFileSync('nft', ['--version'], { stdio: 'ignore' });
+  } catch {
+    throw new Error("the test node needs nft for kube-proxy's nftables mode (Debian package nftables)");
+  }
+}
+
+/** The kubelet, kube-proxy and CoreDNS, each as its own user (the roles a cluster gives them). */
+async function startNodeAgents(
+  ns: NodeNamespace,
+  o: { dir: string; bin: Record<string, string>; controlPlane: ControlPlane; containerd: Containerd },
+): Promise<void> {
+  const cpDir = o.controlPlane.dir;
+  // The Node authorizer and NodeRestriction know a kubelet by this name and group.
+  const kubeletUser = await userKubeConfig(cpDir, `system:node:${NODE_NAME}`, ['system:nodes'], 'inside');
+  // Bound to system:node-proxier by the API server's bootstrap policy.
+  const proxyUser = await userKubeConfig(cpDir, 'system:kube-proxy', [], 'inside');
+  startKubelet(ns, {
+    dir: o.dir,
+    bin: o.bin.kubelet!,
+    kubeconfig: kubeletUser,
+    runtime: o.containerd.socket,
+    clientCA: join(cpDir, 'pki', 'client-ca.crt'),
+    cniConfDir: o.containerd.cniConfDir,
+  });
+  startKubeProxy(ns, { dir: o.dir, bin: o.bin['kube-proxy']!, kubeconfig: proxyUser });
+  startCoreDNS(ns, {
+    dir: o.dir,
+    bin: o.bin.coredns!,
+    kubeconfig: o.controlPlane.insideKubeconfigPath,
+    context: 'admin@captf-local',
+  });
+}
+
+/** Waits for the Node to be Ready without taints, and kube-proxy and CoreDNS to be healthy. */
+async function nodeReady(ns: NodeNamespace, o: { kubeconfigPath: string; dir: string }): Promise<void> {
+  const kc = new KubeConfig();
+  kc.loadFromFile(o.kubeconfigPath);
+  const core = kc.makeApiClient(CoreV1Api);
+  await eventually(
+    `Node ${NODE_NAME} to be Ready and untainted (the kubelet's log: ${join(o.dir, 'kubelet', 'kubelet.log')})`,
+    async () => {
+      const node = await core.readNode({ name: NODE_NAME });
+      const ready = node.status?.conditions?.find((c) => c.type === 'Ready')?.status === 'True';
+      return ready && !node.spec?.taints?.length;
+    },
+    READY_TIMEOUT_MS,
+    500,
+  );
+  for (const [what, port, path] of [
+    ['kube-proxy', HEALTH_PORTS.kubeProxy, '/healthz'],
+    ['CoreDNS', HEALTH_PORTS.dnsReady, '/ready'],
+  ] as const) {
+    const local = await ns.forward({ host: '127.0.0.1', port });
+    await eventually(`${what} to be healthy`, async () => {
+      const r = await fetch(`http://127.0.0.1:${local}${path}`).catch((e: unknown) => {
+        throw new Error(firstLine(e));
+      });
+      return r.status === 200;
+    });
+  }
+}
