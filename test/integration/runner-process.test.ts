@@ -123,31 +123,6 @@ describe('captf-runner filters the environment', () => {
     );
   });
 
-  it('leaves the removed keys readable as files (the credentials volume stands in as a temp dir)', async () => {
-    const dir = join(tmp, 'credentials');
-    const files = {
-      TF_VAR_token: sentinel(),
-      KUBE_CONFIG_PATH: sentinel(),
-      'credentials.json': `{"k":"${sentinel()}"}`,
-    };
-    (await import('node:fs')).mkdirSync(dir);
-    for (const [k, v] of Object.entries(files)) {
-      writeFileSync(join(dir, k), v);
-      chmodSync(join(dir, k), 0o440);
-    }
-    const read = `const fs=require('node:fs'),{createHash}=require('node:crypto');const o={};for(const f of fs.readdirSync(process.argv[1]))o[f]=createHash('sha256').update(fs.readFileSync(process.argv[1]+'/'+f)).digest('hex');o.envHasToken='TF_VAR_token' in process.env;process.stdout.write(JSON.stringify(o))`;
-    const r = await runRunner(['--', NODE, '-e', read, dir], {
-      ...baseEnv(),
-      TF_VAR_token: files.TF_VAR_token,
-      KUBE_CONFIG_PATH: files.KUBE_CONFIG_PATH,
-    });
-    assert.equal(r.code, 0, r.stderr);
-    const seen = JSON.parse(r.stdout.toString()) as Record<string, unknown>;
-    for (const [k, v] of Object.entries(files)) assert.equal(seen[k], sha(v), `${k} readable as a file`);
-    assert.equal(seen.envHasToken, false);
-    assertNoSecret(r.stdout.toString() + r.stderr, Object.values(files), 'runner output');
-  });
-
   it('never logs the command arguments (they may carry secrets)', async () => {
     const secret = sentinel();
     const r = await runRunner(['--', NODE, '-e', 'process.exit(0)', '--', `-var=password=${secret}`], baseEnv());

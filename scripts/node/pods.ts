@@ -1,0 +1,93 @@
+/**
+ * A function as the pod Knative Serving would run for the first revision of its rendered
+ * Knative Service, without the queue-proxy sidecar: the Service's pod spec as shipped
+ * (ServiceAccount, container args, env, probes, resources, security context), plus what
+ * Knative adds to the user container: `PORT` (its port), `K_SERVICE`, `K_CONFIGURATION`,
+ * `K_REVISION`, the probes' port, `terminationGracePeriodSeconds` from `timeoutSeconds`,
+ * `enableServiceLinks: false` and the serving labels. The image is the one imported into the
+ * node (Knative would resolve the tag to a digest from a registry; there is none here).
+ */
+import type { KubernetesObject, V1Container, V1Pod, V1PodSpec, V1Probe } from '@kubernetes/client-node';
+import { knativeService, type FunctionName } from '../system/functions.ts';
+
+/** The port Knative gives a container that names none. */
+const DEFAULT_PORT = 8080;
+
+/** The parts of a Knative Service's revision template this builds on. */
+interface RevisionTemplate {
+  metadata?: { labels?: Record<string, string>; annotations?: Record<string, string> };
+  spec?: V1PodSpec & { timeoutSeconds?: number; containerConcurrency?: number };
+}
+
+/** A probe with its port filled in, as Knative's defaulting does for a single container. */
+const withPort = (p: V1Probe | undefined, port: number): V1Probe | undefined =>
+  p?.httpGet ? { ...p, httpGet: { ...p.httpGet, port: p.httpGet.port ?? port } } : p;
+
+/** Function `fn`'s Knative Service name and revision template. @throws Error when it has none. */
+function revisionTemplate(
+  rendered: readonly KubernetesObject[],
+  fn: FunctionName,
+): { service: string; namespace: string; template: RevisionTemplate & { spec: V1PodSpec }; container: V1Container } {
+  type Service = { metadata: { name: string; namespace?: string }; spec: { template: RevisionTemplate } };
+  const svc = knativeService(rendered, fn) as Service | undefined;
+  const container = svc?.spec.template.spec?.containers[0];
+  if (!svc || !container) throw new Error(`the rendered manifests hold no Knative Service for ${fn}`);
+  return {
+    service: svc.metadata.name,
+    namespace: svc.metadata.namespace ?? 'default',
+    template: svc.spec.template as RevisionTemplate & { spec: V1PodSpec },
+    container,
+  };
+}
+
+/** The user container as Knative runs it: the image given, its port in `PORT` and the probes, the K_ variables. */
+function userContainer(container: V1Container, o: { image: string; service: string; revision: string }): V1Container {
+  const port = container.ports?.[0]?.containerPort ?? DEFAULT_PORT;
+  return {
+    ...container,
+    image: o.image,
+    imagePullPolicy: 'Never',
+    env: [
+      ...(container.env ?? []),
+      { name: 'PORT', value: String(port) },
+      { name: 'K_REVISION', value: o.revision },
+      { name: 'K_CONFIGURATION', value: o.service },
+      { name: 'K_SERVICE', value: o.service },
+    ],
+    readinessProbe: withPort(container.readinessProbe, port),
+    livenessProbe: withPort(container.livenessProbe, port),
+  };
+}
+
+/**
+ * Function `fn`'s first revision as a plain pod (named `<service>-00001`).
+ * @param o.image the image reference the node has imported (pulled `Never`).
+ * @throws Error when the rendered manifests hold no Knative Service for `fn`.
+ */
+export function functionPod(rendered: readonly KubernetesObject[], fn: FunctionName, o: { image: string }): V1Pod {
+  const { service, namespace, template, container } = revisionTemplate(rendered, fn);
+  const revision = `${service}-00001`;
+  // Knative's own fields, not a pod's.
+  const { timeoutSeconds, containerConcurrency: _concurrency, ...podSpec } = template.spec;
+  return {
+    apiVersion: 'v1',
+    kind: 'Pod',
+    metadata: {
+      name: revision,
+      namespace,
+      labels: {
+        ...template.metadata?.labels,
+        'serving.knative.dev/service': service,
+        'serving.knative.dev/configuration': service,
+        'serving.knative.dev/revision': revision,
+      },
+      annotations: template.metadata?.annotations ?? {},
+    },
+    spec: {
+      ...podSpec,
+      containers: [userContainer(container, { image: o.image, service, revision })],
+      enableServiceLinks: false,
+      ...(timeoutSeconds !== undefined ? { terminationGracePeriodSeconds: timeoutSeconds } : {}),
+    },
+  };
+}

@@ -1,0 +1,319 @@
+/**
+ * The product as pods on a real node (scripts/node/node.ts, started by the system starter with
+ * `node: true`): each function runs from the image with its Knative Service's pod spec as
+ * rendered (scripts/node/pods.ts adds what Knative would), under its ServiceAccount with the
+ * manifests' RBAC, reaches the API server through the `kubernetes` ClusterIP with its projected
+ * token and does its job; TERM ends each pod cleanly; a Terraform Job made by the delivery
+ * fragment runs `captf-runner` from the image as non-root with the credentials by `envFrom`
+ * and as 0440 files readable through `fsGroup`. The only test file with pods (and with its
+ * own control plane, inside the node); needs root.
+ */
+import assert from 'node:assert/strict';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import {
+  BatchV1Api,
+  Watch,
+  type KubernetesObject,
+  type V1ContainerStateTerminated,
+  type V1Pod,
+} from '@kubernetes/client-node';
+import { jobWithCredentials } from '../../functions/lib/delivery.ts';
+import { mirrorName } from '../../functions/lib/mirror.ts';
+import { serverSideApply } from '../../scripts/lib/kube.ts';
+import { CGROUP_FS } from '../../scripts/node/cgroups.ts';
+import { functionPod } from '../../scripts/node/pods.ts';
+import { FUNCTION_NAMES, startSystem, type FunctionName } from '../../scripts/system/system.ts';
+import { render } from '../../scripts/tools/kustomize.ts';
+import { admissionReview, identityRequest } from '../helpers/admission.ts';
+import { eventually, suffix } from '../helpers/cluster.ts';
+import { pingEvent, postEvents, RENDERED_MANIFESTS } from '../helpers/events.ts';
+import * as fx from '../helpers/fixtures.ts';
+import { scanLater, SENTINEL_KEY } from '../helpers/leaks.ts';
+import { consumerEvent, outcomes, operatorSource } from '../helpers/mirror-sync.ts';
+import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
+
+const work = mkdtempSync(join(tmpdir(), 'captf-node-pods-'));
+const progress: string[] = [];
+const system = await startSystem({ dir: work, progress: (l) => progress.push(l), node: true });
+const node = system.node!;
+// This file's world lives in the node's control plane, not in the suite's shared one.
+process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
+const w = fx.world('pods');
+const batch = system.kc.makeApiClient(BatchV1Api);
+after(async () => {
+  await system.stop();
+  rmSync(work, { recursive: true, force: true });
+});
+
+const rendered = (await render(RENDERED_MANIFESTS)) as KubernetesObject[];
+const RBAC_KINDS = new Set(['Namespace', 'ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'Role', 'RoleBinding']);
+const podLogs = join(work, 'node', 'kubelet', 'pod-logs');
+// Every line any pod printed is scanned for planted Secret values after the file.
+scanLater('pod logs', () => readTree(podLogs));
+
+/** Every file under `dir`, concatenated ('' when absent). */
+function readTree(dir: string): string {
+  if (!existsSync(dir)) return '';
+  return readdirSync(dir, { recursive: true, withFileTypes: true })
+    .filter((d) => d.isFile())
+    .map((d) => readFileSync(join(d.parentPath, d.name), 'utf8'))
+    .join('\n');
+}
+
+/** The pod's log as the kubelet wrote it (all containers, all restarts). */
+const podLog = (pod: V1Pod) =>
+  readTree(join(podLogs, `${pod.metadata!.namespace}_${pod.metadata!.name}_${pod.metadata!.uid}`));
+
+/** Waits for a pod to be Ready; returns it as read then. */
+async function ready(namespace: string, name: string): Promise<V1Pod> {
+  return eventually(
+    `pod ${namespace}/${name} to be Ready`,
+    async () => {
+      const p = await w.clients.core.readNamespacedPod({ namespace, name });
+      return p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') && p;
+    },
+    180_000,
+    500,
+  );
+}
+
+/** A cgroup folder of the container `id` in `hierarchy` (found under the node's root). */
+function containerCgroup(hierarchy: string, id: string): string {
+  const root = join(CGROUP_FS, hierarchy, node.namespace.cgroupRoot);
+  const found = readdirSync(root, { recursive: true, withFileTypes: true }).find(
+    (d) => d.isDirectory() && d.name === id,
+  );
+  assert.ok(found, `container ${id} has a cgroup under ${root}`);
+  return join(found.parentPath, found.name);
+}
+
+/** The main process of a pod's first container, and its memory cgroup. */
+function containerOf(pod: V1Pod): { pid: number; memory: string } {
+  const id = pod.status!.containerStatuses![0]!.containerID!.replace(/^containerd:\/\//, '');
+  const memory = containerCgroup('memory', id);
+  const pids = readFileSync(join(memory, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number);
+  const pid = pids.find((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('/app/dist/'));
+  assert.ok(pid, `a node process of the image in ${memory}`);
+  return { pid, memory };
+}
+
+const pods = {} as Record<FunctionName, V1Pod>;
+const urls = {} as Record<FunctionName, string>;
+
+before(async () => {
+  for (const o of rendered.filter((x) => RBAC_KINDS.has(x.kind!))) await serverSideApply(system.kc, o, 'captf-test');
+  await Promise.all(
+    FUNCTION_NAMES.map(async (fn) => {
+      const pod = functionPod(rendered, fn, { image: node.image.ref });
+      await w.clients.core.createNamespacedPod({ namespace: pod.metadata!.namespace!, body: pod });
+      pods[fn] = await ready(pod.metadata!.namespace!, pod.metadata!.name!);
+      urls[fn] = `http://127.0.0.1:${await node.forward({ host: pods[fn].status!.podIP!, port: 8080 })}`;
+    }),
+  );
+});
+
+describe('each function as a pod from its Knative Service', () => {
+  it('runs as 65532 under seccomp, no capabilities, no new privileges, a read-only root, its memory limit', () => {
+    for (const fn of FUNCTION_NAMES) {
+      const { pid, memory } = containerOf(pods[fn]);
+      const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+      assert.match(status, /^Uid:\s+65532\s+65532\s/m, `${fn} runs as 65532`);
+      assert.match(status, /^Seccomp:\s+2$/m, `${fn} runs under a seccomp filter`);
+      assert.match(status, /^NoNewPrivs:\s+1$/m, `${fn} cannot gain privileges`);
+      assert.match(status, /^CapEff:\s+0+$/m, `${fn} holds no capability`);
+      const root = readFileSync(`/proc/${pid}/mountinfo`, 'utf8')
+        .split('\n')
+        .map((l) => l.split(' '))
+        .find((f) => f[4] === '/');
+      assert.ok(root?.[5]?.split(',').includes('ro'), `${fn}'s root is read-only`);
+      const limit = pods[fn].spec!.containers[0]!.resources!.limits!.memory!;
+      const mi = Number(/^(\d+)Mi$/.exec(limit)?.[1]);
+      assert.equal(Number(readFileSync(join(memory, 'memory.limit_in_bytes'), 'utf8')), mi * 1024 * 1024, fn);
+    }
+  });
+
+  it('mirror-sync: an event about a new consumer makes its mirror, with its own token through the ClusterIP', async () => {
+    const source = await operatorSource(w, fx.data({ AWS_ACCESS_KEY_ID: 'AKIA-pods' }));
+    const ns = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(ns));
+    const consumer = await w.create(fx.consumer('c', fx.inNamespace(ns), fx.identityRef(id)));
+    const r = await postEvents(`${urls['mirror-sync']}/`, consumerEvent(consumer, 'ref', 'add'));
+    assert.equal(r.status, 200, r.text);
+    assert.deepEqual(outcomes(r.body), [[`${ns}/c`, 'mirrored']]);
+    const mirror = await w.clients.core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) });
+    assert.deepEqual(
+      mirror.metadata?.ownerReferences?.map((o) => o.name),
+      ['c'],
+    );
+  });
+
+  it('mirror-sync: prepare answers the provider manager by its audience-bound token, and refuses without one', async () => {
+    const source = await operatorSource(w);
+    const ns = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(ns));
+    const consumer = await w.create(fx.consumer('p', fx.inNamespace(ns), fx.identityRef(id)));
+    const caller = await manager(w);
+    const ok = await postPrepare(urls['mirror-sync'], prepareTarget(consumer), caller);
+    assert.equal(ok.status, 200, ok.text);
+    assert.equal(ok.body.mirror, mirrorName(id));
+    assert.equal((await postPrepare(urls['mirror-sync'], prepareTarget(consumer), undefined)).status, 401);
+  });
+
+  it('admission: an AdmissionReview is decided with a SubjectAccessReview made as its ServiceAccount', async () => {
+    const source = await operatorSource(w);
+    const review = (user: string) =>
+      admissionReview(
+        identityRequest('CREATE', fx.identity('aws', source.ref), undefined, {
+          uid: suffix(),
+          userInfo: { username: user, groups: [] },
+        }),
+      );
+    const post = async (body: unknown) => {
+      const r = await fetch(`${urls.admission}/validate`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      assert.equal(r.status, 200);
+      return ((await r.json()) as { response: { allowed: boolean; status?: { message?: string } } }).response;
+    };
+    const refused = await post(review('nobody'));
+    assert.equal(refused.allowed, false);
+    assert.match(refused.status?.message ?? '', /get/);
+    // system:masters may get every Secret.
+    const allowed = await post(
+      admissionReview(
+        identityRequest('CREATE', fx.identity('aws', source.ref), undefined, {
+          uid: suffix(),
+          userInfo: { username: 'admin', groups: ['system:masters'] },
+        }),
+      ),
+    );
+    assert.equal(allowed.allowed, true, JSON.stringify(allowed));
+  });
+
+  it("identity-status: a ping sets each identity's Ready condition", async () => {
+    const source = await operatorSource(w);
+    const id = await source.newIdentity();
+    const r = await postEvents(`${urls['identity-status']}/`, pingEvent('status'));
+    assert.equal(r.status, 200, r.text);
+    const stored = await w.read(fx.identity(id));
+    assert.equal(fx.conditionOf(stored!, 'Ready')?.status, 'True');
+  });
+});
+
+describe('the Terraform Job', () => {
+  it('runs captf-runner from the image as non-root: keys by envFrom, 0440 files through fsGroup, TF_/KUBE_ stripped but still files', async () => {
+    // Stand-in terraform: names of the variables it got and mode, group and readability of each file.
+    const standIn = `#!/usr/local/bin/node
+const fs = require('node:fs');
+const dir = '/var/run/captf/credentials';
+const files = Object.fromEntries(fs.readdirSync(dir).filter((f) => !f.startsWith('..')).map((f) => {
+  const st = fs.statSync(dir + '/' + f);
+  let readable = true;
+  try { fs.readFileSync(dir + '/' + f); } catch { readable = false; }
+  return [f, { mode: (st.mode & 0o777).toString(8), gid: st.gid, readable }];
+}));
+console.log(JSON.stringify({ uid: process.getuid(), groups: process.getgroups(), env: Object.keys(process.env).sort(), files }));
+`;
+    const keys = {
+      AWS_ACCESS_KEY_ID: 'AKIA-job',
+      AWS_SECRET_ACCESS_KEY: 'secret-job',
+      TF_VAR_token: 'tf-token',
+      KUBE_TOKEN: 'kube-token',
+      TF_IN_AUTOMATION: 'from-secret',
+    };
+    const source = await operatorSource(w, fx.data(keys));
+    const ns = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(ns));
+    const consumer = await w.create(fx.consumer('job', fx.inNamespace(ns), fx.identityRef(id)));
+    assert.equal((await postEvents(`${urls['mirror-sync']}/`, consumerEvent(consumer, 'ref', 'add'))).status, 200);
+    await w.clients.core.createNamespacedConfigMap({
+      namespace: ns,
+      body: { metadata: { name: 'terraform' }, data: { terraform: standIn } },
+    });
+    const job = jobWithCredentials(fx.terraformJob('tf-apply', 'apply', fx.inNamespace(ns)), id);
+    const pod = job.spec!.template.spec!;
+    const c = pod.containers[0]!;
+    c.image = node.image.ref;
+    c.imagePullPolicy = 'Never';
+    c.command = ['node', '/app/dist/captf-runner.mjs', '--', 'terraform', 'apply'];
+    c.env = [...(c.env ?? []), { name: 'PATH', value: '/opt/terraform:/usr/local/bin:/usr/bin:/bin' }];
+    c.volumeMounts = [...(c.volumeMounts ?? []), { name: 'terraform', mountPath: '/opt/terraform' }];
+    pod.volumes = [...(pod.volumes ?? []), { name: 'terraform', configMap: { name: 'terraform', defaultMode: 0o555 } }];
+    await batch.createNamespacedJob({ namespace: ns, body: job });
+    const done = await eventually(
+      'the Job to finish',
+      async () => {
+        const j = await batch.readNamespacedJob({ namespace: ns, name: 'tf-apply' });
+        return j.status?.succeeded || j.status?.failed ? j : undefined;
+      },
+      180_000,
+      500,
+    );
+    const [ran] = (await w.clients.core.listNamespacedPod({ namespace: ns, labelSelector: 'job-name=tf-apply' })).items;
+    const log = podLog(ran!);
+    assert.equal(done.status?.succeeded, 1, log);
+    const out = log
+      .split('\n')
+      .map((l) => /^\S+ stdout [FP] (.*)$/.exec(l)?.[1])
+      .find((l) => l?.startsWith('{'));
+    const seen = JSON.parse(out!) as {
+      uid: number;
+      groups: number[];
+      env: string[];
+      files: Record<string, { mode: string; gid: number; readable: boolean }>;
+    };
+    const fsGroup = ran!.spec!.securityContext!.fsGroup!;
+    assert.equal(seen.uid, 65532);
+    assert.ok(seen.groups.includes(fsGroup), 'the runner is in the fsGroup');
+    for (const k of ['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', 'TF_IN_AUTOMATION', 'TF_INPUT', 'KUBE_NAMESPACE'])
+      assert.ok(seen.env.includes(k), `${k} reaches terraform`);
+    for (const k of ['TF_VAR_token', 'KUBE_TOKEN']) assert.ok(!seen.env.includes(k), `${k} is stripped`);
+    for (const k of [...Object.keys(keys), SENTINEL_KEY])
+      assert.deepEqual(seen.files[k], { mode: '440', gid: fsGroup, readable: true }, k);
+    assert.match(log, /"message":"environment filtered"/);
+  });
+});
+
+describe('TERM', () => {
+  it('ends each function pod cleanly within its grace period', async () => {
+    // The kubelet reports each container's end before the pod object goes (with its log).
+    const ended = new Map<string, V1ContainerStateTerminated>();
+    const watch = await new Watch(system.kc).watch(
+      `/api/v1/namespaces/${pods.admission.metadata!.namespace}/pods`,
+      {},
+      (_type, p: V1Pod) => {
+        const t = p.status?.containerStatuses?.[0]?.state?.terminated;
+        if (t) ended.set(p.metadata!.name!, t);
+      },
+      () => undefined,
+    );
+    try {
+      await Promise.all(
+        FUNCTION_NAMES.map((fn) =>
+          w.clients.core.deleteNamespacedPod({
+            namespace: pods[fn].metadata!.namespace!,
+            name: pods[fn].metadata!.name!,
+          }),
+        ),
+      );
+      for (const fn of FUNCTION_NAMES) {
+        const p = pods[fn];
+        const t = await eventually(
+          `${fn}'s container to end`,
+          async () => ended.get(p.metadata!.name!),
+          (p.spec!.terminationGracePeriodSeconds! + 30) * 1000,
+          500,
+        );
+        // Exit 0: it drained and exited on TERM; SIGKILL at the deadline would be 137.
+        assert.deepEqual({ exitCode: t.exitCode, reason: t.reason }, { exitCode: 0, reason: 'Completed' }, fn);
+      }
+    } finally {
+      watch.abort();
+    }
+  });
+});
