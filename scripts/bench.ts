@@ -9,7 +9,9 @@
  * Flags:
  *   --quick          every row at tiny sizes (well under two minutes; `npm test` runs it)
  *   --size N         also run the resync row at N consumers (e.g. 10000)
- *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission, prepare
+ *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission, prepare,
+ *                    pods (the functions as pods on a real node of its own: cold start, container
+ *                    memory, the node's footprint; needs root)
  *   --paths a,b      the delivery paths of the event rows (default all): direct, broker, broker-async
  *   --out DIR        where the result JSON goes (default bench/results; .local/bench-results with --quick)
  *   --timeout S      bound on any one wait for convergence (default 900; 120 with --quick)
@@ -39,6 +41,7 @@ import { REPO_ROOT } from './tools/build.ts';
 import { stopOnSignal } from './lib/process.ts';
 import { startSystem, type FunctionName, type RunningSystem } from './system/system.ts';
 import { admissionRow } from './bench/rows/admission.ts';
+import { podRows } from './bench/rows/pods.ts';
 import { prepareRow } from './bench/rows/prepare.ts';
 import { coldStartRow } from './bench/rows/cold-start.ts';
 import type { BenchSystem, RowContext } from './bench/rows/context.ts';
@@ -80,6 +83,7 @@ const sizes = {
   admission: quick ? 20 : 300,
   prepare: quick ? 10 : 100,
   coldStartRuns: quick ? 3 : 10,
+  podRuns: quick ? 1 : 5,
 };
 const timeoutMs = Number(values.timeout ?? (quick ? 120 : 900)) * 1000;
 const outDir = values.out ?? join(REPO_ROOT, quick ? '.local/bench-results' : 'bench/results');
@@ -157,6 +161,7 @@ try {
     resync: () => resyncRows(ctx, sizes.resync, results.figures).then(() => []),
     admission: () => admissionRow(ctx, sizes.admission),
     prepare: () => prepareRow(ctx, sizes.prepare),
+    pods: () => podRows({ runs: sizes.podRuns, log }),
   };
   const eventRun: Record<EventRow, (path: DeliveryPath) => Promise<Figure[]>> = {
     'event-to-mirror': (path) => eventToMirrorRow(ctx, sizes.eventToMirror, path),

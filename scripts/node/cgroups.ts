@@ -65,3 +65,14 @@ export function removeCgroups(root: string, hierarchies: readonly string[]): str
     }
   return left;
 }
+
+/**
+ * The cgroup folder of container `id` (its containerd ID) in one hierarchy, found under the
+ * node's root (the kubelet nests it under `kubepods/<QoS class>/pod<uid>/`).
+ * @throws Error when it has none there.
+ */
+export function containerCgroup(root: string, hierarchy: string, id: string): string {
+  const found = tree(hierarchy, root).find((d) => d.endsWith(`/${id}`));
+  if (!found) throw new Error(`container ${id} has no cgroup under ${join(CGROUP_FS, hierarchy, root)}`);
+  return found;
+}

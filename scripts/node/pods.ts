@@ -6,8 +6,21 @@
  * `K_REVISION`, the probes' port, `terminationGracePeriodSeconds` from `timeoutSeconds`,
  * `enableServiceLinks: false` and the serving labels. The image is the one imported into the
  * node (Knative would resolve the tag to a digest from a registry; there is none here).
+ *
+ * Below the pure part, the two steps every user of such pods takes: the manifests' namespace,
+ * ServiceAccounts and RBAC applied, and a pod created and waited for until Ready.
  */
-import type { KubernetesObject, V1Container, V1Pod, V1PodSpec, V1Probe } from '@kubernetes/client-node';
+import {
+  CoreV1Api,
+  type KubeConfig,
+  type KubernetesObject,
+  type V1Container,
+  type V1Pod,
+  type V1PodSpec,
+  type V1Probe,
+} from '@kubernetes/client-node';
+import { serverSideApply } from '../lib/kube.ts';
+import { eventually } from '../lib/wait.ts';
 import { knativeService, type FunctionName } from '../system/functions.ts';
 
 /** The port Knative gives a container that names none. */
@@ -90,4 +103,37 @@ export function functionPod(rendered: readonly KubernetesObject[], fn: FunctionN
       ...(timeoutSeconds !== undefined ? { terminationGracePeriodSeconds: timeoutSeconds } : {}),
     },
   };
+}
+
+/** The kinds of the rendered manifests a function's pod needs first: its namespace, ServiceAccount and RBAC. */
+const RBAC_KINDS = new Set(['Namespace', 'ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'Role', 'RoleBinding']);
+
+/**
+ * Applies the rendered manifests' namespace, ServiceAccounts and RBAC (server-side, as
+ * `captf-node`), so the functions' pods run with exactly the shipped permissions.
+ * @throws Error naming the object the API server refused.
+ */
+export async function applyFunctionRbac(kc: KubeConfig, rendered: readonly KubernetesObject[]): Promise<void> {
+  for (const o of rendered.filter((x) => RBAC_KINDS.has(x.kind ?? ''))) await serverSideApply(kc, o, 'captf-node');
+}
+
+/**
+ * Creates `pod` and waits until it is Ready (polled every `intervalMs`).
+ * @returns the pod as read once Ready (with its IP and container IDs).
+ * @throws Error when it is refused, or not Ready within `timeoutMs`.
+ */
+export async function runPod(kc: KubeConfig, pod: V1Pod, o: { timeoutMs?: number; intervalMs?: number } = {}) {
+  const core = kc.makeApiClient(CoreV1Api);
+  const namespace = pod.metadata!.namespace!;
+  const name = pod.metadata!.name!;
+  await core.createNamespacedPod({ namespace, body: pod });
+  return eventually(
+    `pod ${namespace}/${name} to be Ready`,
+    async () => {
+      const p = await core.readNamespacedPod({ namespace, name });
+      return p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') && p;
+    },
+    o.timeoutMs ?? 180_000,
+    o.intervalMs ?? 200,
+  );
 }

@@ -68,6 +68,7 @@ describe('npm run bench -- --quick', () => {
         'admission overhead',
         'prepare, ',
         'memory',
+        'node footprint',
       ]) {
         const rows = doc.figures.filter((f) => f.row.startsWith(prefix));
         assert.ok(rows.length > 0, `no figure for row ${prefix}`);
@@ -105,6 +106,17 @@ describe('npm run bench -- --quick', () => {
       assert.ok(doc.figures.some((f) => f.row.startsWith('concurrent fan-in') && f.row.endsWith(' [broker-async]')));
       for (const f of doc.figures.filter((x) => x.what === 'dead letters'))
         assert.deepEqual(f.samples, [0], `${f.row}: dead letters`);
+      // Each function also cold-started as a pod from the image, its container's memory beside its limit.
+      for (const fn of ['admission', 'mirror-sync', 'identity-status']) {
+        assert.ok(
+          doc.figures.some((f) => f.what === `${fn}: pod from the image, create → Ready → first answer`),
+          fn,
+        );
+        assert.ok(
+          doc.figures.some((f) => f.what === `${fn} container peak (cgroup) after its first answer`),
+          fn,
+        );
+      }
       // Every figure named in the printed table.
       for (const f of doc.figures)
         assert.ok(stdout.includes(`| ${f.row} | ${f.what} |`), `${f.row} / ${f.what} missing from the table`);

@@ -22,9 +22,8 @@ import {
 } from '@kubernetes/client-node';
 import { jobWithCredentials } from '../../functions/lib/delivery.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { serverSideApply } from '../../scripts/lib/kube.ts';
-import { CGROUP_FS } from '../../scripts/node/cgroups.ts';
-import { functionPod } from '../../scripts/node/pods.ts';
+import { containerCgroup } from '../../scripts/node/cgroups.ts';
+import { applyFunctionRbac, functionPod, runPod } from '../../scripts/node/pods.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName } from '../../scripts/system/system.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
@@ -49,7 +48,6 @@ after(async () => {
 });
 
 const rendered = (await render(RENDERED_MANIFESTS)) as KubernetesObject[];
-const RBAC_KINDS = new Set(['Namespace', 'ServiceAccount', 'ClusterRole', 'ClusterRoleBinding', 'Role', 'RoleBinding']);
 const podLogs = join(work, 'node', 'kubelet', 'pod-logs');
 // Every line any pod printed is scanned for planted Secret values after the file.
 scanLater('pod logs', () => readTree(podLogs));
@@ -67,33 +65,10 @@ function readTree(dir: string): string {
 const podLog = (pod: V1Pod) =>
   readTree(join(podLogs, `${pod.metadata!.namespace}_${pod.metadata!.name}_${pod.metadata!.uid}`));
 
-/** Waits for a pod to be Ready; returns it as read then. */
-async function ready(namespace: string, name: string): Promise<V1Pod> {
-  return eventually(
-    `pod ${namespace}/${name} to be Ready`,
-    async () => {
-      const p = await w.clients.core.readNamespacedPod({ namespace, name });
-      return p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') && p;
-    },
-    180_000,
-    500,
-  );
-}
-
-/** A cgroup folder of the container `id` in `hierarchy` (found under the node's root). */
-function containerCgroup(hierarchy: string, id: string): string {
-  const root = join(CGROUP_FS, hierarchy, node.namespace.cgroupRoot);
-  const found = readdirSync(root, { recursive: true, withFileTypes: true }).find(
-    (d) => d.isDirectory() && d.name === id,
-  );
-  assert.ok(found, `container ${id} has a cgroup under ${root}`);
-  return join(found.parentPath, found.name);
-}
-
 /** The main process of a pod's first container, and its memory cgroup. */
 function containerOf(pod: V1Pod): { pid: number; memory: string } {
   const id = pod.status!.containerStatuses![0]!.containerID!.replace(/^containerd:\/\//, '');
-  const memory = containerCgroup('memory', id);
+  const memory = containerCgroup(node.namespace.cgroupRoot, 'memory', id);
   const pids = readFileSync(join(memory, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number);
   const pid = pids.find((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('/app/dist/'));
   assert.ok(pid, `a node process of the image in ${memory}`);
@@ -104,12 +79,10 @@ const pods = {} as Record<FunctionName, V1Pod>;
 const urls = {} as Record<FunctionName, string>;
 
 before(async () => {
-  for (const o of rendered.filter((x) => RBAC_KINDS.has(x.kind!))) await serverSideApply(system.kc, o, 'captf-test');
+  await applyFunctionRbac(system.kc, rendered);
   await Promise.all(
     FUNCTION_NAMES.map(async (fn) => {
-      const pod = functionPod(rendered, fn, { image: node.image.ref });
-      await w.clients.core.createNamespacedPod({ namespace: pod.metadata!.namespace!, body: pod });
-      pods[fn] = await ready(pod.metadata!.namespace!, pod.metadata!.name!);
+      pods[fn] = await runPod(system.kc, functionPod(rendered, fn, { image: node.image.ref }), { intervalMs: 500 });
       urls[fn] = `http://127.0.0.1:${await node.forward({ host: pods[fn].status!.podIP!, port: 8080 })}`;
     }),
   );

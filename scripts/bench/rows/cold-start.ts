@@ -34,7 +34,8 @@ function postTls(url: string, caPem: string, body: string): Promise<number> {
   });
 }
 
-const review = JSON.stringify({
+/** The AdmissionReview both cold-start rows send admission first: a create by system:masters (one SubjectAccessReview). */
+export const COLD_START_REVIEW = JSON.stringify({
   apiVersion: 'admission.k8s.io/v1',
   kind: 'AdmissionReview',
   request: {
@@ -82,7 +83,7 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
   sys.events.fronts['mirror-sync'].mode = { kind: 'drop' };
 
   const first: Record<FunctionName, (url: string) => Promise<number>> = {
-    admission: (url) => postTls(`${url}/validate`, sys.webhookCaPem, review),
+    admission: (url) => postTls(`${url}/validate`, sys.webhookCaPem, COLD_START_REVIEW),
     'mirror-sync': async (url) => (await postEvent(`${url}/`, consumerEvent('terraformmachines', ns, 'm-0'))).status,
     'identity-status': async (url) => (await postEvent(`${url}/`, pingEvent('captf-identity-status'))).status,
   };
