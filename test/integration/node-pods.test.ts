@@ -75,6 +75,25 @@ function containerOf(pod: V1Pod): { pid: number; memory: string } {
   return { pid, memory };
 }
 
+/** One request as the node's API server audited it. */
+interface Audited {
+  verb: string;
+  objectRef?: { resource?: string; namespace?: string; name?: string };
+  user: { username: string };
+  sourceIPs: string[];
+}
+
+/** Every request the node's API server has audited so far. */
+const audited = (): Audited[] =>
+  readFileSync(join(system.controlPlane!.dir, 'logs', 'audit.log'), 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as Audited);
+
+/** The ServiceAccount user of a function's pod. */
+const serviceAccountOf = (fn: FunctionName) =>
+  `system:serviceaccount:captf-system:${pods[fn].spec!.serviceAccountName}`;
+
 const pods = {} as Record<FunctionName, V1Pod>;
 const urls = {} as Record<FunctionName, string>;
 
@@ -121,6 +140,17 @@ describe('each function as a pod from its Knative Service', () => {
       mirror.metadata?.ownerReferences?.map((o) => o.name),
       ['c'],
     );
+    // Who wrote it, from where: its ServiceAccount, from the pod's own address (the ClusterIP is
+    // DNATed, not masqueraded), with the in-cluster configuration the kubelet gave it.
+    const { pid } = containerOf(pods['mirror-sync']);
+    const environ = readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0');
+    assert.ok(environ.includes('KUBERNETES_SERVICE_HOST=10.0.0.1'), 'the kubernetes ClusterIP');
+    assert.ok(!environ.some((e) => e.startsWith('KUBECONFIG=')), 'no kubeconfig: the projected token');
+    const write = audited().find(
+      (e) => e.verb === 'create' && e.objectRef?.resource === 'secrets' && e.objectRef.namespace === ns,
+    );
+    assert.equal(write?.user.username, serviceAccountOf('mirror-sync'));
+    assert.deepEqual(write?.sourceIPs, [pods['mirror-sync'].status!.podIP]);
   });
 
   it('mirror-sync: prepare answers the provider manager by its audience-bound token, and refuses without one', async () => {
@@ -166,6 +196,13 @@ describe('each function as a pod from its Knative Service', () => {
       ),
     );
     assert.equal(allowed.allowed, true, JSON.stringify(allowed));
+    const reviews = audited().filter((e) => e.objectRef?.resource === 'subjectaccessreviews');
+    assert.ok(
+      reviews.some(
+        (e) => e.user.username === serviceAccountOf('admission') && e.sourceIPs[0] === pods.admission.status!.podIP,
+      ),
+      'the SubjectAccessReviews came from the admission pod as its ServiceAccount',
+    );
   });
 
   it("identity-status: a ping sets each identity's Ready condition", async () => {
@@ -175,6 +212,8 @@ describe('each function as a pod from its Knative Service', () => {
     assert.equal(r.status, 200, r.text);
     const stored = await w.read(fx.identity(id));
     assert.equal(fx.conditionOf(stored!, 'Ready')?.status, 'True');
+    const write = audited().find((e) => e.objectRef?.name === id && e.verb === 'patch');
+    assert.equal(write?.user.username, serviceAccountOf('identity-status'));
   });
 });
 
