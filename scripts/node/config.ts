@@ -21,6 +21,23 @@ export interface HolderConfig {
   graceMs: number;
 }
 
+/**
+ * The kernel settings the kubelet wants (v1.36 `pkg/kubelet/cm/container_manager_linux.go`
+ * `setupKernelTunables`), under /proc/sys. They are host-wide, not per namespace: left to
+ * itself the kubelet would write them on the host (`kernel.panic` 10, panic on every oops,
+ * overcommit always). The holder bind-mounts files holding exactly these values over them in
+ * the node's mount namespace, and the kubelet runs with `protectKernelDefaults`, so it only
+ * reads them and would refuse to start, not write, if one were missing.
+ */
+export const KUBELET_KERNEL_SETTINGS: Readonly<Record<string, number>> = {
+  'vm/overcommit_memory': 1,
+  'vm/panic_on_oom': 0,
+  'kernel/panic': 10,
+  'kernel/panic_on_oops': 1,
+  'kernel/keys/root_maxkeys': 1_000_000,
+  'kernel/keys/root_maxbytes': 25_000_000,
+};
+
 /** The node's network: one address on a bridge, and the Service CIDR routed to it. */
 export const NODE_NETWORK = { bridge: 'node0', address: '10.240.0.1/24', serviceCidr: '10.0.0.0/24' } as const;
 

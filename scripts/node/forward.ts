@@ -5,8 +5,7 @@
  * rest of it to a connection to that address. The host side is a 127.0.0.1 listener per target
  * that writes that line, so a test, kubectl or a browser only see a loopback port.
  */
-import { createConnection, createServer, type Server, type Socket } from 'node:net';
-import { isIPv4 } from 'node:net';
+import { createConnection, createServer, isIPv4, type Server, type Socket } from 'node:net';
 
 /** An address inside the node. */
 export interface Target {
@@ -17,6 +16,9 @@ export interface Target {
 /** The longest first line the holder reads (an IPv4 address, a colon, a port, a newline). */
 const MAX_HEADER = 32;
 
+/** How long the holder waits for a connection's first line, in ms. */
+const HEADER_TIMEOUT_MS = 5_000;
+
 /** Parses a connection's first line (without its newline). Pure. @returns undefined unless `IPv4:port`. */
 export function parseTarget(line: string): Target | undefined {
   const m = /^(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})$/.exec(line);
@@ -25,7 +27,11 @@ export function parseTarget(line: string): Target | undefined {
   return port >= 1 && port <= 65535 ? { host: m[1]!, port } : undefined;
 }
 
-/** Joins two sockets; an error or end on either side ends both. */
+/**
+ * Joins two sockets (both made with `allowHalfOpen`, so a client that ends its side after
+ * its request still gets the whole reply); an error on either side, or either one closing,
+ * ends both.
+ */
 function join(a: Socket, b: Socket): void {
   a.pipe(b).pipe(a);
   const close = () => {
@@ -43,8 +49,8 @@ function join(a: Socket, b: Socket): void {
  * holder's socket `socket` to `target` inside the node.
  */
 export function hostForward(socket: string, target: Target): Server {
-  return createServer((inbound) => {
-    const outbound = createConnection({ path: socket });
+  return createServer({ allowHalfOpen: true }, (inbound) => {
+    const outbound = createConnection({ path: socket, allowHalfOpen: true });
     outbound.write(`${target.host}:${target.port}\n`);
     join(inbound, outbound);
   });
@@ -53,10 +59,11 @@ export function hostForward(socket: string, target: Target): Server {
 /**
  * The holder's side: a server (not listening yet) that reads each connection's first line,
  * connects to the address it names and joins the two. A line that names no `IPv4:port` within
- * {@link MAX_HEADER} bytes closes the connection.
+ * {@link MAX_HEADER} bytes, or none within {@link HEADER_TIMEOUT_MS}, closes the connection.
  */
 export function holderForward(): Server {
-  return createServer((inbound) => {
+  return createServer({ allowHalfOpen: true }, (inbound) => {
+    inbound.setTimeout(HEADER_TIMEOUT_MS, () => inbound.destroy());
     let head = Buffer.alloc(0);
     const onData = (chunk: Buffer) => {
       head = Buffer.concat([head, chunk]);
@@ -67,9 +74,10 @@ export function holderForward(): Server {
       }
       inbound.off('data', onData);
       inbound.pause();
+      inbound.setTimeout(0);
       const target = parseTarget(head.subarray(0, nl).toString('latin1'));
       if (!target) return void inbound.destroy();
-      const outbound = createConnection(target);
+      const outbound = createConnection({ ...target, allowHalfOpen: true });
       const rest = head.subarray(nl + 1);
       if (rest.length) outbound.write(rest);
       join(inbound, outbound);

@@ -12,11 +12,11 @@
  * with the last process the namespaces and every mount made in them go away.
  */
 import { execFileSync } from 'node:child_process';
-import { readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
 import { CGROUP_FS, cgroupProcesses, removeCgroups } from './cgroups.ts';
-import { parseHolderConfig, type HolderConfig } from './config.ts';
+import { KUBELET_KERNEL_SETTINGS, parseHolderConfig, type HolderConfig } from './config.ts';
 import { holderForward } from './forward.ts';
 
 const config: HolderConfig = parseHolderConfig(process.argv[2] ?? '');
@@ -40,6 +40,14 @@ function setUp(): void {
   // and under /var/lib paths no flag moves (the kubelet's device-plugins socket, CNI's cache).
   sh('mount', '--make-rprivate', '/');
   for (const dir of ['/run', '/var/log', '/var/lib']) sh('mount', '-t', 'tmpfs', '-o', 'mode=755', 'tmpfs', dir);
+  // Host-wide kernel settings the kubelet checks: it reads these copies and never writes the host's.
+  const kernel = '/run/captf-node-kernel';
+  mkdirSync(kernel);
+  for (const [name, value] of Object.entries(KUBELET_KERNEL_SETTINGS)) {
+    const file = join(kernel, name.replaceAll('/', '.'));
+    writeFileSync(file, `${value}\n`, { mode: 0o444 });
+    sh('mount', '--bind', '-o', 'ro', file, join('/proc/sys', name));
+  }
   sh('ip', 'link', 'set', 'lo', 'up');
   sh('ip', 'link', 'add', config.bridge, 'type', 'bridge');
   sh('ip', 'addr', 'add', config.address, 'dev', config.bridge);
@@ -58,11 +66,19 @@ function setUp(): void {
       writeFileSync(join(cpuset, config.cgroupRoot, f), readFileSync(join(cpuset, f)));
 }
 
-/** Serves the way in from the host on the Unix socket `socketPath`. */
-function serveForwards(socketPath: string): void {
+/**
+ * Serves the way in from the host on the Unix socket `socketPath`, which only root may use
+ * (it reaches everything inside, etcd's plain port too).
+ * @throws Error when it cannot listen there.
+ */
+async function serveForwards(socketPath: string): Promise<void> {
   rmSync(socketPath, { force: true });
   const server = holderForward();
-  server.listen(socketPath);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', (err) => reject(new Error(`listening on ${socketPath}: ${err.message}`)));
+    server.listen(socketPath, resolve);
+  });
+  chmodSync(socketPath, 0o600);
   servers.push(server);
 }
 
@@ -114,7 +130,7 @@ async function tearDown(): Promise<void> {
 
 try {
   setUp();
-  serveForwards(config.socket);
+  await serveForwards(config.socket);
   process.stdout.write(`${JSON.stringify({ ready: true, pid: process.pid, net: ownNet })}\n`);
 } catch (err) {
   process.stdout.write(`${JSON.stringify({ ready: false, error: (err as Error).message })}\n`);

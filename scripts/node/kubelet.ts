@@ -65,6 +65,8 @@ export function kubeletConfig(o: { paths: KubeletPaths; address: string; cgroupR
     clusterDomain: CLUSTER_DNS.domain,
     clusterDNS: [CLUSTER_DNS.address],
     failSwapOn: false,
+    // Check the kernel settings, never write them: they are the host's (./config.ts KUBELET_KERNEL_SETTINGS).
+    protectKernelDefaults: true,
     evictionHard: {
       'memory.available': '100Mi',
       'nodefs.available': '2%',

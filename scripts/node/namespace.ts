@@ -68,27 +68,36 @@ export interface NodeNamespace {
  */
 export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<NodeNamespace> {
   const { dir } = opts;
-  checkPrograms();
+  checkNodeHost();
   mkdirSync(dir, { recursive: true });
-  refuseSecond(dir);
-  await sweepNode(dir);
-  // A fresh folder: what a stopped or swept node left (containerd's and the kubelet's state) is stale.
-  rmSync(dir, { recursive: true, force: true });
-  mkdirSync(dir, { recursive: true });
-  const config: HolderConfig = {
-    ...NODE_NETWORK,
-    cgroupRoot: cgroupRootOf(dir),
-    cgroupHierarchies: cgroupHierarchies(),
-    socket: join(dir, 'forward.sock'),
-    graceMs: opts.graceMs ?? 10_000,
-  };
-  const holder = spawnHolder(config, dir);
-  const ready = await holderReady(holder);
-  writeFileSync(join(dir, 'holder.pid'), `${ready.pid}\n`);
+  const socket = join(dir, 'forward.sock');
+  if (Buffer.byteLength(socket) > MAX_SOCKET_PATH)
+    throw new Error(`the test node's folder ${dir} is too long: its socket path must fit ${MAX_SOCKET_PATH} bytes`);
+  const release = takeStartLock(dir);
+  let holder: ChildProcess;
+  let ready: { pid: number };
+  try {
+    refuseSecond(dir);
+    await sweepNode(dir);
+    // A fresh folder: what a stopped or swept node left (containerd's and the kubelet's state) is stale.
+    for (const entry of readdirSync(dir)) if (entry !== START_LOCK) rmSync(join(dir, entry), { recursive: true });
+    const config: HolderConfig = {
+      ...NODE_NETWORK,
+      cgroupRoot: cgroupRootOf(dir),
+      cgroupHierarchies: cgroupHierarchies(),
+      socket,
+      graceMs: opts.graceMs ?? 10_000,
+    };
+    holder = spawnHolder(config, dir);
+    ready = await holderReady(holder);
+    writeFileSync(join(dir, 'holder.pid'), `${ready.pid}\n`);
+  } finally {
+    release();
+  }
   const servers: Server[] = [];
   const address = NODE_NETWORK.address.split('/')[0]!;
   const forward = async (target: Target) => {
-    const server = hostForward(config.socket, target);
+    const server = hostForward(socket, target);
     servers.push(server);
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     return (server.address() as AddressInfo).port;
@@ -99,7 +108,7 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
   return {
     pid: ready.pid,
     address,
-    cgroupRoot: config.cgroupRoot,
+    cgroupRoot: cgroupRootOf(dir),
     forwarded,
     forward,
     spawn: (cmd, args, spawnOpts = {}) =>
@@ -135,8 +144,11 @@ function spawnHolder(config: HolderConfig, dir: string): ChildProcess {
   );
 }
 
-/** @throws Error when this process is not root, or naming a program the node needs that is not on PATH. */
-function checkPrograms(): void {
+/**
+ * Checks what a node needs of this machine before anything is built or started.
+ * @throws Error when this process is not root, or naming a program the node needs that is not on PATH.
+ */
+export function checkNodeHost(): void {
   if (process.getuid?.() !== 0)
     throw new Error(
       'the test node needs root: it makes network and mount namespaces and cgroups (run the tests as root)',
@@ -154,6 +166,35 @@ function checkPrograms(): void {
       throw new Error(`the test node needs ${program} (Debian package ${from})`);
     }
   }
+}
+
+/** The lock file a start holds from its first look at the folder until its holder is ready. */
+const START_LOCK = 'start.lock';
+
+/** The longest Unix socket path Linux takes (`sun_path` is 108 bytes with its terminating NUL). */
+const MAX_SOCKET_PATH = 107;
+
+/**
+ * Takes the folder's start lock (exclusive create, holding this process's PID); one left by a
+ * process that is gone is taken over.
+ * @returns its release.
+ * @throws Error when a live process (this one too) is starting a node from `dir`.
+ */
+function takeStartLock(dir: string): () => void {
+  const file = join(dir, START_LOCK);
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      writeFileSync(file, `${process.pid}\n`, { flag: 'wx' });
+      return () => rmSync(file, { force: true });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+    const pid = Number(readFileSync(file, 'utf8').trim());
+    if (Number.isInteger(pid) && pid > 0 && existsSync(`/proc/${pid}`))
+      throw new Error(`a test node from ${dir} is being started (by PID ${pid}); wait for it or use another folder`);
+    rmSync(file, { force: true });
+  }
+  throw new Error(`could not take the start lock of ${dir}`);
 }
 
 /** @throws Error when a node from `dir` still runs. */
@@ -188,15 +229,20 @@ export function markedProcesses(dir: string): number[] {
 
 /** Kills what a holder that was killed itself left of a node from `dir`, and removes its cgroups. */
 export async function sweepNode(dir: string): Promise<void> {
-  for (const pid of markedProcesses(dir)) {
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      // Gone meanwhile.
-    }
-  }
+  // Again and again: what is killed may have forked meanwhile (a shim, a container's init).
   // A cgroup can only be removed once the processes in it have exited.
-  for (let i = 0; i < 50 && markedProcesses(dir).length; i++) await new Promise((r) => setTimeout(r, 100));
+  for (let i = 0; i < 50; i++) {
+    const left = markedProcesses(dir);
+    if (!left.length) break;
+    for (const pid of left) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch {
+        // Gone meanwhile.
+      }
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
   const left = removeCgroups(cgroupRootOf(dir), cgroupHierarchies());
   if (left.length) throw new Error(`the test node's cgroups could not be removed: ${left.join(', ')}`);
 }

@@ -1,11 +1,12 @@
 /**
  * What the host shows of itself, for the test node's "nothing is left" checks
- * (test/integration/node-*.test.ts): interfaces, routes, nftables rules, mounts, cgroup
- * folders, and the processes of one node.
+ * (test/integration/node-*.test.ts): interfaces, routes, nftables rules, mounts, kernel
+ * settings, cgroup folders, and the processes of one node.
  */
 import { execFileSync } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
 import { CGROUP_FS, cgroupHierarchies, cgroupRootOf } from '../../scripts/node/cgroups.ts';
+import { KUBELET_KERNEL_SETTINGS } from '../../scripts/node/config.ts';
 import { markedProcesses } from '../../scripts/node/namespace.ts';
 
 /**
@@ -42,18 +43,22 @@ export function cgroupFolders(dir: string): string[] {
   });
 }
 
-/** The host's interfaces, routes, nftables rules and mounts. */
-export function hostNetworkAndMounts(): { links: string; routes: string; nftables: string; mounts: string } {
+/**
+ * What any node could change on the host: its interfaces, routes, nftables rules, mounts, and
+ * the host-wide kernel settings the kubelet checks.
+ */
+export function hostShared(): { links: string; routes: string; nftables: string; mounts: string; kernel: string[] } {
   const run = (cmd: string, ...args: string[]) => execFileSync(cmd, args, { encoding: 'utf8' });
   return {
     links: run('ip', '-o', 'link', 'show').replace(/\s+link\/.*$/gm, ''),
     routes: run('ip', 'route', 'show', 'table', 'all'),
     nftables: run('nft', 'list', 'ruleset'),
     mounts: readFileSync('/proc/self/mountinfo', 'utf8'),
+    kernel: Object.keys(KUBELET_KERNEL_SETTINGS).map((k) => `${k}=${readFileSync(`/proc/sys/${k}`, 'utf8').trim()}`),
   };
 }
 
-/** {@link hostNetworkAndMounts}, and what the node from `dir` has in cgroups and processes. */
+/** {@link hostShared}, and what the node from `dir` has in cgroups and processes. */
 export function hostState(dir: string) {
-  return { ...hostNetworkAndMounts(), cgroups: cgroupFolders(dir), processes: nodeProcesses(dir) };
+  return { ...hostShared(), cgroups: cgroupFolders(dir), processes: nodeProcesses(dir) };
 }

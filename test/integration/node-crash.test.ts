@@ -7,12 +7,12 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { onLines } from '../../scripts/lib/process.ts';
-import { CGROUP_FS, cgroupRootOf } from '../../scripts/node/cgroups.ts';
+import { cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { sweepNode } from '../../scripts/node/namespace.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { eventually } from '../helpers/cluster.ts';
@@ -26,8 +26,8 @@ after(async () => {
 });
 
 describe('the test node after its owner is SIGKILLed', () => {
-  it('leaves nothing: processes, mounts, cgroups, links, routes and nftables rules as before', async () => {
-    const before = hostState(work);
+  it('leaves nothing: processes, mounts, cgroups, links, routes, nftables rules and kernel settings as before', async () => {
+    const before = hostState(nodeDir);
     const owner = spawn(process.execPath, [join(REPO_ROOT, 'test', 'helpers', 'node-owner.ts'), work], {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
@@ -38,31 +38,35 @@ describe('the test node after its owner is SIGKILLed', () => {
       owner.once('exit', () => resolve(false));
     });
     assert.ok(started, `the node and its pod started:\n${stderr}`);
-    const running = nodeProcesses(work);
-    const exes = running.map((pid) => {
+    // What the comparison must see, so that it could see it left behind.
+    const programs = nodeProcesses(nodeDir).map((pid) => {
       try {
-        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')[0]!;
+        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
       } catch {
-        return '';
+        return [];
       }
     });
     for (const program of ['kubelet', 'containerd', 'containerd-shim-runc-v2', 'kube-proxy', 'coredns'])
       assert.ok(
-        exes.some((e) => e.endsWith(`/${program}`)),
+        programs.some((argv) => argv[0]?.endsWith(`/${program}`)),
         `${program} runs`,
       );
     assert.ok(
-      existsSync(join(CGROUP_FS, 'memory', cgroupRootOf(nodeDir), 'kubepods')),
-      "the pod's cgroups are under the node's root",
+      programs.some((argv) => argv.includes('/app/dist/main.mjs')),
+      "the pod's container (a namespace of its own) is among the node's processes",
+    );
+    assert.ok(
+      cgroupFolders(nodeDir).some((c) => c.startsWith(`memory/${cgroupRootOf(nodeDir)}/kubepods/`)),
+      "the pod's cgroups are among the folders compared",
     );
     owner.kill('SIGKILL');
     await eventually(
       'nothing of the node to be left',
       async () =>
-        nodeProcesses(work).length === 0 && !cgroupFolders(work).some((c) => c.includes(cgroupRootOf(nodeDir))),
+        nodeProcesses(nodeDir).length === 0 && !cgroupFolders(nodeDir).some((c) => c.includes(cgroupRootOf(nodeDir))),
       60_000,
       500,
     );
-    assert.deepEqual(hostState(work), before);
+    assert.deepEqual(hostState(nodeDir), before);
   });
 });

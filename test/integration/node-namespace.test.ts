@@ -8,7 +8,8 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
@@ -23,7 +24,7 @@ import {
 } from '../../scripts/node/namespace.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { eventually } from '../helpers/cluster.ts';
-import { hostNetworkAndMounts } from '../helpers/node.ts';
+import { hostShared } from '../helpers/node.ts';
 
 const work = mkdtempSync(join(tmpdir(), 'captf-node-test-'));
 after(async () => {
@@ -81,20 +82,24 @@ describe("the test node's namespaces", () => {
   });
 
   it('serve on the node address, reached from the host; stop leaves nothing', async () => {
-    const before = hostNetworkAndMounts();
+    const before = hostShared();
     const dir = join(work, 'stop');
     const ns = await startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 });
     serveInside(ns);
     await throughForward(ns.forwarded.get(8080)!);
-    assert.deepEqual(hostNetworkAndMounts(), before, 'the host shows no new interface, route, nftables rule or mount');
+    assert.deepEqual(
+      hostShared(),
+      before,
+      'the host shows no new interface, route, nftables rule, mount or kernel setting',
+    );
     assert.ok(cgroupHierarchies().every((h) => existsSync(join('/sys/fs/cgroup', h, ns.cgroupRoot))));
     await ns.stop();
     assert.deepEqual(leftOf(dir), { processes: [], cgroups: [] });
-    assert.deepEqual(hostNetworkAndMounts(), before);
+    assert.deepEqual(hostShared(), before);
   });
 
   it('the process that started the node is SIGKILLed: the holder notices and leaves nothing', async () => {
-    const before = hostNetworkAndMounts();
+    const before = hostShared();
     const dir = join(work, 'killed-parent');
     const parent = spawn(
       process.execPath,
@@ -115,7 +120,7 @@ describe("the test node's namespaces", () => {
     assert.ok(leftOf(dir).processes.length >= 3, 'the holder, the server and the sleeper run');
     parent.kill('SIGKILL');
     await eventually('nothing of the node to be left', async () => nothingLeft(dir), 20_000);
-    assert.deepEqual(hostNetworkAndMounts(), before);
+    assert.deepEqual(hostShared(), before);
   });
 
   it('the holder itself is SIGKILLed: the next start from the folder sweeps what it left', async () => {
@@ -149,7 +154,59 @@ describe("the test node's namespaces", () => {
     }
     assert.ok(nothingLeft(dir) && nothingLeft(join(work, 'two')));
   });
+
+  it('two starts from one folder at once: one runs, the other is refused, and the first is untouched', async () => {
+    const dir = join(work, 'race');
+    const [a, b] = await Promise.allSettled([
+      startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 }),
+      startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 }),
+    ]);
+    const started = [a, b].filter((r) => r.status === 'fulfilled').map((r) => r.value);
+    const refused = [a, b].filter((r) => r.status === 'rejected').map((r) => String(r.reason));
+    assert.equal(started.length, 1, refused.join('\n'));
+    assert.match(refused[0] ?? '', /a test node from .* is (being started|already running)/);
+    serveInside(started[0]!);
+    await throughForward(started[0]!.forwarded.get(8080)!);
+    await started[0]!.stop();
+    assert.ok(nothingLeft(dir));
+  });
+
+  it('a folder too long for its socket is refused before anything starts', async () => {
+    const dir = join(work, 'x'.repeat(120));
+    await assert.rejects(startNodeNamespace({ dir }), /too long: its socket path must fit 107 bytes/);
+    assert.ok(nothingLeft(dir));
+  });
+
+  it("the way in: root's only; a half-closing client gets the whole reply; a bad first line is closed", async () => {
+    const dir = join(work, 'way-in');
+    const ns = await startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 });
+    try {
+      serveInside(ns);
+      await throughForward(ns.forwarded.get(8080)!);
+      const socket = join(dir, 'forward.sock');
+      assert.equal(statSync(socket).mode & 0o777, 0o600);
+      // HTTP/1.0 with the request side ended at once: the answer still comes back whole.
+      const reply = await exchange(socket, `${ns.address}:8080\nGET / HTTP/1.0\r\n\r\n`);
+      assert.match(reply, /^HTTP\/1\.1 200 OK[\s\S]*\r\n\r\nok$/);
+      for (const bad of ['kubernetes:443\n', 'x'.repeat(100), '10.0.0.1:99999\n'])
+        assert.equal(await exchange(socket, bad), '', `closed without an answer: ${bad.slice(0, 20)}`);
+    } finally {
+      await ns.stop();
+    }
+  });
 });
+
+/** Writes `text` to the Unix socket, ends this side, and resolves with everything read until it closes. */
+function exchange(socket: string, text: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const c = createConnection({ path: socket, allowHalfOpen: true });
+    let got = '';
+    c.on('data', (d: Buffer) => (got += d.toString()));
+    c.on('error', reject);
+    c.on('close', () => resolve(got));
+    c.end(text);
+  });
+}
 
 /** Whether `pid` is `ns`'s holder or the unshare that forked it. */
 function isHolderOf(pid: number, ns: NodeNamespace): boolean {
