@@ -11,16 +11,17 @@
  * them in reverse. The node's own stop (the holder's teardown) is what ends every process,
  * container and cgroup, also when this process dies.
  */
-import { execFileSync } from 'node:child_process';
+import { execFileSync, type ChildProcess } from 'node:child_process';
 import { join, resolve } from 'node:path';
 import { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { startControlPlane, userKubeConfig, type ControlPlane } from '../controlplane/controlplane.ts';
 import { buildImage, type BuiltImage } from '../image/build.ts';
+import { stopProcess } from '../lib/process.ts';
 import { eventually, firstLine } from '../lib/wait.ts';
 import { nodeBinaries } from './binaries.ts';
 import { startContainerd, type Containerd } from './containerd.ts';
 import { NODE_NAME, startKubelet } from './kubelet.ts';
-import { startNodeNamespace, sweepNode, type NodeNamespace } from './namespace.ts';
+import { checkNodeHost, startNodeNamespace, sweepNode, type NodeNamespace } from './namespace.ts';
 import { HEALTH_PORTS, startCoreDNS, startKubeProxy } from './services.ts';
 
 /** Options of {@link startNode}. */
@@ -60,6 +61,8 @@ const READY_TIMEOUT_MS = 120_000;
 export async function startNode(opts: NodeOptions): Promise<TestNode> {
   const dir = resolve(opts.dir);
   const nodeDir = join(dir, 'node');
+  // Before any build: a user without root or nft learns it now, not after minutes of compiling.
+  checkNodeHost();
   checkNftables();
   const [bin, image, pause] = [
     await nodeBinaries(opts.log),
@@ -83,13 +86,18 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
       node: { spawn: ns.spawn, forward: ns.forward, address: ns.address, scheduler: bin['kube-scheduler']! },
       ...(opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: opts.auditLogMaxSizeMB } : {}),
     });
-    // After the namespace's teardown has ended every process: this only forgets them.
-    undo.unshift(() => controlPlane.stop());
+    // First at stop, in order (scheduler, controller-manager, API server, etcd): all at once,
+    // etcd would wait on the API server's connections until the teardown's SIGKILL.
+    undo.push(() => controlPlane.stop());
     opts.log('[node] containerd, images');
     const containerd = await startContainerd(ns, { dir: nodeDir, bin, sandboxImage: pause.ref });
     for (const i of [pause, image]) await containerd.ctr(['images', 'import', i.path]);
     opts.log('[node] kubelet, kube-proxy, CoreDNS');
-    await startNodeAgents(ns, { dir: nodeDir, bin, controlPlane, containerd });
+    const agents = await startNodeAgents(ns, { dir: nodeDir, bin, controlPlane, containerd });
+    // First at stop: while their watches are open the API server takes its full grace to exit.
+    undo.push(async () => {
+      for (const agent of agents) await stopProcess(agent);
+    });
     await nodeReady(ns, { kubeconfigPath: controlPlane.kubeconfigPath, dir: nodeDir });
     opts.log(`[node] ${NODE_NAME} is Ready at ${ns.address}; API server ${controlPlane.server}`);
     return { controlPlane, namespace: ns, containerd, image, forward: ns.forward, stop };
@@ -108,17 +116,17 @@ function checkNftables(): void {
   }
 }
 
-/** The kubelet, kube-proxy and CoreDNS, each as its own user (the roles a cluster gives them). */
+/** The kubelet, kube-proxy and CoreDNS, each as its own user (the roles a cluster gives them); returns their processes. */
 async function startNodeAgents(
   ns: NodeNamespace,
   o: { dir: string; bin: Record<string, string>; controlPlane: ControlPlane; containerd: Containerd },
-): Promise<void> {
+): Promise<ChildProcess[]> {
   const cpDir = o.controlPlane.dir;
   // The Node authorizer and NodeRestriction know a kubelet by this name and group.
   const kubeletUser = await userKubeConfig(cpDir, `system:node:${NODE_NAME}`, ['system:nodes'], 'inside');
   // Bound to system:node-proxier by the API server's bootstrap policy.
   const proxyUser = await userKubeConfig(cpDir, 'system:kube-proxy', [], 'inside');
-  startKubelet(ns, {
+  const kubelet = startKubelet(ns, {
     dir: o.dir,
     bin: o.bin.kubelet!,
     kubeconfig: kubeletUser,
@@ -126,13 +134,14 @@ async function startNodeAgents(
     clientCA: join(cpDir, 'pki', 'client-ca.crt'),
     cniConfDir: o.containerd.cniConfDir,
   });
-  startKubeProxy(ns, { dir: o.dir, bin: o.bin['kube-proxy']!, kubeconfig: proxyUser });
-  startCoreDNS(ns, {
+  const proxy = startKubeProxy(ns, { dir: o.dir, bin: o.bin['kube-proxy']!, kubeconfig: proxyUser });
+  const dns = startCoreDNS(ns, {
     dir: o.dir,
     bin: o.bin.coredns!,
     kubeconfig: o.controlPlane.insideKubeconfigPath,
     context: 'admin@captf-local',
   });
+  return [kubelet, proxy, dns];
 }
 
 /** Waits for the Node to be Ready without taints, and kube-proxy and CoreDNS to be healthy. */

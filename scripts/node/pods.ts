@@ -4,8 +4,14 @@
  * (ServiceAccount, container args, env, probes, resources, security context), plus what
  * Knative adds to the user container: `PORT` (its port), `K_SERVICE`, `K_CONFIGURATION`,
  * `K_REVISION`, the probes' port, `terminationGracePeriodSeconds` from `timeoutSeconds`,
- * `enableServiceLinks: false` and the serving labels. The image is the one imported into the
- * node (Knative would resolve the tag to a digest from a registry; there is none here).
+ * `enableServiceLinks: false` unless the spec sets it, and the serving labels. The image is the
+ * one imported into the node (Knative would resolve the tag to a digest from a registry; there
+ * is none here).
+ *
+ * What differs without queue-proxy: Knative moves the readiness probe to queue-proxy and gives
+ * the user container a `preStop` hook that waits for queue-proxy to drain (at least 30 s of the
+ * same grace period), so on Serving TERM reaches the function later than here; these pods show
+ * the function's own drain, not Knative's drain sequence.
  *
  * Below the pure part, the two steps every user of such pods takes: the manifests' namespace,
  * ServiceAccounts and RBAC applied, and a pod created and waited for until Ready.
@@ -99,7 +105,7 @@ export function functionPod(rendered: readonly KubernetesObject[], fn: FunctionN
     spec: {
       ...podSpec,
       containers: [userContainer(container, { image: o.image, service, revision })],
-      enableServiceLinks: false,
+      enableServiceLinks: podSpec.enableServiceLinks ?? false,
       ...(timeoutSeconds !== undefined ? { terminationGracePeriodSeconds: timeoutSeconds } : {}),
     },
   };

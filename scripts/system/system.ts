@@ -247,6 +247,10 @@ function resolvePaths(opts: SystemOptions): SystemOptions {
 function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
   if ((opts.events || opts.webhook) && !opts.functions)
     throw new Error("events and the webhook are delivered to the functions: add functions: 'source' or 'bundles'");
+  if (opts.node && opts.webhook)
+    throw new Error(
+      "the webhook cannot be registered with node: the API server runs inside the node's network namespace and cannot call a function on the host's loopback",
+    );
   if (opts.cluster) checkNamedCluster(opts, opts.cluster.install);
   return pingSchedules(opts.pings);
 }

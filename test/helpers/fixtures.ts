@@ -439,10 +439,12 @@ export function world(prefix: string, opts: { kinds?: readonly ConsumerKind[] } 
   const created: string[] = [];
   const cleanups: (() => Promise<unknown>)[] = [];
   after(async () => {
-    const leaks = [...outputLeaks(), ...(await clusterLeaks(admin(), created))];
+    // The cleanups run even when the scan fails: a later `after` of the file would not run then.
+    const scanned = (async () => [...outputLeaks(), ...(await clusterLeaks(admin(), created))])();
+    await scanned.catch(() => undefined);
     for (const fn of cleanups.reverse()) await fn().catch(() => undefined);
     await Promise.all(created.map((name) => a.core.deleteNamespace({ name }).catch(() => undefined)));
-    assert.deepEqual(leaks, [], 'no planted Secret value in any output, Event, condition or status');
+    assert.deepEqual(await scanned, [], 'no planted Secret value in any output, Event, condition or status');
   });
   const w: World = {
     clients: a,

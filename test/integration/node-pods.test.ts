@@ -9,10 +9,10 @@
  * own control plane, inside the node); needs root.
  */
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { before, describe, it } from 'node:test';
 import {
   BatchV1Api,
   Watch,
@@ -42,20 +42,32 @@ const node = system.node!;
 process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
 const w = fx.world('pods');
 const batch = system.kc.makeApiClient(BatchV1Api);
-after(async () => {
+// The world's first cleanup, so its last: after the leak scan, whatever it found.
+w.onCleanup(async () => {
   await system.stop();
   rmSync(work, { recursive: true, force: true });
 });
 
 const rendered = (await render(RENDERED_MANIFESTS)) as KubernetesObject[];
 const podLogs = join(work, 'node', 'kubelet', 'pod-logs');
-// Every line any pod printed is scanned for planted Secret values after the file.
-scanLater('pod logs', () => readTree(podLogs));
+// Every log of the node and its control plane (pods, kubelet, containerd, kube-proxy, CoreDNS,
+// the API server and its audit log) is scanned for planted Secret values after the file; not
+// the kubelet's volumes, where a mounted Secret's files hold them by design.
+const LOGS = [
+  'node/kubelet/kubelet.log',
+  'node/kubelet/pod-logs',
+  'node/containerd/containerd.log',
+  'node/kube-proxy',
+  'node/coredns',
+  'controlplane/logs',
+];
+scanLater('node logs', () => LOGS.map((p) => readTree(join(work, p))).join('\n'));
 
-/** Every file under `dir`, concatenated ('' when absent). */
-function readTree(dir: string): string {
-  if (!existsSync(dir)) return '';
-  return readdirSync(dir, { recursive: true, withFileTypes: true })
+/** The file at `path`, or every file under it, concatenated ('' when absent). */
+function readTree(path: string): string {
+  if (!existsSync(path)) return '';
+  if (!statSync(path).isDirectory()) return readFileSync(path, 'utf8');
+  return readdirSync(path, { recursive: true, withFileTypes: true })
     .filter((d) => d.isFile())
     .map((d) => readFileSync(join(d.parentPath, d.name), 'utf8'))
     .join('\n');

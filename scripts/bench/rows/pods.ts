@@ -13,7 +13,7 @@
  */
 import { readFileSync, rmSync } from 'node:fs';
 import { basename, join } from 'node:path';
-import { CoreV1Api, type KubernetesObject, type V1Pod } from '@kubernetes/client-node';
+import { CoreV1Api, type KubeConfig, type KubernetesObject, type V1Pod } from '@kubernetes/client-node';
 import { containerCgroup } from '../../node/cgroups.ts';
 import { markedProcesses } from '../../node/namespace.ts';
 import type { TestNode } from '../../node/node.ts';
@@ -68,7 +68,9 @@ export async function podRows(o: PodRowOptions): Promise<Figure[]> {
     const first = firstAnswers(ns);
     const bare: number[] = [];
     for (let i = 0; i < o.runs; i++)
-      bare.push((await coldPod(node, barePod(rendered, node.image.ref, i), async () => 200)).ms);
+      bare.push(
+        (await coldPod(node, barePod(rendered, node.image.ref, i), async (url) => (await fetch(url)).status)).ms,
+      );
     const figures: Figure[] = [];
     const limits = memoryLimits(rendered);
     for (const fn of FUNCTION_NAMES) {
@@ -80,7 +82,7 @@ export async function podRows(o: PodRowOptions): Promise<Figure[]> {
       }
       figures.push(...fnFigures(fn, runs, { bare, limit: limits[fn] }));
     }
-    figures.push(footprint(join(dir, 'node')));
+    figures.push(await footprintWithFunctions(system.kc, node, rendered, join(dir, 'node')));
     return figures;
   } finally {
     await system.stop();
@@ -180,6 +182,27 @@ async function mirroredConsumer(
   }
 }
 
+/** The node's footprint while the three functions' pods run (so their shims count), then the pods go. */
+async function footprintWithFunctions(
+  kc: KubeConfig,
+  node: TestNode,
+  rendered: readonly KubernetesObject[],
+  nodeDir: string,
+): Promise<Figure> {
+  const pods = await Promise.all(
+    FUNCTION_NAMES.map((fn) => runPod(kc, functionPod(rendered, fn, { image: node.image.ref }))),
+  );
+  const figure = footprint(nodeDir);
+  const core = kc.makeApiClient(CoreV1Api);
+  for (const p of pods)
+    await core.deleteNamespacedPod({
+      namespace: p.metadata!.namespace!,
+      name: p.metadata!.name!,
+      gracePeriodSeconds: 0,
+    });
+  return figure;
+}
+
 /** The RSS of the node's own programs, beside its control plane's. */
 function footprint(nodeDir: string): Figure {
   const groups = { node: 0, controlPlane: 0 };
@@ -190,7 +213,7 @@ function footprint(nodeDir: string): Figure {
   }
   return {
     row: 'node footprint',
-    what: 'kubelet, containerd and shims, kube-proxy, CoreDNS: RSS',
+    what: "kubelet, containerd and 3 pods' shims, kube-proxy, CoreDNS: RSS",
     unit: 'bytes',
     samples: [groups.node],
     baseline: {
