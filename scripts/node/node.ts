@@ -64,6 +64,7 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
   // Before any build: a user without root or nft learns it now, not after minutes of compiling.
   checkNodeHost();
   checkNftables();
+  opts.log('[node] programs and images (built when missing; the images are staged again each time, about 10 s)');
   const [bin, image, pause] = [
     await nodeBinaries(opts.log),
     await buildImage('captf-credentials', { log: opts.log }),
@@ -86,8 +87,8 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
       node: { spawn: ns.spawn, forward: ns.forward, address: ns.address, scheduler: bin['kube-scheduler']! },
       ...(opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: opts.auditLogMaxSizeMB } : {}),
     });
-    // First at stop, in order (scheduler, controller-manager, API server, etcd): all at once,
-    // etcd would wait on the API server's connections until the teardown's SIGKILL.
+    // Stopped before the namespace's teardown, in order (scheduler, controller-manager, API
+    // server, etcd): all at once, etcd would wait on the API server's connections until SIGKILL.
     undo.push(() => controlPlane.stop());
     opts.log('[node] containerd, images');
     const containerd = await startContainerd(ns, { dir: nodeDir, bin, sandboxImage: pause.ref });
