@@ -2,9 +2,10 @@
  * The three ways an event reaches mirror-sync in the bench, all with Knative's own code, and
  * the switch between them; bench/README.md ("What runs") has the table and the reasons.
  * - `direct`: the ApiServerSource adapter sends to the function's {@link Front};
- * - `broker`: it sends to the Broker (scripts/eventing/dataplane.ts), default channel: serial;
- * - `broker-async`: the same with the channel's `messaging.knative.dev/async-handler`:
- *   concurrent, unbounded.
+ * - `broker`: it sends to the Broker (scripts/eventing/dataplane.ts) with the channel's
+ *   `messaging.knative.dev/async-handler` removed: serial, Knative's default;
+ * - `broker-async`: the Broker as the manifests ship it, with the async handler: concurrent,
+ *   unbounded.
  * The adapter's sink is fixed at start, so going to or from `direct` restarts it. The async
  * handler is set on the Broker and its channel, then the dispatcher is restarted: it reads
  * the annotation only when it builds a channel's handler (knative.dev/eventing v0.49.2
@@ -15,6 +16,7 @@ import { createWriteStream, type WriteStream } from 'node:fs';
 import { join } from 'node:path';
 import type { KubeConfig, KubernetesObject } from '@kubernetes/client-node';
 import { ensureEventingDataPlane } from '../eventing/build.ts';
+import { ASYNC_HANDLER } from '../eventing/controllers.ts';
 import { startEventingDataPlane, type EventingDataPlane } from '../eventing/dataplane.ts';
 import {
   sourceConfigFor,
@@ -37,8 +39,8 @@ export type DeliveryPath = (typeof DELIVERY_PATHS)[number];
 /** What each path is, for tables and logs. */
 export const PATH_LABELS: Record<DeliveryPath, string> = {
   direct: 'adapter → function (no Broker)',
-  broker: 'Broker, default channel (serial)',
-  'broker-async': 'Broker, async-handler channel (concurrent)',
+  broker: 'Broker, serial channel (annotation removed)',
+  'broker-async': 'Broker as shipped, async-handler channel (concurrent)',
 };
 
 /** Row name of a figure measured on `path`: `fan-in N=200 [broker]`. */
@@ -51,8 +53,6 @@ export function splitPath(row: string): { base: string; path: DeliveryPath | und
   return path ? { base: row.slice(0, m!.index), path } : { base: row, path: undefined };
 }
 
-/** The annotation that makes an InMemoryChannel answer before it delivers. */
-export const ASYNC_HANDLER = 'messaging.knative.dev/async-handler';
 /** How long the function's front holds a probe event. */
 const CHECK_HOLD_MS = 400;
 
@@ -124,6 +124,8 @@ export class EventPaths {
         onLog: (c, line) => paths.logTo(`eventing-${c}`, line),
         onBuild: (line) => opts.log(`eventing build: ${line}`),
       });
+      // As applied: the manifests ship the async handler (docs/deploy-knative.md, "The delivery default").
+      paths.asyncHandler = paths.dp.applied.broker.metadata?.annotations?.[ASYNC_HANDLER] === 'true';
       return paths;
     } catch (err) {
       await paths.stop();

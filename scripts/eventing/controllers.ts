@@ -185,6 +185,12 @@ export function channelSubscriber(
 }
 
 /**
+ * The annotation that makes an InMemoryChannel answer its sender before it delivers (each
+ * event in the background); set on the Broker, copied to its channel. The manifests' Broker has it.
+ */
+export const ASYNC_HANDLER = 'messaging.knative.dev/async-handler';
+
+/**
  * The Broker's InMemoryChannel as the Broker reconciler creates it (broker.go ReconcileKind):
  * owned by the Broker, labels TriggerChannelLabels, annotation `eventing.knative.dev/scope:
  * cluster` plus the Broker's `messaging.knative.dev/*` annotations (e.g. `async-handler`),

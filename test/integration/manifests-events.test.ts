@@ -21,6 +21,7 @@ import {
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { drainMsFromEnv } from '../../functions/lib/http.ts';
 import { MAX_RETRY_AFTER_SECONDS } from '../../functions/lib/retry-after.ts';
+import { ASYNC_HANDLER } from '../../scripts/eventing/controllers.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 
 interface Trigger {
@@ -329,6 +330,16 @@ describe('the Knative Services', () => {
       const env = Object.fromEntries((containers[0]!.env ?? []).map((e) => [e.name, e.value]));
       assert.equal(env.CAPTF_DRAIN_SECONDS, String(timeoutSeconds), s.metadata.name);
       assert.equal(drainMsFromEnv(env), timeoutSeconds * 1000, s.metadata.name);
+    }
+  });
+});
+
+describe('the delivery the manifests ship', () => {
+  it('the Broker ships the async handler, so events reach mirror-sync concurrently (docs/deploy-knative.md)', () => {
+    for (const objs of [base, fast]) {
+      const [broker, ...more] = of<KubernetesObject>(objs, 'Broker');
+      assert.equal(more.length, 0);
+      assert.equal(broker!.metadata!.annotations?.[ASYNC_HANDLER], 'true');
     }
   });
 });

@@ -24,6 +24,7 @@ import { LOCAL_FEATURES, SYSTEM_NAMESPACE } from '../../scripts/eventing/datapla
 import { MANIFESTS } from '../../scripts/system/system.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { postEvents, startBroker, startRecordingProxy, startSink, type Relayed } from '../helpers/events.ts';
+import { eventually } from '../helpers/cluster.ts';
 import { tooManyRequests } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import {
@@ -88,8 +89,12 @@ async function throttledOnce(retryAfter: string | undefined, verb: 'add' | 'upda
   const event = consumerEvent(c, 'ref', verb);
   const sent = await postEvents(dp.brokerUrl, event);
   assert.equal(sent.status, 202, sent.text);
-  assert.ok(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), 'mirrored by the retry');
-  return relayed.filter((r) => r.id === event.id);
+  // The manifests' Broker answers at once and delivers (and retries) in the background.
+  await eventually('mirrored by the retry', async () => w.read(fx.mirrorOf(id, fx.inNamespace(n))), 60_000);
+  return eventually('the retry recorded with its answer', async () => {
+    const mine = relayed.filter((r) => r.id === event.id);
+    return mine.length >= 2 && mine[1]!.answer && mine;
+  });
 }
 
 /** The seconds between the first answer (the 503) and the retry's arrival. */
