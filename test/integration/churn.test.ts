@@ -36,7 +36,7 @@ const w = fx.world('churn');
 const a = w.clients;
 const SEED = Number(process.env.CAPTF_CHURN_SEED ?? Math.floor(Math.random() * 2 ** 31));
 const SECONDS = Number(process.env.CAPTF_CHURN_SECONDS ?? 20);
-/** Operations per second at most (0: as fast as one writer goes). Long storms need a pace the serial Broker can drain. */
+/** Operations per second at most (0: as fast as one writer goes). Long storms need a pace the Broker and the chaos proxy can drain. */
 const RATE = Number(process.env.CAPTF_CHURN_RATE ?? 0);
 const CONSUMERS = 200;
 const NAMESPACE_COUNT = 20;
@@ -246,8 +246,8 @@ describe('churn storm through the Broker with a chaos proxy', () => {
   it('no wrong delete, revocations in seconds, and the invariant after one resync', async (t) => {
     t.diagnostic(`seed ${SEED} (replay with CAPTF_CHURN_SEED=${SEED}), ${SECONDS} s`);
     const { ops } = await storm(seeded(SEED));
-    // The default Broker delivers one sender's events one after another, so a long storm leaves
-    // a backlog (the storm writes faster than a serial pipeline with delayed deliveries drains).
+    // A long storm leaves a backlog: the chaos proxy delays and fails deliveries, and the
+    // Broker's retries back off (1, 2, 4, 8, 16 s) while the storm keeps writing.
     await eventually('the Broker to go quiet', async () => proxy.idleMs() > 3000, 120_000 + 4000 * SECONDS).catch(
       (err: Error) => {
         const tail = proxy.records.slice(-20).map((r) => `${Math.round(r.at)} ${r.type} ${r.subject} ${r.fate}`);
