@@ -75,6 +75,7 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
     throw new Error(`the test node's folder ${dir} is too long: its socket path must fit ${MAX_SOCKET_PATH} bytes`);
   const release = takeStartLock(dir);
   let holder: ChildProcess;
+  let exited: Promise<void>;
   let ready: { pid: number };
   try {
     refuseSecond(dir);
@@ -89,6 +90,8 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
       graceMs: opts.graceMs ?? 10_000,
     };
     holder = spawnHolder(config, dir);
+    // Listened for at once: the holder may end (be killed) before stop() is called.
+    exited = new Promise<void>((r) => holder.once('exit', () => r()));
     ready = await holderReady(holder);
     writeFileSync(join(dir, 'holder.pid'), `${ready.pid}\n`);
   } finally {
@@ -104,7 +107,6 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
   };
   const forwarded = new Map<number, number>();
   for (const port of opts.forwards ?? []) forwarded.set(port, await forward({ host: address, port }));
-  const exited = new Promise<void>((r) => holder.once('exit', () => r()));
   return {
     pid: ready.pid,
     address,
