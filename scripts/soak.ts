@@ -147,8 +147,8 @@ async function runSuites(churnSeconds: number): Promise<boolean> {
   const code = await new Promise<number>((resolve) => {
     const child = spawn(process.execPath, [join(REPO_ROOT, 'scripts', 'test.ts'), ...files], {
       cwd: REPO_ROOT,
-      // A pace the default Broker's serial delivery drains (as fast as possible, a 2-minute storm
-      // leaves a backlog of thousands of events).
+      // A pace the Broker and the chaos proxy's delayed and failed deliveries drain (as fast as
+      // possible, a 2-minute storm leaves a backlog of thousands of events).
       env: { ...process.env, CAPTF_CHURN_SECONDS: String(churnSeconds), CAPTF_CHURN_RATE: '6' },
       stdio: ['ignore', 'pipe', 'inherit'],
     });

@@ -140,14 +140,15 @@ export async function startAdapter(ctx: AdapterContext): Promise<void> {
 
 /**
  * POSTs the CloudEvent a PingSource tick sends to the Broker now, which routes it by the
- * Triggers like mtping's; resolves once the Broker answered, which (default synchronous
- * channel) is after the function answered or the event was dead-lettered.
+ * Triggers like mtping's; resolves once the Broker answered. The manifests' Broker (async
+ * handler) answers at once and delivers in the background; with a serial channel the answer
+ * would come after the function answered or the event was dead-lettered.
  * @throws Error when the Broker does not answer 2xx.
  */
 export async function ping(brokerUrl: string, which: keyof typeof PINGS): Promise<void> {
   const msg = pingMessage(PINGS[which], EVENTING_NAMESPACE);
-  // The synchronous channel answers after the fan-out, retries included (31 s, or 62 s when
-  // the dead-letter sink fails too).
+  // Generous for a serial channel, which answers after the fan-out, retries included (31 s, or
+  // 62 s when the dead-letter sink fails too).
   const res = await fetch(brokerUrl, {
     method: 'POST',
     headers: msg.headers,

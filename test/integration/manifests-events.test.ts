@@ -335,7 +335,7 @@ describe('the Knative Services', () => {
 });
 
 describe('the delivery the manifests ship', () => {
-  it('the Broker ships the async handler, so events reach mirror-sync concurrently (docs/deploy-knative.md)', () => {
+  it('the Broker carries the async-handler annotation (docs/deploy-knative.md, "The delivery default")', () => {
     for (const objs of [base, fast]) {
       const [broker, ...more] = of<KubernetesObject>(objs, 'Broker');
       assert.equal(more.length, 0);

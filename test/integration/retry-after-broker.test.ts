@@ -6,7 +6,8 @@
  * `config-features` with `delivery-retryafter: enabled`. mirror-sync runs in this process
  * behind a fault proxy in front of the real API server, with a recording pass-through in front
  * of it (what the Broker delivered, what mirror-sync answered, when). Events are posted to the
- * Broker's ingress, which answers once the Trigger's delivery, retries included, is done.
+ * Broker's ingress, which (the manifests' async handler) answers at once; the test waits for
+ * the delivery and its retry.
  *
  * A mirror read throttled once with `Retry-After: 3`: mirror-sync answers 503 with
  * `Retry-After: 3`, and the dispatcher's retry comes no sooner than that (it waits the larger
