@@ -5,7 +5,7 @@
  * raw requests that show what kubectl sees, and the AdmissionReview requests unit tests
  * decide on.
  */
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { request as httpsRequest, type RequestOptions } from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -52,7 +52,9 @@ export async function admissionWebhook(w: fx.World, labelKey: string): Promise<W
   const selector = `${labelKey}=${value}`;
   const account = await w.account('captf-admission');
   const log = captureLogger('admission');
-  const { leaf, caPem } = await createWebhookPair(mkdtempSync(join(tmpdir(), 'captf-adm-')), w.name('ca'));
+  const pki = mkdtempSync(join(tmpdir(), 'captf-adm-'));
+  w.onCleanup(async () => rmSync(pki, { recursive: true, force: true }));
+  const { leaf, caPem } = await createWebhookPair(pki, w.name('ca'));
   const objects = identities(w.clients);
   const fn = await start({
     port: 0,

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { copyFileSync, mkdtempSync, readFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { tmpdir } from 'node:os';
@@ -78,6 +78,8 @@ let ca1: CertPair;
 let leaf1: CertPair;
 let ca2: CertPair;
 let leaf2: CertPair;
+
+after(() => rmSync(pki, { recursive: true, force: true }));
 
 before(async () => {
   pki = mkdtempSync(join(tmpdir(), 'captf-adm-srv-'));
@@ -217,7 +219,8 @@ describe('malformed AdmissionReviews posted directly get a clear 400 or denial, 
 describe('serving certificate rotation without a restart', () => {
   it('new connections get the new pair once the files change; a mismatched pair is skipped', async () => {
     const cap = captureLogger('admission');
-    const dir = mkdtempSync(join(tmpdir(), 'captf-adm-rot-'));
+    // Inside the file's PKI folder, which goes after the file.
+    const dir = mkdtempSync(join(pki, 'rot-'));
     const cert = join(dir, 'tls.crt');
     const key = join(dir, 'tls.key');
     copyFileSync(leaf1.cert, cert);

@@ -8,7 +8,7 @@
  * idleness: an answer that takes longer than the idle timeout still arrives.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { connect as netConnect, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -85,8 +85,10 @@ describe('every server sets the timeouts of SERVER_TIMEOUTS', () => {
   const a = admin();
   const handles: { name: string; fn: FunctionHandle; open: () => Socket; path: string }[] = [];
 
+  const dir = mkdtempSync(join(tmpdir(), 'captf-timeouts-'));
+  after(() => rmSync(dir, { recursive: true, force: true }));
+
   before(async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'captf-timeouts-'));
     const { leaf } = await createWebhookPair(dir, `captf-timeouts-ca-${suffix()}`);
     const base = { port: 0, host: '127.0.0.1', kubeconfig: a.kc };
     const [tls, plain] = await Promise.all([
