@@ -149,10 +149,11 @@ export async function listen(server: Server): Promise<string> {
 
 /**
  * A local CloudEvents sink (a stand-in for a Broker, `K_SINK`, a function or a dead-letter
- * sink) that records every request and answers it with `answer` (default: 202, no body).
+ * sink) that records every request and answers it with `answer` (default: 202, no body),
+ * once `answer`'s promise settles when it returns one.
  */
 export async function startSink(
-  answer: (e: ReceivedEvent) => SinkAnswer = () => ({ status: 202 }),
+  answer: (e: ReceivedEvent) => SinkAnswer | Promise<SinkAnswer> = () => ({ status: 202 }),
 ): Promise<{ url: string; received: ReceivedEvent[]; server: Server }> {
   const received: ReceivedEvent[] = [];
   const server = createServer((req, res) => {
@@ -161,8 +162,7 @@ export async function startSink(
     req.on('end', () => {
       const e = { headers: req.headers, body, id: String(req.headers['ce-id'] ?? ''), at: performance.now() };
       received.push(e);
-      const a = answer(e);
-      res.writeHead(a.status, a.headers).end(a.body);
+      void Promise.resolve(answer(e)).then((a) => res.writeHead(a.status, a.headers).end(a.body));
     });
   });
   return { url: `${await listen(server)}/`, received, server };
@@ -208,18 +208,26 @@ const JSON_TYPE = { 'content-type': 'application/json' };
 /**
  * A stand-in for a function: a {@link startSink} that answers by the event id's prefix, as a
  * function would: `fail-` 500 and `bad-` 400 with a JSON error, `json-` 200 with a JSON body
- * that is not a CloudEvent, anything else `ok` with no body.
+ * that is not a CloudEvent, `hold-` `ok` only once `release()` is called, anything else `ok`
+ * with no body.
  */
-export const startFunctionStandIn = (ok = 202) =>
-  startSink(({ id }) =>
+export async function startFunctionStandIn(ok = 202) {
+  const held: (() => void)[] = [];
+  const sink = await startSink(({ id }) =>
     id.startsWith('fail-')
       ? { status: 500, headers: JSON_TYPE, body: '{"error":"the API server is unavailable"}' }
       : id.startsWith('bad-')
         ? { status: 400, headers: JSON_TYPE, body: '{"error":"not an event this function takes"}' }
         : id.startsWith('json-')
           ? { status: 200, headers: JSON_TYPE, body: '{"ok":true}' }
-          : { status: ok },
+          : id.startsWith('hold-')
+            ? new Promise<SinkAnswer>((r) => held.push(() => r({ status: ok })))
+            : { status: ok },
   );
+  /** Answers every held request. @returns how many there were. */
+  const release = () => held.splice(0).map((r) => r()).length;
+  return { ...sink, release };
+}
 
 /** The manifests as shipped without CRDs (the test control plane has its own), for `render()`. */
 export const RENDERED_MANIFESTS = 'manifests/overlays/without-crds';

@@ -115,6 +115,22 @@ describe("what npm start sends and receives around Knative's Broker", () => {
     );
   });
 
+  it("the manifests' Broker answers the sender before the function has answered (the async handler)", async () => {
+    const event = apiServerEvent(fx.consumer('held', fx.inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural);
+    // A serial channel would hold this POST until the function answers: it would abort here.
+    const sent = await postEvents(
+      dp.brokerUrl,
+      event.cloneWith({ id: 'hold-1' }),
+      'binary',
+      AbortSignal.timeout(30_000),
+    );
+    assert.equal(sent.status, 202, 'answered while the delivery is still open');
+    await eventually('the delivery to reach mirror-sync', async () =>
+      fns['mirror-sync'].received.some((h) => h.id === 'hold-1'),
+    );
+    assert.equal(fns['mirror-sync'].release(), 1, 'and it was still held when the sender got its answer');
+  });
+
   it('the dead-letter sink reads what Knative gives up on: after the retries for a 5xx, at once for a 400', async () => {
     const tc = (id: string) =>
       apiServerEvent(fx.consumer('prod', fx.inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural).cloneWith({
