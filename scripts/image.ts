@@ -1,7 +1,7 @@
 /**
  * `npm run image [-- NAME…] [--force] [--compile-cache]`: builds the images of scripts/image/images.ts
- * without Docker (scripts/image/build.ts), by default all of them (`captf-credentials`, the
- * product, and `pause`), and prints one line per image on stdout: `<tar path> <sha256 digest>`.
+ * without Docker (scripts/image/build.ts), by default the product (`captf-credentials`) and
+ * `pause` (Knative's images, which the Serving node builds itself, by name), and prints one line per image on stdout: `<tar path> <sha256 digest>`.
  * Progress, the image name and size, and whether the tar was reused go to stderr. A tar is
  * reused only when its inputs and its own bytes are unchanged; `--force` rebuilds anyway.
  * `--compile-cache` adds a V8 compile cache warmed as the image's user to the product image
@@ -12,10 +12,10 @@
  */
 import { parseArgs } from 'node:util';
 import { buildImage } from './image/build.ts';
-import { IMAGES, type ImageName } from './image/images.ts';
+import { DEFAULT_IMAGES, IMAGES, type ImageName } from './image/images.ts';
 
 const USAGE = `usage: npm run -s image [-- NAME…] [--force] [--compile-cache]
-  NAME             ${Object.keys(IMAGES).join(', ')} (default: all)
+  NAME             ${Object.keys(IMAGES).join(', ')} (default: ${DEFAULT_IMAGES.join(', ')})
   --force          rebuild even when the inputs and the tar are unchanged
   --compile-cache  the product image with a V8 compile cache, as captf-credentials.compile-cache.tar (not reproducible)
 Prints "<tar> <digest>" per image on stdout; progress on stderr. docs/deploy-knative.md has the rest.`;
@@ -31,7 +31,7 @@ try {
   }
   const unknown = positionals.filter((n) => !(n in IMAGES));
   if (unknown.length) throw new Error(`no image ${unknown.join(', ')}; the images: ${Object.keys(IMAGES).join(', ')}`);
-  for (const name of (positionals.length ? positionals : Object.keys(IMAGES)) as ImageName[]) {
+  for (const name of (positionals.length ? positionals : DEFAULT_IMAGES) as ImageName[]) {
     const t0 = Date.now();
     const compileCache = name === 'captf-credentials' && values['compile-cache'];
     const r = await buildImage(name, { compileCache, force: values.force ?? false });

@@ -25,7 +25,8 @@ import {
 import { join } from 'node:path';
 import { buildBundles } from '../lib/bundles.ts';
 import { onLines } from '../lib/process.ts';
-import { REPO_ROOT, ensureTool, withBuildLock } from '../tools/build.ts';
+import { REPO_ROOT, ensureTool, pinnedVersion, withBuildLock } from '../tools/build.ts';
+import { TOOLS, type ToolSet } from '../tools/registry.ts';
 import { DEBIAN_RELEASE, fetchDebianPackages, installDebianFiles } from './debian.ts';
 import { rootfsCommand } from './rootfs.ts';
 
@@ -65,6 +66,9 @@ export interface ImageDefinition {
 
 const NODE_DIR = join(REPO_ROOT, 'node_modules', 'node');
 const readJson = (file: string) => JSON.parse(readFileSync(file, 'utf8')) as { version: string };
+
+/** The pinned Knative versions: Eventing (the dead-letter sink) and Serving. */
+const [EVENTING_VERSION, SERVING_VERSION] = [TOOLS.knative[0]!, TOOLS.serving[0]!].map((t) => pinnedVersion(t));
 
 /** The version of the `node` devDependency, whose binary the product image runs. */
 export const NODE_VERSION = readJson(join(NODE_DIR, 'package.json')).version;
@@ -165,14 +169,40 @@ async function stagePause(root: string, opts: StageOptions): Promise<LayerSpec[]
   return [{ root, paths: ['pause'], createdBy: 'captf: /pause (scripts/tools/go/image/pause)' }];
 }
 
+/** A Knative program's image as `ko` builds it: the static binary at `/ko-app/<name>`, run as 65532. */
+function goProgramImage(set: ToolSet, binary: string, ref: string): ImageDefinition {
+  const path = `/ko-app/${binary}`;
+  return {
+    ref,
+    // ko's defaults: KO_DATA_PATH (Knative reads nothing from it here) and the nonroot user.
+    config: { Entrypoint: [path], Env: ['KO_DATA_PATH=/var/run/ko'], User: PRODUCT_USER, WorkingDir: '/' },
+    stage: async (root, opts) => {
+      mkdirSync(join(root, 'ko-app'));
+      mkdirSync(join(root, 'etc'));
+      copyFileSync(await ensureTool(set, binary, opts.log), join(root, 'ko-app', binary));
+      for (const [name, text] of Object.entries(ETC_FILES)) writeFileSync(join(root, 'etc', name), text);
+      return [{ root, paths: ['ko-app', 'etc'], createdBy: `captf: ${path} (tool set ${set})` }];
+    },
+  };
+}
+
+/** Knative Serving's programs (tool set `serving`): each one's image, named as the deployments' containers are. */
+export const SERVING_PROGRAMS = ['activator', 'autoscaler', 'controller', 'queue', 'webhook'] as const;
+
 /** Names of the images {@link IMAGES} defines. */
-export type ImageName = 'captf-credentials' | 'pause';
+export type ImageName =
+  'captf-credentials' | 'pause' | 'event-display' | `serving-${(typeof SERVING_PROGRAMS)[number]}`;
+
+/** The images `npm run image` builds without a name: the product and the node's sandbox. */
+export const DEFAULT_IMAGES: readonly ImageName[] = ['captf-credentials', 'pause'];
 
 const VERSION = readJson(join(REPO_ROOT, 'package.json')).version;
 
 /**
  * Every image. Names are `ko.local/…` with a fixed tag: Knative Serving resolves no digest for
  * that registry, and a node with `imagePullPolicy: IfNotPresent` uses the imported image.
+ * Knative's own (Serving's programs, the dead-letter sink's event_display) carry the version
+ * of the module they are built from.
  */
 export const IMAGES: Readonly<Record<ImageName, ImageDefinition>> = {
   'captf-credentials': { ref: `ko.local/captf-credentials:${VERSION}`, config: PRODUCT_CONFIG, stage: stageProduct },
@@ -182,4 +212,11 @@ export const IMAGES: Readonly<Record<ImageName, ImageDefinition>> = {
     config: { Entrypoint: ['/pause'], User: '65535:65535', WorkingDir: '/' },
     stage: stagePause,
   },
+  'event-display': goProgramImage('knative', 'event_display', `ko.local/event-display:${EVENTING_VERSION}`),
+  ...(Object.fromEntries(
+    SERVING_PROGRAMS.map((p) => [
+      `serving-${p}`,
+      goProgramImage('serving', `serving-${p}`, `ko.local/knative-serving-${p}:${SERVING_VERSION}`),
+    ]),
+  ) as Record<`serving-${(typeof SERVING_PROGRAMS)[number]}`, ImageDefinition>),
 };

@@ -119,8 +119,81 @@ const EVENTING = 'knative.dev/eventing';
 const CONTAINERD = 'github.com/containerd/containerd/v2';
 const CNI_PLUGINS = 'github.com/containernetworking/plugins/plugins';
 
+const SERVING = 'knative.dev/serving';
+const REVISION = 'pkg/reconciler/revision';
+/** Removes one exact text (see {@link applySourcePatch}) from a file of the Serving module. */
+const servingCut = (file: string, ...cuts: string[]): GoSourcePatch => ({
+  module: SERVING,
+  file: `${REVISION}/${file}`,
+  replace: cuts.map((from) => ({ from, to: '' })),
+});
+
+/**
+ * Knative Serving without its image-cache reconciler: the Go module proxy refuses the
+ * \`knative.dev/caching\` version Serving requires (403), and the cache's \`Image\` objects only
+ * warm a registry cache no test node has. The revision reconciler's \`reconcileImageCache\`
+ * phase, its client, lister and informer, \`createImageCache\` and \`resources/imagecache.go\`
+ * go; nothing else of Serving changes. docs/deploy-knative.md says what this costs (nothing a
+ * cluster without Knative's image cache notices).
+ */
+export const SERVING_IMAGE_CACHE_PATCHES: readonly GoSourcePatch[] = [
+  { module: SERVING, delete: [`${REVISION}/resources/imagecache.go`], goModEdit: ['-droprequire=knative.dev/caching'] },
+  servingCut(
+    'controller.go',
+    '\tcachingclient "knative.dev/caching/pkg/client/injection/client"\n',
+    '\timageinformer "knative.dev/caching/pkg/client/injection/informers/caching/v1alpha1/image"\n',
+    '\timageInformer := imageinformer.Get(ctx)\n',
+    '\t\tcachingclient:    cachingclient.Get(ctx),\n',
+    '\t\timageLister:         imageInformer.Lister(),\n',
+  ),
+  servingCut(
+    'revision.go',
+    '\tcachingclientset "knative.dev/caching/pkg/client/clientset/versioned"\n',
+    '\tcachinglisters "knative.dev/caching/pkg/client/listers/caching/v1alpha1"\n',
+    '\tcachingclient    cachingclientset.Interface\n',
+    '\timageLister         cachinglisters.ImageLister\n',
+    '\t\tc.reconcileImageCache,\n',
+  ),
+  servingCut(
+    'cruds.go',
+    '\tcaching "knative.dev/caching/pkg/apis/caching/v1alpha1"\n',
+    `func (c *Reconciler) createImageCache(ctx context.Context, rev *v1.Revision, containerName, imageDigest string) (*caching.Image, error) {
+	image := resources.MakeImageCache(rev, containerName, imageDigest)
+	return c.cachingclient.CachingV1alpha1().Images(image.Namespace).Create(ctx, image, metav1.CreateOptions{})
+}
+
+`,
+  ),
+  servingCut(
+    'reconcile_resources.go',
+    '\t"knative.dev/pkg/kmeta"\n',
+    `func (c *Reconciler) reconcileImageCache(ctx context.Context, rev *v1.Revision) error {
+	logger := logging.FromContext(ctx)
+
+	ns := rev.Namespace
+	// Revisions are immutable.
+	// Updating image results to new revision so there won't be any chance of resource leak.
+	for _, container := range append(rev.Status.ContainerStatuses, rev.Status.InitContainerStatuses...) {
+		imageName := kmeta.ChildName(resourcenames.ImageCache(rev), "-"+container.Name)
+		if _, err := c.imageLister.Images(ns).Get(imageName); apierrs.IsNotFound(err) {
+			if _, err := c.createImageCache(ctx, rev, container.Name, container.ImageDigest); err != nil {
+				return fmt.Errorf("failed to create image cache %q: %w", imageName, err)
+			}
+			logger.Infof("Created image cache %q", imageName)
+		} else if err != nil {
+			return fmt.Errorf("failed to get image cache %q: %w", imageName, err)
+		}
+	}
+	return nil
+}
+
+`,
+  ),
+];
+
 /** A tool set's name: its key in {@link TOOLS} and its folder under `.cache/`. */
-export type ToolSet = 'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl' | 'imagebuild' | 'node';
+export type ToolSet =
+  'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl' | 'imagebuild' | 'node' | 'serving';
 
 /**
  * The tool sets; a set's name is its cache folder under `.cache/`. Knative Eventing 1.22 is
@@ -155,12 +228,16 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
       patches: [IMC_DISPATCHER_PORTS_PATCH],
     },
   ],
-  /** Knative's ApiServerSource receive adapter (scripts/eventing/adapter.ts). */
+  /** Knative's ApiServerSource receive adapter (scripts/eventing/adapter.ts), and event_display. */
   knative: [
     {
       module: 'knative',
       versionOf: EVENTING,
-      binaries: { apiserver_receive_adapter: `${EVENTING}/cmd/apiserver_receive_adapter` },
+      binaries: {
+        apiserver_receive_adapter: `${EVENTING}/cmd/apiserver_receive_adapter`,
+        // The dead-letter sink of the manifests (image event-display, scripts/image/images.ts).
+        event_display: `${EVENTING}/cmd/event_display`,
+      },
     },
   ],
   /** kustomize, to render manifests/ as `kubectl apply -k` would (scripts/tools/kustomize.ts). */
@@ -237,5 +314,29 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
       },
     },
     { module: 'coredns', versionOf: 'github.com/coredns/coredns', binaries: { coredns: 'captf.local/tools/coredns' } },
+  ],
+  /**
+   * Knative Serving on the test node (scripts/serving/): its five programs (without the image
+   * cache, {@link SERVING_IMAGE_CACHE_PATCHES}) and Traefik v3.6 with its Knative provider as
+   * the KIngress (v3.7 cannot be built here: a module it replaces with is refused by the proxy).
+   * Traefik is the largest build of all (about 2 000 packages).
+   */
+  serving: [
+    {
+      module: 'serving',
+      versionOf: SERVING,
+      binaries: Object.fromEntries(
+        ['activator', 'autoscaler', 'controller', 'queue', 'webhook'].map((c) => [
+          `serving-${c}`,
+          `${SERVING}/cmd/${c}`,
+        ]),
+      ),
+      patches: SERVING_IMAGE_CACHE_PATCHES,
+    },
+    {
+      module: 'traefik',
+      versionOf: 'github.com/traefik/traefik/v3',
+      binaries: { traefik: 'github.com/traefik/traefik/v3/cmd/traefik' },
+    },
   ],
 };
