@@ -19,6 +19,12 @@ export interface HolderConfig {
   socket: string;
   /** How long processes inside get between SIGTERM and SIGKILL at teardown (ms). */
   graceMs: number;
+  /**
+   * `/etc/resolv.conf` as the node's own processes see it (bind-mounted in its mount namespace
+   * only): cluster DNS, as a pod's, so a process run on the node (the Eventing data plane,
+   * the API server resolving an ExternalName Service) finds `*.svc.cluster.local`.
+   */
+  resolvConf: string;
 }
 
 /**
@@ -41,6 +47,18 @@ export const KUBELET_KERNEL_SETTINGS: Readonly<Record<string, number>> = {
 /** The node's network: one address on a bridge, and the Service CIDR routed to it. */
 export const NODE_NETWORK = { bridge: 'node0', address: '10.240.0.1/24', serviceCidr: '10.0.0.0/24' } as const;
 
+/** Cluster DNS: CoreDNS binds the node's address (./services.ts); the kubelet gives it to pods. */
+export const CLUSTER_DNS = { address: '10.240.0.1', domain: 'cluster.local' } as const;
+
+/**
+ * The node's own `/etc/resolv.conf`: cluster DNS with a pod's search list (the kubelet's for
+ * namespace `default`) and ndots, and nothing upstream (no name outside the cluster resolves).
+ */
+export const NODE_RESOLV_CONF =
+  `nameserver ${CLUSTER_DNS.address}\n` +
+  `search svc.${CLUSTER_DNS.domain} ${CLUSTER_DNS.domain}\n` +
+  'options ndots:5\n';
+
 /**
  * Parses the holder's JSON argument.
  * @throws Error naming what is missing or malformed.
@@ -52,7 +70,7 @@ export function parseHolderConfig(raw: string): HolderConfig {
   } catch {
     throw new Error('node holder: its argument must be its configuration as JSON');
   }
-  const strings = ['bridge', 'address', 'serviceCidr', 'cgroupRoot', 'socket'] as const;
+  const strings = ['bridge', 'address', 'serviceCidr', 'cgroupRoot', 'socket', 'resolvConf'] as const;
   for (const k of strings) if (typeof c[k] !== 'string' || !c[k]) throw new Error(`node holder: ${k} is missing`);
   if (!/^[a-z0-9][a-z0-9-]{0,62}$/.test(c.cgroupRoot!))
     throw new Error('node holder: cgroupRoot must be one path element');

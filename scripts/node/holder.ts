@@ -48,6 +48,9 @@ function setUp(): void {
     writeFileSync(file, `${value}\n`, { mode: 0o444 });
     sh('mount', '--bind', '-o', 'ro', file, join('/proc/sys', name));
   }
+  // Cluster DNS for the node's own processes; the host's file is untouched.
+  writeFileSync('/run/captf-node-resolv.conf', config.resolvConf, { mode: 0o444 });
+  sh('mount', '--bind', '-o', 'ro', '/run/captf-node-resolv.conf', '/etc/resolv.conf');
   sh('ip', 'link', 'set', 'lo', 'up');
   sh('ip', 'link', 'add', config.bridge, 'type', 'bridge');
   sh('ip', 'addr', 'add', config.address, 'dev', config.bridge);

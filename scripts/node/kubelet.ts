@@ -14,6 +14,7 @@ import type { ChildProcess } from 'node:child_process';
 import { mkdirSync, openSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { dumpYaml } from '@kubernetes/client-node';
+import { CLUSTER_DNS } from './config.ts';
 import type { NodeNamespace } from './namespace.ts';
 
 /** The Node's name. */
@@ -21,9 +22,6 @@ export const NODE_NAME = 'captf-node';
 
 /** The pods' addresses (one node, one range; the CNI bridge is their gateway). */
 export const POD_CIDR = '10.244.0.0/24';
-
-/** Where the node's DNS (./services.ts) answers, and the cluster's domain. */
-export const CLUSTER_DNS = { address: '10.240.0.1', domain: 'cluster.local' } as const;
 
 /** The kubelet's folders and files under the node's folder. */
 export interface KubeletPaths {

@@ -20,7 +20,7 @@ import { join } from 'node:path';
 import { onLines } from '../lib/process.ts';
 import { REPO_ROOT } from '../tools/build.ts';
 import { cgroupHierarchies, cgroupProcesses, cgroupRootOf, removeCgroups } from './cgroups.ts';
-import { NODE_NETWORK, type HolderConfig } from './config.ts';
+import { NODE_NETWORK, NODE_RESOLV_CONF, type HolderConfig } from './config.ts';
 import { hostForward, type Target } from './forward.ts';
 
 export { cgroupHierarchies, cgroupRootOf } from './cgroups.ts';
@@ -88,6 +88,7 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
       cgroupHierarchies: cgroupHierarchies(),
       socket,
       graceMs: opts.graceMs ?? 10_000,
+      resolvConf: NODE_RESOLV_CONF,
     };
     holder = spawnHolder(config, dir);
     // Listened for at once: the holder may end (be killed) before stop() is called.

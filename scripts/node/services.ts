@@ -9,7 +9,8 @@ import type { ChildProcess } from 'node:child_process';
 import { mkdirSync, openSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { dumpYaml } from '@kubernetes/client-node';
-import { CLUSTER_DNS, NODE_NAME, POD_CIDR } from './kubelet.ts';
+import { CLUSTER_DNS } from './config.ts';
+import { NODE_NAME, POD_CIDR } from './kubelet.ts';
 import type { NodeNamespace } from './namespace.ts';
 
 /** Where kube-proxy and CoreDNS answer their health checks, inside the node (127.0.0.1 there). */

@@ -39,6 +39,7 @@ describe("the holder's configuration", () => {
     cgroupRoot: 'captf-node-0123456789',
     cgroupHierarchies: ['memory'],
     socket: '/tmp/n/forward.sock',
+    resolvConf: 'nameserver 10.240.0.1\n',
   };
   it('takes a complete one, with the default grace', () =>
     assert.deepEqual(parseHolderConfig(JSON.stringify(ok)), { ...ok, graceMs: 10_000 }));
@@ -46,6 +47,7 @@ describe("the holder's configuration", () => {
     [
       { name: 'not JSON', raw: '{', want: /as JSON/ },
       { name: 'no socket', raw: JSON.stringify({ ...ok, socket: '' }), want: /socket is missing/ },
+      { name: 'no resolver', raw: JSON.stringify({ ...ok, resolvConf: undefined }), want: /resolvConf is missing/ },
       { name: 'a cgroup path', raw: JSON.stringify({ ...ok, cgroupRoot: '../x' }), want: /one path element/ },
       {
         name: 'no hierarchies',
