@@ -10,6 +10,7 @@
 import { CoreV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
 import { EVENTING_BINARIES } from '../eventing/build.ts';
 import { startEventingDataPlane } from '../eventing/dataplane.ts';
+import type { ProcessPlace } from '../eventing/processes.ts';
 import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../eventing/adapter.ts';
 import { createOnce } from '../lib/kube.ts';
 import { sleep } from '../lib/wait.ts';
@@ -34,6 +35,10 @@ export interface BrokerContext {
   rendered: readonly KubernetesObject[];
   /** The functions the Triggers deliver to, by name. */
   subscribers: Record<'mirror-sync' | 'identity-status', string>;
+  /** The dead-letter sink's address (the manifests' `captf-dead-letters`); absent: a local one that prints them. */
+  deadLetters?: string;
+  /** Where the data plane runs (default this machine; the node with Serving). */
+  place?: ProcessPlace;
   /** The PingSources' schedules. */
   schedules: Record<keyof typeof PINGS, string>;
   /** Undo actions, run in reverse by the system's stop. */
@@ -47,12 +52,11 @@ export interface BrokerContext {
  * PingSources, the Knative Services they name resolved to the functions and the sink. The data
  * plane's warnings and errors are printed (known start-up noise aside: print.ts dataPlaneLine),
  * the rest is debug.
- * @returns the Broker's address.
+ * @returns the Broker's address where the data plane runs (`url`) and from this machine (`hostUrl`).
  */
-export async function startBroker(ctx: BrokerContext): Promise<string> {
+export async function startBroker(ctx: BrokerContext): Promise<{ url: string; hostUrl: string }> {
   await createNamespaceAsApplied(ctx.kc, ctx.rendered);
-  const dls = await startDeadLetterSink((d) => emitDeadLetter(ctx, d));
-  ctx.cleanups.push(() => dls.stop());
+  const deadLetters = ctx.deadLetters ?? (await localDeadLetterSink(ctx));
   ctx.progress("starting Knative's Broker data plane: broker-ingress, broker-filter, imc-dispatcher, mtping");
   const dp = await startEventingDataPlane({
     kubeconfigPath: ctx.kubeconfigPath,
@@ -61,7 +65,7 @@ export async function startBroker(ctx: BrokerContext): Promise<string> {
     sinks: {
       'captf-mirror-sync': ctx.subscribers['mirror-sync'],
       'captf-identity-status': ctx.subscribers['identity-status'],
-      'captf-dead-letters': dls.url,
+      'captf-dead-letters': deadLetters,
     },
     schedules: { [PINGS.status]: ctx.schedules.status, [PINGS.resync]: ctx.schedules.resync },
     onLog: (component, line) => {
@@ -69,9 +73,17 @@ export async function startBroker(ctx: BrokerContext): Promise<string> {
       ctx.emit(binary, line, dataPlaneLine(binary, line));
     },
     onBuild: ctx.progress,
+    ...(ctx.place ? { place: ctx.place } : {}),
   });
   ctx.cleanups.push(() => dp.stop());
-  return dp.brokerUrl;
+  return { url: dp.brokerUrl, hostUrl: dp.hostBrokerUrl };
+}
+
+/** A dead-letter sink on this machine that prints each dead letter; stopped with the system. @returns its address. */
+async function localDeadLetterSink(ctx: BrokerContext): Promise<string> {
+  const dls = await startDeadLetterSink((d) => emitDeadLetter(ctx, d));
+  ctx.cleanups.push(() => dls.stop());
+  return dls.url;
 }
 
 /** Prints a dead letter, naming the function it did not reach. */
@@ -106,6 +118,8 @@ export interface AdapterContext {
   sink: string;
   cleanups: (() => Promise<void> | void)[];
   emit: BrokerContext['emit'];
+  /** Where the adapter runs (default this machine). */
+  place?: ProcessPlace;
 }
 
 /**
@@ -126,6 +140,7 @@ export async function startAdapter(ctx: AdapterContext): Promise<void> {
     source,
     name: API_SOURCE,
     namespace: EVENTING_NAMESPACE,
+    ...(ctx.place ? { place: ctx.place } : {}),
     onLog: (l) => ctx.emit(`adapter ${API_SOURCE}`, l, adapterLine(API_SOURCE, l)),
   });
   ctx.cleanups.push(() => adapter.stop());
