@@ -14,6 +14,8 @@
  *   --use-current-context   run against $KUBECONFIG's current context (both must be given)
  *   --install               with a named cluster: allow writing into it (CRDs, the Broker and its
  *                           Triggers and PingSources, the webhook if the API server is local)
+ *   --serving               on a real node (as root) with Knative Serving: the manifests' Knative Services
+ *                           from the product image, the Broker's data plane on the node (docs/deploy-knative.md)
  *   --debug                 also print unchanged reconciles and Knative's informational lines
  * `--build-adapter` and `--local-events` (earlier versions) are accepted and ignored with a note.
  */
@@ -25,7 +27,7 @@ import { printer } from './local/print.ts';
 import { startSystem, type RunningSystem } from './system/system.ts';
 
 const USAGE =
-  'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--debug]\n' +
+  'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--serving] [--debug]\n' +
   '  --status/--resync: an interval a PingSource (cron) schedule can express: seconds dividing a minute (sub-minute is for\n' +
   '  local use only), minutes dividing an hour, hours dividing a day. A named cluster needs --install: the Broker is written into it.';
 
@@ -43,6 +45,7 @@ try {
       'build-adapter': { type: 'boolean', default: false },
       'local-events': { type: 'boolean', default: false },
       debug: { type: 'boolean', default: false },
+      serving: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   }));
@@ -74,6 +77,12 @@ if (values['build-adapter'] || values['local-events'])
   console.error(
     "(--build-adapter and --local-events are no longer needed: npm start builds Knative's adapter and data plane when missing, and events always come from the adapter through the Broker)",
   );
+if (kubeconfig && values.serving) {
+  console.error(
+    `--serving starts its own node and control plane; it does not run against a cluster you name\n${USAGE}`,
+  );
+  process.exit(2);
+}
 if (kubeconfig && !values.install) {
   console.error(
     `--kubeconfig and --use-current-context need --install: events flow through Knative's Broker, which runs here against that cluster and writes its Broker, Triggers, PingSources and Knative Eventing's CRDs into it\n${USAGE}`,
@@ -100,7 +109,7 @@ const signal = stopOnSignal(
   () => system?.stop().then(() => console.error('stopped.')),
   (sig) =>
     console.error(
-      `\n${sig}: stopping the adapter, the Broker's data plane, the functions${kubeconfig ? '' : ' and the control plane'}…`,
+      `\n${sig}: stopping the adapter, the Broker's data plane, the functions${kubeconfig ? '' : values.serving ? ', Knative Serving, the node and the control plane' : ' and the control plane'}…`,
     ),
   0,
 );
@@ -109,10 +118,9 @@ try {
   system = await startSystem({
     dir: values.dir ? resolve(callerDir, values.dir) : kubeconfig ? '.local/start-external' : '.local/start',
     cluster: kubeconfig ? { kubeconfig, install: values.install ?? false } : undefined,
-    functions: 'source',
+    ...(values.serving ? { serving: true } : { functions: 'source' as const, webhook: true }),
     events: 'broker',
     pings: { statusEveryMs, resyncEveryMs },
-    webhook: true,
     prepareCaller: true,
     print: printer(values.debug!),
     progress,
@@ -128,7 +136,23 @@ try {
 const f = system.functions;
 const broker = system.broker!;
 const seconds = ((performance.now() - started) / 1000).toFixed(1);
-console.log(`
+if (system.serving) {
+  const svc = system.serving;
+  console.log(`
+ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')}); embedded control plane ${system.server}
+  export KUBECONFIG=${system.kubeconfigPath}
+  kubectl get ksvc,pods -n captf-system          (functions at zero have no pod: an event, a ping or a prepare starts one)
+  functions: ${Object.entries(svc.urls)
+    .map(([n, u]) => `${n} ${u}`)
+    .join(', ')}
+  from this machine: curl -H 'Host: <name>.captf-system.svc.cluster.local' http://127.0.0.1:${svc.gateway}/healthz (Traefik, the KIngress)
+  webhook: NOT registered (it needs cluster-local TLS; docs/deploy-knative.md)
+  events: Knative's ApiServerSource adapter → Broker captf on the node → Triggers → the Knative Services; status every ${values.status}, resync every ${values.resync}
+  try: kubectl apply -f examples/ && kubectl get pods -n captf-system -w
+  Ctrl-C stops everything.
+`);
+} else
+  console.log(`
 ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'cluster'} ${system.server}
   export KUBECONFIG=${system.kubeconfigPath}
   functions: admission ${f.admission.url}/validate (webhook ${system.webhook ? 'registered' : 'NOT registered'}), mirror-sync ${f['mirror-sync'].url}, identity-status ${f['identity-status'].url}

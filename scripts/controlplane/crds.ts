@@ -106,6 +106,28 @@ export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
 const CRDS_MODULE_DIR = join(REPO_ROOT, 'scripts', 'tools', 'go', 'crds');
 
 /**
+ * Downloads (or finds in the module cache) a module at the version a wrapper module pins.
+ * @param wrapper the wrapper module's folder (default the one pinning the third-party CRDs).
+ * @returns its folder in the module cache and its version.
+ * @throws Error with `go`'s answer when the proxy does not serve it or the wrapper does not pin it.
+ */
+export async function downloadModule(
+  module: string,
+  wrapper = CRDS_MODULE_DIR,
+): Promise<{ Dir: string; Version: string }> {
+  const { stdout } = await execFileP('go', ['mod', 'download', '-json', module], {
+    cwd: wrapper,
+    env: { ...process.env, GOFLAGS: '-mod=readonly' },
+    maxBuffer: 1 << 20,
+  }).catch((err: { stdout?: string; message: string }) => {
+    throw new Error(`go mod download ${module} (in ${wrapper}): ${err.stdout || err.message}`);
+  });
+  const info = JSON.parse(stdout) as { Dir?: string; Version: string; Error?: string };
+  if (!info.Dir) throw new Error(`go mod download ${module}: ${info.Error ?? 'no Dir'}`);
+  return { Dir: info.Dir, Version: info.Version };
+}
+
+/**
  * Downloads (or finds in the module cache) each pinned module and parses its CRD files.
  * @param sources which files of which modules (default {@link THIRD_PARTY_CRDS}).
  * @returns the CRDs, each with the module@version it came from.
@@ -116,15 +138,7 @@ export async function loadThirdPartyCRDs(
 ): Promise<{ source: string; crd: V1CustomResourceDefinition }[]> {
   const out: { source: string; crd: V1CustomResourceDefinition }[] = [];
   for (const src of sources) {
-    const { stdout } = await execFileP('go', ['mod', 'download', '-json', src.module], {
-      cwd: CRDS_MODULE_DIR,
-      env: { ...process.env, GOFLAGS: '-mod=readonly' },
-      maxBuffer: 1 << 20,
-    }).catch((err: { stdout?: string; message: string }) => {
-      throw new Error(`go mod download ${src.module} (in ${CRDS_MODULE_DIR}): ${err.stdout || err.message}`);
-    });
-    const info = JSON.parse(stdout) as { Dir?: string; Version: string; Error?: string };
-    if (!info.Dir) throw new Error(`go mod download ${src.module}: ${info.Error ?? 'no Dir'}`);
+    const info = await downloadModule(src.module);
     for (const f of src.files) {
       for (const doc of loadAllYaml(readFileSync(join(info.Dir, f), 'utf8')) as V1CustomResourceDefinition[]) {
         if (doc?.kind === 'CustomResourceDefinition')

@@ -26,11 +26,14 @@ import { ensureApiServerSourceAdapter } from '../eventing/adapter.ts';
 import type { FunctionProcess } from '../lib/process.ts';
 import { bothSettled, firstLine } from '../lib/wait.ts';
 import { startNode, type TestNode } from '../node/node.ts';
+import type { ProcessPlace } from '../eventing/processes.ts';
+import { startServing, type KnativeServing } from '../serving/serving.ts';
 import { cronSchedule } from '../local/events.ts';
 import { watchMirrors } from '../local/mirrors.ts';
+import { watchScale } from '../local/scale.ts';
 import { LogPrinter, type Printed } from '../local/print.ts';
 import { ensureKustomize, render } from '../tools/kustomize.ts';
-import { PINGS, ping, startAdapter, startBroker } from './broker.ts';
+import { EVENTING_NAMESPACE, PINGS, ping, startAdapter, startBroker } from './broker.ts';
 import {
   FUNCTION_NAMES,
   buildFunctions,
@@ -42,6 +45,7 @@ import {
 } from './functions.ts';
 import { installPrepareCaller, serviceAccountUsers, type Actor } from './users.ts';
 import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
+import { deployOnServing, renderForServing, type ServedFunctions } from './serving.ts';
 
 export { FUNCTION_NAMES, type FunctionName } from './functions.ts';
 export { PINGS } from './broker.ts';
@@ -74,6 +78,13 @@ export interface SystemOptions {
    * pods run on its kubelet; the host still reaches the API server on 127.0.0.1. Needs root.
    */
   node?: boolean;
+  /**
+   * Knative Serving on a node (implies `node`): the functions run as the manifests' Knative
+   * Services from the product image (./serving.ts), and with events the Broker's data plane and
+   * the adapter run on the node, delivering to the Knative Services' addresses. `functions`
+   * and `webhook` do not apply.
+   */
+  serving?: boolean;
   /** Run the functions from source or as the production bundles; absent: no functions. */
   functions?: FunctionsFrom;
   /**
@@ -111,6 +122,8 @@ export interface RunningSystem {
   controlPlane?: ControlPlane;
   /** With `node`: the node, where pods run. */
   node?: TestNode;
+  /** With `serving`: where Serving came from, the Knative Services' addresses and the way to them. */
+  serving?: ServedFunctions & { sources: string[] };
   /** The rendered {@link MANIFESTS}. */
   rendered: readonly KubernetesObject[];
   /** The first instance of each function; empty when the options ask for none. */
@@ -185,6 +198,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
   try {
     await step(buildTools(s));
     const [rendered, cluster] = await step(bothSettled(renderManifests(s), connectCluster(s)));
+    const serving = await step(startKnativeServing(s, cluster));
     // After the control plane: it wipes the state folder the bundles are built into.
     const build = await step(buildFunctions(opts.functions ?? 'source', opts.dir));
     const eventingCRDs = await step(installAllCRDs(s, cluster));
@@ -196,13 +210,13 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     const functions = await step(startFunctions(s, start));
     const webhook = await step(registerLocalWebhook(s, cluster, functions, tls.caPem));
     await step(eventingCRDs.installed);
-    const events = await step(startEvents(s, { cluster, rendered, functions, users, schedules }));
+    const served = await step(deployFunctionsOnServing(s, { cluster, serving, rendered }));
+    const events = await step(
+      startEvents(s, { cluster, rendered, functions, users, schedules, ...(served ? { served } : {}) }),
+    );
     const prepareCaller =
       opts.prepareCaller && cluster.controlPlane && (await step(installPrepareCaller(cluster.kc, rendered)));
-    if (opts.print) {
-      s.cleanups.push(await watchMirrors(cluster.kc, (p) => p && opts.print!(p)));
-      opts.signal?.throwIfAborted();
-    }
+    await step(watchForPrinting(s, cluster.kc, served !== undefined));
     return {
       dir: opts.dir,
       kubeconfigPath: cluster.kubeconfigPath,
@@ -210,6 +224,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
       server: cluster.server,
       ...(cluster.controlPlane ? { controlPlane: cluster.controlPlane } : {}),
       ...(cluster.node ? { node: cluster.node } : {}),
+      ...(served ? { serving: served } : {}),
       rendered,
       functions,
       startFunction: start,
@@ -225,6 +240,14 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     await s.stop();
     throw err;
   }
+}
+
+/** Step 8: with `print`, lines for the mirrors' changes and, with Serving, the functions' scale. */
+async function watchForPrinting(s: Startup, kc: KubeConfig, serving: boolean): Promise<void> {
+  const print = s.opts.print;
+  if (!print) return;
+  s.cleanups.push(await watchMirrors(kc, (p) => p && print(p)));
+  if (serving) s.cleanups.push(await watchScale(kc, EVENTING_NAMESPACE, print));
 }
 
 /** Why a named cluster needs `install` for events. */
@@ -245,7 +268,8 @@ function resolvePaths(opts: SystemOptions): SystemOptions {
  * @throws Error for options that cannot work together, or an interval no PingSource can run.
  */
 function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
-  if ((opts.events || opts.webhook) && !opts.functions)
+  checkServing(opts);
+  if ((opts.events || opts.webhook) && !opts.functions && !opts.serving)
     throw new Error("events and the webhook are delivered to the functions: add functions: 'source' or 'bundles'");
   if (opts.node && opts.webhook)
     throw new Error(
@@ -255,9 +279,18 @@ function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
   return pingSchedules(opts.pings);
 }
 
+/** @throws Error when `serving` comes with options it replaces. */
+function checkServing(opts: SystemOptions): void {
+  if (opts.serving && (opts.functions || opts.webhook))
+    throw new Error(
+      'with serving the functions are Knative Services from the image, and the webhook is not registered: leave functions and webhook out',
+    );
+}
+
 /** @throws Error when the options would write into a named cluster without `install`, or need a control plane of their own. */
 function checkNamedCluster(opts: SystemOptions, install: boolean): void {
-  if (opts.node) throw new Error('a node runs with a control plane started here, not with a named cluster');
+  if (opts.node || opts.serving)
+    throw new Error('a node runs with a control plane started here, not with a named cluster');
   if (!install && opts.events) throw new Error(NAMED_CLUSTER_NEEDS_INSTALL);
   if (!install && opts.webhook) throw new Error('registering the webhook writes into the cluster: it needs install');
   if (opts.users === 'service-accounts' || opts.auditLogMaxSizeMB !== undefined)
@@ -299,7 +332,7 @@ function newStartup(opts: SystemOptions): Startup {
  * when missing (with progress; minutes once, then cached), before anything runs.
  */
 async function buildTools(s: Startup): Promise<void> {
-  if (!s.opts.functions) return;
+  if (!s.opts.functions && !s.opts.serving) return;
   await ensureKustomize(s.opts.progress);
   if (!s.opts.events) return;
   await ensureApiServerSourceAdapter(s.opts.progress);
@@ -308,7 +341,16 @@ async function buildTools(s: Startup): Promise<void> {
 
 /** Step 2 (beside the control plane): the rendered {@link MANIFESTS}, which only the functions and events need. */
 async function renderManifests(s: Startup): Promise<KubernetesObject[]> {
+  if (s.opts.serving) return renderForServing(MANIFESTS, s.opts.dir);
   return s.opts.functions ? (await render(MANIFESTS)).filter((o) => o.kind !== 'CustomResourceDefinition') : [];
+}
+
+/** Step 2b: with `serving`, Knative Serving on the node (scripts/serving/). */
+async function startKnativeServing(s: Startup, cluster: Cluster): Promise<KnativeServing | undefined> {
+  if (!s.opts.serving) return undefined;
+  const serving = await startServing(cluster.node!, { dir: join(s.opts.dir, 'node'), log: s.opts.progress });
+  s.cleanups.push(() => serving.stop());
+  return serving;
 }
 
 /**
@@ -322,7 +364,7 @@ async function connectCluster(s: Startup): Promise<Cluster> {
   if (s.opts.cluster) {
     kubeconfigPath = s.opts.cluster.kubeconfig;
     mkdirSync(s.opts.dir, { recursive: true });
-  } else if (s.opts.node) {
+  } else if (s.opts.node || s.opts.serving) {
     node = await startNode({
       dir: s.opts.dir,
       log: s.opts.progress,
@@ -413,6 +455,19 @@ async function actors(s: Startup, cluster: Cluster, rendered: readonly Kubernete
   return serviceAccountUsers(cluster.controlPlane!, cluster.kc, rendered);
 }
 
+/**
+ * Step 5b: with `serving`, once the Eventing CRDs are in (the manifests hold an
+ * ApiServerSource), the rendered manifests on Serving (./serving.ts).
+ */
+async function deployFunctionsOnServing(
+  s: Startup,
+  o: { cluster: Cluster; serving: KnativeServing | undefined; rendered: readonly KubernetesObject[] },
+): Promise<RunningSystem['serving']> {
+  if (!o.serving) return undefined;
+  const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, s.opts.progress);
+  return { ...served, sources: o.serving.sources };
+}
+
 /** Starts instances of functions, each logging to `<dir>/logs/<name>-<n>.log`, stopped with the system. */
 function instanceStarter(
   s: Startup,
@@ -489,6 +544,8 @@ interface EventsContext {
   functions: Record<FunctionName, FunctionProcess>;
   users: Record<Actor, string>;
   schedules: Record<keyof typeof PINGS, string>;
+  /** With `serving`: the Knative Services the Triggers deliver to. */
+  served?: ServedFunctions | undefined;
 }
 
 /** Step 7: the events the options ask for, from the API server and the pings to the functions. */
@@ -507,13 +564,14 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
     return { eventPaths: paths };
   }
   if (s.opts.events !== 'broker') return {};
-  const url = await startBroker({
+  const place = cluster.node && ctx.served ? nodePlace(cluster.node) : undefined;
+  const url = (name: string) => ctx.served?.urls[`captf-${name}`] ?? `${ctx.functions[name as FunctionName].url}/`;
+  const broker = await startBroker({
     ...cluster,
+    ...(place ? { place, kubeconfigPath: cluster.controlPlane!.insideKubeconfigPath } : {}),
     rendered,
-    subscribers: {
-      'mirror-sync': `${ctx.functions['mirror-sync'].url}/`,
-      'identity-status': `${ctx.functions['identity-status'].url}/`,
-    },
+    subscribers: { 'mirror-sync': url('mirror-sync'), 'identity-status': url('identity-status') },
+    ...(ctx.served ? { deadLetters: url('dead-letters') } : {}),
     schedules: ctx.schedules,
     cleanups: s.cleanups,
     progress: s.opts.progress,
@@ -521,11 +579,29 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
   });
   await startAdapter({
     ...cluster,
-    kubeconfigPath: ctx.users['event-source'],
+    kubeconfigPath: place ? cluster.controlPlane!.insideKubeconfigPath : ctx.users['event-source'],
+    ...(place ? { place } : {}),
     rendered,
-    sink: url,
+    sink: broker.url,
     cleanups: s.cleanups,
     emit: s.emit,
   });
-  return { broker: { url, schedules: ctx.schedules, ping: (which) => ping(url, which) } };
+  const hostUrl = broker.hostUrl;
+  return { broker: { url: hostUrl, schedules: ctx.schedules, ping: (which) => ping(hostUrl, which) } };
+}
+
+/**
+ * Processes run on the node (its namespaces), their loopback ports reached through one forward
+ * per port. They act as the cluster admin: in a cluster they are Knative's own pods with its
+ * service accounts.
+ */
+function nodePlace(node: TestNode): ProcessPlace {
+  const forwards = new Map<number, Promise<number>>();
+  return {
+    spawn: (cmd, args, opts) => node.namespace.spawn(cmd, args, opts),
+    reach: (port) => {
+      if (!forwards.has(port)) forwards.set(port, node.forward({ host: '127.0.0.1', port }));
+      return forwards.get(port)!;
+    },
+  };
 }

@@ -1,0 +1,149 @@
+/**
+ * Knative Serving on the test node (scripts/node/): its four Deployments from the pinned
+ * module's `config/core` (./manifests.ts) as pods on the kubelet, with images built here
+ * (scripts/image/images.ts), and Traefik's Knative provider as the KIngress.
+ *
+ * Traefik runs as a process in the node's namespaces (like CoreDNS), not as a pod: it is the
+ * cluster's ingress, not something under test; as a process it starts beside Serving's pods
+ * instead of after them, needs no image or RBAC of its own, and its log sits in the node's
+ * folder. Knative finds it through `traefik-internal`, a Service without a selector whose
+ * EndpointSlice names the node's address and Traefik's port (what a LoadBalancer in front of a
+ * gateway pod would be in a cluster). Traefik acts as the cluster admin here.
+ */
+import type { ChildProcess } from 'node:child_process';
+import { mkdirSync, openSync } from 'node:fs';
+import { join } from 'node:path';
+import { AppsV1Api, KubeConfig, type KubernetesObject, type V1CustomResourceDefinition } from '@kubernetes/client-node';
+import { applyCRDs } from '../controlplane/crds.ts';
+import { buildImage } from '../image/build.ts';
+import { SERVING_PROGRAMS } from '../image/images.ts';
+import { serverSideApply } from '../lib/kube.ts';
+import { stopProcess } from '../lib/process.ts';
+import { eventually } from '../lib/wait.ts';
+import type { TestNode } from '../node/node.ts';
+import { ensureTool } from '../tools/build.ts';
+import { loadServingObjects, SERVING_NAMESPACE, TEST_AUTOSCALER } from './manifests.ts';
+
+/** Traefik's entrypoints on the node's address (`private`: cluster-local routes) and its ping on loopback. */
+export const TRAEFIK_PORTS = { private: 8091, public: 8092, ping: 8093 } as const;
+/** The Service Knative's cluster-local addresses lead to (an ExternalName to it per Knative Service). */
+export const TRAEFIK_SERVICE = { name: 'traefik-internal', namespace: SERVING_NAMESPACE } as const;
+/** Field manager of what is applied here. */
+const MANAGER = 'captf-serving';
+/** How long Serving's pods may take to be Available (image import, several pods on two cores; generous). */
+const AVAILABLE_TIMEOUT_MS = 240_000;
+
+/** Running Knative Serving. */
+export interface KnativeServing {
+  /** Where the installation came from (module@version/folder). */
+  sources: string[];
+  /** Stops Traefik (Serving's pods go with the node). */
+  stop(): Promise<void>;
+}
+
+/** Options of {@link startServing}. */
+export interface ServingOptions {
+  /** The node's folder (Traefik's log goes to `traefik/` under it). */
+  dir: string;
+  log: (line: string) => void;
+}
+
+/**
+ * Installs and starts Knative Serving on `node`: builds the programs and images when missing,
+ * imports the images, applies Serving's objects, starts Traefik and waits until Serving's four
+ * Deployments are Available and its webhook has its certificate.
+ * @throws Error naming what did not become ready, with where its log is; Traefik is stopped first.
+ */
+export async function startServing(node: TestNode, opts: ServingOptions): Promise<KnativeServing> {
+  opts.log('[serving] programs and images (built when missing)');
+  const traefikBin = await ensureTool('serving', 'traefik', opts.log);
+  for (const p of SERVING_PROGRAMS) {
+    const image = await buildImage(`serving-${p}`, { log: opts.log });
+    await node.containerd.ctr(['images', 'import', image.path]);
+  }
+  const { objects, sources } = await loadServingObjects(TEST_AUTOSCALER);
+  const kc = new KubeConfig();
+  kc.loadFromFile(node.controlPlane.kubeconfigPath);
+  opts.log(`[serving] applying ${objects.length} objects from ${sources.join(', ')}`);
+  await applyCRDs(kc, objects.filter((o) => o.kind === 'CustomResourceDefinition') as V1CustomResourceDefinition[]);
+  for (const o of objects) if (o.kind !== 'CustomResourceDefinition') await serverSideApply(kc, o, MANAGER);
+  for (const o of traefikService(node.namespace.address)) await serverSideApply(kc, o, MANAGER);
+  const traefik = startTraefik(node, { dir: opts.dir, bin: traefikBin });
+  const stop = () => stopProcess(traefik, 5000);
+  try {
+    await servingReady(kc, join(opts.dir, 'traefik'));
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  opts.log('[serving] Knative Serving is Available; Traefik is its KIngress');
+  return { sources, stop };
+}
+
+/** `traefik-internal`: a Service without a selector, and its EndpointSlice to Traefik's private entrypoint. Pure. */
+export function traefikService(address: string): KubernetesObject[] {
+  const labels = { 'app.kubernetes.io/name': 'traefik', 'app.kubernetes.io/part-of': 'captf-test-node' };
+  return [
+    {
+      apiVersion: 'v1',
+      kind: 'Service',
+      metadata: { ...TRAEFIK_SERVICE, labels },
+      spec: { ports: [{ name: 'http', port: 80, targetPort: TRAEFIK_PORTS.private, protocol: 'TCP' }] },
+    } as KubernetesObject,
+    {
+      apiVersion: 'discovery.k8s.io/v1',
+      kind: 'EndpointSlice',
+      metadata: {
+        name: `${TRAEFIK_SERVICE.name}-node`,
+        namespace: TRAEFIK_SERVICE.namespace,
+        labels: { ...labels, 'kubernetes.io/service-name': TRAEFIK_SERVICE.name },
+      },
+      addressType: 'IPv4',
+      endpoints: [{ addresses: [address], conditions: { ready: true } }],
+      ports: [{ name: 'http', port: TRAEFIK_PORTS.private, protocol: 'TCP' }],
+    } as KubernetesObject,
+  ];
+}
+
+/** Traefik with its Knative provider (experimental in v3.6), on the node's address. */
+function startTraefik(node: TestNode, o: { dir: string; bin: string }): ChildProcess {
+  const base = join(o.dir, 'traefik');
+  mkdirSync(base, { recursive: true });
+  const log = openSync(join(base, 'traefik.log'), 'a');
+  const { address } = node.namespace;
+  return node.namespace.spawn(
+    o.bin,
+    [
+      '--log.level=INFO',
+      '--experimental.knative=true',
+      '--providers.knative=true',
+      '--providers.knative.privateEntrypoints=private',
+      '--providers.knative.publicEntrypoints=public',
+      `--providers.knative.privateService.name=${TRAEFIK_SERVICE.name}`,
+      `--providers.knative.privateService.namespace=${TRAEFIK_SERVICE.namespace}`,
+      `--providers.knative.publicService.name=${TRAEFIK_SERVICE.name}`,
+      `--providers.knative.publicService.namespace=${TRAEFIK_SERVICE.namespace}`,
+      `--entrypoints.private.address=${address}:${TRAEFIK_PORTS.private}`,
+      `--entrypoints.public.address=${address}:${TRAEFIK_PORTS.public}`,
+      '--ping=true',
+      `--entrypoints.ping.address=127.0.0.1:${TRAEFIK_PORTS.ping}`,
+      '--ping.entrypoint=ping',
+    ],
+    { stdio: ['ignore', log, log], env: { ...process.env, KUBECONFIG: node.controlPlane.insideKubeconfigPath } },
+  );
+}
+
+/** Waits for Serving's Deployments to be Available. */
+async function servingReady(kc: KubeConfig, traefikLog: string): Promise<void> {
+  const apps = kc.makeApiClient(AppsV1Api);
+  for (const name of ['activator', 'autoscaler', 'controller', 'webhook'])
+    await eventually(
+      `Knative Serving's ${name} to be Available (kubectl -n ${SERVING_NAMESPACE} describe pods; Traefik's log: ${traefikLog})`,
+      async () => {
+        const d = await apps.readNamespacedDeployment({ namespace: SERVING_NAMESPACE, name });
+        return d.status?.conditions?.some((c) => c.type === 'Available' && c.status === 'True');
+      },
+      AVAILABLE_TIMEOUT_MS,
+      500,
+    );
+}

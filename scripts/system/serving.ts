@@ -1,0 +1,159 @@
+/**
+ * The functions as a cluster runs them: the rendered manifests' Knative Services on Knative
+ * Serving on the test node (scripts/serving/), from the images the node imported. The manifests
+ * are applied as `kubectl apply -k` would apply them, through a kustomize overlay that changes
+ * only the two image references (the product's and the dead-letter sink's) and leaves out the
+ * webhook's registration and its cert-manager objects, which need what Knative's cluster-local
+ * TLS gives (docs/deploy-knative.md). The Broker, its Triggers and PingSources are applied by
+ * the Eventing stand-in (scripts/eventing/dataplane.ts), which runs on the node too.
+ */
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { CustomObjectsApi, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { Agent, buildConnector } from 'undici';
+import { buildImage } from '../image/build.ts';
+import { IMAGES } from '../image/images.ts';
+import { serverSideApply } from '../lib/kube.ts';
+import { eventually } from '../lib/wait.ts';
+import type { TestNode } from '../node/node.ts';
+import { TRAEFIK_PORTS } from '../serving/serving.ts';
+import { REPO_ROOT } from '../tools/build.ts';
+import { render } from '../tools/kustomize.ts';
+
+/** The image references of the manifests' base (manifests/base/kustomization.yaml `images`). */
+const SHIPPED_IMAGES = {
+  product: 'registry.example.com/captf-credentials',
+  deadLetters: 'gcr.io/knative-releases/knative.dev/eventing/cmd/event_display',
+} as const;
+
+/** Kinds the overlay leaves out until cluster-local TLS is set up: the webhook and its certificates. */
+const WEBHOOK_KINDS = [
+  { group: 'admissionregistration.k8s.io', version: 'v1', kind: 'ValidatingWebhookConfiguration' },
+  { group: 'cert-manager.io', version: 'v1', kind: 'Certificate' },
+  { group: 'cert-manager.io', version: 'v1', kind: 'Issuer' },
+] as const;
+
+/** Kinds the Eventing stand-in applies itself (with the status Knative's controllers would write). */
+const EVENTING_KINDS = new Set(['Broker', 'Trigger', 'PingSource']);
+
+/** Field manager of the applied manifests (what `kubectl apply --server-side` would use). */
+const MANAGER = 'kubectl';
+
+/**
+ * The overlay's kustomization: `base` plus the two image references the node has, and a delete
+ * patch per {@link WEBHOOK_KINDS}. Pure.
+ * @param base the kustomization rendered, relative to the overlay's folder.
+ */
+export function servingOverlay(base: string, images: { product: string; deadLetters: string }): string {
+  const image = (name: string, ref: string) => {
+    const at = ref.lastIndexOf(':');
+    return `  - name: ${name}\n    newName: ${ref.slice(0, at)}\n    newTag: "${ref.slice(at + 1)}"\n`;
+  };
+  const deletes = WEBHOOK_KINDS.map(
+    (k) =>
+      `  - target: { group: ${k.group}, kind: ${k.kind} }\n    patch: |\n      $patch: delete\n      apiVersion: ${k.group}/${k.version}\n      kind: ${k.kind}\n      metadata: { name: any }\n`,
+  ).join('');
+  return (
+    "# Written by scripts/system/serving.ts: the manifests with the test node's images, without the webhook.\n" +
+    'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n' +
+    `resources:\n  - ${base}\n` +
+    `images:\n${image(SHIPPED_IMAGES.product, images.product)}${image(SHIPPED_IMAGES.deadLetters, images.deadLetters)}` +
+    `patches:\n${deletes}`
+  );
+}
+
+/**
+ * Renders `manifests` through {@link servingOverlay}, written under `dir`.
+ * @returns the objects without CRDs (installed on their own).
+ */
+export async function renderForServing(manifests: string, dir: string): Promise<KubernetesObject[]> {
+  const overlay = join(dir, 'serving-overlay');
+  mkdirSync(overlay, { recursive: true });
+  const images = { product: IMAGES['captf-credentials'].ref, deadLetters: IMAGES['event-display'].ref };
+  writeFileSync(
+    join(overlay, 'kustomization.yaml'),
+    servingOverlay(relative(overlay, join(REPO_ROOT, manifests)), images),
+  );
+  return (await render(overlay)).filter((o) => o.kind !== 'CustomResourceDefinition');
+}
+
+/** The Knative Services as Serving reports them. */
+export interface ServedFunctions {
+  /** Knative Service name → its cluster-local address (`http://<name>.<namespace>.svc.cluster.local`). */
+  urls: Record<string, string>;
+  /** A 127.0.0.1 port of this machine that reaches Traefik's cluster-local entrypoint (send `Host: <address's host>`). */
+  gateway: number;
+}
+
+/** How long the Knative Services may take to be Ready (first pod of each from the image; generous). */
+const READY_TIMEOUT_MS = 240_000;
+
+/**
+ * Imports the dead-letter sink's image, applies the rendered objects (all but the Eventing
+ * stand-in's kinds) and waits for every
+ * Knative Service among them to be Ready. Knative's webhook may still be starting: an apply it
+ * refuses is retried until the deadline.
+ * @throws Error naming a Knative Service that is not Ready in time, with its last condition.
+ */
+export async function deployOnServing(
+  kc: KubeConfig,
+  node: TestNode,
+  rendered: readonly KubernetesObject[],
+  log: (line: string) => void,
+): Promise<ServedFunctions> {
+  // The node has the product's image; the dead-letter sink's is imported here.
+  await node.containerd.ctr(['images', 'import', (await buildImage('event-display', { log })).path]);
+  for (const o of rendered.filter((x) => !EVENTING_KINDS.has(x.kind!)))
+    await eventually(
+      `applying ${o.kind} ${o.metadata?.name}`,
+      () => serverSideApply(kc, o, MANAGER),
+      READY_TIMEOUT_MS,
+      1000,
+    );
+  const api = kc.makeApiClient(CustomObjectsApi);
+  const urls: Record<string, string> = {};
+  for (const ksvc of rendered.filter((o) => o.kind === 'Service' && o.apiVersion?.startsWith('serving.knative.dev/'))) {
+    const { name, namespace } = ksvc.metadata as { name: string; namespace: string };
+    let last = '';
+    urls[name] = await eventually(
+      `Knative Service ${namespace}/${name} to be Ready (kubectl -n ${namespace} describe ksvc ${name})`,
+      async () => {
+        const s = (await api.getNamespacedCustomObject({
+          group: 'serving.knative.dev',
+          version: 'v1',
+          namespace,
+          plural: 'services',
+          name,
+        })) as {
+          status?: { conditions?: { type: string; status: string; reason?: string }[]; address?: { url?: string } };
+        };
+        const ready = s.status?.conditions?.find((c) => c.type === 'Ready');
+        last = ready ? `${ready.status} ${ready.reason ?? ''}` : 'no Ready condition';
+        if (ready?.status !== 'True') throw new Error(`Ready ${last}`);
+        return s.status?.address?.url;
+      },
+      READY_TIMEOUT_MS,
+      500,
+    );
+  }
+  const gateway = await node.forward({ host: node.namespace.address, port: TRAEFIK_PORTS.private });
+  return { urls, gateway };
+}
+
+/**
+ * An undici dispatcher that sends every request for a `*.svc.cluster.local` name to Traefik's
+ * cluster-local entrypoint through the node's forward (`gateway`), keeping the name in the URL
+ * and so in `Host`, which is what Traefik routes by; any other name is connected as usual. Set
+ * as the global dispatcher (`setGlobalDispatcher`), it lets this machine's `fetch` call a
+ * Knative Service by its address, as a pod would.
+ */
+export function clusterLocalDispatcher(gateway: number): Agent {
+  const connect = buildConnector({});
+  return new Agent({
+    connect: (o, cb) =>
+      connect(
+        o.hostname.endsWith('.svc.cluster.local') ? { ...o, hostname: '127.0.0.1', port: String(gateway) } : o,
+        cb,
+      ),
+  });
+}
