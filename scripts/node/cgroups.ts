@@ -67,6 +67,20 @@ export function removeCgroups(root: string, hierarchies: readonly string[]): str
 }
 
 /**
+ * {@link removeCgroups}, retried for up to 5 s while some are left: a killed task keeps its
+ * cgroup busy for a moment after it is gone from /proc.
+ * @returns the folders still left.
+ */
+export async function removeCgroupsPatiently(root: string, hierarchies: readonly string[]): Promise<string[]> {
+  let left = removeCgroups(root, hierarchies);
+  for (let i = 0; i < 50 && left.length; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+    left = removeCgroups(root, hierarchies);
+  }
+  return left;
+}
+
+/**
  * The cgroup folder of container `id` (its containerd ID) in one hierarchy, found under the
  * node's root (the kubelet nests it under `kubepods/<QoS class>/pod<uid>/`).
  * @throws Error when it has none there.

@@ -15,7 +15,7 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import type { Server } from 'node:net';
 import { join } from 'node:path';
-import { CGROUP_FS, cgroupProcesses, removeCgroups } from './cgroups.ts';
+import { CGROUP_FS, cgroupProcesses, removeCgroupsPatiently } from './cgroups.ts';
 import { KUBELET_KERNEL_SETTINGS, parseHolderConfig, type HolderConfig } from './config.ts';
 import { holderForward } from './forward.ts';
 
@@ -127,7 +127,7 @@ async function tearDown(): Promise<void> {
     signal(processesInside(), 'SIGKILL');
     await new Promise((r) => setTimeout(r, 100));
   }
-  const left = removeCgroups(config.cgroupRoot, config.cgroupHierarchies);
+  const left = await removeCgroupsPatiently(config.cgroupRoot, config.cgroupHierarchies);
   if (left.length) process.stderr.write(`node holder: cgroups left: ${left.join(', ')}\n`);
 }
 

@@ -19,7 +19,7 @@ import type { AddressInfo, Server } from 'node:net';
 import { join } from 'node:path';
 import { onLines } from '../lib/process.ts';
 import { REPO_ROOT } from '../tools/build.ts';
-import { cgroupHierarchies, cgroupProcesses, cgroupRootOf, removeCgroups } from './cgroups.ts';
+import { cgroupHierarchies, cgroupProcesses, cgroupRootOf, removeCgroupsPatiently } from './cgroups.ts';
 import { NODE_NETWORK, NODE_RESOLV_CONF, type HolderConfig } from './config.ts';
 import { hostForward, type Target } from './forward.ts';
 
@@ -246,7 +246,7 @@ export async function sweepNode(dir: string): Promise<void> {
     }
     await new Promise((r) => setTimeout(r, 100));
   }
-  const left = removeCgroups(cgroupRootOf(dir), cgroupHierarchies());
+  const left = await removeCgroupsPatiently(cgroupRootOf(dir), cgroupHierarchies());
   if (left.length) throw new Error(`the test node's cgroups could not be removed: ${left.join(', ')}`);
 }
 
