@@ -1,10 +1,14 @@
 /**
  * What the host shows of itself, for the test node's "nothing is left" checks
  * (test/integration/node-*.test.ts): interfaces, routes, nftables rules, mounts, kernel
- * settings, cgroup folders, and the processes of one node.
+ * settings, cgroup folders, and the processes of one node; and the node's logs, scanned for
+ * planted Secret values.
  */
 import { execFileSync } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import type { V1Pod } from '@kubernetes/client-node';
+import { scanLater } from './leaks.ts';
 import { CGROUP_FS, cgroupHierarchies, cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { KUBELET_KERNEL_SETTINGS } from '../../scripts/node/config.ts';
 import { markedProcesses } from '../../scripts/node/namespace.ts';
@@ -62,3 +66,39 @@ export function hostShared(): { links: string; routes: string; nftables: string;
 export function hostState(dir: string) {
   return { ...hostShared(), cgroups: cgroupFolders(dir), processes: nodeProcesses(dir) };
 }
+
+/**
+ * Every log of a node started by the system starter in `work` and of its control plane (pods,
+ * kubelet, containerd, kube-proxy, CoreDNS, Traefik, the API server and its audit log); not the
+ * kubelet's volumes, where a mounted Secret's files hold planted values by design.
+ */
+const NODE_LOGS = [
+  'node/kubelet/kubelet.log',
+  'node/kubelet/pod-logs',
+  'node/containerd/containerd.log',
+  'node/kube-proxy',
+  'node/coredns',
+  'node/traefik',
+  'controlplane/logs',
+];
+
+/** The file at `path`, or every file under it, concatenated ('' when absent). */
+function readTree(path: string): string {
+  if (!existsSync(path)) return '';
+  if (!statSync(path).isDirectory()) return readFileSync(path, 'utf8');
+  return readdirSync(path, { recursive: true, withFileTypes: true })
+    .filter((d) => d.isFile())
+    .map((d) => readFileSync(join(d.parentPath, d.name), 'utf8'))
+    .join('\n');
+}
+
+/** Scans every log of the node in `work` for planted values after the file (./leaks.ts). */
+export function scanNodeLogs(work: string): void {
+  scanLater('node logs', () => NODE_LOGS.map((p) => readTree(join(work, p))).join('\n'));
+}
+
+/** A pod's log as the node's kubelet wrote it (all containers, all restarts). */
+export const podLog = (work: string, pod: V1Pod): string =>
+  readTree(
+    join(work, 'node', 'kubelet', 'pod-logs', `${pod.metadata!.namespace}_${pod.metadata!.name}_${pod.metadata!.uid}`),
+  );

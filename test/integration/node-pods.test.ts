@@ -9,7 +9,7 @@
  * own control plane, inside the node); needs root.
  */
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { before, describe, it } from 'node:test';
@@ -30,7 +30,8 @@ import { admissionReview, identityRequest } from '../helpers/admission.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents, RENDERED_MANIFESTS } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
-import { scanLater, SENTINEL_KEY } from '../helpers/leaks.ts';
+import { SENTINEL_KEY } from '../helpers/leaks.ts';
+import { podLog, scanNodeLogs } from '../helpers/node.ts';
 import { consumerEvent, outcomes, operatorSource } from '../helpers/mirror-sync.ts';
 import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
@@ -49,33 +50,7 @@ w.onCleanup(async () => {
 });
 
 const rendered = (await render(RENDERED_MANIFESTS)) as KubernetesObject[];
-const podLogs = join(work, 'node', 'kubelet', 'pod-logs');
-// Every log of the node and its control plane (pods, kubelet, containerd, kube-proxy, CoreDNS,
-// the API server and its audit log) is scanned for planted Secret values after the file; not
-// the kubelet's volumes, where a mounted Secret's files hold them by design.
-const LOGS = [
-  'node/kubelet/kubelet.log',
-  'node/kubelet/pod-logs',
-  'node/containerd/containerd.log',
-  'node/kube-proxy',
-  'node/coredns',
-  'controlplane/logs',
-];
-scanLater('node logs', () => LOGS.map((p) => readTree(join(work, p))).join('\n'));
-
-/** The file at `path`, or every file under it, concatenated ('' when absent). */
-function readTree(path: string): string {
-  if (!existsSync(path)) return '';
-  if (!statSync(path).isDirectory()) return readFileSync(path, 'utf8');
-  return readdirSync(path, { recursive: true, withFileTypes: true })
-    .filter((d) => d.isFile())
-    .map((d) => readFileSync(join(d.parentPath, d.name), 'utf8'))
-    .join('\n');
-}
-
-/** The pod's log as the kubelet wrote it (all containers, all restarts). */
-const podLog = (pod: V1Pod) =>
-  readTree(join(podLogs, `${pod.metadata!.namespace}_${pod.metadata!.name}_${pod.metadata!.uid}`));
+scanNodeLogs(work);
 
 /** The main process of a pod's first container, and its memory cgroup. */
 function containerOf(pod: V1Pod): { pid: number; memory: string } {
@@ -279,7 +254,7 @@ console.log(JSON.stringify({ uid: process.getuid(), groups: process.getgroups(),
       500,
     );
     const [ran] = (await w.clients.core.listNamespacedPod({ namespace: ns, labelSelector: 'job-name=tf-apply' })).items;
-    const log = podLog(ran!);
+    const log = podLog(work, ran!);
     assert.equal(done.status?.succeeded, 1, log);
     const out = log
       .split('\n')

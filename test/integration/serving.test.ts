@@ -1,0 +1,235 @@
+/**
+ * The manifests as they ship, on Knative Serving on a real node (`startSystem({ serving: true })`,
+ * scripts/serving/ and scripts/system/serving.ts): the Knative Services from the product
+ * image, events through Knative's ApiServerSource adapter and the shipped Broker (its data
+ * plane on the node) to their cluster-local addresses, Traefik as the KIngress, the activator
+ * and autoscaler deciding the scale. Each test waits for what it starts from (a function at
+ * zero) instead of assuming it. One Serving start for the file, with its own control plane
+ * inside the node; needs root.
+ */
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, it } from 'node:test';
+import { CoreV1Api, type V1Pod } from '@kubernetes/client-node';
+import { setGlobalDispatcher } from 'undici';
+import { mirrorName } from '../../functions/lib/mirror.ts';
+import { SERVICE_LABEL } from '../../scripts/local/scale.ts';
+import { cgroupRootOf } from '../../scripts/node/cgroups.ts';
+import { clusterLocalDispatcher } from '../../scripts/system/serving.ts';
+import { startSystem } from '../../scripts/system/system.ts';
+import { admissionReview, identityRequest } from '../helpers/admission.ts';
+import { eventually, suffix } from '../helpers/cluster.ts';
+import * as fx from '../helpers/fixtures.ts';
+import { createConsumers, operatorSource } from '../helpers/mirror-sync.ts';
+import { cgroupFolders, podLog, scanNodeLogs } from '../helpers/node.ts';
+import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
+
+const work = mkdtempSync(join(tmpdir(), 'captf-serving-'));
+const progress: string[] = [];
+const system = await startSystem({ dir: work, progress: (l) => progress.push(l), serving: true, events: 'broker' });
+const serving = system.serving!;
+// This file's world lives in the node's control plane, not in the suite's shared one.
+process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
+const w = fx.world('serving');
+// The world's first cleanup, so its last: after the leak scan, whatever it found.
+w.onCleanup(async () => {
+  await system.stop();
+  const root = cgroupRootOf(join(work, 'node'));
+  const left = cgroupFolders(join(work, 'node')).filter((f) => f.split('/')[1] === root);
+  const failed = progress.filter((l) => l.startsWith('while stopping'));
+  rmSync(work, { recursive: true, force: true });
+  assert.deepEqual({ left, failed }, { left: [], failed: [] }, 'the stop removed every cgroup and failed at nothing');
+});
+scanNodeLogs(work);
+// This process's fetch reaches `*.svc.cluster.local` through Traefik, as a pod would.
+setGlobalDispatcher(clusterLocalDispatcher(serving.gateway));
+
+const NAMESPACE = 'captf-system';
+const core = system.kc.makeApiClient(CoreV1Api);
+/** The Knative Services of the manifests whose shipped `min-scale` is 0. */
+const SCALE_TO_ZERO = system.rendered
+  .filter((o) => o.kind === 'Service' && o.apiVersion?.startsWith('serving.knative.dev/'))
+  .filter(
+    (o) =>
+      (o as { spec?: { template?: { metadata?: { annotations?: Record<string, string> } } } }).spec?.template?.metadata
+        ?.annotations?.['autoscaling.knative.dev/min-scale'] === '0',
+  )
+  .map((o) => o.metadata!.name!);
+const url = (service: string) => serving.urls[service]!;
+
+/** Every pod of a Knative Service, Running or Terminating. */
+const podsOf = async (service: string): Promise<V1Pod[]> =>
+  (await core.listNamespacedPod({ namespace: NAMESPACE, labelSelector: `${SERVICE_LABEL}=${service}` })).items;
+
+/** Waits until a Knative Service has no pod at all (the autoscaler's test windows are 6 s; generous). */
+const atZero = (service: string) =>
+  eventually(
+    `${service} to have no pod (Running or Terminating)`,
+    async () => (await podsOf(service)).length === 0,
+    180_000,
+    500,
+  );
+
+/**
+ * Samples the pods of `services` every 250 ms until `stop()`: the most of each seen at once, and
+ * every pod name seen.
+ */
+function samplePods(services: readonly string[]) {
+  const most = Object.fromEntries(services.map((s) => [s, 0]));
+  const seen = new Set<string>();
+  let running = true;
+  const done = (async () => {
+    while (running) {
+      for (const s of services) {
+        const pods = await podsOf(s).catch(() => []);
+        most[s] = Math.max(most[s]!, pods.length);
+        for (const p of pods) seen.add(`${s}/${p.metadata!.name}`);
+      }
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  })();
+  return {
+    most,
+    seen,
+    stop: async () => {
+      running = false;
+      await done;
+    },
+  };
+}
+
+describe('the manifests on Knative Serving', () => {
+  it('runs every Knative Service of the manifests, Ready, from the product image', async () => {
+    assert.deepEqual(Object.keys(serving.urls).sort(), [
+      'captf-admission',
+      'captf-dead-letters',
+      'captf-identity-status',
+      'captf-mirror-sync',
+    ]);
+    for (const [name, address] of Object.entries(serving.urls))
+      assert.equal(address, `http://${name}.${NAMESPACE}.svc.cluster.local`);
+    assert.ok(SCALE_TO_ZERO.includes('captf-mirror-sync'), 'mirror-sync ships with min-scale 0');
+  });
+
+  it('a new consumer gets its mirror from zero: adapter → Broker → Trigger → Knative Service', async () => {
+    await atZero('captf-mirror-sync');
+    const source = await operatorSource(w, fx.data({ AWS_ACCESS_KEY_ID: 'AKIA-serving' }));
+    const ns = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(ns));
+    const createdAt = Date.now();
+    const consumer = await w.create(fx.consumer('c', fx.inNamespace(ns), fx.identityRef(id)));
+    const mirror = await eventually(
+      `mirror ${ns}/${mirrorName(id)} owned by the consumer`,
+      async () => {
+        const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) });
+        return s.metadata?.ownerReferences?.some((o) => o.uid === consumer.metadata.uid) && s;
+      },
+      120_000,
+      500,
+    );
+    assert.equal(Buffer.from(mirror.data!.AWS_ACCESS_KEY_ID!, 'base64').toString(), 'AKIA-serving');
+    const started = (await podsOf('captf-mirror-sync')).map((p) => new Date(p.metadata!.creationTimestamp!).getTime());
+    assert.ok(
+      // Timestamps have whole seconds.
+      started.some((t) => t >= createdAt - 1000),
+      'a mirror-sync pod was started for the event (the Service was at zero before)',
+    );
+  });
+
+  it('after idle, each function at min-scale 0 has no pod, and a prepare, a ping, a review or a dead letter cold-starts it', async () => {
+    // Set up while mirror-sync may still run; then every Service is left to reach zero.
+    const source = await operatorSource(w);
+    const ns = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(ns));
+    const consumer = await w.create(fx.consumer('p', fx.inNamespace(ns), fx.identityRef(id)));
+    const caller = await manager(w);
+    await eventually('the identity to be Ready', async () => {
+      const stored = await w.read(fx.identity(id));
+      return fx.conditionOf(stored!, 'Ready')?.status === 'True';
+    });
+    for (const s of SCALE_TO_ZERO) await atZero(s);
+
+    // mirror-sync: the provider's prepare before a Job, answered within SPEC §5's 30 s.
+    const t0 = Date.now();
+    const prepared = await postPrepare(url('captf-mirror-sync'), prepareTarget(consumer), caller);
+    const tookMs = Date.now() - t0;
+    assert.equal(prepared.status, 200, prepared.text);
+    assert.equal(prepared.body.mirror, mirrorName(id));
+    assert.ok(tookMs < 30_000, `prepare from zero answered in ${tookMs} ms`);
+
+    // identity-status: a ping. Its source removed while it was at zero (no event names it),
+    // the identity turns not Ready only if a pod cold-started for the ping and ran.
+    await w.clients.core.deleteNamespacedSecret({ namespace: source.namespace, name: source.name });
+    await system.broker!.ping('status');
+    await eventually(
+      'identity-status to report the missing source after the ping',
+      async () => fx.conditionOf((await w.read(fx.identity(id)))!, 'Ready')?.status === 'False',
+      120_000,
+      500,
+    );
+
+    // admission: a review (the webhook is not registered yet; this is what the API server would send).
+    const review = admissionReview(
+      identityRequest('CREATE', fx.identity('aws', fx.secretRef(source.namespace, source.name)), undefined, {
+        uid: suffix(),
+        userInfo: { username: 'nobody', groups: [] },
+      }),
+    );
+    const answer = await fetch(`${url('captf-admission')}/validate`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(review),
+    });
+    assert.equal(answer.status, 200);
+    const decided = (await answer.json()) as { response: { allowed: boolean } };
+    assert.equal(decided.response.allowed, false, 'nobody may not get the Secret');
+
+    // The dead-letter sink: a CloudEvent as the dispatcher would send one.
+    const dead = await fetch(url('captf-dead-letters'), {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        'ce-specversion': '1.0',
+        'ce-id': suffix(),
+        'ce-source': 'captf/serving-test',
+        'ce-type': 'io.captf.test.dead-letter',
+      },
+      body: '{}',
+    });
+    assert.ok(dead.ok, `the dead-letter sink answered ${dead.status}`);
+  });
+
+  it('a burst of consumers scales mirror-sync past one pod and ends with one owner reference each, no dead letter', async () => {
+    const N = 200;
+    await atZero('captf-dead-letters');
+    const source = await operatorSource(w);
+    const ns = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(ns));
+    const sample = samplePods(['captf-mirror-sync', 'captf-dead-letters']);
+    try {
+      const consumers = await createConsumers(w, ns, id, 'burst', N);
+      const want = consumers.map((c) => c.metadata.uid).sort();
+      await eventually(
+        `mirror ${ns}/${mirrorName(id)} to have ${N} owner references`,
+        async () => {
+          const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) }).catch(() => undefined);
+          const owners = (s?.metadata?.ownerReferences ?? []).map((o) => o.uid).sort();
+          return owners.length === N && owners;
+        },
+        300_000,
+        1000,
+      ).then((owners) => assert.deepEqual(owners, want));
+    } finally {
+      await sample.stop();
+    }
+    assert.ok(
+      sample.most['captf-mirror-sync']! > 1,
+      `mirror-sync scaled past one pod (most at once: ${sample.most['captf-mirror-sync']})`,
+    );
+    const deadLetters = [...sample.seen].filter((p) => p.startsWith('captf-dead-letters/'));
+    const logs = await Promise.all((await podsOf('captf-dead-letters')).map((p) => podLog(work, p)));
+    assert.deepEqual(deadLetters, [], `no dead letter: ${logs.join('\n').slice(0, 2000)}`);
+  });
+});
