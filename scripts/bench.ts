@@ -11,7 +11,9 @@
  *   --size N         also run the resync row at N consumers (e.g. 10000)
  *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission, prepare,
  *                    pods (the functions as pods on a real node of its own: cold start, container
- *                    memory, the node's footprint; needs root)
+ *                    memory, the node's footprint; needs root), serving (the manifests on Knative Serving
+ *                    on a real node of its own: cold start from zero through the activator, fan-in with
+ *                    real autoscaling; needs root; not part of --quick unless named)
  *   --paths a,b      the delivery paths of the event rows (default all): direct, broker, broker-async
  *   --out DIR        where the result JSON goes (default bench/results; .local/bench-results with --quick)
  *   --timeout S      bound on any one wait for convergence (default 900; 120 with --quick)
@@ -42,6 +44,7 @@ import { stopOnSignal } from './lib/process.ts';
 import { startSystem, type FunctionName, type RunningSystem } from './system/system.ts';
 import { admissionRow } from './bench/rows/admission.ts';
 import { podRows } from './bench/rows/pods.ts';
+import { servingRows } from './bench/rows/serving.ts';
 import { prepareRow } from './bench/rows/prepare.ts';
 import { coldStartRow } from './bench/rows/cold-start.ts';
 import type { BenchSystem, RowContext } from './bench/rows/context.ts';
@@ -62,7 +65,8 @@ const { values } = parseArgs({
   },
 });
 const quick = values.quick!;
-const rows = values.rows ? values.rows.split(',') : [...ROWS];
+// Serving starts a node and Knative (a minute, more with a cold build): only when named under --quick.
+const rows = values.rows ? values.rows.split(',') : ROWS.filter((r) => !(quick && r === 'serving'));
 for (const r of rows)
   if (!(ROWS as readonly string[]).includes(r)) throw new Error(`unknown row ${r}; rows: ${ROWS.join(', ')}`);
 const paths = (values.paths ? values.paths.split(',') : [...DELIVERY_PATHS]) as DeliveryPath[];
@@ -84,6 +88,8 @@ const sizes = {
   prepare: quick ? 10 : 100,
   coldStartRuns: quick ? 3 : 10,
   podRuns: quick ? 1 : 5,
+  servingRuns: quick ? 1 : 5,
+  servingFanIn: quick ? [20] : [200],
 };
 const timeoutMs = Number(values.timeout ?? (quick ? 120 : 900)) * 1000;
 const outDir = values.out ?? join(REPO_ROOT, quick ? '.local/bench-results' : 'bench/results');
@@ -162,6 +168,7 @@ try {
     admission: () => admissionRow(ctx, sizes.admission),
     prepare: () => prepareRow(ctx, sizes.prepare),
     pods: () => podRows({ runs: sizes.podRuns, log }),
+    serving: () => servingRows({ runs: sizes.servingRuns, fanIn: sizes.servingFanIn, timeoutMs, log }),
   };
   const eventRun: Record<EventRow, (path: DeliveryPath) => Promise<Figure[]>> = {
     'event-to-mirror': (path) => eventToMirrorRow(ctx, sizes.eventToMirror, path),

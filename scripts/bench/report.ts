@@ -19,6 +19,7 @@ export const ROWS = [
   'admission',
   'prepare',
   'pods',
+  'serving',
 ] as const;
 /** The rows that run once per delivery path (fan-in also makes the spread and concurrent fan-in rows). */
 export const EVENT_ROWS = ['event-to-mirror', 'fan-in', 'revocation'] as const;

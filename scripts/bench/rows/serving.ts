@@ -1,0 +1,282 @@
+/**
+ * Rows on Knative Serving on a real node (a system of its own, `startSystem({ serving: true })`),
+ * with the shipped manifests, the shipped Broker and Knative's autoscaling: no stand-in front
+ * (the process rows keep theirs).
+ * - "serving cold start": from zero through Traefik and the activator: a new consumer's event
+ *   until its mirror is written (adapter → Broker → Trigger → Knative Service), and a prepare
+ *   until its answer. Each cold sample starts only once the Knative Service has no pod, Running
+ *   or Terminating (the row counts those starts). Baseline: the same right after, pod warm.
+ * - "serving fan-in N": N consumers of one identity in one namespace, created at the bench's
+ *   client concurrency: time until all are owners of the mirror (baseline: N Secret creates),
+ *   mirror-sync's API requests per consumer and conflicts (audit log), its pods over time
+ *   (sampled each second, Running or Terminating) and the most at once, and dead letters (pods
+ *   of the dead-letter sink).
+ * Without root the rows fail saying so (the node needs namespaces and cgroups).
+ */
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { CoreV1Api, type KubeConfig } from '@kubernetes/client-node';
+import { setGlobalDispatcher, getGlobalDispatcher } from 'undici';
+import { loadKubeConfig } from '../../../functions/lib/kube.ts';
+import { DEFAULT_PREPARE_AUDIENCE } from '../../../functions/mirror-sync/authorize.ts';
+import { SERVICE_LABEL } from '../../local/scale.ts';
+import { prepareCaller } from '../../lib/serviceaccount.ts';
+import { eventually, sleep } from '../../lib/wait.ts';
+import { clusterLocalDispatcher } from '../../system/serving.ts';
+import { startSystem, type RunningSystem } from '../../system/system.ts';
+import { REPO_ROOT } from '../../tools/build.ts';
+import { secretCreates } from '../baselines.ts';
+import { BenchClient, CLIENT_CONCURRENCY } from '../client.ts';
+import {
+  consumerBody,
+  consumersPath,
+  createConsumers,
+  createIdentity,
+  createNamespaces,
+  GROUP_VERSION,
+  mirrorOf,
+  putSourceSecret,
+  type Mirror,
+} from '../fixtures.ts';
+import { AuditLog } from '../measure.ts';
+import type { Figure } from '../report.ts';
+
+/** What the Serving rows need from the bench. */
+export interface ServingRowOptions {
+  /** Cold samples per kind (event, prepare). */
+  runs: number;
+  /** Consumers per fan-in burst. */
+  fanIn: readonly number[];
+  timeoutMs: number;
+  log: (line: string) => void;
+}
+
+const NAMESPACE = 'captf-system';
+const MIRROR_SYNC = 'captf-mirror-sync';
+const IDENTITY = 'bench-serving';
+const MIRROR_SYNC_USER = `system:serviceaccount:${NAMESPACE}:captf-mirror-sync`;
+
+/** The bench's view of the Serving system. */
+interface Served {
+  system: RunningSystem;
+  admin: BenchClient;
+  kc: KubeConfig;
+  audit: AuditLog;
+  opts: ServingRowOptions;
+  n: number;
+}
+
+/**
+ * Starts a node with Serving, measures, stops it.
+ * @throws Error when the node or Serving cannot start, or a sample does not complete in time.
+ */
+export async function servingRows(o: ServingRowOptions): Promise<Figure[]> {
+  const dir = join(REPO_ROOT, '.local', `bench-serving-${process.pid}`);
+  const system = await startSystem({
+    dir,
+    progress: o.log,
+    serving: true,
+    events: 'broker',
+    auditLogMaxSizeMB: 100_000,
+  });
+  const before = getGlobalDispatcher();
+  setGlobalDispatcher(clusterLocalDispatcher(system.serving!.gateway));
+  const kc = loadKubeConfig(system.kubeconfigPath);
+  const s: Served = {
+    system,
+    admin: new BenchClient(system.kubeconfigPath, CLIENT_CONCURRENCY),
+    kc,
+    audit: new AuditLog(join(system.controlPlane!.dir, 'logs', 'audit.log')),
+    opts: o,
+    n: 0,
+  };
+  try {
+    await putSourceSecret(s.admin, 'bench-serving-creds', { token: 'bench' });
+    await createIdentity(s.admin, {
+      name: IDENTITY,
+      secret: 'bench-serving-creds',
+      allowedNamespaces: { selector: { matchLabels: { 'captf-bench/serving': 'true' } } },
+    });
+    const figures = [...(await coldStarts(s))];
+    for (const n of o.fanIn) figures.push(...(await fanIn(s, n)));
+    return figures;
+  } finally {
+    setGlobalDispatcher(before);
+    s.admin.close();
+    await system.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** Pods of a Knative Service, Running or Terminating. */
+const podCount = async (kc: KubeConfig, service: string): Promise<number> =>
+  (
+    await kc
+      .makeApiClient(CoreV1Api)
+      .listNamespacedPod({ namespace: NAMESPACE, labelSelector: `${SERVICE_LABEL}=${service}` })
+  ).items.length;
+
+/** Waits until `service` has no pod; scale to zero takes the autoscaler's windows plus the pods' drain. */
+const atZero = (s: Served, service: string) =>
+  eventually(`${service} to have no pod`, async () => (await podCount(s.kc, service)) === 0, s.opts.timeoutMs, 500);
+
+/** A new namespace the identity allows, with a name no other sample uses. */
+async function newNamespace(s: Served): Promise<string> {
+  const ns = `bench-serving-${s.n++}`;
+  await createNamespaces(s.admin, [ns], { 'captf-bench/serving': 'true' });
+  return ns;
+}
+
+/** A consumer created, then the time until the mirror names it as an owner. */
+async function eventToMirror(s: Served, ns: string, name: string): Promise<number> {
+  const t0 = performance.now();
+  const created = await s.admin.call<{ metadata: { uid: string } }>(
+    'POST',
+    consumersPath('terraformclusters', ns),
+    consumerBody('terraformclusters', name, IDENTITY),
+  );
+  await eventually(
+    `the mirror in ${ns} to name ${name} as an owner`,
+    async () => {
+      const m = await s.admin
+        .call<Mirror>('GET', `/api/v1/namespaces/${ns}/secrets/${mirrorOf(IDENTITY)}`)
+        .catch(() => undefined);
+      return m?.metadata.ownerReferences?.some((r) => r.uid === created.metadata.uid);
+    },
+    s.opts.timeoutMs,
+    20,
+  );
+  return performance.now() - t0;
+}
+
+/** One prepare through Traefik, timed. @throws Error unless it answers 200. */
+async function timedPrepare(s: Served, ns: string, name: string, token: string): Promise<number> {
+  const t0 = performance.now();
+  const res = await fetch(`${s.system.serving!.urls[MIRROR_SYNC]}/prepare`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+    body: JSON.stringify({ apiVersion: GROUP_VERSION, kind: 'TerraformCluster', namespace: ns, name }),
+  });
+  const text = await res.text();
+  if (res.status !== 200) throw new Error(`prepare answered ${res.status}: ${text.slice(0, 200)}`);
+  return performance.now() - t0;
+}
+
+/** The cold-start figures: event → mirror and prepare, from zero and warm. */
+async function coldStarts(s: Served): Promise<Figure[]> {
+  const caller = await prepareCaller(s.kc, {
+    namespace: NAMESPACE,
+    name: 'bench-serving-manager',
+    suffix: 'bench-serving',
+    audience: DEFAULT_PREPARE_AUDIENCE,
+  });
+  const cold = { event: [] as number[], prepare: [] as number[], fromZero: 0 };
+  const warm = { event: [] as number[], prepare: [] as number[] };
+  try {
+    for (let i = 0; i < s.opts.runs; i++) {
+      const ns = await newNamespace(s);
+      await atZero(s, MIRROR_SYNC);
+      cold.fromZero++;
+      cold.event.push(await eventToMirror(s, ns, 'c-0'));
+      warm.event.push(await eventToMirror(s, ns, 'c-1'));
+      await atZero(s, MIRROR_SYNC);
+      cold.fromZero++;
+      cold.prepare.push(await timedPrepare(s, ns, 'c-0', caller.token));
+      warm.prepare.push(await timedPrepare(s, ns, 'c-1', caller.token));
+      s.opts.log(
+        `serving cold start ${i + 1}/${s.opts.runs}: event ${Math.round(cold.event.at(-1)!)} ms, prepare ${Math.round(cold.prepare.at(-1)!)} ms`,
+      );
+    }
+  } finally {
+    await caller.cleanup();
+  }
+  const row = 'serving cold start';
+  return [
+    {
+      row,
+      what: 'mirror-sync from zero: new consumer → mirror (adapter, Broker, Traefik, activator)',
+      unit: 'ms',
+      samples: cold.event,
+      baseline: { what: 'the same, pod warm', samples: warm.event },
+    },
+    {
+      row,
+      what: 'mirror-sync from zero: prepare → answer (Traefik, activator)',
+      unit: 'ms',
+      samples: cold.prepare,
+      baseline: { what: 'the same, pod warm', samples: warm.prepare },
+    },
+    { row, what: 'cold samples started with no pod (Running or Terminating)', unit: 'count', samples: [cold.fromZero] },
+  ];
+}
+
+/** Samples every second how many pods `services` have, until `stop()`. */
+function podsOverTime(kc: KubeConfig, services: readonly string[]) {
+  const series = Object.fromEntries(services.map((x) => [x, [] as number[]]));
+  let running = true;
+  const done = (async () => {
+    while (running) {
+      for (const x of services) series[x]!.push(await podCount(kc, x).catch(() => -1));
+      await sleep(1000);
+    }
+  })();
+  return {
+    series,
+    stop: async () => {
+      running = false;
+      await done;
+    },
+  };
+}
+
+/** One fan-in burst of `n` consumers on real autoscaling, from zero. */
+async function fanIn(s: Served, n: number): Promise<Figure[]> {
+  const ns = await newNamespace(s);
+  const floorNs = await newNamespace(s);
+  await atZero(s, MIRROR_SYNC);
+  const pods = podsOverTime(s.kc, [MIRROR_SYNC, 'captf-dead-letters']);
+  const from = s.audit.mark();
+  const t0 = performance.now();
+  let ms: number;
+  try {
+    const items = Array.from({ length: n }, (_, i) => ({ namespace: ns, name: `f-${i}` }));
+    await createConsumers(s.admin, { plural: 'terraformclusters', items, identity: IDENTITY });
+    await eventually(
+      `${n} owners of the mirror in ${ns}`,
+      async () => {
+        const m = await s.admin
+          .call<Mirror>('GET', `/api/v1/namespaces/${ns}/secrets/${mirrorOf(IDENTITY)}`)
+          .catch(() => undefined);
+        return (m?.metadata.ownerReferences?.length ?? 0) === n;
+      },
+      s.opts.timeoutMs,
+      100,
+    );
+    ms = performance.now() - t0;
+  } finally {
+    await pods.stop();
+  }
+  const counts = s.audit.countFor(MIRROR_SYNC_USER, from);
+  const floor = await secretCreates(s.admin, floorNs, n, 'floor');
+  const row = `serving fan-in N=${n}`;
+  const series = pods.series[MIRROR_SYNC]!;
+  return [
+    {
+      row,
+      what: 'time until all mirrored',
+      unit: 'ms',
+      samples: [ms],
+      baseline: { what: `${n} Secret creates`, samples: [floor] },
+    },
+    { row, what: 'mirror-sync API requests per consumer', unit: 'count', samples: [counts.requests / n] },
+    { row, what: '409 conflicts', unit: 'count', samples: [counts.conflicts] },
+    { row, what: 'mirror-sync pods, most at once', unit: 'count', samples: [Math.max(...series)] },
+    { row, what: 'mirror-sync pods over time (one sample a second)', unit: 'count', samples: series },
+    {
+      row,
+      what: 'dead-letter sink pods (a dead letter starts one)',
+      unit: 'count',
+      samples: [Math.max(0, ...pods.series['captf-dead-letters']!)],
+    },
+  ];
+}
