@@ -5,8 +5,9 @@
  * production bundles, as admin or each as the least-privileged user of its ServiceAccount),
  * the admission webhook's registration, and events: the manifests' Broker, Triggers and
  * PingSources on Knative's own data plane fed by Knative's ApiServerSource adapter (./broker.ts),
- * or the bench's switchable delivery paths (scripts/bench/paths.ts). Knative Serving does not
- * run here, so a ksvc is a process on a loopback port.
+ * or the bench's switchable delivery paths (scripts/bench/paths.ts). Without `serving` a
+ * Knative Service is a process on a loopback port; with it, the manifests' Knative Services run
+ * on Knative Serving on a real node (./serving.ts) and the Broker's data plane runs there too.
  *
  * {@link startSystem} reads as its list of steps; each step pushes its undo onto one cleanup
  * stack, which `stop()` (and any failed start) runs in reverse. A new part of the world is one

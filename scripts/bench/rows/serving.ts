@@ -7,8 +7,10 @@
  *   until its answer. Each cold sample starts only once the Knative Service has no pod, Running
  *   or Terminating (the row counts those starts). Baseline: the same right after, pod warm.
  * - "serving fan-in N": N consumers of one identity in one namespace, created at the bench's
- *   client concurrency: time until all are owners of the mirror (baseline: N Secret creates),
- *   mirror-sync's API requests per consumer and conflicts (audit log), its pods over time
+ *   client concurrency: time until every one is mirrored (`CredentialsMirrored=True`) and an
+ *   owner of the mirror (baseline: N Secret creates),
+ *   mirror-sync's API requests per consumer and conflicts (audit log, counted once its requests
+ *   have stopped for 3 s: the echoes of its own status writes included), its pods over time
  *   (sampled each second, Running or Terminating) and the most at once, and dead letters (pods
  *   of the dead-letter sink).
  * Without root the rows fail saying so (the node needs namespaces and cgroups).
@@ -34,8 +36,10 @@ import {
   createIdentity,
   createNamespaces,
   GROUP_VERSION,
+  hasTrue,
   mirrorOf,
   putSourceSecret,
+  type Consumer,
   type Mirror,
 } from '../fixtures.ts';
 import { AuditLog } from '../measure.ts';
@@ -229,6 +233,19 @@ function podsOverTime(kc: KubeConfig, services: readonly string[]) {
   };
 }
 
+/** Waits until mirror-sync has made no API request for `quietMs` (bounded by the row's timeout). */
+async function quietFor(s: Served, from: number, quietMs: number): Promise<void> {
+  const deadline = Date.now() + s.opts.timeoutMs;
+  let last = -1;
+  let since = Date.now();
+  while (Date.now() < deadline) {
+    const now = s.audit.countFor(MIRROR_SYNC_USER, from).requests;
+    if (now !== last) [last, since] = [now, Date.now()];
+    else if (Date.now() - since >= quietMs) return;
+    await sleep(500);
+  }
+}
+
 /** One fan-in burst of `n` consumers on real autoscaling, from zero. */
 async function fanIn(s: Served, n: number): Promise<Figure[]> {
   const ns = await newNamespace(s);
@@ -242,17 +259,21 @@ async function fanIn(s: Served, n: number): Promise<Figure[]> {
     const items = Array.from({ length: n }, (_, i) => ({ namespace: ns, name: `f-${i}` }));
     await createConsumers(s.admin, { plural: 'terraformclusters', items, identity: IDENTITY });
     await eventually(
-      `${n} owners of the mirror in ${ns}`,
+      `${n} consumers in ${ns} mirrored, each an owner of the mirror`,
       async () => {
         const m = await s.admin
           .call<Mirror>('GET', `/api/v1/namespaces/${ns}/secrets/${mirrorOf(IDENTITY)}`)
           .catch(() => undefined);
-        return (m?.metadata.ownerReferences?.length ?? 0) === n;
+        if ((m?.metadata.ownerReferences?.length ?? 0) !== n) return false;
+        const list = await s.admin.call<{ items: Consumer[] }>('GET', consumersPath('terraformclusters', ns));
+        return list.items.length === n && list.items.every((c) => hasTrue(c, 'CredentialsMirrored'));
       },
       s.opts.timeoutMs,
       100,
     );
     ms = performance.now() - t0;
+    // The echoes of mirror-sync's own status writes come after: count once its requests stop.
+    await quietFor(s, from, 3000);
   } finally {
     await pods.stop();
   }
