@@ -147,6 +147,7 @@ ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')})
     .join(', ')}
   from this machine: curl -H 'Host: <name>.captf-system.svc.cluster.local' http://127.0.0.1:${svc.gateway}/healthz (Traefik, the KIngress)
   webhook: NOT registered (it needs cluster-local TLS; docs/deploy-knative.md)
+  autoscaler: test windows (stable window and scale-to-zero grace 6 s); dead letters go to captf-dead-letters' log, not here
   events: Knative's ApiServerSource adapter → Broker captf on the node → Triggers → the Knative Services; status every ${values.status}, resync every ${values.resync}
   try: kubectl apply -f examples/ && kubectl get pods -n captf-system -w
   Ctrl-C stops everything.

@@ -332,9 +332,9 @@ function apiServerHost(kc: KubeConfig): string | undefined {
  * the binaries and creates the system namespace, its ConfigMaps and the target namespace when
  * missing, applies the Broker, Triggers and PingSources of `objects` and the Broker's
  * InMemoryChannel, writes every field the eventing controllers would, starts the ingress,
- * filter, dispatcher and mtping on free ports (with `HTTPS_PROXY` a loopback proxy that refuses
- * everything: scripts/eventing/processes.ts startRefusingProxy), and resolves once the Broker
- * accepts events.
+ * filter, dispatcher and mtping on free ports (on this machine with `HTTPS_PROXY` a loopback
+ * proxy that refuses everything: scripts/eventing/processes.ts startRefusingProxy; on the node,
+ * with `place`, without), and resolves once the Broker accepts events.
  * Needs the Eventing CRDs (scripts/controlplane/crds.ts installEventingCRDs).
  * @returns the running data plane; call `stop()` when done.
  * @throws Error when there is not exactly one Broker, a ref cannot be resolved (a Knative

@@ -220,7 +220,7 @@ export interface SpawnOptions {
  * @throws Error when one of its ports is taken.
  */
 export async function spawnComponent(component: EventingComponent, opts: SpawnOptions): Promise<ComponentProcess> {
-  // Inside the node nothing else binds the chosen ports: they are free ones of the host's range.
+  // On the node the ports cannot be checked from here; a taken one shows as `address already in use`.
   if (!opts.place) for (const [port, what] of portsOf(component, opts.env.ports)) await assertPortFree(port, what);
   const child = (opts.place?.spawn ?? spawn)(opts.bins[component], [], {
     env: componentEnv(component, opts.env),
@@ -251,6 +251,19 @@ function accepts(port: number): Promise<boolean> {
 }
 
 /**
+ * Whether something listens on `port` where the processes run. On the node the host side of a
+ * forward accepts whatever is inside, so there an HTTP request must get an answer (any status).
+ */
+async function listening(port: number, place: ProcessPlace | undefined): Promise<boolean> {
+  if (!place) return accepts(port);
+  const local = await place.reach(port);
+  return fetch(`http://127.0.0.1:${local}/`, { signal: AbortSignal.timeout(2000) }).then(
+    async (r) => (await r.arrayBuffer(), true),
+    () => false,
+  );
+}
+
+/**
  * Waits until the component listens on its HTTP port (mtping: until it ran for a moment),
  * failing fast when it exits or reports a taken port.
  * @throws Error `<component> exited (…)`, `… address already in use …` or a timeout, with its
@@ -266,7 +279,7 @@ export async function waitListening(
   for (const t0 = Date.now(); ; await sleep(100)) {
     if (!isRunning(proc.child)) throw fail(`exited (${proc.child.exitCode ?? proc.child.signalCode})`);
     if (proc.portError) throw fail(`could not bind a port: ${proc.portError}`);
-    if (port === undefined ? Date.now() - t0 > 500 : await accepts(place ? await place.reach(port) : port)) return;
+    if (port === undefined ? Date.now() - t0 > 500 : await listening(port, place)) return;
     if (Date.now() > deadline) throw fail(`did not listen on ${port} in time`);
   }
 }

@@ -169,7 +169,11 @@ async function stagePause(root: string, opts: StageOptions): Promise<LayerSpec[]
   return [{ root, paths: ['pause'], createdBy: 'captf: /pause (scripts/tools/go/image/pause)' }];
 }
 
-/** A Knative program's image as `ko` builds it: the static binary at `/ko-app/<name>`, run as 65532. */
+/**
+ * A Knative program's image laid out as `ko` builds it (the static binary at `/ko-app/<name>`,
+ * run as 65532), without ko's base image: no CA bundle or time zones, which nothing on the test
+ * node needs (it reaches nothing outside the cluster).
+ */
 function goProgramImage(set: ToolSet, binary: string, ref: string): ImageDefinition {
   const path = `/ko-app/${binary}`;
   return {

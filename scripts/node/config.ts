@@ -51,8 +51,8 @@ export const NODE_NETWORK = { bridge: 'node0', address: '10.240.0.1/24', service
 export const CLUSTER_DNS = { address: '10.240.0.1', domain: 'cluster.local' } as const;
 
 /**
- * The node's own `/etc/resolv.conf`: cluster DNS with a pod's search list (the kubelet's for
- * namespace `default`) and ndots, and nothing upstream (no name outside the cluster resolves).
+ * The node's own `/etc/resolv.conf`: cluster DNS with the cluster-wide part of a pod's search
+ * list and a pod's ndots, and nothing upstream (no name outside the cluster resolves).
  */
 export const NODE_RESOLV_CONF =
   `nameserver ${CLUSTER_DNS.address}\n` +

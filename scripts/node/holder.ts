@@ -12,9 +12,19 @@
  * with the last process the namespaces and every mount made in them go away.
  */
 import { execFileSync } from 'node:child_process';
-import { chmodSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import type { Server } from 'node:net';
-import { join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { CGROUP_FS, cgroupProcesses, removeCgroupsPatiently } from './cgroups.ts';
 import { KUBELET_KERNEL_SETTINGS, parseHolderConfig, type HolderConfig } from './config.ts';
 import { holderForward } from './forward.ts';
@@ -48,9 +58,7 @@ function setUp(): void {
     writeFileSync(file, `${value}\n`, { mode: 0o444 });
     sh('mount', '--bind', '-o', 'ro', file, join('/proc/sys', name));
   }
-  // Cluster DNS for the node's own processes; the host's file is untouched.
-  writeFileSync('/run/captf-node-resolv.conf', config.resolvConf, { mode: 0o444 });
-  sh('mount', '--bind', '-o', 'ro', '/run/captf-node-resolv.conf', '/etc/resolv.conf');
+  useClusterDns(config.resolvConf);
   sh('ip', 'link', 'set', 'lo', 'up');
   sh('ip', 'link', 'add', config.bridge, 'type', 'bridge');
   sh('ip', 'addr', 'add', config.address, 'dev', config.bridge);
@@ -67,6 +75,29 @@ function setUp(): void {
   if (config.cgroupHierarchies.includes('cpuset'))
     for (const f of ['cpuset.cpus', 'cpuset.mems'])
       writeFileSync(join(cpuset, config.cgroupRoot, f), readFileSync(join(cpuset, f)));
+}
+
+/**
+ * Cluster DNS for the node's own processes, in this mount namespace only; the host's file is
+ * untouched. `/etc/resolv.conf` may be a symlink (systemd-resolved's points into `/run`): it is
+ * followed, and a target under `/run` (now this namespace's empty tmpfs) is written there;
+ * any other target is bind-mounted over. A missing target outside `/run` is refused: creating
+ * it would write on the host.
+ * @throws Error naming the path when it cannot be used.
+ */
+function useClusterDns(text: string): void {
+  let path = '/etc/resolv.conf';
+  const isLink = (p: string) => lstatSync(p, { throwIfNoEntry: false })?.isSymbolicLink() ?? false;
+  for (let i = 0; i < 10 && isLink(path); i++) path = resolve(dirname(path), readlinkSync(path));
+  if (path === '/run' || path.startsWith('/run/')) {
+    mkdirSync(dirname(path), { recursive: true });
+    writeFileSync(path, text, { mode: 0o444 });
+    return;
+  }
+  if (!existsSync(path) || !lstatSync(path).isFile())
+    throw new Error(`node holder: /etc/resolv.conf resolves to ${path}, which is not a file to mount cluster DNS over`);
+  writeFileSync('/run/captf-node-resolv.conf', text, { mode: 0o444 });
+  sh('mount', '--bind', '-o', 'ro', '/run/captf-node-resolv.conf', path);
 }
 
 /**

@@ -117,7 +117,7 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
     spawn: (cmd, args, spawnOpts = {}) =>
       spawn('nsenter', ['-t', String(ready.pid), '-n', '-m', '--', cmd, ...args], {
         ...spawnOpts,
-        env: { ...(spawnOpts.env ?? process.env), [NODE_MARKER]: dir },
+        env: { ...nodeEnv(spawnOpts.env ?? process.env), [NODE_MARKER]: dir },
       }),
     async stop() {
       for (const s of servers) s.close();
@@ -126,6 +126,15 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
       rmSync(join(dir, 'holder.pid'), { force: true });
     },
   };
+}
+
+/**
+ * An environment for a process on the node, without the `KUBERNETES_SERVICE_*` a pod (a CI
+ * runner) would pass on: clients seeing them take in-cluster configuration (Traefik's
+ * Knative provider does) and would reach for the outer cluster.
+ */
+function nodeEnv(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  return Object.fromEntries(Object.entries(env).filter(([k]) => !k.startsWith('KUBERNETES_SERVICE_')));
 }
 
 /** Starts the holder in new network and mount namespaces; it dies with this process's end of its stdin. */

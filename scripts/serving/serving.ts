@@ -51,12 +51,13 @@ export interface ServingOptions {
 /**
  * Installs and starts Knative Serving on `node`: builds the programs and images when missing,
  * imports the images, applies Serving's objects, starts Traefik and waits until Serving's four
- * Deployments are Available and its webhook has its certificate.
+ * Deployments are Available (Knative Services applied right after may still meet its webhook
+ * starting: ../system/serving.ts retries).
  * @throws Error naming what did not become ready, with where its log is; Traefik is stopped first.
  */
 export async function startServing(node: TestNode, opts: ServingOptions): Promise<KnativeServing> {
   opts.log('[serving] programs and images (built when missing)');
-  const traefikBin = await ensureTool('serving', 'traefik', opts.log);
+  const traefikBin = await ensureTool('traefik', 'traefik', opts.log);
   for (const p of SERVING_PROGRAMS) {
     const image = await buildImage(`serving-${p}`, { log: opts.log });
     await node.containerd.ctr(['images', 'import', image.path]);
@@ -71,7 +72,7 @@ export async function startServing(node: TestNode, opts: ServingOptions): Promis
   const traefik = startTraefik(node, { dir: opts.dir, bin: traefikBin });
   const stop = () => stopProcess(traefik, 5000);
   try {
-    await servingReady(kc, join(opts.dir, 'traefik'));
+    await servingReady(kc, { traefik, log: join(opts.dir, 'traefik', 'traefik.log') });
   } catch (err) {
     await stop();
     throw err;
@@ -133,17 +134,23 @@ function startTraefik(node: TestNode, o: { dir: string; bin: string }): ChildPro
   );
 }
 
-/** Waits for Serving's Deployments to be Available. */
-async function servingReady(kc: KubeConfig, traefikLog: string): Promise<void> {
+/**
+ * Waits for Serving's Deployments to be Available, all within one deadline.
+ * @throws Error naming the first that is not, or that Traefik exited (with its log's path).
+ */
+async function servingReady(kc: KubeConfig, t: { traefik: ChildProcess; log: string }): Promise<void> {
   const apps = kc.makeApiClient(AppsV1Api);
+  const deadline = Date.now() + AVAILABLE_TIMEOUT_MS;
   for (const name of ['activator', 'autoscaler', 'controller', 'webhook'])
     await eventually(
-      `Knative Serving's ${name} to be Available (kubectl -n ${SERVING_NAMESPACE} describe pods; Traefik's log: ${traefikLog})`,
+      `Knative Serving's ${name} to be Available (kubectl -n ${SERVING_NAMESPACE} describe pods)`,
       async () => {
+        if (t.traefik.exitCode !== null || t.traefik.signalCode !== null)
+          throw new Error(`Traefik exited (${t.traefik.exitCode ?? t.traefik.signalCode}); its log: ${t.log}`);
         const d = await apps.readNamespacedDeployment({ namespace: SERVING_NAMESPACE, name });
         return d.status?.conditions?.some((c) => c.type === 'Available' && c.status === 'True');
       },
-      AVAILABLE_TIMEOUT_MS,
+      Math.max(deadline - Date.now(), 1),
       500,
     );
 }

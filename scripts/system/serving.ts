@@ -45,9 +45,11 @@ const MANAGER = 'kubectl';
  * @param base the kustomization rendered, relative to the overlay's folder.
  */
 export function servingOverlay(base: string, images: { product: string; deadLetters: string }): string {
+  // Scalars as JSON strings (valid YAML): a folder may hold `#` or `: `.
+  const q = (v: string) => JSON.stringify(v);
   const image = (name: string, ref: string) => {
-    const at = ref.lastIndexOf(':');
-    return `  - name: ${name}\n    newName: ${ref.slice(0, at)}\n    newTag: "${ref.slice(at + 1)}"\n`;
+    const { repository, tag } = splitImageRef(ref);
+    return `  - name: ${q(name)}\n    newName: ${q(repository)}\n    newTag: ${q(tag)}\n`;
   };
   const deletes = WEBHOOK_KINDS.map(
     (k) =>
@@ -56,10 +58,21 @@ export function servingOverlay(base: string, images: { product: string; deadLett
   return (
     "# Written by scripts/system/serving.ts: the manifests with the test node's images, without the webhook.\n" +
     'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n' +
-    `resources:\n  - ${base}\n` +
+    `resources:\n  - ${q(base)}\n` +
     `images:\n${image(SHIPPED_IMAGES.product, images.product)}${image(SHIPPED_IMAGES.deadLetters, images.deadLetters)}` +
     `patches:\n${deletes}`
   );
+}
+
+/**
+ * Splits `repository:tag` at the tag's colon (the last one after the last `/`, so a registry's
+ * port stays in the repository). Pure.
+ * @throws Error for a reference without a tag, or by digest (the node's images have tags).
+ */
+export function splitImageRef(ref: string): { repository: string; tag: string } {
+  const at = ref.lastIndexOf(':');
+  if (ref.includes('@') || at <= ref.lastIndexOf('/')) throw new Error(`image ${ref}: expected repository:tag`);
+  return { repository: ref.slice(0, at), tag: ref.slice(at + 1) };
 }
 
 /**

@@ -282,9 +282,9 @@ function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
 
 /** @throws Error when `serving` comes with options it replaces. */
 function checkServing(opts: SystemOptions): void {
-  if (opts.serving && (opts.functions || opts.webhook))
+  if (opts.serving && (opts.functions || opts.webhook || opts.events === 'fronts'))
     throw new Error(
-      'with serving the functions are Knative Services from the image, and the webhook is not registered: leave functions and webhook out',
+      "with serving the functions are Knative Services from the image, events come through the Broker, and the webhook is not registered: leave functions, webhook and events: 'fronts' out",
     );
 }
 

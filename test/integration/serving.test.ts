@@ -15,7 +15,7 @@ import { describe, it } from 'node:test';
 import { CoreV1Api, type V1Pod } from '@kubernetes/client-node';
 import { setGlobalDispatcher } from 'undici';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { SERVICE_LABEL } from '../../scripts/local/scale.ts';
+import { podView, SERVICE_LABEL } from '../../scripts/local/scale.ts';
 import { cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { clusterLocalDispatcher } from '../../scripts/system/serving.ts';
 import { startSystem } from '../../scripts/system/system.ts';
@@ -28,7 +28,15 @@ import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
 const work = mkdtempSync(join(tmpdir(), 'captf-serving-'));
 const progress: string[] = [];
-const system = await startSystem({ dir: work, progress: (l) => progress.push(l), serving: true, events: 'broker' });
+// The longest schedules a PingSource takes: no scheduled ping may wake a function the tests wait to be at zero.
+const DAY_MS = 24 * 3600_000;
+const system = await startSystem({
+  dir: work,
+  progress: (l) => progress.push(l),
+  serving: true,
+  events: 'broker',
+  pings: { statusEveryMs: DAY_MS, resyncEveryMs: DAY_MS },
+});
 const serving = system.serving!;
 // This file's world lives in the node's control plane, not in the suite's shared one.
 process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
@@ -73,8 +81,8 @@ const atZero = (service: string) =>
   );
 
 /**
- * Samples the pods of `services` every 250 ms until `stop()`: the most of each seen at once, and
- * every pod name seen.
+ * Samples the pods of `services` every 250 ms until `stop()`: the most of each that were ready
+ * (not Terminating) at once, and every pod name seen.
  */
 function samplePods(services: readonly string[]) {
   const most = Object.fromEntries(services.map((s) => [s, 0]));
@@ -83,9 +91,9 @@ function samplePods(services: readonly string[]) {
   const done = (async () => {
     while (running) {
       for (const s of services) {
-        const pods = await podsOf(s).catch(() => []);
-        most[s] = Math.max(most[s]!, pods.length);
-        for (const p of pods) seen.add(`${s}/${p.metadata!.name}`);
+        const pods = (await podsOf(s).catch(() => [])).map(podView);
+        most[s] = Math.max(most[s]!, pods.filter((p) => p.ready).length);
+        for (const p of pods) seen.add(`${s}/${p.name}`);
       }
       await new Promise((r) => setTimeout(r, 250));
     }
@@ -114,10 +122,11 @@ describe('the manifests on Knative Serving', () => {
   });
 
   it('a new consumer gets its mirror from zero: adapter → Broker → Trigger → Knative Service', async () => {
-    await atZero('captf-mirror-sync');
+    // The namespace and identity are events too: made first, then mirror-sync is left to reach zero.
     const source = await operatorSource(w, fx.data({ AWS_ACCESS_KEY_ID: 'AKIA-serving' }));
     const ns = await w.namespace();
     const id = await source.newIdentity(fx.allowList(ns));
+    await atZero('captf-mirror-sync');
     const createdAt = Date.now();
     const consumer = await w.create(fx.consumer('c', fx.inNamespace(ns), fx.identityRef(id)));
     const mirror = await eventually(
@@ -139,19 +148,37 @@ describe('the manifests on Knative Serving', () => {
   });
 
   it('after idle, each function at min-scale 0 has no pod, and a prepare, a ping, a review or a dead letter cold-starts it', async () => {
-    // Set up while mirror-sync may still run; then every Service is left to reach zero.
+    // Set up while functions may still run; then every Service is left to reach zero. Two
+    // identities: one whose source goes (for the ping), one that stays (for the prepare).
     const source = await operatorSource(w);
+    const gone = await operatorSource(w);
     const ns = await w.namespace();
     const id = await source.newIdentity(fx.allowList(ns));
+    const pinged = await gone.newIdentity(fx.allowList(ns));
     const consumer = await w.create(fx.consumer('p', fx.inNamespace(ns), fx.identityRef(id)));
     const caller = await manager(w);
-    await eventually('the identity to be Ready', async () => {
-      const stored = await w.read(fx.identity(id));
-      return fx.conditionOf(stored!, 'Ready')?.status === 'True';
-    });
+    for (const name of [id, pinged])
+      await eventually(`identity ${name} to be Ready`, async () => {
+        const stored = await w.read(fx.identity(name));
+        return fx.conditionOf(stored!, 'Ready')?.status === 'True';
+      });
     for (const s of SCALE_TO_ZERO) await atZero(s);
 
-    // mirror-sync: the provider's prepare before a Job, answered within SPEC §5's 30 s.
+    // identity-status: a ping. A source removed while every function is at zero (no Trigger
+    // routes a Secret's change), its identity turns not Ready only if a pod cold-started for
+    // the ping and ran.
+    await w.clients.core.deleteNamespacedSecret({ namespace: gone.namespace, name: gone.name });
+    await system.broker!.ping('status');
+    await eventually(
+      'identity-status to report the missing source after the ping',
+      async () => fx.conditionOf((await w.read(fx.identity(pinged)))!, 'Ready')?.status === 'False',
+      120_000,
+      500,
+    );
+
+    // mirror-sync (woken meanwhile by the identity's status change, so left to reach zero again):
+    // the provider's prepare before a Job, answered within SPEC §5's 30 s.
+    await atZero('captf-mirror-sync');
     const t0 = Date.now();
     const prepared = await postPrepare(url('captf-mirror-sync'), prepareTarget(consumer), caller);
     const tookMs = Date.now() - t0;
@@ -159,17 +186,13 @@ describe('the manifests on Knative Serving', () => {
     assert.equal(prepared.body.mirror, mirrorName(id));
     assert.ok(tookMs < 30_000, `prepare from zero answered in ${tookMs} ms`);
 
-    // identity-status: a ping. Its source removed while it was at zero (no event names it),
-    // the identity turns not Ready only if a pod cold-started for the ping and ran.
-    await w.clients.core.deleteNamespacedSecret({ namespace: source.namespace, name: source.name });
-    await system.broker!.ping('status');
-    await eventually(
-      'identity-status to report the missing source after the ping',
-      async () => fx.conditionOf((await w.read(fx.identity(id)))!, 'Ready')?.status === 'False',
-      120_000,
-      500,
-    );
-
+    // Nothing calls admission or the dead-letter sink but this test: still at zero.
+    for (const s of ['captf-admission', 'captf-dead-letters'])
+      assert.deepEqual(
+        (await podsOf(s)).map((p) => p.metadata!.name),
+        [],
+        `${s} is still at zero`,
+      );
     // admission: a review (the webhook is not registered yet; this is what the API server would send).
     const review = admissionReview(
       identityRequest('CREATE', fx.identity('aws', fx.secretRef(source.namespace, source.name)), undefined, {
@@ -226,7 +249,7 @@ describe('the manifests on Knative Serving', () => {
     }
     assert.ok(
       sample.most['captf-mirror-sync']! > 1,
-      `mirror-sync scaled past one pod (most at once: ${sample.most['captf-mirror-sync']})`,
+      `mirror-sync scaled past one ready pod (most at once: ${sample.most['captf-mirror-sync']})`,
     );
     const deadLetters = [...sample.seen].filter((p) => p.startsWith('captf-dead-letters/'));
     const logs = await Promise.all((await podsOf('captf-dead-letters')).map((p) => podLog(work, p)));

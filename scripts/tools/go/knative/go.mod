@@ -1,12 +1,15 @@
 // Wrapper module that builds Knative Eventing's ApiServerSource receive adapter
 // (knative.dev/eventing v0.49.x = Knative 1.22) for the end-to-end event tests. The
 // eventing module has no replace directives, so a plain require is enough; the
-// `tool` line keeps `go mod tidy` from dropping it.
+// `tool` lines keep `go mod tidy` from dropping it (event_display: the dead-letter sink on Serving).
 module captf.local/controlplane/knative
 
 go 1.26.0
 
-tool knative.dev/eventing/cmd/apiserver_receive_adapter
+tool (
+	knative.dev/eventing/cmd/apiserver_receive_adapter
+	knative.dev/eventing/cmd/event_display
+)
 
 require (
 	github.com/antlr/antlr4/runtime/Go/antlr v1.4.10 // indirect

@@ -1,0 +1,135 @@
+/**
+ * The Serving node's pure parts: Serving's objects as installed on the node, the overlay that
+ * changes only the manifests' image references, the gateway Service, and the scale lines.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import type { KubernetesObject, V1Pod } from '@kubernetes/client-node';
+import { podView, scaleLine } from '../../scripts/local/scale.ts';
+import { servingObjects, TRAEFIK_INGRESS_CLASS } from '../../scripts/serving/manifests.ts';
+import { traefikService, TRAEFIK_PORTS } from '../../scripts/serving/serving.ts';
+import { servingOverlay, splitImageRef } from '../../scripts/system/serving.ts';
+import * as fx from '../helpers/fixtures.ts';
+
+const configMap = (name: string, data: Record<string, string>) =>
+  ({ apiVersion: 'v1', kind: 'ConfigMap', metadata: { name }, data }) as KubernetesObject;
+
+describe("Serving's objects on the node", () => {
+  const docs = [
+    configMap('config-deployment', { 'queue-sidecar-image': 'ko://knative.dev/serving/cmd/queue' }),
+    configMap('config-network', { 'ingress-class': 'kourier.ingress.networking.knative.dev' }),
+    configMap('config-autoscaler', { 'stable-window': '60s', 'container-concurrency-target-default': '100' }),
+    {
+      apiVersion: 'apps/v1',
+      kind: 'Deployment',
+      metadata: { name: 'activator' },
+      spec: { template: { spec: { containers: [{ image: 'ko://knative.dev/serving/cmd/activator' }] } } },
+    } as KubernetesObject,
+  ];
+  const images = { queue: 'ko.local/q:1', activator: 'ko.local/a:1' };
+  const out = servingObjects(docs, { images, autoscaler: { 'stable-window': '6s' } });
+  const data = (name: string) => (out.find((o) => o.metadata?.name === name) as { data: Record<string, string> }).data;
+
+  it('names the imported images instead of ko:// references, the queue-proxy sidecar too', () => {
+    assert.equal(data('config-deployment')['queue-sidecar-image'], 'ko.local/q:1');
+    assert.doesNotMatch(JSON.stringify(out), /ko:\/\//);
+  });
+  it("sets Traefik's ingress class and merges the autoscaler settings, keeping the others", () => {
+    assert.equal(data('config-network')['ingress-class'], TRAEFIK_INGRESS_CLASS);
+    assert.deepEqual(data('config-autoscaler'), {
+      'stable-window': '6s',
+      'container-concurrency-target-default': '100',
+    });
+  });
+  it('refuses a ko:// reference it has no image for', () =>
+    assert.throws(() => servingObjects(docs, { images: { queue: 'x' } }), /no image for ko:\/\/.*activator/));
+  it('leaves the input unchanged', () =>
+    assert.equal(
+      (docs[3] as { spec: { template: { spec: { containers: { image: string }[] } } } }).spec.template.spec
+        .containers[0]!.image,
+      'ko://knative.dev/serving/cmd/activator',
+    ));
+});
+
+describe('the overlay of the manifests', () => {
+  fx.rows(
+    [
+      {
+        name: 'a tag',
+        ref: 'ko.local/captf-credentials:0.1.0',
+        want: { repository: 'ko.local/captf-credentials', tag: '0.1.0' },
+      },
+      {
+        name: "a registry's port",
+        ref: 'localhost:5000/captf:1',
+        want: { repository: 'localhost:5000/captf', tag: '1' },
+      },
+    ],
+    (r) => assert.deepEqual(splitImageRef(r.ref), r.want),
+  );
+  fx.rows(
+    [
+      { name: 'no tag', ref: 'localhost:5000/captf' },
+      { name: 'a digest', ref: 'ko.local/captf@sha256:0123' },
+    ],
+    (r) => assert.throws(() => splitImageRef(r.ref), /repository:tag/),
+  );
+  it('quotes every scalar it writes, so a folder name cannot end the line', () => {
+    const text = servingOverlay('../a #b/manifests', { product: 'ko.local/p:1', deadLetters: 'ko.local/d:2' });
+    assert.match(text, /^ {2}- "\.\.\/a #b\/manifests"$/m);
+    assert.match(text, /newName: "ko\.local\/p"\n {4}newTag: "1"/);
+    for (const kind of ['ValidatingWebhookConfiguration', 'Certificate', 'Issuer'])
+      assert.match(text, new RegExp(`kind: ${kind} }\\n    patch: \\|\\n      \\$patch: delete`));
+  });
+});
+
+describe("Traefik's Service", () => {
+  it('has no selector, and its EndpointSlice names the node and the private entrypoint', () => {
+    const [service, slice] = traefikService('10.240.0.1') as [
+      { spec: { selector?: unknown; ports: { port: number; targetPort: number }[] } },
+      { metadata: { labels: Record<string, string> }; endpoints: { addresses: string[] }[]; ports: { port: number }[] },
+    ];
+    assert.equal(service.spec.selector, undefined);
+    assert.deepEqual(service.spec.ports[0], {
+      name: 'http',
+      port: 80,
+      targetPort: TRAEFIK_PORTS.private,
+      protocol: 'TCP',
+    });
+    assert.equal(slice.metadata.labels['kubernetes.io/service-name'], 'traefik-internal');
+    assert.deepEqual(slice.endpoints[0]!.addresses, ['10.240.0.1']);
+    assert.equal(slice.ports[0]!.port, TRAEFIK_PORTS.private);
+  });
+});
+
+describe('the scale lines', () => {
+  const pod = (ready: boolean, deleting = false): V1Pod => ({
+    metadata: {
+      name: 'p',
+      labels: { 'serving.knative.dev/service': 'captf-mirror-sync' },
+      creationTimestamp: new Date('2026-12-03T10:00:00Z'),
+      ...(deleting ? { deletionTimestamp: new Date('2026-12-03T10:01:00Z') } : {}),
+    },
+    status: {
+      conditions: [
+        { type: 'Ready', status: ready ? 'True' : 'False', lastTransitionTime: new Date('2026-12-03T10:00:01.500Z') },
+      ],
+    },
+  });
+  it('a ready pod knows how long it took; a Terminating one is not ready', () => {
+    assert.equal(podView(pod(true)).startMs, 1500);
+    assert.equal(podView(pod(true, true)).ready, false);
+    assert.equal(podView(pod(false)).startMs, undefined);
+  });
+  fx.rows(
+    [
+      { name: 'cold start', before: 0, after: 1, want: /^cold start: pod p ready 1\.5 s after/ },
+      { name: 'scale out', before: 1, after: 3, want: /^scaled out to 3 ready pods$/ },
+      { name: 'scale in', before: 3, after: 2, want: /^scaled in to 2 ready pods$/ },
+      { name: 'to zero', before: 1, after: 0, want: /^scaled to zero/ },
+    ],
+    (r) => assert.match(scaleLine('captf-mirror-sync', r.before, r.after, podView(pod(true)))!.text, r.want),
+  );
+  it('says nothing when the count did not change', () =>
+    assert.equal(scaleLine('captf-mirror-sync', 2, 2, podView(pod(true))), undefined));
+});
