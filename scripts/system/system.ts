@@ -19,7 +19,7 @@ import { AppsV1Api, KubeConfig, VersionApi, type KubernetesObject } from '@kuber
 import { describeError } from '../../functions/lib/api-errors.ts';
 import { DEFAULT_DRAIN_SECONDS } from '../../functions/lib/http.ts';
 import { EventPaths } from '../bench/paths.ts';
-import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
+import { startControlPlane, userKubeConfig, type ControlPlane } from '../controlplane/controlplane.ts';
 import { applyCRDs, EVENTING_CRDS, installCRDs, loadThirdPartyCRDs } from '../controlplane/crds.ts';
 import { createWebhookPair } from '../controlplane/pki.ts';
 import { ensureEventingDataPlane } from '../eventing/build.ts';
@@ -580,7 +580,7 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
   });
   await startAdapter({
     ...cluster,
-    kubeconfigPath: place ? cluster.controlPlane!.insideKubeconfigPath : ctx.users['event-source'],
+    kubeconfigPath: place ? await sourceServiceAccount(cluster, rendered) : ctx.users['event-source'],
     ...(place ? { place } : {}),
     rendered,
     sink: broker.url,
@@ -592,9 +592,24 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
 }
 
 /**
+ * On the node, the adapter acts as the ApiServerSource's ServiceAccount, as Knative runs it: a
+ * client certificate with the ServiceAccount's user name and groups, so the rendered RBAC
+ * bound to it is exactly what it may do.
+ * @returns its kubeconfig, reaching the API server from inside the node.
+ */
+async function sourceServiceAccount(cluster: Cluster, rendered: readonly KubernetesObject[]): Promise<string> {
+  const source = rendered.find((o) => o.kind === 'ApiServerSource') as
+    (KubernetesObject & { spec?: { serviceAccountName?: string } }) | undefined;
+  const namespace = source?.metadata?.namespace ?? EVENTING_NAMESPACE;
+  const name = source?.spec?.serviceAccountName ?? 'default';
+  const groups = ['system:serviceaccounts', `system:serviceaccounts:${namespace}`];
+  return userKubeConfig(cluster.controlPlane!.dir, `system:serviceaccount:${namespace}:${name}`, groups, 'inside');
+}
+
+/**
  * Processes run on the node (its namespaces), their loopback ports reached through one forward
- * per port. They act as the cluster admin: in a cluster they are Knative's own pods with its
- * service accounts.
+ * per port. The Broker's data plane acts as the cluster admin: in a cluster it is Knative's own
+ * pods with Knative's service accounts.
  */
 function nodePlace(node: TestNode): ProcessPlace {
   const forwards = new Map<number, Promise<number>>();
