@@ -6,7 +6,7 @@
  * must be gone after a stop. Used by the holder (inside) and by the sweep (from the host).
  */
 import { createHash } from 'node:crypto';
-import { existsSync, readdirSync, readFileSync, rmdirSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
 import { join } from 'node:path';
 
 /** Where the cgroup file systems are mounted. */
@@ -25,14 +25,25 @@ export function cgroupHierarchies(): string[] {
 export const cgroupRootOf = (dir: string): string =>
   `captf-node-${createHash('sha256').update(dir).digest('hex').slice(0, 10)}`;
 
-/** The node's root folder and every folder under it in one hierarchy, deepest first ([] when absent). */
+/**
+ * The node's root folder and every folder under it in one hierarchy, deepest first ([] when
+ * absent). Folders may vanish during the walk (runc removes a container's cgroup when its shim
+ * deletes it): those are left out, not an error.
+ */
 function tree(hierarchy: string, root: string): string[] {
-  const top = join(CGROUP_FS, hierarchy, root);
-  if (!existsSync(top) || !statSync(top).isDirectory()) return [];
-  const below = readdirSync(top, { recursive: true, withFileTypes: true })
-    .filter((d) => d.isDirectory())
-    .map((d) => join(d.parentPath, d.name));
-  return [...below.sort((a, b) => b.length - a.length), top];
+  const out: string[] = [];
+  const walk = (dir: string) => {
+    let entries;
+    try {
+      entries = readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return; // gone meanwhile (or never there)
+    }
+    for (const e of entries) if (e.isDirectory()) walk(join(dir, e.name));
+    out.push(dir);
+  };
+  walk(join(CGROUP_FS, hierarchy, root));
+  return out;
 }
 
 /** PIDs of every process in the node's cgroups, in any hierarchy. */
@@ -59,8 +70,8 @@ export function removeCgroups(root: string, hierarchies: readonly string[]): str
     for (const d of tree(h, root)) {
       try {
         rmdirSync(d);
-      } catch {
-        left.push(d);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT') left.push(d);
       }
     }
   return left;
