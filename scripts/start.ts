@@ -147,8 +147,14 @@ ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')})
     .join(', ')}
   from this machine: curl -H 'Host: <name>.captf-system.svc.cluster.local' http://127.0.0.1:${svc.gateway}/healthz (Traefik, the KIngress)
   webhook: NOT registered (it needs cluster-local TLS; docs/deploy-knative.md)
-  autoscaler: test windows (stable window and scale-to-zero grace 6 s); dead letters go to captf-dead-letters' log, not here
+  autoscaler: test windows (stable window and scale-to-zero grace 6 s)
   events: Knative's ApiServerSource adapter → Broker captf on the node → Triggers → the Knative Services; status every ${values.status}, resync every ${values.resync}
+  broker: ${broker.url} (from this machine; dead letters go to captf-dead-letters' log)${
+    system.prepareCaller
+      ? `
+  prepare (as the provider's manager): curl -H 'Host: captf-mirror-sync.captf-system.svc.cluster.local' -H "Authorization: Bearer $(kubectl create token ${system.prepareCaller.name} -n ${system.prepareCaller.namespace} --audience captf-mirror-sync)" -H 'content-type: application/json' -d '{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","kind":"TerraformCluster","namespace":"team-a","name":"prod"}' http://127.0.0.1:${svc.gateway}/prepare`
+      : ''
+  }
   try: kubectl apply -f examples/ && kubectl get pods -n captf-system -w
   Ctrl-C stops everything.
 `);

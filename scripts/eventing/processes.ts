@@ -257,7 +257,8 @@ function accepts(port: number): Promise<boolean> {
 async function listening(port: number, place: ProcessPlace | undefined): Promise<boolean> {
   if (!place) return accepts(port);
   const local = await place.reach(port);
-  return fetch(`http://127.0.0.1:${local}/`, { signal: AbortSignal.timeout(2000) }).then(
+  // OPTIONS: the CloudEvents webhook handshake, which Knative's handlers answer without a warning.
+  return fetch(`http://127.0.0.1:${local}/`, { method: 'OPTIONS', signal: AbortSignal.timeout(2000) }).then(
     async (r) => (await r.arrayBuffer(), true),
     () => false,
   );

@@ -57,7 +57,7 @@ export function scaleLine(service: string, before: number, after: number, pod: P
       ? 'scaled to zero: no pod is ready'
       : before === 0
         ? `cold start: pod ${pod.name} ready${pod.startMs !== undefined ? ` ${(pod.startMs / 1000).toFixed(1)} s after it was created` : ''}`
-        : `${after > before ? 'scaled out' : 'scaled in'} to ${after} ready pods`;
+        : `${after > before ? 'scaled out' : 'scaled in'} to ${after} ready pod${after === 1 ? '' : 's'}`;
   return { debug: false, component: 'autoscaler', subject: service, text };
 }
 

@@ -126,6 +126,7 @@ describe('the scale lines', () => {
       { name: 'cold start', before: 0, after: 1, want: /^cold start: pod p ready 1\.5 s after/ },
       { name: 'scale out', before: 1, after: 3, want: /^scaled out to 3 ready pods$/ },
       { name: 'scale in', before: 3, after: 2, want: /^scaled in to 2 ready pods$/ },
+      { name: 'scale in to one', before: 2, after: 1, want: /^scaled in to 1 ready pod$/ },
       { name: 'to zero', before: 1, after: 0, want: /^scaled to zero/ },
     ],
     (r) => assert.match(scaleLine('captf-mirror-sync', r.before, r.after, podView(pod(true)))!.text, r.want),
