@@ -44,12 +44,15 @@ process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
 const w = fx.world('serving');
 // The world's first cleanup, so its last: after the leak scan, whatever it found.
 w.onCleanup(async () => {
-  await system.stop();
-  const root = cgroupRootOf(join(work, 'node'));
-  const left = cgroupFolders(join(work, 'node')).filter((f) => f.split('/')[1] === root);
-  const failed = progress.filter((l) => l.startsWith('while stopping'));
-  rmSync(work, { recursive: true, force: true });
-  assert.deepEqual({ left, failed }, { left: [], failed: [] }, 'the stop removed every cgroup and failed at nothing');
+  try {
+    await system.stop();
+    const root = cgroupRootOf(join(work, 'node'));
+    const left = cgroupFolders(join(work, 'node')).filter((f) => f.split('/')[1] === root);
+    const failed = progress.filter((l) => l.startsWith('while stopping'));
+    assert.deepEqual({ left, failed }, { left: [], failed: [] }, 'the stop removed every cgroup and failed at nothing');
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
 });
 scanNodeLogs(work);
 // This process's fetch reaches `*.svc.cluster.local` through Traefik, as a pod would.
