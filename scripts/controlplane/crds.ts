@@ -185,6 +185,24 @@ export const EVENTING_CRDS: readonly CrdSource[] = [
 ];
 
 /**
+ * cert-manager's CRDs as its controller and Knative Serving's cert-manager integration need them
+ * (Serving's controller refuses to start without all five: `cmd/controller/main.go`
+ * `certManagerCRDsExist`), for the cert-manager stand-in (scripts/certmanager/).
+ */
+export const CERT_MANAGER_CRDS: readonly CrdSource[] = [
+  {
+    module: 'github.com/cert-manager/cert-manager',
+    files: [
+      'cert-manager.io_issuers.yaml',
+      'cert-manager.io_clusterissuers.yaml',
+      'cert-manager.io_certificates.yaml',
+      'cert-manager.io_certificaterequests.yaml',
+      'acme.cert-manager.io_challenges.yaml',
+    ].map((n) => `deploy/crds/${n}`),
+  },
+];
+
+/**
  * Installs {@link EVENTING_CRDS} with {@link installThirdPartyCRDs}. Idempotent, and safe beside
  * installing {@link THIRD_PARTY_CRDS} (and a concurrent call): both apply the same files with the
  * same field manager, so the CRDs they share come out unchanged.

@@ -17,14 +17,15 @@ export interface CertPair {
   key: string;
 }
 
-function subject(cn: string, orgs: readonly string[] = []): string {
+/** An `openssl -subj` subject: CN and one O per organisation. */
+export function subject(cn: string, orgs: readonly string[] = []): string {
   // openssl -subj syntax: escape the separators it treats specially.
   const esc = (s: string) => s.replace(/[\\/=+,]/g, (c) => `\\${c}`);
   return `/CN=${esc(cn)}${orgs.map((o) => `/O=${esc(o)}`).join('')}`;
 }
 
 /** `openssl req` arguments for a new unencrypted ECDSA P-256 key written to `keyPath`. */
-function newEcKey(keyPath: string): string[] {
+export function newEcKey(keyPath: string): string[] {
   return ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', keyPath];
 }
 

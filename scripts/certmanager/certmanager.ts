@@ -1,0 +1,294 @@
+/**
+ * A stand-in for cert-manager's controller and cainjector, for tests and `npm start` on a
+ * machine where cert-manager's binaries cannot be had (the module proxy does not serve its
+ * `cmd/*` modules). It plays what the manifests and Knative's cluster-local TLS use and nothing
+ * more: self-signed and CA Issuers and ClusterIssuers; Certificates → `kubernetes.io/tls`
+ * Secrets with `tls.crt`, `tls.key`, `ca.crt` and cert-manager's status; renewal when due or
+ * asked for (`cmctl renew`'s `Issuing` condition); `cert-manager.io/inject-ca-from` on
+ * ValidatingWebhookConfigurations → `caBundle`. Its rules are in ./decide.ts, each citing the
+ * upstream file it follows. It polls (every `everyMs`) instead of watching: a handful of objects.
+ */
+import { X509Certificate } from 'node:crypto';
+import { mkdirSync } from 'node:fs';
+import {
+  AdmissionregistrationV1Api,
+  CoreV1Api,
+  CustomObjectsApi,
+  type KubeConfig,
+  type V1Secret,
+} from '@kubernetes/client-node';
+import { isNotFound } from '../../functions/lib/kube.ts';
+import { firstLine, sleep } from '../lib/wait.ts';
+import {
+  injectFrom,
+  issuanceReason,
+  issuerKind,
+  readyStatus,
+  secretFor,
+  setCondition,
+  signerOf,
+  type Certificate,
+  type Issued,
+  type Issuer,
+  type Signer,
+} from './decide.ts';
+import { issue, type SigningPair } from './issue.ts';
+
+const GROUP = 'cert-manager.io';
+const VERSION = 'v1';
+
+/** Options of {@link startCertManager}. */
+export interface CertManagerOptions {
+  /** A folder for openssl's scratch files (removed after each issuance). */
+  dir: string;
+  log: (line: string) => void;
+  /** Pause between passes, in milliseconds (default 500). */
+  everyMs?: number;
+}
+
+/** The running stand-in. */
+export interface CertManager {
+  /** Runs one pass now (issue what is due, inject what changed); resolves when it is done. */
+  pass(): Promise<void>;
+  /** Stops after the current pass. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts the stand-in against `kc` (acting as its user: the cluster admin here, as cert-manager's
+ * own ServiceAccount would be broad). A failing pass is logged (first line only: no Secret data)
+ * and retried on the next.
+ */
+export function startCertManager(kc: KubeConfig, opts: CertManagerOptions): CertManager {
+  mkdirSync(opts.dir, { recursive: true });
+  const api = {
+    custom: kc.makeApiClient(CustomObjectsApi),
+    core: kc.makeApiClient(CoreV1Api),
+    adm: kc.makeApiClient(AdmissionregistrationV1Api),
+  };
+  let stopped = false;
+  let last = '';
+  let running = Promise.resolve();
+  const pass = () => {
+    running = running.then(async () => {
+      try {
+        await reconcileAll(api, opts.dir, opts.log);
+        last = '';
+      } catch (err) {
+        const msg = firstLine(err);
+        if (msg !== last) opts.log(`[cert-manager] pass failed (retrying): ${msg}`);
+        last = msg;
+      }
+    });
+    return running;
+  };
+  const loop = (async () => {
+    while (!stopped) {
+      await pass();
+      await sleep(opts.everyMs ?? 500);
+    }
+  })();
+  return {
+    pass,
+    stop: async () => {
+      stopped = true;
+      await loop;
+    },
+  };
+}
+
+type Api = { custom: CustomObjectsApi; core: CoreV1Api; adm: AdmissionregistrationV1Api };
+
+/** One pass: issuers' status, every Certificate, then cainjector. */
+async function reconcileAll(api: Api, dir: string, log: (line: string) => void): Promise<void> {
+  const issuers = await listIssuers(api);
+  const certs = (await listOrNone(api, 'certificates')) as Certificate[];
+  for (const i of issuers) await markIssuerReady(api, i);
+  for (const cert of certs) await reconcileCertificate(api, { cert, issuers, dir, log });
+  await injectCABundles(api, certs, log);
+}
+
+/** Lists a cert-manager kind in every namespace (none while its CRD is not installed). */
+async function listOrNone(api: Api, plural: string): Promise<unknown[]> {
+  try {
+    const list = (await api.custom.listClusterCustomObject({ group: GROUP, version: VERSION, plural })) as {
+      items: unknown[];
+    };
+    return list.items;
+  } catch (err) {
+    if (isNotFound(err)) return [];
+    throw err;
+  }
+}
+
+async function listIssuers(api: Api): Promise<Issuer[]> {
+  const issuers = (await listOrNone(api, 'issuers')) as Issuer[];
+  const cluster = (await listOrNone(api, 'clusterissuers')) as Issuer[];
+  return [...issuers.map((i) => ({ ...i, kind: 'Issuer' })), ...cluster.map((i) => ({ ...i, kind: 'ClusterIssuer' }))];
+}
+
+/** Issuers of a type it plays get `Ready=True` (Knative and `kubectl wait` look for it). */
+async function markIssuerReady(api: Api, issuer: Issuer): Promise<void> {
+  if (!signerOf(issuer, issuer.metadata.namespace ?? '')) return;
+  if (issuer.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')) return;
+  const now = new Date();
+  const body = {
+    ...issuer,
+    apiVersion: `${GROUP}/${VERSION}`,
+    status: {
+      conditions: setCondition(
+        issuer.status?.conditions ?? [],
+        {
+          type: 'Ready',
+          status: 'True',
+          reason: 'IsReady',
+          message: 'Signing CA verified',
+          observedGeneration: issuer.metadata.generation ?? 1,
+        },
+        now,
+      ),
+    },
+  };
+  const { name, namespace } = issuer.metadata;
+  if (issuer.kind === 'ClusterIssuer')
+    await api.custom.replaceClusterCustomObjectStatus({
+      group: GROUP,
+      version: VERSION,
+      plural: 'clusterissuers',
+      name,
+      body,
+    });
+  else
+    await api.custom.replaceNamespacedCustomObjectStatus({
+      group: GROUP,
+      version: VERSION,
+      plural: 'issuers',
+      namespace: namespace!,
+      name,
+      body,
+    });
+}
+
+/** Reads a Secret, or undefined when there is none. */
+async function readSecret(api: Api, namespace: string, name: string): Promise<V1Secret | undefined> {
+  return api.core.readNamespacedSecret({ namespace, name }).catch((err: unknown) => {
+    if (isNotFound(err)) return undefined;
+    throw err;
+  });
+}
+
+/** One Certificate: {@link issueWhenDue}, then its status when that changed. */
+async function reconcileCertificate(
+  api: Api,
+  o: { cert: Certificate; issuers: Issuer[]; dir: string; log: (line: string) => void },
+): Promise<void> {
+  const { cert } = o;
+  const signer = signerFor(cert, o.issuers);
+  if (!signer) return;
+  const now = new Date();
+  const held = await issueWhenDue(api, { ...o, signer, now });
+  if (!held) return;
+  const x509 = new X509Certificate(Buffer.from(held.secret.data!['tls.crt']!, 'base64'));
+  const status = readyStatus(cert, x509, !!held.reason, now);
+  if (!held.reason && JSON.stringify(status) === JSON.stringify(cert.status)) return;
+  await api.custom.replaceNamespacedCustomObjectStatus({
+    group: GROUP,
+    version: VERSION,
+    plural: 'certificates',
+    namespace: cert.metadata.namespace,
+    name: cert.metadata.name,
+    body: { ...cert, status },
+  });
+}
+
+/**
+ * Issues into the Certificate's Secret when {@link issuanceReason} says so and the issuer can
+ * sign (a CA issuer whose Secret is not there yet waits, as cert-manager's does).
+ * @returns the Secret as it now is and the reason it was issued (none: it was current), or
+ *   undefined while it cannot be issued.
+ */
+async function issueWhenDue(
+  api: Api,
+  o: { cert: Certificate; signer: Signer; now: Date; dir: string; log: (line: string) => void },
+): Promise<{ secret: V1Secret; reason?: string } | undefined> {
+  const { cert, signer } = o;
+  const current = await readSecret(api, cert.metadata.namespace, cert.spec.secretName);
+  const reason = issuanceReason(
+    cert,
+    current && { data: current.data, annotations: current.metadata?.annotations },
+    o.now,
+  );
+  if (!reason) return current && { secret: current };
+  const pair = signer.self ? undefined : await signingPair(api, signer.secret);
+  if (!signer.self && !pair) return undefined;
+  const secret = await writeIssued(api, { cert, current, issued: await issue(cert, pair, o.dir) });
+  o.log(
+    `[cert-manager] issued ${cert.metadata.namespace}/${cert.metadata.name} (${reason}) into Secret ${cert.spec.secretName}`,
+  );
+  return { secret, reason };
+}
+
+/** Writes an issued certificate into the Certificate's Secret (created, or replaced at the version read). */
+async function writeIssued(
+  api: Api,
+  o: { cert: Certificate; current: V1Secret | undefined; issued: Issued },
+): Promise<V1Secret> {
+  const fresh = secretFor(o.cert, o.issued);
+  const { namespace } = o.cert.metadata;
+  if (!o.current) return api.core.createNamespacedSecret({ namespace, body: fresh });
+  // The resourceVersion makes a replace over someone else's newer write a conflict, retried next pass.
+  const body = { ...fresh, metadata: { ...fresh.metadata, resourceVersion: o.current.metadata?.resourceVersion } };
+  return api.core.replaceNamespacedSecret({ namespace, name: o.cert.spec.secretName, body });
+}
+
+/** The signer of the issuer a Certificate names (an Issuer in its namespace, or a ClusterIssuer), if it is one the stand-in plays. */
+function signerFor(cert: Certificate, issuers: readonly Issuer[]) {
+  const ref = cert.spec.issuerRef;
+  const { namespace } = cert.metadata;
+  const issuer = issuers.find(
+    (i) =>
+      i.kind === issuerKind(ref) &&
+      i.metadata.name === ref.name &&
+      (i.kind === 'ClusterIssuer' || i.metadata.namespace === namespace),
+  );
+  return issuer && signerOf(issuer, namespace);
+}
+
+/** A CA issuer's key pair, or undefined while its Secret is missing or incomplete. */
+async function signingPair(api: Api, at: { namespace: string; name: string }): Promise<SigningPair | undefined> {
+  const s = await readSecret(api, at.namespace, at.name);
+  const text = (k: string) => (s?.data?.[k] ? Buffer.from(s.data[k], 'base64').toString() : undefined);
+  const cert = text('tls.crt');
+  const key = text('tls.key');
+  if (!cert || !key) return undefined;
+  return { cert, key, root: text('ca.crt') ?? cert };
+}
+
+/**
+ * cainjector: every webhook of a ValidatingWebhookConfiguration annotated with
+ * `cert-manager.io/inject-ca-from` gets the `ca.crt` of that Certificate's Secret as `caBundle`.
+ */
+async function injectCABundles(api: Api, certs: Certificate[], log: (line: string) => void): Promise<void> {
+  const configs = await api.adm.listValidatingWebhookConfiguration();
+  for (const vwc of configs.items) {
+    const from = injectFrom(vwc.metadata?.annotations);
+    const ca = from && (await caOf(api, certs, from));
+    if (!ca || (vwc.webhooks ?? []).every((h) => h.clientConfig.caBundle === ca)) continue;
+    for (const h of vwc.webhooks ?? []) h.clientConfig.caBundle = ca;
+    await api.adm.replaceValidatingWebhookConfiguration({ name: vwc.metadata!.name!, body: vwc });
+    log(
+      `[cert-manager] injected the CA of ${from.namespace}/${from.name} into ValidatingWebhookConfiguration ${vwc.metadata!.name}`,
+    );
+  }
+}
+
+/** The `ca.crt` (base64) of the Secret of the Certificate `at`, or undefined while there is none. */
+async function caOf(
+  api: Api,
+  certs: Certificate[],
+  at: { namespace: string; name: string },
+): Promise<string | undefined> {
+  const cert = certs.find((c) => c.metadata.namespace === at.namespace && c.metadata.name === at.name);
+  const secret = cert && (await readSecret(api, at.namespace, cert.spec.secretName));
+  return secret?.data?.['ca.crt'];
+}
