@@ -32,6 +32,8 @@ export const KUSTOMIZATIONS: readonly string[] = [
   'manifests/overlays/without-crds',
   'manifests/overlays/secret-fast-path',
   'manifests/overlays/retry-after',
+  'manifests/overlays/admission-deployment',
+  'manifests/overlays/knative-cluster-local-tls',
 ];
 
 /**

@@ -5,6 +5,7 @@
  * raw requests that show what kubectl sees, and the AdmissionReview requests unit tests
  * decide on.
  */
+import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { request as httpsRequest, type RequestOptions } from 'node:https';
 import { tmpdir } from 'node:os';
@@ -14,12 +15,13 @@ import type { IdentityRequest } from '../../functions/admission/decide.ts';
 import { start } from '../../functions/admission/index.ts';
 import { IDENTITY_RESOURCE, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { apiStatus } from '../../functions/lib/kube.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { registerWebhook } from '../../scripts/system/webhook.ts';
-import { eventually, suffix } from './cluster.ts';
+import { asUser, eventually, suffix } from './cluster.ts';
 import * as fx from './fixtures.ts';
-import { captureLogger } from './logs.ts';
+import { captureLogger, sentinel } from './logs.ts';
 
 // ---------------------------------------------------------------------------------------------
 // The webhook
@@ -248,4 +250,102 @@ export function identityRequest(
     ...(oldObject === undefined ? {} : { oldObject }),
     ...extra,
   };
+}
+
+/**
+ * Resolves to the API error's status and message (the Status `message`, else the raw body) when
+ * `p` rejects; fails the test if it resolves.
+ */
+export async function refusal(p: Promise<unknown>): Promise<{ code: number | undefined; message: string }> {
+  try {
+    await p;
+  } catch (err) {
+    const body = (err as { body?: unknown }).body;
+    let message = typeof body === 'string' ? body : JSON.stringify(body ?? String(err));
+    try {
+      message = (JSON.parse(message) as { message?: string }).message ?? message;
+    } catch {
+      /* keep raw */
+    }
+    return { code: apiStatus(err), message };
+  }
+  assert.fail('expected the API server to refuse the request');
+}
+
+// ---------------------------------------------------------------------------------------------
+// An identity's life through a deployed webhook
+// ---------------------------------------------------------------------------------------------
+
+/** What {@link identityThroughWebhook} saw. */
+export interface WebhookWalk {
+  /** Every refusal message a user saw (to scan for planted Secret values). */
+  messages: string[];
+  /** The Secret value planted in the identity's source Secret. */
+  planted: string;
+}
+
+/**
+ * An identity's life through the webhook the cluster has registered, whichever way the API
+ * server reaches it (SPEC §10): its create and a widening update refused for a user who may not
+ * get the source Secret and allowed for one who may (each refusal in the webhook's words, so
+ * the webhook, not RBAC, decided), and its delete refused while a consumer uses it, allowed
+ * once that is gone. A webhook that is not called fails the refusals; one that cannot be
+ * reached fails the allowed steps.
+ */
+export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> {
+  const [secretsNs, consumerNs, otherNs] = await Promise.all([w.namespace(), w.namespace(), w.namespace()]);
+  const planted = sentinel();
+  await w.create(fx.sourceSecret('creds', fx.inNamespace(secretsNs), fx.data({ token: planted })));
+  const sfx = suffix();
+  const editors = w.name('editors');
+  const { group, plural } = IDENTITY_RESOURCE;
+  await Promise.all([
+    grant(w, { kind: 'Group', name: editors }, [
+      { apiGroups: [group], resources: [plural], verbs: ['get', 'list', 'create', 'update', 'patch', 'delete'] },
+    ]),
+    grant(
+      w,
+      { kind: 'User', name: `reader-${sfx}` },
+      [{ apiGroups: [''], resources: ['secrets'], verbs: ['get'] }],
+      secretsNs,
+    ),
+  ]);
+  const [reader, nobody] = await Promise.all([asUser(`reader-${sfx}`, [editors]), asUser(`nobody-${sfx}`, [editors])]);
+  const messages: string[] = [];
+  const refused = async (p: Promise<unknown>, want: RegExp) => {
+    const r = await refusal(p);
+    messages.push(r.message);
+    assert.match(r.message, want);
+  };
+  const name = w.name('via');
+  const o = fx.identity(name, fx.secretRef(secretsNs, 'creds'), fx.allowList(consumerNs));
+  const mayNot = new RegExp(`denied the request: user "nobody-${sfx}" may not`);
+  await refused(identities(nobody).create(o), mayNot);
+  await identities(reader).create(o);
+  w.onCleanup(() =>
+    identities(w.clients)
+      .delete({ name })
+      .catch(() => undefined),
+  );
+
+  const widen = async (c: typeof reader) => {
+    const stored = await identities(c).get({ name });
+    stored.spec.allowedNamespaces = { list: [consumerNs, otherNs] };
+    return identities(c).replace(stored);
+  };
+  await refused(widen(nobody), mayNot);
+  await widen(reader);
+
+  const user = await w.create(fx.consumer('user', fx.inNamespace(consumerNs), fx.identityRef(name)));
+  await refused(identities(reader).delete({ name }), new RegExp(`it is in use in 1 namespace: ${consumerNs}`));
+  await w.delete(user);
+  await eventually(
+    `identity ${name} deleted once unused`,
+    () =>
+      identities(reader)
+        .delete({ name })
+        .then(() => true),
+    30_000,
+  );
+  return { messages, planted };
 }

@@ -5,7 +5,8 @@
  * planted Secret values.
  */
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import assert from 'node:assert/strict';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { V1Pod } from '@kubernetes/client-node';
 import { scanLater } from './leaks.ts';
@@ -102,3 +103,20 @@ export const podLog = (work: string, pod: V1Pod): string =>
   readTree(
     join(work, 'node', 'kubelet', 'pod-logs', `${pod.metadata!.namespace}_${pod.metadata!.name}_${pod.metadata!.uid}`),
   );
+
+/**
+ * Stops a system started with a node in `work` (its state folder) and checks the stop left no
+ * cgroup of the node and failed at nothing (`progress` holds the system's progress lines); the
+ * folder goes in any case.
+ */
+export async function stopNodeSystem(system: { stop(): Promise<void> }, work: string, progress: readonly string[]) {
+  try {
+    await system.stop();
+    const root = cgroupRootOf(join(work, 'node'));
+    const left = cgroupFolders(join(work, 'node')).filter((f) => f.split('/')[1] === root);
+    const failed = progress.filter((l) => l.startsWith('while stopping'));
+    assert.deepEqual({ left, failed }, { left: [], failed: [] }, 'the stop removed every cgroup and failed at nothing');
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+}

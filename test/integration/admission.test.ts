@@ -19,10 +19,18 @@ import {
   type LabelSelectorRequirement,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
-import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
+import type { Clients } from '../../functions/lib/kube.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { builtKubectlPath } from '../../scripts/tools/build.ts';
-import { admissionWebhook, grant, identityPath, request, storedIdentity, type Webhook } from '../helpers/admission.ts';
+import {
+  admissionWebhook,
+  grant,
+  identityPath,
+  refusal,
+  request,
+  storedIdentity,
+  type Webhook,
+} from '../helpers/admission.ts';
 import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
@@ -66,22 +74,11 @@ const raw = async (user: User, method: string, path: string, body: unknown) => {
   return r;
 };
 
-/** Resolves to the API error's status and message when `p` rejects; fails the test if it resolves. */
+/** {@link refusal}, its message kept for the scan at the end. */
 async function rejection(p: Promise<unknown>): Promise<{ code: number | undefined; message: string }> {
-  try {
-    await p;
-  } catch (err) {
-    const body = (err as { body?: unknown }).body;
-    let message = typeof body === 'string' ? body : JSON.stringify(body ?? String(err));
-    try {
-      message = (JSON.parse(message) as { message?: string }).message ?? message;
-    } catch {
-      /* keep raw */
-    }
-    seen.push(message);
-    return { code: apiStatus(err), message };
-  }
-  assert.fail('expected the API server to refuse the request');
+  const r = await refusal(p);
+  seen.push(r.message);
+  return r;
 }
 
 /** Number of SubjectAccessReviews the function's own user has made (from the audit log). */

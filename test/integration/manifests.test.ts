@@ -115,6 +115,9 @@ describe('the rendered manifests against the real CRD schemas', () => {
       const target = await w.namespace();
       const objects = relocate(await render(dir), target);
       assert.ok(objects.length > 20, `${dir} renders ${objects.length} objects`);
+      // A component's own resources do not get base's `images`: every product container must still agree.
+      const images = new Set(JSON.stringify(objects).match(/"image":"[^"]*captf-credentials[^"]*"/g));
+      assert.deepEqual([...images], ['"image":"registry.example.com/captf-credentials:0.1.0"']);
       const failures: string[] = [];
       for (const o of objects) {
         try {

@@ -1,0 +1,71 @@
+/**
+ * The webhook's fallback path on the test node: `manifests/overlays/admission-deployment`
+ * (admission as a Deployment + Service serving its own TLS) applied as rendered, with the
+ * node's image, and the cert-manager stand-in (scripts/certmanager/) issuing the manifests'
+ * Certificates and injecting the webhook's `caBundle`. Only what runs without Knative is
+ * applied: the namespace, RBAC, admission, its certificates and the webhook configuration; the
+ * other functions' Knative Services and the Eventing objects need Knative and are left out.
+ */
+import { AppsV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { startCertManager, type CertManager } from '../certmanager/certmanager.ts';
+import { CERT_MANAGER_CRDS, installThirdPartyCRDs } from '../controlplane/crds.ts';
+import { serverSideApply } from '../lib/kube.ts';
+import { eventually } from '../lib/wait.ts';
+import { renderForNode, webhookCAInjected } from './serving.ts';
+
+/** The overlay of the fallback path. */
+export const ADMISSION_DEPLOYMENT_OVERLAY = 'manifests/overlays/admission-deployment';
+/** API groups whose objects need Knative (left out here). */
+const KNATIVE_GROUPS = /^(serving|eventing|sources|messaging)\.knative\.dev\//;
+/** How long the Deployment may take to be Available (image from the node, two pods; generous). */
+const AVAILABLE_TIMEOUT_MS = 180_000;
+
+/** The fallback path, deployed. */
+export interface AdmissionDeployment {
+  /** The objects applied, as rendered. */
+  applied: KubernetesObject[];
+  certManager: CertManager;
+  /** Stops the cert-manager stand-in (the objects go with the node's control plane). */
+  stop(): Promise<void>;
+}
+
+/**
+ * Applies the fallback overlay's objects that run without Knative and waits until the
+ * Deployment is Available and the webhook has its `caBundle`.
+ * @param o.dir where the overlay and the stand-in's scratch files are written.
+ * @throws Error naming what was not ready in time (the stand-in is stopped first).
+ */
+export async function deployAdmissionDeployment(
+  kc: KubeConfig,
+  o: { dir: string; log: (line: string) => void },
+): Promise<AdmissionDeployment> {
+  await installThirdPartyCRDs(kc, CERT_MANAGER_CRDS);
+  const rendered = await renderForNode(ADMISSION_DEPLOYMENT_OVERLAY, {
+    dir: o.dir,
+    name: 'admission-deployment-overlay',
+  });
+  const applied = rendered.filter((x) => !KNATIVE_GROUPS.test(x.apiVersion ?? ''));
+  const certManager = startCertManager(kc, { dir: `${o.dir}/cert-manager`, log: o.log });
+  try {
+    for (const x of applied)
+      await eventually(`applying ${x.kind} ${x.metadata?.name}`, () => serverSideApply(kc, x, 'kubectl'), 30_000);
+    const apps = kc.makeApiClient(AppsV1Api);
+    for (const d of applied.filter((x) => x.kind === 'Deployment')) {
+      const { name, namespace } = d.metadata as { name: string; namespace: string };
+      await eventually(
+        `Deployment ${namespace}/${name} to be Available (kubectl -n ${namespace} describe pods)`,
+        async () =>
+          (await apps.readNamespacedDeployment({ namespace, name })).status?.conditions?.some(
+            (c) => c.type === 'Available' && c.status === 'True',
+          ),
+        AVAILABLE_TIMEOUT_MS,
+        500,
+      );
+    }
+    await webhookCAInjected(kc, applied);
+  } catch (err) {
+    await certManager.stop();
+    throw err;
+  }
+  return { applied, certManager, stop: () => certManager.stop() };
+}

@@ -1,0 +1,206 @@
+/**
+ * The webhook's fallback path (docs/deploy-knative.md): admission as a Deployment + Service on a
+ * real node, serving the manifests' own certificate, registered by the rendered
+ * ValidatingWebhookConfiguration (a service reference, `caBundle` injected by the cert-manager
+ * stand-in from `cert-manager.io/inject-ca-from`). The API server calls it through the Service's
+ * ClusterIP; a renewed certificate is served without a restart; with no pod ready, identity
+ * writes are refused (`failurePolicy: Fail`). One node for the file, its own control plane; root.
+ */
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { X509Certificate } from 'node:crypto';
+import { connect } from 'node:tls';
+import { describe, it } from 'node:test';
+import {
+  AdmissionregistrationV1Api,
+  AppsV1Api,
+  CoreV1Api,
+  CustomObjectsApi,
+  DiscoveryV1Api,
+  PatchStrategy,
+  setHeaderOptions,
+} from '@kubernetes/client-node';
+import { identities } from '../../functions/lib/objects.ts';
+import { deployAdmissionDeployment } from '../../scripts/system/admission-deployment.ts';
+import { startSystem } from '../../scripts/system/system.ts';
+import { identityThroughWebhook, refusal } from '../helpers/admission.ts';
+import { eventually } from '../helpers/cluster.ts';
+import * as fx from '../helpers/fixtures.ts';
+import { assertNoSecret } from '../helpers/logs.ts';
+import { scanNodeLogs, stopNodeSystem } from '../helpers/node.ts';
+
+const work = mkdtempSync(join(tmpdir(), 'captf-webhook-deployment-'));
+const progress: string[] = [];
+const system = await startSystem({ dir: work, progress: (l) => progress.push(l), node: true });
+const node = system.node!;
+process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
+const w = fx.world('fallback');
+w.onCleanup(() => stopNodeSystem(system, work, progress));
+scanNodeLogs(work);
+// A failure here ends the file before its cleanups are registered with the runner: stop the node first.
+const fallback = await deployAdmissionDeployment(system.kc, { dir: work, log: (l) => progress.push(l) }).catch(
+  async (err: unknown) => {
+    await system.stop();
+    rmSync(work, { recursive: true, force: true });
+    throw err;
+  },
+);
+w.onCleanup(() => fallback.stop());
+
+const NAMESPACE = 'captf-system';
+const NAME = 'captf-admission';
+const core = system.kc.makeApiClient(CoreV1Api);
+const apps = system.kc.makeApiClient(AppsV1Api);
+
+/** The fingerprint of the certificate admission's Secret holds now (the leaf, first in the chain). */
+const secretLeaf = async () => {
+  const s = await core.readNamespacedSecret({ namespace: NAMESPACE, name: 'captf-admission-tls' });
+  return new X509Certificate(Buffer.from(s.data!['tls.crt']!, 'base64')).fingerprint256;
+};
+
+/** One forward per pod address, from this machine into the node. */
+const forwards = new Map<string, Promise<number>>();
+
+/** The fingerprint of the certificate a pod serves, read over TLS from this machine. */
+async function servedBy(podIP: string): Promise<string> {
+  if (!forwards.has(podIP)) forwards.set(podIP, node.forward({ host: podIP, port: 8443 }));
+  const port = await forwards.get(podIP)!;
+  return new Promise((resolve, reject) => {
+    const socket = connect(
+      { host: '127.0.0.1', port, servername: `${NAME}.${NAMESPACE}.svc`, rejectUnauthorized: false },
+      () => {
+        const fingerprint = socket.getPeerX509Certificate()!.fingerprint256;
+        socket.end();
+        resolve(fingerprint);
+      },
+    );
+    socket.on('error', reject);
+  });
+}
+
+/** Admission's pods that are not being deleted. */
+const admissionPods = async () =>
+  (
+    await core.listNamespacedPod({ namespace: NAMESPACE, labelSelector: `app.kubernetes.io/name=${NAME}` })
+  ).items.filter((p) => !p.metadata?.deletionTimestamp);
+
+/**
+ * Endpoints of the webhook's Service: `ready` ones, or all (a terminating pod stays an endpoint,
+ * `serving`, through its preStop and drain, and kube-proxy still sends to it while none is ready).
+ */
+const endpoints = async (which: 'ready' | 'all') =>
+  (
+    await system.kc
+      .makeApiClient(DiscoveryV1Api)
+      .listNamespacedEndpointSlice({ namespace: NAMESPACE, labelSelector: `kubernetes.io/service-name=${NAME}` })
+  ).items.flatMap((s) => (s.endpoints ?? []).filter((e) => which === 'all' || e.conditions?.ready));
+
+describe('the webhook as a Deployment + Service (the fallback path)', () => {
+  it('applies the overlay as rendered: a Deployment, a Service on 443, the webhook by service reference with the injected CA', async () => {
+    const kinds = fallback.applied.map((o) => `${o.kind}/${o.metadata?.name}`);
+    for (const k of [
+      'Deployment/captf-admission',
+      'Service/captf-admission',
+      'ValidatingWebhookConfiguration/captf-admission',
+    ])
+      assert.ok(kinds.includes(k), `${k} in ${kinds.join(', ')}`);
+    const vwc = await system.kc
+      .makeApiClient(AdmissionregistrationV1Api)
+      .readValidatingWebhookConfiguration({ name: NAME });
+    const hook = vwc.webhooks![0]!;
+    assert.deepEqual(
+      { ...hook.clientConfig.service },
+      { name: NAME, namespace: NAMESPACE, path: '/validate', port: 443 },
+    );
+    assert.equal(hook.failurePolicy, 'Fail');
+    const ca = Buffer.from(hook.clientConfig.caBundle!, 'base64').toString();
+    const secret = await core.readNamespacedSecret({ namespace: NAMESPACE, name: 'captf-admission-tls' });
+    assert.equal(ca, Buffer.from(secret.data!['ca.crt']!, 'base64').toString(), "caBundle is the Secret's ca.crt");
+  });
+
+  it('the API server calls it through the Service: a create, a widening update, a refused delete', async () => {
+    const walk = await identityThroughWebhook(w);
+    assertNoSecret(walk.messages.join('\n'), [walk.planted], 'what the users saw');
+  });
+
+  it('a renewed certificate is served by the running pods, without a restart, and reviews go on', async () => {
+    const before = await admissionPods();
+    const old = await secretLeaf();
+    for (const p of before)
+      assert.equal(await servedBy(p.status!.podIP!), old, `${p.metadata!.name} serves the issued certificate`);
+    // What `cmctl renew` does: the Issuing condition, through the status subresource.
+    const custom = system.kc.makeApiClient(CustomObjectsApi);
+    const ref = {
+      group: 'cert-manager.io',
+      version: 'v1',
+      namespace: NAMESPACE,
+      plural: 'certificates',
+      name: 'captf-admission-tls',
+    };
+    const cert = (await custom.getNamespacedCustomObject(ref)) as { status: { conditions?: unknown[] } };
+    cert.status.conditions = [
+      ...(cert.status.conditions ?? []),
+      { type: 'Issuing', status: 'True', reason: 'ManuallyTriggered', message: 'renewal asked by the test' },
+    ];
+    await custom.replaceNamespacedCustomObjectStatus({ ...ref, body: cert });
+    const renewed = await eventually(
+      'a new certificate in the Secret',
+      async () => ((await secretLeaf()) !== old ? secretLeaf() : undefined),
+      60_000,
+    );
+    // The kubelet refreshes Secret volumes on its sync (about a minute), then admission's reload (10 s).
+    for (const p of before)
+      await eventually(
+        `${p.metadata!.name} to serve the renewed certificate`,
+        async () => (await servedBy(p.status!.podIP!)) === renewed,
+        180_000,
+        1000,
+      );
+    const after = await admissionPods();
+    assert.deepEqual(
+      after.map((p) => [p.metadata!.uid, p.status!.containerStatuses![0]!.restartCount]).sort(),
+      before.map((p) => [p.metadata!.uid, 0]).sort(),
+      'the same pods, never restarted',
+    );
+    const name = w.name('after-renewal');
+    await identities(w.clients).create(fx.identity(name, fx.secretRef(NAMESPACE, 'none'), fx.allowList('x')));
+    await identities(w.clients).delete({ name });
+  });
+
+  it('with no pod ready the webhook fails closed: identity writes are refused, then admitted again once a pod is back', async () => {
+    const scale = (replicas: number) =>
+      apps.patchNamespacedDeploymentScale(
+        { namespace: NAMESPACE, name: NAME, body: { spec: { replicas } } },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      );
+    await scale(0);
+    try {
+      await eventually(
+        'no endpoint at all behind the webhook Service (every pod gone)',
+        async () => (await endpoints('all')).length === 0,
+        120_000,
+      );
+      const name = w.name('closed');
+      const r = await refusal(
+        identities(w.clients).create(fx.identity(name, fx.secretRef(NAMESPACE, 'none'), fx.allowList('x'))),
+      );
+      assert.match(r.message, /failed calling webhook "identities\.captf-admission/);
+      await assert.rejects(identities(w.clients).get({ name }), 'nothing was stored');
+    } finally {
+      await scale(2);
+    }
+    await eventually('a ready endpoint again', async () => (await endpoints('ready')).length > 0, 120_000);
+    const name = w.name('reopened');
+    await eventually(
+      'an identity write admitted again',
+      () =>
+        identities(w.clients)
+          .create(fx.identity(name, fx.secretRef(NAMESPACE, 'none'), fx.allowList('x')))
+          .then(() => true),
+      60_000,
+    );
+    await identities(w.clients).delete({ name });
+  });
+});
