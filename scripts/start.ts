@@ -19,7 +19,8 @@
  *   --debug                 also print unchanged reconciles and Knative's informational lines
  * `--build-adapter` and `--local-events` (earlier versions) are accepted and ignored with a note.
  */
-import { delimiter, resolve } from 'node:path';
+import { writeFileSync } from 'node:fs';
+import { delimiter, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { cronSchedule, parseDuration } from './local/events.ts';
 import { stopOnSignal } from './lib/process.ts';
@@ -138,6 +139,10 @@ const broker = system.broker!;
 const seconds = ((performance.now() - started) / 1000).toFixed(1);
 if (system.serving) {
   const svc = system.serving;
+  const ca = join(system.dir, 'cluster-local-ca.crt');
+  writeFileSync(ca, svc.caPem);
+  // curl keeps the address's name (Host and TLS's SNI, what Traefik routes by) and connects to Traefik's forward.
+  const curl = `curl --cacert ${ca} --connect-to ::127.0.0.1:${svc.gateway}`;
   console.log(`
 ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')}); embedded control plane ${system.server}
   export KUBECONFIG=${system.kubeconfigPath}
@@ -145,14 +150,14 @@ ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')})
   functions: ${Object.entries(svc.urls)
     .map(([n, u]) => `${n} ${u}`)
     .join(', ')}
-  from this machine: curl -H 'Host: <name>.captf-system.svc.cluster.local' http://127.0.0.1:${svc.gateway}/healthz (Traefik, the KIngress)
-  webhook: NOT registered (it needs cluster-local TLS; docs/deploy-knative.md)
+  from this machine: ${curl} https://<name>.captf-system.svc.cluster.local/healthz (Traefik, the KIngress; cluster-local TLS)
+  webhook: registered as shipped (service captf-admission:443 through Knative's gateway; its caBundle from cert-manager's stand-in)
   autoscaler: test windows (stable window and scale-to-zero grace 6 s)
   events: Knative's ApiServerSource adapter → Broker captf on the node → Triggers → the Knative Services; status every ${values.status}, resync every ${values.resync}
   broker: ${broker.url} (from this machine; dead letters go to captf-dead-letters' log)${
     system.prepareCaller
       ? `
-  prepare (as the provider's manager): curl -H 'Host: captf-mirror-sync.captf-system.svc.cluster.local' -H "Authorization: Bearer $(kubectl create token ${system.prepareCaller.name} -n ${system.prepareCaller.namespace} --audience captf-mirror-sync)" -H 'content-type: application/json' -d '{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","kind":"TerraformCluster","namespace":"team-a","name":"prod"}' http://127.0.0.1:${svc.gateway}/prepare`
+  prepare (as the provider's manager): ${curl} -H "Authorization: Bearer $(kubectl create token ${system.prepareCaller.name} -n ${system.prepareCaller.namespace} --audience captf-mirror-sync)" -H 'content-type: application/json' -d '{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","kind":"TerraformCluster","namespace":"team-a","name":"prod"}' ${svc.urls['captf-mirror-sync']}/prepare`
       : ''
   }
   try: kubectl apply -f examples/ && kubectl get pods -n captf-system -w

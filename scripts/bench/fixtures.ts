@@ -63,14 +63,24 @@ export async function createIdentity(
   admin: BenchClient,
   identity: { name: string; secret: string; allowedNamespaces: unknown; labels?: Record<string, string> },
 ): Promise<void> {
-  const { name, secret, allowedNamespaces, labels = {} } = identity;
-  await admin.call('POST', IDENTITIES, {
-    apiVersion: GROUP_VERSION,
-    kind: 'TerraformClusterIdentity',
-    metadata: { name, labels },
-    spec: { secretRef: { name: secret, namespace: SOURCE_NAMESPACE }, allowedNamespaces },
-  });
+  await admin.call('POST', IDENTITIES, identityBody(identity));
 }
+
+/** The body of an identity on the source Secret `secret` (in the bench's source namespace). */
+export const identityBody = (identity: {
+  name: string;
+  secret: string;
+  allowedNamespaces: unknown;
+  labels?: Record<string, string>;
+}) => ({
+  apiVersion: GROUP_VERSION,
+  kind: 'TerraformClusterIdentity',
+  metadata: { name: identity.name, labels: identity.labels ?? {} },
+  spec: {
+    secretRef: { name: identity.secret, namespace: SOURCE_NAMESPACE },
+    allowedNamespaces: identity.allowedNamespaces,
+  },
+});
 
 /** The body of a consumer of `plural` named `name` on identity `identity`. */
 export const consumerBody = (

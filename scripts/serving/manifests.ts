@@ -11,6 +11,7 @@ import { loadAllYaml, type KubernetesObject } from '@kubernetes/client-node';
 import { downloadModule } from '../controlplane/crds.ts';
 import { IMAGES, SERVING_PROGRAMS } from '../image/images.ts';
 import { REPO_ROOT } from '../tools/build.ts';
+import { CLUSTER_LOCAL_TLS } from './tls.ts';
 
 /** Where Knative Serving runs, as upstream installs it. */
 export const SERVING_NAMESPACE = 'knative-serving';
@@ -67,8 +68,9 @@ export interface ServingChanges {
 /**
  * Serving's objects with the changes an installation on the node needs: the `ko://` image
  * references (Deployments and `config-deployment`'s `queue-sidecar-image`) replaced by the
- * images the node imported; `config-network`'s `ingress-class` set to Traefik's; the
- * autoscaler's settings merged when given. Pure.
+ * images the node imported; `config-network`'s `ingress-class` set to Traefik's and
+ * cluster-local TLS on, from the issuer `config-certmanager` names (./tls.ts); the autoscaler's
+ * settings merged when given. Pure.
  * @throws Error naming a `ko://` reference that has no image.
  */
 export function servingObjects(docs: readonly KubernetesObject[], changes: ServingChanges): KubernetesObject[] {
@@ -80,7 +82,9 @@ export function servingObjects(docs: readonly KubernetesObject[], changes: Servi
   return (JSON.parse(text) as (KubernetesObject & { data?: Record<string, string> })[]).map((o) => {
     if (o.kind !== 'ConfigMap') return o;
     if (o.metadata?.name === 'config-network')
-      return { ...o, data: { ...o.data, 'ingress-class': TRAEFIK_INGRESS_CLASS } };
+      return { ...o, data: { ...o.data, 'ingress-class': TRAEFIK_INGRESS_CLASS, ...CLUSTER_LOCAL_TLS.network } };
+    if (o.metadata?.name === 'config-certmanager')
+      return { ...o, data: { ...o.data, ...CLUSTER_LOCAL_TLS.certmanager } };
     if (o.metadata?.name === 'config-autoscaler' && changes.autoscaler)
       return { ...o, data: { ...o.data, ...changes.autoscaler } };
     return o;

@@ -13,8 +13,15 @@
 import type { ChildProcess } from 'node:child_process';
 import { mkdirSync, openSync } from 'node:fs';
 import { join } from 'node:path';
-import { AppsV1Api, KubeConfig, type KubernetesObject, type V1CustomResourceDefinition } from '@kubernetes/client-node';
-import { applyCRDs } from '../controlplane/crds.ts';
+import {
+  AppsV1Api,
+  CoreV1Api,
+  KubeConfig,
+  type KubernetesObject,
+  type V1CustomResourceDefinition,
+} from '@kubernetes/client-node';
+import { startCertManager } from '../certmanager/certmanager.ts';
+import { applyCRDs, CERT_MANAGER_CRDS, installThirdPartyCRDs } from '../controlplane/crds.ts';
 import { buildImage } from '../image/build.ts';
 import { SERVING_PROGRAMS } from '../image/images.ts';
 import { serverSideApply } from '../lib/kube.ts';
@@ -23,6 +30,7 @@ import { eventually } from '../lib/wait.ts';
 import type { TestNode } from '../node/node.ts';
 import { ensureTool } from '../tools/build.ts';
 import { loadServingObjects, SERVING_NAMESPACE, TEST_AUTOSCALER } from './manifests.ts';
+import { CLUSTER_LOCAL_CA, clusterLocalIssuers, trustBundle } from './tls.ts';
 
 /** Traefik's entrypoints on the node's address (`private`: cluster-local routes) and its ping on loopback. */
 export const TRAEFIK_PORTS = { private: 8091, public: 8092, ping: 8093 } as const;
@@ -37,7 +45,9 @@ const AVAILABLE_TIMEOUT_MS = 240_000;
 export interface KnativeServing {
   /** Where the installation came from (module@version/folder). */
   sources: string[];
-  /** Stops Traefik (Serving's pods go with the node). */
+  /** PEM of the CA of cluster-local certificates: what a client of an `https://….svc.cluster.local` address trusts. */
+  caPem: string;
+  /** Stops Traefik and the cert-manager stand-in (Serving's pods go with the node). */
   stop(): Promise<void>;
 }
 
@@ -65,20 +75,52 @@ export async function startServing(node: TestNode, opts: ServingOptions): Promis
   const { objects, sources } = await loadServingObjects(TEST_AUTOSCALER);
   const kc = new KubeConfig();
   kc.loadFromFile(node.controlPlane.kubeconfigPath);
-  opts.log(`[serving] applying ${objects.length} objects from ${sources.join(', ')}`);
-  await applyCRDs(kc, objects.filter((o) => o.kind === 'CustomResourceDefinition') as V1CustomResourceDefinition[]);
-  for (const o of objects) if (o.kind !== 'CustomResourceDefinition') await serverSideApply(kc, o, MANAGER);
-  for (const o of traefikService(node.namespace.address)) await serverSideApply(kc, o, MANAGER);
-  const traefik = startTraefik(node, { dir: opts.dir, bin: traefikBin });
-  const stop = () => stopProcess(traefik, 5000);
+  const certManager = startCertManager(kc, { dir: join(opts.dir, 'cert-manager'), log: opts.log });
+  const stops = [() => certManager.stop()];
+  const stop = async () => {
+    for (const s of stops.splice(0).reverse()) await s();
+  };
   try {
+    // Before Serving's controller starts: it reads config-network once and needs cert-manager's CRDs then.
+    const caPem = await clusterLocalCA(kc);
+    for (const o of trustBundle(caPem)) await serverSideApply(kc, o, MANAGER);
+    opts.log(`[serving] applying ${objects.length} objects from ${sources.join(', ')}`);
+    await applyCRDs(kc, objects.filter((o) => o.kind === 'CustomResourceDefinition') as V1CustomResourceDefinition[]);
+    for (const o of objects) if (o.kind !== 'CustomResourceDefinition') await serverSideApply(kc, o, MANAGER);
+    for (const o of traefikService(node.namespace.address)) await serverSideApply(kc, o, MANAGER);
+    const traefik = startTraefik(node, { dir: opts.dir, bin: traefikBin });
+    stops.push(() => stopProcess(traefik, 5000));
     await servingReady(kc, { traefik, log: join(opts.dir, 'traefik', 'traefik.log') });
+    opts.log('[serving] Knative Serving is Available; Traefik is its KIngress, serving cluster-local TLS');
+    return { sources, caPem, stop };
   } catch (err) {
     await stop();
     throw err;
   }
-  opts.log('[serving] Knative Serving is Available; Traefik is its KIngress');
-  return { sources, stop };
+}
+
+/**
+ * cert-manager's CRDs, the stand-in, and the cluster-local CA ClusterIssuer (./tls.ts).
+ * @returns the CA's certificate, PEM, once issued.
+ */
+async function clusterLocalCA(kc: KubeConfig): Promise<string> {
+  await installThirdPartyCRDs(kc, CERT_MANAGER_CRDS);
+  for (const o of clusterLocalIssuers())
+    await eventually(`applying ${o.kind} ${o.metadata?.name}`, () => serverSideApply(kc, o, MANAGER), 30_000);
+  const core = kc.makeApiClient(CoreV1Api);
+  return eventually(
+    `the cluster-local CA (Secret ${CLUSTER_LOCAL_CA.namespace}/${CLUSTER_LOCAL_CA.secret})`,
+    async () => {
+      const s = await core.readNamespacedSecret({
+        namespace: CLUSTER_LOCAL_CA.namespace,
+        name: CLUSTER_LOCAL_CA.secret,
+      });
+      const ca = s.data?.['ca.crt'];
+      return ca ? Buffer.from(ca, 'base64').toString() : undefined;
+    },
+    30_000,
+    250,
+  );
 }
 
 /** `traefik-internal`: a Service without a selector, and its EndpointSlice to Traefik's private entrypoint. Pure. */
@@ -89,7 +131,13 @@ export function traefikService(address: string): KubernetesObject[] {
       apiVersion: 'v1',
       kind: 'Service',
       metadata: { ...TRAEFIK_SERVICE, labels },
-      spec: { ports: [{ name: 'http', port: 80, targetPort: TRAEFIK_PORTS.private, protocol: 'TCP' }] },
+      // 443: the API server dials an ExternalName Service at the webhook's port, here the Knative Service's 443.
+      spec: {
+        ports: [
+          { name: 'http', port: 80, targetPort: TRAEFIK_PORTS.private, protocol: 'TCP' },
+          { name: 'https', port: 443, targetPort: TRAEFIK_PORTS.private, protocol: 'TCP' },
+        ],
+      },
     } as KubernetesObject,
     {
       apiVersion: 'discovery.k8s.io/v1',
@@ -101,7 +149,11 @@ export function traefikService(address: string): KubernetesObject[] {
       },
       addressType: 'IPv4',
       endpoints: [{ addresses: [address], conditions: { ready: true } }],
-      ports: [{ name: 'http', port: TRAEFIK_PORTS.private, protocol: 'TCP' }],
+      // One entrypoint answers both: Traefik tells TLS from plain HTTP by the first bytes.
+      ports: [
+        { name: 'http', port: TRAEFIK_PORTS.private, protocol: 'TCP' },
+        { name: 'https', port: TRAEFIK_PORTS.private, protocol: 'TCP' },
+      ],
     } as KubernetesObject,
   ];
 }

@@ -2,14 +2,21 @@
  * The functions as a cluster runs them: the rendered manifests' Knative Services on Knative
  * Serving on the test node (scripts/serving/), from the images the node imported. The manifests
  * are applied as `kubectl apply -k` would apply them, through a kustomize overlay that changes
- * only the two image references (the product's and the dead-letter sink's) and leaves out the
- * webhook's registration and its cert-manager objects, which need what Knative's cluster-local
- * TLS gives (docs/deploy-knative.md). The Broker, its Triggers and PingSources are applied by
- * the Eventing stand-in (scripts/eventing/dataplane.ts), which runs on the node too.
+ * only the two image references (the product's and the dead-letter sink's) and adds the
+ * component that has the webhook's certificate issued by Knative's cluster-local issuer, so the
+ * API server reaches admission through Traefik over TLS (docs/deploy-knative.md). The Broker,
+ * its Triggers and PingSources are applied by the Eventing stand-in
+ * (scripts/eventing/dataplane.ts), which runs on the node too.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
-import { CustomObjectsApi, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { rootCertificates } from 'node:tls';
+import {
+  AdmissionregistrationV1Api,
+  CustomObjectsApi,
+  type KubeConfig,
+  type KubernetesObject,
+} from '@kubernetes/client-node';
 import { Agent, buildConnector } from 'undici';
 import { buildImage } from '../image/build.ts';
 import { IMAGES } from '../image/images.ts';
@@ -26,13 +33,6 @@ const SHIPPED_IMAGES = {
   deadLetters: 'gcr.io/knative-releases/knative.dev/eventing/cmd/event_display',
 } as const;
 
-/** Kinds the overlay leaves out until cluster-local TLS is set up: the webhook and its certificates. */
-const WEBHOOK_KINDS = [
-  { group: 'admissionregistration.k8s.io', version: 'v1', kind: 'ValidatingWebhookConfiguration' },
-  { group: 'cert-manager.io', version: 'v1', kind: 'Certificate' },
-  { group: 'cert-manager.io', version: 'v1', kind: 'Issuer' },
-] as const;
-
 /** Kinds the Eventing stand-in applies itself (with the status Knative's controllers would write). */
 const EVENTING_KINDS = new Set(['Broker', 'Trigger', 'PingSource']);
 
@@ -40,27 +40,28 @@ const EVENTING_KINDS = new Set(['Broker', 'Trigger', 'PingSource']);
 const MANAGER = 'kubectl';
 
 /**
- * The overlay's kustomization: `base` plus the two image references the node has, and a delete
- * patch per {@link WEBHOOK_KINDS}. Pure.
+ * A test overlay's kustomization: `base` with `components`, and the two image references the
+ * node has. Pure.
  * @param base the kustomization rendered, relative to the overlay's folder.
+ * @param components components added, relative to the overlay's folder.
  */
-export function servingOverlay(base: string, images: { product: string; deadLetters: string }): string {
+export function nodeOverlay(
+  base: string,
+  images: { product: string; deadLetters: string },
+  components: readonly string[] = [],
+): string {
   // Scalars as JSON strings (valid YAML): a folder may hold `#` or `: `.
   const q = (v: string) => JSON.stringify(v);
   const image = (name: string, ref: string) => {
     const { repository, tag } = splitImageRef(ref);
     return `  - name: ${q(name)}\n    newName: ${q(repository)}\n    newTag: ${q(tag)}\n`;
   };
-  const deletes = WEBHOOK_KINDS.map(
-    (k) =>
-      `  - target: { group: ${k.group}, kind: ${k.kind} }\n    patch: |\n      $patch: delete\n      apiVersion: ${k.group}/${k.version}\n      kind: ${k.kind}\n      metadata: { name: any }\n`,
-  ).join('');
   return (
-    "# Written by scripts/system/serving.ts: the manifests with the test node's images, without the webhook.\n" +
+    "# Written by scripts/system/serving.ts: the manifests with the test node's images.\n" +
     'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n' +
     `resources:\n  - ${q(base)}\n` +
-    `images:\n${image(SHIPPED_IMAGES.product, images.product)}${image(SHIPPED_IMAGES.deadLetters, images.deadLetters)}` +
-    `patches:\n${deletes}`
+    (components.length ? `components:\n${components.map((c) => `  - ${q(c)}\n`).join('')}` : '') +
+    `images:\n${image(SHIPPED_IMAGES.product, images.product)}${image(SHIPPED_IMAGES.deadLetters, images.deadLetters)}`
   );
 }
 
@@ -76,19 +77,33 @@ export function splitImageRef(ref: string): { repository: string; tag: string } 
 }
 
 /**
- * Renders `manifests` through {@link servingOverlay}, written under `dir`.
+ * Renders `manifests` with `components` through {@link nodeOverlay}, written to `<dir>/<name>`.
  * @returns the objects without CRDs (installed on their own).
  */
-export async function renderForServing(manifests: string, dir: string): Promise<KubernetesObject[]> {
-  const overlay = join(dir, 'serving-overlay');
+export async function renderForNode(
+  manifests: string,
+  o: { dir: string; name: string; components?: readonly string[] },
+): Promise<KubernetesObject[]> {
+  const overlay = join(o.dir, o.name);
   mkdirSync(overlay, { recursive: true });
   const images = { product: IMAGES['captf-credentials'].ref, deadLetters: IMAGES['event-display'].ref };
+  const rel = (p: string) => relative(overlay, join(REPO_ROOT, p));
   writeFileSync(
     join(overlay, 'kustomization.yaml'),
-    servingOverlay(relative(overlay, join(REPO_ROOT, manifests)), images),
+    nodeOverlay(rel(manifests), images, (o.components ?? []).map(rel)),
   );
-  return (await render(overlay)).filter((o) => o.kind !== 'CustomResourceDefinition');
+  return (await render(overlay)).filter((x) => x.kind !== 'CustomResourceDefinition');
 }
+
+/** The component that has the webhook's certificate issued by Knative's cluster-local issuer. */
+export const CLUSTER_LOCAL_TLS_COMPONENT = 'manifests/components/knative-cluster-local-tls';
+
+/**
+ * Renders `manifests` for Knative Serving on the node: with {@link CLUSTER_LOCAL_TLS_COMPONENT},
+ * the webhook's certificate chains to the cluster-local issuer whose certificates Traefik serves.
+ */
+export const renderForServing = (manifests: string, dir: string): Promise<KubernetesObject[]> =>
+  renderForNode(manifests, { dir, name: 'serving-overlay', components: [CLUSTER_LOCAL_TLS_COMPONENT] });
 
 /** The Knative Services as Serving reports them. */
 export interface ServedFunctions {
@@ -149,23 +164,46 @@ export async function deployOnServing(
       500,
     );
   }
+  await webhookCAInjected(kc, rendered);
   const gateway = await node.forward({ host: node.namespace.address, port: TRAEFIK_PORTS.private });
   return { urls, gateway };
 }
 
 /**
- * An undici dispatcher that sends every request for a `*.svc.cluster.local` name to Traefik's
- * cluster-local entrypoint through the node's forward (`gateway`), keeping the name in the URL
- * and so in `Host`, which is what Traefik routes by; any other name is connected as usual. Set
- * as the global dispatcher (`setGlobalDispatcher`), it lets this machine's `fetch` call a
- * Knative Service by its address, as a pod would.
+ * Waits until every rendered ValidatingWebhookConfiguration has a `caBundle` (cainjector's work,
+ * the cert-manager stand-in's here): until then the API server cannot call the webhook.
+ * @throws Error naming the configuration that has none in time.
  */
-export function clusterLocalDispatcher(gateway: number): Agent {
-  const connect = buildConnector({});
+export async function webhookCAInjected(kc: KubeConfig, rendered: readonly KubernetesObject[]): Promise<void> {
+  const adm = kc.makeApiClient(AdmissionregistrationV1Api);
+  for (const o of rendered.filter((x) => x.kind === 'ValidatingWebhookConfiguration'))
+    await eventually(
+      `the caBundle of ValidatingWebhookConfiguration ${o.metadata!.name} (cert-manager.io/inject-ca-from)`,
+      async () => {
+        const vwc = await adm.readValidatingWebhookConfiguration({ name: o.metadata!.name! });
+        return (vwc.webhooks ?? []).every((h) => !!h.clientConfig.caBundle);
+      },
+      READY_TIMEOUT_MS,
+      250,
+    );
+}
+
+/**
+ * An undici dispatcher that sends every request for a `*.svc.cluster.local` name to Traefik's
+ * cluster-local entrypoint through the node's forward (`gateway`), keeping the name in the URL,
+ * so in `Host` and in TLS's SNI, which is what Traefik routes by, and trusting `caPem` (the
+ * cluster-local CA) for `https://` addresses; any other name is connected as usual. Set as the
+ * global dispatcher (`setGlobalDispatcher`), it lets this machine's `fetch` call a Knative
+ * Service by its address, as a pod would.
+ */
+export function clusterLocalDispatcher(gateway: number, caPem: string): Agent {
+  const connect = buildConnector({ ca: [...rootCertificates, caPem] });
   return new Agent({
     connect: (o, cb) =>
       connect(
-        o.hostname.endsWith('.svc.cluster.local') ? { ...o, hostname: '127.0.0.1', port: String(gateway) } : o,
+        o.hostname.endsWith('.svc.cluster.local')
+          ? { ...o, hostname: '127.0.0.1', port: String(gateway), servername: o.hostname }
+          : o,
         cb,
       ),
   });

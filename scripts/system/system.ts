@@ -123,8 +123,11 @@ export interface RunningSystem {
   controlPlane?: ControlPlane;
   /** With `node`: the node, where pods run. */
   node?: TestNode;
-  /** With `serving`: where Serving came from, the Knative Services' addresses and the way to them. */
-  serving?: ServedFunctions & { sources: string[] };
+  /**
+   * With `serving`: where Serving came from, the Knative Services' addresses, the way to them,
+   * and the CA their `https://` addresses chain to.
+   */
+  serving?: ServedFunctions & { sources: string[]; caPem: string };
   /** The rendered {@link MANIFESTS}. */
   rendered: readonly KubernetesObject[];
   /** The first instance of each function; empty when the options ask for none. */
@@ -284,7 +287,7 @@ function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
 function checkServing(opts: SystemOptions): void {
   if (opts.serving && (opts.functions || opts.webhook || opts.events === 'fronts'))
     throw new Error(
-      "with serving the functions are Knative Services from the image, events come through the Broker, and the webhook is not registered: leave functions, webhook and events: 'fronts' out",
+      "with serving the functions are Knative Services from the image, events come through the Broker, and the webhook is the manifests' own, through Knative: leave functions, webhook and events: 'fronts' out",
     );
 }
 
@@ -466,7 +469,7 @@ async function deployFunctionsOnServing(
 ): Promise<RunningSystem['serving']> {
   if (!o.serving) return undefined;
   const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, s.opts.progress);
-  return { ...served, sources: o.serving.sources };
+  return { ...served, sources: o.serving.sources, caPem: o.serving.caPem };
 }
 
 /** Starts instances of functions, each logging to `<dir>/logs/<name>-<n>.log`, stopped with the system. */

@@ -282,6 +282,8 @@ export interface WebhookWalk {
   messages: string[];
   /** The Secret value planted in the identity's source Secret. */
   planted: string;
+  /** How long the first review took (the API server's answer to the first create), in ms. */
+  firstReviewMs: number;
 }
 
 /**
@@ -320,7 +322,9 @@ export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> 
   const name = w.name('via');
   const o = fx.identity(name, fx.secretRef(secretsNs, 'creds'), fx.allowList(consumerNs));
   const mayNot = new RegExp(`denied the request: user "nobody-${sfx}" may not`);
+  const t0 = Date.now();
   await refused(identities(nobody).create(o), mayNot);
+  const firstReviewMs = Date.now() - t0;
   await identities(reader).create(o);
   w.onCleanup(() =>
     identities(w.clients)
@@ -347,5 +351,5 @@ export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> 
         .then(() => true),
     30_000,
   );
-  return { messages, planted };
+  return { messages, planted, firstReviewMs };
 }

@@ -8,7 +8,7 @@
  * inside the node; needs root.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -17,14 +17,14 @@ import type { Consumer } from '../../functions/lib/api.ts';
 import { setGlobalDispatcher } from 'undici';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { podView, SERVICE_LABEL } from '../../scripts/local/scale.ts';
-import { cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { clusterLocalDispatcher } from '../../scripts/system/serving.ts';
 import { startSystem } from '../../scripts/system/system.ts';
-import { admissionReview, identityRequest } from '../helpers/admission.ts';
+import { identityThroughWebhook } from '../helpers/admission.ts';
+import { assertNoSecret } from '../helpers/logs.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { createConsumers, operatorSource } from '../helpers/mirror-sync.ts';
-import { cgroupFolders, podLog, scanNodeLogs } from '../helpers/node.ts';
+import { podLog, scanNodeLogs, stopNodeSystem } from '../helpers/node.ts';
 import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
 const work = mkdtempSync(join(tmpdir(), 'captf-serving-'));
@@ -43,20 +43,10 @@ const serving = system.serving!;
 process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
 const w = fx.world('serving');
 // The world's first cleanup, so its last: after the leak scan, whatever it found.
-w.onCleanup(async () => {
-  try {
-    await system.stop();
-    const root = cgroupRootOf(join(work, 'node'));
-    const left = cgroupFolders(join(work, 'node')).filter((f) => f.split('/')[1] === root);
-    const failed = progress.filter((l) => l.startsWith('while stopping'));
-    assert.deepEqual({ left, failed }, { left: [], failed: [] }, 'the stop removed every cgroup and failed at nothing');
-  } finally {
-    rmSync(work, { recursive: true, force: true });
-  }
-});
+w.onCleanup(() => stopNodeSystem(system, work, progress));
 scanNodeLogs(work);
 // This process's fetch reaches `*.svc.cluster.local` through Traefik, as a pod would.
-setGlobalDispatcher(clusterLocalDispatcher(serving.gateway));
+setGlobalDispatcher(clusterLocalDispatcher(serving.gateway, serving.caPem));
 
 const NAMESPACE = 'captf-system';
 const core = system.kc.makeApiClient(CoreV1Api);
@@ -122,8 +112,17 @@ describe('the manifests on Knative Serving', () => {
       'captf-identity-status',
       'captf-mirror-sync',
     ]);
+    // Cluster-local TLS is on: every address is https, and the Triggers deliver to those.
     for (const [name, address] of Object.entries(serving.urls))
-      assert.equal(address, `http://${name}.${NAMESPACE}.svc.cluster.local`);
+      assert.equal(address, `https://${name}.${NAMESPACE}.svc.cluster.local`);
+    const triggers = (await custom.listNamespacedCustomObject({
+      group: 'eventing.knative.dev',
+      version: 'v1',
+      namespace: NAMESPACE,
+      plural: 'triggers',
+    })) as { items: { status?: { subscriberUri?: string } }[] };
+    const subscribers = new Set(triggers.items.map((t) => t.status?.subscriberUri));
+    assert.deepEqual([...subscribers].sort(), [url('captf-identity-status'), url('captf-mirror-sync')]);
     assert.ok(SCALE_TO_ZERO.includes('captf-mirror-sync'), 'mirror-sync ships with min-scale 0');
   });
 
@@ -153,7 +152,7 @@ describe('the manifests on Knative Serving', () => {
     );
   });
 
-  it('after idle, each function at min-scale 0 has no pod, and a prepare, a ping, a review or a dead letter cold-starts it', async () => {
+  it("after idle, each function at min-scale 0 has no pod, and a prepare (over https), a ping, the API server's reviews (through Knative) or a dead letter cold-starts it", async () => {
     // Set up while functions may still run; then every Service is left to reach zero. Two
     // identities: one whose source goes (for the ping), one that stays (for the prepare).
     const source = await operatorSource(w);
@@ -199,21 +198,13 @@ describe('the manifests on Knative Serving', () => {
         [],
         `${s} is still at zero`,
       );
-    // admission: a review (the webhook is not registered yet; this is what the API server would send).
-    const review = admissionReview(
-      identityRequest('CREATE', fx.identity('aws', fx.secretRef(source.namespace, source.name)), undefined, {
-        uid: suffix(),
-        userInfo: { username: 'nobody', groups: [] },
-      }),
-    );
-    const answer = await fetch(`${url('captf-admission')}/validate`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify(review),
-    });
-    assert.equal(answer.status, 200);
-    const decided = (await answer.json()) as { response: { allowed: boolean } };
-    assert.equal(decided.response.allowed, false, 'nobody may not get the Secret');
+    // admission: the API server's review of identity changes through Knative (the rendered
+    // webhook configuration: service captf-admission:443 → ExternalName → Traefik, TLS by SNI
+    // with the CA cainjector put in caBundle → activator), the first from zero, within the
+    // webhook's timeoutSeconds (30 s: a slower answer is a refusal the walk would not accept).
+    const walk = await identityThroughWebhook(w);
+    assert.ok(walk.firstReviewMs < 30_000, `the first review from zero took ${walk.firstReviewMs} ms`);
+    assertNoSecret(walk.messages.join('\n'), [walk.planted], 'what the users saw');
 
     // The dead-letter sink: a CloudEvent as the dispatcher would send one.
     const dead = await fetch(url('captf-dead-letters'), {

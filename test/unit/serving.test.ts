@@ -8,7 +8,8 @@ import type { KubernetesObject, V1Pod } from '@kubernetes/client-node';
 import { podView, scaleLine } from '../../scripts/local/scale.ts';
 import { servingObjects, TRAEFIK_INGRESS_CLASS } from '../../scripts/serving/manifests.ts';
 import { traefikService, TRAEFIK_PORTS } from '../../scripts/serving/serving.ts';
-import { servingOverlay, splitImageRef } from '../../scripts/system/serving.ts';
+import { CLUSTER_LOCAL_ISSUER } from '../../scripts/serving/tls.ts';
+import { nodeOverlay, splitImageRef } from '../../scripts/system/serving.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const configMap = (name: string, data: Record<string, string>) =>
@@ -18,6 +19,7 @@ describe("Serving's objects on the node", () => {
   const docs = [
     configMap('config-deployment', { 'queue-sidecar-image': 'ko://knative.dev/serving/cmd/queue' }),
     configMap('config-network', { 'ingress-class': 'kourier.ingress.networking.knative.dev' }),
+    configMap('config-certmanager', {}),
     configMap('config-autoscaler', { 'stable-window': '60s', 'container-concurrency-target-default': '100' }),
     {
       apiVersion: 'apps/v1',
@@ -34,8 +36,13 @@ describe("Serving's objects on the node", () => {
     assert.equal(data('config-deployment')['queue-sidecar-image'], 'ko.local/q:1');
     assert.doesNotMatch(JSON.stringify(out), /ko:\/\//);
   });
-  it("sets Traefik's ingress class and merges the autoscaler settings, keeping the others", () => {
+  it("sets Traefik's ingress class, cluster-local TLS from the platform's issuer, and merges the autoscaler settings, keeping the others", () => {
     assert.equal(data('config-network')['ingress-class'], TRAEFIK_INGRESS_CLASS);
+    assert.equal(data('config-network')['cluster-local-domain-tls'], 'Enabled');
+    assert.equal(
+      data('config-certmanager').clusterLocalIssuerRef,
+      `kind: ClusterIssuer\nname: ${CLUSTER_LOCAL_ISSUER}\n`,
+    );
     assert.deepEqual(data('config-autoscaler'), {
       'stable-window': '6s',
       'container-concurrency-target-default': '100',
@@ -45,7 +52,7 @@ describe("Serving's objects on the node", () => {
     assert.throws(() => servingObjects(docs, { images: { queue: 'x' } }), /no image for ko:\/\/.*activator/));
   it('leaves the input unchanged', () =>
     assert.equal(
-      (docs[3] as { spec: { template: { spec: { containers: { image: string }[] } } } }).spec.template.spec
+      (docs[4] as { spec: { template: { spec: { containers: { image: string }[] } } } }).spec.template.spec
         .containers[0]!.image,
       'ko://knative.dev/serving/cmd/activator',
     ));
@@ -75,11 +82,12 @@ describe('the overlay of the manifests', () => {
     (r) => assert.throws(() => splitImageRef(r.ref), /repository:tag/),
   );
   it('quotes every scalar it writes, so a folder name cannot end the line', () => {
-    const text = servingOverlay('../a #b/manifests', { product: 'ko.local/p:1', deadLetters: 'ko.local/d:2' });
-    assert.match(text, /^ {2}- "\.\.\/a #b\/manifests"$/m);
+    const text = nodeOverlay('../a #b/manifests', { product: 'ko.local/p:1', deadLetters: 'ko.local/d:2' }, [
+      '../c: d',
+    ]);
+    assert.match(text, /^resources:\n {2}- "\.\.\/a #b\/manifests"$/m);
+    assert.match(text, /^components:\n {2}- "\.\.\/c: d"$/m);
     assert.match(text, /newName: "ko\.local\/p"\n {4}newTag: "1"/);
-    for (const kind of ['ValidatingWebhookConfiguration', 'Certificate', 'Issuer'])
-      assert.match(text, new RegExp(`kind: ${kind} }\\n    patch: \\|\\n      \\$patch: delete`));
   });
 });
 
@@ -90,12 +98,10 @@ describe("Traefik's Service", () => {
       { metadata: { labels: Record<string, string> }; endpoints: { addresses: string[] }[]; ports: { port: number }[] },
     ];
     assert.equal(service.spec.selector, undefined);
-    assert.deepEqual(service.spec.ports[0], {
-      name: 'http',
-      port: 80,
-      targetPort: TRAEFIK_PORTS.private,
-      protocol: 'TCP',
-    });
+    assert.deepEqual(service.spec.ports, [
+      { name: 'http', port: 80, targetPort: TRAEFIK_PORTS.private, protocol: 'TCP' },
+      { name: 'https', port: 443, targetPort: TRAEFIK_PORTS.private, protocol: 'TCP' },
+    ]);
     assert.equal(slice.metadata.labels['kubernetes.io/service-name'], 'traefik-internal');
     assert.deepEqual(slice.endpoints[0]!.addresses, ['10.240.0.1']);
     assert.equal(slice.ports[0]!.port, TRAEFIK_PORTS.private);

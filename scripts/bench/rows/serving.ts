@@ -3,8 +3,9 @@
  * with the shipped manifests, the shipped Broker and Knative's autoscaling: no stand-in front
  * (the process rows keep theirs).
  * - "serving cold start": from zero through Traefik and the activator: a new consumer's event
- *   until its mirror is written (adapter → Broker → Trigger → Knative Service), and a prepare
- *   until its answer. Each cold sample starts only once the Knative Service has no pod, Running
+ *   until its mirror is written (adapter → Broker → Trigger → Knative Service), a prepare
+ *   until its answer, and an identity create (dry run) until the API server's answer, the
+ *   webhook reached through Traefik over cluster-local TLS. Each cold sample starts only once the Knative Service has no pod, Running
  *   or Terminating (the row counts those starts). Baseline: the same right after, pod warm.
  * - "serving fan-in N": N consumers of one identity in one namespace, created at the bench's
  *   client concurrency: time until every one is mirrored (`CredentialsMirrored=True`) and an
@@ -37,6 +38,8 @@ import {
   createNamespaces,
   GROUP_VERSION,
   hasTrue,
+  IDENTITIES,
+  identityBody,
   mirrorOf,
   putSourceSecret,
   type Consumer,
@@ -57,6 +60,7 @@ export interface ServingRowOptions {
 
 const NAMESPACE = 'captf-system';
 const MIRROR_SYNC = 'captf-mirror-sync';
+const ADMISSION = 'captf-admission';
 const IDENTITY = 'bench-serving';
 const MIRROR_SYNC_USER = `system:serviceaccount:${NAMESPACE}:captf-mirror-sync`;
 
@@ -84,7 +88,7 @@ export async function servingRows(o: ServingRowOptions): Promise<Figure[]> {
     auditLogMaxSizeMB: 100_000,
   });
   const before = getGlobalDispatcher();
-  setGlobalDispatcher(clusterLocalDispatcher(system.serving!.gateway));
+  setGlobalDispatcher(clusterLocalDispatcher(system.serving!.gateway, system.serving!.caPem));
   const kc = loadKubeConfig(system.kubeconfigPath);
   const s: Served = {
     system,
@@ -166,6 +170,21 @@ async function timedPrepare(s: Served, ns: string, name: string, token: string):
   return performance.now() - t0;
 }
 
+/**
+ * An identity create as the admin, a dry run (reviewed by the webhook, nothing stored), timed
+ * until the API server answers.
+ * @throws Error unless it is admitted.
+ */
+async function timedReview(s: Served): Promise<number> {
+  const t0 = performance.now();
+  await s.admin.call(
+    'POST',
+    `${IDENTITIES}?dryRun=All`,
+    identityBody({ name: 'bench-review', secret: 'bench-serving-creds', allowedNamespaces: { list: ['bench'] } }),
+  );
+  return performance.now() - t0;
+}
+
 /** The cold-start figures: event → mirror and prepare, from zero and warm. */
 async function coldStarts(s: Served): Promise<Figure[]> {
   const caller = await prepareCaller(s.kc, {
@@ -174,8 +193,8 @@ async function coldStarts(s: Served): Promise<Figure[]> {
     suffix: 'bench-serving',
     audience: DEFAULT_PREPARE_AUDIENCE,
   });
-  const cold = { event: [] as number[], prepare: [] as number[], fromZero: 0 };
-  const warm = { event: [] as number[], prepare: [] as number[] };
+  const cold = { event: [] as number[], prepare: [] as number[], review: [] as number[], fromZero: 0 };
+  const warm = { event: [] as number[], prepare: [] as number[], review: [] as number[] };
   try {
     for (let i = 0; i < s.opts.runs; i++) {
       const ns = await newNamespace(s);
@@ -187,35 +206,38 @@ async function coldStarts(s: Served): Promise<Figure[]> {
       cold.fromZero += (await podCount(s.kc, MIRROR_SYNC)) === 0 ? 1 : 0;
       cold.prepare.push(await timedPrepare(s, ns, 'c-0', caller.token));
       warm.prepare.push(await timedPrepare(s, ns, 'c-1', caller.token));
+      await atZero(s, ADMISSION);
+      cold.fromZero += (await podCount(s.kc, ADMISSION)) === 0 ? 1 : 0;
+      cold.review.push(await timedReview(s));
+      warm.review.push(await timedReview(s));
       s.opts.log(
-        `serving cold start ${i + 1}/${s.opts.runs}: event ${Math.round(cold.event.at(-1)!)} ms, prepare ${Math.round(cold.prepare.at(-1)!)} ms`,
+        `serving cold start ${i + 1}/${s.opts.runs}: event ${Math.round(cold.event.at(-1)!)} ms, prepare ${Math.round(cold.prepare.at(-1)!)} ms, review ${Math.round(cold.review.at(-1)!)} ms`,
       );
     }
   } finally {
     await caller.cleanup();
   }
   const row = 'serving cold start';
+  const fromZero = (what: string, kind: keyof typeof warm): Figure => ({
+    row,
+    what,
+    unit: 'ms',
+    samples: cold[kind],
+    baseline: { what: 'the same, pod warm', samples: warm[kind] },
+  });
   return [
-    {
-      row,
-      what: 'mirror-sync from zero: new consumer → mirror (adapter, Broker, Traefik, activator)',
-      unit: 'ms',
-      samples: cold.event,
-      baseline: { what: 'the same, pod warm', samples: warm.event },
-    },
-    {
-      row,
-      what: 'mirror-sync from zero: prepare → answer (Traefik, activator)',
-      unit: 'ms',
-      samples: cold.prepare,
-      baseline: { what: 'the same, pod warm', samples: warm.prepare },
-    },
+    fromZero('mirror-sync from zero: new consumer → mirror (adapter, Broker, Traefik, activator)', 'event'),
+    fromZero('mirror-sync from zero: prepare → answer (Traefik, activator)', 'prepare'),
+    fromZero(
+      "admission from zero: identity create → the API server's answer (webhook through Traefik over TLS, activator)",
+      'review',
+    ),
     {
       row,
       what: 'cold samples with no pod (Running or Terminating) when the request was sent, of all',
       unit: 'count',
       samples: [cold.fromZero],
-      baseline: { what: 'cold samples', samples: [2 * s.opts.runs] },
+      baseline: { what: 'cold samples', samples: [3 * s.opts.runs] },
     },
   ];
 }
