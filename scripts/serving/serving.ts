@@ -9,6 +9,10 @@
  * folder. Knative finds it through `traefik-internal`, a Service without a selector whose
  * EndpointSlice names the node's address and Traefik's port (what a LoadBalancer in front of a
  * gateway pod would be in a cluster). Traefik acts as the cluster admin here.
+ *
+ * Cluster-local TLS is on (./tls.ts): the cert-manager stand-in (scripts/certmanager/) runs for
+ * as long as Serving does and issues the routes' certificates, which Traefik serves by SNI on
+ * the same entrypoint as plain HTTP.
  */
 import type { ChildProcess } from 'node:child_process';
 import { mkdirSync, openSync } from 'node:fs';
@@ -60,10 +64,12 @@ export interface ServingOptions {
 
 /**
  * Installs and starts Knative Serving on `node`: builds the programs and images when missing,
- * imports the images, applies Serving's objects, starts Traefik and waits until Serving's four
+ * imports the images, starts the cert-manager stand-in with the cluster-local CA issuer and
+ * publishes the CA as Eventing's trust bundle, applies Serving's objects, starts Traefik and
+ * waits until Serving's four
  * Deployments are Available (Knative Services applied right after may still meet its webhook
  * starting: ../system/serving.ts retries).
- * @throws Error naming what did not become ready, with where its log is; Traefik is stopped first.
+ * @throws Error naming what did not become ready, with where its log is; Traefik and the stand-in are stopped first.
  */
 export async function startServing(node: TestNode, opts: ServingOptions): Promise<KnativeServing> {
   opts.log('[serving] programs and images (built when missing)');
