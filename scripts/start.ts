@@ -160,6 +160,7 @@ ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')})
   prepare (as the provider's manager): ${curl} -H "Authorization: Bearer $(kubectl create token ${system.prepareCaller.name} -n ${system.prepareCaller.namespace} --audience captf-mirror-sync)" -H 'content-type: application/json' -d '{"apiVersion":"infrastructure.cluster.x-k8s.io/v1beta2","kind":"TerraformCluster","namespace":"team-a","name":"prod"}' ${svc.urls['captf-mirror-sync']}/prepare`
       : ''
   }
+  users: sign client certificates with ${system.controlPlane!.dir}/pki/client-ca.crt and client-ca.key (examples/README.md: set D=${system.controlPlane!.dir})
   try: kubectl apply -f examples/ && kubectl get pods -n captf-system -w
   Ctrl-C stops everything.
 `);

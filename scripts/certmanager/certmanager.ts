@@ -17,7 +17,7 @@ import {
   type KubeConfig,
   type V1Secret,
 } from '@kubernetes/client-node';
-import { isNotFound } from '../../functions/lib/kube.ts';
+import { apiStatus, isNotFound } from '../../functions/lib/kube.ts';
 import { firstLine, sleep } from '../lib/wait.ts';
 import {
   injectFrom,
@@ -75,6 +75,8 @@ export function startCertManager(kc: KubeConfig, opts: CertManagerOptions): Cert
         await reconcileAll(api, opts.dir, opts.log);
         last = '';
       } catch (err) {
+        // 429: the API server sheds load while it starts (priority and fairness); the next pass retries.
+        if (apiStatus(err) === 429) return;
         const msg = firstLine(err);
         if (msg !== last) opts.log(`[cert-manager] pass failed (retrying): ${msg}`);
         last = msg;
