@@ -9,6 +9,7 @@
  * upstream file it follows. It polls (every `everyMs`) instead of watching: a handful of objects.
  */
 import { X509Certificate } from 'node:crypto';
+import { isDeepStrictEqual } from 'node:util';
 import { mkdirSync } from 'node:fs';
 import {
   AdmissionregistrationV1Api,
@@ -22,6 +23,8 @@ import { firstLine, sleep } from '../lib/wait.ts';
 import {
   injectFrom,
   issuanceReason,
+  issuerReadyCondition,
+  issuerStatus,
   issuerKind,
   readyStatus,
   secretFor,
@@ -69,10 +72,11 @@ export function startCertManager(kc: KubeConfig, opts: CertManagerOptions): Cert
   let stopped = false;
   let last = '';
   let running = Promise.resolve();
+  const backoff: Backoff = new Map();
   const pass = () => {
     running = running.then(async () => {
       try {
-        await reconcileAll(api, opts.dir, opts.log);
+        await reconcileAll(api, { dir: opts.dir, log: opts.log, backoff });
         last = '';
       } catch (err) {
         // 429: the API server sheds load while it starts (priority and fairness); the next pass retries.
@@ -101,13 +105,65 @@ export function startCertManager(kc: KubeConfig, opts: CertManagerOptions): Cert
 
 type Api = { custom: CustomObjectsApi; core: CoreV1Api; adm: AdmissionregistrationV1Api };
 
-/** One pass: issuers' status, every Certificate, then cainjector. */
-async function reconcileAll(api: Api, dir: string, log: (line: string) => void): Promise<void> {
+/** Per object (`<kind> <namespace>/<name>`): its failures and issuances, to back off and to log a change once. */
+type Backoff = Map<string, { failures: number; until: number; last: string; issued: number[] }>;
+
+/** Issuances of one Certificate within a minute beyond which it waits (two Certificates fighting over one Secret). */
+const ISSUANCES_PER_MINUTE = 3;
+
+/**
+ * One pass: issuers' status, every Certificate, then cainjector. Each object is handled on its
+ * own, as cert-manager's controllers do: one that fails (an unsupported key, a bad duration, a
+ * conflict) waits with exponential backoff up to a minute, gets `Ready=False` with the reason
+ * when it is a Certificate, and does not hold up the others.
+ */
+async function reconcileAll(
+  api: Api,
+  o: { dir: string; log: (line: string) => void; backoff: Backoff },
+): Promise<void> {
   const issuers = await listIssuers(api);
   const certs = (await listOrNone(api, 'certificates')) as Certificate[];
-  for (const i of issuers) await markIssuerReady(api, i);
-  for (const cert of certs) await reconcileCertificate(api, { cert, issuers, dir, log });
-  await injectCABundles(api, certs, log);
+  const isolated = async (
+    key: string,
+    work: () => Promise<string | undefined>,
+    onError?: (msg: string) => Promise<void>,
+  ) => {
+    const b = o.backoff.get(key) ?? { failures: 0, until: 0, last: '', issued: [] };
+    if (Date.now() < b.until) return;
+    try {
+      const issued = await work();
+      b.failures = 0;
+      b.last = '';
+      if (issued) b.issued = [...b.issued.filter((t) => t > Date.now() - 60_000), Date.now()];
+      if (b.issued.length >= ISSUANCES_PER_MINUTE) {
+        b.until = Date.now() + 30_000;
+        o.log(
+          `[cert-manager] ${key} was issued ${b.issued.length} times within a minute (two Certificates for one Secret?); waiting 30 s`,
+        );
+      }
+    } catch (err) {
+      if (apiStatus(err) === 429) return; // the API server sheds load while it starts
+      const msg = firstLine(err);
+      b.failures++;
+      b.until = Date.now() + Math.min(60_000, 500 * 2 ** b.failures);
+      if (msg !== b.last) o.log(`[cert-manager] ${key}: ${msg} (retrying)`);
+      b.last = msg;
+      await onError?.(msg).catch(() => undefined);
+    }
+    o.backoff.set(key, b);
+  };
+  for (const i of issuers)
+    await isolated(`${i.kind} ${i.metadata.namespace ?? ''}/${i.metadata.name}`, async () => {
+      await markIssuerReady(api, i);
+      return undefined;
+    });
+  for (const cert of certs)
+    await isolated(
+      `Certificate ${cert.metadata.namespace}/${cert.metadata.name}`,
+      () => reconcileCertificate(api, { cert, issuers, dir: o.dir, log: o.log }),
+      (msg) => markFailed(api, cert, msg),
+    );
+  await injectCABundles(api, certs, o.log);
 }
 
 /** Lists a cert-manager kind in every namespace (none while its CRD is not installed). */
@@ -129,46 +185,53 @@ async function listIssuers(api: Api): Promise<Issuer[]> {
   return [...issuers.map((i) => ({ ...i, kind: 'Issuer' })), ...cluster.map((i) => ({ ...i, kind: 'ClusterIssuer' }))];
 }
 
-/** Issuers of a type it plays get `Ready=True` (Knative and `kubectl wait` look for it). */
+/**
+ * An issuer's `Ready` condition (Knative and `kubectl wait` look for it): a self-signed one is
+ * ready; a CA one while its Secret holds a key pair (pkg/issuer/ca/setup.go), else not ready,
+ * naming the Secret. Written only when it changes.
+ */
 async function markIssuerReady(api: Api, issuer: Issuer): Promise<void> {
-  if (!signerOf(issuer, issuer.metadata.namespace ?? '')) return;
-  if (issuer.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')) return;
-  const now = new Date();
-  const body = {
-    ...issuer,
-    apiVersion: `${GROUP}/${VERSION}`,
-    status: {
-      conditions: setCondition(
-        issuer.status?.conditions ?? [],
-        {
-          type: 'Ready',
-          status: 'True',
-          reason: 'IsReady',
-          message: 'Signing CA verified',
-          observedGeneration: issuer.metadata.generation ?? 1,
-        },
-        now,
-      ),
-    },
-  };
+  const signer = signerOf(issuer, issuer.metadata.namespace ?? '');
+  if (!signer) return;
+  const hasPair = !signer.self && !!(await signingPair(api, signer.secret));
+  const status = issuerStatus(issuer, issuerReadyCondition(signer, hasPair), new Date());
+  if (!status) return;
+  const body = { ...issuer, apiVersion: `${GROUP}/${VERSION}`, status };
+  await writeIssuerStatus(api, issuer, body);
+}
+
+/** Replaces an Issuer's or ClusterIssuer's status with `body`'s. */
+function writeIssuerStatus(api: Api, issuer: Issuer, body: object): Promise<unknown> {
   const { name, namespace } = issuer.metadata;
-  if (issuer.kind === 'ClusterIssuer')
-    await api.custom.replaceClusterCustomObjectStatus({
-      group: GROUP,
-      version: VERSION,
-      plural: 'clusterissuers',
-      name,
-      body,
-    });
-  else
-    await api.custom.replaceNamespacedCustomObjectStatus({
-      group: GROUP,
-      version: VERSION,
-      plural: 'issuers',
-      namespace: namespace!,
-      name,
-      body,
-    });
+  const at = { group: GROUP, version: VERSION, name, body };
+  return issuer.kind === 'ClusterIssuer'
+    ? api.custom.replaceClusterCustomObjectStatus({ ...at, plural: 'clusterissuers' })
+    : api.custom.replaceNamespacedCustomObjectStatus({ ...at, plural: 'issuers', namespace: namespace! });
+}
+
+/** A Certificate that could not be issued: `Ready=False` with the reason, as cert-manager reports a failed issuance. */
+async function markFailed(api: Api, cert: Certificate, message: string): Promise<void> {
+  const fresh = (await api.custom.getNamespacedCustomObject({
+    group: GROUP,
+    version: VERSION,
+    plural: 'certificates',
+    namespace: cert.metadata.namespace,
+    name: cert.metadata.name,
+  })) as Certificate;
+  const conditions = setCondition(
+    fresh.status?.conditions ?? [],
+    { type: 'Ready', status: 'False', reason: 'Failed', message, observedGeneration: fresh.metadata.generation ?? 1 },
+    new Date(),
+  );
+  if (isDeepStrictEqual(conditions, fresh.status?.conditions)) return;
+  await api.custom.replaceNamespacedCustomObjectStatus({
+    group: GROUP,
+    version: VERSION,
+    plural: 'certificates',
+    namespace: cert.metadata.namespace,
+    name: cert.metadata.name,
+    body: { ...fresh, status: { ...fresh.status, conditions } },
+  });
 }
 
 /** Reads a Secret, or undefined when there is none. */
@@ -179,20 +242,24 @@ async function readSecret(api: Api, namespace: string, name: string): Promise<V1
   });
 }
 
-/** One Certificate: {@link issueWhenDue}, then its status when that changed. */
+/**
+ * One Certificate: {@link issueWhenDue}, then its status when that changed.
+ * @returns why it was issued now, if it was.
+ */
 async function reconcileCertificate(
   api: Api,
   o: { cert: Certificate; issuers: Issuer[]; dir: string; log: (line: string) => void },
-): Promise<void> {
+): Promise<string | undefined> {
   const { cert } = o;
   const signer = signerFor(cert, o.issuers);
-  if (!signer) return;
+  if (!signer) return undefined;
   const now = new Date();
   const held = await issueWhenDue(api, { ...o, signer, now });
-  if (!held) return;
+  if (!held) return undefined;
   const x509 = new X509Certificate(Buffer.from(held.secret.data!['tls.crt']!, 'base64'));
   const status = readyStatus(cert, x509, !!held.reason, now);
-  if (!held.reason && JSON.stringify(status) === JSON.stringify(cert.status)) return;
+  // The API server returns fields in its own order: compare as values, not as text.
+  if (!held.reason && isDeepStrictEqual(status, cert.status)) return undefined;
   await api.custom.replaceNamespacedCustomObjectStatus({
     group: GROUP,
     version: VERSION,
@@ -201,6 +268,7 @@ async function reconcileCertificate(
     name: cert.metadata.name,
     body: { ...cert, status },
   });
+  return held.reason;
 }
 
 /**
@@ -238,8 +306,19 @@ async function writeIssued(
   const fresh = secretFor(o.cert, o.issued);
   const { namespace } = o.cert.metadata;
   if (!o.current) return api.core.createNamespacedSecret({ namespace, body: fresh });
-  // The resourceVersion makes a replace over someone else's newer write a conflict, retried next pass.
-  const body = { ...fresh, metadata: { ...fresh.metadata, resourceVersion: o.current.metadata?.resourceVersion } };
+  // Others' labels, annotations and keys stay (cert-manager applies only its own fields); the
+  // resourceVersion makes a replace over someone else's newer write a conflict, retried next pass.
+  const m = o.current.metadata ?? {};
+  const body = {
+    ...fresh,
+    metadata: {
+      ...fresh.metadata,
+      labels: { ...m.labels, ...fresh.metadata.labels },
+      annotations: { ...m.annotations, ...fresh.metadata.annotations },
+      resourceVersion: m.resourceVersion,
+    },
+    data: { ...o.current.data, ...fresh.data },
+  };
   return api.core.replaceNamespacedSecret({ namespace, name: o.cert.spec.secretName, body });
 }
 

@@ -4,7 +4,7 @@
  * writes into a webhook's `caBundle`. Each follows cert-manager v1.21.2 (the module the CRDs come
  * from, scripts/tools/go/crds); the file it follows is named beside it.
  */
-import { X509Certificate } from 'node:crypto';
+import { createPrivateKey, X509Certificate, type KeyObject } from 'node:crypto';
 
 /** Where a ClusterIssuer's Secrets live (cert-manager's `--cluster-resource-namespace` as its Helm chart sets it). */
 export const CLUSTER_RESOURCE_NAMESPACE = 'cert-manager';
@@ -91,14 +91,16 @@ export function parseDuration(text: string): number {
 const DEFAULT_DURATION_MS = 2160 * 3600_000;
 
 /**
- * The lifetime to issue for, in whole days (the stand-in signs with `openssl -days`): `duration`
- * rounded up to a day. Every Certificate of the manifests and of Knative asks for whole days.
+ * The lifetime to issue for, in days: the stand-in signs with openssl 3.0's `-days`, so a
+ * `duration` that is not a whole number of days is refused rather than stretched (every
+ * Certificate of the manifests and of Knative asks for whole days).
+ * @throws Error naming the duration.
  */
 export function validityDays(cert: Certificate): number {
-  return Math.max(
-    1,
-    Math.ceil((cert.spec.duration ? parseDuration(cert.spec.duration) : DEFAULT_DURATION_MS) / 86_400_000),
-  );
+  const ms = cert.spec.duration ? parseDuration(cert.spec.duration) : DEFAULT_DURATION_MS;
+  if (ms < 86_400_000 || ms % 86_400_000 !== 0)
+    throw new Error(`duration ${cert.spec.duration}: this stand-in issues whole days only`);
+  return ms / 86_400_000;
 }
 
 /**
@@ -125,10 +127,54 @@ function leafOf(secret: SecretView | undefined): X509Certificate | undefined {
   }
 }
 
+/** The private key in a Secret, or undefined when it does not parse. */
+function keyOf(secret: SecretView | undefined): KeyObject | undefined {
+  try {
+    return createPrivateKey(Buffer.from(secret?.data?.['tls.key'] ?? '', 'base64'));
+  } catch {
+    return undefined;
+  }
+}
+
+/** Kinds and groups compare with their defaults filled in (pkg/api/util/issuers.go `IssuerKindsEqual`, `IssuerGroupsEqual`). */
+const kindOr = (k: string | undefined) => k || 'Issuer';
+const groupOr = (g: string | undefined) => g || 'cert-manager.io';
+
+/**
+ * The Secret names another issuer (pkg/api/util/issuers.go `SecretIssuerAnnotationsMatch`):
+ * the name is compared only when one of the three annotations is there; kind and group with
+ * their defaults, so a Secret without annotations is adopted for an Issuer of cert-manager.io.
+ */
+function issuerDiffers(cert: Certificate, secret: SecretView | undefined): boolean {
+  const a = secret?.annotations ?? {};
+  const ref = cert.spec.issuerRef;
+  const [name, kind, group] = [
+    a[SECRET_ANNOTATIONS.issuerName],
+    a[SECRET_ANNOTATIONS.issuerKind],
+    a[SECRET_ANNOTATIONS.issuerGroup],
+  ];
+  if ((name !== undefined || kind !== undefined || group !== undefined) && name !== ref.name) return true;
+  return kindOr(kind) !== kindOr(ref.kind) || groupOr(group) !== groupOr(ref.group);
+}
+
+/** The key is not of the algorithm and size the spec asks (cert-manager's default: RSA 2048). */
+function keyDiffersFromSpec(cert: Certificate, key: KeyObject): boolean {
+  const { algorithm = 'RSA', size } = cert.spec.privateKey ?? {};
+  const d = key.asymmetricKeyDetails ?? {};
+  if (algorithm === 'ECDSA') return key.asymmetricKeyType !== 'ec' || d.namedCurve !== EC_CURVES[size ?? 256];
+  if (algorithm === 'RSA') return key.asymmetricKeyType !== 'rsa' || d.modulusLength !== (size ?? 2048);
+  return true;
+}
+
+/** ECDSA sizes and their curves (Node's names; pkg/util/pki/generate.go). */
+export const EC_CURVES: Readonly<Record<number, string>> = { 256: 'prime256v1', 384: 'secp384r1', 521: 'secp521r1' };
+
 /**
  * The trigger chain, in cert-manager's order (internal/controller/certificates/policies/
- * policies.go `NewTriggerPolicyChain`, reasons from its constants.go); `ManuallyTriggered` is the
- * `Issuing` condition `cmctl renew` sets, which cert-manager's issuing controller acts on.
+ * policies.go `NewTriggerPolicyChain` and checks.go, reasons from constants.go); `ManuallyTriggered`
+ * is the `Issuing` condition `cmctl renew` sets, which cert-manager's issuing controller acts on.
+ * The CertificateRequest checks compare the Secret with the spec directly (the stand-in keeps no
+ * requests).
  */
 const TRIGGER_CHAIN: readonly Policy[] = [
   (cert) => {
@@ -137,23 +183,26 @@ const TRIGGER_CHAIN: readonly Policy[] = [
   },
   (_, secret) => (secret ? undefined : 'DoesNotExist'),
   (_, secret) => (secret?.data?.['tls.crt'] && secret.data['tls.key'] ? undefined : 'MissingData'),
-  (cert, secret) => {
-    const a = secret?.annotations ?? {};
-    const ref = cert.spec.issuerRef;
-    const same =
-      a[SECRET_ANNOTATIONS.issuerName] === ref.name &&
-      a[SECRET_ANNOTATIONS.issuerKind] === issuerKind(ref) &&
-      a[SECRET_ANNOTATIONS.issuerGroup] === (ref.group ?? 'cert-manager.io');
-    return same ? undefined : 'IncorrectIssuer';
-  },
-  (cert, secret) =>
-    secret?.annotations?.[SECRET_ANNOTATIONS.certificateName] === cert.metadata.name
-      ? undefined
-      : 'IncorrectCertificate',
-  (cert, secret) => {
+  (_, secret) => {
+    // SecretPublicKeysDiffer: the key must parse and be the certificate's.
+    const key = keyOf(secret);
     const x509 = leafOf(secret);
-    if (!x509) return 'InvalidCertificate';
-    return sameNames(x509, cert) && x509.ca === (cert.spec.isCA ?? false) ? undefined : 'SecretMismatch';
+    return key && x509 && x509.checkPrivateKey(key) ? undefined : 'InvalidKeyPair';
+  },
+  (cert, secret) => (issuerDiffers(cert, secret) ? 'IncorrectIssuer' : undefined),
+  (cert, secret) => {
+    const name = secret?.annotations?.[SECRET_ANNOTATIONS.certificateName];
+    return name !== undefined && name !== cert.metadata.name ? 'IncorrectCertificate' : undefined;
+  },
+  (cert, secret) => (keyDiffersFromSpec(cert, keyOf(secret)!) ? 'SecretMismatch' : undefined),
+  (cert, secret) => {
+    const x509 = leafOf(secret)!;
+    const cn = /(?:^|\n)CN=([^\n]*)/.exec(x509.subject)?.[1];
+    const same =
+      sameNames(x509, cert) &&
+      x509.ca === (cert.spec.isCA ?? false) &&
+      (!cert.spec.commonName || cn === cert.spec.commonName);
+    return same ? undefined : 'SecretMismatch';
   },
   (cert, secret, now) => {
     const x509 = leafOf(secret)!;
@@ -202,6 +251,30 @@ export function signerOf(issuer: Issuer, certNamespace: string): Signer | undefi
   return { self: false, secret: { namespace, name: issuer.spec.ca.secretName } };
 }
 
+/**
+ * An issuer's `Ready` condition (pkg/issuer/ca/setup.go): a self-signed issuer is ready; a CA
+ * issuer while its Secret holds a key pair, else not ready, naming the Secret.
+ */
+export function issuerReadyCondition(signer: Signer, hasKeyPair: boolean): CmCondition {
+  if (signer.self || hasKeyPair)
+    return { type: 'Ready', status: 'True', reason: 'IsReady', message: 'Signing CA verified' };
+  const { namespace, name } = signer.secret;
+  return {
+    type: 'Ready',
+    status: 'False',
+    reason: 'ErrGetKeyPair',
+    message: `Error getting keypair for CA issuer: Secret ${namespace}/${name} is missing or has no tls.crt and tls.key`,
+  };
+}
+
+/** An issuer's status with `ready` as its `Ready` condition, or undefined when that is what it has. */
+export function issuerStatus(issuer: Issuer, ready: CmCondition, now: Date): { conditions: CmCondition[] } | undefined {
+  const old = issuer.status?.conditions?.find((c) => c.type === 'Ready');
+  if (old?.status === ready.status && old.reason === ready.reason) return undefined;
+  const observedGeneration = issuer.metadata.generation ?? 1;
+  return { conditions: setCondition(issuer.status?.conditions ?? [], { ...ready, observedGeneration }, now) };
+}
+
 /** A certificate just issued, PEM. */
 export interface Issued {
   /** tls.crt: the leaf and any intermediates, not a self-signed root (pkg/util/pki/parse_certificate_chain.go). */
@@ -243,7 +316,7 @@ export function secretFor(cert: Certificate, issued: Issued) {
 /** Replaces (or adds) the condition of `next.type`, keeping its transition time when the status is unchanged. */
 export function setCondition(conditions: readonly CmCondition[], next: CmCondition, now: Date): CmCondition[] {
   const old = conditions.find((c) => c.type === next.type);
-  const lastTransitionTime = old?.status === next.status ? old.lastTransitionTime : now.toISOString();
+  const lastTransitionTime = old?.status === next.status ? old.lastTransitionTime : iso(now);
   return [...conditions.filter((c) => c.type !== next.type), { ...next, lastTransitionTime }];
 }
 
@@ -277,8 +350,8 @@ export function readyStatus(cert: Certificate, x509: X509Certificate, issuedNow:
   };
 }
 
-/** RFC 3339 to the second, as Kubernetes writes times. */
-const iso = (d: Date) => d.toISOString().replace(/\.\d{3}Z$/, 'Z');
+/** RFC 3339 to the second, as Kubernetes stores times. */
+export const iso = (d: Date) => d.toISOString().replace(/\.\d{3}Z$/, 'Z');
 
 /**
  * The Certificate a webhook configuration's {@link INJECT_CA_FROM} names

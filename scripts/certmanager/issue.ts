@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { subject } from '../controlplane/pki.ts';
-import { validityDays, type Certificate, type Issued } from './decide.ts';
+import { EC_CURVES, validityDays, type Certificate, type Issued } from './decide.ts';
 
 const exec = promisify(execFile);
 
@@ -23,19 +23,20 @@ export interface SigningPair {
 
 /**
  * `openssl req` arguments for a new key as `spec.privateKey` asks (cert-manager's default: RSA 2048).
- * @throws Error for an algorithm the stand-in does not make (Ed25519).
+ * @throws Error for a key the stand-in does not make (Ed25519, an ECDSA size without a curve).
  */
 function newKey(cert: Certificate, keyPath: string): string[] {
   const { algorithm = 'RSA', size } = cert.spec.privateKey ?? {};
-  const key =
-    algorithm === 'ECDSA'
-      ? ['ec', '-pkeyopt', `ec_paramgen_curve:${size === 384 ? 'secp384r1' : 'prime256v1'}`]
-      : algorithm === 'RSA'
-        ? [`rsa:${size ?? 2048}`]
-        : undefined;
-  if (!key) throw new Error(`privateKey.algorithm ${algorithm} is not made by this stand-in`);
-  return ['-newkey', ...key, '-nodes', '-keyout', keyPath];
+  const curve = EC_CURVES[size ?? 256];
+  if (algorithm === 'ECDSA' && curve)
+    return ['-newkey', 'ec', '-pkeyopt', `ec_paramgen_curve:${curve}`, '-nodes', '-keyout', keyPath];
+  if (algorithm === 'RSA') return ['-newkey', `rsa:${size ?? 2048}`, '-nodes', '-keyout', keyPath];
+  throw new Error(`privateKey ${algorithm} ${size ?? ''}: not made by this stand-in (RSA, or ECDSA 256/384/521)`);
 }
+
+/** Usages the stand-in writes as key usage (always both) and as extended key usage. */
+const KEY_USAGES = new Set(['digital signature', 'key encipherment', 'cert sign']);
+const EXTENDED_USAGES: Readonly<Record<string, string>> = { 'server auth': 'serverAuth', 'client auth': 'clientAuth' };
 
 /**
  * The X.509 extensions cert-manager puts in (pkg/util/pki/csr.go): a CA gets `CA:TRUE` and may
@@ -44,8 +45,9 @@ function newKey(cert: Certificate, keyPath: string): string[] {
  */
 function extensions(cert: Certificate): string {
   const { isCA, usages = ['digital signature', 'key encipherment'], dnsNames = [] } = cert.spec;
-  const ext = { 'server auth': 'serverAuth', 'client auth': 'clientAuth' } as Record<string, string>;
-  const eku = usages.map((u) => ext[u]).filter(Boolean);
+  const unknown = usages.filter((u) => !KEY_USAGES.has(u) && !(u in EXTENDED_USAGES));
+  if (unknown.length) throw new Error(`usages ${unknown.join(', ')}: not made by this stand-in`);
+  const eku = usages.map((u) => EXTENDED_USAGES[u]).filter(Boolean);
   const lines = isCA
     ? ['basicConstraints=critical,CA:TRUE', 'keyUsage=critical,digitalSignature,keyEncipherment,keyCertSign']
     : ['basicConstraints=critical,CA:FALSE', 'keyUsage=critical,digitalSignature,keyEncipherment'];

@@ -12,6 +12,7 @@ import { CERT_MANAGER_CRDS, installThirdPartyCRDs } from '../controlplane/crds.t
 import { serverSideApply } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
 import { renderForNode, webhookCAInjected } from './serving.ts';
+import { untilWebhookAnswers } from './webhook.ts';
 
 /** The overlay of the fallback path. */
 export const ADMISSION_DEPLOYMENT_OVERLAY = 'manifests/overlays/admission-deployment';
@@ -31,7 +32,7 @@ export interface AdmissionDeployment {
 
 /**
  * Applies the fallback overlay's objects that run without Knative and waits until the
- * Deployment is Available and the webhook has its `caBundle`.
+ * Deployment is Available, the webhook has its `caBundle` and the API server reaches it.
  * @param o.dir where the overlay and the stand-in's scratch files are written.
  * @throws Error naming what was not ready in time (the stand-in is stopped first).
  */
@@ -63,6 +64,7 @@ export async function deployAdmissionDeployment(
       );
     }
     await webhookCAInjected(kc, applied);
+    await untilWebhookAnswers(kc, AVAILABLE_TIMEOUT_MS);
   } catch (err) {
     await certManager.stop();
     throw err;

@@ -26,6 +26,7 @@ import type { TestNode } from '../node/node.ts';
 import { TRAEFIK_PORTS } from '../serving/serving.ts';
 import { REPO_ROOT } from '../tools/build.ts';
 import { render } from '../tools/kustomize.ts';
+import { untilWebhookAnswers } from './webhook.ts';
 
 /** The image references of the manifests' base (manifests/base/kustomization.yaml `images`). */
 const SHIPPED_IMAGES = {
@@ -118,7 +119,7 @@ const READY_TIMEOUT_MS = 240_000;
 
 /**
  * Imports the dead-letter sink's image, applies the rendered objects (all but the Eventing
- * stand-in's kinds) and waits for every
+ * stand-in's kinds) and waits until the API server reaches the webhook and for every
  * Knative Service among them to be Ready. Knative's webhook may still be starting: an apply it
  * refuses is retried until the deadline.
  * @throws Error naming a Knative Service that is not Ready in time, with its last condition.
@@ -165,6 +166,7 @@ export async function deployOnServing(
     );
   }
   await webhookCAInjected(kc, rendered);
+  await untilWebhookAnswers(kc, READY_TIMEOUT_MS);
   const gateway = await node.forward({ host: node.namespace.address, port: TRAEFIK_PORTS.private });
   return { urls, gateway };
 }

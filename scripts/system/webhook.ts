@@ -3,9 +3,10 @@
  * the ValidatingWebhookConfiguration `npm start` registers, and the tests register with an
  * object selector so that only their own identities are sent to their webhook.
  */
-import { AdmissionregistrationV1Api, type KubeConfig } from '@kubernetes/client-node';
+import { AdmissionregistrationV1Api, CustomObjectsApi, type KubeConfig } from '@kubernetes/client-node';
 import { IDENTITY_RESOURCE } from '../../functions/lib/api.ts';
 import { isNotFound } from '../../functions/lib/kube.ts';
+import { eventually } from '../lib/wait.ts';
 
 /** Name of the ValidatingWebhookConfiguration registered for the local admission function. */
 export const WEBHOOK_CONFIGURATION = 'captf-credentials-local';
@@ -72,4 +73,31 @@ export async function registerWebhook(kc: KubeConfig, opts: WebhookConfiguration
   return async () => {
     await adm.deleteValidatingWebhookConfiguration({ name }).catch(() => undefined);
   };
+}
+
+/**
+ * Waits until the API server gets an answer from the identity webhook: an identity create as
+ * `kc`'s user (the admin), a dry run (reviewed, nothing stored), until it is admitted. Between a
+ * webhook's pods being ready and the API server reaching them lie endpoints and kube-proxy's
+ * rules (or, through Knative, the gateway's routes); a review sent before fails closed.
+ * @throws Error with the last refusal when none is admitted within `timeoutMs`.
+ */
+export async function untilWebhookAnswers(kc: KubeConfig, timeoutMs: number): Promise<void> {
+  const api = kc.makeApiClient(CustomObjectsApi);
+  const { group, version, plural } = IDENTITY_RESOURCE;
+  const body = {
+    apiVersion: `${group}/${version}`,
+    kind: 'TerraformClusterIdentity',
+    metadata: { name: 'captf-webhook-probe' },
+    spec: {
+      secretRef: { namespace: 'captf-system', name: 'captf-webhook-probe' },
+      allowedNamespaces: { list: ['captf-system'] },
+    },
+  };
+  await eventually(
+    'the API server to reach the identity webhook (a dry-run identity create admitted)',
+    () => api.createClusterCustomObject({ group, version, plural, body, dryRun: 'All' }).then(() => true),
+    timeoutMs,
+    500,
+  );
 }

@@ -140,6 +140,36 @@ describe('the rendered manifests against the real CRD schemas', () => {
     });
   }
 
+  it('admission as a Deployment runs as the Knative Service would: same image, settings, account, limits and hardening', async () => {
+    type Container = {
+      image: string;
+      env?: { name: string; value?: string }[];
+      resources: unknown;
+      securityContext: unknown;
+    };
+    type PodSpec = { serviceAccountName: string; containers: Container[] };
+    const podOf = (objects: KubernetesObject[], kind: string) =>
+      (
+        objects.find((o) => o.kind === kind && o.metadata?.name === 'captf-admission') as unknown as {
+          spec: { template: { spec: PodSpec } };
+        }
+      ).spec.template.spec;
+    const ksvc = podOf(await render('manifests'), 'Service');
+    const deployment = podOf(await render('manifests/overlays/admission-deployment'), 'Deployment');
+    // Only what differs by design: the Deployment serves its own TLS on 8443.
+    const env = (c: Container, drop: string) => (c.env ?? []).filter((e) => e.name !== drop);
+    const [k, d] = [ksvc.containers[0]!, deployment.containers[0]!];
+    assert.deepEqual(
+      env(d, 'PORT'),
+      env(k, 'CAPTF_ADMISSION_PLAIN_HTTP'),
+      'the same environment (add a setting to both)',
+    );
+    assert.deepEqual(
+      [d.image, d.resources, d.securityContext, deployment.serviceAccountName],
+      [k.image, k.resources, k.securityContext, ksvc.serviceAccountName],
+    );
+  });
+
   it('the validation is strict: a misspelled or ill-typed field is rejected', async () => {
     const target = await w.namespace();
     const objects = relocate(await render('manifests/overlays/without-crds'), target);

@@ -12,6 +12,8 @@ import { after, describe, it } from 'node:test';
 import {
   injectFrom,
   issuanceReason,
+  issuerReadyCondition,
+  issuerStatus,
   parseDuration,
   readyStatus,
   renewalTime,
@@ -88,6 +90,37 @@ describe('the stand-in issues as cert-manager does', async () => {
     assert.equal(issuanceReason(asked, secret, now), 'ManuallyTriggered');
   });
 
+  it("a key that is not the certificate's, or not what the spec asks, is issued again", async () => {
+    const now = new Date();
+    const secret = view(secretFor(leafCert, leaf));
+    const swapped = { ...secret, data: { ...secret.data, 'tls.key': view(secretFor(caCert, root)).data['tls.key'] } };
+    assert.equal(issuanceReason(leafCert, swapped, now), 'InvalidKeyPair');
+    const garbage = { ...secret, data: { ...secret.data, 'tls.key': Buffer.from('not a key').toString('base64') } };
+    assert.equal(issuanceReason(leafCert, garbage, now), 'InvalidKeyPair');
+    const rsa = { ...leafCert, spec: { ...leafCert.spec, privateKey: { algorithm: 'RSA', size: 2048 } } };
+    assert.equal(issuanceReason(rsa, secret, now), 'SecretMismatch');
+    const named = { ...leafCert, spec: { ...leafCert.spec, commonName: 'other' } };
+    assert.equal(issuanceReason(named, secret, now), 'SecretMismatch');
+  });
+
+  it('a Secret without annotations is adopted for an Issuer, not for a ClusterIssuer (SecretIssuerAnnotationsMatch)', () => {
+    const bare = { data: view(secretFor(leafCert, leaf)).data, annotations: {} };
+    assert.equal(issuanceReason(leafCert, bare, new Date()), undefined);
+    const clusterRef = { ...leafCert, spec: { ...leafCert.spec, issuerRef: { name: 'ca', kind: 'ClusterIssuer' } } };
+    assert.equal(issuanceReason(clusterRef, bare, new Date()), 'IncorrectIssuer');
+  });
+
+  it('what it cannot make is refused, loudly: part-day durations, Ed25519, other ECDSA sizes, unknown usages', async () => {
+    assert.throws(() => validityDays(certificate('x', { duration: '1h' })), /whole days only/);
+    assert.throws(() => validityDays(certificate('x', { duration: '0' })), /expected e.g. 2160h/);
+    await assert.rejects(issue(certificate('x', { privateKey: { algorithm: 'Ed25519' } }), undefined, dir), /not made/);
+    await assert.rejects(
+      issue(certificate('x', { privateKey: { algorithm: 'ECDSA', size: 512 } }), undefined, dir),
+      /not made/,
+    );
+    await assert.rejects(issue(certificate('x', { usages: ['code signing'] }), undefined, dir), /usages code signing/);
+  });
+
   it('the status: Ready, validity, renewal time, revision counted per issuance, Issuing cleared', () => {
     const x = new X509Certificate(leaf.chain);
     const asked = { ...leafCert, status: { revision: 1, conditions: [{ type: 'Issuing', status: 'True' as const }] } };
@@ -128,6 +161,19 @@ describe('pure rules', () => {
     });
     assert.deepEqual(signerOf({ metadata: { name: 'x' }, spec: { selfSigned: {} } }, 'ns'), { self: true });
     assert.equal(signerOf({ metadata: { name: 'x' }, spec: {} }, 'ns'), undefined);
+  });
+
+  it('an issuer is Ready when it can sign; its status is written only when that changes', () => {
+    const ca = { kind: 'Issuer', metadata: { name: 'ca', namespace: 'ns' }, spec: { ca: { secretName: 's' } } };
+    const signer = signerOf(ca, 'ns')!;
+    const missing = issuerReadyCondition(signer, false);
+    assert.deepEqual([missing.status, missing.reason], ['False', 'ErrGetKeyPair']);
+    assert.match(missing.message!, /ns\/s/);
+    const ready = issuerReadyCondition(signer, true);
+    const now = new Date('2026-12-03T10:00:00.123Z');
+    const status = issuerStatus(ca, ready, now)!;
+    assert.equal(status.conditions[0]!.lastTransitionTime, '2026-12-03T10:00:00Z', 'to the second, as stored');
+    assert.equal(issuerStatus({ ...ca, status }, ready, now), undefined);
   });
 
   it('inject-ca-from: <namespace>/<name> only', () => {
