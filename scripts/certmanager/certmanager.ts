@@ -211,13 +211,7 @@ function writeIssuerStatus(api: Api, issuer: Issuer, body: object): Promise<unkn
 
 /** A Certificate that could not be issued: `Ready=False` with the reason, as cert-manager reports a failed issuance. */
 async function markFailed(api: Api, cert: Certificate, message: string): Promise<void> {
-  const fresh = (await api.custom.getNamespacedCustomObject({
-    group: GROUP,
-    version: VERSION,
-    plural: 'certificates',
-    namespace: cert.metadata.namespace,
-    name: cert.metadata.name,
-  })) as Certificate;
+  const fresh = (await api.custom.getNamespacedCustomObject(certificateAt(cert))) as Certificate;
   const conditions = setCondition(
     fresh.status?.conditions ?? [],
     { type: 'Ready', status: 'False', reason: 'Failed', message, observedGeneration: fresh.metadata.generation ?? 1 },
@@ -225,14 +219,19 @@ async function markFailed(api: Api, cert: Certificate, message: string): Promise
   );
   if (isDeepStrictEqual(conditions, fresh.status?.conditions)) return;
   await api.custom.replaceNamespacedCustomObjectStatus({
-    group: GROUP,
-    version: VERSION,
-    plural: 'certificates',
-    namespace: cert.metadata.namespace,
-    name: cert.metadata.name,
+    ...certificateAt(cert),
     body: { ...fresh, status: { ...fresh.status, conditions } },
   });
 }
+
+/** Where a Certificate is, for the custom objects API. */
+const certificateAt = (cert: Certificate) => ({
+  group: GROUP,
+  version: VERSION,
+  plural: 'certificates',
+  namespace: cert.metadata.namespace,
+  name: cert.metadata.name,
+});
 
 /** Reads a Secret, or undefined when there is none. */
 async function readSecret(api: Api, namespace: string, name: string): Promise<V1Secret | undefined> {
@@ -260,14 +259,7 @@ async function reconcileCertificate(
   const status = readyStatus(cert, x509, !!held.reason, now);
   // The API server returns fields in its own order: compare as values, not as text.
   if (!held.reason && isDeepStrictEqual(status, cert.status)) return undefined;
-  await api.custom.replaceNamespacedCustomObjectStatus({
-    group: GROUP,
-    version: VERSION,
-    plural: 'certificates',
-    namespace: cert.metadata.namespace,
-    name: cert.metadata.name,
-    body: { ...cert, status },
-  });
+  await api.custom.replaceNamespacedCustomObjectStatus({ ...certificateAt(cert), body: { ...cert, status } });
   return held.reason;
 }
 
