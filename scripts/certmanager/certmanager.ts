@@ -134,12 +134,13 @@ async function reconcileAll(
       const issued = await work();
       b.failures = 0;
       b.last = '';
-      if (issued) b.issued = [...b.issued.filter((t) => t > Date.now() - 60_000), Date.now()];
+      b.issued = [...b.issued.filter((t) => t > Date.now() - 60_000), ...(issued ? [Date.now()] : [])];
       if (b.issued.length >= ISSUANCES_PER_MINUTE) {
-        b.until = Date.now() + 30_000;
         o.log(
           `[cert-manager] ${key} was issued ${b.issued.length} times within a minute (two Certificates for one Secret?); waiting 30 s`,
         );
+        b.issued = [];
+        b.until = Date.now() + 30_000;
       }
     } catch (err) {
       if (apiStatus(err) === 429) return; // the API server sheds load while it starts
