@@ -87,6 +87,7 @@ async function* listMirrors(
   deps: RefreshDeps,
   fieldSelector?: string,
 ): AsyncGenerator<{ identity: string; namespace: string }> {
+  // Only what tells a mirror is kept of each, page by page (not owner references or field managers).
   const list = await listAllPages(
     (cont) =>
       deps.clients.core.listSecretForAllNamespaces(
@@ -94,6 +95,9 @@ async function* listMirrors(
         METADATA_LIST,
       ),
     deps.clients.logger,
+    ({ metadata: md }) => ({
+      metadata: { name: md?.name, namespace: md?.namespace, labels: md?.labels, annotations: md?.annotations },
+    }),
   );
   for (const s of list.items) {
     const secret = s as SecretLike;
@@ -127,10 +131,10 @@ async function usageOfAll(
   const consumers = new Map<string, Set<string>>();
   const mirrors = new Map<string, Set<string>>();
   for (const kind of deps.consumerKinds) {
-    for await (const c of listConsumers(deps.clients, kind)) {
-      const id = c.spec?.identityRef?.name;
-      if (id && c.metadata.namespace) add(consumers, id, c.metadata.namespace);
-    }
+    // Only the identity and namespace of each are kept, page by page: a ping over thousands
+    // of consumers never holds their whole objects at once.
+    const uses = await listConsumers(deps.clients, kind, {}, (c) => [c.spec?.identityRef?.name, c.metadata.namespace]);
+    for (const [id, ns] of uses) if (id && ns) add(consumers, id, ns);
   }
   for await (const m of listMirrors(deps)) add(mirrors, m.identity, m.namespace);
   return { consumers, mirrors };

@@ -169,20 +169,55 @@ export function scopeMismatch(kind: ConsumerKind, namespace: string | undefined)
  * nothing in a namespace, so it is not asked there.
  * Items get `apiVersion` and `kind` filled in (list items may omit them).
  * @param opts.fieldSelector e.g. `spec.identityRef.name=aws-prod`.
+ * @param keep what to keep of each consumer, as each page arrives (a long list then holds
+ *   only that: {@link slimConsumer}, or less); default the consumer itself.
  * @throws the API error of a failed page.
  */
-export async function* listConsumers(
+export async function listConsumers<K = Consumer>(
   clients: Clients,
   kind: ConsumerKind,
   opts: { namespace?: string; fieldSelector?: string } = {},
-): AsyncGenerator<Consumer> {
-  if (opts.namespace && kind.namespaced === false) return;
+  keep: (c: Consumer) => K = (c) => c as K,
+): Promise<K[]> {
+  if (opts.namespace && kind.namespaced === false) return [];
   const objects = consumerObjects(clients, kind);
   const list = await listAllPages(
     (cont) => objects.list({ ...opts, limit: currentPageSize, _continue: cont }),
     clients.logger,
+    keep,
   );
-  yield* list.items;
+  return list.items;
+}
+
+/**
+ * What decisions and condition writes read of a consumer (SPEC §4, §16), kept from a listed
+ * one so a pass over thousands holds no more: kind, name, namespace, UID, generation,
+ * resourceVersion, deletionTimestamp, the field managers' claims on `status.conditions`,
+ * `spec.identityRef` and `status.conditions`.
+ */
+export function slimConsumer(c: Consumer): Consumer {
+  const md = c.metadata;
+  const claims = (md.managedFields ?? []).flatMap((e) => {
+    const conditions = (e.fieldsV1 as { 'f:status'?: { 'f:conditions'?: unknown } } | undefined)?.['f:status']?.[
+      'f:conditions'
+    ];
+    return conditions ? [{ manager: e.manager, fieldsV1: { 'f:status': { 'f:conditions': conditions } } }] : [];
+  });
+  return {
+    apiVersion: c.apiVersion,
+    kind: c.kind,
+    metadata: {
+      name: md.name,
+      namespace: md.namespace,
+      uid: md.uid,
+      generation: md.generation,
+      resourceVersion: md.resourceVersion,
+      ...(md.deletionTimestamp ? { deletionTimestamp: md.deletionTimestamp } : {}),
+      ...(claims.length ? { managedFields: claims } : {}),
+    },
+    spec: c.spec?.identityRef ? { identityRef: c.spec.identityRef } : {},
+    ...(c.status?.conditions ? { status: { conditions: c.status.conditions } } : {}),
+  } as Consumer;
 }
 
 /**
@@ -198,12 +233,9 @@ export async function consumersOfIdentity(
   opts: { namespace?: string } = {},
 ): Promise<Consumer[]> {
   const out: Consumer[] = [];
-  for (const kind of kinds) {
-    for await (const c of listConsumers(clients, kind, {
-      ...opts,
-      fieldSelector: `${IDENTITY_REF_FIELD}=${identityName}`,
-    }))
-      out.push(c);
-  }
+  for (const kind of kinds)
+    out.push(
+      ...(await listConsumers(clients, kind, { ...opts, fieldSelector: `${IDENTITY_REF_FIELD}=${identityName}` })),
+    );
   return out;
 }

@@ -255,17 +255,20 @@ export const LIST_RESTARTS = 2;
  * it were whole.
  * @param page fetches one page for a continue token (undefined = first page).
  * @param logger where a restart is said (usually the clients' `logger`).
- * @returns every item and the resourceVersion of the list's last page.
+ * @param keep what to keep of each item, applied as each page arrives, so a long list holds
+ *   only that, never every page's whole objects at once (default: the item itself).
+ * @returns every item (as kept) and the resourceVersion of the list's last page.
  * @throws the 410 when restarts run out, and any other API error of a page.
  */
-export async function listAllPages<T>(
+export async function listAllPages<T, K = T>(
   page: (cont: string | undefined) => Promise<ListPage<T>>,
   logger?: Logger,
-): Promise<{ items: T[]; resourceVersion: string }> {
+  keep: (item: T) => K = (item) => item as unknown as K,
+): Promise<{ items: K[]; resourceVersion: string }> {
   for (let restart = 0; ; restart++) {
-    const progress = { items: [] as T[], cont: undefined as string | undefined, resourceVersion: '' };
+    const progress = { items: [] as K[], cont: undefined as string | undefined, resourceVersion: '' };
     try {
-      return await readPages(page, progress);
+      return await readPages(page, progress, keep);
     } catch (err) {
       if (apiStatus(err) !== 410 || progress.cont === undefined || restart >= LIST_RESTARTS) throw err;
       logger?.warn('list restarted from its first page: its continue token expired', {
@@ -286,13 +289,14 @@ function listName(err: unknown): string {
 }
 
 /** Reads pages into `progress` until the last; `progress.cont` tells a caller how far it got. */
-async function readPages<T>(
+async function readPages<T, K>(
   page: (cont: string | undefined) => Promise<ListPage<T>>,
-  progress: { items: T[]; cont: string | undefined; resourceVersion: string },
-): Promise<{ items: T[]; resourceVersion: string }> {
+  progress: { items: K[]; cont: string | undefined; resourceVersion: string },
+  keep: (item: T) => K,
+): Promise<{ items: K[]; resourceVersion: string }> {
   do {
     const p = await page(progress.cont);
-    progress.items.push(...(p.items ?? []));
+    for (const item of p.items ?? []) progress.items.push(keep(item));
     progress.cont = p.metadata?.continue || p.metadata?._continue || undefined;
     progress.resourceVersion = p.metadata?.resourceVersion ?? progress.resourceVersion;
   } while (progress.cont);

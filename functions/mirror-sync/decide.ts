@@ -74,16 +74,22 @@ export interface Snapshot {
   scope: 'all' | ConsumerName[];
 }
 
-/** How a consumer's reconcile ended (SPEC §4, §16). */
-export type Outcome =
-  'mirrored' | 'identity-not-found' | 'not-allowed' | 'source-not-found' | 'source-is-mirror' | 'mirror-failed';
+/** How a consumer's reconcile ended (SPEC §4, §16); `no-identity-ref`: it names no identity, so has no key. */
+export type ConsumerOutcome =
+  | 'mirrored'
+  | 'identity-not-found'
+  | 'not-allowed'
+  | 'source-not-found'
+  | 'source-is-mirror'
+  | 'mirror-failed'
+  | 'no-identity-ref';
 
 /** One consumer's part of a plan. */
 export interface ConsumerPlan {
   consumer: Consumer;
   /** The owned conditions it should carry (others' condition types are never touched). */
   conditions: ConditionInput[];
-  outcome: Outcome;
+  outcome: ConsumerOutcome;
   /** Condition reason (SPEC §16) summarising the outcome. */
   reason: string;
   /** Human-readable; names objects, never Secret data. */
@@ -254,6 +260,26 @@ const gen = (c: Consumer) => (c.metadata.generation === undefined ? {} : { obser
 /** One plan per consumer, from a function of the consumer. */
 const each = (ctx: Ctx, f: (c: Consumer) => Omit<ConsumerPlan, 'consumer'>): ConsumerPlan[] =>
   ctx.snapshot.consumers.map((c) => ({ consumer: c, ...f(c) }));
+
+/**
+ * SPEC §12: were our conditions on the consumer decided for its current generation? Then its
+ * spec — and so its key — is what we last decided, and an update event about it is the echo
+ * of our own status write (or of another writer's, or a metadata change): nothing to reconcile.
+ * The conditions that carry the decision are `IdentityAllowed` (always written for a consumer
+ * with a key) and, when present, `CredentialsMirrored`. Deleting a custom resource bumps its
+ * generation, so a consumer that starts deleting is never taken for decided.
+ */
+export function decidedForGeneration(consumer: Consumer): boolean {
+  const generation = consumer.metadata.generation;
+  const ours = (consumer.status?.conditions ?? []).filter(
+    (c) => c.type === 'IdentityAllowed' || c.type === 'CredentialsMirrored',
+  );
+  return (
+    generation !== undefined &&
+    ours.some((c) => c.type === 'IdentityAllowed') &&
+    ours.every((c) => c.observedGeneration === generation)
+  );
+}
 
 /** SPEC §2: does the identity allow the key's namespace (which must exist; undefined = absent)? */
 export function namespaceAllows(
@@ -523,5 +549,79 @@ function mirrored(ctx: Ctx, source: Extract<SourceState, { state: 'found' }>): P
         { type: 'CredentialsMirrored', status: 'True', reason: 'Mirrored', message, ...gen(c) },
       ],
     })),
+  };
+}
+
+/** The verb and name of the mirror write a plan makes. */
+export function writeOf(plan: Plan): { verb: string; name: string | undefined } {
+  const m = plan.mirror;
+  if (m.action === 'delete') return { verb: 'delete', name: m.secret.metadata?.name };
+  const body = (m as { body?: { metadata?: { name?: string } } }).body;
+  return { verb: m.action, name: body?.metadata?.name };
+}
+
+/**
+ * The plan after a refused write: each consumer `MirrorFailed` with `message`. A refused
+ * delete keeps the decision's `IdentityAllowed` reason (the namespace is still not allowed),
+ * but both conditions then say that the mirror, and its credentials, are still there, and
+ * what a person must do.
+ */
+export function failedPlan(plan: Plan, message: string): ConsumerPlan[] {
+  const revoking = plan.mirror.action === 'delete';
+  const { namespace } = plan.key;
+  const still = `mirror Secret ${namespace}/${writeOf(plan).name} is still there and still holds the credentials`;
+  const todo = 'delete it by hand, or lift what refuses the delete';
+  const why = revoking ? `the mirror could not be deleted; ${still}: ${message}; ${todo}` : message;
+  const allowedNote = (m: string) =>
+    `${m.replace(/; no mirror is kept there$/, '')}; ${still}: deleting it was refused (see CredentialsMirrored); ${todo}`;
+  return plan.consumers.map((p): ConsumerPlan => ({
+    ...p,
+    outcome: 'mirror-failed',
+    reason: 'MirrorFailed',
+    message: why,
+    conditions: [
+      ...p.conditions
+        .filter((c) => c.type !== 'CredentialsMirrored')
+        .map((c) =>
+          revoking && c.type === 'IdentityAllowed' && c.status === 'False'
+            ? { ...c, message: allowedNote(c.message) }
+            : c,
+        ),
+      {
+        type: 'CredentialsMirrored',
+        status: 'False',
+        reason: 'MirrorFailed',
+        message: why,
+        ...(p.consumer.metadata.generation === undefined ? {} : { observedGeneration: p.consumer.metadata.generation }),
+      },
+    ],
+  }));
+}
+
+/** The decision for a consumer without a key (SPEC §4): without `identityRef` its owned conditions are
+ * cleared; with a name that cannot be an identity it is `IdentityAllowed=False/IdentityNotFound`;
+ * a cluster-scoped one is `IdentityAllowed=False/NamespaceNotAllowed` (SPEC §2). */
+export function keylessPlan(consumer: Consumer): ConsumerPlan {
+  if (!consumer.metadata.namespace) return clusterScopedPlan(consumer);
+  const identity = consumer.spec?.identityRef?.name;
+  if (!identity) {
+    const message = 'spec.identityRef is not set; no credentials are mirrored';
+    return { consumer, outcome: 'no-identity-ref', reason: 'NoIdentityRef', message, retry: false, conditions: [] };
+  }
+  const message = `spec.identityRef.name ${JSON.stringify(identity).slice(0, 80)} is not a valid TerraformClusterIdentity name`;
+  const cond: ConditionInput = {
+    type: 'IdentityAllowed',
+    status: 'False',
+    reason: 'IdentityNotFound',
+    message,
+    ...(consumer.metadata.generation === undefined ? {} : { observedGeneration: consumer.metadata.generation }),
+  };
+  return {
+    consumer,
+    outcome: 'identity-not-found',
+    reason: 'IdentityNotFound',
+    message,
+    retry: false,
+    conditions: [cond],
   };
 }

@@ -9,14 +9,18 @@ import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
 import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } from '../lib/cloudevents.ts';
 import { sendEventOutcome, type Outcome } from '../lib/http.ts';
+import type { Consumer } from '../lib/api.ts';
 import { findConsumerKind, scopeMismatch } from '../lib/consumers.ts';
 import { describeError, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
 import { largestRetryAfter, retryAfterHeader } from '../lib/retry-after.ts';
-import { keysForConsumer, keysForIdentity, keysForNamespace, keysForSecret, type KeyWork } from './keys.ts';
+import { keysForConsumer, listsForIdentity, listsForNamespace, type KeyWork } from './keys.ts';
+import { identitiesUsingSecret } from './observe.ts';
+import { reconcilePass, settleKeyless, type Lists } from './pass.ts';
 import { keyString } from './decide.ts';
-import type { KeyQueue } from './queue.ts';
+import { KeyQueue, PassQueue } from './queue.ts';
 import {
   consumerFields,
+  reconcileKey,
   settleWithoutKey,
   type ConsumerResult,
   type KeyResult,
@@ -37,6 +41,12 @@ export interface EventConfig {
 /** Label that opts a source Secret into the rotation fast path (SPEC §8). */
 export const SOURCE_LABEL = 'captf.io/identity-source';
 
+/** What a pass did: its keys' results, and the consumers without a key it settled. */
+interface PassDone {
+  results: KeyResult[];
+  direct: ConsumerResult[];
+}
+
 /** An object event (not a ping or a key). */
 type ObjectEvent = Extract<EventRequest, { type: 'object' }>;
 
@@ -48,7 +58,7 @@ type Done = {
   ignored?: string;
   /** With `ignored`: the largest wait a throttled API server asked for in this event's work, as answered in `Retry-After` (whole seconds, 1–30). */
   retryAfterSeconds?: number;
-  /** Why an event needed no work (a Secret without the source label). */
+  /** Why an event needed no work (a Secret without the source label, the echo of a decision already written). */
   skipped?: string;
 };
 
@@ -77,16 +87,18 @@ export class MirrorSyncHandler {
   private readonly deps: ReconcileDeps;
   private readonly cfg: EventConfig;
   readonly queue: KeyQueue;
+  private readonly passes = new PassQueue<PassDone>();
 
   /**
    * @param deps API access, consumer kinds, logger.
    * @param cfg concurrency, `K_SINK`, the fast-path switch.
-   * @param queue the process's key queue (shared by events, prepare and the resync).
    */
-  constructor(deps: ReconcileDeps, cfg: EventConfig, queue: KeyQueue) {
+  constructor(deps: ReconcileDeps, cfg: EventConfig) {
     this.deps = deps;
     this.cfg = cfg;
-    this.queue = queue;
+    // The process's one key queue, shared by events, prepare and the resync: each key's
+    // reconcile runs alone, and requests arriving meanwhile share one more (queue.ts).
+    this.queue = new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed));
   }
 
   /** One resync at a time per instance: a ping that arrives while one runs joins it. */
@@ -101,12 +113,33 @@ export class MirrorSyncHandler {
     return this.running;
   }
 
-  /** Runs keys through the queue: keys known to lose their mirror first (SPEC §7), then the rest. */
-  async runKeys(work: readonly KeyWork[]): Promise<KeyResult[]> {
+  /** Runs keys through the key queue, a few at a time. */
+  runKeys(work: readonly KeyWork[]): Promise<KeyResult[]> {
     const limit = pLimit(Math.max(1, this.cfg.concurrency));
-    const run = (w: KeyWork) => limit(() => this.queue.run(w.key, w.scope, w.seed));
-    const first = await Promise.all(work.filter((w) => w.revoking).map(run));
-    return [...first, ...(await Promise.all(work.filter((w) => !w.revoking).map(run)))];
+    return Promise.all(work.map((w) => limit(() => this.queue.run(w.key, w.scope, w.seed))));
+  }
+
+  /**
+   * An identity's or a namespace's pass (pass.ts): its lists read, its keys decided, only
+   * differences written, consumers without a key settled. One pass per name at a time
+   * ({@link PassQueue}): a request that arrives meanwhile gets the next one.
+   * @param name `identity/<name>` or `namespace/<name>`.
+   * @param lists reads the pass's lists (run when the pass starts).
+   */
+  private runPass(clients: Clients, name: string, lists: () => Promise<Lists>): Promise<PassDone> {
+    return this.passes.run(name, async () => {
+      const pass = {
+        clients,
+        deps: this.deps,
+        limit: pLimit(Math.max(1, this.cfg.concurrency)),
+        queue: this.queue,
+        fresh: true,
+      };
+      const listed = await lists();
+      const direct = await settleKeyless(pass, listed.consumers);
+      const passed = await reconcilePass(pass, listed);
+      return { results: passed.map(({ result }) => ({ durationMs: 0, apiCalls: 0, ...result })), direct };
+    });
   }
 
   /** Handles one classified event. @throws BadEventError for events this function cannot use; API errors. */
@@ -122,11 +155,14 @@ export class MirrorSyncHandler {
       case 'consumer':
         return this.consumerEvent(clients, ev);
       case 'identity':
-        return this.done(ev.id, await this.runKeys(await keysForIdentity(clients, this.deps.kinds, ev.ref.name)), []);
+        return this.passDone(ev.id, await this.identityPass(clients, ev.ref.name));
       case 'namespace': {
-        const { keys, unkeyed } = await keysForNamespace(clients, this.deps.kinds, ev.ref.name);
-        const direct = await Promise.all(unkeyed.map((c) => settleWithoutKey(clients, this.deps, c)));
-        return this.done(ev.id, await this.runKeys(keys), direct);
+        const { kinds } = this.deps;
+        const name = ev.ref.name;
+        return this.passDone(
+          ev.id,
+          await this.runPass(clients, `namespace/${name}`, () => listsForNamespace(clients, kinds, name)),
+        );
       }
       default:
         return this.secretEvent(clients, ev);
@@ -158,7 +194,9 @@ export class MirrorSyncHandler {
    * its conditions settled; a gone one says what it released. Each is logged once.
    */
   private async consumerEvent(clients: Clients, ev: ObjectEvent): Promise<Done> {
-    const { keys, consumer } = await keysForConsumer(clients, this.deps.kinds, ev.ref, ev.verb);
+    const found = await keysForConsumer(clients, this.deps.kinds, ev.ref, { verb: ev.verb, echo: true });
+    if (found.decided) return this.echo(ev, found.consumer!);
+    const { keys, consumer } = found;
     const identity = consumer?.spec?.identityRef?.name;
     const direct: ConsumerResult[] = [];
     if (consumer && !keys.some((k) => k.key.identity === identity))
@@ -169,6 +207,13 @@ export class MirrorSyncHandler {
     return this.done(ev.id, results, direct);
   }
 
+  /** The answer to the echo of a decision already written (SPEC §12): nothing to do, said at debug level. */
+  private echo(ev: ObjectEvent, consumer: Consumer): Done {
+    const skipped = `our conditions on ${ev.ref.kind} ${ev.ref.namespace ?? ''}/${ev.ref.name} are current for generation ${consumer.metadata.generation}`;
+    this.deps.logger.debug('event skipped', { id: ev.id, detail: skipped });
+    return { id: ev.id, results: [], skipped };
+  }
+
   /** SPEC §8 fast path: a labelled source Secret's change reaches the keys of the identities using it. */
   private async secretEvent(clients: Clients, ev: ObjectEvent): Promise<Done> {
     if (!ev.ref.namespace || (ev.labels && ev.labels[SOURCE_LABEL] !== 'true')) {
@@ -176,8 +221,22 @@ export class MirrorSyncHandler {
       this.deps.logger.info('event skipped', { id: ev.id, detail: skipped });
       return { id: ev.id, results: [], skipped };
     }
-    const keys = await keysForSecret(clients, this.deps.kinds, ev.ref.namespace, ev.ref.name);
-    return this.done(ev.id, await this.runKeys(keys), []);
+    const passes: PassDone[] = [];
+    for (const identity of await identitiesUsingSecret(clients, { namespace: ev.ref.namespace, name: ev.ref.name }))
+      passes.push(await this.identityPass(clients, identity));
+    return this.passDone(ev.id, {
+      results: passes.flatMap((p) => p.results),
+      direct: passes.flatMap((p) => p.direct),
+    });
+  }
+
+  /** One identity's pass. */
+  private identityPass(clients: Clients, name: string): Promise<PassDone> {
+    return this.runPass(clients, `identity/${name}`, () => listsForIdentity(clients, this.deps.kinds, name));
+  }
+
+  private passDone(id: string, p: PassDone): Done {
+    return this.done(id, p.results, p.direct);
   }
 
   private done(id: string, results: readonly KeyResult[], direct: readonly ConsumerResult[]): Done {

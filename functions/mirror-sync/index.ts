@@ -27,8 +27,7 @@ import { prepareAuthFromEnv } from './authorize.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
 import { PrepareGate, type Caller } from './prepare-gate.ts';
-import { KeyQueue } from './queue.ts';
-import { reconcileKey, type ReconcileDeps } from './reconcile.ts';
+import type { ReconcileDeps } from './reconcile.ts';
 
 /** Default keys reconciled at once per request (fan-out, resync). */
 export const DEFAULT_CONCURRENCY = 8;
@@ -64,11 +63,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     kinds: kinds.map((k) => `${kindName(k)}/${k.plural} (${k.namespaced === false ? 'cluster-scoped' : 'namespaced'})`),
   });
   const deps: ReconcileDeps = { kc: kubeconfig, kinds, logger };
-  const handler = new MirrorSyncHandler(
-    deps,
-    cfg,
-    new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed)),
-  );
+  const handler = new MirrorSyncHandler(deps, cfg);
   // SPEC §5: the caller's token is checked before the body is read; the SubjectAccessReview
   // for the named object comes before anything about the object is read.
   const gate = new PrepareGate(kubeconfig, prepareAuthFromEnv(env), logger);

@@ -28,8 +28,13 @@ import {
 
 /**
  * Reads a caller already made for this key after the request arrived (each optional; `null`
- * = read and absent). `consumers` may be seeded only together with `mirror`, and only when
- * they were read after it.
+ * = read and absent). For scope `all`, `consumers` may be seeded only together with `mirror`,
+ * and only when they were read after it (a consumer created meanwhile is never taken for a
+ * dead one). For a named scope they may be the named consumers as the event's lookup read them:
+ * only their own owner references follow them, and a consumer that changes after that read
+ * brings an event of its own (in this instance the key queue runs its reconcile after this one;
+ * elsewhere the mirror's resourceVersion orders the writes, and a reference to a consumer
+ * deleted meanwhile is dropped by the garbage collector or the resync).
  */
 export interface Seed {
   identity?: TerraformClusterIdentity | null;
@@ -45,8 +50,6 @@ export interface KeyWork {
   key: MirrorKey;
   scope: Snapshot['scope'];
   seed?: Seed;
-  /** Known (from the seed) to lose its mirror: reconciled before the others (SPEC §7). */
-  revoking?: boolean;
 }
 
 /** GETs an identity; undefined when absent or when the name cannot be an object name. */
@@ -60,6 +63,21 @@ export async function readIdentity(clients: Clients, name: string): Promise<Terr
 export async function readNamespace(clients: Clients, name: string): Promise<NamespaceState | undefined> {
   const ns = await ignoreNotFound(clients.core.readNamespace({ name }));
   return ns ? namespaceState(ns) : undefined;
+}
+
+/**
+ * A namespace that was not read: it exists (an object of the key is in it) and its labels
+ * are unknown. Stands only where no label selector asks for them (an identity listing names).
+ */
+export const EXISTS: NamespaceState = Object.freeze({ labels: {} });
+
+/** Every namespace, listed page by page, as decisions need them. @throws API errors of the list. */
+export async function listNamespaces(clients: Clients): Promise<Map<string, NamespaceState>> {
+  const list = await listAllPages(
+    (cont) => clients.core.listNamespace({ limit: pageSize(), _continue: cont }),
+    clients.logger,
+  );
+  return new Map(list.items.map((n) => [n.metadata!.name!, namespaceState(n)]));
 }
 
 /** What a decision needs of a namespace read or listed. */
@@ -95,13 +113,9 @@ export async function listKeyConsumers(
   key: MirrorKey,
 ): Promise<Consumer[]> {
   const out: Consumer[] = [];
-  for (const kind of kinds) {
-    for await (const c of listConsumers(clients, kind, {
-      namespace: key.namespace,
-      fieldSelector: `${IDENTITY_REF_FIELD}=${key.identity}`,
-    }))
-      out.push(c);
-  }
+  const fieldSelector = `${IDENTITY_REF_FIELD}=${key.identity}`;
+  for (const kind of kinds)
+    out.push(...(await listConsumers(clients, kind, { namespace: key.namespace, fieldSelector })));
   return out;
 }
 

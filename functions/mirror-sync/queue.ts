@@ -95,3 +95,41 @@ export class KeyQueue {
     return this.slots.size;
   }
 }
+
+/**
+ * Per-name single flight with one follow-up, for the passes of identities and namespaces
+ * (pass.ts): the queue pattern at the scale of a pass. While a pass for a name runs, requests
+ * for it wait for one more pass that starts after the running one ends, and all of them get
+ * its result; so an identity's update and the echo of identity-status's write to it cost two
+ * passes, one after the other — never two at once racing for the same mirrors.
+ */
+export class PassQueue<T> {
+  private readonly running = new Map<string, { done: Promise<T>; next?: Promise<T> }>();
+
+  /**
+   * Runs `work` for `name` now, or after the pass running for it (shared with every request that arrives meanwhile).
+   * @returns the result of a pass that started after this call.
+   */
+  run(name: string, work: () => Promise<T>): Promise<T> {
+    const slot = this.running.get(name);
+    if (!slot) return this.start(name, work());
+    slot.next ??= slot.done.then(work, work);
+    return slot.next;
+  }
+
+  private start(name: string, done: Promise<T>): Promise<T> {
+    const slot: { done: Promise<T>; next?: Promise<T> } = { done };
+    this.running.set(name, slot);
+    const after = () => {
+      if (!slot.next) {
+        this.running.delete(name);
+        return;
+      }
+      slot.done = slot.next;
+      delete slot.next;
+      slot.done.then(after, after);
+    };
+    done.then(after, after);
+    return done;
+  }
+}

@@ -9,7 +9,6 @@
 import type { KubeConfig, V1Secret } from '@kubernetes/client-node';
 import pLimit from 'p-limit';
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
-import type { ConditionInput } from '../lib/conditions.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import {
@@ -21,22 +20,26 @@ import {
   redactApiError,
   RedactedApiError,
   retryAfterOf,
+  retryOnConflict,
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import {
-  clusterScopedPlan,
   decide,
   keyString,
   mayHoldMirror,
   type ConsumerPlan,
   type MirrorKey,
+  type NamespaceState,
   namespaceTerminatingMessage,
-  type Outcome,
+  type ConsumerOutcome,
+  failedPlan,
+  keylessPlan,
+  writeOf,
   type Plan,
   type Snapshot,
 } from './decide.ts';
-import { observe, readIdentity, readNamespace, type Seed } from './observe.ts';
+import { EXISTS, listNamespaces, observe, readIdentity, readNamespace, type Seed } from './observe.ts';
 import { writeConditions, type WriteContext } from './status.ts';
 
 /** What a reconcile needs from its caller. */
@@ -56,7 +59,7 @@ export interface ConsumerResult {
   /** The identity it names (absent when it names none). */
   identity?: string | undefined;
   /** Decided outcomes (decide.ts), or: it names no identity / it no longer exists. */
-  outcome: Outcome | 'no-identity-ref' | 'gone';
+  outcome: ConsumerOutcome | 'gone';
   reason: string;
   message: string;
   retry: boolean;
@@ -92,13 +95,28 @@ const ATTEMPTS = 10;
 /** Condition writes in flight at once for one key. */
 const STATUS_CONCURRENCY = 8;
 
-class Conflict extends Error {}
+/**
+ * The one shape of "observe again": the mirror changed since it was read (a 409 on the
+ * write, an update answered 404), or a create raced a revocation. `code` 409, so
+ * `retryOnConflict` (lib/kube.ts) runs observe → decide → act again.
+ */
+export class MirrorChanged extends Error {
+  readonly code = 409;
+  /** @param why what changed (for the log of a key that gave up). */
+  constructor(why: string) {
+    super(why);
+    this.name = 'MirrorChanged';
+  }
+}
+
+/** A key's result without its timing: what acting on a plan returns. */
+export type KeyOutcome = Omit<KeyResult, 'durationMs' | 'apiCalls'>;
 
 /**
  * Carries out the mirror part of a plan.
- * @returns what happened. @throws Conflict on 409 (observe again), redacted API errors otherwise.
+ * @returns what happened. @throws MirrorChanged on 409, redacted API errors otherwise.
  */
-async function writeMirror(clients: Clients, plan: Plan): Promise<Written> {
+async function writeMirror(clients: Clients, plan: Plan): Promise<{ action: Written['action']; stored?: V1Secret }> {
   const m = plan.mirror;
   const { namespace } = plan.key;
   try {
@@ -127,16 +145,16 @@ async function writeMirror(clients: Clients, plan: Plan): Promise<Written> {
         return { action: 'unchanged' };
     }
   } catch (err) {
-    if (isConflict(err)) throw new Conflict();
+    if (isConflict(err)) throw new MirrorChanged(`the mirror changed since it was read (409 on ${m.action})`);
     // Bodies carry Secret data, and a webhook on DELETE sees it too: its message may echo it.
     throw redactApiError(err);
   }
 }
 
-/** What a mirror write did, and the Secret as stored (create and update). */
-interface Written {
+/** A plan whose mirror write went through (or needed none), and what it did. */
+export interface Written {
+  plan: Plan;
   action: KeyResult['mirrorAction'];
-  stored?: V1Secret;
 }
 
 /**
@@ -152,14 +170,43 @@ function storedAsWritten(plan: Plan, stored: V1Secret | undefined): boolean {
   return isOurs(s, plan.key.identity, undefined) && isCurrent(s, plan.sourceHash);
 }
 
-/** Fresh reads: is the key's namespace still allowed by its identity (SPEC §2)? */
-async function stillAllowed(clients: Clients, key: MirrorKey): Promise<boolean> {
-  const [identity, ns] = await Promise.all([
-    readIdentity(clients, key.identity),
-    readNamespace(clients, key.namespace),
-  ]);
-  return mayHoldMirror(identity, key, ns);
+/**
+ * SPEC §4 step 3: after creating mirrors, one re-read of the identities and namespaces
+ * serves every key created: is each still allowed (SPEC §2)? A revocation may have landed
+ * after the pass's reads and found no mirror to delete. Namespaces are read only for
+ * identities that select by label (a listed name needs none: a namespace gone takes its
+ * mirror with it), one GET each for a few, one list for more.
+ * @returns the keys no longer allowed (their creates must be undone). @throws API errors.
+ */
+export async function revokedMeanwhile(clients: Clients, keys: readonly MirrorKey[]): Promise<Set<string>> {
+  const names = [...new Set(keys.map((k) => k.identity))];
+  const limit = pLimit(STATUS_CONCURRENCY);
+  const identities = new Map(
+    await Promise.all(names.map((n) => limit(async () => [n, await readIdentity(clients, n)] as const))),
+  );
+  const selecting = keys.filter((k) => identities.get(k.identity)?.spec?.allowedNamespaces?.selector);
+  const namespaces = await readNamespaces(clients, [...new Set(selecting.map((k) => k.namespace))]);
+  const revoked = new Set<string>();
+  for (const k of keys) {
+    const ns = namespaces.has(k.namespace) ? namespaces.get(k.namespace) : EXISTS;
+    if (!mayHoldMirror(identities.get(k.identity), k, ns)) revoked.add(keyString(k));
+  }
+  return revoked;
 }
+
+/** Namespaces by name: a GET each for a few, else one list; absent ones map to undefined. */
+async function readNamespaces(
+  clients: Clients,
+  names: readonly string[],
+): Promise<Map<string, NamespaceState | undefined>> {
+  if (names.length <= FEW_NAMESPACES)
+    return new Map(await Promise.all(names.map(async (n) => [n, await readNamespace(clients, n)] as const)));
+  const all = await listNamespaces(clients);
+  return new Map(names.map((n) => [n, all.get(n)]));
+}
+
+/** Up to this many namespaces are read one by one; more cost one list. */
+const FEW_NAMESPACES = 4;
 
 /** A consumer's result before (or without) its status write. */
 const resultOf = (key: MirrorKey, p: ConsumerPlan): ConsumerResult => ({
@@ -207,14 +254,6 @@ async function writeAllConditions(
 /** A failure a retry can fix: throttling, a server error, or no answer (SPEC §4, §16). */
 const isTransient = (status: number | undefined): boolean => status === undefined || status === 429 || status >= 500;
 
-/** The verb and name of the mirror write a plan makes. */
-function writeOf(plan: Plan): { verb: string; name: string | undefined } {
-  const m = plan.mirror;
-  if (m.action === 'delete') return { verb: 'delete', name: m.secret.metadata?.name };
-  const body = (m as { body?: { metadata?: { name?: string } } }).body;
-  return { verb: m.action, name: body?.metadata?.name };
-}
-
 /**
  * Why the API server refused a mirror write for good: a namespace being deleted, or the
  * refusal as api-errors.ts describes it — from what was asked and by whom, with the
@@ -231,54 +270,13 @@ function refusedWriteMessage(plan: Plan, err: unknown): string {
 }
 
 /**
- * The plan after a refused write: each consumer `MirrorFailed` with `message`. A refused
- * delete keeps the decision's `IdentityAllowed` reason (the namespace is still not allowed),
- * but both conditions then say that the mirror, and its credentials, are still there, and
- * what a person must do.
+ * What a failed mirror write leads to: a retry without touching conditions, or `MirrorFailed`.
+ * @throws MirrorChanged when the mirror changed since it was read (409, or an update's 404).
  */
-function failedPlan(plan: Plan, message: string): ConsumerPlan[] {
-  const revoking = plan.mirror.action === 'delete';
-  const { namespace } = plan.key;
-  const still = `mirror Secret ${namespace}/${writeOf(plan).name} is still there and still holds the credentials`;
-  const todo = 'delete it by hand, or lift what refuses the delete';
-  const why = revoking ? `the mirror could not be deleted; ${still}: ${message}; ${todo}` : message;
-  const allowedNote = (m: string) =>
-    `${m.replace(/; no mirror is kept there$/, '')}; ${still}: deleting it was refused (see CredentialsMirrored); ${todo}`;
-  return plan.consumers.map((p): ConsumerPlan => ({
-    ...p,
-    outcome: 'mirror-failed',
-    reason: 'MirrorFailed',
-    message: why,
-    conditions: [
-      ...p.conditions
-        .filter((c) => c.type !== 'CredentialsMirrored')
-        .map((c) =>
-          revoking && c.type === 'IdentityAllowed' && c.status === 'False'
-            ? { ...c, message: allowedNote(c.message) }
-            : c,
-        ),
-      {
-        type: 'CredentialsMirrored',
-        status: 'False',
-        reason: 'MirrorFailed',
-        message: why,
-        ...(p.consumer.metadata.generation === undefined ? {} : { observedGeneration: p.consumer.metadata.generation }),
-      },
-    ],
-  }));
-}
-
-/** What a failed mirror write leads to: observe again, retry without touching conditions, or `MirrorFailed`. */
-async function onWriteFailed(
-  clients: Clients,
-  deps: ReconcileDeps,
-  plan: Plan,
-  err: unknown,
-): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
+async function onWriteFailed(clients: Clients, deps: ReconcileDeps, plan: Plan, err: unknown): Promise<KeyOutcome> {
   const status = apiStatus(err);
-  // The mirror changed since it was read (409) or went away (an update answers 404): observe
-  // again and decide again.
-  if (err instanceof Conflict || status === 404) return 'conflict';
+  if (err instanceof MirrorChanged) throw err;
+  if (status === 404) throw new MirrorChanged('the mirror went away since it was read (404 on update)');
   if (isTransient(status)) {
     // A retry can fix it: no condition, no Event; the caller answers 5xx and the delivery retries.
     const { verb, name } = writeOf(plan);
@@ -292,40 +290,29 @@ async function onWriteFailed(
     };
   }
   // Refused for good: it waits for a person, so the conditions say why and nothing retries.
-  const message = refusedWriteMessage(plan, err);
-  return refused(clients, deps, plan, message);
+  return refused(clients, deps, plan, refusedWriteMessage(plan, err));
 }
 
 /** The result of a write that cannot succeed without a person: `MirrorFailed`, logged as a warning, not retried. */
-async function refused(
-  clients: Clients,
-  deps: ReconcileDeps,
-  plan: Plan,
-  message: string,
-): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'>> {
+async function refused(clients: Clients, deps: ReconcileDeps, plan: Plan, message: string): Promise<KeyOutcome> {
   const results = await writeAllConditions(clients, deps, plan.key, failedPlan(plan, message));
   return { key: plan.key, mirrorAction: 'unchanged', consumers: results, retry: false, warning: message };
 }
 
 /**
- * Acts on a plan decided from a snapshot: the mirror write, the re-check after a create,
- * the conditions.
- * @returns the result, or `'conflict'` when the mirror changed since it was read (or a
- *   create raced a revocation and was undone): the caller observes the key again.
- * @throws API errors (safe text) of the re-check and the condition writes.
+ * SPEC §4 step 3, first part: the plan's mirror write, with the resourceVersion it was read at.
+ * @returns what was written, or the key's finished outcome when the write failed (to retry)
+ *   or was refused for good (`MirrorFailed` written).
+ * @throws MirrorChanged when the mirror changed since it was read; API errors (safe text) of
+ *   the condition writes after a refusal.
  */
-export async function act(
-  clients: Clients,
-  deps: ReconcileDeps,
-  plan: Plan,
-): Promise<Omit<KeyResult, 'durationMs' | 'apiCalls'> | 'conflict'> {
-  let written: Written;
+export async function writeStep(clients: Clients, deps: ReconcileDeps, plan: Plan): Promise<Written | KeyOutcome> {
+  let written: Awaited<ReturnType<typeof writeMirror>>;
   try {
     written = await writeMirror(clients, plan);
   } catch (err) {
     return onWriteFailed(clients, deps, plan, err);
   }
-  const mirrorAction = written.action;
   if (!storedAsWritten(plan, written.stored)) {
     const name = `${plan.key.namespace}/${mirrorName(plan.key.identity)}`;
     return refused(
@@ -335,22 +322,45 @@ export async function act(
       `the API server stored mirror Secret ${name} differently from what was written (an admission webhook or policy changed it), so it is not current; exempt the mirror from that mutation`,
     );
   }
-  // A revocation may have landed after our reads and found no mirror to delete: read the
-  // permission again after creating, and undo (observing again decides the revocation).
-  if (mirrorAction === 'created' && !(await stillAllowed(clients, plan.key))) return 'conflict';
-  const results = await writeAllConditions(clients, deps, plan.key, plan.consumers);
+  return { plan, action: written.action };
+}
+
+/**
+ * SPEC §4 step 3, last part: the conditions of the consumers whose conditions changed.
+ * @throws API errors (safe text) of the condition writes.
+ */
+export async function conditionsStep(clients: Clients, deps: ReconcileDeps, w: Written): Promise<KeyOutcome> {
+  const results = await writeAllConditions(clients, deps, w.plan.key, w.plan.consumers);
   return {
-    key: plan.key,
-    mirrorAction,
+    key: w.plan.key,
+    mirrorAction: w.action,
     consumers: results,
-    sourceHash: plan.sourceHash,
+    sourceHash: w.plan.sourceHash,
     retry: results.some((r) => r.retry),
   };
 }
 
+/** Whether a step ended with a write to follow up (not a finished outcome). */
+export const isWritten = (s: Written | KeyOutcome): s is Written => 'plan' in s;
+
 /**
- * Reconciles one key: observe (with `scope` and `seed` the first time, the whole key after a
- * conflict), decide, act. Logs what it did ({@link logKey}).
+ * Acts on one key's plan: the mirror write, the re-check after a create, the conditions.
+ * @throws MirrorChanged when the mirror changed since it was read, or a create raced a
+ *   revocation (observing again decides the delete); API errors (safe text) of the re-check
+ *   and the condition writes.
+ */
+export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Promise<KeyOutcome> {
+  const w = await writeStep(clients, deps, plan);
+  if (!isWritten(w)) return w;
+  if (w.action === 'created' && (await revokedMeanwhile(clients, [plan.key])).size)
+    throw new MirrorChanged('a revocation landed while the mirror was created');
+  return conditionsStep(clients, deps, w);
+}
+
+/**
+ * Reconciles one key: observe (with `scope` and `seed` the first time, the whole key after the
+ * mirror changed), decide, act — again while the mirror keeps changing, a bounded number of
+ * times. Logs what it did ({@link logKey}).
  * @returns the result; never throws (API errors give `retry: true` and `error`).
  */
 export async function reconcileKey(
@@ -361,30 +371,19 @@ export async function reconcileKey(
 ): Promise<KeyResult> {
   const started = performance.now();
   const counter = { calls: 0 };
-  let result: Omit<KeyResult, 'durationMs' | 'apiCalls'> | undefined;
+  let result: KeyOutcome;
   try {
     const clients = makeClients(deps.kc, counter, deps.logger);
-    for (let attempt = 1; attempt <= ATTEMPTS && !result; attempt++) {
-      // Another writer got there first: a short jittered pause so two instances do not collide in lockstep.
-      if (attempt > 1) await new Promise((r) => setTimeout(r, Math.floor(Math.random() * 25 * attempt)));
+    result = await retryOnConflict(async (attempt) => {
       const first = attempt === 1;
-      const snapshot = await observe(clients, deps.kinds, {
-        key,
-        scope: first ? scope : 'all',
-        seed: first ? seed : undefined,
-      });
-      const r = await act(clients, deps, decide(snapshot, deps.kinds));
-      if (r !== 'conflict') result = r;
-    }
-    result ??= {
-      key,
-      mirrorAction: 'unchanged',
-      consumers: [],
-      retry: true,
-      error: `the mirror kept changing; gave up after ${ATTEMPTS} attempts`,
-    };
+      const work = { key, scope: first ? scope : ('all' as const), seed: first ? seed : undefined };
+      return act(clients, deps, decide(await observe(clients, deps.kinds, work), deps.kinds));
+    }, ATTEMPTS);
   } catch (err) {
-    result = failedKey(key, err);
+    result =
+      err instanceof MirrorChanged
+        ? { ...failedKey(key, err), error: `the mirror kept changing; gave up after ${ATTEMPTS} attempts` }
+        : failedKey(key, err);
   }
   const done: KeyResult = {
     ...result,
@@ -396,7 +395,7 @@ export async function reconcileKey(
 }
 
 /** The result of a key whose reconcile failed on `err` (an API error): retried, with the wait its answer asked for. */
-export const failedKey = (key: MirrorKey, err: unknown): Omit<KeyResult, 'durationMs' | 'apiCalls'> => ({
+export const failedKey = (key: MirrorKey, err: unknown): KeyOutcome => ({
   key,
   mirrorAction: 'unchanged',
   consumers: [],
@@ -472,31 +471,5 @@ export async function settleWithoutKey(
     message: plan.message,
     retry: false,
     changed,
-  };
-}
-
-/** The decision for a consumer without a key (see {@link settleWithoutKey}). */
-function keylessPlan(consumer: Consumer): Omit<ConsumerPlan, 'outcome'> & { outcome: ConsumerResult['outcome'] } {
-  if (!consumer.metadata.namespace) return clusterScopedPlan(consumer);
-  const identity = consumer.spec?.identityRef?.name;
-  if (!identity) {
-    const message = 'spec.identityRef is not set; no credentials are mirrored';
-    return { consumer, outcome: 'no-identity-ref', reason: 'NoIdentityRef', message, retry: false, conditions: [] };
-  }
-  const message = `spec.identityRef.name ${JSON.stringify(identity).slice(0, 80)} is not a valid TerraformClusterIdentity name`;
-  const cond: ConditionInput = {
-    type: 'IdentityAllowed',
-    status: 'False',
-    reason: 'IdentityNotFound',
-    message,
-    ...(consumer.metadata.generation === undefined ? {} : { observedGeneration: consumer.metadata.generation }),
-  };
-  return {
-    consumer,
-    outcome: 'identity-not-found',
-    reason: 'IdentityNotFound',
-    message,
-    retry: false,
-    conditions: [cond],
   };
 }

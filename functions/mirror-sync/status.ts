@@ -1,9 +1,9 @@
 /**
  * Writes a consumer's conditions (SPEC §4, §16): server-side apply to the status
  * subresource with field manager `captf-credentials`, only when something changed (and a
- * pinned JSON patch for an owned condition the apply could not remove), and a
- * Kubernetes Event (events.k8s.io/v1) per changed condition with reason = condition reason
- * (one per change even when reconciles of the same object race, see {@link eventName}).
+ * pinned JSON patch for an owned condition the apply could not remove), and one Kubernetes
+ * Event (events.k8s.io/v1) per write naming every change, its reason that of the most
+ * significant change (one Event even when reconciles of the same object race, see {@link eventName}).
  */
 import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
@@ -79,7 +79,7 @@ export async function writeConditions(
     throw err;
   }
   await removeWhatApplyLeft(objects, { at: { name: name!, namespace }, applied, desired }, ctx);
-  await Promise.all(plan.changedInputs.map((c) => recordEvent(clients, target, c, ctx)));
+  if (plan.changedInputs.length) await recordEvent(clients, target, plan.changedInputs, ctx);
   return true;
 }
 
@@ -150,30 +150,47 @@ async function removeStray(
 }
 
 /**
- * Records one Event about a condition change. Failures are logged, never fatal: an Event is
- * a courtesy to humans, the condition is the contract.
+ * SPEC §4: the changes an Event tells, most significant first — a False before an Unknown
+ * before a True (what went wrong is what a person must see); within one status the later
+ * condition first, as decisions list a consumer's conditions upstream to downstream
+ * (`IdentityAllowed` before `CredentialsMirrored`), so the first names the outcome (`Mirrored`).
+ */
+export function eventChanges(changes: readonly ConditionInput[]): ConditionInput[] {
+  const rank = (c: ConditionInput) => (c.status === 'False' ? 0 : c.status === 'Unknown' ? 1 : 2);
+  return [...changes].reverse().sort((a, b) => rank(a) - rank(b));
+}
+
+/**
+ * Records the one Event of a condition write: reason = the most significant change's reason,
+ * the note names every change. Failures are logged, never fatal: an Event is a courtesy to
+ * humans, the condition is the contract.
  */
 async function recordEvent(
   clients: Clients,
   target: ConditionTarget,
-  c: ConditionInput,
+  changes: readonly ConditionInput[],
   ctx: WriteContext,
 ): Promise<void> {
   const { kind, consumer } = target;
   const { name, namespace, uid } = consumer.metadata;
+  const ordered = eventChanges(changes);
+  const first = ordered[0]!;
   try {
     await clients.events.createNamespacedEvent({
       namespace: namespace || CLUSTER_EVENTS_NAMESPACE,
       body: {
-        metadata: { name: eventName(consumer, c) },
+        metadata: { name: eventName(consumer, ordered) },
         // metav1.MicroTime needs six fractional digits; a Date would serialise with three.
         eventTime: ctx.now.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z') as unknown as Date,
         reportingController: REPORTING_CONTROLLER,
         reportingInstance: hostname().slice(0, 128),
         action: 'Reconcile',
-        reason: c.reason,
-        note: `${c.type}=${c.status}: ${c.message}`.slice(0, 1024),
-        type: c.status === 'True' ? 'Normal' : 'Warning',
+        reason: first.reason,
+        note: ordered
+          .map((c) => `${c.type}=${c.status}: ${c.message}`)
+          .join('; ')
+          .slice(0, 1024),
+        type: ordered.every((c) => c.status === 'True') ? 'Normal' : 'Warning',
         regarding: { apiVersion: `${kind.group}/${kind.version}`, kind: kind.kind, name, namespace, uid },
       },
     });
@@ -185,7 +202,7 @@ async function recordEvent(
     const level = causesOf(err).includes('NamespaceTerminating') ? 'info' : 'warn';
     ctx.logger[level]('could not record event', {
       object: `${namespace ?? ''}/${name}`,
-      reason: c.reason,
+      reason: first.reason,
       error: describeError(err),
     });
   }
@@ -193,24 +210,15 @@ async function recordEvent(
 
 /**
  * Event name `<object>.<16 hex>`, the hex derived from the object's UID and the
- * resourceVersion the reconcile read, plus the condition: reconciles racing on one object
+ * resourceVersion the reconcile read, plus the changes: reconciles racing on one object
  * that saw the same state record the same change under the same name, so the API server
  * keeps one (the second create answers 409); a later change always reads a newer
  * resourceVersion. Within 253 characters.
  */
-export function eventName(obj: Consumer, c: ConditionInput): string {
+export function eventName(obj: Consumer, changes: readonly ConditionInput[]): string {
+  const told = changes.map((c) => [c.type, c.status, c.reason, c.message, c.observedGeneration ?? null]);
   const digest = createHash('sha256')
-    .update(
-      JSON.stringify([
-        obj.metadata.uid,
-        obj.metadata.resourceVersion,
-        c.type,
-        c.status,
-        c.reason,
-        c.message,
-        c.observedGeneration ?? null,
-      ]),
-    )
+    .update(JSON.stringify([obj.metadata.uid, obj.metadata.resourceVersion, told]))
     .digest('hex')
     .slice(0, 16);
   return `${obj.metadata.name!.slice(0, 220)}.${digest}`;

@@ -6,7 +6,7 @@
  * Objects are made with the builders and the world of fixtures.ts.
  */
 import assert from 'node:assert/strict';
-import type { CloudEvent } from 'cloudevents';
+import { CloudEvent } from 'cloudevents';
 import pLimit from 'p-limit';
 import { AdmissionregistrationV1Api, type KubeConfig, type V1Secret } from '@kubernetes/client-node';
 import {
@@ -19,6 +19,7 @@ import {
   type ConsumerKind,
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
+import { KEY_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import { findConsumerKind } from '../../functions/lib/consumers.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { loadKubeConfig, type Clients } from '../../functions/lib/kube.ts';
@@ -268,6 +269,20 @@ export const consumerEvent = (
     kind.plural,
   );
 };
+
+/**
+ * The event a resync fans out for one key (SPEC §12): reconcile it from fresh reads. Tests
+ * use it where something other than a consumer changed (a source, a mirror edited by hand),
+ * as a consumer's own event whose conditions are current is only an echo.
+ */
+export const keyEvent = (namespace: string, identity: string): CloudEvent<unknown> =>
+  new CloudEvent<unknown>({
+    type: KEY_EVENT_TYPE,
+    source: 'test/resync',
+    subject: `${namespace}/${identity}`,
+    datacontenttype: 'application/json',
+    data: { namespace, identity },
+  });
 
 /** The outcomes of an answer of mirror-sync to events, as `[object, outcome]`. */
 export const outcomes = (body: unknown): [string, string][] =>

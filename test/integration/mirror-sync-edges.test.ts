@@ -18,6 +18,7 @@ import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 import {
   consumerEvent,
+  identityEvent,
   consumerKindsSetting,
   deliver,
   mirrorSyncUnderTest,
@@ -251,12 +252,12 @@ describe('a revocation the API server refuses says so', () => {
       },
       60_000,
     );
-    await w.put(fx.identity(id, source.ref, fx.allowList()));
+    const narrowed = await w.put(fx.identity(id, source.ref, fx.allowList()));
     let last = '';
     const cond = await eventually(
       'the refused revocation to show',
       async () => {
-        const r = await deliver(ms.url, consumerEvent(c), { retries: 0 });
+        const r = await deliver(ms.url, identityEvent(narrowed), { retries: 0 });
         const got = await readCondition(w, c, 'CredentialsMirrored');
         last = `${r.status} ${r.text} ${JSON.stringify(got)}`;
         return r.status === 200 && got?.reason === 'MirrorFailed' ? got : undefined;

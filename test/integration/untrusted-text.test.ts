@@ -30,7 +30,7 @@ import { pingEvent, postEvents } from '../helpers/events.ts';
 import { headerEchoPage, startFaultProxy, withServer, type Answer, type FaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
-import { consumerEvent, deliver } from '../helpers/mirror-sync.ts';
+import { consumerEvent, deliver, keyEvent } from '../helpers/mirror-sync.ts';
 import { scanLater } from '../helpers/leaks.ts';
 
 const w = fx.world('untrusted');
@@ -185,11 +185,11 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     const r = keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 }));
     assert.equal(r.status, 200, r.text);
     const refused = `the API server refused to create mirror Secret ${n}/${mirrorName(id)}: `;
-    return { n, c, refused, ...(await conditionAndEvents(c)) };
+    return { n, id, c, refused, ...(await conditionAndEvents(c)) };
   }
 
   it('(a) an HTML page echoing our headers, answered to the mirror create, gives only the code', async () => {
-    const { n, c, refused, cond, notes } = await mirrorCreateAnswered(() => html(403));
+    const { n, id, refused, cond, notes } = await mirrorCreateAnswered(() => html(403));
     assert.equal(cond?.reason, 'MirrorFailed');
     assert.equal(
       cond?.message,
@@ -197,7 +197,8 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     );
     assert.ok(notes.some((t) => t.includes('HTTP 403 (create secrets')));
     faults.set(`POST /api/v1/namespaces/${n}/secrets`, html(502));
-    const retry = keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 }));
+    // The key's reconcile (the consumer, decided, would only echo).
+    const retry = keep(await deliver(`${url}/`, keyEvent(n, id), { retries: 0 }));
     assert.equal(retry.status, 503, retry.text);
     assert.match(retry.text, /HTTP 502 \(create secrets in namespace/);
   });
@@ -279,7 +280,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     const before = (await w.read(mirror))?.data;
     faults.set(`GET /api/v1/namespaces/${source.namespace}/secrets/${source.name}`, html(200));
-    const r = keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 }));
+    const r = keep(await deliver(`${url}/`, keyEvent(n, id), { retries: 0 }));
     assert.equal(r.status, 503, r.text);
     assert.match(r.text, /is not that Secret/);
     assert.deepEqual((await w.read(mirror))?.data, before);

@@ -13,10 +13,12 @@ import { planConditions } from '../../functions/lib/conditions.ts';
 import {
   clusterScopedPlan,
   decide,
+  decidedForGeneration,
   desiredOwnerReferences,
   type Snapshot,
   type SourceState,
 } from '../../functions/mirror-sync/decide.ts';
+import { eventChanges } from '../../functions/mirror-sync/status.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
@@ -435,4 +437,93 @@ describe('decide: states that wait for a person, and sources', () => {
     );
     assert.match(p.message, /cluster-scoped objects cannot use credentials/);
   });
+});
+
+describe('decidedForGeneration: the echo of a decision already written (SPEC §12)', () => {
+  const cond = (type: string, status: 'True' | 'False', observedGeneration?: number) => ({
+    type,
+    status,
+    reason: 'R',
+    message: 'm',
+    lastTransitionTime: '2026-01-01T00:00:00Z',
+    ...(observedGeneration === undefined ? {} : { observedGeneration }),
+  });
+  fx.rows(
+    [
+      {
+        name: 'both conditions at the generation',
+        conditions: [cond('IdentityAllowed', 'True', 1), cond('CredentialsMirrored', 'True', 1)],
+        decided: true,
+      },
+      { name: 'not allowed: IdentityAllowed alone', conditions: [cond('IdentityAllowed', 'False', 1)], decided: true },
+      { name: 'no conditions yet (a new consumer)', conditions: [], decided: false },
+      {
+        name: 'decided for an older generation (spec changed, or deleting)',
+        conditions: [cond('IdentityAllowed', 'True', 1), cond('CredentialsMirrored', 'True', 0)],
+        decided: false,
+      },
+      { name: 'only another writer’s condition', conditions: [cond('Provisioned', 'True', 1)], decided: false },
+      {
+        name: 'CredentialsMirrored without IdentityAllowed (edited by hand)',
+        conditions: [cond('CredentialsMirrored', 'True', 1)],
+        decided: false,
+      },
+      { name: 'no observedGeneration', conditions: [cond('IdentityAllowed', 'True')], decided: false },
+    ],
+    ({ conditions, decided }) => {
+      assert.equal(decidedForGeneration(user('a', '1', fx.conditions(...conditions))), decided);
+    },
+  );
+});
+
+describe('eventChanges: the one Event of a reconcile (SPEC §4)', () => {
+  const change = (type: string, status: 'True' | 'False' | 'Unknown', reason: string) => ({
+    type,
+    status,
+    reason,
+    message: 'm',
+  });
+  fx.rows(
+    [
+      {
+        name: 'mirrored: the outcome first',
+        changes: [
+          change('IdentityAllowed', 'True', 'NamespaceAllowed'),
+          change('CredentialsMirrored', 'True', 'Mirrored'),
+        ],
+        first: 'Mirrored',
+      },
+      {
+        name: 'source missing: the False first',
+        changes: [
+          change('IdentityAllowed', 'True', 'NamespaceAllowed'),
+          change('CredentialsMirrored', 'False', 'SourceNotFound'),
+        ],
+        first: 'SourceNotFound',
+      },
+      {
+        name: 'deleting, not allowed: the destroy that waits',
+        changes: [
+          change('IdentityAllowed', 'False', 'NamespaceNotAllowed'),
+          change('ApplyJobSucceeded', 'False', 'IdentityNotAllowed'),
+        ],
+        first: 'IdentityNotAllowed',
+      },
+      {
+        name: 'Unknown before True',
+        changes: [change('CredentialsMirrored', 'True', 'Mirrored'), change('IdentityAllowed', 'Unknown', 'Pending')],
+        first: 'Pending',
+      },
+      {
+        name: 'one change',
+        changes: [change('IdentityAllowed', 'False', 'IdentityNotFound')],
+        first: 'IdentityNotFound',
+      },
+    ],
+    ({ changes, first }) => {
+      const ordered = eventChanges(changes);
+      assert.equal(ordered[0]!.reason, first);
+      assert.equal(ordered.length, changes.length, 'every change is told');
+    },
+  );
 });

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import type { ConsumerName, MirrorKey, Snapshot } from '../../functions/mirror-sync/decide.ts';
-import { KeyQueue } from '../../functions/mirror-sync/queue.ts';
+import { KeyQueue, PassQueue } from '../../functions/mirror-sync/queue.ts';
 import type { KeyResult } from '../../functions/mirror-sync/reconcile.ts';
 import * as fx from '../helpers/fixtures.ts';
 
@@ -108,5 +108,56 @@ describe('KeyQueue (SPEC §4)', () => {
       process.off('unhandledRejection', onUnhandled);
     }
     assert.deepEqual(seen.map(String), []);
+  });
+});
+
+describe('PassQueue (identity and namespace passes)', () => {
+  /** A pass that waits for `release()` and answers its start order. */
+  function gatedPasses() {
+    const q = new PassQueue<number>();
+    const gates: (() => void)[] = [];
+    let started = 0;
+    const pass =
+      (fail = false) =>
+      async () => {
+        const mine = ++started;
+        await new Promise<void>((r) => gates.push(r));
+        if (fail) throw new Error(`pass ${mine} failed`);
+        return mine;
+      };
+    const release = async () => {
+      gates.shift()!();
+      await new Promise((r) => setImmediate(r));
+    };
+    return { q, pass, release, started: () => started };
+  }
+
+  it('one pass per name at a time: requests arriving meanwhile share one pass that starts after it', async () => {
+    const { q, pass, release, started } = gatedPasses();
+    const first = q.run('identity/aws', pass());
+    const second = q.run('identity/aws', pass());
+    const third = q.run('identity/aws', pass());
+    const other = q.run('identity/gcp', pass());
+    assert.equal(started(), 2, 'another name runs at once; the same name waits');
+    await release();
+    assert.equal(await first, 1);
+    assert.equal(started(), 3, 'the follow-up starts once the running pass ends');
+    await release();
+    await release();
+    assert.deepEqual([await second, await third, await other], [3, 3, 2]);
+    const later = q.run('identity/aws', pass());
+    assert.equal(started(), 4, 'an idle name runs at once');
+    await release();
+    assert.equal(await later, 4);
+  });
+
+  it('a failed pass rejects its callers only; the follow-up still runs', async () => {
+    const { q, pass, release } = gatedPasses();
+    const failing = q.run('namespace/team', pass(true));
+    const next = q.run('namespace/team', pass());
+    await release();
+    await assert.rejects(failing, /pass 1 failed/);
+    await release();
+    assert.equal(await next, 2);
   });
 });
