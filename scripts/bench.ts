@@ -3,13 +3,14 @@
  * ApiServerSource adapter and Broker data plane, each function as its own least-privilege user)
  * on a local control plane of its own, and prints every figure beside a baseline measured in
  * the same run (bench/README.md explains the rows and what dominates each figure). The event
- * rows (event → mirror, fan-in, spread, concurrent fan-in, revocation) run once per delivery
- * path (scripts/bench/paths.ts), path after path.
+ * rows (event → mirror, fan-in, spread, concurrent fan-in, revocation, identity grant and revoke) run once
+ * per delivery path (scripts/bench/paths.ts), path after path.
  *
  * Flags:
  *   --quick          every row at tiny sizes (well under two minutes; `npm test` runs it)
  *   --size N         also run the resync row at N consumers (e.g. 10000)
- *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, admission, prepare,
+ *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, identity-grant,
+ *                    admission, prepare,
  *                    pods (the functions as pods on a real node of its own: cold start, container
  *                    memory, the node's footprint; needs root), serving (the manifests on Knative Serving
  *                    on a real node of its own: cold start from zero through the activator, fan-in with
@@ -52,6 +53,7 @@ import { eventToMirrorRow } from './bench/rows/event-to-mirror.ts';
 import { BURST_IDENTITY, fanInRows } from './bench/rows/fan-in.ts';
 import { resyncRows } from './bench/rows/resync.ts';
 import { revocationRow } from './bench/rows/revocation.ts';
+import { grantRows } from './bench/rows/grant.ts';
 
 const { values } = parseArgs({
   options: {
@@ -84,6 +86,7 @@ const sizes = {
     ...(extraSize ? [extraSize] : []),
   ],
   revocationPerNamespace: quick ? 1 : 10,
+  grant: quick ? [50] : [50, 200, 500],
   admission: quick ? 20 : 300,
   prepare: quick ? 10 : 100,
   coldStartRuns: quick ? 3 : 10,
@@ -174,6 +177,7 @@ try {
     'event-to-mirror': (path) => eventToMirrorRow(ctx, sizes.eventToMirror, path),
     'fan-in': (path) => fanInRows(ctx, { fanIn: sizes.fanIn, concurrent: sizes.concurrent }, path),
     revocation: (path) => revocationRow(ctx, sizes.revocationPerNamespace, path),
+    'identity-grant': (path) => grantRows(ctx, sizes.grant, path),
   };
   const eventRows = EVENT_ROWS.filter((r) => rows.includes(r));
   for (const row of ROWS) {

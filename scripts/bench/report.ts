@@ -16,15 +16,27 @@ export const ROWS = [
   'event-to-mirror',
   'fan-in',
   'revocation',
+  'identity-grant',
   'admission',
   'prepare',
   'pods',
   'serving',
 ] as const;
-/** The rows that run once per delivery path (fan-in also makes the spread and concurrent fan-in rows). */
-export const EVENT_ROWS = ['event-to-mirror', 'fan-in', 'revocation'] as const;
+/**
+ * The rows that run once per delivery path (fan-in also makes the spread and concurrent fan-in
+ * rows; identity-grant the identity grant and identity revoke rows).
+ */
+export const EVENT_ROWS = ['event-to-mirror', 'fan-in', 'revocation', 'identity-grant'] as const;
 /** The rows the event rows make, by name prefix, in the order the table shows them. */
-const EVENT_ROW_KINDS = ['event → mirror', 'fan-in', 'spread', 'concurrent fan-in', 'revocation'];
+const EVENT_ROW_KINDS = [
+  'event → mirror',
+  'fan-in',
+  'spread',
+  'concurrent fan-in',
+  'revocation',
+  'identity grant',
+  'identity revoke',
+];
 /** One of {@link EVENT_ROWS}. */
 export type EventRow = (typeof EVENT_ROWS)[number];
 

@@ -65,6 +65,8 @@ describe('npm run bench -- --quick', () => {
         'spread N=',
         'concurrent fan-in',
         'revocation',
+        'identity grant N=',
+        'identity revoke N=',
         'admission overhead',
         'prepare, ',
         'memory',
@@ -97,7 +99,7 @@ describe('npm run bench -- --quick', () => {
       // The event rows ran on every delivery path (scripts/bench/paths.ts), the concurrent
       // fan-in row on the async-handler Broker; no event was retried or dead-lettered.
       const paths = ['direct', 'broker', 'broker-async'];
-      for (const prefix of ['event → mirror', 'fan-in N=', 'spread N=', 'revocation'])
+      for (const prefix of ['event → mirror', 'fan-in N=', 'spread N=', 'revocation', 'identity grant N='])
         for (const path of paths)
           assert.ok(
             doc.figures.some((f) => f.row.startsWith(prefix) && f.row.endsWith(` [${path}]`)),
