@@ -11,7 +11,7 @@ import type { RequestHandler } from 'express';
 import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
 import { BadEventError, PING_EVENT_TYPE, readEventRequests, type EventRequest } from '../lib/cloudevents.ts';
-import { HttpError, sendEventOutcome, type Outcome } from '../lib/http.ts';
+import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
 import { refreshAll, refreshNamed, type RefreshDeps, type RefreshResult } from './refresh.ts';
@@ -29,43 +29,28 @@ export interface HandlerConfig {
 export type RefreshPlan = { kind: 'all' } | { kind: 'named'; names: string[] };
 
 /**
- * Turns classified events into one plan: any ping makes it a full refresh (which covers
- * every named identity too); otherwise the distinct identity names, in order.
- * @throws HttpError 422 for an event about an object that is not an identity.
+ * Why an event is not for identity-status (a mirror key, an object of another kind: each
+ * belongs to mirror-sync), or undefined for a ping or an event about an identity. The
+ * answer's 422 (nothing else in the request) or 400 (beside other unusable events) carries it.
  */
-export function planFor(requests: readonly EventRequest[]): RefreshPlan {
-  const names: string[] = [];
-  for (const r of requests) {
-    if (r.type === 'ping') continue;
-    if (r.type === 'key') {
-      throw new HttpError(
-        422,
-        `identity-status does not handle mirror key events (${r.namespace}/${r.identity}); route them to mirror-sync`,
-        'UnsupportedObject',
-      );
-    }
-    if (r.target !== 'identity') {
-      throw new HttpError(
-        422,
-        `identity-status handles ${PING_EVENT_TYPE} and events about TerraformClusterIdentity objects; this event is about ${r.ref.apiVersion} ${r.ref.kind} ${r.ref.namespace ? `${r.ref.namespace}/` : ''}${r.ref.name} (route it to mirror-sync)`,
-        'UnsupportedObject',
-      );
-    }
-    if (!names.includes(r.ref.name)) names.push(r.ref.name);
-  }
-  return requests.some((r) => r.type === 'ping') ? { kind: 'all' } : { kind: 'named', names };
+export function unsupported(r: EventRequest): string | undefined {
+  if (r.type === 'ping' || (r.type === 'object' && r.target === 'identity')) return undefined;
+  if (r.type === 'key')
+    return `identity-status does not handle mirror key events (${r.namespace}/${r.identity}); route them to mirror-sync`;
+  return `identity-status handles ${PING_EVENT_TYPE} and events about TerraformClusterIdentity objects; this event is about ${r.ref.apiVersion} ${r.ref.kind} ${r.ref.namespace ? `${r.ref.namespace}/` : ''}${r.ref.name} (route it to mirror-sync)`;
 }
 
-/** Why an event is not for identity-status (an event about another kind of object), or undefined. */
-function unsupported(r: EventRequest): string | undefined {
-  if (r.type === 'ping' || (r.type === 'object' && r.target === 'identity')) return undefined;
-  try {
-    planFor([r]);
-  } catch (err) {
-    if (err instanceof HttpError) return err.message;
-    throw err;
-  }
-  return undefined;
+/**
+ * Turns the usable events of a request into one plan: any ping makes it a full refresh (which
+ * covers every named identity too); otherwise the distinct identity names, in order. Events
+ * that are {@link unsupported} are left out.
+ */
+export function planFor(requests: readonly EventRequest[]): RefreshPlan {
+  if (requests.some((r) => r.type === 'ping')) return { kind: 'all' };
+  const names: string[] = [];
+  for (const r of requests)
+    if (r.type === 'object' && r.target === 'identity' && !names.includes(r.ref.name)) names.push(r.ref.name);
+  return { kind: 'named', names };
 }
 
 /**

@@ -43,7 +43,7 @@ export interface ConsumerName {
 }
 
 /** What the source Secret read found. */
-export type SourceState =
+export type SourceRead =
   { state: 'found'; data: SecretData; hash: string } | { state: 'missing' | 'unreadable'; message: string };
 
 /** What a decision needs of a namespace: its labels (SPEC §2), and whether it is being deleted. */
@@ -61,7 +61,7 @@ export interface Snapshot {
   /** Undefined: no such namespace. */
   namespace: NamespaceState | undefined;
   /** The source Secret; undefined when it was not read (the identity or namespace already decides). */
-  source: SourceState | undefined;
+  source: SourceRead | undefined;
   /** The Secret holding the mirror's name, if any (with data and resourceVersion). */
   mirror: (SecretLike & { metadata?: { uid?: string } }) | undefined;
   /** Consumers in the namespace whose `spec.identityRef.name` is the identity (deleting ones included). */
@@ -116,7 +116,7 @@ export type MirrorAction =
   | { action: 'blocked'; message: string };
 
 /** The whole decision for one key. */
-export interface Plan {
+export interface KeyPlan {
   key: MirrorKey;
   mirror: MirrorAction;
   consumers: ConsumerPlan[];
@@ -198,7 +198,7 @@ function updatedMirror(
   existing: SecretLike,
   identity: string,
   refs: OwnerReference[],
-  source: Extract<SourceState, { state: 'found' }> | undefined,
+  source: Extract<SourceRead, { state: 'found' }> | undefined,
 ): SecretLike {
   const md = existing.metadata ?? {};
   return {
@@ -227,7 +227,7 @@ function needsUpdate(
   existing: SecretLike,
   identity: string,
   refs: OwnerReference[],
-  source: Extract<SourceState, { state: 'found' }> | undefined,
+  source: Extract<SourceRead, { state: 'found' }> | undefined,
 ): boolean {
   const labels = existing.metadata?.labels ?? {};
   if (
@@ -316,7 +316,7 @@ export function mayHoldMirror(
  * @param kinds configured consumer kinds (owner references of other kinds are left alone).
  * @returns the plan: one mirror action and every observed consumer's conditions and outcome.
  */
-export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Plan {
+export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): KeyPlan {
   const ctx = contextOf(snapshot, kinds);
   const { key, identity } = snapshot;
   if (!identity) return identityMissing(ctx);
@@ -348,7 +348,7 @@ function contextOf(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Ctx {
 const revoke = (ctx: Ctx): MirrorAction =>
   ctx.ours ? { action: 'delete', secret: ctx.existing!, why: 'revoked' } : { action: 'none' };
 
-function identityMissing(ctx: Ctx): Plan {
+function identityMissing(ctx: Ctx): KeyPlan {
   const message = `TerraformClusterIdentity ${ctx.key.identity} does not exist`;
   return {
     key: ctx.key,
@@ -363,7 +363,7 @@ function identityMissing(ctx: Ctx): Plan {
   };
 }
 
-function notAllowed(ctx: Ctx): Plan {
+function notAllowed(ctx: Ctx): KeyPlan {
   const { key } = ctx;
   // The same words before and after the mirror is gone: a message that changed would be a
   // new condition write and a second Event for one revocation.
@@ -424,7 +424,7 @@ export function clusterScopedPlan(c: Consumer): ConsumerPlan {
  * webhook) is inert: nothing is copied from it, and its own mirror here — which may hold
  * credentials copied before the rule — is deleted. Its consumers say `SourceIsMirror`.
  */
-function inert(ctx: Ctx, identity: TerraformClusterIdentity): Plan {
+function inert(ctx: Ctx, identity: TerraformClusterIdentity): KeyPlan {
   const { key } = ctx;
   const message = `TerraformClusterIdentity ${key.identity} is inert: ${reservedSourceMessage(identity.spec.secretRef.name)}; nothing is copied from it and its mirrors are deleted`;
   return {
@@ -463,7 +463,7 @@ const allowedCond = (key: MirrorKey, c: Consumer): ConditionInput => ({
 });
 
 /** A Secret is in the way (or cannot be repaired): never touched; `MirrorFailed` says why. */
-function blocked(ctx: Ctx, message: string): Plan {
+function blocked(ctx: Ctx, message: string): KeyPlan {
   return {
     key: ctx.key,
     mirror: { action: 'blocked', message },
@@ -484,7 +484,7 @@ function blocked(ctx: Ctx, message: string): Plan {
 const unused = (ctx: Ctx): MirrorAction =>
   ctx.existing && !ctx.foreign ? { action: 'delete', secret: ctx.existing, why: 'unused' } : { action: 'none' };
 
-function sourceMissing(ctx: Ctx, identity: TerraformClusterIdentity, source: SourceState | undefined): Plan {
+function sourceMissing(ctx: Ctx, identity: TerraformClusterIdentity, source: SourceRead | undefined): KeyPlan {
   const { key, existing, refs } = ctx;
   const ref = identity.spec.secretRef;
   const message =
@@ -511,7 +511,7 @@ function sourceMissing(ctx: Ctx, identity: TerraformClusterIdentity, source: Sou
   };
 }
 
-function mirrored(ctx: Ctx, source: Extract<SourceState, { state: 'found' }>): Plan {
+function mirrored(ctx: Ctx, source: Extract<SourceRead, { state: 'found' }>): KeyPlan {
   const { key, existing, refs, name } = ctx;
   if (!ctx.users) return { key, mirror: unused(ctx), consumers: [] };
   let mirror: MirrorAction;
@@ -553,7 +553,7 @@ function mirrored(ctx: Ctx, source: Extract<SourceState, { state: 'found' }>): P
 }
 
 /** The verb and name of the mirror write a plan makes. */
-export function writeOf(plan: Plan): { verb: string; name: string | undefined } {
+export function writeOf(plan: KeyPlan): { verb: string; name: string | undefined } {
   const m = plan.mirror;
   if (m.action === 'delete') return { verb: 'delete', name: m.secret.metadata?.name };
   const body = (m as { body?: { metadata?: { name?: string } } }).body;
@@ -566,7 +566,7 @@ export function writeOf(plan: Plan): { verb: string; name: string | undefined } 
  * but both conditions then say that the mirror, and its credentials, are still there, and
  * what a person must do.
  */
-export function failedPlan(plan: Plan, message: string): ConsumerPlan[] {
+export function failedPlan(plan: KeyPlan, message: string): ConsumerPlan[] {
   const revoking = plan.mirror.action === 'delete';
   const { namespace } = plan.key;
   const still = `mirror Secret ${namespace}/${writeOf(plan).name} is still there and still holds the credentials`;

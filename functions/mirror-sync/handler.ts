@@ -11,7 +11,7 @@ import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } f
 import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import type { Consumer } from '../lib/api.ts';
 import { findConsumerKind, scopeMismatch } from '../lib/consumers.ts';
-import { describeError, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
+import { describeError, retryAfterOf } from '../lib/kube.ts';
 import { largestRetryAfter, retryAfterHeader } from '../lib/retry-after.ts';
 import { keysForConsumer, listsForIdentity, listsForNamespace, type KeyWork } from './keys.ts';
 import { identitiesUsingSecret } from './observe.ts';
@@ -20,10 +20,12 @@ import { keyString } from './decide.ts';
 import { KeyQueue, PassQueue } from './queue.ts';
 import {
   consumerFields,
+  contextOf,
   reconcileKey,
   settleWithoutKey,
   type ConsumerResult,
   type KeyResult,
+  type ReconcileContext,
   type ReconcileDeps,
 } from './reconcile.ts';
 import { resync, type ResyncSummary } from './resync.ts';
@@ -55,8 +57,8 @@ type Done = {
   results?: Pick<ConsumerResult, 'object' | 'outcome' | 'reason' | 'retry'>[];
   keys?: string[];
   resync?: ResyncSummary;
-  ignored?: string;
-  /** With `ignored`: the largest wait a throttled API server asked for in this event's work, as answered in `Retry-After` (whole seconds, 1–30). */
+  failed?: string;
+  /** With `failed`: the largest wait a throttled API server asked for in this event's work, as answered in `Retry-After` (whole seconds, 1–30). */
   retryAfterSeconds?: number;
   /** Why an event needed no work (a Secret without the source label, the echo of a decision already written). */
   skipped?: string;
@@ -126,11 +128,10 @@ export class MirrorSyncHandler {
    * @param name `identity/<name>` or `namespace/<name>`.
    * @param lists reads the pass's lists (run when the pass starts).
    */
-  private runPass(clients: Clients, name: string, lists: () => Promise<Lists>): Promise<PassDone> {
+  private runPass(ctx: ReconcileContext, name: string, lists: () => Promise<Lists>): Promise<PassDone> {
     return this.passes.run(name, async () => {
       const pass = {
-        clients,
-        deps: this.deps,
+        ctx,
         limit: pLimit(Math.max(1, this.cfg.concurrency)),
         queue: this.queue,
         fresh: true,
@@ -150,22 +151,21 @@ export class MirrorSyncHandler {
       return this.done(ev.id, await this.runKeys([{ key, scope: 'all' }]), []);
     }
     this.checkTarget(ev);
-    const clients = makeClients(this.deps.kc, undefined, this.deps.logger);
+    const ctx = contextOf(this.deps);
+    const { clients, kinds } = ctx;
+    const name = ev.ref.name;
     switch (ev.target) {
       case 'consumer':
-        return this.consumerEvent(clients, ev);
+        return this.consumerEvent(ctx, ev);
       case 'identity':
-        return this.passDone(ev.id, await this.identityPass(clients, ev.ref.name));
-      case 'namespace': {
-        const { kinds } = this.deps;
-        const name = ev.ref.name;
+        return this.passDone(ev.id, await this.identityPass(ctx, name));
+      case 'namespace':
         return this.passDone(
           ev.id,
-          await this.runPass(clients, `namespace/${name}`, () => listsForNamespace(clients, kinds, name)),
+          await this.runPass(ctx, `namespace/${name}`, () => listsForNamespace(clients, kinds, name)),
         );
-      }
       default:
-        return this.secretEvent(clients, ev);
+        return this.secretEvent(ctx, ev);
     }
   }
 
@@ -193,14 +193,13 @@ export class MirrorSyncHandler {
    * A consumer's keys; a consumer without a key (no usable identity, or cluster-scoped) has
    * its conditions settled; a gone one says what it released. Each is logged once.
    */
-  private async consumerEvent(clients: Clients, ev: ObjectEvent): Promise<Done> {
-    const found = await keysForConsumer(clients, this.deps.kinds, ev.ref, { verb: ev.verb, echo: true });
+  private async consumerEvent(ctx: ReconcileContext, ev: ObjectEvent): Promise<Done> {
+    const found = await keysForConsumer(ctx.clients, ctx.kinds, ev.ref, { verb: ev.verb, echo: true });
     if (found.decided) return this.echo(ev, found.consumer!);
     const { keys, consumer } = found;
     const identity = consumer?.spec?.identityRef?.name;
     const direct: ConsumerResult[] = [];
-    if (consumer && !keys.some((k) => k.key.identity === identity))
-      direct.push(await settleWithoutKey(clients, this.deps, consumer));
+    if (consumer && !keys.some((k) => k.key.identity === identity)) direct.push(await settleWithoutKey(ctx, consumer));
     const results = await this.runKeys(keys);
     if (!consumer) direct.push(goneResult(ev.ref, results));
     for (const d of direct) this.deps.logger.info('reconcile', { ...consumerFields(d), detail: d.message });
@@ -215,15 +214,16 @@ export class MirrorSyncHandler {
   }
 
   /** SPEC §8 fast path: a labelled source Secret's change reaches the keys of the identities using it. */
-  private async secretEvent(clients: Clients, ev: ObjectEvent): Promise<Done> {
+  private async secretEvent(ctx: ReconcileContext, ev: ObjectEvent): Promise<Done> {
     if (!ev.ref.namespace || (ev.labels && ev.labels[SOURCE_LABEL] !== 'true')) {
       const skipped = `Secret ${ev.ref.namespace ?? ''}/${ev.ref.name} is not labelled ${SOURCE_LABEL}=true`;
       this.deps.logger.info('event skipped', { id: ev.id, detail: skipped });
       return { id: ev.id, results: [], skipped };
     }
     const passes: PassDone[] = [];
-    for (const identity of await identitiesUsingSecret(clients, { namespace: ev.ref.namespace, name: ev.ref.name }))
-      passes.push(await this.identityPass(clients, identity));
+    const secret = { namespace: ev.ref.namespace, name: ev.ref.name };
+    for (const identity of await identitiesUsingSecret(ctx.clients, secret))
+      passes.push(await this.identityPass(ctx, identity));
     return this.passDone(ev.id, {
       results: passes.flatMap((p) => p.results),
       direct: passes.flatMap((p) => p.direct),
@@ -231,8 +231,8 @@ export class MirrorSyncHandler {
   }
 
   /** One identity's pass. */
-  private identityPass(clients: Clients, name: string): Promise<PassDone> {
-    return this.runPass(clients, `identity/${name}`, () => listsForIdentity(clients, this.deps.kinds, name));
+  private identityPass(ctx: ReconcileContext, name: string): Promise<PassDone> {
+    return this.runPass(ctx, `identity/${name}`, () => listsForIdentity(ctx.clients, ctx.kinds, name));
   }
 
   private passDone(id: string, p: PassDone): Done {
@@ -300,7 +300,7 @@ export class MirrorSyncHandler {
     return { kind: 'done', body: { events: done } };
   }
 
-  /** One event's work, its failure as `ignored`, or the message of a bad event. */
+  /** One event's work, its failure as `failed`, or the message of a bad event. */
   private async settle(r: EventRequest): Promise<Done | string> {
     try {
       return await this.handleOne(r);
@@ -313,21 +313,21 @@ export class MirrorSyncHandler {
 }
 
 /**
- * What an event says about its failed work: `ignored` naming every failure, and the largest
+ * What an event says about its failed work: `failed` naming every failure, and the largest
  * wait a throttled API server asked for in it (capped, lib/retry-after.ts), when one did.
  */
 function failedWork(
   errors: readonly (string | undefined)[],
   waits: readonly (number | undefined)[],
-): Pick<Done, 'ignored' | 'retryAfterSeconds'> {
+): Pick<Done, 'failed' | 'retryAfterSeconds'> {
   const wait = largestRetryAfter(waits);
   // In the body as in the header: whole seconds, 1 to 30.
   const asked = wait === undefined ? {} : { retryAfterSeconds: Number(retryAfterHeader(wait)) };
-  return { ignored: `failed: ${errors.join('; ')}`, ...asked };
+  return { failed: errors.join('; '), ...asked };
 }
 
 /** Whether an event's work must be retried (a result asks for it, or the work failed). */
-const needsRetry = (d: Done): boolean => Boolean(d.results?.some((x) => x.retry) || d.ignored);
+const needsRetry = (d: Done): boolean => Boolean(d.results?.some((x) => x.retry) || d.failed);
 
 /** The result for a consumer event whose object is gone: what its keys released. */
 function goneResult(ref: ObjectRef, results: readonly KeyResult[]): ConsumerResult {

@@ -23,7 +23,7 @@ import {
   type NamespaceState,
   type MirrorKey,
   type Snapshot,
-  type SourceState,
+  type SourceRead,
 } from './decide.ts';
 
 /**
@@ -39,7 +39,7 @@ import {
 export interface Seed {
   identity?: TerraformClusterIdentity | null;
   namespace?: NamespaceState | null;
-  source?: SourceState;
+  source?: SourceRead;
   mirror?: Snapshot['mirror'] | null;
   /** The key's consumers as the scope asks for them. */
   consumers?: Consumer[];
@@ -90,7 +90,7 @@ export function namespaceState(ns: V1Namespace): NamespaceState {
  * GETs an identity's source Secret, uncached, so a rotation is seen at once (SPEC §4, §8).
  * @returns found (data and hash), missing (404) or unreadable (403); other errors are thrown.
  */
-export async function readSource(clients: Clients, identity: TerraformClusterIdentity): Promise<SourceState> {
+export async function readSource(clients: Clients, identity: TerraformClusterIdentity): Promise<SourceRead> {
   const ref = identity.spec.secretRef;
   const what = `source Secret ${ref.namespace}/${ref.name} of TerraformClusterIdentity ${identity.metadata.name}`;
   try {

@@ -19,9 +19,9 @@ import {
   mayHoldMirror,
   type MirrorKey,
   type NamespaceState,
-  type Plan,
+  type KeyPlan,
   type Snapshot,
-  type SourceState,
+  type SourceRead,
 } from './decide.ts';
 import { EXISTS, readSource } from './observe.ts';
 import type { KeyQueue } from './queue.ts';
@@ -36,7 +36,7 @@ import {
   writeStep,
   type ConsumerResult,
   type KeyOutcome,
-  type ReconcileDeps,
+  type ReconcileContext,
   type Written,
 } from './reconcile.ts';
 import { conditionPlan } from './status.ts';
@@ -57,8 +57,7 @@ export interface Lists {
 
 /** What one pass works with. */
 export interface Pass {
-  clients: Clients;
-  deps: ReconcileDeps;
+  ctx: ReconcileContext;
   /** Keys acted on at once. */
   limit: LimitFunction;
   /** The process's key queue: keys decided again from fresh reads go through it. */
@@ -73,7 +72,7 @@ export interface Pass {
 
 /** One key's plan and what acting on it did. */
 export interface PassResult {
-  plan: Plan;
+  plan: KeyPlan;
   result: KeyOutcome;
 }
 
@@ -123,7 +122,7 @@ function mirrorKeyOf(m: V1Secret, identities: Lists['identities']): MirrorKey | 
 async function snapshotOf(
   lists: Lists,
   { key, consumers, mirror }: Listed,
-  readOnce: (i: TerraformClusterIdentity) => Promise<SourceState>,
+  readOnce: (i: TerraformClusterIdentity) => Promise<SourceRead>,
 ): Promise<Snapshot> {
   const identity = lists.identities.get(key.identity);
   const namespace = lists.namespaces ? lists.namespaces.get(key.namespace) : EXISTS;
@@ -139,13 +138,13 @@ async function snapshotOf(
 }
 
 /** Whether acting on a plan would write anything (mirror or any consumer's conditions). */
-function needsWork(plan: Plan, now: Date): boolean {
+function needsWork(plan: KeyPlan, now: Date): boolean {
   if (plan.mirror.action !== 'none' && plan.mirror.action !== 'blocked') return true;
   return plan.consumers.some((p) => conditionPlan(p.consumer, p.conditions, now).changed);
 }
 
 /** A plan that takes credentials away (SPEC §7): acted on before every other. */
-export const isRevocation = (p: Plan): boolean => p.mirror.action === 'delete' && p.mirror.why !== 'unused';
+export const isRevocation = (p: KeyPlan): boolean => p.mirror.action === 'delete' && p.mirror.why !== 'unused';
 
 /**
  * Decides every key of the lists and acts on those that need a write.
@@ -153,21 +152,21 @@ export const isRevocation = (p: Plan): boolean => p.mirror.action === 'delete' &
  * @throws API errors of the source reads (a key's own failures are in its result).
  */
 export async function reconcilePass(pass: Pass, lists: Lists): Promise<PassResult[]> {
-  const sources = new Map<string, Promise<SourceState>>();
+  const sources = new Map<string, Promise<SourceRead>>();
   const readOnce = (i: TerraformClusterIdentity) => {
     const id = `${i.spec.secretRef.namespace}/${i.spec.secretRef.name}`;
-    if (!sources.has(id)) sources.set(id, readSource(pass.clients, i));
+    if (!sources.has(id)) sources.set(id, readSource(pass.ctx.clients, i));
     return sources.get(id)!;
   };
-  const now = pass.deps.now?.() ?? new Date();
-  const plans: Plan[] = [];
+  const now = pass.ctx.now();
+  const plans: KeyPlan[] = [];
   for (const listed of groupByKey(lists)) {
-    const plan = decide(await snapshotOf(lists, listed, readOnce), pass.deps.kinds);
+    const plan = decide(await snapshotOf(lists, listed, readOnce), pass.ctx.kinds);
     if (needsWork(plan, now)) plans.push(plan);
   }
   const first = plans.filter(isRevocation);
   const rest = plans.filter((p) => !isRevocation(p));
-  const write = (plan: Plan) => pass.limit(() => writeListed(pass, lists, plan));
+  const write = (plan: KeyPlan) => pass.limit(() => writeListed(pass, lists, plan));
   // Revocations first (SPEC §7): credentials leave before anything else is written.
   const steps = [...(await Promise.all(first.map(write))), ...(await Promise.all(rest.map(write)))];
   const created = steps.filter((s): s is Written => s !== 'fresh' && isWritten(s) && s.action === 'created');
@@ -185,7 +184,7 @@ async function recheck(pass: Pass, created: readonly Written[]): Promise<Set<str
   if (!created.length) return new Set();
   try {
     return await revokedMeanwhile(
-      pass.clients,
+      pass.ctx.clients,
       created.map((w) => w.plan.key),
     );
   } catch (err) {
@@ -194,7 +193,7 @@ async function recheck(pass: Pass, created: readonly Written[]): Promise<Set<str
 }
 
 /** A listed key's mirror write; `fresh` when the key must be decided again from fresh reads. */
-async function writeListed(pass: Pass, lists: Lists, plan: Plan): Promise<Written | KeyOutcome | 'fresh'> {
+async function writeListed(pass: Pass, lists: Lists, plan: KeyPlan): Promise<Written | KeyOutcome | 'fresh'> {
   const onlyConditions = plan.mirror.action === 'none' || plan.mirror.action === 'blocked';
   if (onlyConditions)
     return pass.fresh ? { plan, action: plan.mirror.action === 'none' ? 'unchanged' : 'blocked' } : 'fresh';
@@ -202,9 +201,9 @@ async function writeListed(pass: Pass, lists: Lists, plan: Plan): Promise<Writte
     // A list by label sees only labelled Secrets: a create is first checked against whatever
     // stands at the mirror's name (metadata only), so a Secret in the way is never sent a
     // create that cannot succeed; the key is decided from fresh reads instead, as an event would.
-    if (plan.mirror.action === 'create' && !lists.mirrorsByName && (await somethingAt(pass.clients, plan.key)))
+    if (plan.mirror.action === 'create' && !lists.mirrorsByName && (await somethingAt(pass.ctx.clients, plan.key)))
       return 'fresh';
-    return await writeStep(pass.clients, pass.deps, plan);
+    return await writeStep(pass.ctx, plan);
   } catch (err) {
     // The mirror changed since the list (a consumer arrived meanwhile): decided again, fresh.
     return err instanceof MirrorChanged ? 'fresh' : failedKey(plan.key, err);
@@ -214,7 +213,7 @@ async function writeListed(pass: Pass, lists: Lists, plan: Plan): Promise<Writte
 /** A listed key after the writes: its conditions, its fresh reconcile, or its outcome as it is. */
 async function finish(
   pass: Pass,
-  plan: Plan,
+  plan: KeyPlan,
   step: Written | KeyOutcome | 'fresh',
   revoked: Set<string> | Error,
 ): Promise<KeyOutcome> {
@@ -226,7 +225,7 @@ async function finish(
     if (revoked.has(keyString(plan.key))) return pass.queue.run(plan.key, 'all');
   }
   try {
-    return logged(pass, await conditionsStep(pass.clients, pass.deps, step));
+    return logged(pass, await conditionsStep(pass.ctx, step));
   } catch (err) {
     return logged(pass, failedKey(plan.key, err));
   }
@@ -234,7 +233,7 @@ async function finish(
 
 /** Logs a key the pass acted on itself (a key run through the queue logs its own line). */
 function logged(pass: Pass, r: KeyOutcome): KeyOutcome {
-  logKey(pass.deps.logger, { ...r, durationMs: 0, apiCalls: 0 });
+  logKey(pass.ctx.logger, { ...r, durationMs: 0, apiCalls: 0 });
   return r;
 }
 
@@ -256,10 +255,10 @@ export async function settleKeyless(pass: Pass, consumers: readonly Consumer[]):
     consumers.filter(isKeyless).map((c) =>
       pass.limit(async (): Promise<ConsumerResult> => {
         try {
-          return await settleWithoutKey(pass.clients, pass.deps, c);
+          return await settleWithoutKey(pass.ctx, c);
         } catch (err) {
           const object = `${c.metadata.namespace ?? ''}/${c.metadata.name}`;
-          pass.deps.logger.warn('could not settle a consumer without a key', { object, error: describeError(err) });
+          pass.ctx.logger.warn('could not settle a consumer without a key', { object, error: describeError(err) });
           const message = `its conditions could not be written: ${describeError(err)}`;
           return {
             object,

@@ -8,13 +8,13 @@ import { isDns1123Label, isDns1123Subdomain } from '../lib/allowed-namespaces.ts
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import { findConsumerKind, kindName, scopeMismatch } from '../lib/consumers.ts';
 import { HttpError, type Outcome } from '../lib/http.ts';
-import { describeError, ignoreNotFound, makeClients, retryAfterOf, type Clients } from '../lib/kube.ts';
+import { describeError, ignoreNotFound, retryAfterOf, type Clients } from '../lib/kube.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import { largestRetryAfter } from '../lib/retry-after.ts';
 import type { MirrorSyncHandler } from './handler.ts';
 import type { MirrorKey } from './decide.ts';
 import { keysForConsumer } from './keys.ts';
-import { settleWithoutKey, type ConsumerResult, type KeyResult, type ReconcileDeps } from './reconcile.ts';
+import { contextOf, settleWithoutKey, type ConsumerResult, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
 /** A prepare request: the consumer the Job is for. */
 export interface PrepareRequest {
@@ -165,7 +165,8 @@ export async function prepare(
   const { req, kind } = parsed;
   const refused = await authorize(kind, req);
   if (refused) return refused;
-  const clients = makeClients(deps.kc, undefined, deps.logger);
+  const ctx = contextOf(deps);
+  const { clients } = ctx;
   const base = { object: `${req.namespace}/${req.name}`, kind: kind.kind };
   let found: Awaited<ReturnType<typeof keysForConsumer>>;
   let results: KeyResult[];
@@ -181,7 +182,7 @@ export async function prepare(
   if (!consumer) return prepareAnswer({ ...base, outcome: 'gone', reason: 'ObjectNotFound', message: '' }, false);
   const identity = consumer.spec?.identityRef?.name;
   const own = results.find((r) => r.key.identity === identity);
-  if (!own) return prepareAnswer(await settleWithoutKey(clients, deps, consumer), false);
+  if (!own) return prepareAnswer(await settleWithoutKey(ctx, consumer), false);
   return answerFor(clients, { req, consumer, own, base });
 }
 

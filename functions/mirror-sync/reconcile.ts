@@ -21,6 +21,7 @@ import {
   RedactedApiError,
   retryAfterOf,
   retryOnConflict,
+  type CallCounter,
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
@@ -36,7 +37,7 @@ import {
   failedPlan,
   keylessPlan,
   writeOf,
-  type Plan,
+  type KeyPlan,
   type Snapshot,
 } from './decide.ts';
 import { EXISTS, listNamespaces, observe, readIdentity, readNamespace, type Seed } from './observe.ts';
@@ -50,6 +51,26 @@ export interface ReconcileDeps {
   /** Clock for lastTransitionTime and Events (tests may fix it). */
   now?: () => Date;
 }
+
+/**
+ * What one reconcile, pass or event works with, passed as one value: the API clients (their
+ * counter is the work's request bill), the configured consumer kinds, the logger, the clock.
+ */
+export interface ReconcileContext {
+  clients: Clients;
+  kinds: readonly ConsumerKind[];
+  logger: Logger;
+  /** Clock for lastTransitionTime and Events. */
+  now: () => Date;
+}
+
+/** A context for one piece of work, its API calls counted on `counter`. */
+export const contextOf = (deps: ReconcileDeps, counter?: CallCounter): ReconcileContext => ({
+  clients: makeClients(deps.kc, counter, deps.logger),
+  kinds: deps.kinds,
+  logger: deps.logger,
+  now: deps.now ?? (() => new Date()),
+});
 
 /** One consumer's result, for answers and logs. */
 export interface ConsumerResult {
@@ -116,7 +137,7 @@ export type KeyOutcome = Omit<KeyResult, 'durationMs' | 'apiCalls'>;
  * Carries out the mirror part of a plan.
  * @returns what happened. @throws MirrorChanged on 409, redacted API errors otherwise.
  */
-async function writeMirror(clients: Clients, plan: Plan): Promise<{ action: Written['action']; stored?: V1Secret }> {
+async function writeMirror(clients: Clients, plan: KeyPlan): Promise<{ action: Written['action']; stored?: V1Secret }> {
   const m = plan.mirror;
   const { namespace } = plan.key;
   try {
@@ -153,7 +174,7 @@ async function writeMirror(clients: Clients, plan: Plan): Promise<{ action: Writ
 
 /** A plan whose mirror write went through (or needed none), and what it did. */
 export interface Written {
-  plan: Plan;
+  plan: KeyPlan;
   action: KeyResult['mirrorAction'];
 }
 
@@ -162,7 +183,7 @@ export interface Written {
  * it on the way (e.g. the hash annotation or the data): then it is not current, and no
  * retry will make it so.
  */
-function storedAsWritten(plan: Plan, stored: V1Secret | undefined): boolean {
+function storedAsWritten(plan: KeyPlan, stored: V1Secret | undefined): boolean {
   if (!stored || plan.sourceHash === undefined) return true;
   const s = stored as SecretLike;
   // Stored as written means our labels and annotation kept and the data current; a mirror is
@@ -222,30 +243,28 @@ const resultOf = (key: MirrorKey, p: ConsumerPlan): ConsumerResult => ({
 
 /** Writes one consumer's conditions when they changed; false for a kind this instance does not know. */
 async function writeFor(
-  clients: Clients,
-  deps: ReconcileDeps,
+  ctx: ReconcileContext,
   p: Pick<ConsumerPlan, 'consumer' | 'conditions'>,
   now: Date,
 ): Promise<boolean> {
-  const kind = findConsumerKind(deps.kinds, p.consumer.apiVersion!, p.consumer.kind!);
-  const ctx: WriteContext = { now, logger: deps.logger };
-  return kind ? writeConditions(clients, { kind, consumer: p.consumer }, p.conditions, ctx) : false;
+  const kind = findConsumerKind(ctx.kinds, p.consumer.apiVersion!, p.consumer.kind!);
+  const write: WriteContext = { now, logger: ctx.logger };
+  return kind ? writeConditions(ctx.clients, { kind, consumer: p.consumer }, p.conditions, write) : false;
 }
 
 /** Writes each consumer's conditions where they changed (a few at a time); returns the results. */
 async function writeAllConditions(
-  clients: Clients,
-  deps: ReconcileDeps,
+  ctx: ReconcileContext,
   key: MirrorKey,
   consumers: readonly ConsumerPlan[],
 ): Promise<ConsumerResult[]> {
-  const now = deps.now?.() ?? new Date();
+  const now = ctx.now();
   const limit = pLimit(STATUS_CONCURRENCY);
   return Promise.all(
     consumers.map((p) =>
       limit(async (): Promise<ConsumerResult> => ({
         ...resultOf(key, p),
-        changed: await writeFor(clients, deps, p, now),
+        changed: await writeFor(ctx, p, now),
       })),
     ),
   );
@@ -260,7 +279,7 @@ const isTransient = (status: number | undefined): boolean => status === undefine
  * server's sentence only when it is exactly kube-apiserver's RBAC denial for that request
  * (anything else refused it: a policy or webhook, whose text may echo the Secret data).
  */
-function refusedWriteMessage(plan: Plan, err: unknown): string {
+function refusedWriteMessage(plan: KeyPlan, err: unknown): string {
   const { verb, name } = writeOf(plan);
   const { namespace } = plan.key;
   const what = `${verb} mirror Secret ${namespace}/${name}`;
@@ -273,7 +292,7 @@ function refusedWriteMessage(plan: Plan, err: unknown): string {
  * What a failed mirror write leads to: a retry without touching conditions, or `MirrorFailed`.
  * @throws MirrorChanged when the mirror changed since it was read (409, or an update's 404).
  */
-async function onWriteFailed(clients: Clients, deps: ReconcileDeps, plan: Plan, err: unknown): Promise<KeyOutcome> {
+async function onWriteFailed(ctx: ReconcileContext, plan: KeyPlan, err: unknown): Promise<KeyOutcome> {
   const status = apiStatus(err);
   if (err instanceof MirrorChanged) throw err;
   if (status === 404) throw new MirrorChanged('the mirror went away since it was read (404 on update)');
@@ -290,12 +309,12 @@ async function onWriteFailed(clients: Clients, deps: ReconcileDeps, plan: Plan, 
     };
   }
   // Refused for good: it waits for a person, so the conditions say why and nothing retries.
-  return refused(clients, deps, plan, refusedWriteMessage(plan, err));
+  return mirrorFailed(ctx, plan, refusedWriteMessage(plan, err));
 }
 
 /** The result of a write that cannot succeed without a person: `MirrorFailed`, logged as a warning, not retried. */
-async function refused(clients: Clients, deps: ReconcileDeps, plan: Plan, message: string): Promise<KeyOutcome> {
-  const results = await writeAllConditions(clients, deps, plan.key, failedPlan(plan, message));
+async function mirrorFailed(ctx: ReconcileContext, plan: KeyPlan, message: string): Promise<KeyOutcome> {
+  const results = await writeAllConditions(ctx, plan.key, failedPlan(plan, message));
   return { key: plan.key, mirrorAction: 'unchanged', consumers: results, retry: false, warning: message };
 }
 
@@ -306,18 +325,17 @@ async function refused(clients: Clients, deps: ReconcileDeps, plan: Plan, messag
  * @throws MirrorChanged when the mirror changed since it was read; API errors (safe text) of
  *   the condition writes after a refusal.
  */
-export async function writeStep(clients: Clients, deps: ReconcileDeps, plan: Plan): Promise<Written | KeyOutcome> {
+export async function writeStep(ctx: ReconcileContext, plan: KeyPlan): Promise<Written | KeyOutcome> {
   let written: Awaited<ReturnType<typeof writeMirror>>;
   try {
-    written = await writeMirror(clients, plan);
+    written = await writeMirror(ctx.clients, plan);
   } catch (err) {
-    return onWriteFailed(clients, deps, plan, err);
+    return onWriteFailed(ctx, plan, err);
   }
   if (!storedAsWritten(plan, written.stored)) {
     const name = `${plan.key.namespace}/${mirrorName(plan.key.identity)}`;
-    return refused(
-      clients,
-      deps,
+    return mirrorFailed(
+      ctx,
       plan,
       `the API server stored mirror Secret ${name} differently from what was written (an admission webhook or policy changed it), so it is not current; exempt the mirror from that mutation`,
     );
@@ -329,8 +347,8 @@ export async function writeStep(clients: Clients, deps: ReconcileDeps, plan: Pla
  * SPEC §4 step 3, last part: the conditions of the consumers whose conditions changed.
  * @throws API errors (safe text) of the condition writes.
  */
-export async function conditionsStep(clients: Clients, deps: ReconcileDeps, w: Written): Promise<KeyOutcome> {
-  const results = await writeAllConditions(clients, deps, w.plan.key, w.plan.consumers);
+export async function conditionsStep(ctx: ReconcileContext, w: Written): Promise<KeyOutcome> {
+  const results = await writeAllConditions(ctx, w.plan.key, w.plan.consumers);
   return {
     key: w.plan.key,
     mirrorAction: w.action,
@@ -349,12 +367,12 @@ export const isWritten = (s: Written | KeyOutcome): s is Written => 'plan' in s;
  *   revocation (observing again decides the delete); API errors (safe text) of the re-check
  *   and the condition writes.
  */
-export async function act(clients: Clients, deps: ReconcileDeps, plan: Plan): Promise<KeyOutcome> {
-  const w = await writeStep(clients, deps, plan);
+export async function act(ctx: ReconcileContext, plan: KeyPlan): Promise<KeyOutcome> {
+  const w = await writeStep(ctx, plan);
   if (!isWritten(w)) return w;
-  if (w.action === 'created' && (await revokedMeanwhile(clients, [plan.key])).size)
+  if (w.action === 'created' && (await revokedMeanwhile(ctx.clients, [plan.key])).size)
     throw new MirrorChanged('a revocation landed while the mirror was created');
-  return conditionsStep(clients, deps, w);
+  return conditionsStep(ctx, w);
 }
 
 /**
@@ -373,11 +391,11 @@ export async function reconcileKey(
   const counter = { calls: 0 };
   let result: KeyOutcome;
   try {
-    const clients = makeClients(deps.kc, counter, deps.logger);
+    const ctx = contextOf(deps, counter);
     result = await retryOnConflict(async (attempt) => {
       const first = attempt === 1;
       const work = { key, scope: first ? scope : ('all' as const), seed: first ? seed : undefined };
-      return act(clients, deps, decide(await observe(clients, deps.kinds, work), deps.kinds));
+      return act(ctx, decide(await observe(ctx.clients, ctx.kinds, work), ctx.kinds));
     }, ATTEMPTS);
   } catch (err) {
     result =
@@ -455,13 +473,9 @@ export const consumerFields = (c: ConsumerResult) => ({
  * when that changes something.
  * @returns its result (never retried: it waits for a person). @throws API errors of the write.
  */
-export async function settleWithoutKey(
-  clients: Clients,
-  deps: ReconcileDeps,
-  consumer: Consumer,
-): Promise<ConsumerResult> {
+export async function settleWithoutKey(ctx: ReconcileContext, consumer: Consumer): Promise<ConsumerResult> {
   const plan = keylessPlan(consumer);
-  const changed = await writeFor(clients, deps, plan, deps.now?.() ?? new Date());
+  const changed = await writeFor(ctx, plan, ctx.now());
   return {
     object: `${consumer.metadata.namespace ?? ''}/${consumer.metadata.name}`,
     kind: consumer.kind ?? '',

@@ -16,14 +16,15 @@ import pLimit from 'p-limit';
 import type { Consumer } from '../lib/api.ts';
 import { KEY_EVENT_TYPE } from '../lib/cloudevents.ts';
 import { pageSize, slimConsumer } from '../lib/consumers.ts';
-import { describeError, listAllPages, makeClients, type Clients } from '../lib/kube.ts';
+import { describeError, listAllPages } from '../lib/kube.ts';
+import type { Logger } from '../lib/log.ts';
 import { consumerObjects, identities } from '../lib/objects.ts';
 import { LABEL_MIRRORED } from '../lib/mirror.ts';
-import { keyString, type MirrorKey, type Plan } from './decide.ts';
+import { keyString, type MirrorKey, type KeyPlan } from './decide.ts';
 import { listNamespaces } from './observe.ts';
 import { keysOf, reconcilePass, settleKeyless, type Lists, type Pass } from './pass.ts';
 import type { KeyQueue } from './queue.ts';
-import type { KeyOutcome, ReconcileDeps } from './reconcile.ts';
+import { contextOf, type KeyOutcome, type ReconcileContext, type ReconcileDeps } from './reconcile.ts';
 
 /** CloudEvent source of the events a resync sends to `K_SINK`. */
 export const RESYNC_SOURCE = 'captf-credentials/mirror-sync/resync';
@@ -53,7 +54,7 @@ export interface ResyncSummary {
 }
 
 /** Lists everything a resync decides from: mirrors first (SPEC §12), then the rest. */
-async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Lists> {
+async function listEverything({ clients, kinds }: ReconcileContext): Promise<Lists> {
   const limit = pageSize();
   const mirrors = (
     await listAllPages(
@@ -65,7 +66,7 @@ async function listEverything(clients: Clients, deps: ReconcileDeps): Promise<Li
     )
   ).items;
   const consumers: Consumer[] = [];
-  for (const k of deps.kinds) {
+  for (const k of kinds) {
     const kindObjects = consumerObjects(clients, k);
     const listed = await listAllPages(
       (cont) => kindObjects.list({ limit, _continue: cont }),
@@ -98,10 +99,10 @@ export async function resync(
 ): Promise<ResyncSummary> {
   const started = performance.now();
   deps.logger.info('resync started');
-  const clients = makeClients(deps.kc, { calls: 0 }, deps.logger);
-  const lists = await listEverything(clients, deps);
+  const ctx = contextOf(deps, { calls: 0 });
+  const lists = await listEverything(ctx);
   const keys = keysOf(lists);
-  const pass: Pass = { deps, clients, limit: pLimit(Math.max(1, opts.concurrency)), queue: opts.queue, fresh: false };
+  const pass: Pass = { ctx, limit: pLimit(Math.max(1, opts.concurrency)), queue: opts.queue, fresh: false };
   const summary = emptySummary(lists, keys.length);
   summary.needRetry += (await settleKeyless(pass, lists.consumers)).filter((r) => r.retry).length;
   if (opts.sink) await sendKeys(pass, summary, opts.sink, keys);
@@ -111,7 +112,7 @@ export async function resync(
     for (const { plan, result } of results) count(summary, plan, result);
   }
   summary.durationMs = Math.round(performance.now() - started);
-  summary.apiCalls = clients.counter.calls;
+  summary.apiCalls = ctx.clients.counter.calls;
   deps.logger.info('resync', { ...summary });
   return summary;
 }
@@ -137,7 +138,7 @@ async function sendKeys(pass: Pass, summary: ResyncSummary, sink: string, keys: 
   await Promise.all(
     keys.map((key) =>
       pass.limit(async () => {
-        if (await sendKey(sink, key, pass.deps)) summary.sent++;
+        if (await sendKey(sink, key, pass.ctx.logger)) summary.sent++;
         else summary.failed++;
       }),
     ),
@@ -145,7 +146,7 @@ async function sendKeys(pass: Pass, summary: ResyncSummary, sink: string, keys: 
 }
 
 /** Adds one key's result to the summary. */
-function count(summary: ResyncSummary, plan: Plan, r: KeyOutcome): void {
+function count(summary: ResyncSummary, plan: KeyPlan, r: KeyOutcome): void {
   if (r.retry) summary.needRetry++;
   if (r.mirrorAction !== 'deleted' || plan.mirror.action !== 'delete') return;
   if (plan.mirror.why === 'unused') summary.orphanedMirrorsDeleted++;
@@ -153,7 +154,7 @@ function count(summary: ResyncSummary, plan: Plan, r: KeyOutcome): void {
 }
 
 /** Sends one key to the sink as a `KEY_EVENT_TYPE` CloudEvent (binary mode); true when accepted. */
-async function sendKey(sink: string, key: MirrorKey, deps: ReconcileDeps): Promise<boolean> {
+async function sendKey(sink: string, key: MirrorKey, logger: Logger): Promise<boolean> {
   const event = new CloudEvent<unknown>({
     id: randomUUID(),
     type: KEY_EVENT_TYPE,
@@ -171,9 +172,9 @@ async function sendKey(sink: string, key: MirrorKey, deps: ReconcileDeps): Promi
     });
     await res.arrayBuffer();
     if (res.ok) return true;
-    deps.logger.warn('sink refused resync event', { sink, key: keyString(key), status: res.status });
+    logger.warn('sink refused resync event', { sink, key: keyString(key), status: res.status });
   } catch (err) {
-    deps.logger.warn('sink unreachable', { sink, key: keyString(key), error: describeError(err) });
+    logger.warn('sink unreachable', { sink, key: keyString(key), error: describeError(err) });
   }
   return false;
 }

@@ -9,8 +9,7 @@ import {
 } from '../../functions/lib/api.ts';
 import { CloudEvent } from 'cloudevents';
 import { classifyEvent } from '../../functions/lib/cloudevents.ts';
-import { HttpError } from '../../functions/lib/http.ts';
-import { planFor } from '../../functions/identity-status/handler.ts';
+import { planFor, unsupported } from '../../functions/identity-status/handler.ts';
 import { statusConfigFromEnv } from '../../functions/identity-status/index.ts';
 import {
   decideStatus,
@@ -159,16 +158,13 @@ describe('identity-status: which events refresh what', () => {
   it('any ping makes it a full refresh', () => {
     assert.deepEqual(planFor([idRef('b'), ping]), { kind: 'all' });
   });
-  it('an event about another kind is refused with 422 naming it', () => {
+  it('an event about another kind is unsupported, named in the answer; the plan leaves it out', () => {
     const c = about(fx.consumer('c', fx.inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural);
-    assert.throws(
-      () => planFor([idRef('a'), c]),
-      (e: unknown) => e instanceof HttpError && e.status === 422 && /TerraformCluster team-a\/c/.test(e.message),
-    );
-    assert.throws(
-      () => planFor([about(fx.namespace('team-a'), 'resource', 'update', 'namespaces')]),
-      (e: unknown) => e instanceof HttpError && e.status === 422,
-    );
+    assert.match(unsupported(c) ?? '', /TerraformCluster team-a\/c \(route it to mirror-sync\)/);
+    assert.deepEqual(planFor([idRef('a'), c]), { kind: 'named', names: ['a'] });
+    assert.match(unsupported(about(fx.namespace('team-a'), 'resource', 'update', 'namespaces')) ?? '', /Namespace/);
+    assert.equal(unsupported(idRef('a')), undefined);
+    assert.equal(unsupported(ping), undefined);
   });
 });
 

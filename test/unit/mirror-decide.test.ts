@@ -15,8 +15,10 @@ import {
   decide,
   decidedForGeneration,
   desiredOwnerReferences,
+  failedPlan,
+  keylessPlan,
   type Snapshot,
-  type SourceState,
+  type SourceRead,
 } from '../../functions/mirror-sync/decide.ts';
 import { eventChanges } from '../../functions/mirror-sync/status.ts';
 import * as fx from '../helpers/fixtures.ts';
@@ -24,7 +26,7 @@ import * as fx from '../helpers/fixtures.ts';
 const kinds = DEFAULT_CONSUMER_KINDS;
 const b64 = (s: string) => Buffer.from(s).toString('base64');
 const data = { k: b64('v') };
-const found: SourceState = { state: 'found', data, hash: sourceHash(data) };
+const found: SourceRead = { state: 'found', data, hash: sourceHash(data) };
 const key = { namespace: 'team', identity: 'aws' };
 /** The owner reference of consumer `name` (uid `id`) of `kind`. */
 const owner = (name: string, id: string, kind = TERRAFORM_CLUSTER): OwnerReference => ({
@@ -526,4 +528,58 @@ describe('eventChanges: the one Event of a reconcile (SPEC §4)', () => {
       assert.equal(ordered.length, changes.length, 'every change is told');
     },
   );
+});
+
+describe('keylessPlan: a consumer without a key (SPEC §2, §4)', () => {
+  fx.rows(
+    [
+      {
+        name: 'no identityRef: our conditions cleared',
+        mods: [fx.identityRef(undefined)],
+        outcome: 'no-identity-ref',
+        conditions: [],
+      },
+      {
+        name: 'a name that cannot be an identity',
+        mods: [fx.identityRef('Not_A_Name')],
+        outcome: 'identity-not-found',
+        conditions: ['IdentityAllowed=False/IdentityNotFound'],
+      },
+      {
+        name: 'cluster-scoped',
+        mods: [(c: Consumer) => void delete c.metadata.namespace, fx.identityRef('aws')],
+        outcome: 'not-allowed',
+        conditions: ['IdentityAllowed=False/NamespaceNotAllowed'],
+      },
+    ],
+    ({ mods, outcome, conditions }) => {
+      const p = keylessPlan(fx.consumer('c', fx.inNamespace('team'), fx.stored(1, '1'), ...mods));
+      assert.equal(p.outcome, outcome);
+      assert.deepEqual(
+        p.conditions.map((c) => `${c.type}=${c.status}/${c.reason}`),
+        conditions,
+      );
+      assert.equal(p.retry, false, 'it waits for a person');
+    },
+  );
+});
+
+describe('failedPlan: a mirror write refused for good', () => {
+  it('a refused create: every consumer MirrorFailed with the refusal, IdentityAllowed kept', () => {
+    const plan = decide(snap({}), kinds);
+    const failed = failedPlan(plan, 'the API server refused to create mirror Secret team/captf-creds-aws: HTTP 403');
+    assert.deepEqual(conditionsOf({ ...plan, consumers: failed }), [ALLOWED, 'CredentialsMirrored=False/MirrorFailed']);
+    assert.equal(failed[0]!.outcome, 'mirror-failed');
+  });
+  it('a refused revocation says the credentials are still there, and what a person must do', () => {
+    const plan = decide(snap({ identity: aws(fx.allowList('elsewhere')), mirror: mirror([owner('a', '1')]) }), kinds);
+    const [p] = failedPlan(plan, 'HTTP 422');
+    const allowed = p!.conditions.find((c) => c.type === 'IdentityAllowed')!;
+    assert.equal(allowed.reason, 'NamespaceNotAllowed');
+    assert.match(
+      allowed.message,
+      /captf-creds-aws is still there and still holds the credentials: deleting it was refused/,
+    );
+    assert.match(p!.message, /^the mirror could not be deleted; .*delete it by hand, or lift what refuses the delete$/);
+  });
 });
