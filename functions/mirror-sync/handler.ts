@@ -21,7 +21,6 @@ import { KeyQueue, PassQueue } from './queue.ts';
 import {
   consumerFields,
   contextOf,
-  reconcileKey,
   settleWithoutKey,
   type ConsumerResult,
   type KeyResult,
@@ -99,8 +98,8 @@ export class MirrorSyncHandler {
     this.deps = deps;
     this.cfg = cfg;
     // The process's one key queue, shared by events, prepare and the resync: each key's
-    // reconcile runs alone, and requests arriving meanwhile share one more (queue.ts).
-    this.queue = new KeyQueue((key, scope, seed) => reconcileKey(deps, key, scope, seed));
+    // reconcile (reconcile.ts reconcileKey) runs alone, and requests arriving meanwhile share one more.
+    this.queue = new KeyQueue(deps);
   }
 
   /** One resync at a time per instance: a ping that arrives while one runs joins it. */

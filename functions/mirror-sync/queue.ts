@@ -8,10 +8,7 @@
 import type { ConsumerName, MirrorKey, Snapshot } from './decide.ts';
 import { keyString } from './decide.ts';
 import type { Seed } from './observe.ts';
-import type { KeyResult } from './reconcile.ts';
-
-/** Runs one reconcile of a key (reconcile.ts `reconcileKey`, bound to its dependencies). */
-export type RunKey = (key: MirrorKey, scope: Snapshot['scope'], seed?: Seed) => Promise<KeyResult>;
+import { reconcileKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
 
 interface Pending {
   /** Consumers the waiting requests named, or `all`. */
@@ -30,11 +27,16 @@ const nameId = (n: ConsumerName): string => `${n.apiVersion}/${n.kind}/${n.name}
 /** Per-key single flight with one follow-up; one instance per process. */
 export class KeyQueue {
   private readonly slots = new Map<string, Slot>();
-  private readonly runKey: RunKey;
+  private readonly deps: ReconcileDeps;
+  private readonly reconcile: typeof reconcileKey;
 
-  /** @param runKey the reconcile to run for a key. */
-  constructor(runKey: RunKey) {
-    this.runKey = runKey;
+  /**
+   * @param deps what each reconcile needs (API access, consumer kinds, logger).
+   * @param reconcile the reconcile of one key: reconcile.ts {@link reconcileKey} (a unit test's stand-in otherwise).
+   */
+  constructor(deps: ReconcileDeps, reconcile: typeof reconcileKey = reconcileKey) {
+    this.deps = deps;
+    this.reconcile = reconcile;
   }
 
   /**
@@ -47,13 +49,14 @@ export class KeyQueue {
   run(key: MirrorKey, scope: Snapshot['scope'], seed?: Seed): Promise<KeyResult> {
     const id = keyString(key);
     const slot = this.slots.get(id);
-    if (!slot) return this.start(id, this.runKey(key, scope, seed));
+    if (!slot) return this.start(id, this.reconcile(this.deps, key, scope, seed));
     if (!slot.next) {
       let start!: () => void;
       const gate = new Promise<void>((r) => (start = r));
       const pending: Pending = { scope: new Map(), promise: undefined as unknown as Promise<KeyResult>, start };
       pending.promise = gate.then(() =>
-        this.runKey(
+        this.reconcile(
+          this.deps,
           key,
           pending.scope === 'all' ? 'all' : pending.scope.size === 1 ? [...pending.scope.values()] : 'all',
         ),

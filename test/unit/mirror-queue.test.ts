@@ -9,10 +9,12 @@ import { describe, it } from 'node:test';
 import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import type { ConsumerName, MirrorKey, Snapshot } from '../../functions/mirror-sync/decide.ts';
 import { KeyQueue, PassQueue } from '../../functions/mirror-sync/queue.ts';
-import type { KeyResult } from '../../functions/mirror-sync/reconcile.ts';
+import type { KeyResult, ReconcileDeps } from '../../functions/mirror-sync/reconcile.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const key = { namespace: 'team', identity: 'aws' };
+/** The queue hands these to its reconcile; the stand-ins below never use them. */
+const DEPS = { kc: undefined, kinds: [], logger: undefined } as unknown as ReconcileDeps;
 /** A TerraformCluster named `name`, as the queue is told about it. */
 const n = (name: string): ConsumerName => ({
   apiVersion: fx.apiVersionOf(TERRAFORM_CLUSTER),
@@ -24,7 +26,7 @@ const n = (name: string): ConsumerName => ({
 function gated() {
   const calls: { key: MirrorKey; scope: Snapshot['scope'] }[] = [];
   const gates: (() => void)[] = [];
-  const q = new KeyQueue(async (k, scope) => {
+  const q = new KeyQueue(DEPS, async (_deps, k, scope) => {
     calls.push({ key: k, scope });
     await new Promise<void>((r) => gates.push(r));
     return {
@@ -96,7 +98,7 @@ describe('KeyQueue (SPEC §4)', () => {
     process.on('unhandledRejection', onUnhandled);
     try {
       let fail = true;
-      const q = new KeyQueue(async (k) => {
+      const q = new KeyQueue(DEPS, async (_deps, k) => {
         if (fail) throw new Error('boom');
         return { key: k, mirrorAction: 'unchanged', consumers: [], retry: false, durationMs: 0, apiCalls: 0 };
       });
