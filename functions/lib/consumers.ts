@@ -3,7 +3,8 @@
  * identity's consumers (field selector on `spec.identityRef.name`, SPEC §1/§7/§10) and
  * paginated lists of every consumer (resync, SPEC §12). Reads only; never cached.
  */
-import { DEFAULT_CONSUMER_KINDS, IDENTITY_REF_FIELD, type Consumer, type ConsumerKind } from './api.ts';
+import { DEFAULT_CONSUMER_KINDS, FIELD_MANAGER, IDENTITY_REF_FIELD, type Consumer, type ConsumerKind } from './api.ts';
+import { RESET_MANAGER } from './conditions.ts';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { isDns1123Label } from './allowed-namespaces.ts';
 import { isTransportError } from './api-errors.ts';
@@ -192,8 +193,9 @@ export async function listConsumers<K = Consumer>(
 /**
  * What decisions and condition writes read of a consumer (SPEC §4, §16), kept from a listed
  * one so a pass over thousands holds no more: kind, name, namespace, UID, generation,
- * resourceVersion, deletionTimestamp, the field managers' claims on `status.conditions`,
- * `spec.identityRef` and `status.conditions`.
+ * resourceVersion, deletionTimestamp, `spec.identityRef`, `status.conditions`, and of
+ * `managedFields` only the condition types other managers claim (conditions.ts
+ * `typesClaimedByOthers` reads nothing else; our own entry is most of it).
  */
 export function slimConsumer(c: Consumer): Consumer {
   const md = c.metadata;
@@ -201,7 +203,10 @@ export function slimConsumer(c: Consumer): Consumer {
     const conditions = (e.fieldsV1 as { 'f:status'?: { 'f:conditions'?: unknown } } | undefined)?.['f:status']?.[
       'f:conditions'
     ];
-    return conditions ? [{ manager: e.manager, fieldsV1: { 'f:status': { 'f:conditions': conditions } } }] : [];
+    if (!conditions || typeof conditions !== 'object' || e.manager === FIELD_MANAGER || e.manager === RESET_MANAGER)
+      return [];
+    const keys = Object.fromEntries(Object.keys(conditions).map((k) => [k, {}]));
+    return [{ manager: e.manager, fieldsV1: { 'f:status': { 'f:conditions': keys } } }];
   });
   return {
     apiVersion: c.apiVersion,

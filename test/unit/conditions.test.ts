@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Condition } from '../../functions/lib/api.ts';
+import { slimConsumer } from '../../functions/lib/consumers.ts';
+import * as fx from '../helpers/fixtures.ts';
 import {
   conditionChanged,
   getCondition,
@@ -108,6 +110,26 @@ describe('typesClaimedByOthers: who else owns a condition (managedFields)', () =
       entry('provider-manager', 'ApplyJobSucceeded', 'Provisioned'),
     ];
     assert.deepEqual([...typesClaimedByOthers(fields)].sort(), ['ApplyJobSucceeded', 'Provisioned']);
+  });
+  it('a listed consumer kept slim (slimConsumer) tells the same claims, without our own entry', () => {
+    const fields = [
+      entry('captf-credentials', 'IdentityAllowed', 'CredentialsMirrored'),
+      entry('before-first-apply', 'IdentityAllowed'),
+      entry('provider-manager', 'ApplyJobSucceeded', 'Provisioned'),
+      { manager: 'kubectl', operation: 'Update', fieldsV1: { 'f:metadata': { 'f:labels': {} } } },
+    ];
+    const slim = slimConsumer(
+      fx.consumer('c', fx.inNamespace('team'), (c) => void (c.metadata.managedFields = fields)),
+    );
+    assert.deepEqual(
+      slim.metadata.managedFields?.map((e) => e.manager),
+      ['provider-manager'],
+    );
+    assert.deepEqual([...typesClaimedByOthers(slim.metadata.managedFields)], [...typesClaimedByOthers(fields)]);
+    const ours = slimConsumer(
+      fx.consumer('c', fx.inNamespace('team'), (c) => void (c.metadata.managedFields = fields.slice(0, 2))),
+    );
+    assert.equal(ours.metadata.managedFields, undefined, 'nothing kept when only we claim conditions');
   });
   it('reads nothing into malformed entries', () => {
     const junk = [
