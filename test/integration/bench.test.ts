@@ -108,6 +108,10 @@ describe('npm run bench -- --quick', () => {
       assert.ok(doc.figures.some((f) => f.row.startsWith('concurrent fan-in') && f.row.endsWith(' [broker-async]')));
       for (const f of doc.figures.filter((x) => x.what === 'dead letters'))
         assert.deepEqual(f.samples, [0], `${f.row}: dead letters`);
+      // SPEC §12: the echo of our own status write is recognised with one read, on every path.
+      const echoes = doc.figures.filter((x) => x.what === 'API requests per echo of our status write');
+      assert.equal(echoes.length, paths.length);
+      for (const f of echoes) assert.deepEqual(f.samples, [1], `${f.row}: requests per echo`);
       // Each function also cold-started as a pod from the image, its container's memory beside its limit.
       for (const fn of ['admission', 'mirror-sync', 'identity-status']) {
         assert.ok(

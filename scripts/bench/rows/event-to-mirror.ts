@@ -2,10 +2,13 @@
  * Row "event → mirror": one new consumer in a namespace without a mirror; time from its
  * create to the watch event of its mirror's creation, over the delivery path in use
  * (scripts/bench/paths.ts; the row's name ends with it). Baseline: one Secret create round
- * trip, interleaved sample by sample.
+ * trip, interleaved sample by sample. Then what an echo costs: the update event our status
+ * write brings, sent again for each (now decided) consumer straight to mirror-sync, and its
+ * API requests counted.
  */
 import { secretRoundTrip } from '../baselines.ts';
-import { consumerBody, consumersPath, createNamespaces, mirrorOf } from '../fixtures.ts';
+import { consumerBody, consumerEvent, consumersPath, createNamespaces, mirrorOf, postEvent } from '../fixtures.ts';
+import { USERS } from '../../system/users.ts';
 import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
 import { whileAlive, type RowContext } from './context.ts';
@@ -45,5 +48,28 @@ export async function eventToMirrorRow(ctx: RowContext, samples: number, path: D
       samples: times,
       baseline: { what: 'Secret create round trip', samples: floor },
     },
+    {
+      row: onPath('event → mirror', path),
+      what: 'API requests per echo of our status write',
+      unit: 'count',
+      samples: [await echoCost(ctx, namespaces)],
+    },
   ];
+}
+
+/**
+ * The echo of our own status write (SPEC §12), once per namespace's consumer: the update
+ * event the ApiServerSource sends for it, posted straight to mirror-sync. @returns its API
+ * requests per event. @throws Error when an answer is not a recognised echo.
+ */
+async function echoCost(ctx: RowContext, namespaces: readonly string[]): Promise<number> {
+  const { sys } = ctx;
+  const mark = sys.audit.mark();
+  for (const ns of namespaces) {
+    const r = await postEvent(sys.functions['mirror-sync'].url, consumerEvent('terraformmachines', ns, 'm-0'));
+    const skipped = (r.body as { events?: { skipped?: string }[] }).events?.[0]?.skipped;
+    if (r.status !== 200 || !skipped)
+      throw new Error(`the echo in ${ns} was not recognised: ${JSON.stringify(r.body)}`);
+  }
+  return sys.audit.countFor(USERS['mirror-sync'], mark).requests / namespaces.length;
 }
