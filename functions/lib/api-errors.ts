@@ -46,7 +46,7 @@ export interface RequestAttributes {
   objectName?: string;
   /** The field names (keys at any depth) of the body it sent: a cause's field path must be made of them. */
   fields?: readonly string[];
-  /** The product's own user (SelfSubjectReview), known for a 403. */
+  /** The product's own user (read from its own credentials: kube.ts `whoAmI`), known for a 403. */
   user?: string;
 }
 

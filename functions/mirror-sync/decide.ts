@@ -103,7 +103,7 @@ export interface ConsumerPlan {
 }
 
 /** What to do with the mirror Secret. */
-export type MirrorAction =
+type MirrorAction =
   | { action: 'create'; body: SecretLike }
   | { action: 'update'; body: SecretLike }
   | {
@@ -125,7 +125,7 @@ export interface KeyPlan {
 }
 
 /** Whether an owner reference points at a configured consumer kind (any version). */
-export function isConsumerKindRef(
+function isConsumerKindRef(
   kinds: readonly Pick<ConsumerKind, 'group' | 'kind'>[],
   ref: Pick<OwnerReference, 'apiVersion' | 'kind'>,
 ): boolean {
@@ -282,7 +282,7 @@ export function decidedForGeneration(consumer: Consumer): boolean {
 }
 
 /** SPEC §2: does the identity allow the key's namespace (which must exist; undefined = absent)? */
-export function namespaceAllows(
+function namespaceAllows(
   identity: TerraformClusterIdentity,
   key: MirrorKey,
   namespace: Snapshot['namespace'],
@@ -317,7 +317,7 @@ export function mayHoldMirror(
  * @returns the plan: one mirror action and every observed consumer's conditions and outcome.
  */
 export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): KeyPlan {
-  const ctx = contextOf(snapshot, kinds);
+  const ctx = decisionContext(snapshot, kinds);
   const { key, identity } = snapshot;
   if (!identity) return identityMissing(ctx);
   if (!namespaceAllows(identity, key, snapshot.namespace)) return notAllowed(ctx);
@@ -328,7 +328,7 @@ export function decide(snapshot: Snapshot, kinds: readonly ConsumerKind[]): KeyP
   return mirrored(ctx, source);
 }
 
-function contextOf(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Ctx {
+function decisionContext(snapshot: Snapshot, kinds: readonly ConsumerKind[]): Ctx {
   const { key } = snapshot;
   const existing = snapshot.mirror;
   const refs = desiredOwnerReferences(existing?.metadata?.ownerReferences ?? [], snapshot, kinds);

@@ -40,7 +40,7 @@ export interface EventConfig {
 }
 
 /** Label that opts a source Secret into the rotation fast path (SPEC §8). */
-export const SOURCE_LABEL = 'captf.io/identity-source';
+const SOURCE_LABEL = 'captf.io/identity-source';
 
 /** What a pass did: its keys' results, and the consumers without a key it settled. */
 interface PassDone {
@@ -67,7 +67,7 @@ type Done = {
  * Drops repeated work from one request: pings beyond the first, and events naming the same
  * object or key as an earlier one (each reconcile re-reads everything, so once is enough).
  */
-export function coalesce(requests: readonly EventRequest[]): EventRequest[] {
+function withoutRepeats(requests: readonly EventRequest[]): EventRequest[] {
   const seen = new Set<string>();
   return requests.filter((r) => {
     const key =
@@ -199,10 +199,21 @@ export class MirrorSyncHandler {
     const identity = consumer?.spec?.identityRef?.name;
     const direct: ConsumerResult[] = [];
     if (consumer && !keys.some((k) => k.key.identity === identity)) direct.push(await settleWithoutKey(ctx, consumer));
-    const results = await this.runKeys(keys);
+    const results = await this.releaseThenOwn(keys, identity);
     if (!consumer) direct.push(goneResult(ev.ref, results));
     for (const d of direct) this.deps.logger.info('reconcile', { ...consumerFields(d), detail: d.message });
     return this.done(ev.id, results, direct);
+  }
+
+  /**
+   * A consumer event's keys: the mirrors it may still own elsewhere released first, then its
+   * own key — only when every release went through, so a failed one leaves the consumer's
+   * conditions unwritten and the retried event is no echo: it releases again.
+   */
+  private async releaseThenOwn(keys: readonly KeyWork[], identity: string | undefined): Promise<KeyResult[]> {
+    const released = await this.runKeys(keys.filter((k) => k.key.identity !== identity));
+    if (released.some((r) => r.retry)) return released;
+    return [...released, ...(await this.runKeys(keys.filter((k) => k.key.identity === identity)))];
   }
 
   /** The answer to the echo of a decision already written (SPEC §12): nothing to do, said at debug level. */
@@ -281,7 +292,7 @@ export class MirrorSyncHandler {
     }
     const bad = [...read.bad];
     const done: Done[] = [];
-    for (const r of coalesce(read.requests)) {
+    for (const r of withoutRepeats(read.requests)) {
       const d = await this.settle(r);
       if (typeof d === 'string') bad.push(d);
       else done.push(d);

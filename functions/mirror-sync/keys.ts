@@ -38,7 +38,7 @@ async function mirrorsIn(clients: Clients, namespace: string): Promise<V1Secret[
 }
 
 /** A consumer event's lookups: its keys, and the consumer as read (undefined when gone). */
-export interface ConsumerKeys {
+interface ConsumerKeys {
   keys: KeyWork[];
   consumer: Consumer | undefined;
   /**
@@ -56,7 +56,7 @@ export interface ConsumerKeys {
  * consumer's own add, and the echo of our status write, which with `opts.echo` ends there
  * ({@link ConsumerKeys.decided}). A cluster-scoped consumer (no namespace) has no key (SPEC §2,
  * §4): it is returned for its conditions alone.
- * @param opts.verb the event's verb (`update` for prepare).
+ * @param opts.verb the event's verb (absent for prepare: then treated as an update).
  * @param opts.echo recognise an echo (events; `prepare` always reconciles).
  * @throws API errors of the lookups.
  */
@@ -120,7 +120,7 @@ async function formerMirrorKeys(
  * keys: the reconcile of each key decides ownership again with the identity's `secretRef`.
  */
 const isMirrorOf = (m: V1Secret, identity: string): boolean =>
-  isOurs(m, identity, undefined) && m.metadata?.name === mirrorName(identity);
+  isDns1123Subdomain(identity) && isOurs(m, identity, undefined) && m.metadata?.name === mirrorName(identity);
 
 /**
  * The lists of one identity's pass (pass.ts): the identity, every Secret at its mirror's

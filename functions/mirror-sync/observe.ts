@@ -81,7 +81,7 @@ export async function listNamespaces(clients: Clients): Promise<Map<string, Name
 }
 
 /** What a decision needs of a namespace read or listed. */
-export function namespaceState(ns: V1Namespace): NamespaceState {
+function namespaceState(ns: V1Namespace): NamespaceState {
   const terminating = Boolean(ns.metadata?.deletionTimestamp) || ns.status?.phase === 'Terminating';
   return { labels: ns.metadata?.labels, ...(terminating ? { terminating } : {}) };
 }
@@ -107,11 +107,7 @@ export async function readSource(clients: Clients, identity: TerraformClusterIde
 }
 
 /** Every consumer in `namespace` whose `spec.identityRef.name` is `identity` (one list per kind). */
-export async function listKeyConsumers(
-  clients: Clients,
-  kinds: readonly ConsumerKind[],
-  key: MirrorKey,
-): Promise<Consumer[]> {
+async function listKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[], key: MirrorKey): Promise<Consumer[]> {
   const out: Consumer[] = [];
   const fieldSelector = `${IDENTITY_REF_FIELD}=${key.identity}`;
   for (const kind of kinds)

@@ -11,10 +11,11 @@ import type { V1Secret } from '@kubernetes/client-node';
 import type { LimitFunction } from 'p-limit';
 import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import type { Consumer, TerraformClusterIdentity } from '../lib/api.ts';
-import { describeError, ignoreNotFound, METADATA, type Clients } from '../lib/kube.ts';
+import { describeError, ignoreNotFound, isConflict, METADATA, type Clients } from '../lib/kube.ts';
 import { ANNOTATION_IDENTITY, isOurs, mirrorName } from '../lib/mirror.ts';
 import {
   decide,
+  keylessPlan,
   keyString,
   mayHoldMirror,
   type MirrorKey,
@@ -30,7 +31,6 @@ import {
   failedKey,
   isWritten,
   logKey,
-  MirrorChanged,
   revokedMeanwhile,
   settleWithoutKey,
   writeStep,
@@ -71,13 +71,14 @@ export interface Pass {
 }
 
 /** One key's plan and what acting on it did. */
-export interface PassResult {
-  plan: KeyPlan;
+interface PassResult {
+  /** Absent when the key failed before it was decided (its source could not be read). */
+  plan?: KeyPlan;
   result: KeyOutcome;
 }
 
 /** A consumer with no key: cluster-scoped, or naming no usable identity (SPEC §4). */
-export const isKeyless = (c: Consumer): boolean => {
+const isKeyless = (c: Consumer): boolean => {
   const id = c.spec?.identityRef?.name;
   return !c.metadata.namespace || !id || !isDns1123Subdomain(id);
 };
@@ -112,7 +113,8 @@ export const keysOf = (lists: Lists): MirrorKey[] => groupByKey(lists).map((l) =
 /** The key of a listed Secret that is an identity's mirror (SPEC §3: ours, at that identity's mirror name). */
 function mirrorKeyOf(m: V1Secret, identities: Lists['identities']): MirrorKey | undefined {
   const id = m.metadata?.annotations?.[ANNOTATION_IDENTITY];
-  if (!id || m.metadata?.name !== mirrorName(id)) return undefined;
+  // A hand-made Secret's annotation is no identity's name unless it could be one.
+  if (!id || !isDns1123Subdomain(id) || m.metadata?.name !== mirrorName(id)) return undefined;
   return isOurs(m, id, identities.get(id)?.spec?.secretRef)
     ? { namespace: m.metadata.namespace!, identity: id }
     : undefined;
@@ -144,12 +146,13 @@ function needsWork(plan: KeyPlan, now: Date): boolean {
 }
 
 /** A plan that takes credentials away (SPEC §7): acted on before every other. */
-export const isRevocation = (p: KeyPlan): boolean => p.mirror.action === 'delete' && p.mirror.why !== 'unused';
+const isRevocation = (p: KeyPlan): boolean => p.mirror.action === 'delete' && p.mirror.why !== 'unused';
 
 /**
- * Decides every key of the lists and acts on those that need a write.
- * @returns each acted-on key's plan and result (keys that needed nothing are left out).
- * @throws API errors of the source reads (a key's own failures are in its result).
+ * Decides every key of the lists and acts on those that need a write. A key whose source
+ * cannot be read fails alone (retried): it never holds up another key's revocation.
+ * @returns each acted-on key's plan (absent for a key that failed before deciding) and result;
+ *   keys that needed nothing are left out. Never throws for one key's failure.
  */
 export async function reconcilePass(pass: Pass, lists: Lists): Promise<PassResult[]> {
   const sources = new Map<string, Promise<SourceRead>>();
@@ -160,23 +163,29 @@ export async function reconcilePass(pass: Pass, lists: Lists): Promise<PassResul
   };
   const now = pass.ctx.now();
   const plans: KeyPlan[] = [];
+  const failed: PassResult[] = [];
   for (const listed of groupByKey(lists)) {
-    const plan = decide(await snapshotOf(lists, listed, readOnce), pass.ctx.kinds);
-    if (needsWork(plan, now)) plans.push(plan);
+    try {
+      const plan = decide(await snapshotOf(lists, listed, readOnce), pass.ctx.kinds);
+      if (needsWork(plan, now)) plans.push(plan);
+    } catch (err) {
+      failed.push({ result: logged(pass, failedKey(listed.key, err)) });
+    }
   }
   const first = plans.filter(isRevocation);
   const rest = plans.filter((p) => !isRevocation(p));
   const write = (plan: KeyPlan) => pass.limit(() => writeListed(pass, lists, plan));
   // Revocations first (SPEC §7): credentials leave before anything else is written.
   const steps = [...(await Promise.all(first.map(write))), ...(await Promise.all(rest.map(write)))];
-  const created = steps.filter((s): s is Written => s !== 'fresh' && isWritten(s) && s.action === 'created');
+  const created = steps.filter((s): s is Written => s !== 'again' && isWritten(s) && s.action === 'created');
   const revoked = await recheck(pass, created);
   const ordered = [...first, ...rest];
-  return Promise.all(
+  const acted = await Promise.all(
     steps.map((s, i) =>
       pass.limit(async () => ({ plan: ordered[i]!, result: await finish(pass, ordered[i]!, s, revoked) })),
     ),
   );
+  return [...acted, ...failed];
 }
 
 /** The keys a revocation landed on while they were created (one re-read for all); none when nothing was created. */
@@ -192,21 +201,21 @@ async function recheck(pass: Pass, created: readonly Written[]): Promise<Set<str
   }
 }
 
-/** A listed key's mirror write; `fresh` when the key must be decided again from fresh reads. */
-async function writeListed(pass: Pass, lists: Lists, plan: KeyPlan): Promise<Written | KeyOutcome | 'fresh'> {
+/** A listed key's mirror write; `again` when the key must be decided again from fresh reads. */
+async function writeListed(pass: Pass, lists: Lists, plan: KeyPlan): Promise<Written | KeyOutcome | 'again'> {
   const onlyConditions = plan.mirror.action === 'none' || plan.mirror.action === 'blocked';
   if (onlyConditions)
-    return pass.fresh ? { plan, action: plan.mirror.action === 'none' ? 'unchanged' : 'blocked' } : 'fresh';
+    return pass.fresh ? { plan, action: plan.mirror.action === 'none' ? 'unchanged' : 'blocked' } : 'again';
   try {
     // A list by label sees only labelled Secrets: a create is first checked against whatever
     // stands at the mirror's name (metadata only), so a Secret in the way is never sent a
     // create that cannot succeed; the key is decided from fresh reads instead, as an event would.
     if (plan.mirror.action === 'create' && !lists.mirrorsByName && (await somethingAt(pass.ctx.clients, plan.key)))
-      return 'fresh';
+      return 'again';
     return await writeStep(pass.ctx, plan);
   } catch (err) {
-    // The mirror changed since the list (a consumer arrived meanwhile): decided again, fresh.
-    return err instanceof MirrorChanged ? 'fresh' : failedKey(plan.key, err);
+    // The mirror (or a consumer) changed since the list: decided again from fresh reads.
+    return isConflict(err) ? 'again' : failedKey(plan.key, err);
   }
 }
 
@@ -214,10 +223,10 @@ async function writeListed(pass: Pass, lists: Lists, plan: KeyPlan): Promise<Wri
 async function finish(
   pass: Pass,
   plan: KeyPlan,
-  step: Written | KeyOutcome | 'fresh',
+  step: Written | KeyOutcome | 'again',
   revoked: Set<string> | Error,
 ): Promise<KeyOutcome> {
-  if (step === 'fresh') return pass.queue.run(plan.key, 'all');
+  if (step === 'again') return pass.queue.run(plan.key, 'all');
   if (!isWritten(step)) return logged(pass, step);
   if (step.action === 'created') {
     if (revoked instanceof Error) return logged(pass, failedKey(plan.key, revoked));
@@ -227,6 +236,8 @@ async function finish(
   try {
     return logged(pass, await conditionsStep(pass.ctx, step));
   } catch (err) {
+    // A consumer changed since the list (its status write's precondition failed): decide again.
+    if (isConflict(err)) return pass.queue.run(plan.key, 'all');
     return logged(pass, failedKey(plan.key, err));
   }
 }
@@ -263,7 +274,7 @@ export async function settleKeyless(pass: Pass, consumers: readonly Consumer[]):
           return {
             object,
             kind: c.kind ?? '',
-            outcome: 'no-identity-ref',
+            outcome: keylessPlan(c).outcome,
             reason: 'WriteFailed',
             message,
             retry: true,

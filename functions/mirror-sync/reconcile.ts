@@ -158,8 +158,8 @@ async function writeMirror(clients: Clients, plan: KeyPlan): Promise<{ action: W
           }),
         };
       case 'delete':
-        await deleteSecretIfUnchanged(clients, m.secret);
-        return { action: 'deleted' };
+        // Already gone (another writer, the garbage collector): nothing was deleted here.
+        return { action: (await deleteSecretIfUnchanged(clients, m.secret)) ? 'deleted' : 'unchanged' };
       case 'blocked':
         return { action: 'blocked' };
       default:
@@ -295,7 +295,7 @@ function refusedWriteMessage(plan: KeyPlan, err: unknown): string {
 async function onWriteFailed(ctx: ReconcileContext, plan: KeyPlan, err: unknown): Promise<KeyOutcome> {
   const status = apiStatus(err);
   if (err instanceof MirrorChanged) throw err;
-  if (status === 404) throw new MirrorChanged('the mirror went away since it was read (404 on update)');
+  if (status === 404) throw new MirrorChanged(`the mirror went away since it was read (404 on ${writeOf(plan).verb})`);
   if (isTransient(status)) {
     // A retry can fix it: no condition, no Event; the caller answers 5xx and the delivery retries.
     const { verb, name } = writeOf(plan);

@@ -27,7 +27,7 @@ import type { KeyQueue } from './queue.ts';
 import { contextOf, type KeyOutcome, type ReconcileContext, type ReconcileDeps } from './reconcile.ts';
 
 /** CloudEvent source of the events a resync sends to `K_SINK`. */
-export const RESYNC_SOURCE = 'captf-credentials/mirror-sync/resync';
+const RESYNC_SOURCE = 'captf-credentials/mirror-sync/resync';
 
 /** Summary of one resync (logged, and returned as the ping's JSON answer). */
 export interface ResyncSummary {
@@ -109,7 +109,7 @@ export async function resync(
   else {
     const results = await reconcilePass(pass, lists);
     summary.changed = results.length;
-    for (const { plan, result } of results) count(summary, plan, result);
+    for (const { plan, result } of results) count(summary, result, plan);
   }
   summary.durationMs = Math.round(performance.now() - started);
   summary.apiCalls = ctx.clients.counter.calls;
@@ -146,9 +146,9 @@ async function sendKeys(pass: Pass, summary: ResyncSummary, sink: string, keys: 
 }
 
 /** Adds one key's result to the summary. */
-function count(summary: ResyncSummary, plan: KeyPlan, r: KeyOutcome): void {
+function count(summary: ResyncSummary, r: KeyOutcome, plan: KeyPlan | undefined): void {
   if (r.retry) summary.needRetry++;
-  if (r.mirrorAction !== 'deleted' || plan.mirror.action !== 'delete') return;
+  if (r.mirrorAction !== 'deleted' || plan?.mirror.action !== 'delete') return;
   if (plan.mirror.why === 'unused') summary.orphanedMirrorsDeleted++;
   else summary.revoked++;
 }

@@ -36,7 +36,7 @@ const causesOf = (err: unknown): readonly string[] => {
 const failedPin = (err: unknown): boolean => apiStatus(err) === 422 && causesOf(err).length === 0;
 
 /** `reportingController` of the Events this function records. */
-export const REPORTING_CONTROLLER = 'captf.io/mirror-sync';
+const REPORTING_CONTROLLER = 'captf.io/mirror-sync';
 
 /** The consumer whose conditions are written, with its configured kind. */
 export interface ConditionTarget {
@@ -57,7 +57,8 @@ const CLUSTER_EVENTS_NAMESPACE = 'default';
  * Applies the desired owned conditions to the consumer's status when they differ from what it has.
  * A cluster-scoped consumer (no namespace) is patched at cluster scope.
  * @param target the consumer as just read (its conditions are compared; nothing is written when equal).
- * @returns whether a write happened. API errors other than 404 (object gone meanwhile) are thrown.
+ * @returns whether a write happened. API errors other than 404 (object gone meanwhile) are
+ *   thrown: a 409 means the consumer changed since it was read (decide again from a fresh read).
  */
 export async function writeConditions(
   clients: Clients,
@@ -68,8 +69,11 @@ export async function writeConditions(
   const { kind, consumer } = target;
   const plan = conditionPlan(consumer, desired, ctx.now);
   if (!plan.changed) return false;
-  const { name, namespace } = consumer.metadata;
-  const metadata = namespace ? { name, namespace } : { name };
+  const { name, namespace, resourceVersion } = consumer.metadata;
+  // The resourceVersion the decision read is the apply's precondition: conditions decided for
+  // one state never land on a later one (a consumer recreated under its name, switched to
+  // another identity, or decided from lists that have aged) — a 409 sends the caller back to read.
+  const metadata = { name, ...(namespace ? { namespace } : {}), ...(resourceVersion ? { resourceVersion } : {}) };
   const objects = consumerObjects(clients, kind);
   let applied: Consumer;
   try {
@@ -215,7 +219,7 @@ async function recordEvent(
  * keeps one (the second create answers 409); a later change always reads a newer
  * resourceVersion. Within 253 characters.
  */
-export function eventName(obj: Consumer, changes: readonly ConditionInput[]): string {
+function eventName(obj: Consumer, changes: readonly ConditionInput[]): string {
   const told = changes.map((c) => [c.type, c.status, c.reason, c.message, c.observedGeneration ?? null]);
   const digest = createHash('sha256')
     .update(JSON.stringify([obj.metadata.uid, obj.metadata.resourceVersion, told]))

@@ -15,7 +15,7 @@ import { TERRAFORM_CLUSTER, type Consumer } from '../../functions/lib/api.ts';
 import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { AuditLog } from '../../scripts/bench/measure.ts';
 import { asUser, controlPlaneDir, suffix } from '../helpers/cluster.ts';
-import { pingEvent } from '../helpers/events.ts';
+import { apiServerEvent, pingEvent } from '../helpers/events.ts';
 import { startFaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations, foreignSecrets } from '../helpers/invariant.ts';
@@ -26,6 +26,7 @@ import {
   deliver,
   deliverAll,
   mirrorSyncUnderTest,
+  newIdentity,
   operatorSource,
   readCondition,
   type CapturedLog,
@@ -225,6 +226,40 @@ describe('the resync is made of lists (SPEC §12)', () => {
         [2, 3],
       );
       assert.equal((await w.read(mirror))!.metadata!.resourceVersion, before.metadata!.resourceVersion, 'untouched');
+    } finally {
+      proxy.close();
+    }
+  });
+});
+
+describe("a namespace's pass (SPEC §7)", () => {
+  it("a source that cannot be read fails its own key only: another identity's revocation there still happens", async () => {
+    const label = { 'captf.io/tenant': w.name('pass') };
+    const n = await w.namespace(fx.labels(label));
+    const own = fx.sourceSecret(w.name('src'), fx.inNamespace(source.namespace), fx.data({ k: 'v' }));
+    await w.create(own);
+    const stays = await newIdentity(w, fx.secretRef(source.namespace, own.metadata!.name!), fx.allowList(n));
+    const revoked = await source.newIdentity(fx.allowSelector({ matchLabels: label }));
+    const cs = await w.create(fx.consumer('stays', fx.inNamespace(n), fx.identityRef(stays)));
+    const cr = await w.create(fx.consumer('revoked', fx.inNamespace(n), fx.identityRef(revoked)));
+    const plain = await instance();
+    assert.equal((await deliver(plain.url, [consumerEvent(cs), consumerEvent(cr)], { mode: 'batch' })).status, 200);
+    assert.ok(await w.read(fx.mirrorOf(revoked, fx.inNamespace(n))));
+    const failing = `/api/v1/namespaces/${source.namespace}/secrets/${own.metadata!.name}`;
+    const proxy = await startFaultProxy((method, u) =>
+      method === 'GET' && u.startsWith(failing) ? { status: 500, reason: 'InternalError', message: 'boom' } : undefined,
+    );
+    try {
+      const { url } = await instance({}, proxy.kubeconfigPath);
+      const nsObj = (await w.read(fx.namespace(n)))!;
+      nsObj.metadata!.labels = { 'captf.io/tenant': 'someone-else' };
+      const updated = await a.core.replaceNamespace({ name: n, body: nsObj });
+      const r = await deliver(url, apiServerEvent(updated as never, 'ref', 'update', 'namespaces'), { retries: 0 });
+      assert.equal(r.status, 503, `the unreadable source is retried: ${r.text}`);
+      assert.ok(proxy.faults() >= 1);
+      assert.equal(await w.read(fx.mirrorOf(revoked, fx.inNamespace(n))), undefined, 'revoked all the same');
+      assert.equal((await readCondition(w, cr, 'IdentityAllowed'))?.reason, 'NamespaceNotAllowed');
+      assert.ok(await w.read(fx.mirrorOf(stays, fx.inNamespace(n))), 'the other key keeps its last good copy');
     } finally {
       proxy.close();
     }

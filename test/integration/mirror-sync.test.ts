@@ -21,6 +21,8 @@ import {
   LABEL_MIRROR_OF,
 } from '../../functions/lib/mirror.ts';
 import { consumerObjects } from '../../functions/lib/objects.ts';
+import { isConflict } from '../../functions/lib/kube.ts';
+import { writeConditions } from '../../functions/mirror-sync/status.ts';
 import { eventually } from '../helpers/cluster.ts';
 import { apiServerEvent } from '../helpers/events.ts';
 import { startFaultProxy } from '../helpers/fault-proxy.ts';
@@ -755,6 +757,29 @@ function conditionOwnershipTests(): void {
         }
       },
     );
+  });
+
+  it('conditions decided for a consumer never land on one recreated under its name (resourceVersion precondition)', async () => {
+    const n = await w.namespace();
+    const old = await w.create(fx.consumer('phoenix-status', fx.inNamespace(n), fx.identityRef('some-identity')));
+    await w.delete(old);
+    const recreated = await w.create(fx.consumer('phoenix-status', fx.inNamespace(n), fx.identityRef('some-identity')));
+    const decided = {
+      type: 'IdentityAllowed',
+      status: 'False' as const,
+      reason: 'IdentityNotFound',
+      message: 'm',
+      observedGeneration: 1,
+    };
+    await assert.rejects(
+      writeConditions(a, { kind: TERRAFORM_CLUSTER, consumer: old }, [decided], {
+        now: new Date(),
+        logger: ms.log.logger,
+      }),
+      (err: unknown) => isConflict(err),
+      'a 409: the reconcile decides again from a fresh read',
+    );
+    assert.equal((await w.read(recreated))!.status?.conditions, undefined, 'nothing written on the new object');
   });
 
   it('a condition of our type that another controller also claims is left alone, with no write', async () => {
