@@ -65,7 +65,8 @@ export interface Pass {
   /**
    * The lists were read for this request (an event): keys with only conditions to change are
    * written from them. Otherwise (the resync's lists may be minutes old, and a status write
-   * carries no precondition) such keys are decided again from fresh reads.
+   * from them would mostly meet its resourceVersion precondition failing) such keys are decided
+   * again from fresh reads.
    */
   fresh: boolean;
 }
@@ -101,7 +102,7 @@ function groupByKey(lists: Lists): Listed[] {
       entry({ namespace: c.metadata.namespace!, identity: c.spec!.identityRef!.name! }).consumers.push(c);
   }
   for (const m of lists.mirrors) {
-    const key = mirrorKeyOf(m, lists.identities);
+    const key = mirrorKeyOf(m, lists.identities) ?? inTheWay(m, lists);
     if (key) entry(key).mirror = m;
   }
   return [...keys.values()];
@@ -118,6 +119,16 @@ function mirrorKeyOf(m: V1Secret, identities: Lists['identities']): MirrorKey | 
   return isOurs(m, id, identities.get(id)?.spec?.secretRef)
     ? { namespace: m.metadata.namespace!, identity: id }
     : undefined;
+}
+
+/**
+ * A Secret listed by name that is not ours but stands at a listed identity's mirror name: the
+ * key's own state (decided `MirrorFailed`, never written), as a fresh read would find it.
+ */
+function inTheWay(m: V1Secret, lists: Lists): MirrorKey | undefined {
+  if (!lists.mirrorsByName || !m.metadata?.namespace) return undefined;
+  const identity = [...lists.identities.keys()].find((id) => m.metadata?.name === mirrorName(id));
+  return identity ? { namespace: m.metadata.namespace, identity } : undefined;
 }
 
 /** A key's snapshot from the lists (its source read once per pass, on first need). */

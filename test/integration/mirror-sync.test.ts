@@ -347,6 +347,24 @@ function repairAndReleaseTests(): void {
     assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'Mirrored');
   });
 
+  it("an identity's pass finds a Secret in its mirror's way by name: never written, MirrorFailed", async () => {
+    const n = await w.namespace();
+    const id = await source.newIdentity(fx.allowList('elsewhere'));
+    const blocker = await w.create(fx.mirrorOf(id, fx.inNamespace(n), fx.data({ mine: 'hands off' })));
+    const c = await w.create(fx.consumer('in-the-way', fx.inNamespace(n), fx.identityRef(id)));
+    assert.equal((await send(ms.url, consumerEvent(c), { retries: 0 })).status, 200);
+    const widened = await w.put(fx.identity(id, source.ref, fx.allowList('elsewhere', n)));
+    const r = await send(ms.url, identityEvent(widened), { retries: 0 });
+    assert.equal(r.status, 200, r.text);
+    assert.equal(
+      (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.resourceVersion,
+      blocker.metadata!.resourceVersion,
+    );
+    const cond = await readCondition(w, c, 'CredentialsMirrored');
+    assert.equal(cond?.reason, 'MirrorFailed');
+    assert.match(cond!.message, /exists and is not a mirror/);
+  });
+
   it('a missing source Secret gives SourceNotFound, answered as handled', async () => {
     const n = await w.namespace();
     const id = await newIdentity(w, fx.secretRef(source.namespace, 'does-not-exist'), fx.allowList(n));
