@@ -121,7 +121,10 @@ describe('each function as a pod from its Knative Service', () => {
     const consumer = await w.create(fx.consumer('c', fx.inNamespace(ns), fx.identityRef(id)));
     const r = await postEvents(`${urls['mirror-sync']}/`, consumerEvent(consumer, 'ref', 'add'));
     assert.equal(r.status, 200, r.text);
-    assert.deepEqual(outcomes(r.body), [[`${ns}/c`, 'mirrored']]);
+    // Another file's resync may have decided the consumer first: then this event is an echo.
+    const said = outcomes(r.body);
+    if (said.length) assert.deepEqual(said, [[`${ns}/c`, 'mirrored']]);
+    else assert.match(r.text, /are current for generation/);
     const mirror = await w.clients.core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) });
     assert.deepEqual(
       mirror.metadata?.ownerReferences?.map((o) => o.name),

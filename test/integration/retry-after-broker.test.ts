@@ -80,9 +80,22 @@ before(async () => {
 /**
  * Posts an event about a new consumer, whose first mirror read is throttled with `retryAfter`
  * (none: no header), to the Broker; returns what mirror-sync was delivered for it, once its
- * mirror exists.
+ * mirror exists. Another test file's resync (cluster-wide, same control plane) may decide the
+ * consumer between its create and the event; the event is then only an echo, answered 200
+ * without reading the mirror, and the scenario starts over with a fresh consumer.
  */
 async function throttledOnce(retryAfter: string | undefined, verb: 'add' | 'update' = 'update'): Promise<Relayed[]> {
+  for (let attempt = 1; ; attempt++) {
+    const deliveries = await throttledAttempt(retryAfter, verb);
+    if (deliveries || attempt === 3) return deliveries ?? [];
+  }
+}
+
+/** One try of {@link throttledOnce}: undefined when the event was answered 200 at once (an echo). */
+async function throttledAttempt(
+  retryAfter: string | undefined,
+  verb: 'add' | 'update',
+): Promise<Relayed[] | undefined> {
   const n = await w.namespace();
   const id = await source.newIdentity(fx.allowList(n));
   const c = await w.create(fx.consumer('c', fx.inNamespace(n), fx.identityRef(id)));
@@ -92,6 +105,8 @@ async function throttledOnce(retryAfter: string | undefined, verb: 'add' | 'upda
   assert.equal(sent.status, 202, sent.text);
   // The manifests' Broker answers at once and delivers (and retries) in the background.
   await eventually('mirrored by the retry', async () => w.read(fx.mirrorOf(id, fx.inNamespace(n))), 60_000);
+  const first = await eventually('the first answer', async () => relayed.find((r) => r.id === event.id && r.answer));
+  if (first.answer!.status === 200) return undefined;
   return eventually('the retry recorded with its answer', async () => {
     const mine = relayed.filter((r) => r.id === event.id);
     return mine.length >= 2 && mine[1]!.answer && mine;
