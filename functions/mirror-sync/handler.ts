@@ -2,8 +2,10 @@
  * `POST /` of mirror-sync: CloudEvents in, mirror keys reconciled, one HTTP answer out:
  * 200 when every key's work is done, 503 when something should be retried (Knative delivery
  * retries), 400 for events this function cannot use (with a JSON body saying why).
- * Each event maps to mirror keys (keys.ts); keys go through the process's key queue, which
- * coalesces concurrent work on one mirror (queue.ts); a ping runs the list-based resync.
+ * A consumer's event maps to mirror keys (keys.ts), which go through the process's key queue
+ * (queue.ts: concurrent work on one mirror is folded into one follow-up) — or to nothing, for
+ * the echo of our own status write; an identity's or a namespace's event runs one pass of lists
+ * (pass.ts, one per name at a time); a ping runs the resync (resync.ts), the same pass over all.
  */
 import type { Request, Response } from 'express';
 import pLimit from 'p-limit';
