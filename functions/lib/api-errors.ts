@@ -161,6 +161,16 @@ export function redactApiError(err: unknown): unknown {
 }
 
 /**
+ * Whether an API error is a 422 (Invalid) with a cause on `field`, e.g. `metadata.uid` when a
+ * patch's UID guard met another object (a UID is immutable). Only Kubernetes-defined cause types
+ * and field paths count ({@link keptCauses}); nothing of the answer's text is read.
+ */
+export function isInvalidField(err: unknown, field: string): boolean {
+  if (apiStatus(err) !== 422) return false;
+  return keptCauses(statusOf((err as { body?: unknown }).body)?.details?.causes).some((c) => c.field === field);
+}
+
+/**
  * The text of an API server's answer for tools that act as a person at a terminal (the demo
  * prints what kubectl would print) and for tests. UNTRUSTED: never use it in a function's
  * log, condition, Event or answer (SPEC §15).

@@ -20,6 +20,7 @@ import {
   type RequestContext,
   type ResponseContext,
   setHeaderOptions,
+  PatchStrategy,
   type ConfigurationOptions,
 } from '@kubernetes/client-node';
 import { pooledAuthentication } from './api-pool.ts';
@@ -43,6 +44,12 @@ export const METADATA: ConfigurationOptions = setHeaderOptions(
   'Accept',
   'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1',
 );
+/** Request options for a strategic-merge patch (the merge a write that commutes is, SPEC §4). */
+export const STRATEGIC_MERGE: ConfigurationOptions = setHeaderOptions(
+  'Content-Type',
+  PatchStrategy.StrategicMergePatch,
+);
+
 /** {@link METADATA} for list calls (`PartialObjectMetadataList`). */
 export const METADATA_LIST: ConfigurationOptions = setHeaderOptions(
   'Accept',
@@ -50,7 +57,14 @@ export const METADATA_LIST: ConfigurationOptions = setHeaderOptions(
 );
 
 // Errors become text in one place only (SPEC §15): api-errors.ts.
-export { apiStatus, describeError, redactApiError, RedactedApiError, retryAfterOf } from './api-errors.ts';
+export {
+  apiStatus,
+  describeError,
+  isInvalidField,
+  redactApiError,
+  RedactedApiError,
+  retryAfterOf,
+} from './api-errors.ts';
 
 /**
  * Loads the kubeconfig the way a function does at start-up: an explicit path, else

@@ -248,3 +248,32 @@ export function desiredMirror(
     data: { ...(sourceData ?? {}) },
   };
 }
+
+/**
+ * SPEC §4 step 3: the strategic-merge patch (`application/strategic-merge-patch+json`) that adds
+ * and removes a mirror's owner references by UID and touches nothing else. `ownerReferences` is
+ * merged by its `uid` key (apimachinery's `+patchMergeKey=uid`), and the API server applies the
+ * patch to whatever is stored on each of its own retries, so adds and removals by different
+ * instances commute. A removal is the garbage collector's own form (`$patch: delete` by UID,
+ * kube-controller-manager's `controller_ref_manager.go`). The mirror's `metadata.uid` rides along
+ * as the guard: the API server refuses the patch for a mirror deleted and created again meanwhile
+ * (a UID is immutable), so a removal decided for one mirror never lands on another.
+ * @param mirrorUid the UID of the mirror as read.
+ * @param change references to add (whole, `controller` and `blockOwnerDeletion` unset, SPEC §3)
+ *   and UIDs to remove; at least one of them (an empty list in a patch changes nothing,
+ *   kubernetes/kubernetes#96107).
+ */
+export function ownerReferencesPatch(
+  mirrorUid: string,
+  change: { add: readonly OwnerReference[]; remove: readonly string[] },
+): { metadata: { uid: string; ownerReferences: (OwnerReference | { $patch: 'delete'; uid: string })[] } } {
+  return {
+    metadata: {
+      uid: mirrorUid,
+      ownerReferences: [
+        ...change.add.map(({ apiVersion, kind, name, uid }) => ({ apiVersion, kind, name, uid })),
+        ...change.remove.map((uid) => ({ $patch: 'delete' as const, uid })),
+      ],
+    },
+  };
+}

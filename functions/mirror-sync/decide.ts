@@ -63,7 +63,7 @@ export interface Snapshot {
   /** The source Secret; undefined when it was not read (the identity or namespace already decides). */
   source: SourceRead | undefined;
   /** The Secret holding the mirror's name, if any (with data and resourceVersion). */
-  mirror: (SecretLike & { metadata?: { uid?: string } }) | undefined;
+  mirror: ReadMirror | undefined;
   /** Consumers in the namespace whose `spec.identityRef.name` is the identity (deleting ones included). */
   consumers: Consumer[];
   /**
@@ -102,13 +102,31 @@ export interface ConsumerPlan {
   retry: boolean;
 }
 
-/** What to do with the mirror Secret. */
-type MirrorAction =
+/** The mirror as read: what a write to it names and is guarded by (its UID, its resourceVersion). */
+type ReadMirror = SecretLike & { metadata?: { uid?: string } };
+
+/**
+ * SPEC §4 step 3: what to do with the mirror Secret. `merge` is the write that commutes with
+ * every other instance's: only owner references change (added by UID, removed by UID), sent as a
+ * strategic-merge patch the API server applies to whatever is stored, without a resourceVersion.
+ * `create`, `update` (data, labels, a reference whose fields must change) and `delete` carry the
+ * resourceVersion they were read at.
+ */
+export type MirrorAction =
   | { action: 'create'; body: SecretLike }
   | { action: 'update'; body: SecretLike }
   | {
+      action: 'merge';
+      /** The mirror as read; its UID guards the patch (a mirror recreated meanwhile is refused). */
+      secret: ReadMirror;
+      /** Owner references to add (UIDs the mirror does not hold), in order. */
+      add: OwnerReference[];
+      /** UIDs of owner references to remove. */
+      remove: string[];
+    }
+  | {
       action: 'delete';
-      secret: SecretLike & { metadata?: { uid?: string } };
+      secret: ReadMirror;
       /** `revoked`: the namespace lost access; `unused`: no consumer left; `inert`: its identity names a mirror (SPEC §3). */
       why: 'revoked' | 'unused' | 'inert';
     }
@@ -222,6 +240,21 @@ function updatedMirror(
   };
 }
 
+/** Whether everything but the owner references is as `updatedMirror` would write it (labels, hash, data). */
+function contentCurrent(
+  existing: SecretLike,
+  identity: string,
+  source: Extract<SourceRead, { state: 'found' }> | undefined,
+): boolean {
+  const labels = existing.metadata?.labels ?? {};
+  return (
+    labels[LABEL_MIRRORED] === 'true' &&
+    labels[LABEL_MANAGED] === 'true' &&
+    labels[LABEL_MIRROR_OF] === mirrorOfLabel(identity) &&
+    !(source && !isCurrent(existing, source.hash))
+  );
+}
+
 /** Whether `updatedMirror` would change anything a reader sees. */
 function needsUpdate(
   existing: SecretLike,
@@ -229,15 +262,48 @@ function needsUpdate(
   refs: OwnerReference[],
   source: Extract<SourceRead, { state: 'found' }> | undefined,
 ): boolean {
-  const labels = existing.metadata?.labels ?? {};
-  if (
-    labels[LABEL_MIRRORED] !== 'true' ||
-    labels[LABEL_MANAGED] !== 'true' ||
-    labels[LABEL_MIRROR_OF] !== mirrorOfLabel(identity)
-  )
-    return true;
-  if (!sameRefs(existing.metadata?.ownerReferences ?? [], refs)) return true;
-  return Boolean(source && !isCurrent(existing, source.hash));
+  return !contentCurrent(existing, identity, source) || !sameRefs(existing.metadata?.ownerReferences ?? [], refs);
+}
+
+/**
+ * The owner-reference change from `existing` to `desired` as adds and removals by UID — the
+ * form a strategic-merge patch keyed by `uid` expresses — or undefined when it is not one: a
+ * reference whose UID stays but whose other fields must change (apiVersion, `controller`,
+ * `blockOwnerDeletion`), or stored references that repeat a UID (kubernetes/kubernetes#96065:
+ * only a whole write makes such a list exact).
+ */
+export function ownerReferenceChange(
+  existing: readonly OwnerReference[],
+  desired: readonly OwnerReference[],
+): { add: OwnerReference[]; remove: string[] } | undefined {
+  const stored = new Map(existing.map((r) => [r.uid, r]));
+  if (stored.size !== existing.length) return undefined;
+  const wanted = new Set(desired.map((r) => r.uid));
+  const add: OwnerReference[] = [];
+  for (const r of desired) {
+    const s = stored.get(r.uid);
+    if (!s) add.push(r);
+    else if (!sameRefs([s], [r])) return undefined;
+  }
+  return { add, remove: existing.filter((r) => !wanted.has(r.uid)).map((r) => r.uid) };
+}
+
+/**
+ * The write that brings an existing mirror to `refs` (and the source's data, when read): a
+ * merge when only owner references are added or removed, else a whole update carrying the
+ * resourceVersion it was read at. Call only when {@link needsUpdate}.
+ */
+function changeOf(
+  existing: ReadMirror,
+  identity: string,
+  refs: OwnerReference[],
+  source: Extract<SourceRead, { state: 'found' }> | undefined,
+): MirrorAction {
+  const change = contentCurrent(existing, identity, source)
+    ? ownerReferenceChange(existing.metadata?.ownerReferences ?? [], refs)
+    : undefined;
+  if (change) return { action: 'merge', secret: existing, ...change };
+  return { action: 'update', body: updatedMirror(existing, identity, refs, source) };
 }
 
 /** What every branch of {@link decide} shares: the snapshot and the owner references it leads to. */
@@ -494,7 +560,7 @@ function sourceMissing(ctx: Ctx, identity: TerraformClusterIdentity, source: Sou
   let mirror: MirrorAction = { action: 'none' };
   if (existing && !ctx.users) mirror = unused(ctx);
   else if (existing && needsUpdate(existing, key.identity, refs, undefined))
-    mirror = { action: 'update', body: updatedMirror(existing, key.identity, refs, undefined) };
+    mirror = changeOf(existing, key.identity, refs, undefined);
   return {
     key,
     mirror,
@@ -532,7 +598,7 @@ function mirrored(ctx: Ctx, source: Extract<SourceRead, { state: 'found' }>): Ke
       `mirror ${key.namespace}/${name} has type ${existing.type}, not Opaque; delete it so it can be recreated`,
     );
   } else {
-    mirror = { action: 'update', body: updatedMirror(existing, key.identity, refs, source) };
+    mirror = changeOf(existing, key.identity, refs, source);
   }
   const message = `mirror ${key.namespace}/${name} is current and owned by this object`;
   return {
@@ -556,6 +622,7 @@ function mirrored(ctx: Ctx, source: Extract<SourceRead, { state: 'found' }>): Ke
 export function writeOf(plan: KeyPlan): { verb: string; name: string | undefined } {
   const m = plan.mirror;
   if (m.action === 'delete') return { verb: 'delete', name: m.secret.metadata?.name };
+  if (m.action === 'merge') return { verb: 'patch', name: m.secret.metadata?.name };
   const body = (m as { body?: { metadata?: { name?: string } } }).body;
   return { verb: m.action, name: body?.metadata?.name };
 }

@@ -15,7 +15,7 @@ import {
 import { findConsumerKind, listConsumers, pageSize } from '../lib/consumers.ts';
 import { ignoreNotFound, isForbidden, listAllPages, type Clients } from '../lib/kube.ts';
 import { consumerObjects, identities } from '../lib/objects.ts';
-import { mirrorName, namesSecret, sourceHash, type SecretLike } from '../lib/mirror.ts';
+import { groupOf, mirrorName, namesSecret, sourceHash, type SecretLike } from '../lib/mirror.ts';
 import type { V1Namespace } from '@kubernetes/client-node';
 import {
   mayHoldMirror,
@@ -115,13 +115,22 @@ async function listKeyConsumers(clients: Clients, kinds: readonly ConsumerKind[]
   return out;
 }
 
-/** GETs named consumers; returns those that exist and still name the key's identity. */
+/**
+ * Reads named consumers; returns those that exist and still name the key's identity. One name is
+ * one GET; several (a coalesced follow-up's) are the key's list, filtered to those names — one
+ * request per kind however many requests were folded into the follow-up.
+ */
 async function getKeyConsumers(
   clients: Clients,
   kinds: readonly ConsumerKind[],
   key: MirrorKey,
   names: readonly ConsumerName[],
 ): Promise<Consumer[]> {
+  if (names.length > 1) {
+    const wanted = new Set(names.map((n) => `${groupOf(n.apiVersion)}/${n.kind}/${n.name}`));
+    const listed = await listKeyConsumers(clients, kinds, key);
+    return listed.filter((c) => wanted.has(`${groupOf(c.apiVersion ?? '')}/${c.kind}/${c.metadata.name}`));
+  }
   const found = await Promise.all(
     names.map(async (n): Promise<Consumer | undefined> => {
       const kind = findConsumerKind(kinds, n.apiVersion, n.kind);

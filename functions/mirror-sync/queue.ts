@@ -54,12 +54,10 @@ export class KeyQueue {
       let start!: () => void;
       const gate = new Promise<void>((r) => (start = r));
       const pending: Pending = { scope: new Map(), promise: undefined as unknown as Promise<KeyResult>, start };
+      // The follow-up looks at the consumers its requests named, not the whole key: another
+      // instance may be writing the others' conditions, and writing them here too would race it.
       pending.promise = gate.then(() =>
-        this.reconcile(
-          this.deps,
-          key,
-          pending.scope === 'all' ? 'all' : pending.scope.size === 1 ? [...pending.scope.values()] : 'all',
-        ),
+        this.reconcile(this.deps, key, pending.scope === 'all' ? 'all' : [...pending.scope.values()]),
       );
       slot.next = pending;
     }

@@ -10,17 +10,20 @@ import type { KubeConfig, V1Secret } from '@kubernetes/client-node';
 import pLimit from 'p-limit';
 import type { Consumer, ConsumerKind } from '../lib/api.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
+import { mirrorWriteOf } from './writes.ts';
 import { findConsumerKind } from '../lib/consumers.ts';
 import {
   apiStatus,
   deleteSecretIfUnchanged,
   describeError,
   isConflict,
+  isInvalidField,
   makeClients,
   redactApiError,
   RedactedApiError,
   retryAfterOf,
   retryOnConflict,
+  STRATEGIC_MERGE,
   type CallCounter,
   type Clients,
 } from '../lib/kube.ts';
@@ -134,39 +137,43 @@ export class MirrorChanged extends Error {
 export type KeyOutcome = Omit<KeyResult, 'durationMs' | 'apiCalls'>;
 
 /**
- * Carries out the mirror part of a plan.
- * @returns what happened. @throws MirrorChanged on 409, redacted API errors otherwise.
+ * Sends the mirror part of a plan: the one request writes.ts {@link mirrorWriteOf} describes.
+ * @returns what happened. @throws MirrorChanged when the mirror changed since it was read (409,
+ *   or a merge's UID guard met another mirror), redacted API errors otherwise.
  */
 async function writeMirror(clients: Clients, plan: KeyPlan): Promise<{ action: Written['action']; stored?: V1Secret }> {
-  const m = plan.mirror;
-  const { namespace } = plan.key;
+  const w = mirrorWriteOf(plan);
+  if (!w) return { action: plan.mirror.action === 'blocked' ? 'blocked' : 'unchanged' };
+  const { namespace, name } = w;
   try {
-    switch (m.action) {
+    switch (w.verb) {
       case 'create':
-        return {
-          action: 'created',
-          stored: await clients.core.createNamespacedSecret({ namespace, body: m.body as V1Secret }),
-        };
+        return { action: 'created', stored: await clients.core.createNamespacedSecret({ namespace, body: w.body }) };
       case 'update':
         // The body carries the resourceVersion it was read at: the precondition.
         return {
           action: 'updated',
-          stored: await clients.core.replaceNamespacedSecret({
-            name: m.body.metadata!.name!,
-            namespace,
-            body: m.body as V1Secret,
-          }),
+          stored: await clients.core.replaceNamespacedSecret({ name, namespace, body: w.body as V1Secret }),
+        };
+      case 'patch':
+        // No resourceVersion: the API server merges the references into whatever is stored,
+        // so instances adding consumers to one mirror at once never conflict (SPEC §4).
+        return {
+          action: 'updated',
+          stored: await clients.core.patchNamespacedSecret({ name, namespace, body: w.body }, STRATEGIC_MERGE),
         };
       case 'delete':
         // Already gone (another writer, the garbage collector): nothing was deleted here.
-        return { action: (await deleteSecretIfUnchanged(clients, m.secret)) ? 'deleted' : 'unchanged' };
-      case 'blocked':
-        return { action: 'blocked' };
-      default:
-        return { action: 'unchanged' };
+        return {
+          action: (await deleteSecretIfUnchanged(clients, { metadata: { name, namespace, ...w.precondition } }))
+            ? 'deleted'
+            : 'unchanged',
+        };
     }
   } catch (err) {
-    if (isConflict(err)) throw new MirrorChanged(`the mirror changed since it was read (409 on ${m.action})`);
+    if (isConflict(err)) throw new MirrorChanged(`the mirror changed since it was read (409 on ${w.verb})`);
+    if (w.verb === 'patch' && isInvalidField(err, 'metadata.uid'))
+      throw new MirrorChanged('the mirror was replaced since it was read (its UID changed)');
     // Bodies carry Secret data, and a webhook on DELETE sees it too: its message may echo it.
     throw redactApiError(err);
   }
@@ -184,7 +191,8 @@ export interface Written {
  * retry will make it so.
  */
 function storedAsWritten(plan: KeyPlan, stored: V1Secret | undefined): boolean {
-  if (!stored || plan.sourceHash === undefined) return true;
+  // A merge writes no data: what another writer stored meanwhile is that writer's to check.
+  if (!stored || plan.sourceHash === undefined || plan.mirror.action === 'merge') return true;
   const s = stored as SecretLike;
   // Stored as written means our labels and annotation kept and the data current; a mirror is
   // only ever written for an identity whose source is not a mirror, so no source can match.

@@ -54,11 +54,35 @@ export interface WriteContext {
 const CLUSTER_EVENTS_NAMESPACE = 'default';
 
 /**
+ * The consumer a condition write was decided for is not the one it landed on: it was deleted and
+ * created again under its name, or its spec changed (a new generation: another identity, a
+ * deletion started). `code` 409, so `retryOnConflict` (lib/kube.ts) decides the key again.
+ */
+export class ConsumerChanged extends Error {
+  readonly code = 409;
+  /** @param object `<namespace>/<name>` of the consumer. */
+  constructor(object: string) {
+    super(`consumer ${object} changed while its conditions were decided`);
+    this.name = 'ConsumerChanged';
+  }
+}
+
+/**
  * Applies the desired owned conditions to the consumer's status when they differ from what it has.
  * A cluster-scoped consumer (no namespace) is patched at cluster scope.
- * @param target the consumer as just read (its conditions are compared; nothing is written when equal).
- * @returns whether a write happened. API errors other than 404 (object gone meanwhile) are
- *   thrown: a 409 means the consumer changed since it was read (decide again from a fresh read).
+ *
+ * The apply carries no resourceVersion: peers decide and write the same conditions at the same
+ * time, and a precondition every peer's write moves would make them conflict (SPEC §4). What must
+ * hold — conditions decided for one object and generation never stay on another — is checked on
+ * the apply's answer, which names the UID and generation of the object the write landed on (the
+ * API server offers no UID or generation precondition for an apply to a custom resource's status:
+ * its status strategy keeps the stored metadata). When they differ, the conditions just applied
+ * are removed again by a JSON patch pinned to that answer's resourceVersion, so the object's own
+ * events (and the echo of the removal) are never taken for echoes of a decision, and
+ * {@link ConsumerChanged} is thrown.
+ * @param target the consumer as read (its conditions are compared; nothing is written when equal).
+ * @returns whether a write happened. @throws ConsumerChanged (above); API errors other than 404
+ *   (the object is gone: nothing to write).
  */
 export async function writeConditions(
   clients: Clients,
@@ -69,22 +93,43 @@ export async function writeConditions(
   const { kind, consumer } = target;
   const plan = conditionPlan(consumer, desired, ctx.now);
   if (!plan.changed) return false;
-  const { name, namespace, resourceVersion } = consumer.metadata;
-  // The resourceVersion the decision read is the apply's precondition: conditions decided for
-  // one state never land on a later one (a consumer recreated under its name, switched to
-  // another identity, or decided from lists that have aged) — a 409 sends the caller back to read.
-  const metadata = { name, ...(namespace ? { namespace } : {}), ...(resourceVersion ? { resourceVersion } : {}) };
+  const { name, namespace } = consumer.metadata;
   const objects = consumerObjects(clients, kind);
   let applied: Consumer;
   try {
-    applied = await objects.applyStatus({ metadata, status: { conditions: plan.owned } });
+    applied = await objects.applyStatus({
+      metadata: { name, ...(namespace ? { namespace } : {}) },
+      status: { conditions: plan.owned },
+    });
   } catch (err) {
     if (isNotFound(err)) return false;
     throw err;
   }
-  await removeWhatApplyLeft(objects, { at: { name: name!, namespace }, applied, desired }, ctx);
+  const at = { name: name!, namespace };
+  if (!landedOnDecided(consumer, applied)) {
+    await undoApply(objects, { at, applied, desired }, ctx);
+    throw new ConsumerChanged(`${namespace ?? ''}/${name}`);
+  }
+  await removeWhatApplyLeft(objects, { at, applied, desired }, ctx);
   if (plan.changedInputs.length) await recordEvent(clients, target, plan.changedInputs, ctx);
   return true;
+}
+
+/** Whether an apply's answer is the object and generation its conditions were decided for. */
+const landedOnDecided = (decided: Consumer, applied: Consumer | undefined): boolean =>
+  applied?.metadata?.uid === decided.metadata.uid && applied?.metadata?.generation === decided.metadata.generation;
+
+/**
+ * Removes the conditions an apply just wrote on an object they were not decided for, pinned to
+ * the resourceVersion the apply returned: whatever was written after it (the object's own
+ * reconcile) is left alone.
+ */
+async function undoApply(
+  objects: CustomObjects<Consumer>,
+  r: { at: ObjectAddress; applied: Consumer | undefined; desired: readonly ConditionInput[] },
+  ctx: WriteContext,
+): Promise<void> {
+  await removeWhatApplyLeft(objects, { ...r, desired: [] }, ctx);
 }
 
 /**

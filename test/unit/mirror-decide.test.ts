@@ -21,6 +21,7 @@ import {
   type SourceRead,
 } from '../../functions/mirror-sync/decide.ts';
 import { eventChanges } from '../../functions/mirror-sync/status.ts';
+import { mirrorWriteOf } from '../../functions/mirror-sync/writes.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const kinds = DEFAULT_CONSUMER_KINDS;
@@ -223,22 +224,20 @@ describe('decide: the mirror of a listed key (scope all)', () => {
     assert.deepEqual(plan.mirror.body.data, data);
     assert.equal(plan.consumers.length, 2);
   });
-  it("drops former users and stale UIDs, keeps other kinds' references, keeps the resourceVersion", () => {
+  it("drops former users and stale UIDs, keeps other kinds' references: a merge by UID, guarded by the mirror's UID", () => {
     const foreign = { apiVersion: 'apps/v1', kind: 'Deployment', name: 'd', uid: 'f' };
     const plan = decide(
       snap({ mirror: mirror([owner('gone', '9'), foreign, owner('a', 'old')]), consumers: [user('a', '1')] }),
       kinds,
     );
-    assert.equal(plan.mirror.action, 'update');
-    if (plan.mirror.action !== 'update') return;
+    assert.equal(plan.mirror.action, 'merge');
+    if (plan.mirror.action !== 'merge') return;
     assert.deepEqual(
-      plan.mirror.body.metadata?.ownerReferences?.map((r) => [r.kind, r.uid]),
-      [
-        ['Deployment', 'f'],
-        ['TerraformCluster', '1'],
-      ],
+      plan.mirror.add.map((r) => [r.kind, r.uid]),
+      [['TerraformCluster', '1']],
     );
-    assert.equal(plan.mirror.body.metadata?.resourceVersion, '7');
+    assert.deepEqual(plan.mirror.remove, ['9', 'old'], 'the Deployment is never removed');
+    assert.equal(plan.mirror.secret.metadata?.uid, 'm-uid');
   });
   it('deletes an unused mirror (SPEC §6) with its resourceVersion; leaves alone one a kind not configured here still owns', () => {
     const unused = decide(snap({ mirror: mirror([owner('gone', '9')]), consumers: [] }), kinds);
@@ -266,11 +265,23 @@ describe('decide: the mirror of a listed key (scope all)', () => {
       snap({ source: { state: 'missing', message: 'm' }, mirror: old, consumers: [user('a', '1')] }),
       kinds,
     );
-    assert.equal(plan.mirror.action, 'update');
-    if (plan.mirror.action === 'update') {
-      assert.deepEqual(plan.mirror.body.data, { k: b64('last-good') });
+    // Only a reference goes: a merge, which writes no data at all.
+    assert.equal(plan.mirror.action, 'merge');
+    if (plan.mirror.action === 'merge') assert.deepEqual([plan.mirror.add, plan.mirror.remove], [[], ['2']]);
+    const relabel = decide(
+      snap({
+        source: { state: 'missing', message: 'm' },
+        // Ours, but without the mirror-of label (made before it existed): a whole update.
+        mirror: { ...old, metadata: { ...old.metadata, labels: { [LABEL_MIRRORED]: 'true' } } },
+        consumers: [user('a', '1')],
+      }),
+      kinds,
+    );
+    assert.equal(relabel.mirror.action, 'update');
+    if (relabel.mirror.action === 'update') {
+      assert.deepEqual(relabel.mirror.body.data, { k: b64('last-good') });
       assert.deepEqual(
-        plan.mirror.body.metadata?.ownerReferences?.map((r) => r.name),
+        relabel.mirror.body.metadata?.ownerReferences?.map((r) => r.name),
         ['a'],
       );
     }
@@ -581,5 +592,105 @@ describe('failedPlan: a mirror write refused for good', () => {
       /captf-creds-aws is still there and still holds the credentials: deleting it was refused/,
     );
     assert.match(p!.message, /^the mirror could not be deleted; .*delete it by hand, or lift what refuses the delete$/);
+  });
+});
+
+describe('the write path (writes.ts): a snapshot in, the one request to the mirror out', () => {
+  /** A request as the table states it: verb, the references it adds and removes, its guard. */
+  const summary = (s: Snapshot) => {
+    const w = mirrorWriteOf(decide(s, kinds));
+    if (!w) return 'none';
+    const guard = 'precondition' in w ? w.precondition : {};
+    if (w.verb === 'patch') {
+      const refs = w.body.metadata.ownerReferences;
+      const adds = refs.filter((r) => !('$patch' in r)).map((r) => `+${r.uid}`);
+      const removes = refs.filter((r) => '$patch' in r).map((r) => `-${r.uid}`);
+      return { verb: 'patch (merge)', refs: [...adds, ...removes].join(' '), guard };
+    }
+    const refs = 'body' in w ? (w.body.metadata?.ownerReferences ?? []).map((r) => r.uid).join(' ') : '';
+    return { verb: w.verb, ...(refs ? { refs } : {}), guard };
+  };
+  const byUid = { uid: 'm-uid' };
+  const exactly = { resourceVersion: '7', uid: 'm-uid' };
+  const rows: { name: string; snapshot: Partial<Snapshot>; want: ReturnType<typeof summary> }[] = [
+    {
+      name: 'no mirror: a create, guarded by AlreadyExists',
+      snapshot: {},
+      want: { verb: 'create', refs: '1', guard: {} },
+    },
+    {
+      name: 'a new consumer looked at by name: a merge that adds it, without a resourceVersion',
+      snapshot: { mirror: mirror([owner('a', '1')]), consumers: [user('b', '2')], scope: [named('b')] },
+      want: { verb: 'patch (merge)', refs: '+2', guard: byUid },
+    },
+    {
+      name: 'several new consumers of a listed key: one merge adding each',
+      snapshot: { mirror: mirror([owner('a', '1')]), consumers: [user('a', '1'), user('b', '2'), user('c', '3')] },
+      want: { verb: 'patch (merge)', refs: '+2 +3', guard: byUid },
+    },
+    {
+      name: 'a former user, listed key: a merge that removes it by UID (the garbage collector’s form)',
+      snapshot: { mirror: mirror([owner('a', '1'), owner('gone', '9')]), consumers: [user('a', '1')] },
+      want: { verb: 'patch (merge)', refs: '-9', guard: byUid },
+    },
+    {
+      name: 'a consumer recreated under its name: one merge adds the new UID and removes the old',
+      snapshot: {
+        mirror: mirror([owner('a', 'old'), owner('b', '2')]),
+        consumers: [user('a', '1')],
+        scope: [named('a')],
+      },
+      want: { verb: 'patch (merge)', refs: '+1 -old', guard: byUid },
+    },
+    {
+      name: 'the source rotated: a whole update with the resourceVersion it was read at',
+      snapshot: { mirror: mirror([owner('a', '1')], { k: b64('old') }), consumers: [user('a', '1'), user('b', '2')] },
+      want: { verb: 'update', refs: '1 2', guard: { resourceVersion: '7' } },
+    },
+    {
+      name: 'a reference to keep whose fields are wrong (controller set): an update, not a merge',
+      snapshot: { mirror: mirror([{ ...owner('a', '1'), controller: true }]) },
+      want: { verb: 'update', refs: '1', guard: { resourceVersion: '7' } },
+    },
+    {
+      name: 'stored references that repeat a UID: an update makes the list exact',
+      snapshot: { mirror: mirror([owner('a', '1'), owner('a', '1')]), consumers: [user('a', '1'), user('b', '2')] },
+      want: { verb: 'update', refs: '1 2', guard: { resourceVersion: '7' } },
+    },
+    {
+      name: 'the source is missing and only references change: a merge, the last good data untouched',
+      snapshot: {
+        source: { state: 'missing', message: 'm' },
+        mirror: mirror([owner('a', '1'), owner('gone', '9')], { k: b64('last-good') }),
+        consumers: [user('a', '1')],
+      },
+      want: { verb: 'patch (merge)', refs: '-9', guard: byUid },
+    },
+    {
+      name: 'the last user gone: a delete of exactly the mirror read (SPEC §6)',
+      snapshot: { mirror: mirror([owner('gone', '9')]), consumers: [] },
+      want: { verb: 'delete', guard: exactly },
+    },
+    {
+      name: 'a revocation: a delete of exactly the mirror read',
+      snapshot: { identity: aws(fx.allowList('elsewhere')), mirror: mirror([owner('a', '1')]) },
+      want: { verb: 'delete', guard: exactly },
+    },
+    { name: 'current and owned: no request', snapshot: { mirror: mirror([owner('a', '1')]) }, want: 'none' },
+    {
+      name: 'a Secret in the way: no request',
+      snapshot: { mirror: fx.mirrorOf('aws', fx.labels({ [LABEL_MIRRORED]: 'true' })) },
+      want: 'none',
+    },
+  ];
+  for (const row of rows) it(row.name, () => assert.deepEqual(summary(snap(row.snapshot)), row.want));
+
+  it('a merge carries the mirror’s UID and the references only: no resourceVersion, no data, no labels', () => {
+    const w = mirrorWriteOf(
+      decide(snap({ mirror: mirror([owner('a', '1')]), consumers: [user('b', '2')], scope: [named('b')] }), kinds),
+    );
+    assert.deepEqual(w && 'body' in w ? w.body : undefined, {
+      metadata: { uid: 'm-uid', ownerReferences: [owner('b', '2')] },
+    });
   });
 });

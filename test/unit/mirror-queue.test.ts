@@ -46,7 +46,7 @@ function gated() {
 }
 
 describe('KeyQueue (SPEC §4)', () => {
-  it('requests arriving while a key runs share one follow-up that starts after it; one named consumer → that one, several → the whole key', async () => {
+  it('requests arriving while a key runs share one follow-up that starts after it; the follow-up looks at the consumers they named, not the whole key', async () => {
     const { q, calls, release } = gated();
     const first = q.run(key, [n('a')]);
     const b1 = q.run(key, [n('b')]);
@@ -63,7 +63,7 @@ describe('KeyQueue (SPEC §4)', () => {
       [2, 2],
       'both answered by the follow-up, not the first run',
     );
-    assert.equal(calls[2]!.scope, 'all');
+    assert.deepEqual(calls[2]!.scope, [n('c'), n('d')]);
     await release();
     await Promise.all([c, d]);
     assert.equal(calls.length, 3);
