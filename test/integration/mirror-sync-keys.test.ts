@@ -11,10 +11,13 @@ import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { before, describe, it } from 'node:test';
 import type { V1Secret } from '@kubernetes/client-node';
-import { TERRAFORM_CLUSTER, type Consumer } from '../../functions/lib/api.ts';
+import { DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, type Consumer } from '../../functions/lib/api.ts';
+import { decide, type ConsumerName, type Snapshot } from '../../functions/mirror-sync/decide.ts';
+import { observe } from '../../functions/mirror-sync/observe.ts';
+import { act, contextOf, MirrorChanged, reconcileKey } from '../../functions/mirror-sync/reconcile.ts';
 import { desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { AuditLog } from '../../scripts/bench/measure.ts';
-import { asUser, controlPlaneDir, suffix } from '../helpers/cluster.ts';
+import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent } from '../helpers/events.ts';
 import { startFaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
@@ -33,6 +36,7 @@ import {
   type CapturedLog,
   type OperatorSource,
 } from '../helpers/mirror-sync.ts';
+import { captureLogger } from '../helpers/logs.ts';
 
 const w = fx.world('msk');
 // "zz" namespaces sort late: their consumers are on the last pages of a cluster-wide list.
@@ -58,6 +62,15 @@ async function instance(
   const { url, log } = await mirrorSyncUnderTest(w, { env, kubeconfig });
   return { url, user, log };
 }
+
+/** A consumer as an event names it (kind and name, no UID). */
+const nameOf = (c: Consumer): ConsumerName => ({ apiVersion: c.apiVersion!, kind: c.kind!, name: c.metadata.name! });
+
+/** How long the garbage collector may take to act on an owner that is gone (ms): generous, the machine is shared. */
+const GARBAGE_COLLECTED = 180_000;
+
+/** A logger for the write path called directly (its lines are not what these tests read). */
+const quiet = () => captureLogger('mirror-sync').logger;
 
 /** The warnings `log` has of lists restarted after their continue token expired. */
 const restarts = (log: CapturedLog) =>
@@ -132,6 +145,100 @@ describe('a burst of events for one mirror (SPEC §4 coalescing)', () => {
       switched.map((c) => c.metadata.name!).sort(),
     );
     assert.deepEqual(await invariantViolations(a, [n]), []);
+  });
+});
+
+describe('instances writing one mirror at once (SPEC §4: writes that commute are merges)', () => {
+  it('four instances adding 60 consumers to one mirror: one reference each, no repeated UID, not one conflict', async () => {
+    const n = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(n));
+    const foreign = await foreignSecrets(a, [n]);
+    const [first, ...rest] = await createConsumers(w, n, id, 'f', 61, alternatingKinds);
+    const instances = await Promise.all([instance(), instance(), instance(), instance()]);
+    // The mirror exists first: the burst is all adds (a create race is decided again, by design).
+    await burst([instances[0]!.url], [first!], 1);
+    const mark = audit.mark();
+    await burst(
+      instances.map((i) => i.url),
+      rest,
+      16,
+    );
+    const counts = instances.map((i) => audit.countFor(i.user, mark));
+    const refs = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!.metadata!.ownerReferences!;
+    assert.deepEqual(refs.map((r) => r.uid).sort(), [first!, ...rest].map((c) => c.metadata.uid).sort());
+    assert.equal(new Set(refs.map((r) => r.uid)).size, refs.length, 'no UID twice');
+    assert.deepEqual(
+      counts.map((c) => c.conflicts),
+      [0, 0, 0, 0],
+      'no 409 on the mirror, the status or an Event',
+    );
+    await allMirrored([first!, ...rest]);
+    assert.deepEqual(await invariantViolations(a, [n], foreign), []);
+  });
+
+  it('a removal decided for a mirror that was since deleted and created again changes nothing (its UID guards it)', async () => {
+    const n = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(n));
+    const [stays, goes] = await createConsumers(w, n, id, 'g', 2);
+    const { url } = await instance();
+    await burst([url], [stays!, goes!], 1);
+    const before = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!;
+    await w.delete(goes!);
+    // The mirror is replaced meanwhile (deleted by hand, made again by the next reconcile of its key).
+    await a.core.deleteNamespacedSecret({ name: mirrorName(id), namespace: n });
+    assert.equal((await deliver(url, keyEvent(n, id))).status, 200);
+    const replaced = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!;
+    assert.notEqual(replaced.metadata!.uid, before.metadata!.uid);
+    const ctx = contextOf({ kc: a.kc, kinds: DEFAULT_CONSUMER_KINDS, logger: quiet() });
+    // Decided from the old mirror: remove `goes` (looked at by name, gone).
+    const plan = decide(
+      {
+        ...(await observe(ctx.clients, ctx.kinds, { key: { namespace: n, identity: id }, scope: [nameOf(goes!)] })),
+        mirror: before as Snapshot['mirror'],
+      },
+      ctx.kinds,
+    );
+    assert.equal(plan.mirror.action, 'merge');
+    await assert.rejects(act(ctx, plan), (err: unknown) => err instanceof MirrorChanged);
+    const after = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))!;
+    assert.equal(after.metadata!.resourceVersion, replaced.metadata!.resourceVersion, 'the new mirror is untouched');
+  });
+
+  it('an add for a consumer deleted meanwhile leaves the mirror as SPEC §6 wants (the garbage collector drops the reference, or the mirror when it was the only one)', async () => {
+    const n = await w.namespace();
+    const id = await source.newIdentity(fx.allowList(n));
+    const [live, doomed] = await createConsumers(w, n, id, 'd', 2);
+    const { url } = await instance();
+    await burst([url], [live!], 1);
+    const deps = { kc: a.kc, kinds: DEFAULT_CONSUMER_KINDS, logger: quiet() };
+    // Its event read it, then it was deleted before the add landed.
+    await w.delete(doomed!);
+    const shared = await reconcileKey(deps, { namespace: n, identity: id }, [nameOf(doomed!)], {
+      consumers: [doomed!],
+    });
+    assert.equal(shared.mirrorAction, 'updated', 'the add went through');
+    await eventually(
+      'the garbage collector drops the reference to the deleted consumer',
+      async () => {
+        const refs = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))?.metadata?.ownerReferences ?? [];
+        return refs.length === 1 && refs[0]!.uid === live!.metadata.uid;
+      },
+      GARBAGE_COLLECTED,
+    );
+    // The only user: the mirror it was added to is collected whole.
+    const alone = await w.namespace();
+    const id2 = await source.newIdentity(fx.allowList(alone));
+    const [only] = await createConsumers(w, alone, id2, 'o', 1);
+    await w.delete(only!);
+    const created = await reconcileKey(deps, { namespace: alone, identity: id2 }, [nameOf(only!)], {
+      consumers: [only!],
+    });
+    assert.equal(created.mirrorAction, 'created');
+    await eventually(
+      'the garbage collector deletes the mirror whose only owner is gone',
+      async () => (await w.read(fx.mirrorOf(id2, fx.inNamespace(alone)))) === undefined,
+      GARBAGE_COLLECTED,
+    );
   });
 });
 
