@@ -618,6 +618,21 @@ function mirrored(ctx: Ctx, source: Extract<SourceRead, { state: 'found' }>): Ke
   };
 }
 
+/**
+ * Whether acting on a plan gives the mirror (as `read`) an owner it does not have (a create, or a
+ * new UID in an update or a merge). Such a plan is only as good as its read of the consumers: decided from a
+ * list that has aged, the consumer may have switched identity or gone meanwhile, and its release
+ * may already have run, so nothing would take the reference away again (SPEC §6, §12).
+ */
+export function addsOwners(plan: KeyPlan, read: Snapshot['mirror']): boolean {
+  const m = plan.mirror;
+  if (m.action === 'create') return true;
+  if (m.action === 'merge') return m.add.length > 0;
+  if (m.action !== 'update') return false;
+  const had = new Set((read?.metadata?.ownerReferences ?? []).map((r) => r.uid));
+  return (m.body.metadata?.ownerReferences ?? []).some((r) => !had.has(r.uid));
+}
+
 /** The verb and name of the mirror write a plan makes. */
 export function writeOf(plan: KeyPlan): { verb: string; name: string | undefined } {
   const m = plan.mirror;

@@ -2,53 +2,34 @@
  * `POST /` of mirror-sync: CloudEvents in, mirror keys reconciled, one HTTP answer out:
  * 200 when every key's work is done, 503 when something should be retried (Knative delivery
  * retries), 400 for events this function cannot use (with a JSON body saying why).
- * A consumer's event maps to mirror keys (keys.ts), which go through the process's key queue
- * (queue.ts: concurrent work on one mirror is folded into one follow-up) — or to nothing, for
- * the echo of our own status write; an identity's or a namespace's event runs one pass of lists
- * (pass.ts, one per name at a time); a ping runs the resync (resync.ts), the same pass over all.
+ * A consumer's event maps to mirror keys (keys.ts) — or to nothing, for the echo of our own status
+ * write; an identity's or a namespace's event to that name's pass; a ping to the resync. All of
+ * it is asked of the scheduler (scheduler.ts: one queue of names, one worker), which answers once
+ * the work is done; this file only reads events and writes answers.
  */
 import type { Request, Response } from 'express';
-import pLimit from 'p-limit';
 import { BadEventError, readEventRequests, type EventRequest, type ObjectRef } from '../lib/cloudevents.ts';
 import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import type { Consumer } from '../lib/api.ts';
 import { findConsumerKind, scopeMismatch } from '../lib/consumers.ts';
 import { describeError, retryAfterOf } from '../lib/kube.ts';
 import { largestRetryAfter, retryAfterHeader } from '../lib/retry-after.ts';
-import { keysForConsumer, listsForIdentity, listsForNamespace, type KeyWork } from './keys.ts';
-import { identitiesUsingSecret } from './observe.ts';
-import { reconcilePass, settleKeyless, type Lists } from './pass.ts';
+import { contextOf, settleWithoutKey, type ConsumerResult, type ReconcileContext, type ReconcileDeps } from './act.ts';
 import { keyString } from './decide.ts';
-import { KeyQueue, PassQueue } from './queue.ts';
-import {
-  consumerFields,
-  contextOf,
-  settleWithoutKey,
-  type ConsumerResult,
-  type KeyResult,
-  type ReconcileContext,
-  type ReconcileDeps,
-} from './reconcile.ts';
-import { resync, type ResyncSummary } from './resync.ts';
+import { keysForConsumer, type KeyWork } from './keys.ts';
+import { identitiesUsingSecret } from './observe.ts';
+import { consumerFields, type KeyResult } from './reconcile.ts';
+import type { ResyncSummary } from './resync.ts';
+import type { PassDone, Scheduler, SchedulerConfig } from './scheduler.ts';
 
-/** Handler configuration (from the environment, see index.ts). */
-export interface EventConfig {
-  /** Keys reconciled at once for one event (identity, namespace and resync fan-out). */
-  concurrency: number;
-  /** `K_SINK`: resync fans out one event per key to it instead of reconciling in-process. */
-  sink?: string | undefined;
+/** mirror-sync's configuration (from the environment, see index.ts). */
+export interface EventConfig extends SchedulerConfig {
   /** SPEC §8 fast path: react to labelled source-Secret events. */
   sourceSecretEvents: boolean;
 }
 
 /** Label that opts a source Secret into the rotation fast path (SPEC §8). */
 const SOURCE_LABEL = 'captf.io/identity-source';
-
-/** What a pass did: its keys' results, and the consumers without a key it settled. */
-interface PassDone {
-  results: KeyResult[];
-  direct: ConsumerResult[];
-}
 
 /** An object event (not a ping or a key). */
 type ObjectEvent = Extract<EventRequest, { type: 'object' }>;
@@ -84,89 +65,40 @@ function withoutRepeats(requests: readonly EventRequest[]): EventRequest[] {
   });
 }
 
-/** mirror-sync's request handling, with its per-process state (one resync at a time, the key queue). */
+/** mirror-sync's event handling: CloudEvents in, work asked of the scheduler, answers out. */
 export class MirrorSyncHandler {
-  private running: Promise<ResyncSummary> | undefined;
   private readonly deps: ReconcileDeps;
-  private readonly cfg: EventConfig;
-  readonly queue: KeyQueue;
-  private readonly passes = new PassQueue<PassDone>();
+  private readonly scheduler: Scheduler;
+  private readonly sourceSecretEvents: boolean;
 
   /**
    * @param deps API access, consumer kinds, logger.
-   * @param cfg concurrency, `K_SINK`, the fast-path switch.
+   * @param scheduler the process's one scheduler (shared with prepare).
+   * @param cfg the fast-path switch.
    */
-  constructor(deps: ReconcileDeps, cfg: EventConfig) {
+  constructor(deps: ReconcileDeps, scheduler: Scheduler, cfg: Pick<EventConfig, 'sourceSecretEvents'>) {
     this.deps = deps;
-    this.cfg = cfg;
-    // The process's one key queue, shared by events, prepare and the resync: each key's
-    // reconcile (reconcile.ts reconcileKey) runs alone, and requests arriving meanwhile share one more.
-    this.queue = new KeyQueue(deps);
-  }
-
-  /** One resync at a time per instance: a ping that arrives while one runs joins it. */
-  resyncOnce(): Promise<ResyncSummary> {
-    this.running ??= resync(this.deps, {
-      sink: this.cfg.sink,
-      concurrency: this.cfg.concurrency,
-      queue: this.queue,
-    }).finally(() => {
-      this.running = undefined;
-    });
-    return this.running;
-  }
-
-  /** Runs keys through the key queue, a few at a time. */
-  runKeys(work: readonly KeyWork[]): Promise<KeyResult[]> {
-    const limit = pLimit(Math.max(1, this.cfg.concurrency));
-    return Promise.all(work.map((w) => limit(() => this.queue.run(w.key, w.scope, w.seed))));
-  }
-
-  /**
-   * An identity's or a namespace's pass (pass.ts): its lists read, its keys decided, only
-   * differences written, consumers without a key settled. One pass per name at a time
-   * ({@link PassQueue}): a request that arrives meanwhile gets the next one.
-   * @param name `identity/<name>` or `namespace/<name>`.
-   * @param lists reads the pass's lists (run when the pass starts).
-   */
-  private runPass(ctx: ReconcileContext, name: string, lists: () => Promise<Lists>): Promise<PassDone> {
-    return this.passes.run(name, async () => {
-      const pass = {
-        ctx,
-        limit: pLimit(Math.max(1, this.cfg.concurrency)),
-        queue: this.queue,
-        fresh: true,
-      };
-      const listed = await lists();
-      const direct = await settleKeyless(pass, listed.consumers);
-      const passed = await reconcilePass(pass, listed);
-      return { results: passed.map(({ result }) => ({ durationMs: 0, apiCalls: 0, ...result })), direct };
-    });
+    this.scheduler = scheduler;
+    this.sourceSecretEvents = cfg.sourceSecretEvents;
   }
 
   /** Handles one classified event. @throws BadEventError for events this function cannot use; API errors. */
   async handleOne(ev: EventRequest): Promise<Done> {
-    if (ev.type === 'ping') return { id: ev.id, resync: await this.resyncOnce() };
+    if (ev.type === 'ping') return { id: ev.id, resync: await this.scheduler.resync() };
     if (ev.type === 'key') {
       const key = { namespace: ev.namespace, identity: ev.identity };
-      return this.done(ev.id, await this.runKeys([{ key, scope: 'all' }]), []);
+      return this.done(ev.id, [await this.scheduler.key(key)], []);
     }
     this.checkTarget(ev);
-    const ctx = contextOf(this.deps);
-    const { clients, kinds } = ctx;
-    const name = ev.ref.name;
     switch (ev.target) {
       case 'consumer':
-        return this.consumerEvent(ctx, ev);
+        return this.consumerEvent(contextOf(this.deps), ev);
       case 'identity':
-        return this.passDone(ev.id, await this.identityPass(ctx, name));
+        return this.passDone(ev.id, await this.scheduler.identity(ev.ref.name));
       case 'namespace':
-        return this.passDone(
-          ev.id,
-          await this.runPass(ctx, `namespace/${name}`, () => listsForNamespace(clients, kinds, name)),
-        );
+        return this.passDone(ev.id, await this.scheduler.namespace(ev.ref.name));
       default:
-        return this.secretEvent(ctx, ev);
+        return this.secretEvent(contextOf(this.deps), ev);
     }
   }
 
@@ -183,7 +115,7 @@ export class MirrorSyncHandler {
       throw new BadEventError(
         `event ${ev.id} is about ${ev.ref.apiVersion} ${ev.ref.kind}, which mirror-sync does not handle`,
       );
-    if (ev.target === 'secret' && !this.cfg.sourceSecretEvents) {
+    if (ev.target === 'secret' && !this.sourceSecretEvents) {
       throw new BadEventError(
         `event ${ev.id} is about a Secret, but the source-Secret fast path is off (set CAPTF_SOURCE_SECRET_EVENTS=true)`,
       );
@@ -213,9 +145,9 @@ export class MirrorSyncHandler {
    * conditions unwritten and the retried event is no echo: it releases again.
    */
   private async releaseThenOwn(keys: readonly KeyWork[], identity: string | undefined): Promise<KeyResult[]> {
-    const released = await this.runKeys(keys.filter((k) => k.key.identity !== identity));
+    const released = await this.scheduler.keys(keys.filter((k) => k.key.identity !== identity));
     if (released.some((r) => r.retry)) return released;
-    return [...released, ...(await this.runKeys(keys.filter((k) => k.key.identity === identity)))];
+    return [...released, ...(await this.scheduler.keys(keys.filter((k) => k.key.identity === identity)))];
   }
 
   /** The answer to the echo of a decision already written (SPEC §12): nothing to do, said at debug level. */
@@ -235,16 +167,11 @@ export class MirrorSyncHandler {
     const passes: PassDone[] = [];
     const secret = { namespace: ev.ref.namespace, name: ev.ref.name };
     for (const identity of await identitiesUsingSecret(ctx.clients, secret))
-      passes.push(await this.identityPass(ctx, identity));
+      passes.push(await this.scheduler.identity(identity));
     return this.passDone(ev.id, {
       results: passes.flatMap((p) => p.results),
       direct: passes.flatMap((p) => p.direct),
     });
-  }
-
-  /** One identity's pass. */
-  private identityPass(ctx: ReconcileContext, name: string): Promise<PassDone> {
-    return this.runPass(ctx, `identity/${name}`, () => listsForIdentity(ctx.clients, ctx.kinds, name));
   }
 
   private passDone(id: string, p: PassDone): Done {

@@ -24,10 +24,11 @@ import {
 import { makeClients } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
 import { prepareAuthFromEnv } from './authorize.ts';
+import type { ReconcileDeps } from './act.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
 import { PrepareGate, type Caller } from './prepare-gate.ts';
-import type { ReconcileDeps } from './reconcile.ts';
+import { Scheduler } from './scheduler.ts';
 
 /** Default keys reconciled at once per request (fan-out, resync). */
 export const DEFAULT_CONCURRENCY = 8;
@@ -63,7 +64,9 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     kinds: kinds.map((k) => `${kindName(k)}/${k.plural} (${k.namespaced === false ? 'cluster-scoped' : 'namespaced'})`),
   });
   const deps: ReconcileDeps = { kc: kubeconfig, kinds, logger };
-  const handler = new MirrorSyncHandler(deps, cfg);
+  // The process's one queue of work, shared by events and prepare.
+  const scheduler = new Scheduler(deps, cfg);
+  const handler = new MirrorSyncHandler(deps, scheduler, cfg);
   // SPEC §5: the caller's token is checked before the body is read; the SubjectAccessReview
   // for the named object comes before anything about the object is read.
   const gate = new PrepareGate(kubeconfig, prepareAuthFromEnv(env), logger);
@@ -72,7 +75,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   app.post('/prepare', gate.authenticate, readBody({ types: JSON_TYPES }), async (req, res) => {
     const caller = res.locals.caller as Caller;
     const body = typeof req.body === 'string' ? req.body : '';
-    sendOutcome(res, await prepare(deps, handler, body, (kind, r) => gate.authorize(caller, kind, r)));
+    sendOutcome(res, await prepare(deps, scheduler, body, (kind, r) => gate.authorize(caller, kind, r)));
   });
   app.use(errorHandler(logger));
   const server = createServer(serverOptions(), app);

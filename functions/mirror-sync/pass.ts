@@ -4,16 +4,25 @@
  * namespace's event one scoped to that namespace (keys.ts reads their lists). Each distinct
  * source Secret is read once, every key is decided by the same pure function as one event's
  * key (decide.ts), and only differences are written: revocations first, then the rest; one
- * re-read of the identities and namespaces after all creates; then the conditions that changed.
- * A key whose mirror changed since the lists goes through the key queue, decided from fresh reads.
+ * re-read of the identities and namespaces after all creates; then the conditions that changed —
+ * all by act.ts, the one writer. A key whose write conflicted is decided again from fresh reads.
  */
 import type { V1Secret } from '@kubernetes/client-node';
 import type { LimitFunction } from 'p-limit';
 import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import type { Consumer, TerraformClusterIdentity } from '../lib/api.ts';
-import { describeError, ignoreNotFound, isConflict, METADATA, type Clients } from '../lib/kube.ts';
+import { describeError, ignoreNotFound, METADATA, type Clients } from '../lib/kube.ts';
 import { ANNOTATION_IDENTITY, isOurs, mirrorName } from '../lib/mirror.ts';
 import {
+  act,
+  conditionsChange,
+  settleWithoutKey,
+  type ConsumerResult,
+  type KeyOutcome,
+  type ReconcileContext,
+} from './act.ts';
+import {
+  addsOwners,
   decide,
   keylessPlan,
   keyString,
@@ -25,21 +34,7 @@ import {
   type SourceRead,
 } from './decide.ts';
 import { EXISTS, readSource } from './observe.ts';
-import type { KeyQueue } from './queue.ts';
-import {
-  conditionsStep,
-  failedKey,
-  isWritten,
-  logKey,
-  revokedMeanwhile,
-  settleWithoutKey,
-  writeStep,
-  type ConsumerResult,
-  type KeyOutcome,
-  type ReconcileContext,
-  type Written,
-} from './reconcile.ts';
-import { conditionPlan } from './status.ts';
+import { failedKey, logKey } from './reconcile.ts';
 
 /** What a pass decides from: lists (mirrors listed before the consumers, SPEC §12). */
 export interface Lists {
@@ -60,13 +55,12 @@ export interface Pass {
   ctx: ReconcileContext;
   /** Keys acted on at once. */
   limit: LimitFunction;
-  /** The process's key queue: keys decided again from fresh reads go through it. */
-  queue: KeyQueue;
+  /** Decides a key again from fresh reads (the scheduler's queue): for a key whose write conflicted. */
+  again: (key: MirrorKey) => Promise<KeyOutcome>;
   /**
-   * The lists were read for this request (an event): keys with only conditions to change are
-   * written from them. Otherwise (the resync's lists may be minutes old, and a status write
-   * from them would mostly meet its resourceVersion precondition failing) such keys are decided
-   * again from fresh reads.
+   * The lists were read for this request (an event): their conditions are written. Otherwise
+   * (the resync's lists may be minutes old) a key whose conditions would change is decided again
+   * from fresh reads first (act.ts `decide-again`).
    */
   fresh: boolean;
 }
@@ -150,18 +144,14 @@ async function snapshotOf(
   };
 }
 
-/** Whether acting on a plan would write anything (mirror or any consumer's conditions). */
-function needsWork(plan: KeyPlan, now: Date): boolean {
-  if (plan.mirror.action !== 'none' && plan.mirror.action !== 'blocked') return true;
-  return plan.consumers.some((p) => conditionPlan(p.consumer, p.conditions, now).changed);
-}
-
-/** A plan that takes credentials away (SPEC §7): acted on before every other. */
-const isRevocation = (p: KeyPlan): boolean => p.mirror.action === 'delete' && p.mirror.why !== 'unused';
+/** Whether acting on a plan would write anything (the mirror or any consumer's conditions). */
+const needsWork = (ctx: ReconcileContext, plan: KeyPlan): boolean =>
+  (plan.mirror.action !== 'none' && plan.mirror.action !== 'blocked') || conditionsChange(ctx, plan);
 
 /**
- * Decides every key of the lists and acts on those that need a write. A key whose source
- * cannot be read fails alone (retried): it never holds up another key's revocation.
+ * Decides every key of the lists and acts (act.ts) on those that need a write. A key whose
+ * source cannot be read fails alone (retried): it never holds up another key's revocation. A key
+ * whose write conflicted is decided again from fresh reads, through the scheduler's queue.
  * @returns each acted-on key's plan (absent for a key that failed before deciding) and result;
  *   keys that needed nothing are left out. Never throws for one key's failure.
  */
@@ -172,91 +162,45 @@ export async function reconcilePass(pass: Pass, lists: Lists): Promise<PassResul
     if (!sources.has(id)) sources.set(id, readSource(pass.ctx.clients, i));
     return sources.get(id)!;
   };
-  const now = pass.ctx.now();
   const plans: KeyPlan[] = [];
+  const fresh: KeyPlan[] = [];
   const failed: PassResult[] = [];
   for (const listed of groupByKey(lists)) {
     try {
       const plan = decide(await snapshotOf(lists, listed, readOnce), pass.ctx.kinds);
-      if (needsWork(plan, now)) plans.push(plan);
+      // From aged lists, an owner is added only after a fresh read of its consumers (addsOwners).
+      if (!pass.fresh && addsOwners(plan, listed.mirror)) fresh.push(plan);
+      else if (needsWork(pass.ctx, plan)) plans.push(plan);
     } catch (err) {
       failed.push({ result: logged(pass, failedKey(listed.key, err)) });
     }
   }
-  const first = plans.filter(isRevocation);
-  const rest = plans.filter((p) => !isRevocation(p));
-  const write = (plan: KeyPlan) => pass.limit(() => writeListed(pass, lists, plan));
-  // Revocations first (SPEC §7): credentials leave before anything else is written.
-  const steps = [...(await Promise.all(first.map(write))), ...(await Promise.all(rest.map(write)))];
-  const created = steps.filter((s): s is Written => s !== 'again' && isWritten(s) && s.action === 'created');
-  const revoked = await recheck(pass, created);
-  const ordered = [...first, ...rest];
-  const acted = await Promise.all(
-    steps.map((s, i) =>
-      pass.limit(async () => ({ plan: ordered[i]!, result: await finish(pass, ordered[i]!, s, revoked) })),
+  const [clear, inTheWay] = await splitCreatesInTheWay(pass, lists, plans);
+  const acted = await act(pass.ctx, clear, { limit: pass.limit, conditions: pass.fresh ? 'write' : 'decide-again' });
+  const done = await Promise.all([
+    ...acted.map(async (a) => ({
+      plan: a.plan,
+      result: 'conflict' in a ? await pass.again(a.plan.key) : logged(pass, a.outcome),
+    })),
+    ...[...inTheWay, ...fresh].map(async (plan) => ({ plan, result: await pass.again(plan.key) })),
+  ]);
+  return [...done, ...failed];
+}
+
+/**
+ * A list by label sees only labelled Secrets, so a create decided from it is first checked
+ * against whatever stands at the mirror's name (metadata only): a Secret in the way is never sent
+ * a create that cannot succeed; its key is decided from fresh reads instead, as an event would.
+ * @returns the plans to act on, and those whose create met something at the name.
+ */
+async function splitCreatesInTheWay(pass: Pass, lists: Lists, plans: KeyPlan[]): Promise<[KeyPlan[], KeyPlan[]]> {
+  if (lists.mirrorsByName) return [plans, []];
+  const blocked = await Promise.all(
+    plans.map((p) =>
+      pass.limit(async () => p.mirror.action === 'create' && (await somethingAt(pass.ctx.clients, p.key))),
     ),
   );
-  return [...acted, ...failed];
-}
-
-/** The keys a revocation landed on while they were created (one re-read for all); none when nothing was created. */
-async function recheck(pass: Pass, created: readonly Written[]): Promise<Set<string> | Error> {
-  if (!created.length) return new Set();
-  try {
-    return await revokedMeanwhile(
-      pass.ctx.clients,
-      created.map((w) => w.plan.key),
-    );
-  } catch (err) {
-    return err as Error;
-  }
-}
-
-/** A listed key's mirror write; `again` when the key must be decided again from fresh reads. */
-async function writeListed(pass: Pass, lists: Lists, plan: KeyPlan): Promise<Written | KeyOutcome | 'again'> {
-  const onlyConditions = plan.mirror.action === 'none' || plan.mirror.action === 'blocked';
-  if (onlyConditions)
-    return pass.fresh ? { plan, action: plan.mirror.action === 'none' ? 'unchanged' : 'blocked' } : 'again';
-  try {
-    // A list by label sees only labelled Secrets: a create is first checked against whatever
-    // stands at the mirror's name (metadata only), so a Secret in the way is never sent a
-    // create that cannot succeed; the key is decided from fresh reads instead, as an event would.
-    if (plan.mirror.action === 'create' && !lists.mirrorsByName && (await somethingAt(pass.ctx.clients, plan.key)))
-      return 'again';
-    return await writeStep(pass.ctx, plan);
-  } catch (err) {
-    // The mirror (or a consumer) changed since the list: decided again from fresh reads.
-    return isConflict(err) ? 'again' : failedKey(plan.key, err);
-  }
-}
-
-/** A listed key after the writes: its conditions, its fresh reconcile, or its outcome as it is. */
-async function finish(
-  pass: Pass,
-  plan: KeyPlan,
-  step: Written | KeyOutcome | 'again',
-  revoked: Set<string> | Error,
-): Promise<KeyOutcome> {
-  if (step === 'again') return pass.queue.run(plan.key, 'all');
-  if (!isWritten(step)) return logged(pass, step);
-  if (step.action === 'created') {
-    if (revoked instanceof Error) return logged(pass, failedKey(plan.key, revoked));
-    // A revocation landed meanwhile: observing again decides the delete.
-    if (revoked.has(keyString(plan.key))) return pass.queue.run(plan.key, 'all');
-  }
-  try {
-    return logged(pass, await conditionsStep(pass.ctx, step));
-  } catch (err) {
-    // A consumer changed since the list (its status write's precondition failed): decide again.
-    if (isConflict(err)) return pass.queue.run(plan.key, 'all');
-    return logged(pass, failedKey(plan.key, err));
-  }
-}
-
-/** Logs a key the pass acted on itself (a key run through the queue logs its own line). */
-function logged(pass: Pass, r: KeyOutcome): KeyOutcome {
-  logKey(pass.ctx.logger, { ...r, durationMs: 0, apiCalls: 0 });
-  return r;
+  return [plans.filter((_, i) => !blocked[i]), plans.filter((_, i) => blocked[i])];
 }
 
 /** Whether any Secret stands at `key`'s mirror name (a metadata-only read: no data is fetched). */
@@ -266,6 +210,12 @@ async function somethingAt(clients: Clients, key: MirrorKey): Promise<boolean> {
     (await ignoreNotFound(clients.core.readNamespacedSecret({ namespace: key.namespace, name }, METADATA))) !==
     undefined
   );
+}
+
+/** Logs a key the pass acted on itself (a key decided again through the queue logs its own line). */
+function logged(pass: Pass, r: KeyOutcome): KeyOutcome {
+  logKey(pass.ctx.logger, { ...r, durationMs: 0, apiCalls: 0 });
+  return r;
 }
 
 /**

@@ -11,10 +11,11 @@ import { HttpError, type Outcome } from '../lib/http.ts';
 import { describeError, ignoreNotFound, retryAfterOf, type Clients } from '../lib/kube.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import { largestRetryAfter } from '../lib/retry-after.ts';
-import type { MirrorSyncHandler } from './handler.ts';
+import { contextOf, settleWithoutKey, type ConsumerResult, type ReconcileDeps } from './act.ts';
 import type { MirrorKey } from './decide.ts';
 import { keysForConsumer } from './keys.ts';
-import { contextOf, settleWithoutKey, type ConsumerResult, type KeyResult, type ReconcileDeps } from './reconcile.ts';
+import type { KeyResult } from './reconcile.ts';
+import type { Scheduler } from './scheduler.ts';
 
 /** A prepare request: the consumer the Job is for. */
 export interface PrepareRequest {
@@ -143,7 +144,7 @@ export type PrepareAuthorizer = (kind: ConsumerKind, req: PrepareRequest) => Pro
 /**
  * Runs prepare for one request of an authenticated caller (SPEC §5): parses the body, asks
  * `authorize` before anything about the object is read, then reconciles the consumer's
- * mirror key now (through the key queue, so with a reconcile that started after this request
+ * mirror key now (through the scheduler, so with a reconcile that started after this request
  * arrived) and re-reads the mirror to confirm it is current and carries this object's owner
  * reference (exact UID).
  * @returns the outcome; a bad body is `bad-input` (400) naming the field; a refusal is
@@ -151,7 +152,7 @@ export type PrepareAuthorizer = (kind: ConsumerKind, req: PrepareRequest) => Pro
  */
 export async function prepare(
   deps: ReconcileDeps,
-  handler: MirrorSyncHandler,
+  scheduler: Scheduler,
   raw: string,
   authorize: PrepareAuthorizer,
 ): Promise<Outcome> {
@@ -172,7 +173,7 @@ export async function prepare(
   let results: KeyResult[];
   try {
     found = await keysForConsumer(clients, deps.kinds, { ...req, namespace: req.namespace || undefined });
-    results = await handler.runKeys(found.keys);
+    results = await scheduler.keys(found.keys);
   } catch (err) {
     // The API server failed the lookups: a retry can fix that (SPEC §5).
     const failed = { outcome: 'error', reason: 'APIError', message: describeError(err) } as const;

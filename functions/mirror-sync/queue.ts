@@ -1,136 +1,108 @@
 /**
- * SPEC §4: work for one key is coalesced within an instance, as a controller's work queue
- * does. While a key is being reconciled, further requests for it wait for one more
- * reconcile that starts after the running one ends, and all of them are answered with its
- * result — never with a result of work that started before they arrived. Concurrent
- * requests for one mirror thus cost about two reconciles, not one each.
+ * SPEC §4: work is coalesced per name within an instance, as client-go's `util/workqueue` does:
+ * an item is never processed twice at once; while it is being processed, further requests for it
+ * are folded into one follow-up that starts after the running one ends ("dirty"), and all of them
+ * are answered with its result — never with a result of work that started before they arrived.
+ * Concurrent requests for one name thus cost about two runs, not one each. One queue serves every
+ * kind of name (a mirror key, an identity's or a namespace's pass, the resync), with one worker
+ * function (scheduler.ts).
  */
-import type { ConsumerName, MirrorKey, Snapshot } from './decide.ts';
-import { keyString } from './decide.ts';
-import type { Seed } from './observe.ts';
-import { reconcileKey, type KeyResult, type ReconcileDeps } from './reconcile.ts';
+import type { ConsumerName, Snapshot } from './decide.ts';
 
-interface Pending {
-  /** Consumers the waiting requests named, or `all`. */
-  scope: 'all' | Map<string, ConsumerName>;
-  promise: Promise<KeyResult>;
+/** What a request asks to look at: the consumers it named, or `all`. */
+export type Scope = Snapshot['scope'];
+
+/** One run of an item: what to process, the union of the scopes of the requests it answers, and a hint. */
+export interface Run<T, H> {
+  target: T;
+  scope: Scope;
+  /** The first request's hint (reads it made after it arrived); only a run that starts at once gets one. */
+  hint?: H | undefined;
+}
+
+interface Pending<T, H, R> {
+  run: Run<T, H>;
+  names: Map<string, ConsumerName>;
+  promise: Promise<R>;
   start: () => void;
 }
 
-interface Slot {
-  running: Promise<KeyResult>;
-  next?: Pending;
+interface Slot<T, H, R> {
+  running: Promise<R>;
+  next?: Pending<T, H, R>;
 }
 
 const nameId = (n: ConsumerName): string => `${n.apiVersion}/${n.kind}/${n.name}`;
 
-/** Per-key single flight with one follow-up; one instance per process. */
-export class KeyQueue {
-  private readonly slots = new Map<string, Slot>();
-  private readonly deps: ReconcileDeps;
-  private readonly reconcile: typeof reconcileKey;
+/** One queue of names: per name, one run at a time and one follow-up. One instance per process. */
+export class WorkQueue<T, H, R> {
+  private readonly slots = new Map<string, Slot<T, H, R>>();
+  private readonly process: (run: Run<T, H>) => Promise<R>;
 
-  /**
-   * @param deps what each reconcile needs (API access, consumer kinds, logger).
-   * @param reconcile the reconcile of one key: reconcile.ts {@link reconcileKey} (a unit test's stand-in otherwise).
-   */
-  constructor(deps: ReconcileDeps, reconcile: typeof reconcileKey = reconcileKey) {
-    this.deps = deps;
-    this.reconcile = reconcile;
+  /** @param process the one worker function: processes one run of an item (its rejection reaches every caller of that run). */
+  constructor(process: (run: Run<T, H>) => Promise<R>) {
+    this.process = process;
   }
 
   /**
-   * Reconciles `key` for a request that arrived now.
+   * Processes `target` (known as `name`) for a request that arrived now.
    * @param scope the consumers the request is about (by name), or `all`.
-   * @param seed reads made after the request arrived; used only when the key is idle (a
-   *   follow-up reads everything again).
-   * @returns the result of a reconcile that started after this call.
+   * @param hint used only when the name is idle (a follow-up reads everything again).
+   * @returns the result of a run that started after this call.
    */
-  run(key: MirrorKey, scope: Snapshot['scope'], seed?: Seed): Promise<KeyResult> {
-    const id = keyString(key);
-    const slot = this.slots.get(id);
-    if (!slot) return this.start(id, this.reconcile(this.deps, key, scope, seed));
-    if (!slot.next) {
-      let start!: () => void;
-      const gate = new Promise<void>((r) => (start = r));
-      const pending: Pending = { scope: new Map(), promise: undefined as unknown as Promise<KeyResult>, start };
-      // The follow-up looks at the consumers its requests named, not the whole key: another
-      // instance may be writing the others' conditions, and writing them here too would race it.
-      pending.promise = gate.then(() =>
-        this.reconcile(this.deps, key, pending.scope === 'all' ? 'all' : [...pending.scope.values()]),
-      );
-      slot.next = pending;
-    }
+  add(name: string, target: T, scope: Scope = 'all', hint?: H): Promise<R> {
+    const slot = this.slots.get(name);
+    if (!slot) return this.start(name, this.process({ target, scope, hint }));
+    slot.next ??= this.followUp(target);
     const next = slot.next;
-    if (scope === 'all') next.scope = 'all';
-    else if (next.scope !== 'all') for (const n of scope) next.scope.set(nameId(n), n);
+    // The follow-up looks at what its requests named, not the whole key: another instance may be
+    // writing the other consumers' conditions, and writing them here too would race it.
+    if (scope === 'all' || next.run.scope === 'all') next.run.scope = 'all';
+    else for (const n of scope) next.names.set(nameId(n), n);
+    if (next.run.scope !== 'all') next.run.scope = [...next.names.values()];
     return next.promise;
   }
 
-  private start(id: string, running: Promise<KeyResult>): Promise<KeyResult> {
-    const slot: Slot = { running };
-    this.slots.set(id, slot);
-    this.chain(id, slot);
+  /** A follow-up run, held until the running one ends. */
+  private followUp(target: T): Pending<T, H, R> {
+    let start!: () => void;
+    const gate = new Promise<void>((r) => (start = r));
+    const pending: Pending<T, H, R> = {
+      run: { target, scope: [] },
+      names: new Map(),
+      promise: undefined as unknown as Promise<R>,
+      start,
+    };
+    pending.promise = gate.then(() => this.process(pending.run));
+    return pending;
+  }
+
+  private start(name: string, running: Promise<R>): Promise<R> {
+    const slot: Slot<T, H, R> = { running };
+    this.slots.set(name, slot);
+    this.chain(name, slot);
     return running;
   }
 
-  /** When the running reconcile ends, its follow-up (if any) starts and becomes the running one. */
-  private chain(id: string, slot: Slot): void {
+  /** When the running run ends, its follow-up (if any) starts and becomes the running one. */
+  private chain(name: string, slot: Slot<T, H, R>): void {
     const after = () => {
       const next = slot.next;
       if (!next) {
-        this.slots.delete(id);
+        this.slots.delete(name);
         return;
       }
       delete slot.next;
       slot.running = next.promise;
       next.start();
-      this.chain(id, slot);
+      this.chain(name, slot);
     };
     // Its callers see a rejection; here it only means "ended" (never an unhandled rejection).
     slot.running.then(after, after);
   }
 
-  /** Keys being reconciled now (for tests and logs). */
+  /** Names being processed now (for tests and logs). */
   get size(): number {
     return this.slots.size;
-  }
-}
-
-/**
- * Per-name single flight with one follow-up, for the passes of identities and namespaces
- * (pass.ts): the queue pattern at the scale of a pass. While a pass for a name runs, requests
- * for it wait for one more pass that starts after the running one ends, and all of them get
- * its result; so an identity's update and the echo of identity-status's write to it cost two
- * passes, one after the other — never two at once racing for the same mirrors.
- */
-export class PassQueue<T> {
-  private readonly running = new Map<string, { done: Promise<T>; next?: Promise<T> }>();
-
-  /**
-   * Runs `work` for `name` now, or after the pass running for it (shared with every request that arrives meanwhile).
-   * @returns the result of a pass that started after this call.
-   */
-  run(name: string, work: () => Promise<T>): Promise<T> {
-    const slot = this.running.get(name);
-    if (!slot) return this.start(name, work());
-    slot.next ??= slot.done.then(work, work);
-    return slot.next;
-  }
-
-  private start(name: string, done: Promise<T>): Promise<T> {
-    const slot: { done: Promise<T>; next?: Promise<T> } = { done };
-    this.running.set(name, slot);
-    const after = () => {
-      if (!slot.next) {
-        this.running.delete(name);
-        return;
-      }
-      slot.done = slot.next;
-      delete slot.next;
-      slot.done.then(after, after);
-    };
-    done.then(after, after);
-    return done;
   }
 }

@@ -4,10 +4,11 @@
  * namespaces, reads each distinct source Secret once, decides every key with the same pure
  * function as an event (decide.ts), and writes only the differences (pass.ts) — including collecting
  * mirrors none of whose consumer owners exists any more (a lost delete event never leaves
- * credentials behind). Listing the mirrors before the consumers, and writing with the
- * resourceVersion the list returned, means a consumer created during the pass is never
- * taken for a dead one: its own reconcile changes the mirror, and our write then conflicts
- * and goes back through the key queue. With `K_SINK` set, one event per key is sent there
+ * credentials behind). The mirrors are listed before the consumers, so a consumer created during
+ * the pass is never taken for a dead one: removals are by UID of a reference the mirror held before the consumers
+ * were listed, and every other write carries the resourceVersion listed. A key whose write
+ * conflicts, or whose conditions would change, is decided again from fresh reads through the
+ * scheduler's queue (conditions are never written from aged lists). With `K_SINK` set, one event per key is sent there
  * instead, so the keys spread over many instances.
  */
 import { randomUUID } from 'node:crypto';
@@ -22,9 +23,8 @@ import { consumerObjects, identities } from '../lib/objects.ts';
 import { LABEL_MIRRORED } from '../lib/mirror.ts';
 import { keyString, type MirrorKey, type KeyPlan } from './decide.ts';
 import { listNamespaces } from './observe.ts';
+import { contextOf, type KeyOutcome, type ReconcileContext, type ReconcileDeps } from './act.ts';
 import { keysOf, reconcilePass, settleKeyless, type Lists, type Pass } from './pass.ts';
-import type { KeyQueue } from './queue.ts';
-import { contextOf, type KeyOutcome, type ReconcileContext, type ReconcileDeps } from './reconcile.ts';
 
 /** CloudEvent source of the events a resync sends to `K_SINK`. */
 const RESYNC_SOURCE = 'captf-credentials/mirror-sync/resync';
@@ -90,19 +90,20 @@ async function listEverything({ clients, kinds }: ReconcileContext): Promise<Lis
  * Runs one resync.
  * @param opts.sink `K_SINK` URL: send one event per key instead of reconciling here.
  * @param opts.concurrency keys acted on (or sent) at once.
- * @param opts.queue the process's key queue (a key whose write conflicts is reconciled again through it).
+ * @param opts.again decides a key again from fresh reads (the scheduler's queue): for a key whose
+ *   write conflicted, or whose conditions the aged lists would change.
  * @throws API errors of the lists, including a 410 that survived the restarts (the ping is then answered 5xx).
  */
 export async function resync(
   deps: ReconcileDeps,
-  opts: { sink?: string | undefined; concurrency: number; queue: KeyQueue },
+  opts: { sink?: string | undefined; concurrency: number; again: Pass['again'] },
 ): Promise<ResyncSummary> {
   const started = performance.now();
   deps.logger.info('resync started');
   const ctx = contextOf(deps, { calls: 0 });
   const lists = await listEverything(ctx);
   const keys = keysOf(lists);
-  const pass: Pass = { ctx, limit: pLimit(Math.max(1, opts.concurrency)), queue: opts.queue, fresh: false };
+  const pass: Pass = { ctx, limit: pLimit(Math.max(1, opts.concurrency)), again: opts.again, fresh: false };
   const summary = emptySummary(lists, keys.length);
   summary.needRetry += (await settleKeyless(pass, lists.consumers)).filter((r) => r.retry).length;
   if (opts.sink) await sendKeys(pass, summary, opts.sink, keys);

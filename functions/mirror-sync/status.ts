@@ -19,6 +19,7 @@ import {
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { Conflict } from './errors.ts';
 import { consumerObjects, type CustomObjects, type JsonPatchOp, type ObjectAddress } from '../lib/objects.ts';
 import { planConditions, strayConditions, typesClaimedByOthers } from '../lib/conditions.ts';
 
@@ -54,20 +55,6 @@ export interface WriteContext {
 const CLUSTER_EVENTS_NAMESPACE = 'default';
 
 /**
- * The consumer a condition write was decided for is not the one it landed on: it was deleted and
- * created again under its name, or its spec changed (a new generation: another identity, a
- * deletion started). `code` 409, so `retryOnConflict` (lib/kube.ts) decides the key again.
- */
-export class ConsumerChanged extends Error {
-  readonly code = 409;
-  /** @param object `<namespace>/<name>` of the consumer. */
-  constructor(object: string) {
-    super(`consumer ${object} changed while its conditions were decided`);
-    this.name = 'ConsumerChanged';
-  }
-}
-
-/**
  * Applies the desired owned conditions to the consumer's status when they differ from what it has.
  * A cluster-scoped consumer (no namespace) is patched at cluster scope.
  *
@@ -79,9 +66,9 @@ export class ConsumerChanged extends Error {
  * its status strategy keeps the stored metadata). When they differ, the conditions just applied
  * are removed again by a JSON patch pinned to that answer's resourceVersion, so the object's own
  * events (and the echo of the removal) are never taken for echoes of a decision, and
- * {@link ConsumerChanged} is thrown.
+ * a {@link Conflict} is thrown (errors.ts: the key is decided again).
  * @param target the consumer as read (its conditions are compared; nothing is written when equal).
- * @returns whether a write happened. @throws ConsumerChanged (above); API errors other than 404
+ * @returns whether a write happened. @throws Conflict (above); API errors other than 404
  *   (the object is gone: nothing to write).
  */
 export async function writeConditions(
@@ -108,7 +95,7 @@ export async function writeConditions(
   const at = { name: name!, namespace };
   if (!landedOnDecided(consumer, applied)) {
     await undoApply(objects, { at, applied, desired }, ctx);
-    throw new ConsumerChanged(`${namespace ?? ''}/${name}`);
+    throw new Conflict(`consumer ${namespace ?? ''}/${name} changed while its conditions were decided`);
   }
   await removeWhatApplyLeft(objects, { at, applied, desired }, ctx);
   if (plan.changedInputs.length) await recordEvent(clients, target, plan.changedInputs, ctx);

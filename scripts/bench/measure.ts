@@ -29,6 +29,11 @@ export interface RequestCounts {
   verbs: Record<string, number>;
   /** Answers with HTTP 409 (resourceVersion conflicts, AlreadyExists). */
   conflicts: number;
+  /**
+   * The same by what was written: `secrets` (mirrors and any other Secret), `<plural>/status`
+   * (condition writes), `events` (an Event another reconcile already recorded under its name).
+   */
+  conflictsOn: Record<string, number>;
   /** Writes (create/update/patch/delete) to Secrets named `captf-creds-…`. */
   mirrorWrites: number;
   /** DELETEs of Secrets. */
@@ -51,6 +56,7 @@ const emptyCounts = (): RequestCounts => ({
   requests: 0,
   verbs: {},
   conflicts: 0,
+  conflictsOn: {},
   mirrorWrites: 0,
   secretDeletes: 0,
   serverErrors: 0,
@@ -129,7 +135,11 @@ function countRequest(c: RequestCounts, a: AuditLine): void {
   c.requests++;
   c.verbs[verb] = (c.verbs[verb] ?? 0) + 1;
   const code = a.responseStatus?.code ?? 0;
-  if (code === 409) c.conflicts++;
+  if (code === 409) {
+    c.conflicts++;
+    const on = [a.objectRef?.resource ?? '?', a.objectRef?.subresource].filter(Boolean).join('/');
+    c.conflictsOn[on] = (c.conflictsOn[on] ?? 0) + 1;
+  }
   if (code >= 500 || code === 429) c.serverErrors++;
   c.reviews += isReview(a) ? 1 : 0;
   countSecretWrite(c, a);

@@ -22,7 +22,8 @@ import {
 } from '../../functions/lib/mirror.ts';
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { isConflict } from '../../functions/lib/kube.ts';
-import { ConsumerChanged, writeConditions } from '../../functions/mirror-sync/status.ts';
+import { Conflict } from '../../functions/mirror-sync/errors.ts';
+import { writeConditions } from '../../functions/mirror-sync/status.ts';
 import { eventually } from '../helpers/cluster.ts';
 import { apiServerEvent } from '../helpers/events.ts';
 import { startFaultProxy } from '../helpers/fault-proxy.ts';
@@ -794,7 +795,7 @@ function conditionOwnershipTests(): void {
         now: new Date(),
         logger: ms.log.logger,
       }),
-      (err: unknown) => err instanceof ConsumerChanged && isConflict(err),
+      (err: unknown) => err instanceof Conflict && isConflict(err),
       'a conflict: the reconcile decides again from a fresh read',
     );
     const left = (await w.read(recreated))!.status?.conditions ?? [];

@@ -11,6 +11,7 @@ import { DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '..
 import { LABEL_MIRRORED, desiredMirror, mirrorOfLabel, sourceHash } from '../../functions/lib/mirror.ts';
 import { planConditions } from '../../functions/lib/conditions.ts';
 import {
+  addsOwners,
   clusterScopedPlan,
   decide,
   decidedForGeneration,
@@ -692,5 +693,23 @@ describe('the write path (writes.ts): a snapshot in, the one request to the mirr
     assert.deepEqual(w && 'body' in w ? w.body : undefined, {
       metadata: { uid: 'm-uid', ownerReferences: [owner('b', '2')] },
     });
+  });
+});
+
+describe('addsOwners: what a resync from aged lists must decide again from fresh reads', () => {
+  const adds = (s: Partial<Snapshot>) => addsOwners(decide(snap(s), kinds), snap(s).mirror);
+  it('a create, or a merge or update that brings a new UID, adds an owner', () => {
+    assert.equal(adds({}), true, 'create');
+    assert.equal(adds({ mirror: mirror([owner('a', '1')]), consumers: [user('a', '1'), user('b', '2')] }), true);
+    assert.equal(
+      adds({ mirror: mirror([owner('a', '1')], { k: b64('old') }), consumers: [user('a', '1'), user('b', '2')] }),
+      true,
+      'an update',
+    );
+  });
+  it('a rotation, a removal and a delete add none', () => {
+    assert.equal(adds({ mirror: mirror([owner('a', '1')], { k: b64('old') }) }), false);
+    assert.equal(adds({ mirror: mirror([owner('a', '1'), owner('gone', '9')]) }), false);
+    assert.equal(adds({ mirror: mirror([owner('gone', '9')]), consumers: [] }), false);
   });
 });

@@ -45,7 +45,7 @@ import {
   type Consumer,
   type Mirror,
 } from '../fixtures.ts';
-import { AuditLog } from '../measure.ts';
+import { AuditLog, type RequestCounts } from '../measure.ts';
 import type { Figure } from '../report.ts';
 
 /** What the Serving rows need from the bench. */
@@ -63,6 +63,7 @@ const MIRROR_SYNC = 'captf-mirror-sync';
 const ADMISSION = 'captf-admission';
 const IDENTITY = 'bench-serving';
 const MIRROR_SYNC_USER = `system:serviceaccount:${NAMESPACE}:captf-mirror-sync`;
+const DEAD_LETTERS = 'captf-dead-letters';
 
 /** The bench's view of the Serving system. */
 interface Served {
@@ -106,7 +107,7 @@ export async function servingRows(o: ServingRowOptions): Promise<Figure[]> {
       allowedNamespaces: { selector: { matchLabels: { 'captf-bench/serving': 'true' } } },
     });
     const figures = [...(await coldStarts(s))];
-    for (const n of o.fanIn) figures.push(...(await fanIn(s, n)));
+    for (const n of o.fanIn) figures.push(...(await fanInRow(s, n)));
     return figures;
   } finally {
     setGlobalDispatcher(before);
@@ -274,18 +275,31 @@ async function quietFor(s: Served, from: number, quietMs: number): Promise<void>
   }
 }
 
-/** One fan-in burst of `n` consumers on real autoscaling, from zero. */
-async function fanIn(s: Served, n: number): Promise<Figure[]> {
+/** What one fan-in burst measured. */
+interface Burst {
+  /** Create of the first consumer → every consumer mirrored (or, for the floor, delivered). */
+  ms: number;
+  /** mirror-sync's requests (audit log) once it was quiet. */
+  counts: RequestCounts;
+  /** mirror-sync pods each second (Running or Terminating). */
+  pods: number[];
+  /** The most dead-letter sink pods at once (a dead letter starts one). */
+  deadLetterPods: number;
+}
+
+/**
+ * One fan-in burst of `n` consumers on real autoscaling, from zero: time until every one is
+ * mirrored and an owner of the mirror, then mirror-sync's bill once it is quiet.
+ */
+async function fanIn(s: Served, n: number): Promise<Burst> {
   const ns = await newNamespace(s);
-  const floorNs = await newNamespace(s);
   await atZero(s, MIRROR_SYNC);
-  const pods = podsOverTime(s.kc, [MIRROR_SYNC, 'captf-dead-letters']);
+  const pods = podsOverTime(s.kc, [MIRROR_SYNC, DEAD_LETTERS]);
   const from = s.audit.mark();
   const t0 = performance.now();
   let ms: number;
   try {
-    const items = Array.from({ length: n }, (_, i) => ({ namespace: ns, name: `f-${i}` }));
-    await createConsumers(s.admin, { plural: 'terraformclusters', items, identity: IDENTITY });
+    await createConsumers(s.admin, { plural: 'terraformclusters', items: burstOf(ns, n), identity: IDENTITY });
     await eventually(
       `${n} consumers in ${ns} mirrored, each an owner of the mirror`,
       async () => {
@@ -305,27 +319,228 @@ async function fanIn(s: Served, n: number): Promise<Figure[]> {
   } finally {
     await pods.stop();
   }
-  const counts = s.audit.countFor(MIRROR_SYNC_USER, from);
-  const floor = await secretCreates(s.admin, floorNs, n, 'floor');
+  return {
+    ms,
+    counts: s.audit.countFor(MIRROR_SYNC_USER, from),
+    pods: pods.series[MIRROR_SYNC]!,
+    deadLetterPods: Math.max(0, ...pods.series[DEAD_LETTERS]!),
+  };
+}
+
+/** The consumers of a burst: `f-0` … `f-<n-1>` in `ns`. */
+const burstOf = (ns: string, n: number) => Array.from({ length: n }, (_, i) => ({ namespace: ns, name: `f-${i}` }));
+
+/**
+ * The fan-in row: the burst as shipped (autoscaled), the same burst with mirror-sync pinned to one
+ * pod (`max-scale: 1`), the data plane's own floor (the same events through the same ApiServerSource,
+ * Broker, Trigger and activator to a no-op Knative Service from the same image), and N Secret creates.
+ */
+async function fanInRow(s: Served, n: number): Promise<Figure[]> {
+  const scaled = await fanIn(s, n);
+  const pinned = await withMaxScale(s, MIRROR_SYNC, '1', () => fanIn(s, n));
+  const floor = await dataPlaneFloor(s, n);
+  const secrets = await secretCreates(s.admin, await newNamespace(s), n, 'floor');
   const row = `serving fan-in N=${n}`;
-  const series = pods.series[MIRROR_SYNC]!;
+  const onWrites = (c: RequestCounts) =>
+    (c.conflictsOn.secrets ?? 0) + (c.conflictsOn['terraformclusters/status'] ?? 0);
+  const time = (what: string, base: { what: string; ms: number }): Figure => ({
+    row,
+    what,
+    unit: 'ms',
+    samples: [scaled.ms],
+    baseline: { what: base.what, samples: [base.ms] },
+  });
+  const count = (what: string, v: number): Figure => ({ row, what, unit: 'count', samples: [v] });
   return [
-    {
-      row,
-      what: 'time until all mirrored',
-      unit: 'ms',
-      samples: [ms],
-      baseline: { what: `${n} Secret creates`, samples: [floor] },
-    },
-    { row, what: 'mirror-sync API requests per consumer', unit: 'count', samples: [counts.requests / n] },
-    { row, what: '409 conflicts', unit: 'count', samples: [counts.conflicts] },
-    { row, what: 'mirror-sync pods, most at once', unit: 'count', samples: [Math.max(...series)] },
-    { row, what: 'mirror-sync pods over time (one sample a second)', unit: 'count', samples: series },
-    {
-      row,
-      what: 'dead-letter sink pods (a dead letter starts one)',
-      unit: 'count',
-      samples: [Math.max(0, ...pods.series['captf-dead-letters']!)],
-    },
+    time('time until all mirrored', { what: `${n} Secret creates`, ms: secrets }),
+    time('time until all mirrored, beside the data plane floor', {
+      what: `the same ${n} events to a no-op Knative Service from the same image`,
+      ms: floor,
+    }),
+    time('time until all mirrored, autoscaled, beside the same burst pinned to one pod', {
+      what: 'mirror-sync at max-scale 1',
+      ms: pinned.ms,
+    }),
+    count('mirror-sync API requests per consumer', scaled.counts.requests / n),
+    count('409 conflicts', scaled.counts.conflicts),
+    count('409 conflicts on the mirror and on status', onWrites(scaled.counts)),
+    count('mirror-sync pods, most at once', Math.max(...scaled.pods)),
+    { row, what: 'mirror-sync pods over time (one sample a second)', unit: 'count' as const, samples: scaled.pods },
+    count('dead-letter sink pods (a dead letter starts one)', scaled.deadLetterPods),
+    count('pinned to one pod: mirror-sync API requests per consumer', pinned.counts.requests / n),
+    count('pinned to one pod: 409 conflicts on the mirror and on status', onWrites(pinned.counts)),
+    count('pinned to one pod: dead-letter sink pods', pinned.deadLetterPods),
   ];
+}
+
+/**
+ * Runs `fn` with `service`'s revision template annotated `autoscaling.knative.dev/max-scale:
+ * <value>`, then puts the annotation back; each change waits for the new revision to be Ready.
+ */
+async function withMaxScale<T>(s: Served, service: string, value: string, fn: () => Promise<T>): Promise<T> {
+  const path = `/apis/serving.knative.dev/v1/namespaces/${NAMESPACE}/services/${service}`;
+  const before = await s.admin.call<KnativeService>('GET', path);
+  const was = before.spec.template.metadata?.annotations?.[MAX_SCALE] ?? null;
+  await setAnnotation(s, path, value);
+  try {
+    return await fn();
+  } finally {
+    await setAnnotation(s, path, was);
+  }
+}
+
+const MAX_SCALE = 'autoscaling.knative.dev/max-scale';
+
+/** A Knative Service as the bench reads it. */
+interface KnativeService {
+  metadata: { generation?: number };
+  spec: { template: { metadata?: { annotations?: Record<string, string> }; spec: { containers: object[] } } };
+  status?: {
+    observedGeneration?: number;
+    latestCreatedRevisionName?: string;
+    latestReadyRevisionName?: string;
+    conditions?: { type: string; status: string }[];
+  };
+}
+
+/** Sets (or, with null, removes) the max-scale annotation and waits until the new revision is Ready. */
+async function setAnnotation(s: Served, path: string, value: string | null): Promise<void> {
+  const patch = { spec: { template: { metadata: { annotations: { [MAX_SCALE]: value } } } } };
+  const after = await s.admin.call<KnativeService>('PATCH', path, patch, 'application/merge-patch+json');
+  await ready(s, path, after.metadata.generation ?? 0);
+}
+
+/** Waits until the Knative Service at `path` has observed `generation` and its latest revision is Ready. */
+const ready = (s: Served, path: string, generation: number) =>
+  eventually(
+    `${path} to be Ready at generation ${generation}`,
+    async () => {
+      const k = await s.admin.call<KnativeService>('GET', path);
+      const st = k.status;
+      return (
+        (st?.observedGeneration ?? 0) >= generation &&
+        st?.latestCreatedRevisionName === st?.latestReadyRevisionName &&
+        st?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')
+      );
+    },
+    s.opts.timeoutMs,
+    500,
+  );
+
+/** The no-op sink of the floor row: a Knative Service from the product image. */
+const FLOOR = 'captf-floor';
+
+/**
+ * A server that answers every request 200 at once and prints one line per delivery: the CloudEvent
+ * id and the first bytes of its data (an ApiServerSource ref names the object). Run by the image's
+ * own `node`, so the floor pays what the product's process pays to start and to be reached.
+ */
+const FLOOR_SERVER = [
+  "require('http').createServer((q, s) => {",
+  "  let b = ''; q.on('data', (c) => { if (b.length < 512) b += c; });",
+  "  q.on('end', () => { console.log(JSON.stringify({ id: q.headers['ce-id'], data: b.slice(0, 512) })); s.end(); });",
+  '}).listen(Number(process.env.PORT) || 8080);',
+].join('\n');
+
+/**
+ * The data plane's own floor: the same `n` consumer creates, their events through the same
+ * ApiServerSource, Broker and Trigger (mirror-sync's `ref.add` Trigger, pointed at the floor for
+ * the burst) and the activator to {@link FLOOR}, a Knative Service from the same image and with
+ * mirror-sync's autoscaling, from zero, that answers 200 at once. Nothing writes conditions, so
+ * there are no echoes: this is what the data plane costs for the consumers' own events.
+ * @returns ms from the first create until the floor had received every consumer's event (its pods' logs).
+ */
+async function dataPlaneFloor(s: Served, n: number): Promise<number> {
+  await deployFloor(s);
+  const ns = await newNamespace(s);
+  await atZero(s, FLOOR);
+  const restore = await pointTrigger(s, 'captf-mirror-sync-ref-add', FLOOR);
+  try {
+    const seen = new Set<string>();
+    const t0 = performance.now();
+    await createConsumers(s.admin, { plural: 'terraformclusters', items: burstOf(ns, n), identity: IDENTITY });
+    await eventually(
+      `the floor to receive the events of ${n} consumers in ${ns}`,
+      async () => {
+        for (const name of await deliveredTo(s, ns)) seen.add(name);
+        return seen.size >= n;
+      },
+      s.opts.timeoutMs,
+      250,
+    );
+    return performance.now() - t0;
+  } finally {
+    await restore();
+  }
+}
+
+/** Creates {@link FLOOR} from mirror-sync's own revision template (image, autoscaling, resources), once, and waits until Ready. */
+async function deployFloor(s: Served): Promise<void> {
+  const base = `/apis/serving.knative.dev/v1/namespaces/${NAMESPACE}/services`;
+  if (await s.admin.call('GET', `${base}/${FLOOR}`).catch(() => undefined)) return;
+  const ms = await s.admin.call<KnativeService>('GET', `${base}/${MIRROR_SYNC}`);
+  const template = structuredClone(ms.spec.template) as KnativeService['spec']['template'] & {
+    metadata?: { labels?: Record<string, string> };
+  };
+  const [container] = template.spec.containers as Record<string, unknown>[];
+  template.metadata = { annotations: template.metadata?.annotations ?? {} };
+  template.spec.containers = [{ ...container, command: ['node'], args: ['-e', FLOOR_SERVER] }];
+  const body = {
+    apiVersion: 'serving.knative.dev/v1',
+    kind: 'Service',
+    metadata: { name: FLOOR, namespace: NAMESPACE, labels: { 'networking.knative.dev/visibility': 'cluster-local' } },
+    spec: { template },
+  };
+  const created = await s.admin.call<KnativeService>('POST', base, body);
+  await ready(s, `${base}/${FLOOR}`, created.metadata.generation ?? 1);
+}
+
+/**
+ * Points a Trigger's delivery at another Knative Service of the same namespace: its
+ * `status.subscriberUri`, which Knative's broker filter delivers to (the stand-in for Eventing's
+ * controllers writes it once, at start). @returns a function that puts the old address back.
+ */
+async function pointTrigger(s: Served, trigger: string, service: string): Promise<() => Promise<void>> {
+  const path = `/apis/eventing.knative.dev/v1/namespaces/${NAMESPACE}/triggers/${trigger}/status`;
+  const t = await s.admin.call<{ status: { subscriberUri: string } }>('GET', path);
+  const was = t.status.subscriberUri;
+  const set = async (uri: string) => {
+    await s.admin.call('PATCH', path, { status: { subscriberUri: uri } }, 'application/merge-patch+json');
+    // The filter follows Triggers through an informer: give it a moment to see the change.
+    await sleep(2000);
+  };
+  await set(was.replace(`//${MIRROR_SYNC}.`, `//${service}.`));
+  return () => set(was);
+}
+
+/** Names of the consumers in `ns` whose events {@link FLOOR}'s pods have printed so far. */
+async function deliveredTo(s: Served, ns: string): Promise<string[]> {
+  const core = s.kc.makeApiClient(CoreV1Api);
+  const pods = await core.listNamespacedPod({ namespace: NAMESPACE, labelSelector: `${SERVICE_LABEL}=${FLOOR}` });
+  const names: string[] = [];
+  for (const p of pods.items) {
+    const container = p.spec?.containers.find((c) => c.name !== 'queue-proxy')?.name;
+    const log = await core
+      .readNamespacedPodLog({ namespace: NAMESPACE, name: p.metadata!.name!, container })
+      .catch(() => '');
+    for (const line of String(log).split('\n')) {
+      const ref = refOf(line);
+      if (ref?.namespace === ns && ref.name) names.push(ref.name);
+    }
+  }
+  return names;
+}
+
+/** The object an ApiServerSource event names (ref mode: the data; resource mode: its metadata), from one floor log line. */
+function refOf(line: string): { namespace?: string; name?: string } | undefined {
+  try {
+    const data = JSON.parse(String((JSON.parse(line) as { data?: unknown }).data)) as {
+      namespace?: string;
+      name?: string;
+      metadata?: { namespace?: string; name?: string };
+    };
+    return data.metadata ?? data;
+  } catch {
+    return undefined;
+  }
 }
