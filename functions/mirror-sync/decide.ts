@@ -109,8 +109,8 @@ type ReadMirror = SecretLike & { metadata?: { uid?: string } };
  * SPEC §4 step 3: what to do with the mirror Secret. `merge` is the write that commutes with
  * every other instance's: only owner references change (added by UID, removed by UID), sent as a
  * strategic-merge patch the API server applies to whatever is stored, without a resourceVersion.
- * `create`, `update` (data, labels, a reference whose fields must change) and `delete` carry the
- * resourceVersion they were read at.
+ * `update` (data, labels, a reference whose fields must change) and `delete` carry the
+ * resourceVersion they were read at; a `create` is refused when anything holds the name.
  */
 export type MirrorAction =
   | { action: 'create'; body: SecretLike }
@@ -583,7 +583,7 @@ function mirrored(ctx: Ctx, source: Extract<SourceRead, { state: 'found' }>): Ke
   let mirror: MirrorAction;
   if (!existing && ctx.snapshot.namespace?.terminating) {
     // The create would be refused (403 NamespaceTerminating) at every try: say so once
-    // instead, in the words of that refusal (reconcile.ts), so either path writes one condition.
+    // instead, in the words of that refusal (act.ts), so either path writes one condition.
     return blocked(ctx, namespaceTerminatingMessage('create', key.namespace, name));
   } else if (!existing) {
     const body = desiredMirror(key.identity, key.namespace, source.data, refs[0]!);

@@ -4,7 +4,7 @@
  * retries), 400 for events this function cannot use (with a JSON body saying why).
  * A consumer's event maps to mirror keys (keys.ts) — or to nothing, for the echo of our own status
  * write; an identity's or a namespace's event to that name's pass; a ping to the resync. All of
- * it is asked of the scheduler (scheduler.ts: one queue of names, one worker), which answers once
+ * it is asked of the scheduler (scheduler.ts: one queue of names, one worker function), which answers once
  * the work is done; this file only reads events and writes answers.
  */
 import type { Request, Response } from 'express';

@@ -1,7 +1,7 @@
 /**
  * SPEC §4 step 1: gathers the snapshot of one mirror key with fresh reads — nothing is
  * remembered between reconciles. Reads run in parallel over the process's connection pool;
- * a caller that has just read some of them (the event's own lookups, a resync's lists)
+ * a caller that has just read some of them (an event's or prepare's own lookups, keys.ts)
  * passes them as a seed instead of reading twice. Only reads; decides nothing.
  */
 import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';

@@ -12,47 +12,47 @@ import type { ConsumerName, Snapshot } from './decide.ts';
 /** What a request asks to look at: the consumers it named, or `all`. */
 export type Scope = Snapshot['scope'];
 
-/** One run of an item: what to process, the union of the scopes of the requests it answers, and a hint. */
-export interface Run<T, H> {
+/** One run of an item: what to process, the union of the scopes of the requests it answers, and a seed. */
+export interface Run<T, S> {
   target: T;
   scope: Scope;
-  /** The first request's hint (reads it made after it arrived); only a run that starts at once gets one. */
-  hint?: H | undefined;
+  /** The first request's seed (reads it made after it arrived); only a run that starts at once gets one. */
+  seed?: S | undefined;
 }
 
-interface Pending<T, H, R> {
-  run: Run<T, H>;
+interface Pending<T, S, R> {
+  run: Run<T, S>;
   names: Map<string, ConsumerName>;
   promise: Promise<R>;
   start: () => void;
 }
 
-interface Slot<T, H, R> {
+interface Slot<T, S, R> {
   running: Promise<R>;
-  next?: Pending<T, H, R>;
+  next?: Pending<T, S, R>;
 }
 
 const nameId = (n: ConsumerName): string => `${n.apiVersion}/${n.kind}/${n.name}`;
 
 /** One queue of names: per name, one run at a time and one follow-up. One instance per process. */
-export class WorkQueue<T, H, R> {
-  private readonly slots = new Map<string, Slot<T, H, R>>();
-  private readonly process: (run: Run<T, H>) => Promise<R>;
+export class WorkQueue<T, S, R> {
+  private readonly slots = new Map<string, Slot<T, S, R>>();
+  private readonly process: (run: Run<T, S>) => Promise<R>;
 
   /** @param process the one worker function: processes one run of an item (its rejection reaches every caller of that run). */
-  constructor(process: (run: Run<T, H>) => Promise<R>) {
+  constructor(process: (run: Run<T, S>) => Promise<R>) {
     this.process = process;
   }
 
   /**
    * Processes `target` (known as `name`) for a request that arrived now.
    * @param scope the consumers the request is about (by name), or `all`.
-   * @param hint used only when the name is idle (a follow-up reads everything again).
+   * @param seed used only when the name is idle (a follow-up reads everything again).
    * @returns the result of a run that started after this call.
    */
-  add(name: string, target: T, scope: Scope = 'all', hint?: H): Promise<R> {
+  add(name: string, target: T, scope: Scope = 'all', seed?: S): Promise<R> {
     const slot = this.slots.get(name);
-    if (!slot) return this.start(name, this.process({ target, scope, hint }));
+    if (!slot) return this.start(name, this.process({ target, scope, seed }));
     slot.next ??= this.followUp(target);
     const next = slot.next;
     // The follow-up looks at what its requests named, not the whole key: another instance may be
@@ -64,10 +64,10 @@ export class WorkQueue<T, H, R> {
   }
 
   /** A follow-up run, held until the running one ends. */
-  private followUp(target: T): Pending<T, H, R> {
+  private followUp(target: T): Pending<T, S, R> {
     let start!: () => void;
     const gate = new Promise<void>((r) => (start = r));
-    const pending: Pending<T, H, R> = {
+    const pending: Pending<T, S, R> = {
       run: { target, scope: [] },
       names: new Map(),
       promise: undefined as unknown as Promise<R>,
@@ -78,14 +78,14 @@ export class WorkQueue<T, H, R> {
   }
 
   private start(name: string, running: Promise<R>): Promise<R> {
-    const slot: Slot<T, H, R> = { running };
+    const slot: Slot<T, S, R> = { running };
     this.slots.set(name, slot);
     this.chain(name, slot);
     return running;
   }
 
   /** When the running run ends, its follow-up (if any) starts and becomes the running one. */
-  private chain(name: string, slot: Slot<T, H, R>): void {
+  private chain(name: string, slot: Slot<T, S, R>): void {
     const after = () => {
       const next = slot.next;
       if (!next) {

@@ -53,11 +53,6 @@ export class Scheduler {
     this.queue = new WorkQueue((run) => this.process(run));
   }
 
-  /** The configured consumer kinds. */
-  get kinds(): readonly ConsumerKind[] {
-    return this.deps.kinds;
-  }
-
   /**
    * Reconciles one mirror key (reconcile.ts) with a run that starts after this call.
    * @param scope the consumers the request is about (by name), or `all`.
@@ -89,16 +84,16 @@ export class Scheduler {
   }
 
   /** The one worker function: processes one run of a name. */
-  private process({ target, scope, hint }: Run<Target, Seed>): Promise<Done> {
+  private process({ target, scope, seed }: Run<Target, Seed>): Promise<Done> {
     switch (target.kind) {
       case 'key':
-        return reconcileKey(this.deps, target.key, scope, hint);
+        return reconcileKey(this.deps, target.key, scope, seed);
       case 'identity':
         return this.pass((clients, kinds) => listsForIdentity(clients, kinds, target.name));
       case 'namespace':
         return this.pass((clients, kinds) => listsForNamespace(clients, kinds, target.name));
       case 'resync':
-        return resync(this.deps, { ...this.cfg, again: (k) => this.key(k) });
+        return resync(this.deps, { ...this.cfg, again: this.again });
     }
   }
 

@@ -1,7 +1,9 @@
 /**
  * SPEC §4 step 3, as data: the one request a plan's mirror part sends, and what guards it. Pure,
- * so the write path is tested as a table (snapshot in, requests out) and the shell (reconcile.ts
- * `writeMirror`) only sends what this says.
+ * so the write path is tested as a table (snapshot in, requests out) and the shell (act.ts
+ * `writeMirror`) only sends what this says. Each request carries its guard where the API server
+ * reads it (the resourceVersion in an update's body, the UID in a merge's body, both as a delete's
+ * preconditions); `precondition` states it for readers and tests.
  *
  * Writes that commute with other instances' writes are merges the API server makes (adding and
  * removing owner references by UID, guarded only by the mirror's UID); every other write carries
@@ -40,7 +42,6 @@ export type MirrorWrite =
       verb: 'patch';
       namespace: string;
       name: string;
-      patchType: 'strategic-merge';
       body: ReturnType<typeof ownerReferencesPatch>;
       precondition: Required<Pick<Precondition, 'uid'>>;
     }
@@ -77,7 +78,6 @@ export function mirrorWriteOf(plan: KeyPlan): MirrorWrite | undefined {
         verb: 'patch',
         namespace,
         name: required(m.secret, 'name'),
-        patchType: 'strategic-merge',
         body: ownerReferencesPatch(uid, m),
         precondition: { uid },
       };

@@ -135,14 +135,17 @@ function countRequest(c: RequestCounts, a: AuditLine): void {
   c.requests++;
   c.verbs[verb] = (c.verbs[verb] ?? 0) + 1;
   const code = a.responseStatus?.code ?? 0;
-  if (code === 409) {
-    c.conflicts++;
-    const on = [a.objectRef?.resource ?? '?', a.objectRef?.subresource].filter(Boolean).join('/');
-    c.conflictsOn[on] = (c.conflictsOn[on] ?? 0) + 1;
-  }
+  if (code === 409) countConflict(c, a);
   if (code >= 500 || code === 429) c.serverErrors++;
   c.reviews += isReview(a) ? 1 : 0;
   countSecretWrite(c, a);
+}
+
+/** Adds one 409 to `c`, in all and by what was written (`secrets`, `<plural>/status`, `events`). */
+function countConflict(c: RequestCounts, a: AuditLine): void {
+  c.conflicts++;
+  const on = [a.objectRef?.resource ?? '?', a.objectRef?.subresource].filter(Boolean).join('/');
+  c.conflictsOn[on] = (c.conflictsOn[on] ?? 0) + 1;
 }
 
 /** A TokenReview or SubjectAccessReview created. */

@@ -1,7 +1,7 @@
 /**
  * WorkQueue (SPEC §4 coalescing), with a stand-in worker: requests for a name that is being
  * processed share one follow-up that starts after it ends; the follow-up looks at the consumers
- * they named, or at everything when one asked for it; the first run gets the request's hint, a
+ * they named, or at everything when one asked for it; the first run gets the request's seed, a
  * follow-up none; other names run at once; a failing run rejects its callers and never leaves an
  * unhandled rejection or a stuck name.
  */
@@ -44,11 +44,11 @@ describe('WorkQueue: one queue of names (SPEC §4)', () => {
     const b1 = q.add('key/team/aws', 'k', [n('b')], 'ignored');
     const b2 = q.add('key/team/aws', 'k', [n('b')]);
     assert.equal(runs.length, 1, 'nothing starts while the name runs');
-    assert.equal(runs[0]!.hint, 'seed', 'the first run has its request’s hint');
+    assert.equal(runs[0]!.seed, 'seed', 'the first run has its request’s seed');
     await release();
     assert.equal(await first, 1);
     assert.deepEqual(runs[1]!.scope, [n('b')]);
-    assert.equal(runs[1]!.hint, undefined, 'a follow-up reads everything again');
+    assert.equal(runs[1]!.seed, undefined, 'a follow-up reads everything again');
     const c = q.add('key/team/aws', 'k', [n('c')]);
     const d = q.add('key/team/aws', 'k', [n('d')]);
     await release();

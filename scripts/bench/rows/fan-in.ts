@@ -7,10 +7,12 @@
  * - spread: N/10 namespaces, 10 consumers each (N/10 mirrors);
  * - concurrent fan-in (async-handler path only): the fan-in burst spread round-robin over two
  *   mirror-sync instances, compared with the same burst on one instance.
- * Baseline: N plain Secret creates in one namespace at the same client concurrency.
+ * Baselines: N plain Secret creates in one namespace at the same client concurrency; and, for
+ * fan-in, the delivery path's own floor (the same events to a sink that answers 200 at once).
  */
 import { secretCreates } from '../baselines.ts';
-import { createNamespaces } from '../fixtures.ts';
+import { eventually } from '../../lib/wait.ts';
+import { createConsumers, createNamespaces } from '../fixtures.ts';
 import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
 import { burst, type BurstResult, type RowContext } from './context.ts';
@@ -73,6 +75,42 @@ async function createsBaseline(ctx: RowContext, n: number): Promise<{ ms: number
 }
 
 /**
+ * The delivery path's own floor for a burst of `n` consumers: the same creates, their events
+ * through the same path (adapter, Broker, Trigger) to mirror-sync's front answering 200 at once
+ * without forwarding. @returns ms from the first create until the front received `n` events.
+ */
+async function pathFloor(ctx: RowContext, n: number): Promise<number> {
+  const { sys } = ctx;
+  const ns = ctx.next('pf');
+  await createNamespaces(sys.admin, [ns], {});
+  await sys.events.settled(Math.min(500, ctx.quietMs), ctx.timeoutMs);
+  const front = sys.events.fronts['mirror-sync'];
+  const mode = front.mode;
+  front.mode = { kind: 'drop' };
+  try {
+    sys.events.resetCounts();
+    const items = Array.from({ length: n }, (_, i) => ({ namespace: ns, name: `p-${i}` }));
+    const t0 = performance.now();
+    await createConsumers(sys.admin, { plural: 'terraformmachines', items, identity: BURST_IDENTITY });
+    await eventually(`the front to receive ${n} events`, async () => front.counts.events >= n, ctx.timeoutMs, 5);
+    const ms = performance.now() - t0;
+    await sys.events.settled(ctx.quietMs, ctx.timeoutMs);
+    return ms;
+  } finally {
+    front.mode = mode;
+  }
+}
+
+/** A burst's time beside its delivery path's floor (the same events to a sink that answers 200 at once). */
+const pathFloorFigure = (row: string, r: BurstResult, floorMs: number): Figure => ({
+  row,
+  what: 'time until all mirrored, beside the delivery path floor',
+  unit: 'ms',
+  samples: [r.ms],
+  baseline: { what: `the same ${r.consumers} events to a sink that answers 200 at once`, samples: [floorMs] },
+});
+
+/**
  * Runs the fan-in row at each of `sizes.fanIn`, then the spread row at those ≥ 20, on the
  * delivery path in use (`path`); on `broker-async` also the concurrent fan-in row at `sizes.concurrent`.
  * @returns the figures. @throws Error when a burst does not converge within the timeout.
@@ -91,7 +129,8 @@ export async function fanInRows(
     const base = await createsBaseline(ctx, n);
     const r = await burst(ctx, { identity: BURST_IDENTITY, namespaces: [ctx.next('fi')], perNamespace: n, pids });
     if (n === sizes.concurrent) oneInstance = r;
-    figures.push(...burstFigures(onPath(`fan-in N=${n}`, path), r, base));
+    const row = onPath(`fan-in N=${n}`, path);
+    figures.push(...burstFigures(row, r, base), pathFloorFigure(row, r, await pathFloor(ctx, n)));
   }
   for (const n of sizes.fanIn.filter((s) => s >= 20)) {
     ctx.log(`spread [${path}]: ${n} consumers over ${n / 10} namespaces`);
