@@ -257,19 +257,33 @@ export function desiredMirror(
  * instances commute. A removal is the garbage collector's own form (`$patch: delete` by UID,
  * kube-controller-manager's `controller_ref_manager.go`). The mirror's `metadata.uid` rides along
  * as the guard: the API server refuses the patch for a mirror deleted and created again meanwhile
- * (a UID is immutable), so a removal decided for one mirror never lands on another.
- * @param mirrorUid the UID of the mirror as read.
+ * (a UID is immutable), so a change decided for one mirror never lands on another.
+ *
+ * Adds commute with each other and with removals of other UIDs, so a patch that only adds carries
+ * nothing more. A removal does not commute with a concurrent add of the same UID (a consumer that
+ * switched identity and back) nor with the removal of the mirror's other users (two removals by
+ * UID could leave a mirror with no owner, which nothing would collect): a patch that removes
+ * carries the `resourceVersion` it was decided from, and conflicts when anything changed since.
+ * @param read the mirror as read: its UID, and the resourceVersion a removal needs.
  * @param change references to add (whole, `controller` and `blockOwnerDeletion` unset, SPEC §3)
  *   and UIDs to remove; at least one of them (an empty list in a patch changes nothing,
  *   kubernetes/kubernetes#96107).
  */
 export function ownerReferencesPatch(
-  mirrorUid: string,
+  read: { uid: string; resourceVersion?: string | undefined },
   change: { add: readonly OwnerReference[]; remove: readonly string[] },
-): { metadata: { uid: string; ownerReferences: (OwnerReference | { $patch: 'delete'; uid: string })[] } } {
+): {
+  metadata: {
+    uid: string;
+    resourceVersion?: string;
+    ownerReferences: (OwnerReference | { $patch: 'delete'; uid: string })[];
+  };
+} {
+  const guard = change.remove.length && read.resourceVersion ? { resourceVersion: read.resourceVersion } : {};
   return {
     metadata: {
-      uid: mirrorUid,
+      uid: read.uid,
+      ...guard,
       ownerReferences: [
         ...change.add.map(({ apiVersion, kind, name, uid }) => ({ apiVersion, kind, name, uid })),
         ...change.remove.map((uid) => ({ $patch: 'delete' as const, uid })),

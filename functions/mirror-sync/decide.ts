@@ -106,9 +106,10 @@ export interface ConsumerPlan {
 type ReadMirror = SecretLike & { metadata?: { uid?: string } };
 
 /**
- * SPEC §4 step 3: what to do with the mirror Secret. `merge` is the write that commutes with
- * every other instance's: only owner references change (added by UID, removed by UID), sent as a
- * strategic-merge patch the API server applies to whatever is stored, without a resourceVersion.
+ * SPEC §4 step 3: what to do with the mirror Secret. `merge`: only owner references change (added
+ * by UID, removed by UID), sent as a strategic-merge patch the API server applies to whatever is
+ * stored; adding only, it commutes with every other instance's write and carries no
+ * resourceVersion (a removal carries the one it was read at: lib/mirror.ts `ownerReferencesPatch`).
  * `update` (data, labels, a reference whose fields must change) and `delete` carry the
  * resourceVersion they were read at; a `create` is refused when anything holds the name.
  */

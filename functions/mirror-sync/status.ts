@@ -12,6 +12,7 @@ import type { ConditionInput } from '../lib/conditions.ts';
 import {
   apiStatus,
   describeError,
+  ignoreNotFound,
   isConflict,
   isNotFound,
   redactApiError,
@@ -58,18 +59,16 @@ const CLUSTER_EVENTS_NAMESPACE = 'default';
  * Applies the desired owned conditions to the consumer's status when they differ from what it has.
  * A cluster-scoped consumer (no namespace) is patched at cluster scope.
  *
- * The apply carries no resourceVersion: peers decide and write the same conditions at the same
- * time, and a precondition every peer's write moves would make them conflict (SPEC §4). What must
- * hold — conditions decided for one object and generation never stay on another — is checked on
- * the apply's answer, which names the UID and generation of the object the write landed on (the
- * API server offers no UID or generation precondition for an apply to a custom resource's status:
- * its status strategy keeps the stored metadata). When they differ, the conditions just applied
- * are removed again by a JSON patch pinned to that answer's resourceVersion, so the object's own
- * events (and the echo of the removal) are never taken for echoes of a decision, and
- * a {@link Conflict} is thrown (errors.ts: the key is decided again).
+ * The apply carries the resourceVersion the decision read (the API server offers no UID or
+ * generation precondition for an apply to a custom resource's status: its status strategy keeps
+ * the stored metadata), so conditions decided for one state never land on a later one — a
+ * consumer recreated under its name or switched to another identity, or a newer decision (a
+ * revocation) written meanwhile. A 409 is settled with one read (SPEC §4): when the consumer is
+ * still the object and generation decided for and already carries these conditions (another
+ * instance wrote them), the write is done; otherwise a {@link Conflict} decides the key again.
  * @param target the consumer as read (its conditions are compared; nothing is written when equal).
- * @returns whether a write happened. @throws Conflict (above); API errors other than 404
- *   (the object is gone: nothing to write).
+ * @returns whether this call wrote. @throws Conflict (above); API errors other than 404 (the
+ *   object is gone: nothing to write).
  */
 export async function writeConditions(
   clients: Clients,
@@ -80,43 +79,39 @@ export async function writeConditions(
   const { kind, consumer } = target;
   const plan = conditionPlan(consumer, desired, ctx.now);
   if (!plan.changed) return false;
-  const { name, namespace } = consumer.metadata;
+  const { name, namespace, resourceVersion } = consumer.metadata;
+  const metadata = { name, ...(namespace ? { namespace } : {}), ...(resourceVersion ? { resourceVersion } : {}) };
   const objects = consumerObjects(clients, kind);
   let applied: Consumer;
   try {
-    applied = await objects.applyStatus({
-      metadata: { name, ...(namespace ? { namespace } : {}) },
-      status: { conditions: plan.owned },
-    });
+    applied = await objects.applyStatus({ metadata, status: { conditions: plan.owned } });
   } catch (err) {
     if (isNotFound(err)) return false;
+    if (isConflict(err)) return settleConflict(objects, consumer, desired);
     throw err;
   }
-  const at = { name: name!, namespace };
-  if (!landedOnDecided(consumer, applied)) {
-    await undoApply(objects, { at, applied, desired }, ctx);
-    throw new Conflict(`consumer ${namespace ?? ''}/${name} changed while its conditions were decided`);
-  }
-  await removeWhatApplyLeft(objects, { at, applied, desired }, ctx);
+  await removeWhatApplyLeft(objects, { at: { name: name!, namespace }, applied, desired }, ctx);
   if (plan.changedInputs.length) await recordEvent(clients, target, plan.changedInputs, ctx);
   return true;
 }
 
-/** Whether an apply's answer is the object and generation its conditions were decided for. */
-const landedOnDecided = (decided: Consumer, applied: Consumer | undefined): boolean =>
-  applied?.metadata?.uid === decided.metadata.uid && applied?.metadata?.generation === decided.metadata.generation;
-
 /**
- * Removes the conditions an apply just wrote on an object they were not decided for, pinned to
- * the resourceVersion the apply returned: whatever was written after it (the object's own
- * reconcile) is left alone.
+ * After a 409 on a condition write: is the consumer still the object and generation decided for,
+ * and does it already carry the desired conditions (status, reason, message, observedGeneration;
+ * none of ours left over)? Then another instance wrote the same decision: nothing to do.
+ * @returns false (this call wrote nothing). @throws Conflict otherwise; API errors of the read.
  */
-async function undoApply(
+async function settleConflict(
   objects: CustomObjects<Consumer>,
-  r: { at: ObjectAddress; applied: Consumer | undefined; desired: readonly ConditionInput[] },
-  ctx: WriteContext,
-): Promise<void> {
-  await removeWhatApplyLeft(objects, { ...r, desired: [] }, ctx);
+  decided: Consumer,
+  desired: readonly ConditionInput[],
+): Promise<false> {
+  const { name, namespace, uid, generation } = decided.metadata;
+  const now = await ignoreNotFound(objects.get({ name: name!, namespace }));
+  if (!now) return false;
+  const same = now.metadata.uid === uid && now.metadata.generation === generation;
+  if (same && !conditionPlan(now, desired, new Date()).changed) return false;
+  throw new Conflict(`consumer ${namespace ?? ''}/${name} changed since it was read`);
 }
 
 /**

@@ -5,9 +5,9 @@
  * reads it (the resourceVersion in an update's body, the UID in a merge's body, both as a delete's
  * preconditions); `precondition` states it for readers and tests.
  *
- * Writes that commute with other instances' writes are merges the API server makes (adding and
- * removing owner references by UID, guarded only by the mirror's UID); every other write carries
- * the resourceVersion it was decided from (SPEC §0, §4, §6).
+ * Writes that commute with other instances' writes are merges the API server makes (adding owner
+ * references by UID, guarded only by the mirror's UID); every other write, a removal of a
+ * reference included, carries the resourceVersion it was decided from (SPEC §0, §4, §6).
  */
 import { ownerReferencesPatch, type SecretLike } from '../lib/mirror.ts';
 import type { KeyPlan } from './decide.ts';
@@ -38,12 +38,15 @@ export type MirrorWrite =
       precondition: Required<Pick<Precondition, 'resourceVersion'>>;
     }
   | {
-      /** A strategic-merge patch of `metadata.ownerReferences` by UID: commutes with every other. */
+      /**
+       * A strategic-merge patch of `metadata.ownerReferences` by UID. Adding only, it commutes with
+       * every other instance's write; a removal also carries the resourceVersion it was read at.
+       */
       verb: 'patch';
       namespace: string;
       name: string;
       body: ReturnType<typeof ownerReferencesPatch>;
-      precondition: Required<Pick<Precondition, 'uid'>>;
+      precondition: Precondition & Required<Pick<Precondition, 'uid'>>;
     }
   | {
       /** A delete of exactly the mirror that was read (SPEC §6: never one that gained a user). */
@@ -74,12 +77,13 @@ export function mirrorWriteOf(plan: KeyPlan): MirrorWrite | undefined {
       };
     case 'merge': {
       const uid = required(m.secret, 'uid');
+      const resourceVersion = m.remove.length ? required(m.secret, 'resourceVersion') : undefined;
       return {
         verb: 'patch',
         namespace,
         name: required(m.secret, 'name'),
-        body: ownerReferencesPatch(uid, m),
-        precondition: { uid },
+        body: ownerReferencesPatch({ uid, resourceVersion }, m),
+        precondition: { uid, ...(resourceVersion ? { resourceVersion } : {}) },
       };
     }
     case 'delete':

@@ -778,7 +778,7 @@ function conditionOwnershipTests(): void {
     );
   });
 
-  it("conditions decided for a consumer never stay on one recreated under its name (the apply's answer names another UID)", async () => {
+  it('conditions decided for a consumer never land on one recreated under its name (resourceVersion precondition)', async () => {
     const n = await w.namespace();
     const old = await w.create(fx.consumer('phoenix-status', fx.inNamespace(n), fx.identityRef('some-identity')));
     await w.delete(old);
@@ -798,11 +798,27 @@ function conditionOwnershipTests(): void {
       (err: unknown) => err instanceof Conflict && isConflict(err),
       'a conflict: the reconcile decides again from a fresh read',
     );
-    const left = (await w.read(recreated))!.status?.conditions ?? [];
-    assert.deepEqual(
-      left.map((c) => c.type),
-      [],
-      'what landed on the new object is removed again, so its own events are never taken for echoes',
+    assert.equal((await w.read(recreated))!.status?.conditions, undefined, 'nothing written on the new object');
+  });
+
+  it('a condition write that meets a 409 because another instance wrote the same decision is done, not decided again', async () => {
+    const n = await w.namespace();
+    const c = await w.create(fx.consumer('twice', fx.inNamespace(n), fx.identityRef('no-such-identity')));
+    const decided = {
+      type: 'IdentityAllowed',
+      status: 'False' as const,
+      reason: 'IdentityNotFound',
+      message: 'TerraformClusterIdentity no-such-identity does not exist',
+      observedGeneration: 1,
+    };
+    const write = (d: typeof decided) =>
+      writeConditions(a, { kind: TERRAFORM_CLUSTER, consumer: c }, [d], { now: new Date(), logger: ms.log.logger });
+    assert.equal(await write(decided), true, 'the first instance writes');
+    assert.equal(await write(decided), false, 'the second, from the same read, meets a 409 and finds it written');
+    await assert.rejects(
+      write({ ...decided, message: 'another decision' }),
+      (err: unknown) => err instanceof Conflict,
+      'a different decision from an old read is decided again',
     );
   });
 

@@ -123,7 +123,7 @@ const TABLE: [Sa, string, string, string, string, boolean][] = [
   ['captf-mirror-sync', 'update', 'secrets', '', '', true],
   ['captf-mirror-sync', 'delete', 'secrets', '', '', true],
   ['captf-mirror-sync', 'watch', 'secrets', '', '', false],
-  ['captf-mirror-sync', 'patch', 'secrets', '', '', false],
+  ['captf-mirror-sync', 'patch', 'secrets', '', '', true],
   ['captf-mirror-sync', 'create', 'events', 'events.k8s.io', '', true],
   ['captf-mirror-sync', 'create', 'configmaps', '', '', false],
   // prepare's callers (SPEC §5): their token and their permission.

@@ -612,6 +612,7 @@ describe('the write path (writes.ts): a snapshot in, the one request to the mirr
     return { verb: w.verb, ...(refs ? { refs } : {}), guard };
   };
   const byUid = { uid: 'm-uid' };
+  const byVersion = { uid: 'm-uid', resourceVersion: '7' };
   const exactly = { resourceVersion: '7', uid: 'm-uid' };
   const rows: { name: string; snapshot: Partial<Snapshot>; want: ReturnType<typeof summary> }[] = [
     {
@@ -630,18 +631,18 @@ describe('the write path (writes.ts): a snapshot in, the one request to the mirr
       want: { verb: 'patch (merge)', refs: '+2 +3', guard: byUid },
     },
     {
-      name: 'a former user, listed key: a merge that removes it by UID (the garbage collector’s form)',
+      name: 'a former user, listed key: a merge that removes it by UID (the garbage collector’s form), with the resourceVersion read',
       snapshot: { mirror: mirror([owner('a', '1'), owner('gone', '9')]), consumers: [user('a', '1')] },
-      want: { verb: 'patch (merge)', refs: '-9', guard: byUid },
+      want: { verb: 'patch (merge)', refs: '-9', guard: byVersion },
     },
     {
-      name: 'a consumer recreated under its name: one merge adds the new UID and removes the old',
+      name: 'a consumer recreated under its name: one merge adds the new UID and removes the old (a removal: with the resourceVersion)',
       snapshot: {
         mirror: mirror([owner('a', 'old'), owner('b', '2')]),
         consumers: [user('a', '1')],
         scope: [named('a')],
       },
-      want: { verb: 'patch (merge)', refs: '+1 -old', guard: byUid },
+      want: { verb: 'patch (merge)', refs: '+1 -old', guard: byVersion },
     },
     {
       name: 'the source rotated: a whole update with the resourceVersion it was read at',
@@ -665,7 +666,7 @@ describe('the write path (writes.ts): a snapshot in, the one request to the mirr
         mirror: mirror([owner('a', '1'), owner('gone', '9')], { k: b64('last-good') }),
         consumers: [user('a', '1')],
       },
-      want: { verb: 'patch (merge)', refs: '-9', guard: byUid },
+      want: { verb: 'patch (merge)', refs: '-9', guard: byVersion },
     },
     {
       name: 'the last user gone: a delete of exactly the mirror read (SPEC §6)',
