@@ -1,7 +1,7 @@
 /**
  * SPEC §4: reconcile one mirror key — observe (observe.ts) → decide (decide.ts) → act (act.ts,
- * the one writer). A conflict observes the whole key again and decides again, a bounded number of
- * times with a jittered pause. One JSON log line per key; nothing is thrown (API failures become
+ * the one writer). A conflict observes the same consumers again, afresh, and decides again, a
+ * bounded number of times with a jittered pause. One JSON log line per key; nothing is thrown (API failures become
  * `retry: true`).
  */
 import pLimit from 'p-limit';
@@ -23,7 +23,7 @@ export interface KeyResult extends KeyOutcome {
 const ATTEMPTS = 10;
 
 /**
- * Reconciles one key: observe (with `scope` and `seed` the first time, the whole key after a
+ * Reconciles one key: observe (`scope`, with `seed` the first time, all read afresh after a
  * conflict), decide, act — again while writes keep conflicting, a bounded number of times. Logs
  * what it did ({@link logKey}).
  * @param seed reads made for this key after the request arrived (observe.ts {@link Seed}).
@@ -42,8 +42,9 @@ export async function reconcileKey(
     const ctx = contextOf(deps, counter);
     const opts = { limit: pLimit(1), conditions: 'write' } as const;
     result = await retryOnConflict(async (attempt) => {
-      const first = attempt === 1;
-      const work = { key, scope: first ? scope : ('all' as const), seed: first ? seed : undefined };
+      // Again after a conflict: the same consumers, read afresh. Widening to the whole key would
+      // write the conditions of consumers another pod is handling, and race it.
+      const work = { key, scope, seed: attempt === 1 ? seed : undefined };
       const [acted] = await act(ctx, [decide(await observe(ctx.clients, ctx.kinds, work), ctx.kinds)], opts);
       if ('conflict' in acted!) throw acted.conflict;
       return acted!.outcome;
