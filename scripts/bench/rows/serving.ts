@@ -106,6 +106,8 @@ export async function servingRows(o: ServingRowOptions): Promise<Figure[]> {
       secret: 'bench-serving-creds',
       allowedNamespaces: { selector: { matchLabels: { 'captf-bench/serving': 'true' } } },
     });
+    // Made first: its first pod has long scaled to zero when the fan-in's floor needs it.
+    await deployFloor(s);
     const figures = [...(await coldStarts(s))];
     for (const n of o.fanIn) figures.push(...(await fanInRow(s, n)));
     return figures;
@@ -432,14 +434,17 @@ const FLOOR = 'captf-floor';
 
 /**
  * A server that answers every request 200 at once and prints one line per delivery: the CloudEvent
- * id and the first bytes of its data (an ApiServerSource ref names the object). Run by the image's
- * own `node`, so the floor pays what the product's process pays to start and to be reached.
+ * id and the first bytes of its data (an ApiServerSource ref names the object); it exits at SIGTERM,
+ * as the product does when Knative scales in. Run by the image's own `node`, so the floor pays what
+ * the product's process pays to start and to be reached.
  */
 const FLOOR_SERVER = [
   "require('http').createServer((q, s) => {",
   "  let b = ''; q.on('data', (c) => { if (b.length < 512) b += c; });",
   "  q.on('end', () => { console.log(JSON.stringify({ id: q.headers['ce-id'], data: b.slice(0, 512) })); s.end(); });",
   '}).listen(Number(process.env.PORT) || 8080);',
+  // PID 1 in its container: no signal has a default action, so SIGTERM must be handled.
+  "process.on('SIGTERM', () => process.exit(0));",
 ].join('\n');
 
 /**
@@ -451,7 +456,6 @@ const FLOOR_SERVER = [
  * @returns ms from the first create until the floor had received every consumer's event (its pods' logs).
  */
 async function dataPlaneFloor(s: Served, n: number): Promise<number> {
-  await deployFloor(s);
   const ns = await newNamespace(s);
   await atZero(s, FLOOR);
   const restore = await pointTrigger(s, 'captf-mirror-sync-ref-add', FLOOR);
@@ -474,10 +478,9 @@ async function dataPlaneFloor(s: Served, n: number): Promise<number> {
   }
 }
 
-/** Creates {@link FLOOR} from mirror-sync's own revision template (image, autoscaling, resources), once, and waits until Ready. */
+/** Creates {@link FLOOR} from mirror-sync's own revision template (image, autoscaling, resources) and waits until Ready. */
 async function deployFloor(s: Served): Promise<void> {
   const base = `/apis/serving.knative.dev/v1/namespaces/${NAMESPACE}/services`;
-  if (await s.admin.call('GET', `${base}/${FLOOR}`).catch(() => undefined)) return;
   const ms = await s.admin.call<KnativeService>('GET', `${base}/${MIRROR_SYNC}`);
   const template = structuredClone(ms.spec.template) as KnativeService['spec']['template'] & {
     metadata?: { labels?: Record<string, string> };
