@@ -778,18 +778,21 @@ function conditionOwnershipTests(): void {
     );
   });
 
+  /** `IdentityAllowed=False/IdentityNotFound` with `message`, decided for generation 1. */
+  const identityNotFound = (message: string) => ({
+    type: 'IdentityAllowed',
+    status: 'False' as const,
+    reason: 'IdentityNotFound',
+    message,
+    observedGeneration: 1,
+  });
+
   it('conditions decided for a consumer never land on one recreated under its name (resourceVersion precondition)', async () => {
     const n = await w.namespace();
     const old = await w.create(fx.consumer('phoenix-status', fx.inNamespace(n), fx.identityRef('some-identity')));
     await w.delete(old);
     const recreated = await w.create(fx.consumer('phoenix-status', fx.inNamespace(n), fx.identityRef('some-identity')));
-    const decided = {
-      type: 'IdentityAllowed',
-      status: 'False' as const,
-      reason: 'IdentityNotFound',
-      message: 'm',
-      observedGeneration: 1,
-    };
+    const decided = identityNotFound('m');
     await assert.rejects(
       writeConditions(a, { kind: TERRAFORM_CLUSTER, consumer: old }, [decided], {
         now: new Date(),
@@ -804,13 +807,7 @@ function conditionOwnershipTests(): void {
   it('a condition write that meets a 409 because another instance wrote the same decision is done, not decided again', async () => {
     const n = await w.namespace();
     const c = await w.create(fx.consumer('twice', fx.inNamespace(n), fx.identityRef('no-such-identity')));
-    const decided = {
-      type: 'IdentityAllowed',
-      status: 'False' as const,
-      reason: 'IdentityNotFound',
-      message: 'TerraformClusterIdentity no-such-identity does not exist',
-      observedGeneration: 1,
-    };
+    const decided = identityNotFound('TerraformClusterIdentity no-such-identity does not exist');
     const write = (d: typeof decided) =>
       writeConditions(a, { kind: TERRAFORM_CLUSTER, consumer: c }, [d], { now: new Date(), logger: ms.log.logger });
     assert.equal(await write(decided), true, 'the first instance writes');
