@@ -177,12 +177,15 @@ export async function reconcilePass(pass: Pass, lists: Lists): Promise<PassResul
   }
   const [clear, inTheWay] = await splitCreatesInTheWay(pass, lists, plans);
   const acted = await act(pass.ctx, clear, { limit: pass.limit, conditions: pass.fresh ? 'write' : 'decide-again' });
+  // Keys decided again are bounded like the pass's own work: a resync that finds hundreds of new
+  // keys must not send all their reads and writes at once (the API server answers 429).
+  const again = (plan: KeyPlan) => pass.limit(() => pass.again(plan.key));
   const done = await Promise.all([
     ...acted.map(async (a) => ({
       plan: a.plan,
-      result: 'conflict' in a ? await pass.again(a.plan.key) : logged(pass, a.outcome),
+      result: 'conflict' in a ? await again(a.plan) : logged(pass, a.outcome),
     })),
-    ...[...inTheWay, ...fresh].map(async (plan) => ({ plan, result: await pass.again(plan.key) })),
+    ...[...inTheWay, ...fresh].map(async (plan) => ({ plan, result: await again(plan) })),
   ]);
   return [...done, ...failed];
 }

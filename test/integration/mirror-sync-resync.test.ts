@@ -231,6 +231,50 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
     }
   });
 
+  it('a resync decides new keys a few at a time, and leaves nothing for the next one to write', async () => {
+    // Deciding many new keys at once sends all their reads and writes together (the API server
+    // answers 429 to some, and their consumers wait for the next resync).
+    const namespaces = await Promise.all(Array.from({ length: 20 }, () => w.namespace()));
+    const id = await source.newIdentity(fx.allowList(...namespaces));
+    // Consumers whose events were lost: only a resync mirrors them.
+    await Promise.all(namespaces.map((n) => createConsumers(w, n, id, 'lost', 5, alternatingKinds)));
+    const ours = (url: string) => namespaces.find((n) => url.includes(`/namespaces/${n}/`));
+    const writes: string[] = [];
+    // The namespaces whose key had started (its consumers listed) before the first mirror was created.
+    const startedBeforeFirstCreate = new Set<string>();
+    let created = false;
+    let recording = false;
+    const proxy = await startFaultProxy((method, url) => {
+      const n = ours(url);
+      if (!n) return undefined;
+      if (method === 'POST' && url.includes('/secrets')) created = true;
+      if (!created && method === 'GET' && url.includes('fieldSelector=')) startedBeforeFirstCreate.add(n);
+      if (recording && method !== 'GET') writes.push(`${method} ${url.split('?')[0]}`);
+      return undefined;
+    });
+    try {
+      const concurrency = 4;
+      const resyncs = await mirrorSyncUnderTest(w, {
+        kubeconfig: proxy.kubeconfigPath,
+        env: { CAPTF_CONCURRENCY: String(concurrency) },
+      });
+      assert.equal((await deliver(resyncs.url, pingEvent(), { retries: 0 })).status, 200);
+      assert.ok(
+        startedBeforeFirstCreate.size <= concurrency,
+        `${startedBeforeFirstCreate.size} keys started before the first create`,
+      );
+      for (const n of namespaces) {
+        const m = await w.read(fx.mirrorOf(id, fx.inNamespace(n)));
+        assert.equal(m?.metadata?.ownerReferences?.length, 5, `the mirror in ${n} has every consumer`);
+      }
+      recording = true;
+      assert.equal((await deliver(resyncs.url, pingEvent(), { retries: 0 })).status, 200);
+      assert.deepEqual(writes, [], 'the second resync found everything current');
+    } finally {
+      proxy.close();
+    }
+  });
+
   it('a namespace being deleted gets no create of a mirror, from an event or a resync; the condition says why', async () => {
     const n = await w.namespace();
     // Allowed only once the namespace is Terminating, so no resync (of any file) mirrors it before.
