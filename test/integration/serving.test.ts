@@ -17,6 +17,7 @@ import type { Consumer } from '../../functions/lib/api.ts';
 import { setGlobalDispatcher } from 'undici';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { podView, SERVICE_LABEL } from '../../scripts/local/scale.ts';
+import { withRevisionAnnotations } from '../../scripts/serving/revision.ts';
 import { clusterLocalDispatcher } from '../../scripts/system/serving.ts';
 import { startSystem } from '../../scripts/system/system.ts';
 import { identityThroughWebhook } from '../helpers/admission.ts';
@@ -221,48 +222,55 @@ describe('the manifests on Knative Serving', () => {
     assert.ok(dead.ok, `the dead-letter sink answered ${dead.status}`);
   });
 
-  it('a burst of consumers scales mirror-sync past one pod and ends with one owner reference each, every consumer mirrored, no dead letter', async () => {
+  it('a burst of consumers on several mirror-sync pods ends with one owner reference each, every consumer mirrored, no dead letter', async () => {
     const N = 200;
     await atZero('captf-dead-letters');
     const source = await operatorSource(w);
     const ns = await w.namespace();
     const id = await source.newIdentity(fx.allowList(ns));
-    const sample = samplePods(['captf-mirror-sync', 'captf-dead-letters']);
-    try {
-      const consumers = await createConsumers(w, ns, id, 'burst', N);
-      const want = consumers.map((c) => c.metadata.uid).sort();
-      await eventually(
-        `mirror ${ns}/${mirrorName(id)} to have ${N} owner references`,
-        async () => {
-          const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) }).catch(() => undefined);
-          const owners = (s?.metadata?.ownerReferences ?? []).map((o) => o.uid).sort();
-          return owners.length === N && owners;
-        },
-        300_000,
-        1000,
-      ).then((owners) => assert.deepEqual(owners, want));
-      // And every consumer says so: the conditions come after the mirror (the window the
-      // autoscaler sees lasts until the last one).
-      await eventually(
-        `the ${N} consumers in ${ns} to be CredentialsMirrored`,
-        async () => {
-          const list = (await custom.listNamespacedCustomObject({
-            group: 'infrastructure.cluster.x-k8s.io',
-            version: 'v1beta2',
-            namespace: ns,
-            plural: 'terraformclusters',
-          })) as { items: Consumer[] };
-          return (
-            list.items.length === N &&
-            list.items.every((c) => fx.conditionOf(c, 'CredentialsMirrored')?.status === 'True')
-          );
-        },
-        300_000,
-        1000,
-      );
-    } finally {
-      await sample.stop();
-    }
+    // As shipped one pod takes the whole burst; a low target makes Knative spread it over pods
+    // that all add owners to the one mirror at once.
+    const spread = { 'autoscaling.knative.dev/target': '15' };
+    const mirrorSync = { namespace: NAMESPACE, service: 'captf-mirror-sync', timeoutMs: 300_000 };
+    const sample = await withRevisionAnnotations(system.kc, mirrorSync, spread, async () => {
+      const sample = samplePods(['captf-mirror-sync', 'captf-dead-letters']);
+      try {
+        const consumers = await createConsumers(w, ns, id, 'burst', N);
+        const want = consumers.map((c) => c.metadata.uid).sort();
+        await eventually(
+          `mirror ${ns}/${mirrorName(id)} to have ${N} owner references`,
+          async () => {
+            const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) }).catch(() => undefined);
+            const owners = (s?.metadata?.ownerReferences ?? []).map((o) => o.uid).sort();
+            return owners.length === N && owners;
+          },
+          300_000,
+          1000,
+        ).then((owners) => assert.deepEqual(owners, want));
+        // And every consumer says so: the conditions come after the mirror (the window the
+        // autoscaler sees lasts until the last one).
+        await eventually(
+          `the ${N} consumers in ${ns} to be CredentialsMirrored`,
+          async () => {
+            const list = (await custom.listNamespacedCustomObject({
+              group: 'infrastructure.cluster.x-k8s.io',
+              version: 'v1beta2',
+              namespace: ns,
+              plural: 'terraformclusters',
+            })) as { items: Consumer[] };
+            return (
+              list.items.length === N &&
+              list.items.every((c) => fx.conditionOf(c, 'CredentialsMirrored')?.status === 'True')
+            );
+          },
+          300_000,
+          1000,
+        );
+      } finally {
+        await sample.stop();
+      }
+      return sample;
+    });
     assert.ok(
       sample.most['captf-mirror-sync']! > 1,
       `mirror-sync scaled past one pod (most not Terminating at once: ${sample.most['captf-mirror-sync']})`,

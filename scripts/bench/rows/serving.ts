@@ -25,6 +25,7 @@ import { DEFAULT_PREPARE_AUDIENCE } from '../../../functions/mirror-sync/authori
 import { SERVICE_LABEL } from '../../local/scale.ts';
 import { prepareCaller } from '../../lib/serviceaccount.ts';
 import { eventually, sleep } from '../../lib/wait.ts';
+import { revisionReady, withRevisionAnnotations } from '../../serving/revision.ts';
 import { clusterLocalDispatcher } from '../../system/serving.ts';
 import { startSystem, type RunningSystem } from '../../system/system.ts';
 import { REPO_ROOT } from '../../tools/build.ts';
@@ -339,7 +340,12 @@ const burstOf = (ns: string, n: number) => Array.from({ length: n }, (_, i) => (
  */
 async function fanInRow(s: Served, n: number): Promise<Figure[]> {
   const scaled = await fanIn(s, n);
-  const pinned = await withMaxScale(s, MIRROR_SYNC, '1', () => fanIn(s, n));
+  const pinned = await withRevisionAnnotations(
+    s.kc,
+    { namespace: NAMESPACE, service: MIRROR_SYNC, timeoutMs: s.opts.timeoutMs },
+    { 'autoscaling.knative.dev/max-scale': '1' },
+    () => fanIn(s, n),
+  );
   const floor = await dataPlaneFloor(s, n);
   const secrets = await secretCreates(s.admin, await newNamespace(s), n, 'floor');
   const row = `serving fan-in N=${n}`;
@@ -375,59 +381,11 @@ async function fanInRow(s: Served, n: number): Promise<Figure[]> {
   ];
 }
 
-/**
- * Runs `fn` with `service`'s revision template annotated `autoscaling.knative.dev/max-scale:
- * <value>`, then puts the annotation back; each change waits for the new revision to be Ready.
- */
-async function withMaxScale<T>(s: Served, service: string, value: string, fn: () => Promise<T>): Promise<T> {
-  const path = `/apis/serving.knative.dev/v1/namespaces/${NAMESPACE}/services/${service}`;
-  const before = await s.admin.call<KnativeService>('GET', path);
-  const was = before.spec.template.metadata?.annotations?.[MAX_SCALE] ?? null;
-  await setAnnotation(s, path, value);
-  try {
-    return await fn();
-  } finally {
-    await setAnnotation(s, path, was);
-  }
-}
-
-const MAX_SCALE = 'autoscaling.knative.dev/max-scale';
-
-/** A Knative Service as the bench reads it. */
+/** A Knative Service as the floor row reads and creates it. */
 interface KnativeService {
   metadata: { generation?: number };
   spec: { template: { metadata?: { annotations?: Record<string, string> }; spec: { containers: object[] } } };
-  status?: {
-    observedGeneration?: number;
-    latestCreatedRevisionName?: string;
-    latestReadyRevisionName?: string;
-    conditions?: { type: string; status: string }[];
-  };
 }
-
-/** Sets (or, with null, removes) the max-scale annotation and waits until the new revision is Ready. */
-async function setAnnotation(s: Served, path: string, value: string | null): Promise<void> {
-  const patch = { spec: { template: { metadata: { annotations: { [MAX_SCALE]: value } } } } };
-  const after = await s.admin.call<KnativeService>('PATCH', path, patch, 'application/merge-patch+json');
-  await ready(s, path, after.metadata.generation ?? 0);
-}
-
-/** Waits until the Knative Service at `path` has observed `generation` and its latest revision is Ready. */
-const ready = (s: Served, path: string, generation: number) =>
-  eventually(
-    `${path} to be Ready at generation ${generation}`,
-    async () => {
-      const k = await s.admin.call<KnativeService>('GET', path);
-      const st = k.status;
-      return (
-        (st?.observedGeneration ?? 0) >= generation &&
-        st?.latestCreatedRevisionName === st?.latestReadyRevisionName &&
-        st?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')
-      );
-    },
-    s.opts.timeoutMs,
-    500,
-  );
 
 /** The no-op sink of the floor row: a Knative Service from the product image. */
 const FLOOR = 'captf-floor';
@@ -495,7 +453,12 @@ async function deployFloor(s: Served): Promise<void> {
     spec: { template },
   };
   const created = await s.admin.call<KnativeService>('POST', base, body);
-  await ready(s, `${base}/${FLOOR}`, created.metadata.generation ?? 1);
+  await revisionReady(
+    s.kc,
+    { namespace: NAMESPACE, service: FLOOR },
+    created.metadata.generation ?? 1,
+    s.opts.timeoutMs,
+  );
 }
 
 /**
