@@ -1,6 +1,6 @@
 /**
- * The local control plane gives the built-in ClusterRoles what a real cluster gives them
- * (issue 25, item 4): its controller-manager runs the clusterrole-aggregation controller, so
+ * The local control plane gives the built-in ClusterRoles what a real cluster gives them: its
+ * controller-manager runs the clusterrole-aggregation controller, so
  * `kubectl create rolebinding --clusterrole=edit` (or `view`) in a namespace grants there what
  * it grants on a cluster, and nothing elsewhere. A Secret in another namespace of this file
  * stands for the operator's Secret in captf-system (the real one belongs to other files).

@@ -39,7 +39,9 @@ const local = (name: string) => isIP(name) !== 0 || name === 'localhost' || name
 before(async () => {
   sink = await startSink();
   namespace = await w.namespace();
-  const sinks = { 'captf-mirror-sync': sink.url, 'captf-identity-status': sink.url, 'captf-dead-letters': sink.url };
+  // By name, so the filter looks one up (the check below would pass vacuously if nothing did).
+  const byName = sink.url.replace('//127.0.0.1:', '//localhost:');
+  const sinks = { 'captf-mirror-sync': byName, 'captf-identity-status': byName, 'captf-dead-letters': byName };
   dp = await startBroker({
     objects: await render(RENDERED_MANIFESTS),
     namespace,
@@ -49,7 +51,7 @@ before(async () => {
   });
   adapter = await startApiServerSourceAdapter({
     kubeconfigPath: `${controlPlaneDir()}/admin.kubeconfig`,
-    sink: dp.brokerUrl,
+    sink: dp.brokerUrl.replace('//127.0.0.1:', '//localhost:'),
     source: {
       namespaces: [namespace],
       allNamespaces: false,
@@ -93,6 +95,17 @@ describe('the event path resolves no name off the machine', () => {
 
   it('sends the OIDC discovery request for kubernetes.default.svc to the loopback proxy, which refuses it', () => {
     assert.ok(dp.refused.includes('kubernetes.default.svc:443'), `refused: ${dp.refused.join(', ')}`);
+  });
+
+  it('logs each lookup: the filter and the adapter resolved localhost, their sinks by name', () => {
+    for (const [component, logs] of [
+      ['filter', dp.logs.filter],
+      ['adapter', adapter.logs],
+    ] as const)
+      assert.ok(
+        lookedUp(logs).includes('localhost'),
+        `${component} logged no lookup of localhost:\n${logs.join('\n')}`,
+      );
   });
 
   for (const component of ['ingress', 'filter', 'dispatcher', 'mtping', 'adapter'] as const)
