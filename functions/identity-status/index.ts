@@ -9,8 +9,7 @@ import { consumerKindsFromEnv } from '../lib/consumers.ts';
 import {
   closeServer,
   createApp,
-  EVENT_TYPES,
-  readBody,
+  readEvents,
   errorHandler,
   limitIdleConnections,
   listen,
@@ -58,7 +57,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const app = createApp();
   app.post(
     '/',
-    readBody({ types: EVENT_TYPES }),
+    readEvents(),
     handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }),
   );
   app.use(errorHandler(logger));

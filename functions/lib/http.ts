@@ -17,6 +17,7 @@ import { parse as parseContentType } from 'content-type';
 import getRawBody from 'raw-body';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { describeError } from './api-errors.ts';
+import { PING_EVENT_TYPE } from './cloudevents.ts';
 import { answersInFlight, refusedWhileDraining } from './connections.ts';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
@@ -139,6 +140,14 @@ export const EVENT_TYPES: readonly string[] = [
 ];
 
 /**
+ * Middleware reading a CloudEvents delivery's body ({@link readBody} with {@link EVENT_TYPES}).
+ * A binary-mode ping (`ce-type: dev.knative.sources.ping`) is taken whatever its content type:
+ * SPEC §12 never reads a ping's payload, and a PingSource may send its `data` as text/plain.
+ */
+export const readEvents = (): RequestHandler =>
+  readBody({ types: EVENT_TYPES, anyType: (req) => req.get('ce-type') === PING_EVENT_TYPE });
+
+/**
  * Middleware reading a route's body as UTF-8 text into `req.body` (the handlers parse it, so
  * a malformed body is their 4xx). A body of another content type, encoding or charset is a
  * 415 before any byte is read; a request without a body, or with an empty one, is let through
@@ -148,8 +157,13 @@ export const EVENT_TYPES: readonly string[] = [
  * sender is not read to its end.
  * @param opts.types accepted media types (parameters such as `charset` are ignored).
  * @param opts.limit bytes (default {@link DEFAULT_BODY_LIMIT}).
+ * @param opts.anyType requests read whatever their type, encoding or charset (their body is never interpreted).
  */
-export function readBody(opts: { types: readonly string[]; limit?: number }): RequestHandler {
+export function readBody(opts: {
+  types: readonly string[];
+  limit?: number;
+  anyType?: (req: Request) => boolean;
+}): RequestHandler {
   const limit = opts.limit ?? DEFAULT_BODY_LIMIT;
   return (req, res, next) => {
     const type = req.is([...opts.types]);
@@ -158,7 +172,11 @@ export function readBody(opts: { types: readonly string[]; limit?: number }): Re
       req.body = '';
       return next();
     }
-    const refused = type === false ? `content type must be one of ${opts.types.join(', ')}` : unreadable(req);
+    const refused = opts.anyType?.(req)
+      ? undefined
+      : type === false
+        ? `content type must be one of ${opts.types.join(', ')}`
+        : unreadable(req);
     if (refused) throw new HttpError(415, refused);
     getRawBody(req, { limit, length: req.headers['content-length'], encoding: 'utf8' }).then(
       (text) => {

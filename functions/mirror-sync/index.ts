@@ -9,9 +9,9 @@ import { discoverConsumerKinds, kindName, setPageSizeFromEnv } from '../lib/cons
 import {
   closeServer,
   createApp,
-  EVENT_TYPES,
   JSON_TYPES,
   readBody,
+  readEvents,
   errorHandler,
   limitIdleConnections,
   listen,
@@ -71,7 +71,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   // for the named object comes before anything about the object is read.
   const gate = new PrepareGate(kubeconfig, prepareAuthFromEnv(env), logger);
   const app = createApp();
-  app.post('/', readBody({ types: EVENT_TYPES }), handler.handle);
+  app.post('/', readEvents(), handler.handle);
   app.post('/prepare', gate.authenticate, readBody({ types: JSON_TYPES }), async (req, res) => {
     const caller = res.locals.caller as Caller;
     const body = typeof req.body === 'string' ? req.body : '';

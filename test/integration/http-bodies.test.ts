@@ -176,6 +176,23 @@ describe('request bodies on every endpoint', () => {
     assert.notEqual(structured.status, 415, structured.text);
   });
 
+  it("a binary-mode ping is taken whatever its data's type (its payload is never read); any other event of that type is a 415", async () => {
+    const ping = {
+      'ce-specversion': '1.0',
+      'ce-id': 'p1',
+      'ce-source': '/apis/v1/namespaces/captf-system/pingsources/captf-resync',
+      'ce-type': 'dev.knative.sources.ping',
+    };
+    for (const fn of [mirrorSync, identityStatus]) {
+      for (const type of ['text/plain', 'text/plain; charset=us-ascii', 'application/octet-stream']) {
+        const r = await post(fn, '/', { ...ping, 'content-type': type }, { body: 'resync, please' });
+        assert.equal(r.status, 200, `${type}: ${r.text}`);
+      }
+      const other = { ...ping, 'ce-type': 'dev.knative.apiserver.ref.add', 'content-type': 'text/plain' };
+      assert.equal((await post(fn, '/', other, { body: '{}' })).status, 415);
+    }
+  });
+
   it('a Content-Length over the limit is a 413 before any byte of the body is sent', async () => {
     for (const e of endpoints) {
       const r = await post(
