@@ -1,6 +1,6 @@
 /**
- * The webhook's fallback path on the test node: `manifests/overlays/admission-deployment`
- * (admission as a Deployment + Service serving its own TLS) applied as rendered, with the
+ * The entry point's webhook layout on the test node: `manifests/` (admission as a Deployment +
+ * Service serving its own TLS) applied as rendered, with the
  * node's image, and the cert-manager stand-in (scripts/certmanager/) issuing the manifests'
  * Certificates and injecting the webhook's `caBundle`. Only what runs without Knative is
  * applied: the namespace, RBAC, admission, its certificates and the webhook configuration; the
@@ -11,11 +11,12 @@ import { startCertManager, type CertManager } from '../certmanager/certmanager.t
 import { CERT_MANAGER_CRDS, installThirdPartyCRDs } from '../controlplane/crds.ts';
 import { serverSideApply } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
+import { ENTRY_POINT } from '../tools/kustomize.ts';
 import { renderForNode, webhookCAInjected } from './serving.ts';
 import { untilWebhookAnswers } from './webhook.ts';
 
-/** The overlay of the fallback path. */
-export const ADMISSION_DEPLOYMENT_OVERLAY = 'manifests/overlays/admission-deployment';
+/** The kustomization deployed: the entry point. */
+export const ADMISSION_DEPLOYMENT_OVERLAY = ENTRY_POINT;
 /** API groups whose objects need Knative (left out here). */
 const KNATIVE_GROUPS = /^(serving|eventing|sources|messaging)\.knative\.dev\//;
 /** How long the Deployment may take to be Available (image from the node, two pods; generous). */

@@ -28,9 +28,9 @@ import { REPO_ROOT } from '../tools/build.ts';
 import { render } from '../tools/kustomize.ts';
 import { untilWebhookAnswers } from './webhook.ts';
 
-/** The image references of the manifests' base (manifests/base/kustomization.yaml `images`). */
+/** The image names the manifests use (the product's is renamed nowhere: a user's `images` entry sets it). */
 const SHIPPED_IMAGES = {
-  product: 'registry.example.com/captf-credentials',
+  product: 'captf-credentials',
   deadLetters: 'gcr.io/knative-releases/knative.dev/eventing/cmd/event_display',
 } as const;
 

@@ -52,13 +52,14 @@ export { FUNCTION_NAMES, type FunctionName } from './functions.ts';
 export { PINGS } from './broker.ts';
 
 /**
- * The kustomization the system runs: the entry point with `Retry-After` honoured on
- * mirror-sync's Triggers (`components/retry-after`; the local data plane enables the feature
- * flag it needs, scripts/eventing/dataplane.ts `LOCAL_FEATURES`). Its CRDs are installed on
- * their own (scripts/controlplane/crds.ts), so {@link RunningSystem.rendered} leaves them out:
- * the namespace, RBAC, Knative Services, eventing and webhook objects.
+ * The kustomization the system runs (scripts/system/manifests/): every function a Knative
+ * Service, with `Retry-After` honoured on mirror-sync's Triggers
+ * (`components/retry-after`; the local data plane enables the feature flag it needs,
+ * scripts/eventing/dataplane.ts `LOCAL_FEATURES`). Its CRDs are installed on their own
+ * (scripts/controlplane/crds.ts), so {@link RunningSystem.rendered} leaves them out: the
+ * namespace, RBAC, Knative Services, eventing and webhook objects.
  */
-export const MANIFESTS = 'manifests/overlays/retry-after';
+export const MANIFESTS = 'scripts/system/manifests';
 
 /** Options of {@link startSystem}; without any but `dir` and `progress`: a control plane with the CRDs. */
 export interface SystemOptions {

@@ -23,17 +23,26 @@ export function ensureKustomize(log?: (line: string) => void): Promise<string> {
   return ensureTool('kustomize', 'kustomize', log);
 }
 
+/** The entry point, `kubectl apply -k manifests/`: admission as a Deployment + Service. */
+export const ENTRY_POINT = 'manifests';
+
 /**
- * Every kustomization of the project, relative to the repository root: the entry point, the
- * overlay without CRDs, the source-Secret fast path and `Retry-After` on mirror-sync's Triggers.
+ * The Knative layout: every function a Knative Service (admission reached through Knative's
+ * cluster-local TLS). The test worlds run the functions from its Services.
+ */
+export const KNATIVE_LAYOUT = 'manifests/overlays/knative-cluster-local-tls';
+
+/**
+ * Every kustomization a user may apply, relative to the repository root: the entry point, the
+ * overlays that start from it (without CRDs, the source-Secret fast path, `Retry-After` on
+ * mirror-sync's Triggers) and the Knative layout.
  */
 export const KUSTOMIZATIONS: readonly string[] = [
-  'manifests',
+  ENTRY_POINT,
   'manifests/overlays/without-crds',
   'manifests/overlays/secret-fast-path',
   'manifests/overlays/retry-after',
-  'manifests/overlays/admission-deployment',
-  'manifests/overlays/knative-cluster-local-tls',
+  KNATIVE_LAYOUT,
 ];
 
 /**

@@ -20,7 +20,7 @@ import {
   type EventingDataPlane,
   type EventingDataPlaneOptions,
 } from '../../scripts/eventing/dataplane.ts';
-import { render } from '../../scripts/tools/kustomize.ts';
+import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 import { admin, controlPlaneDir } from './cluster.ts';
 
 /** An object as far as events need it: what a builder of fixtures.ts makes, or an object read back. */
@@ -229,8 +229,8 @@ export async function startFunctionStandIn(ok = 202) {
   return { ...sink, release };
 }
 
-/** The manifests as shipped without CRDs (the test control plane has its own), for `render()`. */
-export const RENDERED_MANIFESTS = 'manifests/overlays/without-crds';
+/** The shipped Knative layout (every function a Knative Service), for `render()`. */
+export const RENDERED_MANIFESTS = KNATIVE_LAYOUT;
 
 /**
  * Knative's Broker data plane (scripts/eventing/dataplane.ts) on the test control plane, as

@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { buildBundles } from '../../scripts/lib/bundles.ts';
-import { render } from '../../scripts/tools/kustomize.ts';
+import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 import { FUNCTION_NAMES, startUntilHealthy, warmCompileCache } from '../../scripts/lib/warm-compile-cache.ts';
 import { controlPlaneDir } from '../helpers/cluster.ts';
 
@@ -28,7 +28,7 @@ before(async () => {
   await buildBundles({ outdir: join(app, 'dist') });
   await warmCompileCache(join(app, 'compile-cache'), join(app, 'dist'));
   containers = new Map();
-  for (const o of await render('manifests/overlays/without-crds')) {
+  for (const o of await render(KNATIVE_LAYOUT)) {
     if (o.kind !== 'Service' || o.apiVersion !== 'serving.knative.dev/v1') continue;
     const c = (o as unknown as { spec: { template: { spec: { containers: Container[] } } } }).spec.template.spec
       .containers[0]!;

@@ -22,7 +22,7 @@ import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { drainMsFromEnv } from '../../functions/lib/http.ts';
 import { MAX_RETRY_AFTER_SECONDS } from '../../functions/lib/retry-after.ts';
 import { ASYNC_HANDLER } from '../../scripts/eventing/controllers.ts';
-import { render } from '../../scripts/tools/kustomize.ts';
+import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 
 interface Trigger {
   metadata: { name: string };
@@ -63,11 +63,14 @@ const of = <T>(objs: KubernetesObject[], kind: string) => objs.filter((o) => o.k
 let base: KubernetesObject[];
 let fast: KubernetesObject[];
 let retryAfter: KubernetesObject[];
+/** Every function as a Knative Service. */
+let knative: KubernetesObject[];
 
 before(async () => {
   base = await render('manifests');
   fast = await render('manifests/overlays/secret-fast-path');
   retryAfter = await render('manifests/overlays/retry-after');
+  knative = await render(KNATIVE_LAYOUT);
 });
 
 /** The ClusterRole/Role rules of one ServiceAccount's roles (bound by name in the manifests). */
@@ -319,7 +322,7 @@ describe('the Knative Services', () => {
           spec: { timeoutSeconds: number; containers: { args?: string[]; env?: { name: string; value?: string }[] }[] };
         };
       };
-    }>(base, 'Service').filter((s) => s.spec.template.spec.containers[0]!.args?.length);
+    }>(knative, 'Service').filter((s) => s.spec.template.spec.containers[0]!.args?.length);
     assert.deepEqual(services.map((s) => s.spec.template.spec.containers[0]!.args![0]).sort(), [
       'admission',
       'identity-status',

@@ -4,6 +4,9 @@
  * fieldValidation=Strict) — SPEC §13.
  */
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
 import { before, describe, it } from 'node:test';
 import { request, type RequestOptions } from 'node:https';
 import {
@@ -17,10 +20,20 @@ import { FIELD_MANAGER } from '../../functions/lib/api.ts';
 import { untrustedServerMessage } from '../../functions/lib/api-errors.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/controlplane/crds.ts';
-import { KUSTOMIZATIONS, relocate, render } from '../../scripts/tools/kustomize.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
+import { ENTRY_POINT, KNATIVE_LAYOUT, KUSTOMIZATIONS, relocate, render } from '../../scripts/tools/kustomize.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const w = fx.world('manifests');
+
+/** The distinct images of every container that runs the product (all but the dead-letter sink's event-display). */
+const productImages = (objects: readonly KubernetesObject[]): string[] => [
+  ...new Set(
+    [...JSON.stringify(objects).matchAll(/"image":"([^"]*)"/g)]
+      .map((m) => m[1]!)
+      .filter((i) => !i.includes('event_display')),
+  ),
+];
 const a = w.clients;
 
 /**
@@ -115,9 +128,8 @@ describe('the rendered manifests against the real CRD schemas', () => {
       const target = await w.namespace();
       const objects = relocate(await render(dir), target);
       assert.ok(objects.length > 20, `${dir} renders ${objects.length} objects`);
-      // A component's own resources do not get base's `images`: every product container must still agree.
-      const images = new Set(JSON.stringify(objects).match(/"image":"[^"]*captf-credentials[^"]*"/g));
-      assert.deepEqual([...images], ['"image":"registry.example.com/captf-credentials:0.1.0"']);
+      // Renamed nowhere: the one `images` entry a user writes (next test) reaches every container.
+      assert.deepEqual(productImages(objects), ['captf-credentials']);
       const failures: string[] = [];
       for (const o of objects) {
         try {
@@ -140,6 +152,40 @@ describe('the rendered manifests against the real CRD schemas', () => {
     });
   }
 
+  it("one `images` entry in a user's own kustomization over any of them sets every product container", async () => {
+    const digest = `sha256:${'0123456789abcdef'.repeat(4)}`;
+    const dir = mkdtempSync(join(tmpdir(), 'captf-users-kustomization-'));
+    try {
+      for (const shipped of KUSTOMIZATIONS) {
+        writeFileSync(
+          join(dir, 'kustomization.yaml'),
+          [
+            'apiVersion: kustomize.config.k8s.io/v1beta1',
+            'kind: Kustomization',
+            'resources:',
+            `  - ${JSON.stringify(relative(dir, join(REPO_ROOT, shipped)))}`,
+            'images:',
+            '  - name: captf-credentials',
+            '    newName: registry.test/platform/captf-credentials',
+            `    digest: ${digest}`,
+            '',
+          ].join('\n'),
+        );
+        const objects = await render(dir);
+        const want = `registry.test/platform/captf-credentials@${digest}`;
+        assert.deepEqual(productImages(objects), [want], shipped);
+        // Each function's workload runs it (admission as a Deployment or a Knative Service).
+        const running = objects
+          .filter((o) => ['Service', 'Deployment'].includes(o.kind!) && JSON.stringify(o).includes(`"image":"${want}"`))
+          .map((o) => o.metadata!.name)
+          .sort();
+        assert.deepEqual(running, ['captf-admission', 'captf-identity-status', 'captf-mirror-sync'], shipped);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('admission as a Deployment runs as the Knative Service would: same image, settings, account, limits and hardening', async () => {
     type Container = {
       image: string;
@@ -154,8 +200,8 @@ describe('the rendered manifests against the real CRD schemas', () => {
           spec: { template: { spec: PodSpec } };
         }
       ).spec.template.spec;
-    const ksvc = podOf(await render('manifests'), 'Service');
-    const deployment = podOf(await render('manifests/overlays/admission-deployment'), 'Deployment');
+    const ksvc = podOf(await render(KNATIVE_LAYOUT), 'Service');
+    const deployment = podOf(await render(ENTRY_POINT), 'Deployment');
     // Only what differs by design: the Deployment serves its own TLS on 8443.
     const env = (c: Container, drop: string) => (c.env ?? []).filter((e) => e.name !== drop);
     const [k, d] = [ksvc.containers[0]!, deployment.containers[0]!];

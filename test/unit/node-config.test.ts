@@ -11,7 +11,7 @@ import { parseTarget } from '../../scripts/node/forward.ts';
 import { cniConflist, kubeletConfig, POD_CIDR } from '../../scripts/node/kubelet.ts';
 import { functionPod } from '../../scripts/node/pods.ts';
 import { corefile, kubeProxyConfig } from '../../scripts/node/services.ts';
-import { render } from '../../scripts/tools/kustomize.ts';
+import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 describe("the forward's first line", () => {
@@ -112,7 +112,7 @@ describe("the node's components' configuration", () => {
 
 describe('a function as Knative would run its pod', () => {
   it('keeps the rendered pod spec and adds PORT, K_*, probe ports, the grace period from timeoutSeconds', async () => {
-    const rendered = (await render('manifests/overlays/without-crds')) as KubernetesObject[];
+    const rendered = (await render(KNATIVE_LAYOUT)) as KubernetesObject[];
     const pod = functionPod(rendered, 'mirror-sync', { image: 'captf-credentials:test' });
     const c = pod.spec!.containers[0]!;
     assert.equal(pod.metadata!.namespace, 'captf-system');

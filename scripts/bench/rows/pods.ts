@@ -21,7 +21,7 @@ import { applyFunctionRbac, functionPod, runPod } from '../../node/pods.ts';
 import { loadKubeConfig } from '../../../functions/lib/kube.ts';
 import { eventually } from '../../lib/wait.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName } from '../../system/system.ts';
-import { render } from '../../tools/kustomize.ts';
+import { KNATIVE_LAYOUT, render } from '../../tools/kustomize.ts';
 import { REPO_ROOT } from '../../tools/build.ts';
 import { BenchClient } from '../client.ts';
 import {
@@ -61,7 +61,7 @@ export async function podRows(o: PodRowOptions): Promise<Figure[]> {
   const dir = join(REPO_ROOT, '.local', `bench-node-${process.pid}`);
   const system = await startSystem({ dir, progress: (l) => o.log(l), node: true });
   try {
-    const rendered = (await render('manifests/overlays/without-crds')) as KubernetesObject[];
+    const rendered = (await render(KNATIVE_LAYOUT)) as KubernetesObject[];
     await applyFunctionRbac(system.kc, rendered);
     const node = system.node!;
     const ns = await mirroredConsumer(node, rendered, firstAnswers);
