@@ -73,20 +73,22 @@ export interface EnvInputs {
 }
 
 /**
- * A function's whole environment (nothing is inherited): loopback and a free port; for the
- * bundles, its rendered Knative Service's variables and the compile cache, as in the image;
- * from source, the local mode's log level and consumer kinds. admission serves TLS with `leaf`.
+ * A function's whole environment (nothing is inherited): loopback and a free port, and its
+ * rendered Knative Service's variables (the heap caps of `NODE_OPTIONS` included, so a function
+ * here has the memory it has in a pod); for the bundles also the compile cache, as in the
+ * image; from source, the local mode's `LOG_LEVEL` and `CAPTF_CONSUMER_KINDS` when set.
+ * admission serves TLS with `leaf`.
  */
 export function functionEnv(name: FunctionName, i: EnvInputs): NodeJS.ProcessEnv {
+  const service = Object.fromEntries(
+    (knativeContainer(i.rendered, name)?.env ?? []).map((e) => [e.name, e.value ?? '']),
+  );
   const fromService = i.build.compileCache
-    ? {
-        NODE_ENV: 'production',
-        NODE_COMPILE_CACHE: i.build.compileCache,
-        ...Object.fromEntries((knativeContainer(i.rendered, name)?.env ?? []).map((e) => [e.name, e.value ?? ''])),
-      }
+    ? { NODE_ENV: 'production', NODE_COMPILE_CACHE: i.build.compileCache, ...service }
     : {
+        ...service,
         HOME: process.env.HOME,
-        LOG_LEVEL: process.env.LOG_LEVEL ?? 'info',
+        LOG_LEVEL: process.env.LOG_LEVEL ?? service.LOG_LEVEL ?? 'info',
         ...(process.env.CAPTF_CONSUMER_KINDS ? { CAPTF_CONSUMER_KINDS: process.env.CAPTF_CONSUMER_KINDS } : {}),
       };
   return {

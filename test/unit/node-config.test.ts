@@ -1,7 +1,7 @@
 /**
  * The test node's pure parts: the forward's first line, the holder's configuration, the
  * kubelet's, kube-proxy's, CoreDNS's and the pod network's configuration, and a function's pod
- * as Knative would run it from the rendered manifests.
+ * as Knative would run it from the rendered manifests, and its environment in local mode.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -11,6 +11,7 @@ import { parseTarget } from '../../scripts/node/forward.ts';
 import { cniConflist, kubeletConfig, POD_CIDR } from '../../scripts/node/kubelet.ts';
 import { functionPod } from '../../scripts/node/pods.ts';
 import { corefile, kubeProxyConfig } from '../../scripts/node/services.ts';
+import { functionEnv, knativeContainer } from '../../scripts/system/functions.ts';
 import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 import * as fx from '../helpers/fixtures.ts';
 
@@ -136,4 +137,19 @@ describe('a function as Knative would run its pod', () => {
 
   it('refuses a function the manifests do not hold', () =>
     assert.throws(() => functionPod([], 'admission', { image: 'x' }), /no Knative Service for admission/));
+});
+
+describe('a function as the local mode and the tests run it', () => {
+  it("from source or from the bundles, with its Knative Service's variables: the heap caps of NODE_OPTIONS included", async () => {
+    const rendered = (await render(KNATIVE_LAYOUT)) as KubernetesObject[];
+    const leaf = { cert: '/c', key: '/k' };
+    for (const build of [{ main: 'functions/main.ts' }, { main: 'dist/main.mjs', compileCache: '/cache' }])
+      for (const fn of ['admission', 'mirror-sync', 'identity-status'] as const) {
+        const env = functionEnv(fn, { build, kubeconfig: '/kc', leaf, rendered });
+        const shipped = knativeContainer(rendered, fn)!.env!.find((e) => e.name === 'NODE_OPTIONS')!.value;
+        assert.match(shipped!, /--max-old-space-size=\d+/);
+        assert.equal(env.NODE_OPTIONS, shipped, `${fn} from ${build.main}`);
+        assert.deepEqual([env.PORT, env.HOST, env.KUBECONFIG], ['0', '127.0.0.1', '/kc']);
+      }
+  });
 });
