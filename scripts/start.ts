@@ -19,7 +19,7 @@
  *   --debug                 also print unchanged reconciles and Knative's informational lines
  * `--build-adapter` and `--local-events` (earlier versions) are accepted and ignored with a note.
  */
-import { writeFileSync } from 'node:fs';
+import { rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { delimiter, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { cronSchedule, parseDuration } from './local/events.ts';
@@ -136,6 +136,13 @@ try {
 
 const f = system.functions;
 const broker = system.broker!;
+// One kubeconfig path in every embedded mode (the docs' `export KUBECONFIG=…/.local/start/admin.kubeconfig`):
+// with --serving the control plane lives in the node's folder, and an earlier run's file would name a dead server.
+const usual = join(system.dir, 'admin.kubeconfig');
+if (system.controlPlane && resolve(system.kubeconfigPath) !== resolve(usual)) {
+  rmSync(usual, { force: true });
+  symlinkSync(resolve(system.kubeconfigPath), usual);
+}
 const seconds = ((performance.now() - started) / 1000).toFixed(1);
 if (system.serving) {
   const svc = system.serving;

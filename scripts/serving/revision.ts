@@ -4,19 +4,9 @@
  * change makes a new revision, and nothing is measured before it is Ready.
  */
 import { CustomObjectsApi, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
+import type { IService as KnativeService } from '@kubernetes-models/knative/serving.knative.dev/v1/Service';
 import { eventually } from '../lib/wait.ts';
 
-/** A Knative Service as these helpers read it. */
-interface KnativeService {
-  metadata: { generation?: number };
-  spec: { template: { metadata?: { annotations?: Record<string, string> } } };
-  status?: {
-    observedGeneration?: number;
-    latestCreatedRevisionName?: string;
-    latestReadyRevisionName?: string;
-    conditions?: { type: string; status: string }[];
-  };
-}
 
 /** Which Knative Service. */
 export interface ServiceRef {
@@ -43,12 +33,12 @@ export async function withRevisionAnnotations<T>(
   const api = kc.makeApiClient(CustomObjectsApi);
   const ref = { ...SERVICES, namespace, name: service };
   const before = (await api.getNamespacedCustomObject(ref)) as KnativeService;
-  const had = before.spec.template.metadata?.annotations ?? {};
+  const had = before.spec?.template?.metadata?.annotations ?? {};
   const was = Object.fromEntries(Object.keys(annotations).map((k) => [k, had[k] ?? null]));
   const set = async (values: Record<string, string | null>) => {
     const body = { spec: { template: { metadata: { annotations: values } } } };
     const after = (await api.patchNamespacedCustomObject({ ...ref, body }, MERGE_PATCH)) as KnativeService;
-    await revisionReady(kc, { namespace, service }, after.metadata.generation ?? 0, timeoutMs);
+    await revisionReady(kc, { namespace, service }, after.metadata?.generation ?? 0, timeoutMs);
   };
   await set({ ...annotations });
   try {

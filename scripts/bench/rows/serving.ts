@@ -25,6 +25,7 @@ import { DEFAULT_PREPARE_AUDIENCE } from '../../../functions/mirror-sync/authori
 import { SERVICE_LABEL } from '../../local/scale.ts';
 import { prepareCaller } from '../../lib/serviceaccount.ts';
 import { eventually, sleep } from '../../lib/wait.ts';
+import { Service, type IService } from '@kubernetes-models/knative/serving.knative.dev/v1/Service';
 import { revisionReady, withRevisionAnnotations } from '../../serving/revision.ts';
 import { clusterLocalDispatcher } from '../../system/serving.ts';
 import { startSystem, type RunningSystem } from '../../system/system.ts';
@@ -381,12 +382,6 @@ async function fanInRow(s: Served, n: number): Promise<Figure[]> {
   ];
 }
 
-/** A Knative Service as the floor row reads and creates it. */
-interface KnativeService {
-  metadata: { generation?: number };
-  spec: { template: { metadata?: { annotations?: Record<string, string> }; spec: { containers: object[] } } };
-}
-
 /** The no-op sink of the floor row: a Knative Service from the product image. */
 const FLOOR = 'captf-floor';
 
@@ -439,24 +434,20 @@ async function dataPlaneFloor(s: Served, n: number): Promise<number> {
 /** Creates {@link FLOOR} from mirror-sync's own revision template (image, autoscaling, resources) and waits until Ready. */
 async function deployFloor(s: Served): Promise<void> {
   const base = `/apis/serving.knative.dev/v1/namespaces/${NAMESPACE}/services`;
-  const ms = await s.admin.call<KnativeService>('GET', `${base}/${MIRROR_SYNC}`);
-  const template = structuredClone(ms.spec.template) as KnativeService['spec']['template'] & {
-    metadata?: { labels?: Record<string, string> };
-  };
-  const [container] = template.spec.containers as Record<string, unknown>[];
+  const ms = await s.admin.call<IService>('GET', `${base}/${MIRROR_SYNC}`);
+  const template = structuredClone(ms.spec!.template!);
+  const [container] = template.spec!.containers;
   template.metadata = { annotations: template.metadata?.annotations ?? {} };
-  template.spec.containers = [{ ...container, command: ['node'], args: ['-e', FLOOR_SERVER] }];
-  const body = {
-    apiVersion: 'serving.knative.dev/v1',
-    kind: 'Service',
+  template.spec!.containers = [{ ...container!, command: ['node'], args: ['-e', FLOOR_SERVER] }];
+  const floor = new Service({
     metadata: { name: FLOOR, namespace: NAMESPACE, labels: { 'networking.knative.dev/visibility': 'cluster-local' } },
     spec: { template },
-  };
-  const created = await s.admin.call<KnativeService>('POST', base, body);
+  });
+  const created = await s.admin.call<IService>('POST', base, floor.toJSON());
   await revisionReady(
     s.kc,
     { namespace: NAMESPACE, service: FLOOR },
-    created.metadata.generation ?? 1,
+    created.metadata?.generation ?? 1,
     s.opts.timeoutMs,
   );
 }
