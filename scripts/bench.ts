@@ -18,6 +18,7 @@
  *   --paths a,b      the delivery paths of the event rows (default all): direct, broker, broker-async
  *   --out DIR        where the result JSON goes (default bench/results; .local/bench-results with --quick)
  *   --timeout S      bound on any one wait for convergence (default 900; 120 with --quick)
+ *   --serving-fan-in N,M  the Serving row's burst sizes (default 200; 0: the cold starts only)
  *   --keep-logs      keep .local/bench-<pid>/ (function, adapter and audit logs) after a good run
  * Exit code: 0 when every row produced its figures, 1 otherwise.
  */
@@ -64,6 +65,7 @@ const { values } = parseArgs({
     out: { type: 'string' },
     timeout: { type: 'string' },
     'keep-logs': { type: 'boolean', default: false },
+    'serving-fan-in': { type: 'string' },
   },
 });
 const quick = values.quick!;
@@ -92,8 +94,15 @@ const sizes = {
   coldStartRuns: quick ? 3 : 10,
   podRuns: quick ? 1 : 5,
   servingRuns: quick ? 1 : 5,
-  servingFanIn: quick ? [20] : [200],
+  servingFanIn: values['serving-fan-in'] ? servingFanIn(values['serving-fan-in']) : quick ? [20] : [200],
 };
+/** `--serving-fan-in 200,500` or `0` (no burst: the cold starts only). */
+function servingFanIn(text: string): number[] {
+  const sizes = text.split(',').map(Number);
+  if (!sizes.every((n) => Number.isInteger(n) && n >= 0))
+    throw new Error('--serving-fan-in takes sizes ≥ 0, e.g. 200,500');
+  return sizes.filter((n) => n > 0);
+}
 const timeoutMs = Number(values.timeout ?? (quick ? 120 : 900)) * 1000;
 const outDir = values.out ?? join(REPO_ROOT, quick ? '.local/bench-results' : 'bench/results');
 const log = (l: string) => process.stderr.write(`[bench] ${l}\n`);

@@ -6,7 +6,9 @@
  *   until its mirror is written (adapter → Broker → Trigger → Knative Service), a prepare
  *   until its answer, and an identity create (dry run) until the API server's answer, the
  *   webhook reached through Traefik over cluster-local TLS. Each cold sample starts only once the Knative Service has no pod, Running
- *   or Terminating (the row counts those starts). Baseline: the same right after, pod warm.
+ *   or Terminating (the row counts those starts). Baselines: the same right after, pod warm; and
+ *   a bare Node Knative Service from the same image with Knative's defaults (`captf-bare`), a
+ *   request from zero through the same Traefik and activator until its answer.
  * - "serving fan-in N": N consumers of one identity in one namespace, created at the bench's
  *   client concurrency: time until every one is mirrored (`CredentialsMirrored=True`) and an
  *   owner of the mirror (baseline: N Secret creates),
@@ -108,8 +110,9 @@ export async function servingRows(o: ServingRowOptions): Promise<Figure[]> {
       secret: 'bench-serving-creds',
       allowedNamespaces: { selector: { matchLabels: { 'captf-bench/serving': 'true' } } },
     });
-    // Made first: its first pod has long scaled to zero when the fan-in's floor needs it.
-    await deployFloor(s);
+    // Made first: their first pods have long scaled to zero when the rows need them.
+    await deployFloor(s, FLOOR);
+    await deployFloor(s, BARE);
     const figures = [...(await coldStarts(s))];
     for (const n of o.fanIn) figures.push(...(await fanInRow(s, n)));
     return figures;
@@ -175,6 +178,15 @@ async function timedPrepare(s: Served, ns: string, name: string, token: string):
   return performance.now() - t0;
 }
 
+/** One GET of a Knative Service's address through Traefik, timed. @throws Error unless it answers 200. */
+async function timedGet(s: Served, service: string): Promise<number> {
+  const t0 = performance.now();
+  const res = await fetch(`https://${service}.${NAMESPACE}.svc.cluster.local/`);
+  await res.arrayBuffer();
+  if (res.status !== 200) throw new Error(`${service} answered ${res.status}`);
+  return performance.now() - t0;
+}
+
 /**
  * An identity create as the admin, a dry run (reviewed by the webhook, nothing stored), timed
  * until the API server answers.
@@ -198,30 +210,48 @@ async function coldStarts(s: Served): Promise<Figure[]> {
     suffix: 'bench-serving',
     audience: DEFAULT_PREPARE_AUDIENCE,
   });
-  const cold = { event: [] as number[], prepare: [] as number[], review: [] as number[], fromZero: 0 };
-  const warm = { event: [] as number[], prepare: [] as number[], review: [] as number[] };
+  const cold: ColdSamples = { event: [], prepare: [], review: [], bare: [] };
+  const warm: ColdSamples = { event: [], prepare: [], review: [], bare: [] };
+  let empty = 0;
   try {
     for (let i = 0; i < s.opts.runs; i++) {
       const ns = await newNamespace(s);
       await atZero(s, MIRROR_SYNC);
-      cold.fromZero += (await podCount(s.kc, MIRROR_SYNC)) === 0 ? 1 : 0;
+      empty += (await podCount(s.kc, MIRROR_SYNC)) === 0 ? 1 : 0;
       cold.event.push(await eventToMirror(s, ns, 'c-0'));
       warm.event.push(await eventToMirror(s, ns, 'c-1'));
       await atZero(s, MIRROR_SYNC);
-      cold.fromZero += (await podCount(s.kc, MIRROR_SYNC)) === 0 ? 1 : 0;
+      empty += (await podCount(s.kc, MIRROR_SYNC)) === 0 ? 1 : 0;
       cold.prepare.push(await timedPrepare(s, ns, 'c-0', caller.token));
       warm.prepare.push(await timedPrepare(s, ns, 'c-1', caller.token));
       await atZero(s, ADMISSION);
-      cold.fromZero += (await podCount(s.kc, ADMISSION)) === 0 ? 1 : 0;
+      empty += (await podCount(s.kc, ADMISSION)) === 0 ? 1 : 0;
       cold.review.push(await timedReview(s));
       warm.review.push(await timedReview(s));
+      await atZero(s, BARE);
+      empty += (await podCount(s.kc, BARE)) === 0 ? 1 : 0;
+      cold.bare.push(await timedGet(s, BARE));
+      warm.bare.push(await timedGet(s, BARE));
       s.opts.log(
-        `serving cold start ${i + 1}/${s.opts.runs}: event ${Math.round(cold.event.at(-1)!)} ms, prepare ${Math.round(cold.prepare.at(-1)!)} ms, review ${Math.round(cold.review.at(-1)!)} ms`,
+        `serving cold start ${i + 1}/${s.opts.runs}: event ${Math.round(cold.event.at(-1)!)} ms, prepare ${Math.round(cold.prepare.at(-1)!)} ms, review ${Math.round(cold.review.at(-1)!)} ms, bare Node Service ${Math.round(cold.bare.at(-1)!)} ms`,
       );
     }
   } finally {
     await caller.cleanup();
   }
+  return coldStartFigures(cold, warm, empty, s.opts.runs);
+}
+
+/** Cold samples per kind (ms), from zero or warm. */
+interface ColdSamples {
+  event: number[];
+  prepare: number[];
+  review: number[];
+  bare: number[];
+}
+
+/** The cold-start row's figures from its samples; `empty` of the `4 × runs` cold samples started with no pod. */
+function coldStartFigures(cold: ColdSamples, warm: ColdSamples, empty: number, runs: number): Figure[] {
   const row = 'serving cold start';
   const fromZero = (what: string, kind: keyof typeof warm): Figure => ({
     row,
@@ -230,6 +260,16 @@ async function coldStarts(s: Served): Promise<Figure[]> {
     samples: cold[kind],
     baseline: { what: 'the same, pod warm', samples: warm[kind] },
   });
+  const besideBare = (what: string, kind: keyof typeof warm): Figure => ({
+    row,
+    what,
+    unit: 'ms',
+    samples: cold[kind],
+    baseline: {
+      what: 'a bare Node Knative Service from the same image, from zero: request → answer (Traefik, activator)',
+      samples: cold.bare,
+    },
+  });
   return [
     fromZero('mirror-sync from zero: new consumer → mirror (adapter, Broker, Traefik, activator)', 'event'),
     fromZero('mirror-sync from zero: prepare → answer (Traefik, activator)', 'prepare'),
@@ -237,12 +277,19 @@ async function coldStarts(s: Served): Promise<Figure[]> {
       "admission from zero: identity create → the API server's answer (webhook through Traefik over TLS, activator)",
       'review',
     ),
+    fromZero('a bare Node Knative Service from zero: request → answer (Traefik, activator)', 'bare'),
+    besideBare('mirror-sync from zero: new consumer → mirror, beside a bare Node Service from zero', 'event'),
+    besideBare('mirror-sync from zero: prepare → answer, beside a bare Node Service from zero', 'prepare'),
+    besideBare(
+      "admission from zero: identity create → the API server's answer, beside a bare Node Service from zero",
+      'review',
+    ),
     {
       row,
       what: 'cold samples with no pod (Running or Terminating) when the request was sent, of all',
       unit: 'count',
-      samples: [cold.fromZero],
-      baseline: { what: 'cold samples', samples: [3 * s.opts.runs] },
+      samples: [empty],
+      baseline: { what: 'cold samples', samples: [4 * runs] },
     },
   ];
 }
@@ -431,22 +478,38 @@ async function dataPlaneFloor(s: Served, n: number): Promise<number> {
   }
 }
 
-/** Creates {@link FLOOR} from mirror-sync's own revision template (image, autoscaling, resources) and waits until Ready. */
-async function deployFloor(s: Served): Promise<void> {
+/**
+ * The cold starts' baseline: a Knative Service from the product image whose node server answers
+ * 200 at once ({@link FLOOR_SERVER}), with mirror-sync's resources but Knative's own defaults for
+ * everything else (no probes of its own, no autoscaling annotations): what a pod from this image
+ * costs to start and reach through the activator.
+ */
+const BARE = 'captf-bare';
+
+/**
+ * Creates a no-op Knative Service from mirror-sync's own revision template (image, resources;
+ * for {@link FLOOR} also its autoscaling and probes, for {@link BARE} Knative's defaults) and
+ * waits until Ready.
+ */
+async function deployFloor(s: Served, name: typeof FLOOR | typeof BARE): Promise<void> {
   const base = `/apis/serving.knative.dev/v1/namespaces/${NAMESPACE}/services`;
   const ms = await s.admin.call<IService>('GET', `${base}/${MIRROR_SYNC}`);
   const template = structuredClone(ms.spec!.template!);
   const [container] = template.spec!.containers;
-  template.metadata = { annotations: template.metadata?.annotations ?? {} };
-  template.spec!.containers = [{ ...container!, command: ['node'], args: ['-e', FLOOR_SERVER] }];
+  const bare = name === BARE;
+  template.metadata = { annotations: bare ? {} : (template.metadata?.annotations ?? {}) };
+  const { readinessProbe, livenessProbe, env, ...rest } = container!;
+  const own = bare ? {} : { readinessProbe, livenessProbe, env };
+  template.spec!.containers = [{ ...rest, ...own, command: ['node'], args: ['-e', FLOOR_SERVER] }];
+  if (bare) delete template.spec!.containerConcurrency;
   const floor = new Service({
-    metadata: { name: FLOOR, namespace: NAMESPACE, labels: { 'networking.knative.dev/visibility': 'cluster-local' } },
+    metadata: { name, namespace: NAMESPACE, labels: { 'networking.knative.dev/visibility': 'cluster-local' } },
     spec: { template },
   });
   const created = await s.admin.call<IService>('POST', base, floor.toJSON());
   await revisionReady(
     s.kc,
-    { namespace: NAMESPACE, service: FLOOR },
+    { namespace: NAMESPACE, service: name },
     created.metadata?.generation ?? 1,
     s.opts.timeoutMs,
   );
