@@ -8,7 +8,7 @@
  * schedules an event itself.
  */
 import { CoreV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
-import { EVENTING_BINARIES } from '../eventing/build.ts';
+import { EVENTING_BINARIES, type EventingComponent } from '../eventing/build.ts';
 import { startEventingDataPlane } from '../eventing/dataplane.ts';
 import type { ProcessPlace } from '../eventing/processes.ts';
 import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../eventing/adapter.ts';
@@ -52,9 +52,12 @@ export interface BrokerContext {
  * PingSources, the Knative Services they name resolved to the functions and the sink. The data
  * plane's warnings and errors are printed (known start-up noise aside: print.ts dataPlaneLine),
  * the rest is debug.
- * @returns the Broker's address where the data plane runs (`url`) and from this machine (`hostUrl`).
+ * @returns the Broker's address where the data plane runs (`url`) and from this machine (`hostUrl`),
+ *   and the data plane's output (`logs`, one live array of lines per component).
  */
-export async function startBroker(ctx: BrokerContext): Promise<{ url: string; hostUrl: string }> {
+export async function startBroker(
+  ctx: BrokerContext,
+): Promise<{ url: string; hostUrl: string; logs: Record<EventingComponent, string[]> }> {
   await createNamespaceAsApplied(ctx.kc, ctx.rendered);
   const deadLetters = ctx.deadLetters ?? (await localDeadLetterSink(ctx));
   ctx.progress("starting Knative's Broker data plane: broker-ingress, broker-filter, imc-dispatcher, mtping");
@@ -76,7 +79,7 @@ export async function startBroker(ctx: BrokerContext): Promise<{ url: string; ho
     ...(ctx.place ? { place: ctx.place } : {}),
   });
   ctx.cleanups.push(() => dp.stop());
-  return { url: dp.brokerUrl, hostUrl: dp.hostBrokerUrl };
+  return { url: dp.brokerUrl, hostUrl: dp.hostBrokerUrl, logs: dp.logs };
 }
 
 /** A dead-letter sink on this machine that prints each dead letter; stopped with the system. @returns its address. */

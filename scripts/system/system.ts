@@ -22,7 +22,7 @@ import { EventPaths } from '../bench/paths.ts';
 import { startControlPlane, userKubeConfig, type ControlPlane } from '../controlplane/controlplane.ts';
 import { applyCRDs, EVENTING_CRDS, installCRDs, loadThirdPartyCRDs } from '../controlplane/crds.ts';
 import { createWebhookPair } from '../controlplane/pki.ts';
-import { ensureEventingDataPlane } from '../eventing/build.ts';
+import { ensureEventingDataPlane, type EventingComponent } from '../eventing/build.ts';
 import { ensureApiServerSourceAdapter } from '../eventing/adapter.ts';
 import type { FunctionProcess } from '../lib/process.ts';
 import { bothSettled, firstLine } from '../lib/wait.ts';
@@ -149,6 +149,8 @@ export interface RunningSystem {
     schedules: Record<keyof typeof PINGS, string>;
     /** {@link ping}: a PingSource tick's CloudEvent through the Broker. @throws Error on a non-2xx. */
     ping(which: keyof typeof PINGS): Promise<void>;
+    /** The data plane's output so far, one array of lines per component (live: it grows). */
+    logs: Readonly<Record<EventingComponent, readonly string[]>>;
   };
   /** With `events: 'fronts'`: the bench's delivery paths. */
   eventPaths?: EventPaths;
@@ -592,7 +594,9 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
     emit: s.emit,
   });
   const hostUrl = broker.hostUrl;
-  return { broker: { url: hostUrl, schedules: ctx.schedules, ping: (which) => ping(hostUrl, which) } };
+  return {
+    broker: { url: hostUrl, schedules: ctx.schedules, ping: (which) => ping(hostUrl, which), logs: broker.logs },
+  };
 }
 
 /**

@@ -14,8 +14,8 @@
  *   owner of the mirror (baseline: N Secret creates),
  *   mirror-sync's API requests per consumer and conflicts (audit log, counted once its requests
  *   have stopped for 3 s: the echoes of its own status writes included), its pods over time
- *   (sampled each second, Running or Terminating) and the most at once, and dead letters (pods
- *   of the dead-letter sink).
+ *   (sampled each second, Running or Terminating) and the most at once, dead letters (pods
+ *   of the dead-letter sink), and deliveries answered non-2xx or not at all (broker-filter's log).
  * Without root the rows fail saying so (the node needs namespaces and cgroups).
  */
 import { rmSync } from 'node:fs';
@@ -336,6 +336,8 @@ interface Burst {
   pods: number[];
   /** The most dead-letter sink pods at once (a dead letter starts one). */
   deadLetterPods: number;
+  /** Deliveries the Broker's filter saw fail (answered non-2xx, or no answer), to either function, during the burst. */
+  failedDeliveries: number;
 }
 
 /**
@@ -347,6 +349,8 @@ async function fanIn(s: Served, n: number): Promise<Burst> {
   await atZero(s, MIRROR_SYNC);
   const pods = podsOverTime(s.kc, [MIRROR_SYNC, DEAD_LETTERS]);
   const from = s.audit.mark();
+  const filterLog = s.system.broker!.logs.filter;
+  const filterFrom = filterLog.length;
   const t0 = performance.now();
   let ms: number;
   try {
@@ -375,8 +379,15 @@ async function fanIn(s: Served, n: number): Promise<Burst> {
     counts: s.audit.countFor(MIRROR_SYNC_USER, from),
     pods: pods.series[MIRROR_SYNC]!,
     deadLetterPods: Math.max(0, ...pods.series[DEAD_LETTERS]!),
+    failedDeliveries: filterLog.slice(filterFrom).filter((l) => l.includes(FAILED_DELIVERY)).length,
   };
 }
+
+/**
+ * What Knative's broker-filter logs for each delivery a subscriber answered non-2xx or did not
+ * answer (`pkg/broker/filter/filter_handler.go`, v0.49.2; the channel then retries it).
+ */
+const FAILED_DELIVERY = 'failed to send event';
 
 /** The consumers of a burst: `f-0` … `f-<n-1>` in `ns`. */
 const burstOf = (ns: string, n: number) => Array.from({ length: n }, (_, i) => ({ namespace: ns, name: `f-${i}` }));
@@ -423,9 +434,11 @@ async function fanInRow(s: Served, n: number): Promise<Figure[]> {
     count('mirror-sync pods, most at once', Math.max(...scaled.pods)),
     { row, what: 'mirror-sync pods over time (one sample a second)', unit: 'count' as const, samples: scaled.pods },
     count('dead-letter sink pods (a dead letter starts one)', scaled.deadLetterPods),
+    count('deliveries answered non-2xx or not at all (broker-filter), either function', scaled.failedDeliveries),
     count('pinned to one pod: mirror-sync API requests per consumer', pinned.counts.requests / n),
     count('pinned to one pod: 409 conflicts on the mirror and on status', onWrites(pinned.counts)),
     count('pinned to one pod: dead-letter sink pods', pinned.deadLetterPods),
+    count('pinned to one pod: deliveries answered non-2xx or not at all', pinned.failedDeliveries),
   ];
 }
 
