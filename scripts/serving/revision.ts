@@ -7,7 +7,6 @@ import { CustomObjectsApi, PatchStrategy, setHeaderOptions, type KubeConfig } fr
 import type { IService as KnativeService } from '@kubernetes-models/knative/serving.knative.dev/v1/Service';
 import { eventually } from '../lib/wait.ts';
 
-
 /** Which Knative Service. */
 export interface ServiceRef {
   namespace: string;
