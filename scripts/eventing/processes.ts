@@ -187,7 +187,7 @@ export interface ComponentProcess {
   child: ChildProcess;
   /** Resolves when it exited. */
   exited: Promise<void>;
-  /** Set when a line says its port is taken. */
+  /** Set when a line says a port it serves on is taken. */
   portError?: string;
 }
 
@@ -233,7 +233,9 @@ export async function spawnComponent(component: EventingComponent, opts: SpawnOp
   const onLine = (line: string) => {
     opts.logs.push(line);
     if (opts.logs.length > MAX_LOG_LINES) opts.logs.shift();
-    if (line.includes('address already in use')) proc.portError ??= line;
+    // Only the ports it serves on count: a taken PROFILING_PORT (free when chosen, an outgoing
+    // connection's ephemeral port since) shuts down the pprof server alone, and nothing here uses it.
+    if (line.includes('address already in use') && !line.includes('Profiling server')) proc.portError ??= line;
     opts.onLog?.(component, line);
   };
   onLines(child.stdout!, onLine);
