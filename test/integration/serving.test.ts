@@ -229,11 +229,19 @@ describe('the manifests on Knative Serving', () => {
     const ns = await w.namespace();
     const id = await source.newIdentity(fx.allowList(ns));
     // As shipped one pod takes the whole burst; a low target makes Knative spread it over pods
-    // that all add owners to the one mirror at once.
-    const spread = { 'autoscaling.knative.dev/target': '15' };
+    // that all add owners to the one mirror at once. Four are enough writers: the shipped ten,
+    // each a cold start, made the burst outlast its bound while other test files ran beside it.
+    const spread = { 'autoscaling.knative.dev/target': '15', 'autoscaling.knative.dev/max-scale': '4' };
     const mirrorSync = { namespace: NAMESPACE, service: 'captf-mirror-sync', timeoutMs: 300_000 };
     const sample = await withRevisionAnnotations(system.kc, mirrorSync, spread, async () => {
       const sample = samplePods(['captf-mirror-sync', 'captf-dead-letters']);
+      const filterLog = system.broker!.logs.filter;
+      const filterFrom = filterLog.length;
+      let owners: string[] = [];
+      // What a timeout reports: how far the mirror got and what the data plane gave up on.
+      const state = () =>
+        `${owners.length} owners; pods seen ${JSON.stringify(sample.most)}, ${[...sample.seen].length} names; ` +
+        `broker-filter failed deliveries ${filterLog.slice(filterFrom).filter((l) => l.includes('failed to send event')).length}`;
       try {
         const consumers = await createConsumers(w, ns, id, 'burst', N);
         const want = consumers.map((c) => c.metadata.uid).sort();
@@ -241,12 +249,13 @@ describe('the manifests on Knative Serving', () => {
           `mirror ${ns}/${mirrorName(id)} to have ${N} owner references`,
           async () => {
             const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) }).catch(() => undefined);
-            const owners = (s?.metadata?.ownerReferences ?? []).map((o) => o.uid).sort();
-            return owners.length === N && owners;
+            owners = (s?.metadata?.ownerReferences ?? []).map((o) => o.uid).sort();
+            return owners.length === N;
           },
           300_000,
           1000,
-        ).then((owners) => assert.deepEqual(owners, want));
+        ).catch((err: Error) => assert.fail(`${err.message}: ${state()}`));
+        assert.deepEqual(owners, want);
         // And every consumer says so: the conditions come after the mirror (the window the
         // autoscaler sees lasts until the last one).
         await eventually(
