@@ -148,8 +148,16 @@ const nonScalarAttributes = (doc: Record<string, unknown>): string[] =>
     .filter(([k, v]) => k !== 'data' && typeof v === 'object' && v !== null)
     .map(([k]) => JSON.stringify(k.slice(0, 40)));
 
-/** Why a JSON event's attributes are unusable (absent, or not scalars), or undefined. */
+/**
+ * Most attributes one JSON event may have: Knative's events carry about a dozen, and the SDK
+ * copies and checks each one (hundreds of thousands of them fill a function's heap).
+ */
+export const MAX_ATTRIBUTES = 100;
+
+/** Why a JSON event's attributes are unusable (absent, too many, or not scalars), or undefined. */
 function attributeProblem(doc: Record<string, unknown>, what: string): string | undefined {
+  const count = Object.keys(doc).length;
+  if (count > MAX_ATTRIBUTES) return `${what} has ${count} attributes; at most ${MAX_ATTRIBUTES} are accepted`;
   const absent = absentAttributes(doc);
   if (absent.length) return `${what} lacks required attribute(s) ${absent.join(', ')}`;
   const nonScalar = nonScalarAttributes(doc);
@@ -180,7 +188,10 @@ function missingAttributes(flat: Record<string, string>, body: string): string |
     } catch {
       return undefined;
     }
-    if (typeof doc !== 'object' || doc === null || Array.isArray(doc)) return undefined;
+    // The SDK makes every member of what it parsed an attribute: a string's characters or an
+    // array's elements too (a 1 MB string of quotes held 150 MB of heap).
+    if (typeof doc !== 'object' || doc === null || Array.isArray(doc))
+      return 'a structured-mode event must be a JSON object';
     return attributeProblem(doc as Record<string, unknown>, 'structured-mode event');
   }
   if (!Object.keys(flat).some((h) => h.startsWith('ce-'))) return undefined;

@@ -2,7 +2,13 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { CloudEvent, HTTP } from 'cloudevents';
 import { DEFAULT_CONSUMER_KINDS, TERRAFORM_CLUSTER, TERRAFORM_MACHINE } from '../../functions/lib/api.ts';
-import { BadEventError, classifyEvent, parseCloudEvents, readCloudEvents } from '../../functions/lib/cloudevents.ts';
+import {
+  BadEventError,
+  classifyEvent,
+  MAX_ATTRIBUTES,
+  parseCloudEvents,
+  readCloudEvents,
+} from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv, scopeMismatch } from '../../functions/lib/consumers.ts';
 import { apiServerEvent, pingEvent, type EventObject } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
@@ -77,6 +83,24 @@ describe('CloudEvents parsing and classification (SPEC §12)', () => {
           JSON.stringify({ specversion: '1.0', type: 't' }),
         ),
       /structured-mode event lacks required attribute\(s\) id, source$/,
+    );
+    // A structured-mode body must be an object: the SDK makes each character of a string, or
+    // element of an array, an attribute (a 1 MB string of quotes held 150 MB of heap).
+    for (const body of [JSON.stringify('"'.repeat(1000)), JSON.stringify(Array(1000).fill('x')), '7'])
+      assert.throws(
+        () => parseCloudEvents({ 'content-type': 'application/cloudevents+json; charset=utf-8' }, body),
+        /structured-mode event must be a JSON object$/,
+      );
+    // And carries at most MAX_ATTRIBUTES attributes, in a batch too.
+    const many = { specversion: '1.0', type: 't', source: 's', id: '1' } as Record<string, string>;
+    for (let i = 0; i <= MAX_ATTRIBUTES; i++) many[`x${i}`] = '';
+    assert.throws(
+      () => parseCloudEvents({ 'content-type': 'application/cloudevents+json' }, JSON.stringify(many)),
+      new RegExp(`has ${MAX_ATTRIBUTES + 5} attributes; at most ${MAX_ATTRIBUTES} are accepted$`),
+    );
+    assert.match(
+      readCloudEvents({ 'content-type': 'application/cloudevents-batch+json' }, JSON.stringify([many])).errors[0]!,
+      /^batch\[0\]: invalid CloudEvent: has \d+ attributes/,
     );
     // null and empty count as missing (the SDK would invent an id); media types ignore case.
     assert.throws(
