@@ -18,6 +18,7 @@ import getRawBody from 'raw-body';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { describeError } from './api-errors.ts';
 import { PING_EVENT_TYPE } from './cloudevents.ts';
+import { countJsonContainers, MAX_JSON_CONTAINERS, processBodyBudget, type BodyBudget } from './body-memory.ts';
 import { answersInFlight, refusedWhileDraining } from './connections.ts';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
@@ -154,17 +155,23 @@ export const readEvents = (): RequestHandler =>
  * with `''`. A body over `limit` is a 413 at
  * once when `Content-Length` says so, otherwise as soon as the limit is passed: reading stops
  * there (raw-body pauses the stream) and the connection is closed after the answer, so the
- * sender is not read to its end.
+ * sender is not read to its end. The heap a body may cost is bounded (./body-memory.ts): a body
+ * that does not fit the process's budget of bodies in flight is a 503 with `Retry-After: 1`
+ * before any byte is read, and one holding more than {@link MAX_JSON_CONTAINERS} JSON objects
+ * and arrays a 413.
  * @param opts.types accepted media types (parameters such as `charset` are ignored).
  * @param opts.limit bytes (default {@link DEFAULT_BODY_LIMIT}).
  * @param opts.anyType requests read whatever their type, encoding or charset (their body is never interpreted).
+ * @param opts.budget the bodies in flight it reserves from (default: the process's).
  */
 export function readBody(opts: {
   types: readonly string[];
   limit?: number;
   anyType?: (req: Request) => boolean;
+  budget?: BodyBudget;
 }): RequestHandler {
   const limit = opts.limit ?? DEFAULT_BODY_LIMIT;
+  const budget = opts.budget ?? processBodyBudget;
   return (req, res, next) => {
     const type = req.is([...opts.types]);
     // An empty body has no type to check (a ping without data carries none, or any).
@@ -178,8 +185,21 @@ export function readBody(opts: {
         ? `content type must be one of ${opts.types.join(', ')}`
         : unreadable(req);
     if (refused) throw new HttpError(415, refused);
+    // A chunked body may grow to the limit; it is held until the answer is over.
+    const declared = Number(req.headers['content-length']);
+    const size = Number.isSafeInteger(declared) && declared >= 0 ? Math.min(declared, limit) : limit;
+    if (!budget.take(size)) {
+      stopReading(req, res);
+      res.set('retry-after', '1');
+      throw new HttpError(503, 'too many large request bodies at once; send it again shortly');
+    }
+    res.once('close', () => budget.give(size));
     getRawBody(req, { limit, length: req.headers['content-length'], encoding: 'utf8' }).then(
       (text) => {
+        if (!opts.anyType?.(req) && countJsonContainers(text) > MAX_JSON_CONTAINERS) {
+          next(new HttpError(413, `request body holds more than ${MAX_JSON_CONTAINERS} JSON objects and arrays`));
+          return;
+        }
         req.body = text;
         next();
       },

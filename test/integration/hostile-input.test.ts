@@ -60,6 +60,22 @@ const cluster = fx.consumer('fz-00000a', fx.inNamespace('fz-a0a0a0'));
  * with the arbitraries of its day, so each is kept as a request; the seed says where it came from.
  */
 const REGRESSIONS: { target: string; what: string; found: string; request: FuzzCase }[] = [
+  ...(['mirror-sync', 'identity-status'] as const).map((target) => ({
+    target,
+    what: 'a structured-mode body that is a 1 MB JSON string of quotes, with ce- headers (the SDK made each character an attribute and ran out of heap)',
+    found: 'seed 514148110, path 237',
+    request: posted(
+      '/',
+      {
+        'content-type': 'application/cloudevents+json; charset=utf-8',
+        'ce-specversion': '1.0',
+        'ce-id': FUZZ_UID,
+        'ce-source': 'https://127.0.0.1:6443',
+        'ce-type': 'dev.knative.apiserver.resource.delete',
+      },
+      new Raw(`"${'\\"'.repeat(500_000)}"`, '"\\"×500000"'),
+    ),
+  })),
   {
     target: 'admission',
     what: 'an UPDATE whose object and oldObject hold the same 10 000-deep spec (no stack overflow in the deep equality)',
@@ -166,6 +182,55 @@ describe('regressions the fuzz found', () => {
       assert.equal(t.checkKnownGood(await send(t, t.knownGood(-1)), -1), undefined);
     });
   }
+});
+
+/** JSON text of `unit` repeated in an array to just under `bytes`. */
+const filled = (unit: string, bytes: number) =>
+  new Raw(
+    `[${Array(Math.floor((bytes - 2) / (unit.length + 1)))
+      .fill(unit)
+      .join(',')}]`,
+    `[${unit},…] of ${bytes} bytes`,
+  );
+
+describe('bodies that would fill the heap, at the shipped heap caps (functions/lib/body-memory.ts)', () => {
+  // A million empty arrays parse into about 32 MiB: more than identity-status's pod has to spare.
+  for (const [name, path, type] of [
+    ['admission', '/validate', 'application/json'],
+    ['mirror-sync', '/', 'application/cloudevents-batch+json'],
+    ['identity-status', '/', 'application/cloudevents-batch+json'],
+  ] as const) {
+    it(`${name}: a body of a million empty arrays is a 413 that says why, and the function goes on`, async () => {
+      const t = target(name);
+      const a = await send(t, {
+        method: 'POST',
+        path,
+        headers: { 'content-type': type },
+        body: filled('[]', t.bodyLimit - 1024),
+      });
+      assert.equal(a.status, 413, a.text);
+      assert.match(a.text, /more than 100000 JSON objects and arrays/);
+      assert.equal(t.checkKnownGood(await send(t, t.knownGood(-2)), -2), undefined);
+    });
+  }
+
+  it('identity-status: eight bodies of the size limit at once: what does not fit the budget is a 503 to retry, the rest is judged, nothing crashes', async () => {
+    const t = target('identity-status');
+    const body = filled('0', t.bodyLimit - 1024);
+    const answers = await Promise.all(
+      Array.from({ length: 8 }, () =>
+        send(t, { method: 'POST', path: '/', headers: { 'content-type': 'application/cloudevents-batch+json' }, body }),
+      ),
+    );
+    const statuses = answers.map((a) => a.status);
+    assert.ok(
+      statuses.every((s) => s === 400 || s === 503),
+      `statuses ${statuses.join(' ')}`,
+    );
+    assert.ok(statuses.includes(400) && statuses.includes(503), `some judged, some refused: ${statuses.join(' ')}`);
+    for (const a of answers.filter((a) => a.status === 503)) assert.match(a.text, /send it again shortly/);
+    assert.equal(t.checkKnownGood(await send(t, t.knownGood(-3)), -3), undefined);
+  });
 });
 
 describe('no crash', () => {
