@@ -9,7 +9,7 @@
  * there, because a reconcile whose caller went away is still work in flight.
  */
 import type { IncomingMessage, Server, ServerOptions, ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
+import { Server as NetServer, type Socket } from 'node:net';
 import { Server as TlsServer } from 'node:tls';
 
 /**
@@ -26,7 +26,10 @@ import { Server as TlsServer } from 'node:tls';
  * - `keepAliveMs`: an idle kept-alive connection is closed after this (Node's default, made explicit;
  *   Node waits 1 s more than it advertises);
  * - `checkEveryMs`: how often Node checks the first two (`connectionsCheckingInterval`), so a
- *   slow client is cut off at most this much after its deadline.
+ *   slow client is cut off at most this much after its deadline;
+ * - `quietMs`: when a drain begins, how long a connection without an answer in flight stays
+ *   open. A request its client sent before it could know (one already on the wire on a fresh or
+ *   kept-alive connection) is answered 503 with `Connection: close` instead of being cut off.
  * Body size is limited separately (lib/http.ts `readBody`); headers by Node's 16 KiB (431).
  */
 export const SERVER_TIMEOUTS = {
@@ -35,6 +38,7 @@ export const SERVER_TIMEOUTS = {
   idleMs: 10_000,
   keepAliveMs: 5_000,
   checkEveryMs: 1_000,
+  quietMs: 1_000,
 } as const;
 
 /** The shape of {@link SERVER_TIMEOUTS} (tests pass shorter ones). */
@@ -125,8 +129,8 @@ export const answersInFlight = (server: Server): number => servingOf(server).ope
 
 /**
  * Drains a server (SPEC §13). It stops listening and closes every connection that carries no
- * answer: idle kept-alive ones and those that never sent a request at once, the rest (one
- * still receiving headers, or sending the end of an answer) after `headersMs` at the latest.
+ * answer: idle kept-alive ones and those that never sent a request after `quietMs` (a request
+ * already on its way gets a 503, not a cut), one still receiving headers after `headersMs`.
  * The newest answer in flight on each connection goes out with `Connection: close`, so a
  * kept-alive client sends nothing more on it; a request whose body is still arriving keeps
  * its `requestMs` bound. A request that arrives anyway is answered 503 without being handled.
@@ -147,7 +151,9 @@ export function closeServer(server: Server, deadlineMs = Infinity): Promise<bool
     // since Node counts a connection between two pipelined answers as idle.
     s.drain = { onEnd: () => setImmediate(() => closed && s.open.size === 0 && settle(true)) };
     if (Number.isFinite(deadlineMs)) timers.push(setTimeout(() => settle(false), deadlineMs));
-    server.close(() => {
+    // net's close, not http's: http's also closes idle connections at once, cutting off a
+    // request already on its way on one (closeQuiet gives them `quietMs`).
+    NetServer.prototype.close.call(server, () => {
       closed = true;
       if (s.open.size === 0) settle(true);
     });
@@ -156,17 +162,25 @@ export function closeServer(server: Server, deadlineMs = Infinity): Promise<bool
   });
 }
 
-/** Closes the connections that carry no answer; returns the timers of those given `headersMs`. */
+/**
+ * Closes the connections that carry no answer: after `quietMs` those idle or that never sent a
+ * request, unless a request came on them meanwhile (it is refused, and its `Connection: close`
+ * ends the connection); one still receiving headers after `headersMs`. Returns the timers.
+ */
 function closeQuiet(server: Server, s: Serving): NodeJS.Timeout[] {
-  server.closeIdleConnections();
-  const busy = new Set([...s.open.keys()].map((res) => res.req.socket));
-  const timers: NodeJS.Timeout[] = [];
-  for (const [socket, { used }] of s.sockets) {
-    if (busy.has(socket)) continue;
-    if (!used) socket.destroy();
-    else timers.push(setTimeout(() => socket.destroy(), s.timeouts.headersMs));
-  }
-  return timers;
+  const busy = () => new Set([...s.open.keys()].map((res) => res.req.socket));
+  const atStart = busy();
+  const quiet = [...s.sockets].filter(([socket]) => !atStart.has(socket));
+  const afterQuiet = setTimeout(() => {
+    // Node's own idea of idle: no request being received and none being answered.
+    server.closeIdleConnections();
+    const now = busy();
+    for (const [socket, { used }] of quiet) if (!used && !now.has(socket)) socket.destroy();
+  }, s.timeouts.quietMs);
+  const receiving = quiet
+    .filter(([, { used }]) => used)
+    .map(([socket]) => setTimeout(() => busy().has(socket) || socket.destroy(), s.timeouts.headersMs));
+  return [afterQuiet, ...receiving];
 }
 
 /** Gives each request whose body is still arriving the rest of its `requestMs`, then cuts it. */

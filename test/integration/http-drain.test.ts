@@ -88,7 +88,7 @@ function raw(port: number) {
 const statusLines = (text: string) => text.match(/HTTP\/1\.1 \d{3}/g) ?? [];
 
 describe('a server drains', () => {
-  it('closes idle kept-alive connections at once, refuses new ones, and ends each answer in flight with Connection: close', async () => {
+  it('closes idle kept-alive connections once quiet for quietMs, refuses new ones, and ends each answer in flight with Connection: close', async () => {
     const s = await slowServer();
     const tap = await startTap(s.port);
     const agent = new Agent({ keepAlive: true });
@@ -138,7 +138,7 @@ describe('a server drains', () => {
     }
   });
 
-  it('closes a connection that has sent no request yet, and never handles a request sent after the drain began', async () => {
+  it('closes a connection that has sent no request yet once quiet for quietMs, and never handles a request sent after the drain began', async () => {
     const s = await slowServer();
     try {
       const fresh = raw(s.port);
@@ -159,6 +159,30 @@ describe('a server drains', () => {
       assert.equal(s.handled(), 0, 'the request sent after the drain began was not handled');
     } finally {
       s.release();
+      s.server.closeAllConnections();
+    }
+  });
+
+  it('a request already on its way on a quiet connection (fresh or kept alive) when the drain begins gets a 503 with Connection: close, not a cut', async () => {
+    const s = await slowServer();
+    try {
+      const fresh = raw(s.port);
+      const kept = raw(s.port);
+      await new Promise((r) => fresh.socket.once('connect', r));
+      kept.socket.write('GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n');
+      await eventually('the kept-alive answer', async () => statusLines(kept.received()).length === 1);
+      const drained = closeServer(s.server);
+      // What a client sends in the moment it cannot yet know: the connections are still open.
+      await sleep(50);
+      fresh.socket.write('GET /work HTTP/1.1\r\nHost: x\r\n\r\n');
+      kept.socket.write('GET /work HTTP/1.1\r\nHost: x\r\n\r\n');
+      await Promise.all([fresh.closed, kept.closed]);
+      assert.equal(await drained, true);
+      assert.deepEqual(statusLines(fresh.received()), ['HTTP/1.1 503']);
+      assert.deepEqual(statusLines(kept.received()), ['HTTP/1.1 200', 'HTTP/1.1 503']);
+      for (const c of [fresh, kept]) assert.match(c.received(), /\r\nconnection: close\r\n/i);
+      assert.equal(s.handled(), 0);
+    } finally {
       s.server.closeAllConnections();
     }
   });
@@ -223,7 +247,7 @@ describe('a server drains', () => {
   });
 
   it('keeps cutting slow senders while it drains: dripped headers at once, a dripped body at its request deadline', async () => {
-    const t = { headersMs: 500, requestMs: 1_000, idleMs: 10_000, keepAliveMs: 500, checkEveryMs: 100 };
+    const t = { headersMs: 500, requestMs: 1_000, idleMs: 10_000, keepAliveMs: 500, checkEveryMs: 100, quietMs: 200 };
     const s = await slowServer(t);
     const body = raw(s.port);
     const head = raw(s.port);
@@ -334,7 +358,7 @@ describe("TERM while Knative's Broker keeps delivering", () => {
   });
 
   for (const name of ['mirror-sync', 'identity-status'])
-    it(`${name}: the delivery in flight is answered and closes its connection, nothing new reaches it, exit 0`, async () => {
+    it(`${name}: the delivery in flight is answered and closes its connection, nothing new is handled, exit 0`, async () => {
       const { fn, tap } = fns[name]!;
       await eventually(
         'a delivery answered, and the next one in flight for a while',
@@ -357,8 +381,13 @@ describe("TERM while Knative's Broker keeps delivering", () => {
         assert.match(c.answers.at(-1)!, /\r\nconnection: close(\r\n|$)/, 'and its connection closes after it');
       }
       const since = Date.parse(String(stopping.timestamp));
-      const late = reached.flatMap((c) => c.requests).filter((t) => t > since);
-      assert.deepEqual(late, [], 'no delivery reached the function after it began to stop');
+      // A delivery already on its way on an open connection when the drain began is refused, not
+      // handled: 503 with Connection: close (the Broker sends it again elsewhere).
+      const late = reached.flatMap((c) => c.requests.map((t, i) => ({ t, answer: c.answers[i] ?? '(none)' })));
+      for (const { answer } of late.filter((r) => r.t > since)) {
+        assert.match(answer, /^http\/1\.1 503 /, 'a delivery that reached it after it began to stop is refused');
+        assert.match(answer, /\r\nconnection: close(\r\n|$)/);
+      }
       assert.ok(
         tap.connections.some((c) => c.refused),
         'the Broker went on delivering: its new connections were refused',

@@ -154,7 +154,7 @@ describe('every server sets the timeouts of SERVER_TIMEOUTS', () => {
 
 describe('the idle timeout does not count the time a handler works', () => {
   it('an answer that takes longer than the idle timeout arrives; a silent connection is closed', async () => {
-    const t = { headersMs: 1_000, requestMs: 2_000, idleMs: 300, keepAliveMs: 500, checkEveryMs: 100 };
+    const t = { headersMs: 1_000, requestMs: 2_000, idleMs: 300, keepAliveMs: 500, checkEveryMs: 100, quietMs: 200 };
     const app = createApp();
     app.post('/slow', readBody({ types: JSON_TYPES }), async (_req, res) => {
       await new Promise((r) => setTimeout(r, 1_000));
