@@ -113,7 +113,7 @@ process.setMaxListeners(50);
 const startedAt = new Date();
 const revision = currentRevision();
 const dir = join(REPO_ROOT, '.local', `bench-${process.pid}`);
-// The system as production runs it: bundles with a warmed compile cache and the Knative
+// The system as production runs it: bundles (no compile cache, as the image) and the Knative
 // Services' environment, each function and the event source as its ServiceAccount's user (the
 // audit log names who sent what), an audit log that does not rotate during a run.
 let running: RunningSystem | undefined;

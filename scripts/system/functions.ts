@@ -1,8 +1,8 @@
 /**
  * The three functions as processes of the container's entrypoint, started by the system
  * (./system.ts): from source (`node functions/main.ts <name>`, as `npm start` runs them) or as
- * the production bundle with a warmed compile cache (`node dist/main.mjs <name>`, as the image
- * does), on free loopback ports, each with the environment its rendered Knative Service sets
+ * the production bundle (`node dist/main.mjs <name>`, as the image does, with no compile cache:
+ * the image ships none), on free loopback ports, each with the environment its rendered Knative Service sets
  * (bundles) or the local mode's (source), as the user the system chose for it.
  */
 import { request } from 'node:https';
@@ -11,7 +11,6 @@ import type { KubernetesObject } from '@kubernetes/client-node';
 import { buildBundles } from '../lib/bundles.ts';
 import { isRunning, spawnFunction, type FunctionProcess } from '../lib/process.ts';
 import { sleep } from '../lib/wait.ts';
-import { warmCompileCache } from '../lib/warm-compile-cache.ts';
 import type { CertPair } from '../controlplane/pki.ts';
 import { REPO_ROOT } from '../tools/build.ts';
 
@@ -23,23 +22,22 @@ export type FunctionName = (typeof FUNCTION_NAMES)[number];
 /** How the functions run: from the TypeScript sources, or as the production bundles. */
 export type FunctionsFrom = 'source' | 'bundles';
 
-/** The entrypoint the functions run from, and the compile cache the bundles were warmed into. */
+/** The entrypoint the functions run from, and what it is. */
 export interface FunctionsBuild {
   main: string;
-  compileCache?: string;
+  from: FunctionsFrom;
 }
 
 /**
- * The entrypoint: the sources as they are, or the bundles built into `<dir>/app/dist` with
- * their compile cache warmed (scripts/lib/warm-compile-cache.ts, as the Dockerfile does).
+ * The entrypoint: the sources as they are, or the bundles built into `<dir>/app/dist`, started
+ * as the image starts them: without a compile cache (the image ships none, docs/deploy-knative.md;
+ * a warmed one made every start 60–85 ms kinder than production's).
  * @throws esbuild's error when a source does not compile.
  */
 export async function buildFunctions(from: FunctionsFrom, dir: string): Promise<FunctionsBuild> {
-  if (from === 'source') return { main: join(REPO_ROOT, 'functions', 'main.ts') };
+  if (from === 'source') return { main: join(REPO_ROOT, 'functions', 'main.ts'), from };
   const built = await buildBundles({ outdir: join(dir, 'app', 'dist') });
-  const compileCache = join(dir, 'app', 'compile-cache');
-  await warmCompileCache(compileCache, built.outdir);
-  return { main: built.main, compileCache };
+  return { main: built.main, from };
 }
 
 interface Container {
@@ -75,7 +73,7 @@ export interface EnvInputs {
 /**
  * A function's whole environment (nothing is inherited): loopback and a free port, and its
  * rendered Knative Service's variables (the heap caps of `NODE_OPTIONS` included, so a function
- * here has the memory it has in a pod); for the bundles also the compile cache, as in the
+ * here has the memory it has in a pod); for the bundles `NODE_ENV=production`, as in the
  * image; from source, the local mode's `LOG_LEVEL` and `CAPTF_CONSUMER_KINDS` when set.
  * admission serves TLS with `leaf`.
  */
@@ -83,15 +81,16 @@ export function functionEnv(name: FunctionName, i: EnvInputs): NodeJS.ProcessEnv
   const service = Object.fromEntries(
     (knativeContainer(i.rendered, name)?.env ?? []).map((e) => [e.name, e.value ?? '']),
   );
-  const fromService = i.build.compileCache
-    ? { NODE_ENV: 'production', NODE_COMPILE_CACHE: i.build.compileCache, ...service }
-    : {
-        ...service,
-        ...(service.NODE_OPTIONS ? { NODE_OPTIONS: withSourceHeap(service.NODE_OPTIONS) } : {}),
-        HOME: process.env.HOME,
-        LOG_LEVEL: process.env.LOG_LEVEL ?? service.LOG_LEVEL ?? 'info',
-        ...(process.env.CAPTF_CONSUMER_KINDS ? { CAPTF_CONSUMER_KINDS: process.env.CAPTF_CONSUMER_KINDS } : {}),
-      };
+  const fromService =
+    i.build.from === 'bundles'
+      ? { NODE_ENV: 'production', ...service }
+      : {
+          ...service,
+          ...(service.NODE_OPTIONS ? { NODE_OPTIONS: withSourceHeap(service.NODE_OPTIONS) } : {}),
+          HOME: process.env.HOME,
+          LOG_LEVEL: process.env.LOG_LEVEL ?? service.LOG_LEVEL ?? 'info',
+          ...(process.env.CAPTF_CONSUMER_KINDS ? { CAPTF_CONSUMER_KINDS: process.env.CAPTF_CONSUMER_KINDS } : {}),
+        };
   return {
     PATH: process.env.PATH,
     ...fromService,

@@ -148,17 +148,23 @@ describe('a function as the local mode and the tests run it', () => {
   it("from source or from the bundles, with its Knative Service's variables: the heap caps of NODE_OPTIONS included (from source, raised by what the sources cost)", async () => {
     const rendered = (await render(KNATIVE_LAYOUT)) as KubernetesObject[];
     const leaf = { cert: '/c', key: '/k' };
-    for (const build of [{ main: 'functions/main.ts' }, { main: 'dist/main.mjs', compileCache: '/cache' }])
+    for (const build of [
+      { main: 'functions/main.ts', from: 'source' },
+      { main: 'dist/main.mjs', from: 'bundles' },
+    ] as const)
       for (const fn of ['admission', 'mirror-sync', 'identity-status'] as const) {
         const env = functionEnv(fn, { build, kubeconfig: '/kc', leaf, rendered });
         const shipped = knativeContainer(rendered, fn)!.env!.find((e) => e.name === 'NODE_OPTIONS')!.value;
         assert.match(shipped!, /--max-old-space-size=\d+/);
         // From source, the old space is raised by what loading the sources costs beyond the bundle.
-        const want = build.compileCache ? shipped : withSourceHeap(shipped!);
+        const want = build.from === 'bundles' ? shipped : withSourceHeap(shipped!);
         assert.equal(env.NODE_OPTIONS, want, `${fn} from ${build.main}`);
         const cap = (o: string) => Number(/--max-old-space-size=(\d+)/.exec(o)![1]);
-        assert.equal(cap(env.NODE_OPTIONS!) - cap(shipped!), build.compileCache ? 0 : SOURCE_HEAP_OVERHEAD_MB);
+        assert.equal(cap(env.NODE_OPTIONS!) - cap(shipped!), build.from === 'bundles' ? 0 : SOURCE_HEAP_OVERHEAD_MB);
         assert.deepEqual([env.PORT, env.HOST, env.KUBECONFIG], ['0', '127.0.0.1', '/kc']);
+        // As the image runs them: it ships no compile cache.
+        assert.equal(env.NODE_COMPILE_CACHE, undefined);
+        assert.equal(env.NODE_ENV, build.from === 'bundles' ? 'production' : undefined);
       }
   });
 });
