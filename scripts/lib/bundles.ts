@@ -31,6 +31,24 @@ const BANNER = [
   'const __dirname = __captfDirname(__filename);',
 ].join('\n');
 
+/** How every bundle is built: one ESM file per entry (and chunks), minified as shipped. */
+const COMMON: BuildOptions = {
+  absWorkingDir: REPO_ROOT,
+  bundle: true,
+  platform: 'node',
+  target: 'node24',
+  format: 'esm',
+  outExtension: { '.js': '.mjs' },
+  minifySyntax: true,
+  minifyWhitespace: true,
+  keepNames: true,
+  sourcemap: 'linked',
+  legalComments: 'linked',
+  banner: { js: BANNER },
+  metafile: true,
+  logLevel: 'warning',
+};
+
 /**
  * Bundles `functions/main.ts` and `functions/runner/index.ts` into `outdir` (wiped first).
  * @param opts.splitting one chunk per function (default true).
@@ -40,25 +58,9 @@ const BANNER = [
 export async function buildBundles(opts: { outdir?: string; splitting?: boolean } = {}): Promise<BuildResult> {
   const outdir = resolve(REPO_ROOT, opts.outdir ?? 'dist');
   rmSync(outdir, { recursive: true, force: true });
-  const common: BuildOptions = {
-    absWorkingDir: REPO_ROOT,
-    bundle: true,
-    platform: 'node',
-    target: 'node24',
-    format: 'esm',
-    outdir,
-    outExtension: { '.js': '.mjs' },
-    minifySyntax: true,
-    minifyWhitespace: true,
-    keepNames: true,
-    sourcemap: 'linked',
-    legalComments: 'linked',
-    banner: { js: BANNER },
-    metafile: true,
-    logLevel: 'warning',
-  };
   const result = await build({
-    ...common,
+    ...COMMON,
+    outdir,
     entryPoints: { main: 'functions/main.ts', 'captf-runner': 'functions/runner/index.ts' },
     splitting: opts.splitting ?? true,
     chunkNames: 'chunks/[name]-[hash]',
@@ -67,4 +69,16 @@ export async function buildBundles(opts: { outdir?: string; splitting?: boolean 
   const files = Object.keys(metafile.outputs).filter((f) => f.endsWith('.mjs'));
   const bytes = files.reduce((n, f) => n + statSync(resolve(REPO_ROOT, f)).size, 0);
   return { outdir, main: join(outdir, 'main.mjs'), runner: join(outdir, 'captf-runner.mjs'), bytes, metafile };
+}
+
+/**
+ * Bundles one other entry (a bench floor) exactly as the functions are bundled, into
+ * `<outdir>/<entry's name>.mjs`.
+ * @returns the bundle's path.
+ * @throws esbuild's error when the entry does not compile.
+ */
+export async function bundleEntry(entry: string, outdir: string): Promise<string> {
+  const result = await build({ ...COMMON, entryPoints: [resolve(REPO_ROOT, entry)], outdir });
+  const out = Object.keys(result.metafile!.outputs).find((f) => f.endsWith('.mjs'))!;
+  return resolve(REPO_ROOT, out);
 }

@@ -1,9 +1,12 @@
 /**
- * Row "cold start": spawn a function's production bundle (warmed compile cache, as the image
- * runs it) → its first answered real request: admission an AdmissionReview (with its
+ * Row "cold start": spawn a function's production bundle (as the image runs it: no compile
+ * cache) → its first answered real request: admission an AdmissionReview (with its
  * SubjectAccessReview), mirror-sync an event about an existing consumer (a reconcile),
- * identity-status a ping. Baseline: a bare Node HTTP server, spawn → first answer.
+ * identity-status a ping. Baseline: a bare Node HTTP server, spawn → first answer. Beside them
+ * the library floor (../floors/client-node.ts): the bare server after loading client-node and
+ * making the functions' API clients, which every function does before its first answer.
  */
+import { spawn } from 'node:child_process';
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { bareNodeServer } from '../baselines.ts';
@@ -18,6 +21,7 @@ import {
   type Consumer,
 } from '../fixtures.ts';
 import type { Figure } from '../report.ts';
+import { bundleEntry } from '../../lib/bundles.ts';
 import { spawnFunction } from '../../lib/process.ts';
 import type { FunctionName } from '../../system/functions.ts';
 import type { RowContext } from './context.ts';
@@ -55,8 +59,46 @@ export const COLD_START_REVIEW = JSON.stringify({
   },
 });
 
+/** Spawns `node <script>` with `env` → its first answered GET (it prints `{"port":N}` when listening); ms. */
+async function spawnUntilAnswer(script: string, env: NodeJS.ProcessEnv): Promise<number> {
+  const t0 = performance.now();
+  const child = spawn(process.execPath, [script], { env, stdio: ['ignore', 'pipe', 'inherit'] });
+  try {
+    const port = await new Promise<number>((res, rej) => {
+      child.stdout.once('data', (d: Buffer) => res((JSON.parse(d.toString()) as { port: number }).port));
+      child.once('exit', (code) => rej(new Error(`${script} exited ${code}`)));
+    });
+    await (await fetch(`http://127.0.0.1:${port}/`)).text();
+    return performance.now() - t0;
+  } finally {
+    child.kill('SIGKILL');
+  }
+}
+
+/** The bare server's cold starts and, interleaved with them, the library floor's (its figure). */
+async function floors(ctx: RowContext, runs: number): Promise<{ bare: number[]; figure: Figure }> {
+  // The floor runs with mirror-sync's environment: the same heap caps and kubeconfig.
+  const floor = await bundleEntry('scripts/bench/floors/client-node.ts', join(ctx.sys.dir, 'floors'));
+  const bare: number[] = [];
+  const library: number[] = [];
+  for (let i = 0; i < runs; i++) {
+    bare.push((await bareNodeServer()).ms);
+    library.push(await spawnUntilAnswer(floor, ctx.sys.functionEnv('mirror-sync')));
+  }
+  return {
+    bare,
+    figure: {
+      row: 'cold start',
+      what: 'library floor: a bare server that first loads client-node and makes the API clients',
+      unit: 'ms',
+      samples: library,
+      baseline: { what: 'bare Node HTTP server', samples: bare },
+    },
+  };
+}
+
 /**
- * @param runs spawns per function (and of the bare server).
+ * @param runs spawns per function (and of the bare server and the library floor, interleaved).
  * @throws Error when a function does not answer its first request with 2xx.
  */
 export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figure[]> {
@@ -87,9 +129,8 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
     'mirror-sync': async (url) => (await postEvent(`${url}/`, consumerEvent('terraformmachines', ns, 'm-0'))).status,
     'identity-status': async (url) => (await postEvent(`${url}/`, pingEvent('captf-identity-status'))).status,
   };
-  const bare: number[] = [];
-  for (let i = 0; i < runs; i++) bare.push((await bareNodeServer()).ms);
-  const figures: Figure[] = [];
+  const { bare, figure } = await floors(ctx, runs);
+  const figures: Figure[] = [figure];
   for (const name of ['admission', 'mirror-sync', 'identity-status'] as const) {
     const samples: number[] = [];
     for (let i = 0; i < runs; i++) {
