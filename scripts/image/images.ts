@@ -26,7 +26,7 @@ import { join } from 'node:path';
 import { buildBundles } from '../lib/bundles.ts';
 import { onLines } from '../lib/process.ts';
 import { REPO_ROOT, ensureTool, pinnedVersion, withBuildLock } from '../tools/build.ts';
-import { TOOLS, type ToolSet } from '../tools/registry.ts';
+import { EVENTING_PROGRAMS, TOOLS, type ToolSet } from '../tools/registry.ts';
 import { DEBIAN_RELEASE, fetchDebianPackages, installDebianFiles } from './debian.ts';
 import { rootfsCommand } from './rootfs.ts';
 
@@ -195,7 +195,12 @@ export const SERVING_PROGRAMS = ['activator', 'autoscaler', 'controller', 'queue
 
 /** Names of the images {@link IMAGES} defines. */
 export type ImageName =
-  'captf-credentials' | 'pause' | 'event-display' | `serving-${(typeof SERVING_PROGRAMS)[number]}`;
+  | 'captf-credentials'
+  | 'pause'
+  | 'event-display'
+  | 'apiserver-receive-adapter'
+  | `serving-${(typeof SERVING_PROGRAMS)[number]}`
+  | keyof typeof EVENTING_PROGRAMS;
 
 /** The images `npm run image` builds without a name: the product and the node's sandbox. */
 export const DEFAULT_IMAGES: readonly ImageName[] = ['captf-credentials', 'pause'];
@@ -217,6 +222,17 @@ export const IMAGES: Readonly<Record<ImageName, ImageDefinition>> = {
     stage: stagePause,
   },
   'event-display': goProgramImage('knative', 'event_display', `ko.local/event-display:${EVENTING_VERSION}`),
+  'apiserver-receive-adapter': goProgramImage(
+    'knative',
+    'apiserver_receive_adapter',
+    `ko.local/knative-apiserver-receive-adapter:${EVENTING_VERSION}`,
+  ),
+  ...(Object.fromEntries(
+    Object.keys(EVENTING_PROGRAMS).map((p) => [
+      p,
+      goProgramImage('knative', p, `ko.local/knative-${p}:${EVENTING_VERSION}`),
+    ]),
+  ) as Record<keyof typeof EVENTING_PROGRAMS, ImageDefinition>),
   ...(Object.fromEntries(
     SERVING_PROGRAMS.map((p) => [
       `serving-${p}`,

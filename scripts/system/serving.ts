@@ -5,7 +5,8 @@
  * only the two image references (the product's and the dead-letter sink's) and adds the
  * component that has the webhook's certificate issued by Knative's cluster-local issuer, so the
  * API server reaches admission through Traefik over TLS (docs/deploy-knative.md). The Broker,
- * its Triggers and PingSources are applied by the Eventing stand-in
+ * its Triggers and PingSources are applied here too when Knative Eventing is installed on the
+ * node (scripts/eventing/install.ts), else by the Eventing stand-in
  * (scripts/eventing/dataplane.ts), which runs on the node too.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -118,24 +119,42 @@ export interface ServedFunctions {
 const READY_TIMEOUT_MS = 240_000;
 
 /**
- * Imports the dead-letter sink's image, applies the rendered objects (all but the Eventing
- * stand-in's kinds) and waits until the API server reaches the webhook and for every
- * Knative Service among them to be Ready. Knative's webhook may still be starting: an apply it
- * refuses is retried until the deadline.
+ * The rendered objects to apply: all of them with Knative Eventing installed (each PingSource's
+ * schedule replaced when `schedules` names it), else all but the Eventing stand-in's kinds. Pure.
+ */
+export function objectsToApply(
+  rendered: readonly KubernetesObject[],
+  eventing: { schedules: Readonly<Record<string, string>> } | undefined,
+): KubernetesObject[] {
+  if (!eventing) return rendered.filter((x) => !EVENTING_KINDS.has(x.kind!));
+  return rendered.map((o) => {
+    const schedule = o.kind === 'PingSource' ? eventing.schedules[o.metadata!.name!] : undefined;
+    const spec = (o as { spec?: Record<string, unknown> }).spec;
+    return schedule ? ({ ...o, spec: { ...spec, schedule } } as KubernetesObject) : o;
+  });
+}
+
+/**
+ * Imports the dead-letter sink's image, applies the rendered objects ({@link objectsToApply})
+ * and waits until the API server reaches the webhook and for every Knative Service among them
+ * to be Ready. Knative's webhooks may still be starting: an apply one refuses is retried until
+ * the deadline.
+ * @param o.eventing with Knative Eventing installed on the node: the PingSource schedules to apply.
  * @throws Error naming a Knative Service that is not Ready in time, with its last condition.
  */
 export async function deployOnServing(
   kc: KubeConfig,
   node: TestNode,
   rendered: readonly KubernetesObject[],
-  log: (line: string) => void,
+  o: { log: (line: string) => void; eventing?: { schedules: Readonly<Record<string, string>> } | undefined },
 ): Promise<ServedFunctions> {
+  const { log, eventing } = o;
   // The node has the product's image; the dead-letter sink's is imported here.
   await node.containerd.ctr(['images', 'import', (await buildImage('event-display', { log })).path]);
-  for (const o of rendered.filter((x) => !EVENTING_KINDS.has(x.kind!)))
+  for (const x of objectsToApply(rendered, eventing))
     await eventually(
-      `applying ${o.kind} ${o.metadata?.name}`,
-      () => serverSideApply(kc, o, MANAGER),
+      `applying ${x.kind} ${x.metadata?.name}`,
+      () => serverSideApply(kc, x, MANAGER),
       READY_TIMEOUT_MS,
       1000,
     );

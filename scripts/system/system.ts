@@ -28,6 +28,7 @@ import type { FunctionProcess } from '../lib/process.ts';
 import { bothSettled, firstLine } from '../lib/wait.ts';
 import { startNode, type TestNode } from '../node/node.ts';
 import type { ProcessPlace } from '../eventing/processes.ts';
+import { installEventing } from '../eventing/install.ts';
 import { startServing, type KnativeServing } from '../serving/serving.ts';
 import { cronSchedule } from '../local/events.ts';
 import { watchMirrors } from '../local/mirrors.ts';
@@ -97,8 +98,13 @@ export interface SystemOptions {
   users?: 'admin' | 'service-accounts';
   /** Environment added to a function's (e.g. a scope that keeps it off other tests' objects). */
   env?: Partial<Record<FunctionName, Record<string, string>>>;
-  /** `broker`: the manifests' Broker and sources (./broker.ts); `fronts`: the bench's delivery paths; absent: none. */
-  events?: 'broker' | 'fronts';
+  /**
+   * `broker`: the manifests' Broker and sources (./broker.ts); `fronts`: the bench's delivery
+   * paths; `knative` (with `serving` only): Knative Eventing's own installation on the node
+   * (scripts/eventing/install.ts) reconciles the manifests' Broker, Triggers, PingSources and
+   * ApiServerSource as a cluster's does (no `broker` handle); absent: none.
+   */
+  events?: 'broker' | 'fronts' | 'knative';
   /** PingSource intervals in ms (default 5 and 10 minutes); each must be a PingSource schedule ({@link cronSchedule}). */
   pings?: { statusEveryMs?: number | undefined; resyncEveryMs?: number | undefined };
   /** Register the admission webhook when the API server is on this machine (it could not call it otherwise). */
@@ -217,7 +223,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     const functions = await step(startFunctions(s, start));
     const webhook = await step(registerLocalWebhook(s, cluster, functions, tls.caPem));
     await step(eventingCRDs.installed);
-    const served = await step(deployFunctionsOnServing(s, { cluster, serving, rendered }));
+    const served = await step(deployFunctionsOnServing(s, { cluster, serving, rendered, schedules }));
     const events = await step(
       startEvents(s, { cluster, rendered, functions, users, schedules, ...(served ? { served } : {}) }),
     );
@@ -288,6 +294,8 @@ function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
 
 /** @throws Error when `serving` comes with options it replaces. */
 function checkServing(opts: SystemOptions): void {
+  if (opts.events === 'knative' && !opts.serving)
+    throw new Error("events: 'knative' installs Knative Eventing on the node Serving runs on: add serving");
   if (opts.serving && (opts.functions || opts.webhook || opts.events === 'fronts'))
     throw new Error(
       "with serving the functions are Knative Services from the image, events come through the Broker, and the webhook is the manifests' own, through Knative: leave functions, webhook and events: 'fronts' out",
@@ -357,6 +365,7 @@ async function startKnativeServing(s: Startup, cluster: Cluster): Promise<Knativ
   if (!s.opts.serving) return undefined;
   const serving = await startServing(cluster.node!, { dir: join(s.opts.dir, 'node'), log: s.opts.progress });
   s.cleanups.push(() => serving.stop());
+  if (s.opts.events === 'knative') await installEventing(cluster.node!, s.opts.progress);
   return serving;
 }
 
@@ -424,7 +433,8 @@ async function installAllCRDs(s: Startup, cluster: Cluster): Promise<{ installed
   if (s.opts.cluster && s.opts.events) await refuseRealEventing(cluster.kc);
   s.opts.progress(`installing the CRDs into ${cluster.server}`);
   await installCRDs(cluster.kc);
-  if (!s.opts.events) return none;
+  // Knative's own installation brings its CRDs (scripts/eventing/install.ts).
+  if (!s.opts.events || s.opts.events === 'knative') return none;
   // In a wrapper: an async function returning the promise itself would wait for it.
   const installed = loadThirdPartyCRDs(EVENTING_CRDS).then(async (crds) => {
     await applyCRDs(
@@ -468,10 +478,17 @@ async function actors(s: Startup, cluster: Cluster, rendered: readonly Kubernete
  */
 async function deployFunctionsOnServing(
   s: Startup,
-  o: { cluster: Cluster; serving: KnativeServing | undefined; rendered: readonly KubernetesObject[] },
+  o: {
+    cluster: Cluster;
+    serving: KnativeServing | undefined;
+    rendered: readonly KubernetesObject[];
+    schedules: Record<keyof typeof PINGS, string>;
+  },
 ): Promise<RunningSystem['serving']> {
   if (!o.serving) return undefined;
-  const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, s.opts.progress);
+  const byName = Object.entries(PINGS).map(([which, name]) => [name, o.schedules[which as keyof typeof PINGS]]);
+  const eventing = s.opts.events === 'knative' ? { schedules: Object.fromEntries(byName) } : undefined;
+  const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, { log: s.opts.progress, eventing });
   return { ...served, sources: o.serving.sources, caPem: o.serving.caPem };
 }
 

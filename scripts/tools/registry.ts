@@ -48,6 +48,23 @@ export interface GoSourcePatch {
   goModEdit?: readonly string[];
 }
 
+/**
+ * Knative Eventing's programs as upstream's `config/` runs them (each Deployment's `ko://`
+ * image), by the name of their binary and image: the core controller and webhook, the PingSource
+ * adapter, the MT channel broker's controller, ingress and filter, the InMemoryChannel's
+ * controller and dispatcher.
+ */
+export const EVENTING_PROGRAMS = {
+  'eventing-controller': 'controller',
+  'eventing-webhook': 'webhook',
+  'eventing-mtping': 'mtping',
+  'eventing-mtchannel-broker': 'mtchannel_broker',
+  'eventing-broker-ingress': 'broker/ingress',
+  'eventing-broker-filter': 'broker/filter',
+  'eventing-imc-controller': 'in_memory/channel_controller',
+  'eventing-imc-dispatcher': 'in_memory/channel_dispatcher',
+} as const;
+
 /** The environment variables the patched dispatcher reads its HTTP and HTTPS ports from. */
 export const IMC_PORT_ENV = { http: 'CAPTF_IMC_HTTP_PORT', https: 'CAPTF_IMC_HTTPS_PORT' } as const;
 
@@ -237,6 +254,9 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
         apiserver_receive_adapter: `${EVENTING}/cmd/apiserver_receive_adapter`,
         // The dead-letter sink of the manifests (image event-display, scripts/image/images.ts).
         event_display: `${EVENTING}/cmd/event_display`,
+        // Eventing's own installation on the test node, each program an image as ko builds it
+        // (scripts/eventing/install.ts); unpatched, since each runs in a pod of its own.
+        ...Object.fromEntries(Object.entries(EVENTING_PROGRAMS).map(([name, cmd]) => [name, `${EVENTING}/cmd/${cmd}`])),
       },
     },
   ],
@@ -259,13 +279,19 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
   ],
   /**
    * The daemonless image builder `captf-image` (go-containerregistry) and `pause`, the process of
-   * a pod's sandbox container, both from the wrapper's own sources (scripts/image/).
+   * a pod's sandbox container, both from the wrapper's own sources (scripts/image/); and
+   * go-containerregistry's own `registry` (an in-memory OCI distribution registry on
+   * `localhost:<-port>`), which the image test pushes the documented way into.
    */
   imagebuild: [
     {
       module: 'image',
       versionOf: 'github.com/google/go-containerregistry',
-      binaries: { 'captf-image': 'captf.local/tools/image', pause: 'captf.local/tools/image/pause' },
+      binaries: {
+        'captf-image': 'captf.local/tools/image',
+        pause: 'captf.local/tools/image/pause',
+        registry: 'github.com/google/go-containerregistry/cmd/registry',
+      },
     },
   ],
   /**

@@ -1,6 +1,7 @@
 /**
- * The Serving node's pure parts: Serving's objects as installed on the node, the overlay that
- * changes only the manifests' image references, the gateway Service, and the scale lines.
+ * The Serving node's pure parts: Serving's and Eventing's objects as installed on the node, the
+ * overlay that changes only the manifests' image references, the objects applied, the gateway
+ * Service, and the scale lines.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -9,7 +10,9 @@ import { podView, scaleLine } from '../../scripts/local/scale.ts';
 import { servingObjects, TRAEFIK_INGRESS_CLASS } from '../../scripts/serving/manifests.ts';
 import { traefikService, TRAEFIK_PORTS } from '../../scripts/serving/serving.ts';
 import { CLUSTER_LOCAL_ISSUER } from '../../scripts/serving/tls.ts';
-import { nodeOverlay, splitImageRef } from '../../scripts/system/serving.ts';
+import { eventingObjects } from '../../scripts/eventing/install.ts';
+import { LOCAL_FEATURES } from '../../scripts/eventing/dataplane.ts';
+import { nodeOverlay, objectsToApply, splitImageRef } from '../../scripts/system/serving.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const configMap = (name: string, data: Record<string, string>) =>
@@ -56,6 +59,88 @@ describe("Serving's objects on the node", () => {
         .containers[0]!.image,
       'ko://knative.dev/serving/cmd/activator',
     ));
+});
+
+describe("Eventing's objects on the node", () => {
+  const deployment = (name: string, image: string, env: Record<string, string> = {}) =>
+    ({
+      apiVersion: 'apps/v1',
+      kind: 'Deployment',
+      metadata: { name },
+      spec: {
+        template: {
+          spec: { containers: [{ image, env: Object.entries(env).map(([n, value]) => ({ name: n, value })) }] },
+        },
+      },
+    }) as KubernetesObject;
+  const images = {
+    controller: 'ko.local/c:1',
+    apiserver_receive_adapter: 'ko.local/ra:1',
+    'broker/filter': 'ko.local/f:1',
+  };
+
+  it('names the imported images instead of ko:// references, in images and in the environment, and says which is not built', () => {
+    const out = eventingObjects(
+      [
+        deployment('eventing-controller', 'ko://knative.dev/eventing/cmd/controller', {
+          APISERVER_RA_IMAGE: 'ko://knative.dev/eventing/cmd/apiserver_receive_adapter',
+          AUTH_PROXY_IMAGE: 'ko://knative.dev/eventing/cmd/auth_proxy',
+        }),
+        deployment('mt-broker-filter', 'ko://knative.dev/eventing/cmd/broker/filter'),
+      ],
+      images,
+    );
+    const text = JSON.stringify(out);
+    assert.doesNotMatch(text, /ko:\/\//);
+    for (const ref of ['ko.local/c:1', 'ko.local/ra:1', 'ko.local/f:1']) assert.ok(text.includes(ref), ref);
+    assert.match(text, /ko\.local\/knative-eventing-auth-proxy:not-built/);
+  });
+  it('refuses a ko:// reference it has no image for', () =>
+    assert.throws(
+      () => eventingObjects([deployment('x', 'ko://knative.dev/eventing/cmd/jobsink')], images),
+      /no image for ko:\/\/knative\.dev\/eventing\/cmd\/jobsink/,
+    ));
+  it("merges the local feature flags into config-features, keeping upstream's", () => {
+    const [features] = eventingObjects([configMap('config-features', { 'authentication-oidc': 'disabled' })], images);
+    assert.deepEqual((features as { data: Record<string, string> }).data, {
+      'authentication-oidc': 'disabled',
+      ...LOCAL_FEATURES,
+    });
+  });
+});
+
+describe('the rendered objects applied on the node', () => {
+  const rendered = [
+    { apiVersion: 'v1', kind: 'ServiceAccount', metadata: { name: 'sa' } },
+    { apiVersion: 'eventing.knative.dev/v1', kind: 'Broker', metadata: { name: 'b' } },
+    { apiVersion: 'eventing.knative.dev/v1', kind: 'Trigger', metadata: { name: 't' } },
+    {
+      apiVersion: 'sources.knative.dev/v1',
+      kind: 'PingSource',
+      metadata: { name: 'p' },
+      spec: { schedule: '*/5 * * * *', data: 'x' },
+    },
+    { apiVersion: 'sources.knative.dev/v1', kind: 'ApiServerSource', metadata: { name: 'a' } },
+  ] as KubernetesObject[];
+
+  it("without Knative Eventing, all but the stand-in's kinds (it applies those itself)", () =>
+    assert.deepEqual(
+      objectsToApply(rendered, undefined).map((o) => o.kind),
+      ['ServiceAccount', 'ApiServerSource'],
+    ));
+  it('with Knative Eventing, all of them, a PingSource with the schedule asked for and the rest of its spec', () => {
+    const out = objectsToApply(rendered, { schedules: { p: '0 0 * * *' } });
+    assert.deepEqual(
+      out.map((o) => o.kind),
+      rendered.map((o) => o.kind),
+    );
+    assert.deepEqual((out[3] as { spec: unknown }).spec, { schedule: '0 0 * * *', data: 'x' });
+    assert.equal(
+      (rendered[3] as { spec: { schedule: string } }).spec.schedule,
+      '*/5 * * * *',
+      'the input is unchanged',
+    );
+  });
 });
 
 describe('the overlay of the manifests', () => {
