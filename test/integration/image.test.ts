@@ -6,7 +6,10 @@
  * - it is reproducible: a second build from nothing gives the same digest and bytes;
  * - its entrypoint starts each function from the unpacked root file system as UID 65532 on a
  *   read-only root, with no capabilities, in a private mount namespace (scripts/image/rootfs.ts),
- *   and answers `/healthz`; the pause image runs too. No process or mount outlives a test.
+ *   and answers `/healthz`; the pause image runs too. No process or mount outlives a test;
+ * - it reaches a registry the way docs/deploy-knative.md tells a user to: `skopeo copy` of the
+ *   tar into go-containerregistry's registry, which then serves it under the digest the build
+ *   printed, by tag and by digest.
  * Needs root (mount namespaces, chroot); skipped otherwise.
  */
 import assert from 'node:assert/strict';
@@ -31,7 +34,7 @@ import { listeningLine, onLines, stopProcess } from '../../scripts/lib/process.t
 import { FUNCTION_NAMES } from '../../scripts/lib/warm-compile-cache.ts';
 import { buildImage, type BuiltImage } from '../../scripts/image/build.ts';
 import { rootfsCommand, unpackImage, type UnpackedImage } from '../../scripts/image/rootfs.ts';
-import { REPO_ROOT, withBuildLock } from '../../scripts/tools/build.ts';
+import { ensureTool, REPO_ROOT, withBuildLock } from '../../scripts/tools/build.ts';
 import { controlPlaneDir, eventually } from '../helpers/cluster.ts';
 
 const skip = process.getuid?.() === 0 ? false : 'needs root: mount namespaces and chroot';
@@ -228,6 +231,43 @@ describe('the image build is reproducible', { skip }, () => {
   });
 });
 
+/** Runs `skopeo` with `args`: its standard output as written; rejects with its output when it exits non-zero. */
+function skopeo(args: string[]): Promise<string> {
+  const child = spawn('skopeo', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+  child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+  return new Promise((res, rej) => {
+    child.once('error', rej);
+    child.once('close', (code) => (code === 0 ? res(out) : rej(new Error(`skopeo ${args[0]} exited ${code}: ${err}`))));
+  });
+}
+
+describe('the image reaches a registry as the install docs say', { skip }, () => {
+  let registry: ChildProcess | undefined;
+  after(async () => registry && (await stopProcess(registry)));
+
+  it('skopeo copy of the tar: the registry serves it under the digest the build printed, by tag and by digest', async () => {
+    registry = spawn(await ensureTool('imagebuild', 'registry'), ['-port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const port = await new Promise<number>((res, rej) => {
+      onLines(registry!.stderr!, (l) => {
+        const m = /serving on port (\d+)/.exec(l);
+        if (m) res(Number(m[1]));
+      });
+      registry!.once('exit', (code) => rej(new Error(`the registry exited ${code}`)));
+    });
+    const repo = `localhost:${port}/captf-credentials`;
+    // docs/deploy-knative.md "Build and push the image", with a plain-HTTP registry on loopback.
+    await skopeo(['copy', '--dest-tls-verify=false', `oci-archive:${built.path}`, `docker://${repo}:0.1.0`]);
+    const byTag = await skopeo(['inspect', '--tls-verify=false', '--format', '{{.Digest}}', `docker://${repo}:0.1.0`]);
+    assert.equal(byTag.trim(), built.digest);
+    const raw = await skopeo(['inspect', '--tls-verify=false', '--raw', `docker://${repo}@${built.digest}`]);
+    assert.equal(`sha256:${createHash('sha256').update(raw).digest('hex')}`, built.digest);
+    assert.equal((JSON.parse(raw) as { mediaType?: string }).mediaType, 'application/vnd.oci.image.manifest.v1+json');
+  });
+});
+
 describe('the image runs each function as 65532 on a read-only root', { skip }, () => {
   for (const fn of FUNCTION_NAMES) {
     it(`${fn}: answers /healthz, and nothing of it is left after SIGTERM`, async () => {
@@ -274,6 +314,10 @@ describe('the image runs each function as 65532 on a read-only root', { skip }, 
       // The spawned shell sets up the mounts, then execs pause in its place: wait for that.
       const status = () => readFileSync(`/proc/${child.pid}/status`, 'utf8');
       await eventually('pause to replace the set-up shell', async () => /^Name:\s+pause$/m.test(status()), 30_000);
+      // Right after the exec its runtime has not caught SIGTERM yet (the default action would
+      // kill it): wait until the kernel lists SIGTERM (15, bit 14) among the caught signals.
+      const catchesTerm = () => (BigInt(`0x${/^SigCgt:\s+([0-9a-f]+)$/m.exec(status())![1]}`) & 0x4000n) !== 0n;
+      await eventually('pause to catch SIGTERM', async () => catchesTerm(), 30_000);
       assert.equal(child.exitCode, null, 'pause is still running');
       assert.match(status(), /^Uid:\s+65535\s/m);
       const exit = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
