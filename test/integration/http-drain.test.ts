@@ -376,10 +376,18 @@ describe("TERM while Knative's Broker keeps delivering", () => {
       assert.ok(logLine(fn, 'stopped'), 'it says it stopped');
       const reached = tap.connections.filter((c) => !c.refused);
       assert.deepEqual(cutOff(reached), [], 'no delivery cut');
+      // Pending at the tap is not yet handled by the function: a request sent just before TERM
+      // may reach it after the drain began and is then refused (503, below). Each one the
+      // function was handling (its own count at TERM) is answered 2xx; every one closes.
       for (const c of inFlightAtTerm) {
-        assert.match(c.answers.at(-1) ?? '', /^http\/1\.1 2\d\d /, 'the delivery in flight is answered');
+        assert.match(c.answers.at(-1) ?? '', /^http\/1\.1 (2\d\d|503) /, 'the delivery in flight is answered');
         assert.match(c.answers.at(-1)!, /\r\nconnection: close(\r\n|$)/, 'and its connection closes after it');
       }
+      const handled = inFlightAtTerm.filter((c) => /^http\/1\.1 2\d\d /.test(c.answers.at(-1)!)).length;
+      assert.ok(
+        handled >= Number(stopping.inFlight),
+        `${handled} answered 2xx of ${stopping.inFlight} in flight at TERM`,
+      );
       const since = Date.parse(String(stopping.timestamp));
       // A delivery already on its way on an open connection when the drain began is refused, not
       // handled: 503 with Connection: close (the Broker sends it again elsewhere).
