@@ -1,8 +1,9 @@
 /**
  * SPEC §4 step 3, §7: the one writer. A key's reconcile, an identity's or a namespace's pass and
  * the resync all hand their plans (decide.ts) to {@link act}, which writes exactly what they say:
- * 1. each plan's one mirror request (writes.ts), revocations before every other (SPEC §7): merges
- *    of owner references without a resourceVersion, everything else with its precondition;
+ * 1. each plan's one mirror request (writes.ts), revocations before every other (SPEC §7): an
+ *    added owner reference a merge without a resourceVersion, everything else (a removed
+ *    reference included) with its precondition;
  * 2. one re-read of the identities and namespaces after all creates (a revocation that landed
  *    meanwhile found no mirror to delete: such a create is decided again);
  * 3. the conditions of the consumers whose conditions changed (status.ts), one Event each.
@@ -198,8 +199,9 @@ async function writeMirror(clients: Clients, plan: KeyPlan): Promise<{ action: W
         stored: await clients.core.replaceNamespacedSecret({ name, namespace, body: w.body as V1Secret }),
       };
     case 'patch':
-      // No resourceVersion: the API server merges the references into whatever is stored,
-      // so instances adding consumers to one mirror at once never conflict (SPEC §4).
+      // An add carries no resourceVersion: the API server merges the reference into whatever is
+      // stored, so instances adding consumers to one mirror at once never conflict (SPEC §4). A
+      // removal carries the one it was decided from (writes.ts).
       return {
         action: 'updated',
         stored: await clients.core.patchNamespacedSecret({ name, namespace, body: w.body }, STRATEGIC_MERGE),

@@ -54,7 +54,8 @@ export class Scheduler {
   }
 
   /**
-   * Reconciles one mirror key (reconcile.ts) with a run that starts after this call.
+   * Reconciles one mirror key (reconcile.ts): at once when the key is idle, else in the run
+   * that follows the one under way (queue.ts).
    * @param scope the consumers the request is about (by name), or `all`.
    * @param seed reads made for the key after the request arrived (used when the key is idle).
    */
