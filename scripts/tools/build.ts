@@ -5,7 +5,6 @@
  * when a wrapper's go.mod/go.sum, its own `.go` files or the set's patches change. `npm run
  * tools` builds them all.
  */
-import { spawn } from 'node:child_process';
 import { createHash, type Hash } from 'node:crypto';
 import {
   chmodSync,
@@ -21,6 +20,7 @@ import {
 } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { runCommand } from '../lib/command.ts';
 import { TOOLS, type GoSourcePatch, type GoTool, type ToolSet } from './registry.ts';
 
 /** Repository root (two levels above this file). */
@@ -96,39 +96,6 @@ function buildOptionsKey({ patches = [], cgo = false, tags = [] }: GoTool): stri
 /** Names of the binaries a tool set builds, in registry order. */
 const toolBinaries = (set: ToolSet): string[] => TOOLS[set].flatMap((t) => Object.keys(t.binaries));
 
-/** Runs a command; resolves with its stdout (`onLines`: how many stderr lines a chunk completed). */
-function run(
-  cmd: string,
-  args: string[],
-  opts: { cwd: string; env?: NodeJS.ProcessEnv; onLines?: (n: number) => void },
-): Promise<string> {
-  return new Promise((resolvePromise, reject) => {
-    const child = spawn(cmd, args, {
-      cwd: opts.cwd,
-      env: { ...process.env, ...opts.env },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    let out = '';
-    let err = '';
-    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-    child.stderr.on('data', (d: Buffer) => {
-      const text = d.toString();
-      err += text;
-      opts.onLines?.(text.split('\n').length - 1);
-    });
-    child.on('error', reject);
-    child.on('close', (code) => {
-      if (code === 0) resolvePromise(out);
-      else
-        reject(
-          new Error(
-            `${cmd} ${args.join(' ')} (in ${opts.cwd}) exited ${code}:\n${err.split('\n').slice(-40).join('\n')}`,
-          ),
-        );
-    });
-  });
-}
-
 // No VCS stamp: a wrapper's own main package (scripts/tools/go/image) would otherwise embed the
 // repository's commit and dirty state, and its binary (the pause image) change with every commit.
 const goEnv = { CGO_ENABLED: '0', GOFLAGS: '-mod=readonly -buildvcs=false' };
@@ -170,7 +137,8 @@ export async function patchModuleCopy(patch: GoSourcePatch, copy: string): Promi
   const folder = join(copy, dirname(patch.file ?? '.'));
   for (const [name, text] of Object.entries(patch.add ?? {})) writeFileSync(join(folder, name), text);
   for (const file of patch.delete ?? []) rmSync(existing(file), { recursive: true });
-  if (patch.goModEdit?.length) await run('go', ['mod', 'edit', ...patch.goModEdit, existing('go.mod')], { cwd: copy });
+  if (patch.goModEdit?.length)
+    await runCommand('go', ['mod', 'edit', ...patch.goModEdit, existing('go.mod')], { cwd: copy });
 }
 
 /** Copies a folder tree with files and folders writable (the module cache's are read-only). */
@@ -202,7 +170,7 @@ async function writePatchedModules(tool: GoTool, cwd: string, dir: string): Prom
   for (const patch of tool.patches) {
     // Version first: a folder may contain spaces, a version cannot.
     const info = (
-      await run('go', ['list', '-m', '-f', '{{.Version}} {{.Dir}}', patch.module], { cwd, env: goEnv })
+      await runCommand('go', ['list', '-m', '-f', '{{.Version}} {{.Dir}}', patch.module], { cwd, env: goEnv })
     ).trim();
     const [version, moduleDir] = [info.slice(0, info.indexOf(' ')), info.slice(info.indexOf(' ') + 1)];
     if (!version || !moduleDir) throw new Error(`${patch.module} is not downloaded in ${cwd}`);
@@ -230,11 +198,14 @@ async function buildTool(
   const cwd = join(GO_DIR, tool.module);
   const version = pinnedVersion(tool);
   log(`[build] ${tool.module} ${version}: downloading modules through the Go module proxy…`);
-  await run('go', ['mod', 'download'], { cwd, env: goEnv });
+  await runCommand('go', ['mod', 'download'], { cwd, env: goEnv });
   const modfile = await writePatchedModules(tool, cwd, dir);
   if (modfile) log(`[build] ${tool.module}: patched module copies under ${dirname(modfile)} (-modfile=${modfile})`);
   const modFlags = modfile ? [`-modfile=${modfile}`] : [];
-  const deps = await run('go', ['list', ...modFlags, '-deps', ...Object.values(tool.binaries)], { cwd, env: goEnv });
+  const deps = await runCommand('go', ['list', ...modFlags, '-deps', ...Object.values(tool.binaries)], {
+    cwd,
+    env: goEnv,
+  });
   // `go build -v` prints each package it compiles, and only those the build cache cannot serve,
   // which nothing counts beforehand (`go list`'s Stale is approximate: 709 of 1 229 stale right
   // after a build that compiled 36). So the count of compiled packages, and no percentage that
@@ -256,7 +227,7 @@ async function buildTool(
     for (const [name, pkg] of Object.entries(tool.binaries)) {
       log(`[build] ${tool.module}: compiling ${pkg}`);
       const out = join(tmpBin, name);
-      await run('go', ['build', ...flags, '-o', out, pkg], { cwd, env, onLines: (n) => (compiled += n) });
+      await runCommand('go', ['build', ...flags, '-o', out, pkg], { cwd, env, onLines: (n) => (compiled += n) });
     }
   } finally {
     clearInterval(tick);
