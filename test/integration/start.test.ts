@@ -359,7 +359,12 @@ describe('npm start against a named cluster', () => {
 
     // Ctrl-C while it starts, after the webhook was registered: the start is undone, webhook included.
     const interrupted = start(['--kubeconfig', cp.kubeconfigPath, '--dir', state, '--install']);
-    await eventually('the Broker to be starting', async () => /starting Knative's Broker/.test(interrupted.output()));
+    // Every step before it runs first (the functions from source among them): minutes under a full suite's load.
+    await eventually(
+      'the Broker to be starting',
+      async () => /starting Knative's Broker/.test(interrupted.output()),
+      240_000,
+    );
     interrupted.child.kill('SIGINT');
     assert.equal(await interrupted.exited, 130, interrupted.output());
     await adm.readValidatingWebhookConfiguration({ name: WEBHOOK_CONFIGURATION }).then(
