@@ -14,8 +14,9 @@
  *   --use-current-context   run against $KUBECONFIG's current context (both must be given)
  *   --install               with a named cluster: allow writing into it (CRDs, the Broker and its
  *                           Triggers and PingSources, the webhook if the API server is local)
- *   --serving               on a real node (as root) with Knative Serving: the manifests' Knative Services
- *                           from the product image, the Broker's data plane on the node (docs/deploy-knative.md)
+ *   --serving               on a real node (as root) with Knative Serving and Knative Eventing's own
+ *                           installation: the manifests' Knative Services from the product image, their
+ *                           Broker, Triggers and sources as Knative runs them (docs/deploy-knative.md)
  *   --debug                 also print unchanged reconciles and Knative's informational lines
  * `--build-adapter` and `--local-events` (earlier versions) are accepted and ignored with a note.
  */
@@ -119,8 +120,9 @@ try {
   system = await startSystem({
     dir: values.dir ? resolve(callerDir, values.dir) : kubeconfig ? '.local/start-external' : '.local/start',
     cluster: kubeconfig ? { kubeconfig, install: values.install ?? false } : undefined,
-    ...(values.serving ? { serving: true } : { functions: 'source' as const, webhook: true }),
-    events: 'broker',
+    ...(values.serving
+      ? { serving: true, events: 'knative' as const }
+      : { functions: 'source' as const, webhook: true, events: 'broker' as const }),
     pings: { statusEveryMs, resyncEveryMs },
     prepareCaller: true,
     print: printer(values.debug!),
@@ -160,7 +162,7 @@ ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')})
   from this machine: ${curl} https://<name>.captf-system.svc.cluster.local/healthz (Traefik, the KIngress; cluster-local TLS)
   webhook: registered as shipped (service captf-admission:443 through Knative's gateway; its caBundle from cert-manager's stand-in)
   autoscaler: test windows (stable window and scale-to-zero grace 6 s)
-  events: Knative's ApiServerSource adapter → Broker captf on the node → Triggers → the Knative Services; status every ${values.status}, resync every ${values.resync}
+  events: Knative Eventing on the node: the ApiServerSource's adapter pod → Broker captf → Triggers → the Knative Services; status every ${values.status}, resync every ${values.resync}
   broker: ${broker.url} (from this machine; dead letters go to captf-dead-letters' log)${
     system.prepareCaller
       ? `

@@ -8,7 +8,6 @@ import { KubernetesObjectApi, type KubeConfig } from '@kubernetes/client-node';
 import { freePort } from '../controlplane/controlplane.ts';
 import { onLines, stopProcess } from '../lib/process.ts';
 import { ensureTool } from '../tools/build.ts';
-import type { ProcessPlace } from './processes.ts';
 
 /**
  * Finds or builds the ApiServerSource receive adapter (about 4 minutes on two cores with an
@@ -116,8 +115,6 @@ export interface AdapterOptions {
   onLog?: (line: string) => void;
   /** Added to the adapter's environment (e.g. `{ GODEBUG: 'netdns=go+2' }`: Go logs each name lookup). */
   env?: Readonly<Record<string, string>>;
-  /** Run it there (the test node, beside the Broker's data plane) instead of on this machine. */
-  place?: Pick<ProcessPlace, 'spawn'>;
 }
 
 /** A running adapter. */
@@ -170,7 +167,7 @@ export function adapterEnv(opts: AdapterOptions, profilingPort: number): NodeJS.
 export async function startApiServerSourceAdapter(opts: AdapterOptions): Promise<RunningAdapter> {
   const bin = await ensureApiServerSourceAdapter();
   const env = adapterEnv(opts, await freePort());
-  const child = (opts.place?.spawn ?? spawn)(bin, [], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(bin, [], { env, stdio: ['ignore', 'pipe', 'pipe'] });
   const logs: string[] = [];
   let started!: () => void;
   const startedP = new Promise<void>((r) => (started = r));

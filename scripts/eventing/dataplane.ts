@@ -45,7 +45,6 @@ import {
   type ComponentProcess,
   type DataPlanePorts,
   type EnvContext,
-  type ProcessPlace,
   type SpawnOptions,
 } from './processes.ts';
 import { relocate } from '../tools/kustomize.ts';
@@ -84,20 +83,12 @@ export interface EventingDataPlaneOptions {
   onBuild?: (line: string) => void;
   /** Added to every process's environment (e.g. `{ GODEBUG: 'netdns=go+2' }`: Go logs each name lookup). */
   env?: Readonly<Record<string, string>>;
-  /**
-   * Run the processes there (the test node: scripts/system/serving.ts) instead of on this
-   * machine; `kubeconfigPath` must then work from there. No refusing proxy is set: inside, the
-   * OIDC discovery name resolves to the API server as in a cluster.
-   */
-  place?: ProcessPlace;
 }
 
 /** A running data plane. */
 export interface EventingDataPlane {
   /** The Broker's address (`http://127.0.0.1:<ingress port>/<namespace>/<broker>`): sources send here. */
   brokerUrl: string;
-  /** The same from this machine (with `place`, through a forward; else `brokerUrl`). */
-  hostBrokerUrl: string;
   /** Namespace of the Broker, Triggers, PingSources and InMemoryChannel. */
   namespace: string;
   /** The objects as applied (with uid and generation) and the InMemoryChannel made for the Broker. */
@@ -281,9 +272,9 @@ class Processes {
   readonly procs = new Map<EventingComponent, ComponentProcess>();
   readonly logs = Object.fromEntries(COMPONENTS.map((c) => [c, [] as string[]])) as Record<EventingComponent, string[]>;
   readonly spawnOpts: Omit<SpawnOptions, 'logs'>;
-  readonly ready: { hostBrokerUrl: string; timeoutMs: number };
+  readonly ready: { brokerUrl: string; timeoutMs: number };
 
-  constructor(spawnOpts: Omit<SpawnOptions, 'logs'>, ready: { hostBrokerUrl: string; timeoutMs: number }) {
+  constructor(spawnOpts: Omit<SpawnOptions, 'logs'>, ready: { brokerUrl: string; timeoutMs: number }) {
     this.spawnOpts = spawnOpts;
     this.ready = ready;
   }
@@ -292,15 +283,9 @@ class Processes {
   async start(components: readonly EventingComponent[]): Promise<void> {
     const deadline = Date.now() + this.ready.timeoutMs;
     for (const c of components) this.procs.set(c, await spawnComponent(c, { ...this.spawnOpts, logs: this.logs[c] }));
-    const { env, place } = this.spawnOpts;
     for (const c of components)
-      await waitListening(c, this.procs.get(c)!, {
-        ports: env.ports,
-        logs: this.logs[c],
-        deadline,
-        ...(place ? { place } : {}),
-      });
-    await probeBroker(this.ready.hostBrokerUrl, deadline);
+      await waitListening(c, this.procs.get(c)!, { ports: this.spawnOpts.env.ports, logs: this.logs[c], deadline });
+    await probeBroker(this.ready.brokerUrl, deadline);
   }
 
   async kill(component: EventingComponent, signal: NodeJS.Signals = 'SIGKILL'): Promise<void> {
@@ -333,8 +318,8 @@ function apiServerHost(kc: KubeConfig): string | undefined {
  * missing, applies the Broker, Triggers and PingSources of `objects` and the Broker's
  * InMemoryChannel, writes every field the eventing controllers would, starts the ingress,
  * filter, dispatcher and mtping on free ports (on this machine with `HTTPS_PROXY` a loopback
- * proxy that refuses everything: scripts/eventing/processes.ts startRefusingProxy; on the node,
- * with `place`, without), and resolves once the Broker accepts events.
+ * proxy that refuses everything: scripts/eventing/processes.ts startRefusingProxy), and
+ * resolves once the Broker accepts events.
  * Needs the Eventing CRDs (scripts/controlplane/crds.ts installEventingCRDs).
  * @returns the running data plane; call `stop()` when done.
  * @throws Error when there is not exactly one Broker, a ref cannot be resolved (a Knative
@@ -354,20 +339,18 @@ export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Pr
   };
   const applied = await applyAndWire(opts, addresses);
   const brokerUrl = brokerAddress(addresses, applied.broker);
-  const hostBrokerUrl = opts.place
-    ? brokerAddress({ ...addresses, ingress: local(await opts.place.reach(ports.http.ingress)) }, applied.broker)
-    : brokerUrl;
-  const proxy = opts.place ? undefined : await startRefusingProxy();
+  const proxy = await startRefusingProxy();
   const env: EnvContext = {
     kubeconfigPath: opts.kubeconfigPath,
     systemNamespace: SYSTEM_NAMESPACE,
     ports,
-    ...(proxy ? { httpsProxy: proxy.url, noProxy: apiServerHost(opts.kc) } : {}),
+    httpsProxy: proxy.url,
+    noProxy: apiServerHost(opts.kc),
     extraEnv: opts.env,
   };
-  const spawnOpts = { bins, env, onLog: opts.onLog, ...(opts.place ? { place: opts.place } : {}) };
-  const procs = new Processes(spawnOpts, { hostBrokerUrl, timeoutMs: 60_000 });
-  const stop = () => procs.stop().then(() => proxy?.close());
+  const spawnOpts = { bins, env, onLog: opts.onLog };
+  const procs = new Processes(spawnOpts, { brokerUrl, timeoutMs: 60_000 });
+  const stop = () => procs.stop().then(() => proxy.close());
   try {
     await procs.start(COMPONENTS);
   } catch (err) {
@@ -376,12 +359,11 @@ export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Pr
   }
   return {
     brokerUrl,
-    hostBrokerUrl,
     namespace: applied.broker.metadata!.namespace!,
     applied,
     ports,
     logs: procs.logs,
-    refused: proxy?.refused ?? [],
+    refused: proxy.refused,
     kill: (c, signal) => procs.kill(c, signal),
     restart: (c) => procs.restart(c),
     stop,

@@ -5,7 +5,7 @@
  * and checked again before the start, and a process that logs `address already in use` fails
  * it (docs/eventing-dataplane.md "Ports, interfaces, several data planes").
  */
-import { spawn, type ChildProcess, type SpawnOptions as ChildSpawnOptions } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer as createHttpServer } from 'node:http';
 import { connect, createServer, type AddressInfo } from 'node:net';
 import { freePort } from '../controlplane/controlplane.ts';
@@ -191,23 +191,9 @@ export interface ComponentProcess {
   portError?: string;
 }
 
-/**
- * Where the processes run: on this machine (the default), or inside the test node's namespaces
- * (scripts/node/), where they resolve `*.svc.cluster.local` through cluster DNS and reach
- * Knative Services, but their loopback ports are the node's.
- */
-export interface ProcessPlace {
-  /** Starts a program there. */
-  spawn(cmd: string, args: readonly string[], opts: ChildSpawnOptions): ChildProcess;
-  /** A 127.0.0.1 port of this machine that reaches 127.0.0.1:`port` there (the same port on the host). */
-  reach(port: number): Promise<number>;
-}
-
 /** Options of {@link spawnComponent}. */
 export interface SpawnOptions {
   bins: EventingBinaries;
-  /** Where to run it (default: this machine, its ports checked free first). */
-  place?: ProcessPlace;
   env: EnvContext;
   /** The component's log, appended to (the oldest lines dropped past 5000). */
   logs: string[];
@@ -220,9 +206,8 @@ export interface SpawnOptions {
  * @throws Error when one of its ports is taken.
  */
 export async function spawnComponent(component: EventingComponent, opts: SpawnOptions): Promise<ComponentProcess> {
-  // On the node the ports cannot be checked from here; a taken one shows as `address already in use`.
-  if (!opts.place) for (const [port, what] of portsOf(component, opts.env.ports)) await assertPortFree(port, what);
-  const child = (opts.place?.spawn ?? spawn)(opts.bins[component], [], {
+  for (const [port, what] of portsOf(component, opts.env.ports)) await assertPortFree(port, what);
+  const child = spawn(opts.bins[component], [], {
     env: componentEnv(component, opts.env),
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -253,20 +238,6 @@ function accepts(port: number): Promise<boolean> {
 }
 
 /**
- * Whether something listens on `port` where the processes run. On the node the host side of a
- * forward accepts whatever is inside, so there an HTTP request must get an answer (any status).
- */
-async function listening(port: number, place: ProcessPlace | undefined): Promise<boolean> {
-  if (!place) return accepts(port);
-  const local = await place.reach(port);
-  // OPTIONS: the CloudEvents webhook handshake, which Knative's handlers answer without a warning.
-  return fetch(`http://127.0.0.1:${local}/`, { method: 'OPTIONS', signal: AbortSignal.timeout(2000) }).then(
-    async (r) => (await r.arrayBuffer(), true),
-    () => false,
-  );
-}
-
-/**
  * Waits until the component listens on its HTTP port (mtping: until it ran for a moment),
  * failing fast when it exits or reports a taken port.
  * @throws Error `<component> exited (…)`, `… address already in use …` or a timeout, with its
@@ -275,14 +246,14 @@ async function listening(port: number, place: ProcessPlace | undefined): Promise
 export async function waitListening(
   component: EventingComponent,
   proc: ComponentProcess,
-  { ports, logs, deadline, place }: { ports: DataPlanePorts; logs: string[]; deadline: number; place?: ProcessPlace },
+  { ports, logs, deadline }: { ports: DataPlanePorts; logs: string[]; deadline: number },
 ): Promise<void> {
   const port = component === 'mtping' ? undefined : ports.http[component];
   const fail = (why: string) => new Error(`${component} ${why}:\n${logs.slice(-15).join('\n')}`);
   for (const t0 = Date.now(); ; await sleep(100)) {
     if (!isRunning(proc.child)) throw fail(`exited (${proc.child.exitCode ?? proc.child.signalCode})`);
     if (proc.portError) throw fail(`could not bind a port: ${proc.portError}`);
-    if (port === undefined ? Date.now() - t0 > 500 : await listening(port, place)) return;
+    if (port === undefined ? Date.now() - t0 > 500 : await accepts(port)) return;
     if (Date.now() > deadline) throw fail(`did not listen on ${port} in time`);
   }
 }

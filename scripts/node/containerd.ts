@@ -2,7 +2,9 @@
  * containerd inside the test node's namespaces (namespace.ts), as the kubelet will use it: its
  * own root, state and socket under the node's folder, the CRI plugin with runc (cgroupfs), the
  * pause image of `npm run image` as the pinned sandbox image, and the CNI plugins of tool set
- * `node`. Images are imported from `npm run image`'s tars with `ctr`, so no registry is needed.
+ * `node`. Images are imported from `npm run image`'s tars with `ctr`, so no registry is needed;
+ * where one is (./registry.ts), its hosts go in `certs.d/<host>/hosts.toml` ({@link Containerd.hostsDir}),
+ * which containerd reads at each pull.
  *
  * One setting is this machine's: root here lacks CAP_SYS_RESOURCE, so runc cannot give a
  * container an `oom_score_adj` below containerd's own and every sandbox would fail (`nsexec:
@@ -23,6 +25,8 @@ export interface Containerd {
   socket: string;
   /** The folder of the pod network's CNI configuration (the kubelet's side writes it). */
   cniConfDir: string;
+  /** The registry hosts folder (`config_path`): `<host>/hosts.toml` says how to reach `<host>`. */
+  hostsDir: string;
   process: ChildProcess;
   /**
    * Runs `ctr` against it, inside the node, in the `k8s.io` namespace.
@@ -58,6 +62,8 @@ state = ${q(join(o.root, 'state'))}
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = ${q(o.sandboxImage)}
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = ${q(join(o.root, 'certs.d'))}
   [plugins.'io.containerd.cri.v1.runtime']
     enable_selinux = false
     disable_apparmor = true
@@ -86,6 +92,7 @@ state = ${q(join(o.root, 'state'))}
 export async function startContainerd(ns: NodeNamespace, o: ContainerdOptions): Promise<Containerd> {
   const root = join(o.dir, 'containerd');
   mkdirSync(join(root, 'cni'), { recursive: true });
+  mkdirSync(join(root, 'certs.d'), { recursive: true });
   const configFile = join(root, 'config.toml');
   writeFileSync(configFile, containerdConfig({ root, bin: o.bin, sandboxImage: o.sandboxImage }));
   const log = openSync(join(root, 'containerd.log'), 'a');
@@ -109,5 +116,5 @@ export async function startContainerd(ns: NodeNamespace, o: ContainerdOptions): 
         code === 0 ? resolve(out) : reject(new Error(`ctr ${args.join(' ')} exited ${code}: ${err.trim()}`)),
       );
     });
-  return { socket, cniConfDir: join(root, 'cni'), process: child, ctr };
+  return { socket, cniConfDir: join(root, 'cni'), hostsDir: join(root, 'certs.d'), process: child, ctr };
 }

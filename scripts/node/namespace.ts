@@ -55,6 +55,12 @@ export interface NodeNamespace {
    * @returns the port.
    */
   forward(target: Target): Promise<number>;
+  /**
+   * A 127.0.0.1 port P of this machine that reaches `host`:P inside the node: one name
+   * (`localhost:P`) means the same server on both sides (a registry pushed to from here and
+   * pulled from by the node's containerd).
+   */
+  forwardSamePort(host: string): Promise<number>;
   /** Spawns `cmd` inside the namespaces (marked with {@link NODE_MARKER}). */
   spawn(cmd: string, args: readonly string[], opts?: SpawnOptions): ChildProcess;
   /** Stops everything inside and ends the namespaces; resolves when the holder has exited. */
@@ -100,12 +106,7 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
   }
   const servers: Server[] = [];
   const address = NODE_NETWORK.address.split('/')[0]!;
-  const forward = async (target: Target) => {
-    const server = hostForward(socket, target);
-    servers.push(server);
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    return (server.address() as AddressInfo).port;
-  };
+  const forward = forwarder(socket, servers);
   const forwarded = new Map<number, number>();
   for (const port of opts.forwards ?? []) forwarded.set(port, await forward({ host: address, port }));
   return {
@@ -113,7 +114,8 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
     address,
     cgroupRoot: cgroupRootOf(dir),
     forwarded,
-    forward,
+    forward: (target) => forward(target),
+    forwardSamePort: (host) => forward({ host, port: 0 }, true),
     spawn: (cmd, args, spawnOpts = {}) =>
       spawn('nsenter', ['-t', String(ready.pid), '-n', '-m', '--', cmd, ...args], {
         ...spawnOpts,
@@ -125,6 +127,24 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
       await exited;
       rmSync(join(dir, 'holder.pid'), { force: true });
     },
+  };
+}
+
+/**
+ * Opens forwards through the holder's `socket`, each server kept in `servers` (closed at the stop).
+ * @returns a function that forwards a new 127.0.0.1 port to `target` (with `samePort`, to the
+ *   target host's port of the same number: a forward reads its target per connection, so the
+ *   port is filled in once it listens) and resolves to that port.
+ */
+function forwarder(socket: string, servers: Server[]): (target: Target, samePort?: boolean) => Promise<number> {
+  return async (target, samePort = false) => {
+    const to = { ...target };
+    const server = hostForward(socket, to);
+    servers.push(server);
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const port = (server.address() as AddressInfo).port;
+    if (samePort) to.port = port;
+    return port;
   };
 }
 

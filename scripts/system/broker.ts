@@ -7,13 +7,15 @@
  * resolve to the functions on their loopback ports. Nothing here delivers, retries or
  * schedules an event itself.
  */
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { CoreV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
 import { EVENTING_BINARIES, type EventingComponent } from '../eventing/build.ts';
-import { startEventingDataPlane } from '../eventing/dataplane.ts';
-import type { ProcessPlace } from '../eventing/processes.ts';
+import { startEventingDataPlane, SYSTEM_NAMESPACE } from '../eventing/dataplane.ts';
 import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../eventing/adapter.ts';
 import { createOnce } from '../lib/kube.ts';
 import { sleep } from '../lib/wait.ts';
+import type { TestNode } from '../node/node.ts';
 import { startDeadLetterSink, type DeadLetter } from '../local/dead-letters.ts';
 import { pingMessage, waitForWatchCaches, watchPaths } from '../local/events.ts';
 import { adapterLine, dataPlaneLine, deadLetterLine, formatLine, type Printed } from '../local/print.ts';
@@ -35,10 +37,6 @@ export interface BrokerContext {
   rendered: readonly KubernetesObject[];
   /** The functions the Triggers deliver to, by name. */
   subscribers: Record<'mirror-sync' | 'identity-status', string>;
-  /** The dead-letter sink's address (the manifests' `captf-dead-letters`); absent: a local one that prints them. */
-  deadLetters?: string;
-  /** Where the data plane runs (default this machine; the node with Serving). */
-  place?: ProcessPlace;
   /** The PingSources' schedules. */
   schedules: Record<keyof typeof PINGS, string>;
   /** Undo actions, run in reverse by the system's stop. */
@@ -57,9 +55,9 @@ export interface BrokerContext {
  */
 export async function startBroker(
   ctx: BrokerContext,
-): Promise<{ url: string; hostUrl: string; logs: Record<EventingComponent, string[]> }> {
+): Promise<{ url: string; logs: Record<EventingComponent, string[]> }> {
   await createNamespaceAsApplied(ctx.kc, ctx.rendered);
-  const deadLetters = ctx.deadLetters ?? (await localDeadLetterSink(ctx));
+  const deadLetters = await localDeadLetterSink(ctx);
   ctx.progress("starting Knative's Broker data plane: broker-ingress, broker-filter, imc-dispatcher, mtping");
   const dp = await startEventingDataPlane({
     kubeconfigPath: ctx.kubeconfigPath,
@@ -76,10 +74,9 @@ export async function startBroker(
       ctx.emit(binary, line, dataPlaneLine(binary, line));
     },
     onBuild: ctx.progress,
-    ...(ctx.place ? { place: ctx.place } : {}),
   });
   ctx.cleanups.push(() => dp.stop());
-  return { url: dp.brokerUrl, hostUrl: dp.hostBrokerUrl, logs: dp.logs };
+  return { url: dp.brokerUrl, logs: dp.logs };
 }
 
 /** A dead-letter sink on this machine that prints each dead letter; stopped with the system. @returns its address. */
@@ -121,8 +118,6 @@ export interface AdapterContext {
   sink: string;
   cleanups: (() => Promise<void> | void)[];
   emit: BrokerContext['emit'];
-  /** Where the adapter runs (default this machine). */
-  place?: ProcessPlace;
 }
 
 /**
@@ -143,7 +138,6 @@ export async function startAdapter(ctx: AdapterContext): Promise<void> {
     source,
     name: API_SOURCE,
     namespace: EVENTING_NAMESPACE,
-    ...(ctx.place ? { place: ctx.place } : {}),
     onLog: (l) => ctx.emit(`adapter ${API_SOURCE}`, l, adapterLine(API_SOURCE, l)),
   });
   ctx.cleanups.push(() => adapter.stop());
@@ -175,4 +169,53 @@ export async function ping(brokerUrl: string, which: keyof typeof PINGS): Promis
   });
   await res.arrayBuffer();
   if (!res.ok) throw new Error(`the Broker answered HTTP ${res.status} to the ${PINGS[which]} ping`);
+}
+
+/** The Deployment of Knative's installation that runs each data-plane component (scripts/eventing/install.ts). */
+const INSTALLED_DEPLOYMENTS: Readonly<Record<EventingComponent, string>> = {
+  ingress: 'mt-broker-ingress',
+  filter: 'mt-broker-filter',
+  dispatcher: 'imc-dispatcher',
+  mtping: 'pingsource-mt-adapter',
+};
+
+/** Every line the kubelet logged so far for the pods of `deployment` in `namespace` (all containers, all restarts). */
+function deploymentLog(podLogs: string, namespace: string, deployment: string): string[] {
+  if (!existsSync(podLogs)) return [];
+  return readdirSync(podLogs)
+    .filter((pod) => pod.startsWith(`${namespace}_${deployment}-`))
+    .flatMap((pod) =>
+      readdirSync(join(podLogs, pod), { recursive: true, withFileTypes: true })
+        .filter((f) => f.isFile())
+        .flatMap((f) => readFileSync(join(f.parentPath, f.name), 'utf8').split('\n').filter(Boolean)),
+    );
+}
+
+/**
+ * The manifests' Broker as Knative Eventing's own installation on the node runs it: its address
+ * from this machine (a forward to the `broker-ingress` Service, so kube-proxy picks the pod), a
+ * PingSource tick through it ({@link ping}), and each data-plane component's output as the
+ * kubelet logged it (read afresh at each access).
+ * @param o.podLogs the kubelet's pod-log folder.
+ * @throws Error when the `broker-ingress` Service has no ClusterIP.
+ */
+export async function installedBroker(
+  node: TestNode,
+  o: { kc: KubeConfig; rendered: readonly KubernetesObject[]; podLogs: string },
+): Promise<{ url: string; ping(which: keyof typeof PINGS): Promise<void>; logs: Record<EventingComponent, string[]> }> {
+  const svc = await o.kc
+    .makeApiClient(CoreV1Api)
+    .readNamespacedService({ namespace: SYSTEM_NAMESPACE, name: 'broker-ingress' });
+  const ip = svc.spec?.clusterIP;
+  if (!ip || ip === 'None') throw new Error(`Service ${SYSTEM_NAMESPACE}/broker-ingress has no ClusterIP`);
+  const port = await node.forward({ host: ip, port: 80 });
+  const broker = o.rendered.find((x) => x.kind === 'Broker')!.metadata!;
+  const url = `http://127.0.0.1:${port}/${broker.namespace}/${broker.name}`;
+  const logs = {} as Record<EventingComponent, string[]>;
+  for (const [c, deployment] of Object.entries(INSTALLED_DEPLOYMENTS))
+    Object.defineProperty(logs, c, {
+      enumerable: true,
+      get: () => deploymentLog(o.podLogs, SYSTEM_NAMESPACE, deployment),
+    });
+  return { url, ping: (which) => ping(url, which), logs };
 }

@@ -5,9 +5,8 @@
  * only the two image references (the product's and the dead-letter sink's) and adds the
  * component that has the webhook's certificate issued by Knative's cluster-local issuer, so the
  * API server reaches admission through Traefik over TLS (docs/deploy-knative.md). The Broker,
- * its Triggers and PingSources are applied here too when Knative Eventing is installed on the
- * node (scripts/eventing/install.ts), else by the Eventing stand-in
- * (scripts/eventing/dataplane.ts), which runs on the node too.
+ * its Triggers and sources are applied with them, for Knative Eventing's own installation on
+ * the node (scripts/eventing/install.ts) to run.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
@@ -30,13 +29,10 @@ import { render } from '../tools/kustomize.ts';
 import { untilWebhookAnswers } from './webhook.ts';
 
 /** The image names the manifests use (the product's is renamed nowhere: a user's `images` entry sets it). */
-const SHIPPED_IMAGES = {
+export const SHIPPED_IMAGES = {
   product: 'captf-credentials',
   deadLetters: 'gcr.io/knative-releases/knative.dev/eventing/cmd/event_display',
 } as const;
-
-/** Kinds the Eventing stand-in applies itself (with the status Knative's controllers would write). */
-const EVENTING_KINDS = new Set(['Broker', 'Trigger', 'PingSource']);
 
 /** Field manager of the applied manifests (what `kubectl apply --server-side` would use). */
 const MANAGER = 'kubectl';
@@ -118,15 +114,11 @@ export interface ServedFunctions {
 /** How long the Knative Services may take to be Ready (first pod of each from the image; generous). */
 const READY_TIMEOUT_MS = 240_000;
 
-/**
- * The rendered objects to apply: all of them with Knative Eventing installed (each PingSource's
- * schedule replaced when `schedules` names it), else all but the Eventing stand-in's kinds. Pure.
- */
+/** The rendered objects to apply: all of them, each PingSource's schedule replaced when `schedules` names it. Pure. */
 export function objectsToApply(
   rendered: readonly KubernetesObject[],
-  eventing: { schedules: Readonly<Record<string, string>> } | undefined,
+  eventing: { schedules: Readonly<Record<string, string>> },
 ): KubernetesObject[] {
-  if (!eventing) return rendered.filter((x) => !EVENTING_KINDS.has(x.kind!));
   return rendered.map((o) => {
     const schedule = o.kind === 'PingSource' ? eventing.schedules[o.metadata!.name!] : undefined;
     const spec = (o as { spec?: Record<string, unknown> }).spec;
@@ -139,14 +131,14 @@ export function objectsToApply(
  * and waits until the API server reaches the webhook and for every Knative Service among them
  * to be Ready. Knative's webhooks may still be starting: an apply one refuses is retried until
  * the deadline.
- * @param o.eventing with Knative Eventing installed on the node: the PingSource schedules to apply.
+ * @param o.eventing the PingSource schedules to apply (Knative Eventing runs them on the node).
  * @throws Error naming a Knative Service that is not Ready in time, with its last condition.
  */
 export async function deployOnServing(
   kc: KubeConfig,
   node: TestNode,
   rendered: readonly KubernetesObject[],
-  o: { log: (line: string) => void; eventing?: { schedules: Readonly<Record<string, string>> } | undefined },
+  o: { log: (line: string) => void; eventing: { schedules: Readonly<Record<string, string>> } },
 ): Promise<ServedFunctions> {
   const { log, eventing } = o;
   // The node has the product's image; the dead-letter sink's is imported here.

@@ -19,23 +19,24 @@ import { AppsV1Api, KubeConfig, VersionApi, type KubernetesObject } from '@kuber
 import { describeError } from '../../functions/lib/api-errors.ts';
 import { DEFAULT_DRAIN_SECONDS } from '../../functions/lib/http.ts';
 import { EventPaths } from '../bench/paths.ts';
-import { startControlPlane, userKubeConfig, type ControlPlane } from '../controlplane/controlplane.ts';
+import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { applyCRDs, EVENTING_CRDS, installCRDs, loadThirdPartyCRDs } from '../controlplane/crds.ts';
 import { createWebhookPair } from '../controlplane/pki.ts';
 import { ensureEventingDataPlane, type EventingComponent } from '../eventing/build.ts';
 import { ensureApiServerSourceAdapter } from '../eventing/adapter.ts';
 import type { FunctionProcess } from '../lib/process.ts';
 import { bothSettled, firstLine } from '../lib/wait.ts';
+import { buildImage } from '../image/build.ts';
 import { startNode, type TestNode } from '../node/node.ts';
-import type { ProcessPlace } from '../eventing/processes.ts';
+import { splitUpstream, startNodeRegistry, type NodeRegistry } from '../node/registry.ts';
 import { installEventing } from '../eventing/install.ts';
-import { startServing, type KnativeServing } from '../serving/serving.ts';
+import { skipTagResolving, startServing, type KnativeServing } from '../serving/serving.ts';
 import { cronSchedule } from '../local/events.ts';
 import { watchMirrors } from '../local/mirrors.ts';
 import { watchScale } from '../local/scale.ts';
 import { LogPrinter, type Printed } from '../local/print.ts';
 import { ensureKustomize, render } from '../tools/kustomize.ts';
-import { EVENTING_NAMESPACE, PINGS, ping, startAdapter, startBroker } from './broker.ts';
+import { EVENTING_NAMESPACE, installedBroker, PINGS, ping, startAdapter, startBroker } from './broker.ts';
 import {
   FUNCTION_NAMES,
   buildFunctions,
@@ -47,7 +48,7 @@ import {
 } from './functions.ts';
 import { installPrepareCaller, serviceAccountUsers, type Actor } from './users.ts';
 import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
-import { deployOnServing, renderForServing, type ServedFunctions } from './serving.ts';
+import { deployOnServing, renderForServing, SHIPPED_IMAGES, type ServedFunctions } from './serving.ts';
 
 export { FUNCTION_NAMES, type FunctionName } from './functions.ts';
 export { PINGS } from './broker.ts';
@@ -88,6 +89,18 @@ export interface SystemOptions {
    * and `webhook` do not apply.
    */
   serving?: boolean;
+  /**
+   * With `serving`: apply the product's manifests onto it (default true). `false` leaves the
+   * cluster as a user meets theirs before installing: Serving, Eventing (with `events:
+   * 'knative'`), cert-manager's stand-in, and none of the project's objects, CRDs included.
+   */
+  product?: boolean;
+  /**
+   * A registry on the node (scripts/node/registry.ts), `localhost:<port>` from this machine and
+   * from the node, with Knative's `event_display` under the name the manifests give it; with
+   * `serving`, Serving does not resolve that registry's tags (the node has no way out).
+   */
+  registry?: boolean;
   /** Run the functions from source or as the production bundles; absent: no functions. */
   functions?: FunctionsFrom;
   /**
@@ -135,6 +148,8 @@ export interface RunningSystem {
    * and the CA their `https://` addresses chain to.
    */
   serving?: ServedFunctions & { sources: string[]; caPem: string };
+  /** With `registry`: the node's registry. */
+  registry?: NodeRegistry | undefined;
   /** The rendered {@link MANIFESTS}. */
   rendered: readonly KubernetesObject[];
   /** The first instance of each function; empty when the options ask for none. */
@@ -149,7 +164,10 @@ export interface RunningSystem {
   webhookCaPem: string;
   /** Whether the ValidatingWebhookConfiguration was registered. */
   webhook: boolean;
-  /** With `events: 'broker'`: the Broker's address, the schedules mtping runs, and a ping now. */
+  /**
+   * With `events: 'broker'`, or `'knative'` with the product on Serving: the Broker's address
+   * from this machine, the schedules mtping runs, a ping now, and the data plane's output.
+   */
   broker?: {
     url: string;
     schedules: Record<keyof typeof PINGS, string>;
@@ -211,7 +229,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
   try {
     await step(buildTools(s));
     const [rendered, cluster] = await step(bothSettled(renderManifests(s), connectCluster(s)));
-    const serving = await step(startKnativeServing(s, cluster));
+    const { serving, registry } = await step(startOnNode(s, cluster));
     // After the control plane: it wipes the state folder the bundles are built into.
     const build = await step(buildFunctions(opts.functions ?? 'source', opts.dir));
     const eventingCRDs = await step(installAllCRDs(s, cluster));
@@ -238,6 +256,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
       ...(cluster.controlPlane ? { controlPlane: cluster.controlPlane } : {}),
       ...(cluster.node ? { node: cluster.node } : {}),
       ...(served ? { serving: served } : {}),
+      registry,
       rendered,
       functions,
       startFunction: start,
@@ -292,14 +311,23 @@ function checkOptions(opts: SystemOptions): Record<keyof typeof PINGS, string> {
   return pingSchedules(opts.pings);
 }
 
-/** @throws Error when `serving` comes with options it replaces. */
+/** Options that cannot go together: when each test holds, what to say. */
+const OPTION_CONFLICTS: readonly [(o: SystemOptions) => boolean, string][] = [
+  [
+    (o) => o.events === 'knative' && !o.serving,
+    "events: 'knative' installs Knative Eventing on the node Serving runs on: add serving",
+  ],
+  [(o) => o.product === false && !o.serving, 'product: false leaves Serving empty: add serving'],
+  [(o) => !!o.registry && !o.node && !o.serving, 'registry runs on the node: add node or serving'],
+  [
+    (o) => !!o.serving && (!!o.functions || !!o.webhook || o.events !== 'knative'),
+    "with serving the functions are Knative Services from the image, events come through Knative Eventing installed beside it, and the webhook is the manifests' own, through Knative: set events: 'knative', leave functions and webhook out",
+  ],
+];
+
+/** @throws Error when `serving` comes with options it replaces, or an option lacks the one it needs. */
 function checkServing(opts: SystemOptions): void {
-  if (opts.events === 'knative' && !opts.serving)
-    throw new Error("events: 'knative' installs Knative Eventing on the node Serving runs on: add serving");
-  if (opts.serving && (opts.functions || opts.webhook || opts.events === 'fronts'))
-    throw new Error(
-      "with serving the functions are Knative Services from the image, events come through the Broker, and the webhook is the manifests' own, through Knative: leave functions, webhook and events: 'fronts' out",
-    );
+  for (const [conflicts, why] of OPTION_CONFLICTS) if (conflicts(opts)) throw new Error(why);
 }
 
 /** @throws Error when the options would write into a named cluster without `install`, or need a control plane of their own. */
@@ -369,6 +397,33 @@ async function startKnativeServing(s: Startup, cluster: Cluster): Promise<Knativ
   return serving;
 }
 
+/** Step 2b: what runs on the node beside the control plane: Serving (and Eventing), the registry. */
+async function startOnNode(
+  s: Startup,
+  cluster: Cluster,
+): Promise<{ serving: KnativeServing | undefined; registry: NodeRegistry | undefined }> {
+  const serving = await startKnativeServing(s, cluster);
+  return { serving, registry: await startRegistry(s, cluster) };
+}
+
+/**
+ * Step 2c: with `registry`, the node's registry (scripts/node/registry.ts), holding Knative's
+ * `event_display` under the manifests' name for it; Serving is told to use that name as written.
+ */
+async function startRegistry(s: Startup, cluster: Cluster): Promise<NodeRegistry | undefined> {
+  if (!s.opts.registry) return undefined;
+  const upstream = `${SHIPPED_IMAGES.deadLetters}:latest`;
+  const eventDisplay = await buildImage('event-display', { log: s.opts.progress });
+  const registry = await startNodeRegistry(cluster.node!, {
+    dir: join(s.opts.dir, 'registry'),
+    mirrored: [{ tar: eventDisplay.path, upstream }],
+    log: s.opts.progress,
+  });
+  s.cleanups.push(() => registry.stop());
+  if (s.opts.serving) await skipTagResolving(cluster.kc, [splitUpstream(upstream).registry]);
+  return registry;
+}
+
 /**
  * Step 2 (beside rendering): the control plane, started here (inside a node when asked)
  * unless the options name a cluster.
@@ -431,6 +486,7 @@ async function installAllCRDs(s: Startup, cluster: Cluster): Promise<{ installed
   const none = { installed: Promise.resolve() };
   if (s.opts.cluster && !s.opts.cluster.install) return none;
   if (s.opts.cluster && s.opts.events) await refuseRealEventing(cluster.kc);
+  if (s.opts.product === false) return none;
   s.opts.progress(`installing the CRDs into ${cluster.server}`);
   await installCRDs(cluster.kc);
   // Knative's own installation brings its CRDs (scripts/eventing/install.ts).
@@ -485,9 +541,9 @@ async function deployFunctionsOnServing(
     schedules: Record<keyof typeof PINGS, string>;
   },
 ): Promise<RunningSystem['serving']> {
-  if (!o.serving) return undefined;
+  if (!o.serving || s.opts.product === false) return undefined;
   const byName = Object.entries(PINGS).map(([which, name]) => [name, o.schedules[which as keyof typeof PINGS]]);
-  const eventing = s.opts.events === 'knative' ? { schedules: Object.fromEntries(byName) } : undefined;
+  const eventing = { schedules: Object.fromEntries(byName) };
   const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, { log: s.opts.progress, eventing });
   return { ...served, sources: o.serving.sources, caPem: o.serving.caPem };
 }
@@ -587,15 +643,17 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
     await paths.connect({ kubeconfig: ctx.users['event-source'], functions: ctx.functions });
     return { eventPaths: paths };
   }
+  if (s.opts.events === 'knative' && ctx.served) {
+    const podLogs = join(s.opts.dir, 'node', 'kubelet', 'pod-logs');
+    const broker = await installedBroker(cluster.node!, { kc: cluster.kc, rendered, podLogs });
+    return { broker: { ...broker, schedules: ctx.schedules } };
+  }
   if (s.opts.events !== 'broker') return {};
-  const place = cluster.node && ctx.served ? nodePlace(cluster.node) : undefined;
-  const url = (name: string) => ctx.served?.urls[`captf-${name}`] ?? `${ctx.functions[name as FunctionName].url}/`;
+  const url = (name: FunctionName) => `${ctx.functions[name].url}/`;
   const broker = await startBroker({
     ...cluster,
-    ...(place ? { place, kubeconfigPath: cluster.controlPlane!.insideKubeconfigPath } : {}),
     rendered,
     subscribers: { 'mirror-sync': url('mirror-sync'), 'identity-status': url('identity-status') },
-    ...(ctx.served ? { deadLetters: url('dead-letters') } : {}),
     schedules: ctx.schedules,
     cleanups: s.cleanups,
     progress: s.opts.progress,
@@ -603,46 +661,13 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
   });
   await startAdapter({
     ...cluster,
-    kubeconfigPath: place ? await sourceServiceAccount(cluster, rendered) : ctx.users['event-source'],
-    ...(place ? { place } : {}),
+    kubeconfigPath: ctx.users['event-source'],
     rendered,
     sink: broker.url,
     cleanups: s.cleanups,
     emit: s.emit,
   });
-  const hostUrl = broker.hostUrl;
   return {
-    broker: { url: hostUrl, schedules: ctx.schedules, ping: (which) => ping(hostUrl, which), logs: broker.logs },
-  };
-}
-
-/**
- * On the node, the adapter acts as the ApiServerSource's ServiceAccount, as Knative runs it: a
- * client certificate with the ServiceAccount's user name and groups, so the rendered RBAC
- * bound to it is exactly what it may do.
- * @returns its kubeconfig, reaching the API server from inside the node.
- */
-async function sourceServiceAccount(cluster: Cluster, rendered: readonly KubernetesObject[]): Promise<string> {
-  const source = rendered.find((o) => o.kind === 'ApiServerSource') as
-    (KubernetesObject & { spec?: { serviceAccountName?: string } }) | undefined;
-  const namespace = source?.metadata?.namespace ?? EVENTING_NAMESPACE;
-  const name = source?.spec?.serviceAccountName ?? 'default';
-  const groups = ['system:serviceaccounts', `system:serviceaccounts:${namespace}`];
-  return userKubeConfig(cluster.controlPlane!.dir, `system:serviceaccount:${namespace}:${name}`, groups, 'inside');
-}
-
-/**
- * Processes run on the node (its namespaces), their loopback ports reached through one forward
- * per port. The Broker's data plane acts as the cluster admin: in a cluster it is Knative's own
- * pods with Knative's service accounts.
- */
-function nodePlace(node: TestNode): ProcessPlace {
-  const forwards = new Map<number, Promise<number>>();
-  return {
-    spawn: (cmd, args, opts) => node.namespace.spawn(cmd, args, opts),
-    reach: (port) => {
-      if (!forwards.has(port)) forwards.set(port, node.forward({ host: '127.0.0.1', port }));
-      return forwards.get(port)!;
-    },
+    broker: { url: broker.url, schedules: ctx.schedules, ping: (which) => ping(broker.url, which), logs: broker.logs },
   };
 }

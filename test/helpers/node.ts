@@ -8,8 +8,16 @@ import { execFileSync } from 'node:child_process';
 import assert from 'node:assert/strict';
 import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import type { V1Pod } from '@kubernetes/client-node';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { BatchV1Api, type V1Pod } from '@kubernetes/client-node';
+import { startSystem, type RunningSystem, type SystemOptions } from '../../scripts/system/system.ts';
+import { jobWithCredentials } from '../../functions/lib/delivery.ts';
+import { eventually } from './cluster.ts';
+import * as fx from './fixtures.ts';
 import { scanLater } from './leaks.ts';
+import { operatorSource } from './mirror-sync.ts';
+import type { Consumer } from '../../functions/lib/api.ts';
 import { CGROUP_FS, cgroupHierarchies, cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { KUBELET_KERNEL_SETTINGS } from '../../scripts/node/config.ts';
 import { markedProcesses } from '../../scripts/node/namespace.ts';
@@ -93,6 +101,33 @@ function readTree(path: string): string {
     .join('\n');
 }
 
+/** A test file's system with a node, and its world on that node's control plane. */
+export interface NodeWorld {
+  system: RunningSystem;
+  w: fx.World;
+  /** The system's state folder (the node's logs are under it). */
+  work: string;
+  /** The system's progress lines so far. */
+  progress: string[];
+}
+
+/**
+ * Starts `options`' system with a node in a fresh temporary folder (`captf-<prefix>-…`), points
+ * the file's world at the node's control plane (`CAPTF_TEST_CONTROLPLANE`), scans the node's
+ * logs for planted values after the file, and stops the system (checking it left nothing) as
+ * the world's first cleanup, so its last, after the leak scan.
+ */
+export async function nodeWorld(prefix: string, options: Omit<SystemOptions, 'dir' | 'progress'>): Promise<NodeWorld> {
+  const work = mkdtempSync(join(tmpdir(), `captf-${prefix}-`));
+  const progress: string[] = [];
+  const system = await startSystem({ ...options, dir: work, progress: (l) => progress.push(l) });
+  process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
+  const w = fx.world(prefix);
+  w.onCleanup(() => stopNodeSystem(system, work, progress));
+  scanNodeLogs(work);
+  return { system, w, work, progress };
+}
+
 /** Scans every log of the node in `work` for planted values after the file (./leaks.ts). */
 export function scanNodeLogs(work: string): void {
   scanLater('node logs', () => NODE_LOGS.map((p) => readTree(join(work, p))).join('\n'));
@@ -119,4 +154,128 @@ export async function stopNodeSystem(system: { stop(): Promise<void> }, work: st
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
+}
+
+/**
+ * A stand-in `terraform` for the Job (a ConfigMap script run by the image's node): prints one
+ * JSON line with its uid and groups, the names of its environment variables, and the mode, group
+ * and readability of each file of the credentials mount.
+ */
+const TERRAFORM_STAND_IN = `#!/usr/local/bin/node
+const fs = require('node:fs');
+const dir = '/var/run/captf/credentials';
+const files = Object.fromEntries(fs.readdirSync(dir).filter((f) => !f.startsWith('..')).map((f) => {
+  const st = fs.statSync(dir + '/' + f);
+  let readable = true;
+  try { fs.readFileSync(dir + '/' + f); } catch { readable = false; }
+  return [f, { mode: (st.mode & 0o777).toString(8), gid: st.gid, readable }];
+}));
+console.log(JSON.stringify({ uid: process.getuid(), groups: process.getgroups(), env: Object.keys(process.env).sort(), files }));
+`;
+
+/**
+ * Source Secret data for {@link assertTerraformSaw}: cloud keys, two keys the runner strips
+ * from the environment, and one of its three exceptions.
+ */
+export const TERRAFORM_KEYS = {
+  AWS_ACCESS_KEY_ID: 'AKIA-job',
+  AWS_SECRET_ACCESS_KEY: 'secret-job',
+  TF_VAR_token: 'tf-token',
+  KUBE_TOKEN: 'kube-token',
+  TF_IN_AUTOMATION: 'from-secret',
+} as const;
+
+/**
+ * A consumer whose identity names a source Secret of {@link TERRAFORM_KEYS} (in a namespace of its
+ * own) and allows the consumer's fresh namespace: what a Terraform Job of {@link runTerraformJob} needs.
+ */
+export async function terraformConsumer(
+  w: fx.World,
+  name: string,
+): Promise<{ ns: string; id: string; consumer: Consumer }> {
+  const source = await operatorSource(w, fx.data(TERRAFORM_KEYS));
+  const ns = await w.namespace();
+  const id = await source.newIdentity(fx.allowList(ns));
+  const consumer = await w.create(fx.consumer(name, fx.inNamespace(ns), fx.identityRef(id)));
+  return { ns, id, consumer };
+}
+
+/** What the stand-in terraform of {@link runTerraformJob} saw, and its pod. */
+export interface TerraformRun {
+  uid: number;
+  groups: number[];
+  env: string[];
+  files: Record<string, { mode: string; gid: number; readable: boolean }>;
+  /** The pod's fsGroup (the group the credential files must have). */
+  fsGroup: number;
+  /** The pod's whole log. */
+  log: string;
+}
+
+/**
+ * Runs the provider's Terraform Job on a node as SPEC §11 builds it (fx.terraformJob with the
+ * delivery fragment for `identity`), from `image` (its `captf-runner` bundle and node) with the
+ * stand-in terraform, in `namespace`, and waits for it to end.
+ * @param work the node system's state folder (the kubelet writes pod logs under it).
+ * @throws AssertionError with the pod's log when the Job does not succeed.
+ */
+export async function runTerraformJob(
+  w: fx.World,
+  work: string,
+  o: { namespace: string; identity: string; image: string; pull: 'Never' | 'IfNotPresent' },
+): Promise<TerraformRun> {
+  const { namespace } = o;
+  const batch = w.clients.kc.makeApiClient(BatchV1Api);
+  await w.clients.core.createNamespacedConfigMap({
+    namespace,
+    body: { metadata: { name: 'terraform' }, data: { terraform: TERRAFORM_STAND_IN } },
+  });
+  const job = jobWithCredentials(fx.terraformJob('tf-apply', 'apply', fx.inNamespace(namespace)), o.identity);
+  const pod = job.spec!.template.spec!;
+  const c = pod.containers[0]!;
+  c.image = o.image;
+  c.imagePullPolicy = o.pull;
+  c.command = ['node', '/app/dist/captf-runner.mjs', '--', 'terraform', 'apply'];
+  c.env = [...(c.env ?? []), { name: 'PATH', value: '/opt/terraform:/usr/local/bin:/usr/bin:/bin' }];
+  c.volumeMounts = [...(c.volumeMounts ?? []), { name: 'terraform', mountPath: '/opt/terraform' }];
+  pod.volumes = [...(pod.volumes ?? []), { name: 'terraform', configMap: { name: 'terraform', defaultMode: 0o555 } }];
+  await batch.createNamespacedJob({ namespace, body: job });
+  const done = await eventually(
+    'the Job to finish',
+    async () => {
+      const j = await batch.readNamespacedJob({ namespace, name: 'tf-apply' });
+      return j.status?.succeeded || j.status?.failed ? j : undefined;
+    },
+    180_000,
+    500,
+  );
+  const [ran] = (await w.clients.core.listNamespacedPod({ namespace, labelSelector: 'job-name=tf-apply' })).items;
+  const log = podLog(work, ran!);
+  assert.equal(done.status?.succeeded, 1, log);
+  const out = log
+    .split('\n')
+    .map((l) => /^\S+ stdout [FP] (.*)$/.exec(l)?.[1])
+    .find((l) => l?.startsWith('{'));
+  assert.ok(out, `the stand-in terraform printed what it saw:\n${log}`);
+  return {
+    ...(JSON.parse(out) as Omit<TerraformRun, 'fsGroup' | 'log'>),
+    fsGroup: ran!.spec!.securityContext!.fsGroup!,
+    log,
+  };
+}
+
+/**
+ * Asserts SPEC §11 on what the Job's terraform saw: it ran as 65532 in the fsGroup; the cloud
+ * keys and the runner's three exceptions reached it by envFrom, `TF_VAR_token` and `KUBE_TOKEN`
+ * were stripped; every key of `files` is a 0440 file of the fsGroup it can read; the runner said
+ * it filtered.
+ */
+export function assertTerraformSaw(ran: TerraformRun, files: readonly string[]): void {
+  assert.equal(ran.uid, 65532);
+  assert.ok(ran.groups.includes(ran.fsGroup), 'the runner is in the fsGroup');
+  for (const k of ['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', 'TF_IN_AUTOMATION', 'TF_INPUT', 'KUBE_NAMESPACE'])
+    assert.ok(ran.env.includes(k), `${k} reaches terraform`);
+  for (const k of ['TF_VAR_token', 'KUBE_TOKEN']) assert.ok(!ran.env.includes(k), `${k} is stripped`);
+  for (const k of files) assert.deepEqual(ran.files[k], { mode: '440', gid: ran.fsGroup, readable: true }, k);
+  assert.match(ran.log, /"message":"environment filtered"/);
 }

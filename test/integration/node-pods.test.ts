@@ -13,14 +13,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { before, describe, it } from 'node:test';
-import {
-  BatchV1Api,
-  Watch,
-  type KubernetesObject,
-  type V1ContainerStateTerminated,
-  type V1Pod,
-} from '@kubernetes/client-node';
-import { jobWithCredentials } from '../../functions/lib/delivery.ts';
+import { Watch, type KubernetesObject, type V1ContainerStateTerminated, type V1Pod } from '@kubernetes/client-node';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { containerCgroup } from '../../scripts/node/cgroups.ts';
 import { applyFunctionRbac, functionPod, runPod } from '../../scripts/node/pods.ts';
@@ -31,7 +24,13 @@ import { eventually, suffix } from '../helpers/cluster.ts';
 import { pingEvent, postEvents, RENDERED_MANIFESTS } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { SENTINEL_KEY } from '../helpers/leaks.ts';
-import { podLog, scanNodeLogs } from '../helpers/node.ts';
+import {
+  assertTerraformSaw,
+  runTerraformJob,
+  scanNodeLogs,
+  terraformConsumer,
+  TERRAFORM_KEYS,
+} from '../helpers/node.ts';
 import { consumerEvent, outcomes, operatorSource } from '../helpers/mirror-sync.ts';
 import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
@@ -42,7 +41,6 @@ const node = system.node!;
 // This file's world lives in the node's control plane, not in the suite's shared one.
 process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
 const w = fx.world('pods');
-const batch = system.kc.makeApiClient(BatchV1Api);
 // The world's first cleanup, so its last: after the leak scan, whatever it found.
 w.onCleanup(async () => {
   await system.stop();
@@ -209,75 +207,10 @@ describe('each function as a pod from its Knative Service', () => {
 
 describe('the Terraform Job', () => {
   it('runs captf-runner from the image as non-root: keys by envFrom, 0440 files through fsGroup, TF_/KUBE_ stripped but still files', async () => {
-    // Stand-in terraform: names of the variables it got and mode, group and readability of each file.
-    const standIn = `#!/usr/local/bin/node
-const fs = require('node:fs');
-const dir = '/var/run/captf/credentials';
-const files = Object.fromEntries(fs.readdirSync(dir).filter((f) => !f.startsWith('..')).map((f) => {
-  const st = fs.statSync(dir + '/' + f);
-  let readable = true;
-  try { fs.readFileSync(dir + '/' + f); } catch { readable = false; }
-  return [f, { mode: (st.mode & 0o777).toString(8), gid: st.gid, readable }];
-}));
-console.log(JSON.stringify({ uid: process.getuid(), groups: process.getgroups(), env: Object.keys(process.env).sort(), files }));
-`;
-    const keys = {
-      AWS_ACCESS_KEY_ID: 'AKIA-job',
-      AWS_SECRET_ACCESS_KEY: 'secret-job',
-      TF_VAR_token: 'tf-token',
-      KUBE_TOKEN: 'kube-token',
-      TF_IN_AUTOMATION: 'from-secret',
-    };
-    const source = await operatorSource(w, fx.data(keys));
-    const ns = await w.namespace();
-    const id = await source.newIdentity(fx.allowList(ns));
-    const consumer = await w.create(fx.consumer('job', fx.inNamespace(ns), fx.identityRef(id)));
+    const { ns, id, consumer } = await terraformConsumer(w, 'job');
     assert.equal((await postEvents(`${urls['mirror-sync']}/`, consumerEvent(consumer, 'ref', 'add'))).status, 200);
-    await w.clients.core.createNamespacedConfigMap({
-      namespace: ns,
-      body: { metadata: { name: 'terraform' }, data: { terraform: standIn } },
-    });
-    const job = jobWithCredentials(fx.terraformJob('tf-apply', 'apply', fx.inNamespace(ns)), id);
-    const pod = job.spec!.template.spec!;
-    const c = pod.containers[0]!;
-    c.image = node.image.ref;
-    c.imagePullPolicy = 'Never';
-    c.command = ['node', '/app/dist/captf-runner.mjs', '--', 'terraform', 'apply'];
-    c.env = [...(c.env ?? []), { name: 'PATH', value: '/opt/terraform:/usr/local/bin:/usr/bin:/bin' }];
-    c.volumeMounts = [...(c.volumeMounts ?? []), { name: 'terraform', mountPath: '/opt/terraform' }];
-    pod.volumes = [...(pod.volumes ?? []), { name: 'terraform', configMap: { name: 'terraform', defaultMode: 0o555 } }];
-    await batch.createNamespacedJob({ namespace: ns, body: job });
-    const done = await eventually(
-      'the Job to finish',
-      async () => {
-        const j = await batch.readNamespacedJob({ namespace: ns, name: 'tf-apply' });
-        return j.status?.succeeded || j.status?.failed ? j : undefined;
-      },
-      180_000,
-      500,
-    );
-    const [ran] = (await w.clients.core.listNamespacedPod({ namespace: ns, labelSelector: 'job-name=tf-apply' })).items;
-    const log = podLog(work, ran!);
-    assert.equal(done.status?.succeeded, 1, log);
-    const out = log
-      .split('\n')
-      .map((l) => /^\S+ stdout [FP] (.*)$/.exec(l)?.[1])
-      .find((l) => l?.startsWith('{'));
-    const seen = JSON.parse(out!) as {
-      uid: number;
-      groups: number[];
-      env: string[];
-      files: Record<string, { mode: string; gid: number; readable: boolean }>;
-    };
-    const fsGroup = ran!.spec!.securityContext!.fsGroup!;
-    assert.equal(seen.uid, 65532);
-    assert.ok(seen.groups.includes(fsGroup), 'the runner is in the fsGroup');
-    for (const k of ['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', 'TF_IN_AUTOMATION', 'TF_INPUT', 'KUBE_NAMESPACE'])
-      assert.ok(seen.env.includes(k), `${k} reaches terraform`);
-    for (const k of ['TF_VAR_token', 'KUBE_TOKEN']) assert.ok(!seen.env.includes(k), `${k} is stripped`);
-    for (const k of [...Object.keys(keys), SENTINEL_KEY])
-      assert.deepEqual(seen.files[k], { mode: '440', gid: fsGroup, readable: true }, k);
-    assert.match(log, /"message":"environment filtered"/);
+    const ran = await runTerraformJob(w, work, { namespace: ns, identity: id, image: node.image.ref, pull: 'Never' });
+    assertTerraformSaw(ran, [...Object.keys(TERRAFORM_KEYS), SENTINEL_KEY]);
   });
 });
 

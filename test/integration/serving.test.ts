@@ -1,16 +1,13 @@
 /**
- * The manifests as they ship, on Knative Serving on a real node (`startSystem({ serving: true })`,
- * scripts/serving/ and scripts/system/serving.ts): the Knative Services from the product
- * image, events through Knative's ApiServerSource adapter and the shipped Broker (its data
- * plane on the node) to their cluster-local addresses, Traefik as the KIngress, the activator
+ * The manifests as they ship, on Knative Serving on a real node (`startSystem({ serving: true,
+ * events: 'knative' })`, scripts/serving/ and scripts/system/serving.ts): the Knative Services
+ * from the product image, events through Knative Eventing's own installation on the node (the
+ * ApiServerSource adapter pod, the shipped Broker and Triggers) to their cluster-local addresses, Traefik as the KIngress, the activator
  * and autoscaler deciding the scale. Each test waits for what it starts from (a function at
  * zero) instead of assuming it. One Serving start for the file, with its own control plane
  * inside the node; needs root.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { CoreV1Api, CustomObjectsApi, type V1Pod } from '@kubernetes/client-node';
 import type { Consumer } from '../../functions/lib/api.ts';
@@ -19,33 +16,23 @@ import { mirrorName } from '../../functions/lib/mirror.ts';
 import { podView, SERVICE_LABEL } from '../../scripts/local/scale.ts';
 import { withRevisionAnnotations } from '../../scripts/serving/revision.ts';
 import { clusterLocalDispatcher } from '../../scripts/system/serving.ts';
-import { startSystem } from '../../scripts/system/system.ts';
 import { identityThroughWebhook } from '../helpers/admission.ts';
 import { assertNoSecret } from '../helpers/logs.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { createConsumers, operatorSource } from '../helpers/mirror-sync.ts';
-import { podLog, scanNodeLogs, stopNodeSystem } from '../helpers/node.ts';
+import { nodeWorld, podLog } from '../helpers/node.ts';
 import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 
-const work = mkdtempSync(join(tmpdir(), 'captf-serving-'));
-const progress: string[] = [];
 // The longest schedules a PingSource takes: no scheduled ping may wake a function the tests wait to be at zero.
 const DAY_MS = 24 * 3600_000;
-const system = await startSystem({
-  dir: work,
-  progress: (l) => progress.push(l),
+// This file's world lives in the node's control plane, not in the suite's shared one.
+const { system, w, work } = await nodeWorld('serving', {
   serving: true,
-  events: 'broker',
+  events: 'knative',
   pings: { statusEveryMs: DAY_MS, resyncEveryMs: DAY_MS },
 });
 const serving = system.serving!;
-// This file's world lives in the node's control plane, not in the suite's shared one.
-process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
-const w = fx.world('serving');
-// The world's first cleanup, so its last: after the leak scan, whatever it found.
-w.onCleanup(() => stopNodeSystem(system, work, progress));
-scanNodeLogs(work);
 // This process's fetch reaches `*.svc.cluster.local` through Traefik, as a pod would.
 setGlobalDispatcher(clusterLocalDispatcher(serving.gateway, serving.caPem));
 
@@ -235,13 +222,13 @@ describe('the manifests on Knative Serving', () => {
     const mirrorSync = { namespace: NAMESPACE, service: 'captf-mirror-sync', timeoutMs: 300_000 };
     const sample = await withRevisionAnnotations(system.kc, mirrorSync, spread, async () => {
       const sample = samplePods(['captf-mirror-sync', 'captf-dead-letters']);
-      const filterLog = system.broker!.logs.filter;
-      const filterFrom = filterLog.length;
+      // Read afresh at each access (the kubelet's log of broker-filter's pods).
+      const filterFrom = system.broker!.logs.filter.length;
       let owners: string[] = [];
       // What a timeout reports: how far the mirror got and what the data plane gave up on.
       const state = () =>
         `${owners.length} owners; pods seen ${JSON.stringify(sample.most)}, ${[...sample.seen].length} names; ` +
-        `broker-filter failed deliveries ${filterLog.slice(filterFrom).filter((l) => l.includes('failed to send event')).length}`;
+        `broker-filter failed deliveries ${system.broker!.logs.filter.slice(filterFrom).filter((l) => l.includes('failed to send event')).length}`;
       try {
         const consumers = await createConsumers(w, ns, id, 'burst', N);
         const want = consumers.map((c) => c.metadata.uid).sort();

@@ -7,9 +7,7 @@
  * writes are refused (`failurePolicy: Fail`). One node for the file, its own control plane; root.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { rmSync } from 'node:fs';
 import { X509Certificate } from 'node:crypto';
 import { connect } from 'node:tls';
 import { describe, it } from 'node:test';
@@ -24,21 +22,14 @@ import {
 } from '@kubernetes/client-node';
 import { identities } from '../../functions/lib/objects.ts';
 import { deployAdmissionDeployment } from '../../scripts/system/admission-deployment.ts';
-import { startSystem } from '../../scripts/system/system.ts';
 import { identityThroughWebhook, refusal } from '../helpers/admission.ts';
 import { eventually } from '../helpers/cluster.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret } from '../helpers/logs.ts';
-import { scanNodeLogs, stopNodeSystem } from '../helpers/node.ts';
+import { nodeWorld } from '../helpers/node.ts';
 
-const work = mkdtempSync(join(tmpdir(), 'captf-webhook-deployment-'));
-const progress: string[] = [];
-const system = await startSystem({ dir: work, progress: (l) => progress.push(l), node: true });
+const { system, w, work, progress } = await nodeWorld('fallback', { node: true });
 const node = system.node!;
-process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
-const w = fx.world('fallback');
-w.onCleanup(() => stopNodeSystem(system, work, progress));
-scanNodeLogs(work);
 // A failure here ends the file before its cleanups are registered with the runner: stop the node first.
 const fallback = await deployAdmissionDeployment(system.kc, { dir: work, log: (l) => progress.push(l) }).catch(
   async (err: unknown) => {

@@ -13,6 +13,7 @@ import { CLUSTER_LOCAL_ISSUER } from '../../scripts/serving/tls.ts';
 import { eventingObjects } from '../../scripts/eventing/install.ts';
 import { LOCAL_FEATURES } from '../../scripts/eventing/dataplane.ts';
 import { nodeOverlay, objectsToApply, splitImageRef } from '../../scripts/system/serving.ts';
+import { startSystem, type SystemOptions } from '../../scripts/system/system.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const configMap = (name: string, data: Record<string, string>) =>
@@ -123,12 +124,7 @@ describe('the rendered objects applied on the node', () => {
     { apiVersion: 'sources.knative.dev/v1', kind: 'ApiServerSource', metadata: { name: 'a' } },
   ] as KubernetesObject[];
 
-  it("without Knative Eventing, all but the stand-in's kinds (it applies those itself)", () =>
-    assert.deepEqual(
-      objectsToApply(rendered, undefined).map((o) => o.kind),
-      ['ServiceAccount', 'ApiServerSource'],
-    ));
-  it('with Knative Eventing, all of them, a PingSource with the schedule asked for and the rest of its spec', () => {
+  it('all of them, for Knative Eventing to run: a PingSource with the schedule asked for and the rest of its spec', () => {
     const out = objectsToApply(rendered, { schedules: { p: '0 0 * * *' } });
     assert.deepEqual(
       out.map((o) => o.kind),
@@ -224,4 +220,18 @@ describe('the scale lines', () => {
   );
   it('says nothing when the count did not change', () =>
     assert.equal(scaleLine('captf-mirror-sync', 2, 2, podView(pod(true))), undefined));
+});
+
+describe('the system options that need Serving or a node', () => {
+  // Refused before anything starts: no control plane, no folder written.
+  const refused = (opts: Partial<SystemOptions>, why: RegExp) =>
+    assert.rejects(startSystem({ dir: '/nonexistent/captf', progress: () => undefined, ...opts }), why);
+
+  it("an empty cluster (product: false), Eventing's own installation and the registry each need what they run on", async () => {
+    await refused({ product: false }, /product: false leaves Serving empty: add serving/);
+    await refused({ events: 'knative' }, /installs Knative Eventing on the node Serving runs on: add serving/);
+    await refused({ registry: true }, /registry runs on the node: add node or serving/);
+    await refused({ serving: true, events: 'knative', functions: 'source' }, /leave functions and webhook out/);
+    await refused({ serving: true, events: 'broker' }, /set events: 'knative'/);
+  });
 });

@@ -89,7 +89,7 @@ export async function servingRows(o: ServingRowOptions): Promise<Figure[]> {
     dir,
     progress: o.log,
     serving: true,
-    events: 'broker',
+    events: 'knative',
     auditLogMaxSizeMB: 100_000,
   });
   const before = getGlobalDispatcher();
@@ -349,8 +349,8 @@ async function fanIn(s: Served, n: number): Promise<Burst> {
   await atZero(s, MIRROR_SYNC);
   const pods = podsOverTime(s.kc, [MIRROR_SYNC, DEAD_LETTERS]);
   const from = s.audit.mark();
-  const filterLog = s.system.broker!.logs.filter;
-  const filterFrom = filterLog.length;
+  // Read afresh at each access (the kubelet's log of broker-filter's pods).
+  const filterFrom = s.system.broker!.logs.filter.length;
   const t0 = performance.now();
   let ms: number;
   try {
@@ -379,7 +379,7 @@ async function fanIn(s: Served, n: number): Promise<Burst> {
     counts: s.audit.countFor(MIRROR_SYNC_USER, from),
     pods: pods.series[MIRROR_SYNC]!,
     deadLetterPods: Math.max(0, ...pods.series[DEAD_LETTERS]!),
-    failedDeliveries: filterLog.slice(filterFrom).filter((l) => l.includes(FAILED_DELIVERY)).length,
+    failedDeliveries: s.system.broker!.logs.filter.slice(filterFrom).filter((l) => l.includes(FAILED_DELIVERY)).length,
   };
 }
 
