@@ -84,15 +84,15 @@ export interface SystemOptions {
   node?: boolean;
   /**
    * Knative Serving on a node (implies `node`): the functions run as the manifests' Knative
-   * Services from the product image (./serving.ts), and with events the Broker's data plane and
-   * the adapter run on the node, delivering to the Knative Services' addresses. `functions`
-   * and `webhook` do not apply.
+   * Services from the product image (./serving.ts), beside Knative Eventing's own installation
+   * (`events: 'knative'`, required), which delivers to the Knative Services' addresses.
+   * `functions` and `webhook` do not apply.
    */
   serving?: boolean;
   /**
    * With `serving`: apply the product's manifests onto it (default true). `false` leaves the
-   * cluster as a user meets theirs before installing: Serving, Eventing (with `events:
-   * 'knative'`), cert-manager's stand-in, and none of the project's objects, CRDs included.
+   * cluster as a user meets theirs before installing: Serving, Eventing, cert-manager's
+   * stand-in, and none of the project's objects, CRDs included.
    */
   product?: boolean;
   /**
