@@ -11,9 +11,9 @@ import { spawn, type ChildProcess, type SpawnOptions } from 'node:child_process'
 import { randomBytes } from 'node:crypto';
 import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { request } from 'node:https';
-import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
 import { KubeConfig, dumpYaml } from '@kubernetes/client-node';
+import { freePort } from '../lib/ports.ts';
 import { isRunning, stopProcess } from '../lib/process.ts';
 import { sleep } from '../lib/wait.ts';
 import { ensureControlPlaneBinaries, type ControlPlaneBinaries } from '../tools/build.ts';
@@ -157,22 +157,6 @@ export interface ControlPlane {
   startComponent(name: ControlPlaneComponent): Promise<void>;
   /** Stops every process (SIGTERM, then SIGKILL after 10 s); idempotent. */
   stop(): Promise<void>;
-}
-
-/**
- * Returns a free TCP port (the OS picks it; a tiny race is accepted).
- * @param host the interface: 127.0.0.1 by default, `null` for every interface.
- */
-export function freePort(host: string | null = '127.0.0.1'): Promise<number> {
-  return new Promise((res, rej) => {
-    const srv = createServer();
-    srv.unref();
-    srv.on('error', rej);
-    srv.listen({ port: 0, host: host ?? undefined }, () => {
-      const addr = srv.address();
-      srv.close(() => (typeof addr === 'object' && addr ? res(addr.port) : rej(new Error('no port'))));
-    });
-  });
 }
 
 /**

@@ -5,7 +5,7 @@
  */
 import { spawn } from 'node:child_process';
 import { KubernetesObjectApi, type KubeConfig } from '@kubernetes/client-node';
-import { freePort } from '../controlplane/controlplane.ts';
+import { freePort } from '../lib/ports.ts';
 import { onLines, stopProcess } from '../lib/process.ts';
 import { ensureTool } from '../tools/build.ts';
 

@@ -8,7 +8,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer as createHttpServer } from 'node:http';
 import { connect, createServer, type AddressInfo } from 'node:net';
-import { freePort } from '../controlplane/controlplane.ts';
+import { freePort } from '../lib/ports.ts';
 import { isRunning, onLines, stopProcess } from '../lib/process.ts';
 import { IMC_PORT_ENV, type EventingBinaries, type EventingComponent } from './build.ts';
 import { sleep } from '../lib/wait.ts';

@@ -12,9 +12,9 @@
  */
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import { freePort } from './ports.ts';
 
 /** The functions `dist/main.mjs` serves (functions/main.ts). */
 export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status'] as const;
@@ -27,17 +27,6 @@ users: [{name: warm, user: {token: warm}}]
 contexts: [{name: warm, context: {cluster: warm, user: warm}}]
 current-context: warm
 `;
-
-function freePort(): Promise<number> {
-  return new Promise((res, rej) => {
-    const srv = createServer();
-    srv.on('error', rej);
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as { port: number }).port;
-      srv.close(() => res(port));
-    });
-  });
-}
 
 /**
  * Starts `node <main> <fn>` with `env` until `/healthz` answers 200, then SIGTERMs it.

@@ -15,7 +15,7 @@ import { KubeConfig } from '@kubernetes/client-node';
 import { start } from '../../functions/admission/index.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
-import { freePort } from '../../scripts/controlplane/controlplane.ts';
+import { freePort } from '../../scripts/lib/ports.ts';
 import { createCA, createLeaf, type CertPair } from '../../scripts/controlplane/pki.ts';
 import { asUser, controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';

@@ -18,7 +18,7 @@ import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import { makeClients, type Clients } from '../../functions/lib/kube.ts';
 import { ANNOTATION_SOURCE_HASH, LABEL_MIRRORED, sourceHash } from '../../functions/lib/mirror.ts';
 import { consumerObjects, identities } from '../../functions/lib/objects.ts';
-import { freePort } from '../../scripts/controlplane/controlplane.ts';
+import { freePort } from '../../scripts/lib/ports.ts';
 import type { FunctionProcess } from '../../scripts/lib/process.ts';
 import { eventually } from '../../scripts/lib/wait.ts';
 import { startSystem, type RunningSystem } from '../../scripts/system/system.ts';

@@ -16,7 +16,7 @@ import { KubeConfig } from '@kubernetes/client-node';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
-import { freePort } from '../../scripts/controlplane/controlplane.ts';
+import { freePort } from '../../scripts/lib/ports.ts';
 import { serviceAccountToken, type PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { controlPlaneDir, suffix } from '../helpers/cluster.ts';
 import { startFaultProxy, type Fault, type FaultProxy } from '../helpers/fault-proxy.ts';
