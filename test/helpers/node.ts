@@ -6,18 +6,20 @@
  */
 import { execFileSync } from 'node:child_process';
 import assert from 'node:assert/strict';
-import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { BatchV1Api, type V1Pod } from '@kubernetes/client-node';
+import { afterEach } from 'node:test';
+import { BatchV1Api, CoreV1Api, CustomObjectsApi, type V1Pod } from '@kubernetes/client-node';
 import { startSystem, type RunningSystem, type SystemOptions } from '../../scripts/system/system.ts';
 import { jobWithCredentials } from '../../functions/lib/delivery.ts';
+import { sleep } from '../../scripts/lib/wait.ts';
 import { eventually } from './cluster.ts';
 import * as fx from './fixtures.ts';
 import { scanLater } from './leaks.ts';
 import { operatorSource } from './mirror-sync.ts';
-import type { Consumer } from '../../functions/lib/api.ts';
+import type { Condition, Consumer } from '../../functions/lib/api.ts';
 import { CGROUP_FS, cgroupHierarchies, cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { KUBELET_KERNEL_SETTINGS } from '../../scripts/node/config.ts';
 import { markedProcesses } from '../../scripts/node/namespace.ts';
@@ -118,14 +120,125 @@ export interface NodeWorld {
  * the world's first cleanup, so its last, after the leak scan.
  */
 export async function nodeWorld(prefix: string, options: Omit<SystemOptions, 'dir' | 'progress'>): Promise<NodeWorld> {
+  const release = options.serving ? await oneServingNodeAtATime() : () => {};
   const work = mkdtempSync(join(tmpdir(), `captf-${prefix}-`));
   const progress: string[] = [];
-  const system = await startSystem({ ...options, dir: work, progress: (l) => progress.push(l) });
+  const system = await startSystem({ ...options, dir: work, progress: (l) => progress.push(l) }).catch((err) => {
+    release();
+    throw err;
+  });
   process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
   const w = fx.world(prefix);
-  w.onCleanup(() => stopNodeSystem(system, work, progress));
+  w.onCleanup(() => stopNodeSystem(system, work, progress).finally(release));
   scanNodeLogs(work);
+  // The folder goes with the file: a failed test prints what the node looked like (CI keeps only output).
+  afterEach(async (t) => {
+    // `passed` is on Node 24's TestContext; @types/node does not list it yet.
+    if ((t as { passed?: boolean }).passed !== false) return;
+    const report = await nodeReport(system, work).catch((err: unknown) => `no report: ${String(err)}`);
+    console.error(`--- the node after "${t.name}" failed\n${report}\n--- end of the node's report`);
+  });
   return { system, w, work, progress };
+}
+
+/** The Knative kinds whose Ready condition {@link nodeReport} shows, as `group/version/plural`. */
+const KNATIVE_KINDS = [
+  'serving.knative.dev/v1/services',
+  'eventing.knative.dev/v1/brokers',
+  'eventing.knative.dev/v1/triggers',
+  'sources.knative.dev/v1/apiserversources',
+  'sources.knative.dev/v1/pingsources',
+];
+
+/** Namespaces whose pods' last log lines {@link nodeReport} shows. */
+const REPORTED_LOGS = ['captf-system', 'knative-eventing'];
+/** How many of a pod's last log lines are shown. */
+const LOG_LINES = 15;
+
+/**
+ * What a node system looks like now, for a failed test's output: every pod (phase, readiness,
+ * restarts, why a container waits or ended), each Knative object that is not Ready with its
+ * reason, and the last lines of the product's and Eventing's pods. Logs are this node's own
+ * (the file's leak scan reads the same output).
+ */
+export async function nodeReport(system: RunningSystem, work: string): Promise<string> {
+  const core = system.kc.makeApiClient(CoreV1Api);
+  const custom = system.kc.makeApiClient(CustomObjectsApi);
+  const out: string[] = [];
+  const pods = (await core.listPodForAllNamespaces()).items;
+  if (pods.length === 0) out.push('no pods');
+  for (const p of pods) {
+    const statuses = p.status?.containerStatuses ?? [];
+    const why = statuses
+      .map((c) => c.state?.waiting?.reason ?? c.state?.terminated?.reason)
+      .filter(Boolean)
+      .join(',');
+    const ready = statuses.filter((c) => c.ready).length;
+    const restarts = statuses.reduce((n, c) => n + c.restartCount, 0);
+    out.push(
+      `pod ${p.metadata!.namespace}/${p.metadata!.name} ${p.status?.phase} ${ready}/${statuses.length} ready, ${restarts} restarts${why ? ` (${why})` : ''}${p.metadata?.deletionTimestamp ? ' terminating' : ''}`,
+    );
+  }
+  for (const kind of KNATIVE_KINDS) {
+    const [group, version, plural] = kind.split('/') as [string, string, string];
+    const items = (
+      (await custom.listClusterCustomObject({ group, version, plural }).catch(() => ({ items: [] }))) as {
+        items: { metadata: { namespace: string; name: string }; status?: { conditions?: Condition[] } }[];
+      }
+    ).items;
+    for (const o of items) {
+      const ready = o.status?.conditions?.find((c) => c.type === 'Ready');
+      if (ready?.status !== 'True')
+        out.push(
+          `${plural} ${o.metadata.namespace}/${o.metadata.name} not Ready: ${ready?.reason ?? '-'} ${ready?.message ?? ''}`,
+        );
+    }
+  }
+  for (const p of pods.filter((p) => REPORTED_LOGS.includes(p.metadata!.namespace!))) {
+    const lines = podLog(work, p).trimEnd().split('\n').slice(-LOG_LINES);
+    out.push(`log of ${p.metadata!.namespace}/${p.metadata!.name}:`, ...lines.map((l) => `  ${l}`));
+  }
+  return out.join('\n');
+}
+
+/**
+ * Waits until no other file of this test run (the run's folder, `CAPTF_TEST_CONTROLPLANE`)
+ * holds a Serving node, then holds the run's one slot: two Serving nodes with Eventing at once
+ * on two cores slowed both past their waits (a full run's install and serving files met so). A
+ * slot whose holder is gone is taken over. Outside a test run there is nothing to share.
+ * @returns the slot's release (idempotent).
+ */
+async function oneServingNodeAtATime(): Promise<() => void> {
+  const dir = process.env.CAPTF_TEST_CONTROLPLANE;
+  if (!dir) return () => {};
+  const file = join(dir, 'serving-node.lock');
+  let said = false;
+  for (;;) {
+    try {
+      writeFileSync(file, `${process.pid}\n`, { flag: 'wx' });
+      return () => rmSync(file, { force: true });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    }
+    let text: string;
+    try {
+      text = readFileSync(file, 'utf8').trim();
+    } catch {
+      continue; // released meanwhile
+    }
+    const holder = Number(text);
+    if (text === '') {
+      await sleep(100); // taken a moment ago, its PID not written yet
+      continue;
+    }
+    if (!(holder > 0 && existsSync(`/proc/${holder}`))) {
+      rmSync(file, { force: true });
+      continue;
+    }
+    if (!said) console.error(`waiting for the Serving node of PID ${holder}: one Serving node per test run`);
+    said = true;
+    await sleep(2000);
+  }
 }
 
 /** Scans every log of the node in `work` for planted values after the file (./leaks.ts). */
