@@ -1,7 +1,9 @@
 /**
- * Rows on Knative Serving on a real node (a system of its own, `startSystem({ serving: true })`),
- * with the shipped manifests, the shipped Broker and Knative's autoscaling: no stand-in front
- * (the process rows keep theirs).
+ * Rows on Knative Serving on a real node (a system of its own, `startSystem({ serving: true,
+ * events: 'knative' })`), with the shipped manifests, the shipped Broker on Knative Eventing's
+ * own installation (the ApiServerSource adapter, the Broker's ingress and filter and the
+ * in-memory channel's dispatcher are pods) and Knative's autoscaling: no stand-in front (the
+ * process rows keep theirs).
  * - "serving cold start": from zero through Traefik and the activator: a new consumer's event
  *   until its mirror is written (adapter → Broker → Trigger → Knative Service), a prepare
  *   until its answer, and an identity create (dry run) until the API server's answer, the
