@@ -38,12 +38,16 @@ system = await startSystem({ dir: values.dir!, progress: (l) => console.error(l)
 const cp = system.controlPlane!;
 console.log(`control plane ready: KUBECONFIG=${cp.kubeconfigPath}`);
 console.error(`  client CA for minting users: ${cp.dir}/pki/client-ca.crt and client-ca.key (CN = user, O = group)`);
-if (system.node) {
+if (system.node && !system.registry) {
   console.error(
     `  node ${system.node.namespace.address}: pods run there; the product image is ${system.node.image.ref}`,
   );
   console.error(
     `  (imagePullPolicy: Never); the node's logs: ${system.dir}/node/{kubelet,containerd,kube-proxy,coredns}/`,
+  );
+} else if (system.node) {
+  console.error(
+    `  node ${system.node.namespace.address}: pods run there, from images in the registry below; its logs: ${system.dir}/node/`,
   );
 }
 if (system.registry) {
@@ -55,5 +59,6 @@ if (system.registry) {
   console.error(
     `    after export KUBECONFIG=${cp.kubeconfigPath}; it speaks plain HTTP: skopeo copy --dest-tls-verify=false`,
   );
+  console.error(`  kubectl and kustomize: export PATH="$(npm run -s tools -- kubectl kustomize | paste -sd:):$PATH"`);
 }
 console.error(`  logs: ${cp.dir}/logs/   stop with Ctrl-C`);

@@ -133,6 +133,11 @@ describe("the README's install steps on a cluster with Knative Serving, Eventing
       `the registry served the image by digest:\n${log}`,
     );
     assert.match(installed, /deployment "captf-admission" successfully rolled out/);
+    // The entry point is in kustomize's own layout: the user's edit adds the image and nothing else.
+    const shipped = readFileSync(join(REPO_ROOT, 'manifests', 'kustomization.yaml'), 'utf8');
+    const edited = readFileSync(join(checkout, 'manifests', 'kustomization.yaml'), 'utf8');
+    assert.ok(edited.startsWith(shipped), `kustomize edit changed only the end:\n${edited}`);
+    assert.match(edited.slice(shipped.length), /^images:\n- digest: sha256:[0-9a-f]{64}\n/);
   });
 
   it("runs Eventing's controllers, webhook and data plane as pods, Available", async () => {
