@@ -207,6 +207,13 @@ describe('the manifests on Knative Serving', () => {
       body: '{}',
     });
     assert.ok(dead.ok, `the dead-letter sink answered ${dead.status}`);
+    // The sink is a third-party program: its pod carries no API token.
+    const sinks = await podsOf('captf-dead-letters');
+    assert.ok(sinks.length > 0, 'the sink that answered has a pod');
+    for (const pod of sinks) {
+      const mounts = pod.spec!.containers.flatMap((c) => c.volumeMounts ?? []).map((m) => m.mountPath);
+      assert.ok(!mounts.some((m) => m.includes('serviceaccount')), `no token mounted: ${mounts.join(' ')}`);
+    }
   });
 
   it('a burst of consumers on several mirror-sync pods ends with one owner reference each, every consumer mirrored, no dead letter', async () => {
