@@ -171,10 +171,18 @@ export async function spawnFunction(opts: SpawnFunctionOptions): Promise<Functio
 }
 
 /**
+ * How long after the first signal another one counts as the same: a terminal's Ctrl-C reaches
+ * the whole foreground process group, and `npm run` forwards what it got to its child as well,
+ * so one keypress arrives twice within milliseconds.
+ */
+const SAME_SIGNAL_MS = 2000;
+
+/**
  * SIGINT and SIGTERM for an entry point that starts a system. While it starts (`stop` returns
  * undefined), a signal aborts the returned signal: the starter stops what it began and throws,
  * and the entry point exits. Once it runs, a signal calls `stop()` and exits with `code`. A
- * second signal exits at once (children are SIGKILLed on exit, see spawnNode).
+ * second signal more than {@link SAME_SIGNAL_MS} after the first exits at once (children are
+ * SIGKILLed on exit, see spawnNode); one sooner is the same keypress and is ignored.
  * @param stop the running system's stop, or undefined while it starts.
  * @param say a line for the user when a signal arrives.
  * @param code the exit code after a stop (default 130; for `npm start` a Ctrl-C is the normal end: 0).
@@ -185,8 +193,13 @@ export function stopOnSignal(
   code = 130,
 ): AbortSignal {
   const abort = new AbortController();
+  let firstAt = 0;
   const on = (signal: NodeJS.Signals) => {
-    if (abort.signal.aborted) process.exit(130);
+    if (abort.signal.aborted) {
+      if (performance.now() - firstAt < SAME_SIGNAL_MS) return;
+      process.exit(130);
+    }
+    firstAt = performance.now();
     say?.(signal);
     abort.abort(new Error(`interrupted by ${signal}`));
     void stop()?.finally(() => process.exit(code));

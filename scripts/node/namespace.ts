@@ -118,6 +118,8 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
     forwardSamePort: (host) => forward({ host, port: 0 }, true),
     spawn: (cmd, args, spawnOpts = {}) =>
       spawn('nsenter', ['-t', String(ready.pid), '-n', '-m', '--', cmd, ...args], {
+        // A group of its own: a terminal's Ctrl-C reaches the starter, which stops the node in order.
+        detached: true,
         ...spawnOpts,
         env: { ...nodeEnv(spawnOpts.env ?? process.env), [NODE_MARKER]: dir },
       }),
@@ -172,7 +174,8 @@ function spawnHolder(config: HolderConfig, dir: string): ChildProcess {
       HOLDER,
       JSON.stringify(config),
     ],
-    { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, [NODE_MARKER]: dir } },
+    // A group of its own, like the node's programs: it ends when its stdin does (the starter's stop or death).
+    { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, [NODE_MARKER]: dir }, detached: true },
   );
 }
 

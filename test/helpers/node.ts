@@ -23,6 +23,7 @@ import type { Condition, Consumer } from '../../functions/lib/api.ts';
 import { CGROUP_FS, cgroupHierarchies, cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { KUBELET_KERNEL_SETTINGS } from '../../scripts/node/config.ts';
 import { markedProcesses } from '../../scripts/node/namespace.ts';
+import { loadKubeConfig } from '../../functions/lib/kube.ts';
 
 /**
  * Processes of the node from `dir`: those marked for it or in its cgroups, and those that name
@@ -76,6 +77,70 @@ export function hostShared(): { links: string; routes: string; nftables: string;
 /** {@link hostShared}, and what the node from `dir` has in cgroups and processes. */
 export function hostState(dir: string) {
   return { ...hostShared(), cgroups: cgroupFolders(dir), processes: nodeProcesses(dir) };
+}
+
+/**
+ * Runs one pod from the product image (`image`, imported on the node) on the node whose
+ * control plane `kubeconfigPath` names, and waits until it runs: a container, a shim and pod
+ * cgroups for a teardown check to find.
+ */
+export async function runProductPod(kubeconfigPath: string, image: string, name: string): Promise<void> {
+  const core = loadKubeConfig(kubeconfigPath).makeApiClient(CoreV1Api);
+  await core.createNamespacedPod({
+    namespace: 'default',
+    body: {
+      metadata: { name },
+      spec: {
+        securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 },
+        containers: [{ name: 'mirror-sync', image, imagePullPolicy: 'Never', args: ['mirror-sync'] }],
+      },
+    },
+  });
+  await eventually(
+    'the pod to run',
+    async () => (await core.readNamespacedPod({ namespace: 'default', name })).status?.phase === 'Running',
+    180_000,
+    500,
+  );
+}
+
+/**
+ * Asserts the node from `nodeDir` runs its programs and a pod's container, and that its pod
+ * cgroups exist: what a "nothing is left" check must see before, so that it could see it after.
+ */
+export function assertNodeRunsAPod(nodeDir: string): void {
+  const programs = nodeProcesses(nodeDir).map((pid) => {
+    try {
+      return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+    } catch {
+      return [];
+    }
+  });
+  for (const program of ['kubelet', 'containerd', 'containerd-shim-runc-v2', 'kube-proxy', 'coredns'])
+    assert.ok(
+      programs.some((argv) => argv[0]?.endsWith(`/${program}`)),
+      `${program} runs`,
+    );
+  assert.ok(
+    programs.some((argv) => argv.includes('/app/dist/main.mjs')),
+    "the pod's container (a namespace of its own) is among the node's processes",
+  );
+  assert.ok(
+    cgroupFolders(nodeDir).some((c) => c.startsWith(`memory/${cgroupRootOf(nodeDir)}/kubepods/`)),
+    "the pod's cgroups are among the folders compared",
+  );
+}
+
+/** Waits until nothing of the node from `nodeDir` is left, then compares the host with `before` ({@link hostState}). */
+export async function assertNodeGone(nodeDir: string, before: ReturnType<typeof hostState>): Promise<void> {
+  await eventually(
+    'nothing of the node to be left',
+    async () =>
+      nodeProcesses(nodeDir).length === 0 && !cgroupFolders(nodeDir).some((c) => c.includes(cgroupRootOf(nodeDir))),
+    60_000,
+    500,
+  );
+  assert.deepEqual(hostState(nodeDir), before);
 }
 
 /**

@@ -7,16 +7,14 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { onLines } from '../../scripts/lib/process.ts';
-import { cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { sweepNode } from '../../scripts/node/namespace.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
-import { eventually } from '../helpers/cluster.ts';
-import { cgroupFolders, hostState, nodeProcesses } from '../helpers/node.ts';
+import { assertNodeGone, assertNodeRunsAPod, hostState } from '../helpers/node.ts';
 
 const work = mkdtempSync(join(tmpdir(), 'captf-node-crash-'));
 const nodeDir = join(work, 'node');
@@ -38,35 +36,8 @@ describe('the test node after its owner is SIGKILLed', () => {
       owner.once('exit', () => resolve(false));
     });
     assert.ok(started, `the node and its pod started:\n${stderr}`);
-    // What the comparison must see, so that it could see it left behind.
-    const programs = nodeProcesses(nodeDir).map((pid) => {
-      try {
-        return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
-      } catch {
-        return [];
-      }
-    });
-    for (const program of ['kubelet', 'containerd', 'containerd-shim-runc-v2', 'kube-proxy', 'coredns'])
-      assert.ok(
-        programs.some((argv) => argv[0]?.endsWith(`/${program}`)),
-        `${program} runs`,
-      );
-    assert.ok(
-      programs.some((argv) => argv.includes('/app/dist/main.mjs')),
-      "the pod's container (a namespace of its own) is among the node's processes",
-    );
-    assert.ok(
-      cgroupFolders(nodeDir).some((c) => c.startsWith(`memory/${cgroupRootOf(nodeDir)}/kubepods/`)),
-      "the pod's cgroups are among the folders compared",
-    );
+    assertNodeRunsAPod(nodeDir);
     owner.kill('SIGKILL');
-    await eventually(
-      'nothing of the node to be left',
-      async () =>
-        nodeProcesses(nodeDir).length === 0 && !cgroupFolders(nodeDir).some((c) => c.includes(cgroupRootOf(nodeDir))),
-      60_000,
-      500,
-    );
-    assert.deepEqual(hostState(nodeDir), before);
+    await assertNodeGone(nodeDir, before);
   });
 });

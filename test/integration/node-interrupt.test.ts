@@ -1,0 +1,73 @@
+/**
+ * A terminal's Ctrl-C to a node's entry point: SIGINT to the whole foreground process group of
+ * `npm run controlplane -- --node` with a pod running, so npm, the starter and anything else
+ * in that group get it, and npm forwards its own copy to the starter. The starter must stop
+ * the node to the end: compared with a snapshot taken before the start, no process (the node's
+ * programs, the shims and containers), mount, cgroup folder, interface, route or nftables rule
+ * is left. Needs root.
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { onLines } from '../../scripts/lib/process.ts';
+import { sweepNode } from '../../scripts/node/namespace.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
+import { assertNodeGone, assertNodeRunsAPod, hostState, runProductPod } from '../helpers/node.ts';
+
+const work = mkdtempSync(join(tmpdir(), 'captf-node-interrupt-'));
+const nodeDir = join(work, 'node');
+let group: number | undefined;
+after(async () => {
+  // A failed test may leave the entry point running: its group is killed before the sweep.
+  if (group) {
+    try {
+      process.kill(-group, 'SIGKILL');
+    } catch {
+      // Ended already.
+    }
+  }
+  await sweepNode(nodeDir);
+  rmSync(work, { recursive: true, force: true });
+});
+
+describe("a terminal's Ctrl-C to `npm run controlplane -- --node`", () => {
+  it('stops the node to the end with a pod running, though npm and the starter both get the SIGINT', async () => {
+    const before = hostState(nodeDir);
+    // A group of its own, as a shell's foreground job is: the SIGINT below reaches all of it.
+    const npm = spawn('npm', ['run', 'controlplane', '--', '--node', '--dir', work], {
+      cwd: REPO_ROOT,
+      detached: true,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    group = npm.pid;
+    let output = '';
+    const exited = new Promise<void>((r) => npm.once('exit', () => r()));
+    // The banner's last line (stderr) comes after the ready line (stdout).
+    const banner = new Promise<boolean>((resolve) => {
+      const take = (line: string) => {
+        output += `${line}\n`;
+        if (line.includes('stop with Ctrl-C')) resolve(true);
+      };
+      onLines(npm.stdout!, take);
+      onLines(npm.stderr!, take);
+      void exited.then(() => resolve(false));
+    });
+    assert.ok(await banner, `the control plane started:\n${output.slice(-4000)}`);
+    const kubeconfig = /^control plane ready: KUBECONFIG=(\S+)/m.exec(output)?.[1];
+    assert.ok(kubeconfig, `the ready line names the kubeconfig:\n${output}`);
+    const image = /the product image is (\S+)/.exec(output)?.[1];
+    assert.ok(image, `the banner names the product image:\n${output}`);
+    await runProductPod(kubeconfig, image, 'interrupted');
+    assertNodeRunsAPod(nodeDir);
+
+    process.kill(-npm.pid!, 'SIGINT');
+    await exited;
+    group = undefined;
+    assert.match(output, /SIGINT: stopping the control plane/);
+    assert.doesNotMatch(output, /while stopping/, 'no step of the stop failed');
+    await assertNodeGone(nodeDir, before);
+  });
+});
