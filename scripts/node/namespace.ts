@@ -17,6 +17,7 @@ import { execFileSync, spawn, type ChildProcess, type SpawnOptions } from 'node:
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import type { AddressInfo, Server } from 'node:net';
 import { join } from 'node:path';
+import { tryLock } from '../lib/lock.ts';
 import { onLines } from '../lib/process.ts';
 import { REPO_ROOT } from '../tools/build.ts';
 import { cgroupHierarchies, cgroupProcesses, cgroupRootOf, removeCgroupsPatiently } from './cgroups.ts';
@@ -216,18 +217,13 @@ const MAX_SOCKET_PATH = 107;
  * @throws Error when a live process (this one too) is starting a node from `dir`.
  */
 function takeStartLock(dir: string): () => void {
-  const file = join(dir, START_LOCK);
-  for (let attempt = 0; attempt < 2; attempt++) {
-    try {
-      writeFileSync(file, `${process.pid}\n`, { flag: 'wx' });
-      return () => rmSync(file, { force: true });
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-    }
-    const pid = Number(readFileSync(file, 'utf8').trim());
-    if (Number.isInteger(pid) && pid > 0 && existsSync(`/proc/${pid}`))
-      throw new Error(`a test node from ${dir} is being started (by PID ${pid}); wait for it or use another folder`);
-    rmSync(file, { force: true });
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const lock = tryLock(join(dir, START_LOCK));
+    if ('release' in lock) return lock.release;
+    if (lock.holder)
+      throw new Error(
+        `a test node from ${dir} is being started (by PID ${lock.holder}); wait for it or use another folder`,
+      );
   }
   throw new Error(`could not take the start lock of ${dir}`);
 }

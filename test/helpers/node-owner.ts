@@ -1,5 +1,5 @@
 /**
- * A process that owns a test node, for the crash test (test/integration/node-crash.test.ts):
+ * A process that owns a test node, for the crash test (test/integration/node-stop.test.ts):
  * starts the node in the folder given as its argument, runs one pod from the product image,
  * prints one JSON line `{ "pod": "<name>" }` once the pod runs, and then waits to be killed.
  */

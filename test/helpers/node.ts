@@ -6,7 +6,7 @@
  */
 import { execFileSync } from 'node:child_process';
 import assert from 'node:assert/strict';
-import { existsSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -14,6 +14,7 @@ import { afterEach } from 'node:test';
 import { BatchV1Api, CoreV1Api, CustomObjectsApi, type V1Pod } from '@kubernetes/client-node';
 import { startSystem, type RunningSystem, type SystemOptions } from '../../scripts/system/system.ts';
 import { jobWithCredentials } from '../../functions/lib/delivery.ts';
+import { tryLock } from '../../scripts/lib/lock.ts';
 import { sleep } from '../../scripts/lib/wait.ts';
 import { eventually } from './cluster.ts';
 import * as fx from './fixtures.ts';
@@ -276,31 +277,12 @@ export async function nodeReport(system: RunningSystem, work: string): Promise<s
 async function oneServingNodeAtATime(): Promise<() => void> {
   const dir = process.env.CAPTF_TEST_CONTROLPLANE;
   if (!dir) return () => {};
-  const file = join(dir, 'serving-node.lock');
   let said = false;
   for (;;) {
-    try {
-      writeFileSync(file, `${process.pid}\n`, { flag: 'wx' });
-      return () => rmSync(file, { force: true });
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-    }
-    let text: string;
-    try {
-      text = readFileSync(file, 'utf8').trim();
-    } catch {
-      continue; // released meanwhile
-    }
-    const holder = Number(text);
-    if (text === '') {
-      await sleep(100); // taken a moment ago, its PID not written yet
-      continue;
-    }
-    if (!(holder > 0 && existsSync(`/proc/${holder}`))) {
-      rmSync(file, { force: true });
-      continue;
-    }
-    if (!said) console.error(`waiting for the Serving node of PID ${holder}: one Serving node per test run`);
+    const lock = tryLock(join(dir, 'serving-node.lock'));
+    if ('release' in lock) return lock.release;
+    if (!lock.holder) continue;
+    if (!said) console.error(`waiting for the Serving node of PID ${lock.holder}: one Serving node per test run`);
     said = true;
     await sleep(2000);
   }
