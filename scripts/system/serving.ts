@@ -128,11 +128,11 @@ export function objectsToApply(
 
 /**
  * Imports the dead-letter sink's image, applies the rendered objects ({@link objectsToApply})
- * and waits until the API server reaches the webhook and for every Knative Service among them
- * to be Ready. Knative's webhooks may still be starting: an apply one refuses is retried until
+ * and waits until the API server reaches the webhook and for every Knative object among them
+ * (Services, then the Broker, Triggers and sources) to be Ready. Knative's webhooks may still be starting: an apply one refuses is retried until
  * the deadline.
  * @param o.eventing the PingSource schedules to apply (Knative Eventing runs them on the node).
- * @throws Error naming a Knative Service that is not Ready in time, with its last condition.
+ * @throws Error naming a Knative object that is not Ready in time, with its last condition.
  */
 export async function deployOnServing(
   kc: KubeConfig,
@@ -152,34 +152,47 @@ export async function deployOnServing(
     );
   const api = kc.makeApiClient(CustomObjectsApi);
   const urls: Record<string, string> = {};
-  for (const ksvc of rendered.filter((o) => o.kind === 'Service' && o.apiVersion?.startsWith('serving.knative.dev/'))) {
-    const { name, namespace } = ksvc.metadata as { name: string; namespace: string };
-    let last = '';
-    urls[name] = await eventually(
-      `Knative Service ${namespace}/${name} to be Ready (kubectl -n ${namespace} describe ksvc ${name})`,
-      async () => {
-        const s = (await api.getNamespacedCustomObject({
-          group: 'serving.knative.dev',
-          version: 'v1',
-          namespace,
-          plural: 'services',
-          name,
-        })) as {
-          status?: { conditions?: { type: string; status: string; reason?: string }[]; address?: { url?: string } };
-        };
-        const ready = s.status?.conditions?.find((c) => c.type === 'Ready');
-        last = ready ? `${ready.status} ${ready.reason ?? ''}` : 'no Ready condition';
-        if (ready?.status !== 'True') throw new Error(`Ready ${last}`);
-        return s.status?.address?.url;
-      },
-      READY_TIMEOUT_MS,
-      500,
-    );
+  // The Services first (their addresses), then what delivers to them: a Trigger is Ready only
+  // once its subscriber resolves, and a start that returns before then loses the first events.
+  const knative = rendered.filter((o) => KNATIVE_GROUPS.some((g) => o.apiVersion?.startsWith(`${g}/`)));
+  const served = (o: KubernetesObject) => o.apiVersion!.startsWith('serving.knative.dev/');
+  for (const o of [...knative.filter(served), ...knative.filter((o) => !served(o))]) {
+    const status = await untilReady(api, o);
+    if (o.kind === 'Service' && status.address?.url) urls[o.metadata!.name!] = status.address.url;
   }
   await webhookCAInjected(kc, rendered);
   await untilWebhookAnswers(kc, READY_TIMEOUT_MS);
   const gateway = await node.forward({ host: node.namespace.address, port: TRAEFIK_PORTS.private });
   return { urls, gateway };
+}
+
+/** The API groups of the Knative objects whose Ready condition a start waits for. */
+const KNATIVE_GROUPS = ['serving.knative.dev', 'eventing.knative.dev', 'sources.knative.dev'];
+
+/**
+ * Waits until the Knative object `o` (a Service, Broker, Trigger or source) is Ready.
+ * @returns its status (a Service's carries its address).
+ * @throws Error naming the object and its last Ready condition when it is not Ready in time.
+ */
+async function untilReady(api: CustomObjectsApi, o: KubernetesObject): Promise<{ address?: { url?: string } }> {
+  const { name, namespace } = o.metadata as { name: string; namespace: string };
+  const [group, version] = o.apiVersion!.split('/') as [string, string];
+  const plural = `${o.kind!.toLowerCase()}s`;
+  let last = '';
+  return eventually(
+    `${o.kind} ${namespace}/${name} to be Ready (kubectl -n ${namespace} describe ${plural}.${group} ${name})`,
+    async () => {
+      const got = (await api.getNamespacedCustomObject({ group, version, namespace, plural, name })) as {
+        status?: { conditions?: { type: string; status: string; reason?: string }[]; address?: { url?: string } };
+      };
+      const ready = got.status?.conditions?.find((c) => c.type === 'Ready');
+      last = ready ? `${ready.status} ${ready.reason ?? ''}` : 'no Ready condition';
+      if (ready?.status !== 'True') throw new Error(`Ready ${last}`);
+      return got.status ?? {};
+    },
+    READY_TIMEOUT_MS,
+    500,
+  );
 }
 
 /**
