@@ -212,31 +212,39 @@ describe('instances writing one mirror at once (SPEC §4: writes that commute ar
   });
 
   it('two removals decided from one read of the mirror: the second conflicts (its resourceVersion), and deciding again deletes the mirror its users left', async () => {
-    const n = await w.namespace();
-    const id = await source.newIdentity(fx.allowList(n));
-    const [c1, c2] = await createConsumers(w, n, id, 'r', 2);
-    const { url } = await instance();
-    await burst([url], [c1!, c2!], 1);
-    const read = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))! as Snapshot['mirror'];
-    // Both switch to another identity (deleted, the garbage collector would edit the mirror first).
-    const other = await source.newIdentity(fx.allowList(n));
-    for (const c of [c1!, c2!]) await w.put(fx.consumer(c.metadata.name!, fx.inNamespace(n), fx.identityRef(other)));
     const deps = { kc: a.kc, kinds: DEFAULT_CONSUMER_KINDS, logger: quiet() };
     const ctx = contextOf(deps);
-    const key = { namespace: n, identity: id };
-    // Two pods, each with one consumer's event, both decided from the same read of the mirror.
-    const planFor = async (c: Consumer) =>
-      decide({ ...(await observe(ctx.clients, ctx.kinds, { key, scope: [nameOf(c)] })), mirror: read }, ctx.kinds);
-    const [p1, p2] = [await planFor(c1!), await planFor(c2!)];
-    assert.deepEqual([p1.mirror.action, p2.mirror.action], ['merge', 'merge'], 'each keeps the other’s reference');
+    const { url } = await instance();
     const one = { limit: pLimit(1), conditions: 'write' } as const;
-    const [first] = await act(ctx, [p1], one);
-    assert.ok(first && 'outcome' in first, 'the first removal lands');
-    const [second] = await act(ctx, [p2], one);
-    assert.ok(second && 'conflict' in second, 'the second meets the first: decided again, not merged blindly');
-    const again = await reconcileKey(deps, key, [nameOf(c2!)]);
-    assert.equal(again.mirrorAction, 'deleted', 'no owner left: the mirror goes (SPEC §6)');
-    assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined);
+    // Another file's resync may reconcile this key between the read and the first removal (it
+    // sees the switched consumers too): then the first removal conflicts for a reason outside
+    // this test, and the scenario runs again on a fresh key, at most three times.
+    for (let attempt = 1; ; attempt++) {
+      const n = await w.namespace();
+      const id = await source.newIdentity(fx.allowList(n));
+      const [c1, c2] = await createConsumers(w, n, id, 'r', 2);
+      await burst([url], [c1!, c2!], 1);
+      const read = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))! as Snapshot['mirror'];
+      // Both switch to another identity (deleted, the garbage collector would edit the mirror first).
+      const other = await source.newIdentity(fx.allowList(n));
+      for (const c of [c1!, c2!]) await w.put(fx.consumer(c.metadata.name!, fx.inNamespace(n), fx.identityRef(other)));
+      const key = { namespace: n, identity: id };
+      // Two pods, each with one consumer's event, both decided from the same read of the mirror.
+      const planFor = async (c: Consumer) =>
+        decide({ ...(await observe(ctx.clients, ctx.kinds, { key, scope: [nameOf(c)] })), mirror: read }, ctx.kinds);
+      const [p1, p2] = [await planFor(c1!), await planFor(c2!)];
+      assert.deepEqual([p1.mirror.action, p2.mirror.action], ['merge', 'merge'], 'each keeps the other’s reference');
+      const [first] = await act(ctx, [p1], one);
+      const untouched = (await w.read(fx.mirrorOf(id, fx.inNamespace(n))))?.metadata?.resourceVersion;
+      if (!(first && 'outcome' in first) && untouched !== read?.metadata?.resourceVersion && attempt < 3) continue;
+      assert.ok(first && 'outcome' in first, 'the first removal lands');
+      const [second] = await act(ctx, [p2], one);
+      assert.ok(second && 'conflict' in second, 'the second meets the first: decided again, not merged blindly');
+      // Deciding again: no owner is left, so the mirror goes (SPEC §6), whoever decides it.
+      await reconcileKey(deps, key, [nameOf(c2!)]);
+      assert.equal(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), undefined);
+      return;
+    }
   });
 
   it('an add for a consumer deleted meanwhile leaves the mirror as SPEC §6 wants (the garbage collector drops the reference, or the mirror when it was the only one)', async () => {
