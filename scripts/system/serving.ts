@@ -129,8 +129,8 @@ export function objectsToApply(
 /**
  * Imports the dead-letter sink's image, applies the rendered objects ({@link objectsToApply})
  * and waits until the API server reaches the webhook and for every Knative object among them
- * (Services, then the Broker, Triggers and sources) to be Ready. Knative's webhooks may still be starting: an apply one refuses is retried until
- * the deadline.
+ * (Services, then the Broker, Triggers and sources) to be Ready. Knative's webhooks may still
+ * be starting: an apply one refuses is retried until the deadline.
  * @param o.eventing the PingSource schedules to apply (Knative Eventing runs them on the node).
  * @throws Error naming a Knative object that is not Ready in time, with its last condition.
  */
