@@ -9,15 +9,11 @@ import type { AllowedNamespaces } from '../lib/api.ts';
 import { isNamespaceAllowed, validateAllowedNamespaces } from '../lib/allowed-namespaces.ts';
 import { validateIdentitySpec } from '../lib/identity-spec.ts';
 import { isReservedSourceName, reservedSourceMessage } from '../lib/mirror.ts';
+import type { ReviewedUser } from '../lib/token-review.ts';
 import { isWidening, mayRevoke } from '../lib/widening.ts';
 
-/** `request.userInfo` of an AdmissionReview (`authentication.k8s.io/v1` UserInfo). */
-export interface UserInfo {
-  username: string;
-  uid?: string;
-  groups?: string[];
-  extra?: Record<string, string[]>;
-}
+/** `request.userInfo` of an AdmissionReview: `authentication.k8s.io/v1` UserInfo, as a TokenReview reports it too. */
+export type UserInfo = ReviewedUser;
 
 /** The parts of an `admission.k8s.io/v1` AdmissionRequest the decisions read. */
 export interface IdentityRequest {

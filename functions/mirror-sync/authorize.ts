@@ -9,11 +9,11 @@
  * No answer here depends on the object the request names, only on the request and the two
  * reviews, so a refusal is the same whether the object exists or not.
  */
-import { createHash } from 'node:crypto';
 import type { ConsumerKind } from '../lib/api.ts';
 import type { Outcome } from '../lib/http.ts';
 import { describeError, retryAfterOf } from '../lib/kube.ts';
 import { largestRetryAfter } from '../lib/retry-after.ts';
+import { sha256, type ReviewedUser } from '../lib/token-review.ts';
 
 /** Audience the caller's token must be bound to unless `CAPTF_PREPARE_AUDIENCE` says otherwise. */
 export const DEFAULT_PREPARE_AUDIENCE = 'captf-mirror-sync';
@@ -49,56 +49,6 @@ export function prepareAuthFromEnv(env: NodeJS.ProcessEnv): PrepareAuthConfig {
   if (!Number.isInteger(seconds) || seconds < 0 || seconds > MAX_AUTH_CACHE_SECONDS)
     throw new Error(`${PREPARE_AUTH_CACHE_ENV}=${raw} must be an integer from 0 to ${MAX_AUTH_CACHE_SECONDS}`);
   return { audience, cacheTtlMs: seconds * 1000 };
-}
-
-/** RFC 6750 §2.1: `Bearer` (any case), one or more spaces, a b64token. */
-const BEARER = /^Bearer +([A-Za-z0-9\-._~+/]+=*)$/i;
-
-/**
- * The token of an `Authorization` header value.
- * @returns the token, or undefined when the header is missing or is not `Bearer <b64token>`
- *   (another scheme, no token, spaces or other characters in it).
- */
-export function bearerToken(header: string | undefined): string | undefined {
-  return header === undefined ? undefined : BEARER.exec(header)?.[1];
-}
-
-/** The authenticated user, as a TokenReview reports it and a SubjectAccessReview takes it. */
-export interface ReviewedUser {
-  username: string;
-  uid?: string;
-  groups?: string[];
-  extra?: Record<string, string[]>;
-}
-
-/** The parts of a TokenReview's `status` this module reads (`authentication.k8s.io/v1`). */
-export interface TokenReviewStatusLike {
-  authenticated?: boolean;
-  audiences?: string[];
-  user?: { username?: string; uid?: string; groups?: string[]; extra?: Record<string, string[]> };
-}
-
-/**
- * The TokenReview's verdict: the user when the token is authenticated **and** the review's
- * `status.audiences` contains `audience` (a token for the API server's own audience is
- * refused, SPEC §5).
- * @returns the user, or undefined when the caller is not authenticated for `audience`.
- */
-export function reviewedUser(status: TokenReviewStatusLike | undefined, audience: string): ReviewedUser | undefined {
-  const u = status?.user;
-  if (status?.authenticated !== true || !u?.username) return undefined;
-  if (!(status.audiences ?? []).includes(audience)) return undefined;
-  return userOf({ ...u, username: u.username });
-}
-
-/** The fields of a TokenReview's user that a SubjectAccessReview takes, absent ones left out. */
-function userOf(u: ReviewedUser): ReviewedUser {
-  return {
-    username: u.username,
-    ...(u.uid ? { uid: u.uid } : {}),
-    ...(u.groups ? { groups: [...u.groups] } : {}),
-    ...(u.extra ? { extra: u.extra } : {}),
-  };
 }
 
 /** What prepare names: the object a Job is about to be created for. */
@@ -151,14 +101,6 @@ export function prepareAccessReview(
 }
 
 /**
- * Cache key of a TokenReview result: `tr:` and the SHA-256 of the token (64 hex digits).
- * The raw token is never kept as a key.
- */
-export function tokenKey(token: string): string {
-  return `tr:${sha256(token)}`;
-}
-
-/**
  * Cache key of a SubjectAccessReview result: `sar:` and the SHA-256 of the token's
  * {@link tokenKey} followed by the attributes, so one token's answer is never another's.
  */
@@ -166,8 +108,6 @@ export function accessKey(tokenKeyValue: string, attrs: PrepareAttributes): stri
   const parts = [attrs.verb, attrs.group, attrs.resource, attrs.subresource, attrs.namespace, attrs.name];
   return `sar:${sha256(JSON.stringify([tokenKeyValue, ...parts]))}`;
 }
-
-const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
 
 /** Why a caller was refused a 401. */
 export type Unauthenticated = 'no-token' | 'invalid-token';

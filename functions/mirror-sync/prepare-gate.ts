@@ -6,7 +6,6 @@
  * Nothing about the object is read before both said yes. Results are reused for at most
  * 10 s from a bounded LRU cache keyed by SHA-256 hashes, never by the token itself.
  */
-import { createHash } from 'node:crypto';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { isServiceAccountUser } from '../lib/api-errors.ts';
 import type { NextFunction, Request, Response } from 'express';
@@ -15,22 +14,19 @@ import type { ConsumerKind } from '../lib/api.ts';
 import { sendOutcome, type Outcome } from '../lib/http.ts';
 import { makeClients, type CallCounter } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { bearerToken, sha256, TokenReviewer, tokenKey, type ReviewedUser } from '../lib/token-review.ts';
 import {
   AUTH_CACHE_ENTRIES,
   accessKey,
-  bearerToken,
   challenge,
   forbidden,
   prepareAccessReview,
   prepareAttributes,
   reviewFailed,
-  reviewedUser,
-  tokenKey,
   unauthorizedBody,
   type PrepareAttributes,
   type PrepareAuthConfig,
   type PrepareTarget,
-  type ReviewedUser,
   type Unauthenticated,
 } from './authorize.ts';
 
@@ -43,14 +39,13 @@ export interface Caller {
   counter: CallCounter;
 }
 
-/** A cached review: a TokenReview's user (null: not authenticated) or a SubjectAccessReview's verdict. */
-type Cached = { user: ReviewedUser | null } | { allowed: boolean };
-
 /** Authentication and authorization of prepare's callers, with the process's review cache. */
 export class PrepareGate {
   private readonly kc: KubeConfig;
   private readonly logger: Logger;
-  private readonly cache: LRUCache<string, Cached> | undefined;
+  private readonly tokens: TokenReviewer;
+  /** SubjectAccessReview verdicts, by the hash of token and attributes. */
+  private readonly cache: LRUCache<string, boolean> | undefined;
   /** The audience and the cache time in use. */
   readonly config: PrepareAuthConfig;
 
@@ -62,9 +57,10 @@ export class PrepareGate {
     this.kc = kc;
     this.config = config;
     this.logger = logger;
+    this.tokens = new TokenReviewer(kc, config.audience, config.cacheTtlMs, AUTH_CACHE_ENTRIES);
     this.cache =
       config.cacheTtlMs > 0
-        ? new LRUCache<string, Cached>({ max: AUTH_CACHE_ENTRIES, ttl: config.cacheTtlMs })
+        ? new LRUCache<string, boolean>({ max: AUTH_CACHE_ENTRIES, ttl: config.cacheTtlMs })
         : undefined;
   }
 
@@ -80,7 +76,7 @@ export class PrepareGate {
     const caller: Caller = { user: { username: '' }, tokenKey: tokenKey(token), counter: { calls: 0 } };
     let user: ReviewedUser | undefined;
     try {
-      user = await this.reviewToken(token, caller);
+      user = await this.tokens.review(token, caller.counter);
     } catch (err) {
       return this.failed(res, reviewFailed('TokenReview', err), caller);
     }
@@ -111,7 +107,7 @@ export class PrepareGate {
       // The name comes from the TokenReview's answer: only a ServiceAccount's is shown (SPEC §15).
       user: isServiceAccountUser(caller.user.username)
         ? caller.user.username
-        : `sha256:${createHash('sha256').update(caller.user.username).digest('hex').slice(0, 16)}`,
+        : `sha256:${sha256(caller.user.username).slice(0, 16)}`,
       kind: kind.kind,
       object: `${target.namespace}/${target.name}`,
       apiCalls: caller.counter.calls,
@@ -119,32 +115,15 @@ export class PrepareGate {
     return forbidden(attrs);
   }
 
-  /** The TokenReview's user (cached by the token's hash). @throws the API error of the review. */
-  private async reviewToken(token: string, caller: Caller): Promise<ReviewedUser | undefined> {
-    const hit = this.cache?.get(caller.tokenKey);
-    if (hit && 'user' in hit) return hit.user ?? undefined;
-    const { authn } = makeClients(this.kc, caller.counter);
-    const review = await authn.createTokenReview({
-      body: {
-        apiVersion: 'authentication.k8s.io/v1',
-        kind: 'TokenReview',
-        spec: { token, audiences: [this.config.audience] },
-      },
-    });
-    const user = reviewedUser(review.status, this.config.audience);
-    this.cache?.set(caller.tokenKey, { user: user ?? null });
-    return user;
-  }
-
   /** The SubjectAccessReview's verdict (cached by the hash of token and attributes). @throws its API error. */
   private async reviewAccess(caller: Caller, attrs: PrepareAttributes): Promise<boolean> {
     const key = accessKey(caller.tokenKey, attrs);
     const hit = this.cache?.get(key);
-    if (hit && 'allowed' in hit) return hit.allowed;
+    if (hit !== undefined) return hit;
     const { authz } = makeClients(this.kc, caller.counter);
     const review = await authz.createSubjectAccessReview({ body: prepareAccessReview(caller.user, attrs) });
     const allowed = review.status?.allowed === true && review.status.denied !== true;
-    this.cache?.set(key, { allowed });
+    this.cache?.set(key, allowed);
     return allowed;
   }
 

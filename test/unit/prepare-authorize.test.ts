@@ -11,17 +11,15 @@ import type { Outcome } from '../../functions/lib/http.ts';
 import {
   DEFAULT_PREPARE_AUDIENCE,
   accessKey,
-  bearerToken,
   challenge,
   forbidden,
   prepareAccessReview,
   prepareAttributes,
   prepareAuthFromEnv,
   reviewFailed,
-  reviewedUser,
-  tokenKey,
   unauthorizedBody,
 } from '../../functions/mirror-sync/authorize.ts';
+import { bearerToken, reviewedUser, tokenKey } from '../../functions/lib/token-review.ts';
 
 const TC = TERRAFORM_CLUSTER;
 /** The error text of an outcome that is not `done`. */

@@ -1,0 +1,144 @@
+/**
+ * Bearer tokens checked by the API server, for every endpoint that authenticates its caller:
+ * prepare (SPEC §5) and the event endpoints (SPEC §12, sender identity). A token is reviewed
+ * with a TokenReview naming the endpoint's audience; the answer is reused from a bounded LRU
+ * cache keyed by the token's SHA-256, never by the token, for at most the cache time and never
+ * past the token's own expiry.
+ */
+import { createHash } from 'node:crypto';
+import type { KubeConfig } from '@kubernetes/client-node';
+import { LRUCache } from 'lru-cache';
+import { makeClients, type CallCounter } from './kube.ts';
+
+/** RFC 6750 §2.1: `Bearer` (any case), one or more spaces, a b64token. */
+const BEARER = /^Bearer +([A-Za-z0-9\-._~+/]+=*)$/i;
+
+/**
+ * The token of an `Authorization` header value.
+ * @returns the token, or undefined when the header is missing or is not `Bearer <b64token>`
+ *   (another scheme, no token, spaces or other characters in it).
+ */
+export function bearerToken(header: string | undefined): string | undefined {
+  return header === undefined ? undefined : BEARER.exec(header)?.[1];
+}
+
+/** The authenticated user, as a TokenReview reports it and a SubjectAccessReview takes it. */
+export interface ReviewedUser {
+  username: string;
+  uid?: string;
+  groups?: string[];
+  extra?: Record<string, string[]>;
+}
+
+/** The parts of a TokenReview's `status` this module reads (`authentication.k8s.io/v1`). */
+export interface TokenReviewStatusLike {
+  authenticated?: boolean;
+  audiences?: string[];
+  user?: { username?: string; uid?: string; groups?: string[]; extra?: Record<string, string[]> };
+}
+
+/**
+ * The TokenReview's verdict: the user when the token is authenticated **and** the review's
+ * `status.audiences` contains `audience` (a token for the API server's own audience, or any
+ * other, is refused: SPEC §5, §12).
+ * @returns the user, or undefined when the caller is not authenticated for `audience`.
+ */
+export function reviewedUser(status: TokenReviewStatusLike | undefined, audience: string): ReviewedUser | undefined {
+  const u = status?.user;
+  if (status?.authenticated !== true || !u?.username) return undefined;
+  if (!(status.audiences ?? []).includes(audience)) return undefined;
+  return userOf({ ...u, username: u.username });
+}
+
+/** The fields of a TokenReview's user that a SubjectAccessReview takes, absent ones left out. */
+function userOf(u: ReviewedUser): ReviewedUser {
+  return {
+    username: u.username,
+    ...(u.uid ? { uid: u.uid } : {}),
+    ...(u.groups ? { groups: [...u.groups] } : {}),
+    ...(u.extra ? { extra: u.extra } : {}),
+  };
+}
+
+/**
+ * Cache key of a TokenReview result: `tr:` and the SHA-256 of the token (64 hex digits).
+ * The raw token is never kept as a key.
+ */
+export function tokenKey(token: string): string {
+  return `tr:${sha256(token)}`;
+}
+
+/** The SHA-256 of a string, as 64 hex digits. */
+export const sha256 = (s: string): string => createHash('sha256').update(s).digest('hex');
+
+/**
+ * How long a verified token's answer may be reused, in ms: the cache time, cut to what is left
+ * of the token's life when it is a JWT with an `exp` claim (read only after the API server
+ * authenticated the token, so the claim is the issuer's). 0 when the token is already expired.
+ * @param nowMs the current time (ms since the epoch).
+ */
+export function reuseFor(token: string, cacheTtlMs: number, nowMs: number): number {
+  const exp = jwtExpiry(token);
+  return exp === undefined ? cacheTtlMs : Math.max(0, Math.min(cacheTtlMs, exp * 1000 - nowMs));
+}
+
+/** The `exp` claim (seconds since the epoch) of a JWT, or undefined when there is none to read. */
+function jwtExpiry(token: string): number | undefined {
+  const payload = token.split('.')[1];
+  if (!payload) return undefined;
+  try {
+    const exp = (JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as { exp?: unknown }).exp;
+    return typeof exp === 'number' && Number.isFinite(exp) ? exp : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** A token cache entry: the reviewed user, or null for a token the API server did not authenticate. */
+type Reviewed = { user: ReviewedUser | null };
+
+/** TokenReviews for one audience, with the process's cache of their answers. */
+export class TokenReviewer {
+  private readonly kc: KubeConfig;
+  private readonly cache: LRUCache<string, Reviewed> | undefined;
+  private readonly cacheTtlMs: number;
+  /** The audience every reviewed token must be bound to. */
+  readonly audience: string;
+
+  /**
+   * @param kc API access that may `create` tokenreviews.
+   * @param audience the audience a token must carry (TokenReview `spec.audiences`).
+   * @param cacheTtlMs how long an answer is reused at most (0: never).
+   * @param entries how many answers the cache holds at most.
+   */
+  constructor(kc: KubeConfig, audience: string, cacheTtlMs: number, entries: number) {
+    this.kc = kc;
+    this.audience = audience;
+    this.cacheTtlMs = cacheTtlMs;
+    this.cache = cacheTtlMs > 0 ? new LRUCache<string, Reviewed>({ max: entries, ttl: cacheTtlMs }) : undefined;
+  }
+
+  /**
+   * The user `token` authenticates for the audience, or undefined when it does not (unknown,
+   * expired, revoked, or minted for another audience). Each review counts on `counter`; a
+   * cached answer makes none.
+   * @throws the API error of a TokenReview that could not be made.
+   */
+  async review(token: string, counter: CallCounter): Promise<ReviewedUser | undefined> {
+    const key = tokenKey(token);
+    const hit = this.cache?.get(key);
+    if (hit) return hit.user ?? undefined;
+    const { authn } = makeClients(this.kc, counter);
+    const answer = await authn.createTokenReview({
+      body: {
+        apiVersion: 'authentication.k8s.io/v1',
+        kind: 'TokenReview',
+        spec: { token, audiences: [this.audience] },
+      },
+    });
+    const user = reviewedUser(answer.status, this.audience);
+    const ttl = user ? reuseFor(token, this.cacheTtlMs, Date.now()) : this.cacheTtlMs;
+    if (ttl > 0) this.cache?.set(key, { user: user ?? null }, { ttl });
+    return user;
+  }
+}
