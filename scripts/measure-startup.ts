@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { buildBundles } from './lib/bundles.ts';
 import { REPO_ROOT } from './tools/build.ts';
-import { FUNCTION_NAMES, startUntilHealthy } from './lib/warm-compile-cache.ts';
+import { FUNCTION_NAMES, SENDER_CHECK_PLACEHOLDERS, startUntilHealthy } from './lib/warm-compile-cache.ts';
 
 const { values } = parseArgs({ options: { runs: { type: 'string', default: '11' } } });
 const runs = Number(values.runs);
@@ -29,6 +29,7 @@ try {
     PATH: process.env.PATH,
     KUBECONFIG: kubeconfig,
     CAPTF_ADMISSION_PLAIN_HTTP: 'true',
+    ...SENDER_CHECK_PLACEHOLDERS,
     LOG_LEVEL: 'error',
   };
   const variants: [string, string, NodeJS.ProcessEnv][] = [

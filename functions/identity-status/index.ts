@@ -1,7 +1,8 @@
 /**
  * identity-status (SPEC §9): keeps each TerraformClusterIdentity's `Ready` condition and
  * `status.namespaces` true to the API server. Triggered by a PingSource (every identity) and
- * by ApiServerSource events about identities (that one). HTTP: `POST /` (CloudEvents),
+ * by ApiServerSource events about identities (that one). HTTP: `POST /` (CloudEvents, from
+ * its senders only: lib/sender-gate.ts),
  * `GET /healthz`. Start with `npm run function -- identity-status`.
  */
 import { createServer } from 'node:http';
@@ -19,6 +20,8 @@ import {
   type StartOptions,
 } from '../lib/http.ts';
 import { createLogger } from '../lib/log.ts';
+import { senderGate } from '../lib/sender-gate.ts';
+import { eventAuthFromEnv } from '../lib/senders.ts';
 import { handleEvents } from './handler.ts';
 
 /** Env: how many identities a ping refreshes at once (1–64, default 8). */
@@ -54,9 +57,12 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const { port: wanted, kubeconfig: kc, env } = startSettings(opts);
   const logger = opts.logger ?? createLogger('identity-status');
   const { concurrency, identitySelector } = statusConfigFromEnv(env);
+  const senders = eventAuthFromEnv(env);
   const app = createApp();
   app.post(
     '/',
+    // SPEC §12: only the function's own senders reach the handler; their body is read after.
+    senderGate(kc, senders, logger),
     readEvents(),
     handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }),
   );

@@ -1,6 +1,6 @@
 /**
  * mirror-sync: the per-object credential mirror (SPEC §3–§8, §12). `POST /` takes
- * CloudEvents (ApiServerSource, PingSource), `POST /prepare` answers the provider's
+ * CloudEvents (ApiServerSource, PingSource) from its senders only (lib/sender-gate.ts), `POST /prepare` answers the provider's
  * manager before a Job starts (its caller authenticated and authorized first: prepare-gate.ts),
  * `GET /healthz`. Started by `functions/main.ts mirror-sync`.
  */
@@ -23,6 +23,8 @@ import {
 } from '../lib/http.ts';
 import { makeClients } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
+import { senderGate } from '../lib/sender-gate.ts';
+import { eventAuthFromEnv } from '../lib/senders.ts';
 import { prepareAuthFromEnv } from './authorize.ts';
 import type { ReconcileDeps } from './act.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
@@ -57,6 +59,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const { port: wanted, kubeconfig, env } = startSettings(opts);
   const logger = opts.logger ?? createLogger('mirror-sync');
   const cfg = configFromEnv(env);
+  const senders = eventAuthFromEnv(env);
   setPageSizeFromEnv(env);
   // Configured kinds' scopes first: a cluster-scoped kind is never listed in a namespace.
   const kinds = await discoverConsumerKinds(makeClients(kubeconfig, undefined, logger), env);
@@ -71,7 +74,8 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   // for the named object comes before anything about the object is read.
   const gate = new PrepareGate(kubeconfig, prepareAuthFromEnv(env), logger);
   const app = createApp();
-  app.post('/', readEvents(), handler.handle);
+  // SPEC §12: only the function's own senders reach the handler; their body is read after.
+  app.post('/', senderGate(kubeconfig, senders, logger), readEvents(), handler.handle);
   app.post('/prepare', gate.authenticate, readBody({ types: JSON_TYPES }), async (req, res) => {
     const caller = res.locals.caller as Caller;
     const body = typeof req.body === 'string' ? req.body : '';

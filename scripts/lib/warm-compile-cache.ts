@@ -64,6 +64,16 @@ export async function startUntilHealthy(main: string, fn: string, env: NodeJS.Pr
 }
 
 /**
+ * The sender check of the event functions as shipped (SPEC §12), with placeholder values: a
+ * function started only to be timed or warmed checks its senders as in a pod, and gets no event.
+ */
+export const SENDER_CHECK_PLACEHOLDERS: Readonly<Record<string, string>> = {
+  CAPTF_EVENT_AUTH: 'oidc',
+  CAPTF_EVENT_AUDIENCE: 'captf-startup',
+  CAPTF_EVENT_SENDERS: 'system:serviceaccount:captf-system:captf-startup',
+};
+
+/**
  * Warms `cacheDir` for every function and the runner of `distDir`.
  * @returns start-up milliseconds per function of the warming run (cold cache).
  */
@@ -78,6 +88,7 @@ export async function warmCompileCache(cacheDir: string, distDir: string): Promi
     NODE_COMPILE_CACHE: cacheDir,
     KUBECONFIG: kubeconfig,
     CAPTF_ADMISSION_PLAIN_HTTP: 'true',
+    ...SENDER_CHECK_PLACEHOLDERS,
     LOG_LEVEL: 'error',
   };
   const times: Record<string, number> = {};

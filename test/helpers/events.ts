@@ -8,6 +8,7 @@
 import { randomUUID } from 'node:crypto';
 import { createServer, request, type IncomingHttpHeaders, type Server } from 'node:http';
 import { CloudEvent, HTTP } from 'cloudevents';
+import { EVENT_AUTH_ENV } from '../../functions/lib/senders.ts';
 import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import {
   sourceConfigFor,
@@ -22,6 +23,13 @@ import {
 } from '../../scripts/eventing/dataplane.ts';
 import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 import { admin, controlPlaneDir } from './cluster.ts';
+
+/**
+ * The environment of a function started by a test that posts events itself, unsigned: the
+ * sender check off, as components/unsigned-events ships it. Sender identity has its own file
+ * (test/integration/senders.test.ts).
+ */
+export const UNSIGNED_EVENTS: Readonly<Record<string, string>> = { [EVENT_AUTH_ENV]: 'off' };
 
 /** An object as far as events need it: what a builder of fixtures.ts makes, or an object read back. */
 export interface EventObject {
@@ -84,6 +92,7 @@ export function pingEvent(name = 'resync'): CloudEvent<unknown> {
  * POSTs CloudEvents to `url`: one event in `binary` (default) or `structured` mode, or
  * several as a `batch` (`application/cloudevents-batch+json`).
  * @param signal aborts the request (a Broker's ingress may hold it while it delivers).
+ * @param authorization the `Authorization` header, as a signing sender sends it.
  * @returns status, parsed JSON body (or text) and the answer's headers.
  */
 export async function postEvents(
@@ -91,6 +100,7 @@ export async function postEvents(
   events: CloudEvent<unknown> | CloudEvent<unknown>[],
   mode: 'binary' | 'structured' | 'batch' = 'binary',
   signal?: AbortSignal,
+  authorization?: string,
 ): Promise<EventAnswer> {
   let headers: Record<string, string>;
   let body: string;
@@ -104,6 +114,7 @@ export async function postEvents(
     headers = msg.headers as Record<string, string>;
     body = typeof msg.body === 'string' ? msg.body : JSON.stringify(msg.body);
   }
+  if (authorization !== undefined) headers = { ...headers, authorization };
   const res = await fetch(url, { method: 'POST', headers, body, ...(signal ? { signal } : {}) });
   const text = await res.text();
   let parsed: unknown = text;

@@ -25,7 +25,7 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { loadKubeConfig, type Clients } from '../../functions/lib/kube.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { apiServerEvent, postEvents, type EventAnswer } from './events.ts';
+import { apiServerEvent, postEvents, UNSIGNED_EVENTS, type EventAnswer } from './events.ts';
 import { startFaultProxy, type Answer, type FaultProxy } from './fault-proxy.ts';
 import * as fx from './fixtures.ts';
 import { scanLater } from './leaks.ts';
@@ -53,7 +53,7 @@ export interface MirrorSyncUnderTest {
 /**
  * Starts mirror-sync in this process on a free port of 127.0.0.1, with the world's admin
  * clients unless `opts.kubeconfig` (a KubeConfig or a kubeconfig file) says otherwise,
- * `opts.env` as its whole environment, and a captured logger of its own (or `opts.log`, to
+ * `opts.env` as its whole environment (over {@link UNSIGNED_EVENTS}), and a captured logger of its own (or `opts.log`, to
  * share one). It is closed after the file's tests, in the world's cleanup.
  * @throws what `start` throws (e.g. for a bad setting in `opts.env`); nothing is registered then.
  */
@@ -64,7 +64,13 @@ export async function mirrorSyncUnderTest(
   const log = opts.log ?? captureLogger('mirror-sync');
   const kubeconfig =
     typeof opts.kubeconfig === 'string' ? loadKubeConfig(opts.kubeconfig) : (opts.kubeconfig ?? w.clients.kc);
-  const handle = await start({ port: 0, host: '127.0.0.1', kubeconfig, logger: log.logger, env: opts.env ?? {} });
+  const handle = await start({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig,
+    logger: log.logger,
+    env: { ...UNSIGNED_EVENTS, ...opts.env },
+  });
   w.onCleanup(() => handle.close());
   return { handle, url: `http://127.0.0.1:${handle.port}/`, log };
 }

@@ -12,6 +12,7 @@ import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { spawnFunction as spawnListening, type FunctionProcess as Spawned } from '../../scripts/lib/process.ts';
 import { scanLater } from './leaks.ts';
 import { captureLogger } from './logs.ts';
+import { UNSIGNED_EVENTS } from './events.ts';
 
 /** A function running as a child process. */
 export interface FunctionProcess extends Spawned {
@@ -21,14 +22,14 @@ export interface FunctionProcess extends Spawned {
 
 /**
  * Spawns `node functions/main.ts <name>` with `env` added to this process's environment
- * (PORT defaults to 0) and waits for its `listening` line.
+ * (PORT defaults to 0, events unsigned: {@link UNSIGNED_EVENTS}) and waits for its `listening` line.
  * @throws Error with its last output lines when it exits or does not listen within 30 s.
  */
 export async function spawnFunction(name: string, env: NodeJS.ProcessEnv): Promise<FunctionProcess> {
   let out = '';
   const fn = await spawnListening({
     name,
-    env: { ...process.env, PORT: '0', ...env },
+    env: { ...process.env, PORT: '0', ...UNSIGNED_EVENTS, ...env },
     onData: (d) => (out += d.toString()),
   });
   scanLater(`${name} output`, () => out);
@@ -44,7 +45,7 @@ export interface InProcessFunctions {
 
 /**
  * Starts admission (plain HTTP), mirror-sync and identity-status in this process on free
- * loopback ports with `kc`, each logging into a captured logger; the caller closes them.
+ * loopback ports with `kc`, events unsigned, each logging into a captured logger; the caller closes them.
  */
 export async function startInProcess(kc: KubeConfig): Promise<InProcessFunctions> {
   const base = { port: 0, host: '127.0.0.1', kubeconfig: kc };
@@ -54,8 +55,8 @@ export async function startInProcess(kc: KubeConfig): Promise<InProcessFunctions
       logger: captureLogger('admission').logger,
       env: { CAPTF_ADMISSION_PLAIN_HTTP: 'true' },
     }),
-    startMirrorSync({ ...base, logger: captureLogger('mirror-sync').logger, env: {} }),
-    startIdentityStatus({ ...base, logger: captureLogger('identity-status').logger, env: {} }),
+    startMirrorSync({ ...base, logger: captureLogger('mirror-sync').logger, env: UNSIGNED_EVENTS }),
+    startIdentityStatus({ ...base, logger: captureLogger('identity-status').logger, env: UNSIGNED_EVENTS }),
   ]);
   return { admission, mirrorSync, identityStatus };
 }

@@ -30,7 +30,7 @@ import { identities } from '../../functions/lib/objects.ts';
 import { start } from '../../functions/identity-status/index.ts';
 import { refreshIdentity } from '../../functions/identity-status/refresh.ts';
 import { controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
-import { apiServerEvent, pingEvent, postEvents, type EventObject } from '../helpers/events.ts';
+import { apiServerEvent, pingEvent, postEvents, UNSIGNED_EVENTS, type EventObject } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { spawnFunction } from '../helpers/process.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
@@ -237,7 +237,11 @@ describe('identity-status (SPEC §9)', () => {
       host: '127.0.0.1',
       kubeconfig: account.clients.kc,
       logger: cap.logger,
-      env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`, CAPTF_STATUS_CONCURRENCY: '8' },
+      env: {
+        ...UNSIGNED_EVENTS,
+        CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE_LABEL}=${run}`,
+        CAPTF_STATUS_CONCURRENCY: '8',
+      },
     });
     url = `http://127.0.0.1:${fn.port}/`;
   });

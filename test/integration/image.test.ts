@@ -30,7 +30,10 @@ import {
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import type { KubernetesObject } from '@kubernetes/client-node';
 import { listeningLine, onLines, stopProcess } from '../../scripts/lib/process.ts';
+import { knativeContainer } from '../../scripts/system/functions.ts';
+import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 import { FUNCTION_NAMES } from '../../scripts/lib/warm-compile-cache.ts';
 import { buildImage, type BuiltImage } from '../../scripts/image/build.ts';
 import { rootfsCommand, unpackImage, type UnpackedImage } from '../../scripts/image/rootfs.ts';
@@ -269,9 +272,20 @@ describe('the image reaches a registry as the install docs say', { skip }, () =>
 });
 
 describe('the image runs each function as 65532 on a read-only root', { skip }, () => {
+  let shipped: KubernetesObject[] = [];
+  before(async () => {
+    shipped = await render(KNATIVE_LAYOUT);
+  });
   for (const fn of FUNCTION_NAMES) {
     it(`${fn}: answers /healthz, and nothing of it is left after SIGTERM`, async () => {
-      const extra = { PORT: '0', KUBECONFIG: '/tmp/kubeconfig', CAPTF_ADMISSION_PLAIN_HTTP: 'true' };
+      // The event functions' sender settings as their Knative Services ship them.
+      const senders = (knativeContainer(shipped, fn)?.env ?? []).filter((e) => e.name.startsWith('CAPTF_EVENT_'));
+      const extra = {
+        PORT: '0',
+        KUBECONFIG: '/tmp/kubeconfig',
+        CAPTF_ADMISSION_PLAIN_HTTP: 'true',
+        ...Object.fromEntries(senders.map((e) => [e.name, e.value ?? ''])),
+      };
       let started: Awaited<ReturnType<typeof startImage>> | undefined;
       try {
         started = await startImage(image, [fn], extra);

@@ -22,6 +22,7 @@ import { controlPlaneDir, suffix } from '../helpers/cluster.ts';
 import { startFaultProxy, type Fault, type FaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { UNSIGNED_EVENTS } from '../helpers/events.ts';
 import {
   MANAGER_SERVICE_ACCOUNT,
   manager,
@@ -56,7 +57,13 @@ const isReview = (r: string) => /\/(tokenreviews|subjectaccessreviews)(\?|$)/.te
 
 /** mirror-sync in-process, its API requests through the recording proxy (or `kc`). */
 async function startMirrorSync(env: NodeJS.ProcessEnv = {}, kc = proxyKc): Promise<string> {
-  const fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: log.logger, env });
+  const fn = await start({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: kc,
+    logger: log.logger,
+    env: { ...UNSIGNED_EVENTS, ...env },
+  });
   running.push(fn);
   return `http://127.0.0.1:${fn.port}`;
 }

@@ -20,6 +20,7 @@ import { asUser, eventually, suffix } from '../helpers/cluster.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
+import { UNSIGNED_EVENTS } from '../helpers/events.ts';
 
 const w = fx.world('prepjob');
 const a = w.clients;
@@ -42,7 +43,7 @@ before(async () => {
       fx.data({ AWS_SECRET_ACCESS_KEY: SECRET_VALUES[0]!, TF_VAR_token: SECRET_VALUES[1]! }),
     ),
   );
-  fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
+  fn = await start({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: UNSIGNED_EVENTS });
   url = `http://127.0.0.1:${fn.port}`;
   caller = await manager(w);
 });

@@ -1,0 +1,69 @@
+/**
+ * SPEC §12: the gate in front of a function's `POST /` — the shell around senders.ts. An
+ * express middleware, registered before the body is read: a delivery without a Bearer token,
+ * with one the API server does not authenticate for the function's audience (TokenReview,
+ * token-review.ts, cached by hash), or from a subject that is no sender is refused 401 or 403
+ * with a body that names nothing; a TokenReview that cannot be made is a 503 (Knative retries).
+ * Only a delivery that passes reaches the event handler. Each refusal is one log line that
+ * names the sender only when it is a ServiceAccount, and never the token.
+ */
+import type { KubeConfig } from '@kubernetes/client-node';
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import { isServiceAccountUser } from './api-errors.ts';
+import { sendOutcome } from './http.ts';
+import { describeError, retryAfterOf, type CallCounter } from './kube.ts';
+import type { Logger } from './log.ts';
+import { largestRetryAfter } from './retry-after.ts';
+import {
+  EVENT_AUTH_CACHE_ENTRIES,
+  isSender,
+  OFF_WARNING,
+  refusal,
+  type EventAuthConfig,
+  type SenderRefusal,
+} from './senders.ts';
+import { bearerToken, sha256, TokenReviewer } from './token-review.ts';
+
+/**
+ * The sender check of one function's `POST /`. With `off`, a middleware that lets every
+ * delivery through, after one warning at start; with `oidc`, the check described above.
+ * @param kc the function's own API access (it needs `create` on tokenreviews).
+ */
+export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger): RequestHandler {
+  if (cfg.mode === 'off') {
+    logger.warn('event senders unchecked', { detail: OFF_WARNING });
+    return (_req, _res, next) => next();
+  }
+  const tokens = new TokenReviewer(kc, cfg.audience, cfg.cacheTtlMs, EVENT_AUTH_CACHE_ENTRIES);
+  const refuse = (res: Response, why: SenderRefusal, counter: CallCounter, subject?: string): void => {
+    logger.info('event refused', {
+      reason: why,
+      ...(subject ? { sender: shown(subject) } : {}),
+      apiCalls: counter.calls,
+    });
+    const r = refusal(why);
+    if (r.challenge) res.set('www-authenticate', r.challenge);
+    // A refused body is never read: the connection closes after the answer.
+    res.set('connection', 'close').status(r.status).json(r.body);
+  };
+  return async (req: Request, res: Response, next: NextFunction): Promise<void> => {
+    const counter: CallCounter = { calls: 0 };
+    const token = bearerToken(req.get('authorization'));
+    if (!token) return refuse(res, 'no-token', counter);
+    let subject: string | undefined;
+    try {
+      subject = (await tokens.review(token, counter))?.username;
+    } catch (err) {
+      const error = `the sender could not be checked: a TokenReview failed (${describeError(err)}); deliver again`;
+      logger.warn('event sender check failed', { error, apiCalls: counter.calls });
+      return sendOutcome(res, { kind: 'retry', error, retryAfterSeconds: largestRetryAfter([retryAfterOf(err)]) });
+    }
+    if (!subject) return refuse(res, 'invalid-token', counter);
+    if (!isSender(subject, cfg.senders)) return refuse(res, 'not-a-sender', counter, subject);
+    next();
+  };
+}
+
+/** A subject as a log line may show it: a ServiceAccount's name, anything else only hashed (SPEC §15). */
+const shown = (subject: string): string =>
+  isServiceAccountUser(subject) ? subject : `sha256:${sha256(subject).slice(0, 16)}`;
