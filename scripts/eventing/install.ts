@@ -48,6 +48,15 @@ const IMAGE_OF_CMD: Readonly<Record<string, keyof typeof IMAGES>> = {
  */
 const NOT_BUILT = new Set(['auth_proxy']);
 
+/**
+ * The flags the node's installation sets beyond {@link LOCAL_FEATURES}: sender identity
+ * (`authentication-oidc`, SPEC §12), which the shipped functions need to take any event.
+ * Eventing's own controllers then make each Trigger's and source's OIDC ServiceAccount, its
+ * data plane signs every delivery and its Broker ingress verifies them. The process world's
+ * stand-in controllers make no such accounts, so its data plane keeps the flag off.
+ */
+export const NODE_FEATURES: Readonly<Record<string, string>> = { 'authentication-oidc': 'enabled' };
+
 /** The Deployments of the installation (in `knative-eventing`), each waited for until Available. */
 export const EVENTING_DEPLOYMENTS = [
   'eventing-controller',
@@ -98,8 +107,8 @@ function eventingFiles(config: string): string[] {
  * Eventing's objects with the changes an installation on the node needs: each `ko://` reference
  * (Deployment images, and the images the controllers pass on in their environment) replaced by
  * the image the node imported (`images`: upstream `cmd/` path → reference), the auth proxy's by
- * a name that says it is not built; `config-features` with {@link LOCAL_FEATURES} merged (the
- * flags a cluster operator sets for the manifests). Pure.
+ * a name that says it is not built; `config-features` with {@link LOCAL_FEATURES} and
+ * {@link NODE_FEATURES} merged (the flags a cluster operator sets for the manifests). Pure.
  * @throws Error naming a `ko://` reference with no image.
  */
 export function eventingObjects(
@@ -114,7 +123,7 @@ export function eventingObjects(
   });
   return (JSON.parse(text) as (KubernetesObject & { data?: Record<string, string> })[]).map((o) =>
     o.kind === 'ConfigMap' && o.metadata?.name === 'config-features'
-      ? { ...o, data: { ...o.data, ...LOCAL_FEATURES } }
+      ? { ...o, data: { ...o.data, ...LOCAL_FEATURES, ...NODE_FEATURES } }
       : o,
   );
 }

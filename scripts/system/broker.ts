@@ -9,11 +9,13 @@
  */
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CoreV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { CoreV1Api, CustomObjectsApi, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { oidcServiceAccountName } from '../../functions/lib/senders.ts';
 import { EVENTING_BINARIES, type EventingComponent } from '../eventing/build.ts';
 import { startEventingDataPlane, SYSTEM_NAMESPACE } from '../eventing/dataplane.ts';
 import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../eventing/adapter.ts';
 import { createOnce } from '../lib/kube.ts';
+import { serviceAccountToken } from '../lib/serviceaccount.ts';
 import { sleep } from '../lib/wait.ts';
 import type { TestNode } from '../node/node.ts';
 import { startDeadLetterSink, type DeadLetter } from '../local/dead-letters.ts';
@@ -155,15 +157,16 @@ export async function startAdapter(ctx: AdapterContext): Promise<void> {
  * Triggers like mtping's; resolves once the Broker answered. The manifests' Broker (async
  * handler) answers at once and delivers in the background; with a serial channel the answer
  * would come after the function answered or the event was dead-lettered.
+ * @param authorization the `Authorization` header a Broker with sender identity needs.
  * @throws Error when the Broker does not answer 2xx.
  */
-export async function ping(brokerUrl: string, which: keyof typeof PINGS): Promise<void> {
+export async function ping(brokerUrl: string, which: keyof typeof PINGS, authorization?: string): Promise<void> {
   const msg = pingMessage(PINGS[which], EVENTING_NAMESPACE);
   // Generous for a serial channel, which answers after the fan-out, retries included (31 s, or
   // 62 s when the dead-letter sink fails too).
   const res = await fetch(brokerUrl, {
     method: 'POST',
-    headers: msg.headers,
+    headers: { ...msg.headers, ...(authorization ? { authorization } : {}) },
     body: msg.body,
     signal: AbortSignal.timeout(120_000),
   });
@@ -194,8 +197,10 @@ function deploymentLog(podLogs: string, namespace: string, deployment: string): 
 /**
  * The manifests' Broker as Knative Eventing's own installation on the node runs it: its address
  * from this machine (a forward to the `broker-ingress` Service, so kube-proxy picks the pod), a
- * PingSource tick through it ({@link ping}), and each data-plane component's output as the
- * kubelet logged it (read afresh at each access).
+ * PingSource tick through it ({@link ping}) signed as mtping signs it (a token of the
+ * PingSource's OIDC ServiceAccount for the Broker's audience: the installation runs with sender
+ * identity), and each data-plane component's output as the kubelet logged it (read afresh at
+ * each access).
  * @param o.podLogs the kubelet's pod-log folder.
  * @throws Error when the `broker-ingress` Service has no ClusterIP.
  */
@@ -217,5 +222,38 @@ export async function installedBroker(
       enumerable: true,
       get: () => deploymentLog(o.podLogs, SYSTEM_NAMESPACE, deployment),
     });
-  return { url, ping: (which) => ping(url, which), logs };
+  const signed = async (which: keyof typeof PINGS) =>
+    ping(
+      url,
+      which,
+      `Bearer ${await pingSourceToken(o.kc, broker as { name: string; namespace: string }, PINGS[which])}`,
+    );
+  return { url, ping: signed, logs };
+}
+
+/**
+ * A token of PingSource `source`'s OIDC ServiceAccount (made by Knative's PingSource
+ * reconciler) for the Broker's audience (its `status.address.audience`), as mtping mints one.
+ * @throws Error when the Broker announces no audience or the TokenRequest fails.
+ */
+async function pingSourceToken(
+  kc: KubeConfig,
+  broker: { name: string; namespace: string },
+  source: string,
+): Promise<string> {
+  const stored = (await kc.makeApiClient(CustomObjectsApi).getNamespacedCustomObject({
+    group: 'eventing.knative.dev',
+    version: 'v1',
+    namespace: broker.namespace,
+    plural: 'brokers',
+    name: broker.name,
+  })) as { status?: { address?: { audience?: string } } };
+  const audience = stored.status?.address?.audience;
+  if (!audience)
+    throw new Error(`Broker ${broker.namespace}/${broker.name} announces no audience (sender identity off?)`);
+  return serviceAccountToken(kc, {
+    namespace: broker.namespace,
+    name: oidcServiceAccountName(source, 'PingSource', 'sources.knative.dev'),
+    audience,
+  });
 }

@@ -13,6 +13,7 @@ import { isRunning, spawnFunction, type FunctionProcess } from '../lib/process.t
 import { sleep } from '../lib/wait.ts';
 import type { CertPair } from '../controlplane/pki.ts';
 import { REPO_ROOT } from '../tools/build.ts';
+import { EVENT_AUTH_ENV } from '../../functions/lib/senders.ts';
 
 /** The functions, in start order (functions/main.ts). */
 export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status'] as const;
@@ -75,7 +76,10 @@ export interface EnvInputs {
  * rendered Knative Service's variables (the heap caps of `NODE_OPTIONS` included, so a function
  * here has the memory it has in a pod); for the bundles `NODE_ENV=production`, as in the
  * image; from source, the local mode's `LOG_LEVEL` and `CAPTF_CONSUMER_KINDS` when set.
- * admission serves TLS with `leaf`.
+ * admission serves TLS with `leaf`. The event functions accept unsigned deliveries, as
+ * components/unsigned-events has them: this world's Eventing controllers (the stand-in of
+ * scripts/eventing/controllers.ts) make no OIDC ServiceAccounts, so its Broker signs nothing
+ * (`extra` may turn the check back on).
  */
 export function functionEnv(name: FunctionName, i: EnvInputs): NodeJS.ProcessEnv {
   const service = Object.fromEntries(
@@ -99,7 +103,7 @@ export function functionEnv(name: FunctionName, i: EnvInputs): NodeJS.ProcessEnv
     KUBECONFIG: i.kubeconfig,
     ...(name === 'admission'
       ? { CAPTF_TLS_CERT_FILE: i.leaf.cert, CAPTF_TLS_KEY_FILE: i.leaf.key, CAPTF_ADMISSION_PLAIN_HTTP: 'false' }
-      : {}),
+      : { [EVENT_AUTH_ENV]: 'off' }),
     ...i.extra,
   };
 }

@@ -21,6 +21,8 @@ import {
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
 import { drainMsFromEnv } from '../../functions/lib/http.ts';
 import { MAX_RETRY_AFTER_SECONDS } from '../../functions/lib/retry-after.ts';
+import { eventAuthFromEnv, isSender, oidcServiceAccountName } from '../../functions/lib/senders.ts';
+import { DEFAULT_PREPARE_AUDIENCE } from '../../functions/mirror-sync/authorize.ts';
 import { ASYNC_HANDLER } from '../../scripts/eventing/controllers.ts';
 import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 
@@ -28,7 +30,7 @@ interface Trigger {
   metadata: { name: string };
   spec: {
     filter?: { attributes?: Record<string, string> };
-    subscriber: { ref: { kind: string; name: string } };
+    subscriber: { ref: { kind: string; name: string }; audience?: string };
     delivery?: {
       retry?: number;
       backoffPolicy?: string;
@@ -72,6 +74,15 @@ before(async () => {
   retryAfter = await render('manifests/overlays/retry-after');
   knative = await render(KNATIVE_LAYOUT);
 });
+
+/** The environment of Knative Service `name`'s container in `objs`. */
+function envOf(objs: KubernetesObject[], name: string): Record<string, string> {
+  const svc = objs.find(
+    (o) => o.kind === 'Service' && o.apiVersion === 'serving.knative.dev/v1' && o.metadata?.name === name,
+  ) as { spec: { template: { spec: { containers: { env?: { name: string; value?: string }[] }[] } } } } | undefined;
+  assert.ok(svc, `Knative Service ${name}`);
+  return Object.fromEntries((svc.spec.template.spec.containers[0]!.env ?? []).map((e) => [e.name, e.value ?? '']));
+}
 
 /** The ClusterRole/Role rules of one ServiceAccount's roles (bound by name in the manifests). */
 function rulesOf(objs: KubernetesObject[], sa: string): Rule[] {
@@ -334,6 +345,47 @@ describe('the Knative Services', () => {
       assert.equal(env.CAPTF_DRAIN_SECONDS, String(timeoutSeconds), s.metadata.name);
       assert.equal(drainMsFromEnv(env), timeoutSeconds * 1000, s.metadata.name);
     }
+  });
+});
+
+describe('who may send events (SPEC §12)', () => {
+  it("each event function checks senders as shipped: its Triggers' audience and exactly their OIDC ServiceAccounts", () => {
+    for (const layout of [base, knative]) {
+      const triggers = of<Trigger & { metadata: { namespace: string } }>(layout, 'Trigger');
+      for (const fn of ['captf-mirror-sync', 'captf-identity-status']) {
+        const env = envOf(layout, fn);
+        const config = eventAuthFromEnv(env);
+        assert.equal(config.mode, 'oidc', `${fn} verifies its senders as shipped`);
+        if (config.mode !== 'oidc') continue;
+        const mine = triggers.filter((t) => t.spec.subscriber.ref.name === fn);
+        assert.ok(mine.length > 0, fn);
+        for (const t of mine)
+          assert.equal(t.spec.subscriber.audience, config.audience, `${t.metadata.name}'s audience`);
+        const want = mine.map(
+          (t) => `system:serviceaccount:${t.metadata.namespace}:${oidcServiceAccountName(t.metadata.name)}`,
+        );
+        assert.deepEqual([...config.senders].sort(), want.sort(), `${fn}'s senders are its Triggers' ServiceAccounts`);
+        // Another function's Trigger may not send here: one Trigger's token is no key to every function.
+        for (const other of triggers.filter((t) => t.spec.subscriber.ref.name !== fn))
+          assert.ok(
+            !isSender(
+              `system:serviceaccount:${other.metadata.namespace}:${oidcServiceAccountName(other.metadata.name)}`,
+              config.senders,
+            ),
+          );
+      }
+      const audiences = triggers.map((t) => t.spec.subscriber.audience);
+      assert.ok(!audiences.includes(DEFAULT_PREPARE_AUDIENCE), "no Trigger's token is good for prepare");
+    }
+  });
+
+  it('components/unsigned-events turns the check off in both event functions and nothing else', async () => {
+    const unsigned = await render('manifests/overlays/unsigned-events');
+    for (const fn of ['captf-mirror-sync', 'captf-identity-status'])
+      assert.deepEqual(eventAuthFromEnv(envOf(unsigned, fn)), { mode: 'off' }, fn);
+    const strip = (objs: KubernetesObject[]) =>
+      JSON.stringify(objs).replace(/"name":"CAPTF_EVENT_AUTH","value":"(oidc|off)"/g, '');
+    assert.equal(strip(unsigned), strip(base));
   });
 });
 

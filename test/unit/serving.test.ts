@@ -101,11 +101,13 @@ describe("Eventing's objects on the node", () => {
       () => eventingObjects([deployment('x', 'ko://knative.dev/eventing/cmd/jobsink')], images),
       /no image for ko:\/\/knative\.dev\/eventing\/cmd\/jobsink/,
     ));
-  it("merges the local feature flags into config-features, keeping upstream's", () => {
-    const [features] = eventingObjects([configMap('config-features', { 'authentication-oidc': 'disabled' })], images);
+  it("merges the local feature flags and sender identity into config-features, keeping upstream's others", () => {
+    const upstream = { 'authentication-oidc': 'disabled', 'kreference-group': 'disabled' };
+    const [features] = eventingObjects([configMap('config-features', upstream)], images);
     assert.deepEqual((features as { data: Record<string, string> }).data, {
-      'authentication-oidc': 'disabled',
+      'kreference-group': 'disabled',
       ...LOCAL_FEATURES,
+      'authentication-oidc': 'enabled',
     });
   });
 });
