@@ -11,7 +11,8 @@ import { join } from 'node:path';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { afterEach } from 'node:test';
-import { BatchV1Api, CoreV1Api, CustomObjectsApi, type V1Pod } from '@kubernetes/client-node';
+import { BatchV1Api, CoreV1Api, CustomObjectsApi, type V1Pod, type V1Secret } from '@kubernetes/client-node';
+import { mirrorName } from '../../functions/lib/mirror.ts';
 import { startSystem, type RunningSystem, type SystemOptions } from '../../scripts/system/system.ts';
 import { jobWithCredentials } from '../../functions/lib/delivery.ts';
 import { tryLock } from '../../scripts/lib/lock.ts';
@@ -177,6 +178,16 @@ export interface NodeWorld {
   work: string;
   /** The system's progress lines so far. */
   progress: string[];
+  /**
+   * `wait`, or its failure with a short {@link nodeReport} in the message: a failed test's
+   * message is what CI's summary at the end of the output keeps.
+   */
+  explained<T>(wait: Promise<T>): Promise<T>;
+  /**
+   * Waits (explained) up to `timeoutMs` for identity `id`'s mirror in `namespace` to carry an
+   * owner reference to `consumer`, as the events' path on the node makes it; the mirror.
+   */
+  mirrorOwnedBy(namespace: string, id: string, consumer: Consumer, timeoutMs: number): Promise<V1Secret>;
 }
 
 /**
@@ -204,8 +215,30 @@ export async function nodeWorld(prefix: string, options: Omit<SystemOptions, 'di
     const report = await nodeReport(system, work).catch((err: unknown) => `no report: ${String(err)}`);
     console.error(`--- the node after "${t.name}" failed\n${report}\n--- end of the node's report`);
   });
-  return { system, w, work, progress };
+  const explained = <T>(wait: Promise<T>): Promise<T> =>
+    wait.catch(async (err: unknown) => {
+      const report = await nodeReport(system, work, BRIEF).catch((e: unknown) => `no report: ${String(e)}`);
+      if (err instanceof Error) err.message = `${err.message}\n--- the node now\n${report}`;
+      throw err;
+    });
+  const core = system.kc.makeApiClient(CoreV1Api);
+  const mirrorOwnedBy = (namespace: string, id: string, consumer: Consumer, timeoutMs: number) =>
+    explained(
+      eventually(
+        `mirror ${namespace}/${mirrorName(id)} owned by the consumer`,
+        async () => {
+          const s = await core.readNamespacedSecret({ namespace, name: mirrorName(id) }).catch(() => undefined);
+          return s?.metadata?.ownerReferences?.some((o) => o.uid === consumer.metadata.uid) && s;
+        },
+        timeoutMs,
+        500,
+      ),
+    );
+  return { system, w, work, progress, explained, mirrorOwnedBy };
 }
+
+/** What {@link NodeWorld.explained} shows of each pod's log: its last warnings and errors. */
+const BRIEF = { logLines: 4, only: /error|fail|warn|refused|timeout|killed|5\d\d\b/i };
 
 /** The Knative kinds whose Ready condition {@link nodeReport} shows, as `group/version/plural`. */
 const KNATIVE_KINDS = [
@@ -217,34 +250,30 @@ const KNATIVE_KINDS = [
 ];
 
 /** Namespaces whose pods' last log lines {@link nodeReport} shows. */
-const REPORTED_LOGS = ['captf-system', 'knative-eventing'];
+const REPORTED_LOGS = ['captf-system', 'knative-eventing', 'knative-serving'];
 /** How many of a pod's last log lines are shown. */
 const LOG_LINES = 15;
+/** How far back {@link nodeReport}'s `only` looks in a pod's log, in lines. */
+const SEARCHED_LINES = 2000;
 
 /**
  * What a node system looks like now, for a failed test's output: every pod (phase, readiness,
  * restarts, why a container waits or ended), each Knative object that is not Ready with its
- * reason, and the last lines of the product's and Eventing's pods. Logs are this node's own
+ * reason, and the last lines of the product's and Eventing's pods (`opts.logLines` of them,
+ * default 15; with `opts.only`, of those that match, pods with none left out). Logs are this node's own
  * (the file's leak scan reads the same output).
  */
-export async function nodeReport(system: RunningSystem, work: string): Promise<string> {
+export async function nodeReport(
+  system: RunningSystem,
+  work: string,
+  opts: { logLines?: number; only?: RegExp } = {},
+): Promise<string> {
   const core = system.kc.makeApiClient(CoreV1Api);
   const custom = system.kc.makeApiClient(CustomObjectsApi);
   const out: string[] = [];
   const pods = (await core.listPodForAllNamespaces()).items;
   if (pods.length === 0) out.push('no pods');
-  for (const p of pods) {
-    const statuses = p.status?.containerStatuses ?? [];
-    const why = statuses
-      .map((c) => c.state?.waiting?.reason ?? c.state?.terminated?.reason)
-      .filter(Boolean)
-      .join(',');
-    const ready = statuses.filter((c) => c.ready).length;
-    const restarts = statuses.reduce((n, c) => n + c.restartCount, 0);
-    out.push(
-      `pod ${p.metadata!.namespace}/${p.metadata!.name} ${p.status?.phase} ${ready}/${statuses.length} ready, ${restarts} restarts${why ? ` (${why})` : ''}${p.metadata?.deletionTimestamp ? ' terminating' : ''}`,
-    );
-  }
+  out.push(...pods.map(podLine));
   for (const kind of KNATIVE_KINDS) {
     const [group, version, plural] = kind.split('/') as [string, string, string];
     const items = (
@@ -260,11 +289,33 @@ export async function nodeReport(system: RunningSystem, work: string): Promise<s
         );
     }
   }
-  for (const p of pods.filter((p) => REPORTED_LOGS.includes(p.metadata!.namespace!))) {
-    const lines = podLog(work, p).trimEnd().split('\n').slice(-LOG_LINES);
-    out.push(`log of ${p.metadata!.namespace}/${p.metadata!.name}:`, ...lines.map((l) => `  ${l}`));
-  }
+  for (const p of pods.filter((p) => REPORTED_LOGS.includes(p.metadata!.namespace!)))
+    out.push(...logExcerpt(work, p, opts));
   return out.join('\n');
+}
+
+/** One pod as {@link nodeReport} shows it: phase, readiness, restarts, why a container waits or ended. */
+function podLine(p: V1Pod): string {
+  const statuses = p.status?.containerStatuses ?? [];
+  const why = statuses
+    .map((c) => c.state?.waiting?.reason ?? c.state?.terminated?.reason)
+    .filter(Boolean)
+    .join(',');
+  const ready = statuses.filter((c) => c.ready).length;
+  const restarts = statuses.reduce((n, c) => n + c.restartCount, 0);
+  return `pod ${p.metadata!.namespace}/${p.metadata!.name} ${p.status?.phase} ${ready}/${statuses.length} ready, ${restarts} restarts${why ? ` (${why})` : ''}${p.metadata?.deletionTimestamp ? ' terminating' : ''}`;
+}
+
+/** A pod's last log lines (of those matching `opts.only`, if given: none at all when none match). */
+function logExcerpt(work: string, p: V1Pod, opts: { logLines?: number; only?: RegExp }): string[] {
+  const all = podLog(work, p).trimEnd().split('\n');
+  const picked = opts.only ? all.slice(-SEARCHED_LINES).filter((l) => opts.only!.test(l)) : all;
+  const lines = picked.slice(-(opts.logLines ?? LOG_LINES));
+  if (lines.length === 0 && opts.only) return [];
+  const of = opts.only
+    ? ` (${picked.length} lines like ${opts.only.source.slice(0, 12)}…, the last ${lines.length})`
+    : '';
+  return [`log of ${p.metadata!.namespace}/${p.metadata!.name}${of}:`, ...lines.map((l) => `  ${l.slice(0, 400)}`)];
 }
 
 /**

@@ -22,7 +22,6 @@ import { cpSync, mkdirSync, readFileSync, symlinkSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { describe, it } from 'node:test';
 import { AppsV1Api, CoreV1Api, CustomObjectsApi } from '@kubernetes/client-node';
-import { mirrorName } from '../../functions/lib/mirror.ts';
 import { SYSTEM_NAMESPACE } from '../../scripts/eventing/dataplane.ts';
 import { EVENTING_DEPLOYMENTS } from '../../scripts/eventing/install.ts';
 import { runCommand } from '../../scripts/lib/command.ts';
@@ -34,7 +33,7 @@ import { SENTINEL_KEY } from '../helpers/leaks.ts';
 import { assertNoSecret } from '../helpers/logs.ts';
 import { assertTerraformSaw, nodeWorld, runTerraformJob, terraformConsumer, TERRAFORM_KEYS } from '../helpers/node.ts';
 
-const { system, w, work } = await nodeWorld('install', {
+const { system, w, work, mirrorOwnedBy } = await nodeWorld('install', {
   serving: true,
   events: 'knative',
   product: false,
@@ -205,15 +204,7 @@ describe("the README's install steps on a cluster with Knative Serving, Eventing
 
   it("a new consumer is mirrored through Knative's ApiServerSource adapter pod, the Broker and a Trigger; the Terraform Job runs with it", async () => {
     const { ns, id, consumer } = await terraformConsumer(w, 'c');
-    const mirror = await eventually(
-      `mirror ${ns}/${mirrorName(id)} owned by the consumer`,
-      async () => {
-        const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) }).catch(() => undefined);
-        return s?.metadata?.ownerReferences?.some((o) => o.uid === consumer.metadata.uid) && s;
-      },
-      180_000,
-      500,
-    );
+    const mirror = await mirrorOwnedBy(ns, id, consumer, 180_000);
     assert.equal(Buffer.from(mirror.data!.AWS_ACCESS_KEY_ID!, 'base64').toString(), TERRAFORM_KEYS.AWS_ACCESS_KEY_ID);
     const adapters = await core.listNamespacedPod({
       namespace: NAMESPACE,

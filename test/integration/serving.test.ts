@@ -27,7 +27,7 @@ import { manager, postPrepare, prepareTarget } from '../helpers/prepare.ts';
 // The longest schedules a PingSource takes: no scheduled ping may wake a function the tests wait to be at zero.
 const DAY_MS = 24 * 3600_000;
 // This file's world lives in the node's control plane, not in the suite's shared one.
-const { system, w, work } = await nodeWorld('serving', {
+const { system, w, work, explained, mirrorOwnedBy } = await nodeWorld('serving', {
   serving: true,
   events: 'knative',
   pings: { statusEveryMs: DAY_MS, resyncEveryMs: DAY_MS },
@@ -108,9 +108,13 @@ describe('the manifests on Knative Serving', () => {
       version: 'v1',
       namespace: NAMESPACE,
       plural: 'triggers',
-    })) as { items: { status?: { subscriberUri?: string } }[] };
+    })) as { items: { metadata: { name: string }; status?: { subscriberUri?: string } }[] };
     const subscribers = new Set(triggers.items.map((t) => t.status?.subscriberUri));
-    assert.deepEqual([...subscribers].sort(), [url('captf-identity-status'), url('captf-mirror-sync')]);
+    assert.deepEqual(
+      [...subscribers].sort(),
+      [url('captf-identity-status'), url('captf-mirror-sync')],
+      triggers.items.map((t) => `${t.metadata.name} → ${t.status?.subscriberUri}`).join('\n'),
+    );
     assert.ok(SCALE_TO_ZERO.includes('captf-mirror-sync'), 'mirror-sync ships with min-scale 0');
   });
 
@@ -122,15 +126,7 @@ describe('the manifests on Knative Serving', () => {
     await atZero('captf-mirror-sync');
     const createdAt = Date.now();
     const consumer = await w.create(fx.consumer('c', fx.inNamespace(ns), fx.identityRef(id)));
-    const mirror = await eventually(
-      `mirror ${ns}/${mirrorName(id)} owned by the consumer`,
-      async () => {
-        const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) });
-        return s.metadata?.ownerReferences?.some((o) => o.uid === consumer.metadata.uid) && s;
-      },
-      120_000,
-      500,
-    );
+    const mirror = await mirrorOwnedBy(ns, id, consumer, 120_000);
     assert.equal(Buffer.from(mirror.data!.AWS_ACCESS_KEY_ID!, 'base64').toString(), 'AKIA-serving');
     const started = (await podsOf('captf-mirror-sync')).map((p) => new Date(p.metadata!.creationTimestamp!).getTime());
     assert.ok(
@@ -162,11 +158,13 @@ describe('the manifests on Knative Serving', () => {
     // the ping and ran.
     await w.clients.core.deleteNamespacedSecret({ namespace: gone.namespace, name: gone.name });
     await system.broker!.ping('status');
-    await eventually(
-      'identity-status to report the missing source after the ping',
-      async () => fx.conditionOf((await w.read(fx.identity(pinged)))!, 'Ready')?.status === 'False',
-      120_000,
-      500,
+    await explained(
+      eventually(
+        'identity-status to report the missing source after the ping',
+        async () => fx.conditionOf((await w.read(fx.identity(pinged)))!, 'Ready')?.status === 'False',
+        120_000,
+        500,
+      ),
     );
 
     // mirror-sync (woken meanwhile by the identity's status change, so left to reach zero again):
@@ -239,16 +237,18 @@ describe('the manifests on Knative Serving', () => {
       try {
         const consumers = await createConsumers(w, ns, id, 'burst', N);
         const want = consumers.map((c) => c.metadata.uid).sort();
-        await eventually(
-          `mirror ${ns}/${mirrorName(id)} to have ${N} owner references`,
-          async () => {
-            const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) }).catch(() => undefined);
-            owners = (s?.metadata?.ownerReferences ?? []).map((o) => o.uid).sort();
-            return owners.length === N;
-          },
-          300_000,
-          1000,
-        ).catch((err: Error) => assert.fail(`${err.message}: ${state()}`));
+        await explained(
+          eventually(
+            `mirror ${ns}/${mirrorName(id)} to have ${N} owner references`,
+            async () => {
+              const s = await core.readNamespacedSecret({ namespace: ns, name: mirrorName(id) }).catch(() => undefined);
+              owners = (s?.metadata?.ownerReferences ?? []).map((o) => o.uid).sort();
+              return owners.length === N;
+            },
+            300_000,
+            1000,
+          ).catch((err: Error) => assert.fail(`${err.message}: ${state()}`)),
+        );
         assert.deepEqual(owners, want);
         // And every consumer says so: the conditions come after the mirror (the window the
         // autoscaler sees lasts until the last one).
