@@ -205,7 +205,7 @@ export async function nodeWorld(prefix: string, options: Omit<SystemOptions, 'di
     throw err;
   });
   process.env.CAPTF_TEST_CONTROLPLANE = system.controlPlane!.dir;
-  const w = fx.world(prefix);
+  const w = options.events === 'knative' ? watchedNamespaces(fx.world(prefix), system, work) : fx.world(prefix);
   w.onCleanup(() => stopNodeSystem(system, work, progress).finally(release));
   scanNodeLogs(work);
   // The folder goes with the file: a failed test prints what the node looked like (CI keeps only output).
@@ -235,6 +235,71 @@ export async function nodeWorld(prefix: string, options: Omit<SystemOptions, 'di
       ),
     );
   return { system, w, work, progress, explained, mirrorOwnedBy };
+}
+
+/**
+ * `w` whose new namespaces are watched before they are used. Knative's ApiServerSource lists
+ * the namespaces its selector matches in its adapter's configuration (knative/eventing
+ * `pkg/reconciler/apiserversource`, v0.49.2, even for the empty selector that means all), so
+ * each new namespace rolls the adapter's Deployment out again, and an object created before
+ * the new adapter's first list sends no event (the next resync finds it). A test that creates
+ * a namespace and then objects in it waits for that rollout first, as it waits for anything
+ * else it starts from. Until an ApiServerSource exists there is nothing to wait for.
+ */
+function watchedNamespaces(w: fx.World, system: RunningSystem, work: string): fx.World {
+  return {
+    ...w,
+    namespace: async (...mods) => {
+      const ns = await w.namespace(...mods);
+      await adapterWatches(system, work, ns);
+      return ns;
+    },
+  };
+}
+
+/** The adapter's log line once its configuration is read; its watches start right after (scripts/system/broker.ts). */
+const ADAPTER_STARTED = /Starting in (resilient|fail-fast) mode/;
+
+/**
+ * Waits until every ApiServerSource's adapter runs as one pod whose configuration names
+ * `namespace`, has logged its start, and had a second for its first list and watch.
+ */
+async function adapterWatches(system: RunningSystem, work: string, namespace: string): Promise<void> {
+  const custom = system.kc.makeApiClient(CustomObjectsApi);
+  const core = system.kc.makeApiClient(CoreV1Api);
+  const sources = (
+    (await custom.listClusterCustomObject({
+      group: 'sources.knative.dev',
+      version: 'v1',
+      plural: 'apiserversources',
+    })) as {
+      items: { metadata: { name: string; namespace: string } }[];
+    }
+  ).items;
+  for (const src of sources)
+    await eventually(
+      `ApiServerSource ${src.metadata.name}'s adapter to watch namespace ${namespace}`,
+      async () => {
+        const pods = (
+          await core.listNamespacedPod({
+            namespace: src.metadata.namespace,
+            // The labels Knative's ApiServerSource reconciler puts on its adapter (resources/labels.go).
+            labelSelector: `eventing.knative.dev/sourceName=${src.metadata.name}`,
+          })
+        ).items;
+        const [pod] = pods;
+        const config = pod?.spec?.containers[0]?.env?.find((e) => e.name === 'K_SOURCE_CONFIG')?.value ?? '';
+        return (
+          pods.length === 1 &&
+          !pod!.metadata?.deletionTimestamp &&
+          config.includes(JSON.stringify(namespace)) &&
+          ADAPTER_STARTED.test(podLog(work, pod!))
+        );
+      },
+      180_000,
+      250,
+    );
+  if (sources.length) await sleep(1000);
 }
 
 /** What {@link NodeWorld.explained} shows of each pod's log: its last warnings and errors. */
