@@ -27,7 +27,14 @@ import {
   type MirrorTimeline,
 } from '../helpers/churn.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
-import { pingEvent, postEvents, startEventPath, startSink, type EventPath } from '../helpers/events.ts';
+import {
+  pingEvent,
+  postEvents,
+  startEventPath,
+  startSink,
+  UNSIGNED_EVENTS,
+  type EventPath,
+} from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
@@ -111,7 +118,13 @@ before(async () => {
   for (let i = 0; i < NAMESPACE_COUNT; i++) nss.push(await w.namespace());
   for (const n of nss.slice(0, 8)) model.list.add(n);
   for (const id of Object.values(ids)) await w.create(model.identity(id));
-  fn = await startMirrorSync({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: log.logger, env: {} });
+  fn = await startMirrorSync({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: a.kc,
+    logger: log.logger,
+    env: UNSIGNED_EVENTS,
+  });
   proxy = await startChaosProxy(`http://127.0.0.1:${fn.port}`, SEED, {
     drop: 0.1,
     duplicate: 0.1,

@@ -19,7 +19,14 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
-import { startEventPath, startRecordingProxy, startSink, type EventPath, type Relayed } from '../helpers/events.ts';
+import {
+  startEventPath,
+  startRecordingProxy,
+  startSink,
+  UNSIGNED_EVENTS,
+  type EventPath,
+  type Relayed,
+} from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { invariantViolations } from '../helpers/invariant.ts';
 import { captureLogger } from '../helpers/logs.ts';
@@ -61,14 +68,20 @@ before(async () => {
   tenant = await w.namespace();
   await w.create(fx.sourceSecret('creds', fx.inNamespace(sourceNamespace)));
   deadLetters = await startSink();
-  const ms = await startMirrorSync({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: mirrorLog.logger, env: {} });
+  const ms = await startMirrorSync({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: a.kc,
+    logger: mirrorLog.logger,
+    env: UNSIGNED_EVENTS,
+  });
   // Its pings refresh only this file's identities: others' statuses are other files' to assert.
   const is = await startIdentityStatus({
     port: 0,
     host: '127.0.0.1',
     kubeconfig: a.kc,
     logger: statusLog.logger,
-    env: { CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE.key}=${SCOPE.value}` },
+    env: { ...UNSIGNED_EVENTS, CAPTF_STATUS_IDENTITY_SELECTOR: `${SCOPE.key}=${SCOPE.value}` },
   });
   functions.push(ms, is);
   path = await startEventPath({

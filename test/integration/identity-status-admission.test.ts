@@ -15,7 +15,7 @@ import { desiredMirror } from '../../functions/lib/mirror.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { admissionWebhook, storedIdentity, type Webhook } from '../helpers/admission.ts';
 import { eventually } from '../helpers/cluster.ts';
-import { pingEvent, postEvents } from '../helpers/events.ts';
+import { pingEvent, postEvents, UNSIGNED_EVENTS } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { scanLater } from '../helpers/leaks.ts';
@@ -58,7 +58,7 @@ describe('identity-status with admission: deleting an identity in use', () => {
       host: '127.0.0.1',
       kubeconfig: status.clients.kc,
       logger: statusLog.logger,
-      env: { CAPTF_STATUS_IDENTITY_SELECTOR: hook.selector },
+      env: { ...UNSIGNED_EVENTS, CAPTF_STATUS_IDENTITY_SELECTOR: hook.selector },
     });
     w.onCleanup(() => statusFn.close());
   });

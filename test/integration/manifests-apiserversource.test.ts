@@ -21,7 +21,7 @@ import {
 } from '../../scripts/eventing/adapter.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
-import { startSink, type ReceivedEvent } from '../helpers/events.ts';
+import { startSink, UNSIGNED_EVENTS, type ReceivedEvent } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
 
@@ -262,7 +262,7 @@ function resourceModeAndEndToEndTests(): void {
       port: 0,
       host: '127.0.0.1',
       kubeconfig: clients.kc,
-      env: {},
+      env: UNSIGNED_EVENTS,
       logger: captureLogger('mirror-sync').logger,
     });
     functions.push(fn);

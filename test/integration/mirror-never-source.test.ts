@@ -45,7 +45,7 @@ import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { registerWebhook } from '../../scripts/system/webhook.ts';
 import { prepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { eventually } from '../../scripts/lib/wait.ts';
-import { pingEvent, postEvents } from '../helpers/events.ts';
+import { pingEvent, postEvents, UNSIGNED_EVENTS } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 import { consumerEvent, identityEvent } from '../helpers/mirror-sync.ts';
@@ -160,7 +160,13 @@ before(async () => {
     namespace: 'ops',
     body: fx.sourceSecret('creds', fx.inNamespace('ops'), fx.data({ token: SECRET })),
   });
-  const opts = (i: number) => ({ port: 0, host: '127.0.0.1', kubeconfig: kc, logger: logs[i]!.logger, env: {} });
+  const opts = (i: number) => ({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: kc,
+    logger: logs[i]!.logger,
+    env: UNSIGNED_EVENTS,
+  });
   mirrorSync = await startMirrorSync(opts(0));
   identityStatus = await startIdentityStatus(opts(1));
   const { leaf, caPem } = await createWebhookPair(dir, 'captf-never-source-ca');

@@ -23,6 +23,7 @@ import {
   type NodeNamespace,
 } from '../../scripts/node/namespace.ts';
 import { eventually } from '../helpers/cluster.ts';
+import { UNSIGNED_EVENTS } from '../helpers/events.ts';
 
 const work = mkdtempSync(join(tmpdir(), 'captf-node-ctr-test-'));
 const dir = join(work, 'node');
@@ -67,6 +68,8 @@ describe("the product image under the test node's containerd", () => {
       `/${ns.cgroupRoot}/mirror-sync`,
       '--env',
       'KUBECONFIG=/etc/captf/kubeconfig',
+      // No event is sent here: the sender check has no Triggers to name.
+      ...Object.entries(UNSIGNED_EVENTS).flatMap(([k, v]) => ['--env', `${k}=${v}`]),
       '--mount',
       `type=bind,src=${kubeconfig},dst=/etc/captf/kubeconfig,options=rbind:ro`,
       product.ref,

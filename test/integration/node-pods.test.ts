@@ -16,7 +16,7 @@ import { before, describe, it } from 'node:test';
 import { Watch, type KubernetesObject, type V1ContainerStateTerminated, type V1Pod } from '@kubernetes/client-node';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { containerCgroup } from '../../scripts/node/cgroups.ts';
-import { applyFunctionRbac, functionPod, runPod } from '../../scripts/node/pods.ts';
+import { applyFunctionRbac, functionPod, runPod, shippedSender } from '../../scripts/node/pods.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName } from '../../scripts/system/system.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
@@ -81,6 +81,8 @@ const serviceAccountOf = (fn: FunctionName) =>
 
 const pods = {} as Record<FunctionName, V1Pod>;
 const urls = {} as Record<FunctionName, string>;
+/** Each event function's deliveries signed as Knative signs them for one of its shipped Triggers. */
+const signed = {} as Record<'mirror-sync' | 'identity-status', string>;
 
 before(async () => {
   await applyFunctionRbac(system.kc, rendered);
@@ -90,6 +92,8 @@ before(async () => {
       urls[fn] = `http://127.0.0.1:${await node.forward({ host: pods[fn].status!.podIP!, port: 8080 })}`;
     }),
   );
+  for (const fn of ['mirror-sync', 'identity-status'] as const)
+    signed[fn] = await shippedSender(system.kc, rendered, fn);
 });
 
 describe('each function as a pod from its Knative Service', () => {
@@ -117,7 +121,10 @@ describe('each function as a pod from its Knative Service', () => {
     const ns = await w.namespace();
     const id = await source.newIdentity(fx.allowList(ns));
     const consumer = await w.create(fx.consumer('c', fx.inNamespace(ns), fx.identityRef(id)));
-    const r = await postEvents(`${urls['mirror-sync']}/`, consumerEvent(consumer, 'ref', 'add'));
+    const event = consumerEvent(consumer, 'ref', 'add');
+    // The pod checks its sender as shipped: unsigned, the delivery is refused before any work.
+    assert.equal((await postEvents(`${urls['mirror-sync']}/`, event)).status, 401);
+    const r = await postEvents(`${urls['mirror-sync']}/`, event, 'binary', undefined, signed['mirror-sync']);
     assert.equal(r.status, 200, r.text);
     // Another file's resync may have decided the consumer first: then this event is an echo.
     const said = outcomes(r.body);
@@ -196,7 +203,13 @@ describe('each function as a pod from its Knative Service', () => {
   it("identity-status: a ping sets each identity's Ready condition", async () => {
     const source = await operatorSource(w);
     const id = await source.newIdentity();
-    const r = await postEvents(`${urls['identity-status']}/`, pingEvent('status'));
+    const r = await postEvents(
+      `${urls['identity-status']}/`,
+      pingEvent('status'),
+      'binary',
+      undefined,
+      signed['identity-status'],
+    );
     assert.equal(r.status, 200, r.text);
     const stored = await w.read(fx.identity(id));
     assert.equal(fx.conditionOf(stored!, 'Ready')?.status, 'True');
@@ -208,7 +221,11 @@ describe('each function as a pod from its Knative Service', () => {
 describe('the Terraform Job', () => {
   it('runs captf-runner from the image as non-root: keys by envFrom, 0440 files through fsGroup, TF_/KUBE_ stripped but still files', async () => {
     const { ns, id, consumer } = await terraformConsumer(w, 'job');
-    assert.equal((await postEvents(`${urls['mirror-sync']}/`, consumerEvent(consumer, 'ref', 'add'))).status, 200);
+    const event = consumerEvent(consumer, 'ref', 'add');
+    assert.equal(
+      (await postEvents(`${urls['mirror-sync']}/`, event, 'binary', undefined, signed['mirror-sync'])).status,
+      200,
+    );
     const ran = await runTerraformJob(w, work, { namespace: ns, identity: id, image: node.image.ref, pull: 'Never' });
     assertTerraformSaw(ran, [...Object.keys(TERRAFORM_KEYS), SENTINEL_KEY]);
   });

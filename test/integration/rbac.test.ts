@@ -21,7 +21,7 @@ import { consumerObjects, identities } from '../../functions/lib/objects.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
 import { installRbac, serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
-import { pingEvent, postEvents } from '../helpers/events.ts';
+import { pingEvent, postEvents, UNSIGNED_EVENTS } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
 import { MANAGER_SERVICE_ACCOUNT, postPrepare, prepareTarget } from '../helpers/prepare.ts';
@@ -272,7 +272,9 @@ describe('each function works as its ServiceAccount', () => {
   ) {
     const { logger, lines } = captureLogger(sa);
     const kubeconfig = (await as(sa)).clients.kc;
-    const fn = await (await mod).start({ port: 0, host: '127.0.0.1', kubeconfig, logger, env });
+    const fn = await (
+      await mod
+    ).start({ port: 0, host: '127.0.0.1', kubeconfig, logger, env: { ...UNSIGNED_EVENTS, ...env } });
     running.push(fn);
     return { url: `http://127.0.0.1:${fn.port}`, lines };
   }

@@ -26,7 +26,7 @@ import { mirrorName } from '../../functions/lib/mirror.ts';
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { serviceAccountKubeConfig } from '../../scripts/lib/serviceaccount.ts';
 import { controlPlaneDir, suffix } from '../helpers/cluster.ts';
-import { pingEvent, postEvents } from '../helpers/events.ts';
+import { pingEvent, postEvents, UNSIGNED_EVENTS } from '../helpers/events.ts';
 import { headerEchoPage, startFaultProxy, withServer, type Answer, type FaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { captureLogger } from '../helpers/logs.ts';
@@ -114,7 +114,9 @@ async function startAs(
 ): Promise<{ url: string; lines: string[] }> {
   const { logger, lines } = captureLogger(`${sa}-${suffix()}`);
   const kubeconfig = opts.kubeconfig ?? accounts.get(sa)!.kc;
-  const fn = await (await mod).start({ port: 0, host: '127.0.0.1', kubeconfig, logger, env: opts.env ?? {} });
+  const fn = await (
+    await mod
+  ).start({ port: 0, host: '127.0.0.1', kubeconfig, logger, env: { ...UNSIGNED_EVENTS, ...opts.env } });
   running.push(fn);
   logs.set(`${sa}-${fn.port}`, lines);
   return { url: `http://127.0.0.1:${fn.port}`, lines };

@@ -17,7 +17,7 @@ import { CoreV1Api, type KubeConfig, type KubernetesObject, type V1Pod } from '@
 import { containerCgroup } from '../../node/cgroups.ts';
 import { markedProcesses } from '../../node/namespace.ts';
 import type { TestNode } from '../../node/node.ts';
-import { applyFunctionRbac, functionPod, runPod } from '../../node/pods.ts';
+import { applyFunctionRbac, functionPod, runPod, shippedSender } from '../../node/pods.ts';
 import { loadKubeConfig } from '../../../functions/lib/kube.ts';
 import { eventually } from '../../lib/wait.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName } from '../../system/system.ts';
@@ -35,6 +35,7 @@ import {
   postEvent,
   putSourceSecret,
   type Consumer,
+  type EventRequest,
 } from '../fixtures.ts';
 import { memoryLimits, rssBytes } from '../measure.ts';
 import type { Figure } from '../report.ts';
@@ -64,8 +65,14 @@ export async function podRows(o: PodRowOptions): Promise<Figure[]> {
     const rendered = (await render(KNATIVE_LAYOUT)) as KubernetesObject[];
     await applyFunctionRbac(system.kc, rendered);
     const node = system.node!;
-    const ns = await mirroredConsumer(node, rendered, firstAnswers);
-    const first = firstAnswers(ns);
+    // The pods check their senders as shipped: each event is signed as Knative would sign it.
+    const signed = {
+      'mirror-sync': await shippedSender(system.kc, rendered, 'mirror-sync'),
+      'identity-status': await shippedSender(system.kc, rendered, 'identity-status'),
+    };
+    const answers = (ns: string) => firstAnswers(ns, signed);
+    const ns = await mirroredConsumer(node, rendered, answers);
+    const first = answers(ns);
     const bare: number[] = [];
     for (let i = 0; i < o.runs; i++)
       bare.push(
@@ -237,8 +244,18 @@ const NODE_PROGRAMS = ['kubelet', 'containerd', 'containerd-shim-runc-v2', 'kube
 /** The control plane's programs on the node. */
 const CONTROL_PLANE_PROGRAMS = ['etcd', 'kube-apiserver', 'kube-controller-manager', 'kube-scheduler'];
 
-/** Each function's first real request, as the process cold-start row sends it. */
-function firstAnswers(ns: string): Record<FunctionName, (url: string) => Promise<number>> {
+/**
+ * Each function's first real request, as the process cold-start row sends it; events carry
+ * `signed`'s `Authorization` (so the first request includes the sender's TokenReview).
+ */
+function firstAnswers(
+  ns: string,
+  signed: Record<'mirror-sync' | 'identity-status', string>,
+): Record<FunctionName, (url: string) => Promise<number>> {
+  const as = (fn: keyof typeof signed, ev: EventRequest): EventRequest => ({
+    ...ev,
+    headers: { ...ev.headers, authorization: signed[fn] },
+  });
   return {
     admission: async (url) =>
       (
@@ -248,7 +265,9 @@ function firstAnswers(ns: string): Record<FunctionName, (url: string) => Promise
           body: COLD_START_REVIEW,
         })
       ).status,
-    'mirror-sync': async (url) => (await postEvent(`${url}/`, consumerEvent('terraformmachines', ns, 'm-0'))).status,
-    'identity-status': async (url) => (await postEvent(`${url}/`, pingEvent('captf-identity-status'))).status,
+    'mirror-sync': async (url) =>
+      (await postEvent(`${url}/`, as('mirror-sync', consumerEvent('terraformmachines', ns, 'm-0')))).status,
+    'identity-status': async (url) =>
+      (await postEvent(`${url}/`, as('identity-status', pingEvent('captf-identity-status')))).status,
   };
 }
