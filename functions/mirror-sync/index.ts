@@ -30,13 +30,16 @@ import type { ReconcileDeps } from './act.ts';
 import { MirrorSyncHandler, type EventConfig } from './handler.ts';
 import { prepare } from './prepare.ts';
 import { PrepareGate, type Caller } from './prepare-gate.ts';
+import { SINK_TOKEN_FILE } from './resync.ts';
 import { Scheduler } from './scheduler.ts';
 
 /** Default keys reconciled at once per request (fan-out, resync). */
 export const DEFAULT_CONCURRENCY = 8;
 
 /**
- * Reads mirror-sync's configuration from the environment.
+ * Reads mirror-sync's configuration from the environment: `CAPTF_CONCURRENCY`,
+ * `CAPTF_SOURCE_SECRET_EVENTS`, `K_SINK`, and `CAPTF_SINK_TOKEN_FILE` (the token that signs
+ * events to `K_SINK`; default {@link SINK_TOKEN_FILE}, where a SinkBinding mounts it).
  * @throws Error naming the bad variable.
  */
 export function configFromEnv(env: NodeJS.ProcessEnv): EventConfig {
@@ -46,9 +49,14 @@ export function configFromEnv(env: NodeJS.ProcessEnv): EventConfig {
     throw new Error(`CAPTF_CONCURRENCY=${raw} must be an integer from 1 to 256`);
   const flag = env.CAPTF_SOURCE_SECRET_EVENTS ?? 'false';
   if (flag !== 'true' && flag !== 'false') throw new Error(`CAPTF_SOURCE_SECRET_EVENTS=${flag} must be true or false`);
+  return { concurrency, ...sinkFromEnv(env), sourceSecretEvents: flag === 'true' };
+}
+
+/** `K_SINK` (a URL, or unset) and the token file that signs events to it. @throws TypeError on a bad URL. */
+function sinkFromEnv(env: NodeJS.ProcessEnv): { sink?: string; sinkTokenFile: string } {
   const sink = env.K_SINK || undefined;
   if (sink) new URL(sink);
-  return { concurrency, sink, sourceSecretEvents: flag === 'true' };
+  return { ...(sink ? { sink } : {}), sinkTokenFile: env.CAPTF_SINK_TOKEN_FILE || SINK_TOKEN_FILE };
 }
 
 /**

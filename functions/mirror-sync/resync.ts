@@ -12,6 +12,7 @@
  * instead, so the keys spread over many instances.
  */
 import { randomUUID } from 'node:crypto';
+import { readFile } from 'node:fs/promises';
 import { CloudEvent, HTTP } from 'cloudevents';
 import pLimit from 'p-limit';
 import type { Consumer } from '../lib/api.ts';
@@ -87,8 +88,18 @@ async function listEverything({ clients, kinds }: ReconcileContext): Promise<Lis
 }
 
 /**
+ * Where Knative's SinkBinding mounts the token for its sink's audience when Eventing's
+ * `authentication-oidc` is on (knative/eventing v0.49.2 `pkg/apis/sources/v1/
+ * sinkbinding_lifecycle.go`: the `<binding>-oidc-token` Secret, key `token`, at `/oidc`). A
+ * Broker with the feature on refuses an unsigned event 401.
+ */
+export const SINK_TOKEN_FILE = '/oidc/token';
+
+/**
  * Runs one resync.
  * @param opts.sink `K_SINK` URL: send one event per key instead of reconciling here.
+ * @param opts.sinkTokenFile sign those events with this file's token when it exists
+ *   (read once per resync: the SinkBinding renews the Secret, the kubelet the file).
  * @param opts.concurrency keys acted on (or sent) at once.
  * @param opts.again decides a key again from fresh reads (the scheduler's queue): for a key whose
  *   write conflicted, or whose conditions the aged lists would change.
@@ -96,7 +107,7 @@ async function listEverything({ clients, kinds }: ReconcileContext): Promise<Lis
  */
 export async function resync(
   deps: ReconcileDeps,
-  opts: { sink?: string | undefined; concurrency: number; again: Pass['again'] },
+  opts: { sink?: string | undefined; sinkTokenFile?: string | undefined; concurrency: number; again: Pass['again'] },
 ): Promise<ResyncSummary> {
   const started = performance.now();
   deps.logger.info('resync started');
@@ -106,8 +117,10 @@ export async function resync(
   const pass: Pass = { ctx, limit: pLimit(Math.max(1, opts.concurrency)), again: opts.again, fresh: false };
   const summary = emptySummary(lists, keys.length);
   summary.needRetry += (await settleKeyless(pass, lists.consumers)).filter((r) => r.retry).length;
-  if (opts.sink) await sendKeys(pass, summary, opts.sink, keys);
-  else {
+  if (opts.sink) {
+    const sink = { url: opts.sink, authorization: await sinkAuthorization(opts.sinkTokenFile, deps.logger) };
+    await sendKeys(pass, summary, sink, keys);
+  } else {
     const results = await reconcilePass(pass, lists);
     summary.changed = results.length;
     for (const { plan, result } of results) count(summary, result, plan);
@@ -134,8 +147,31 @@ function emptySummary(lists: Lists, keys: number): ResyncSummary {
   };
 }
 
+/**
+ * The `Authorization` header for the sink: `Bearer <token>` from `file`, or none when there is
+ * no file (Eventing without sender identity). A file that cannot be read is logged (by its
+ * error code only) and the events go unsigned: the sink then says what it accepts.
+ */
+async function sinkAuthorization(file: string | undefined, logger: Logger): Promise<string | undefined> {
+  if (!file) return undefined;
+  try {
+    const token = (await readFile(file, 'utf8')).trim();
+    return token ? `Bearer ${token}` : undefined;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== 'ENOENT') logger.warn('sink token unreadable: events go unsigned', { file, code });
+    return undefined;
+  }
+}
+
+/** Where fan-out sends keys: `K_SINK`, and the `Authorization` header that signs them, if any. */
+interface Sink {
+  url: string;
+  authorization: string | undefined;
+}
+
 /** Fan-out mode: one event per key to the sink, so the keys spread over many instances. */
-async function sendKeys(pass: Pass, summary: ResyncSummary, sink: string, keys: readonly MirrorKey[]): Promise<void> {
+async function sendKeys(pass: Pass, summary: ResyncSummary, sink: Sink, keys: readonly MirrorKey[]): Promise<void> {
   await Promise.all(
     keys.map((key) =>
       pass.limit(async () => {
@@ -155,7 +191,8 @@ function count(summary: ResyncSummary, r: KeyOutcome, plan: KeyPlan | undefined)
 }
 
 /** Sends one key to the sink as a `KEY_EVENT_TYPE` CloudEvent (binary mode); true when accepted. */
-async function sendKey(sink: string, key: MirrorKey, logger: Logger): Promise<boolean> {
+async function sendKey(sink: Sink, key: MirrorKey, logger: Logger): Promise<boolean> {
+  const { url, authorization } = sink;
   const event = new CloudEvent<unknown>({
     id: randomUUID(),
     type: KEY_EVENT_TYPE,
@@ -166,16 +203,16 @@ async function sendKey(sink: string, key: MirrorKey, logger: Logger): Promise<bo
   });
   const msg = HTTP.binary(event);
   try {
-    const res = await fetch(sink, {
+    const res = await fetch(url, {
       method: 'POST',
-      headers: msg.headers as Record<string, string>,
+      headers: { ...(msg.headers as Record<string, string>), ...(authorization ? { authorization } : {}) },
       body: msg.body as string,
     });
     await res.arrayBuffer();
     if (res.ok) return true;
-    logger.warn('sink refused resync event', { sink, key: keyString(key), status: res.status });
+    logger.warn('sink refused resync event', { sink: url, key: keyString(key), status: res.status });
   } catch (err) {
-    logger.warn('sink unreachable', { sink, key: keyString(key), error: describeError(err) });
+    logger.warn('sink unreachable', { sink: url, key: keyString(key), error: describeError(err) });
   }
   return false;
 }

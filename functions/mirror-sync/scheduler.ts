@@ -38,6 +38,8 @@ export interface SchedulerConfig {
   concurrency: number;
   /** `K_SINK`: the resync fans out one event per key to it instead of reconciling in-process. */
   sink?: string | undefined;
+  /** The token file whose contents sign each event to `sink`, when it exists ({@link SINK_TOKEN_FILE}). */
+  sinkTokenFile?: string | undefined;
 }
 
 /** mirror-sync's work, by name, through one queue; one instance per process. */

@@ -1,4 +1,7 @@
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { before, describe, it } from 'node:test';
 import type { V1Secret } from '@kubernetes/client-node';
 import { TERRAFORM_CLUSTER, TERRAFORM_MACHINE, type Consumer } from '../../functions/lib/api.ts';
@@ -23,6 +26,7 @@ import {
   type MirrorSyncUnderTest,
   type OperatorSource,
 } from '../helpers/mirror-sync.ts';
+import { assertNoSecret, sentinel } from '../helpers/logs.ts';
 import { spawnFunction } from '../helpers/process.ts';
 
 const w = fx.world('msr');
@@ -163,20 +167,37 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     );
   });
 
-  it('with K_SINK set, sends one CloudEvent per mirror key to the sink instead of reconciling', async () => {
+  it('with K_SINK set, sends one CloudEvent per mirror key to the sink instead of reconciling, signed once a SinkBinding mounted a token', async () => {
     const n = await w.namespace();
     const id = await source.newIdentity(fx.allowList(n));
     await w.create(fx.consumer('sunk-1', fx.inNamespace(n), fx.identityRef(id)));
     await w.create(fx.consumer('sunk-2', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)));
     const { url: sinkUrl, received, server: sink } = await startSink();
     w.onCleanup(async () => sink.close());
-    const fanout = await mirrorSyncUnderTest(w, { env: { K_SINK: sinkUrl } });
+    const dir = mkdtempSync(join(tmpdir(), 'captf-sink-token-'));
+    w.onCleanup(async () => rmSync(dir, { recursive: true, force: true }));
+    const tokenFile = join(dir, 'token');
+    const fanout = await mirrorSyncUnderTest(w, { env: { K_SINK: sinkUrl, CAPTF_SINK_TOKEN_FILE: tokenFile } });
     const r = await deliver(fanout.url, pingEvent());
     assert.equal(r.status, 200, r.text);
     // Two consumers, one key: one event for it.
-    const mine = received.filter((x) => (JSON.parse(x.body) as { namespace?: string }).namespace === n);
+    const ofKey = () => received.filter((x) => (JSON.parse(x.body) as { namespace?: string }).namespace === n);
+    const mine = ofKey();
     assert.equal(mine.length, 1);
     const x = mine[0]!;
+    // No token mounted (Eventing without sender identity): unsigned.
+    assert.equal(x.headers.authorization, undefined);
+    // The SinkBinding's token, read at the next resync.
+    const token = `sink-token-${sentinel()}`;
+    writeFileSync(tokenFile, `${token}\n`);
+    assert.equal((await deliver(fanout.url, pingEvent())).status, 200);
+    assert.deepEqual(
+      ofKey()
+        .slice(1)
+        .map((e) => e.headers.authorization),
+      [`Bearer ${token}`],
+    );
+    assertNoSecret(fanout.log.lines.join('\n'), [token], "the fan-out instance's log");
     assert.equal(x.headers['ce-type'], KEY_EVENT_TYPE);
     assert.equal(x.headers['ce-specversion'], '1.0');
     assert.deepEqual(JSON.parse(x.body), { namespace: n, identity: id });
