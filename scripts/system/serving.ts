@@ -14,6 +14,8 @@ import { rootCertificates } from 'node:tls';
 import {
   AdmissionregistrationV1Api,
   CustomObjectsApi,
+  KubernetesObjectApi,
+  PatchStrategy,
   type KubeConfig,
   type KubernetesObject,
 } from '@kubernetes/client-node';
@@ -160,10 +162,88 @@ export async function deployOnServing(
     const status = await untilReady(api, o);
     if (o.kind === 'Service' && status.address?.url) urls[o.metadata!.name!] = status.address.url;
   }
+  await subscribersCurrent(kc, rendered, urls);
   await webhookCAInjected(kc, rendered);
   await untilWebhookAnswers(kc, READY_TIMEOUT_MS);
   const gateway = await node.forward({ host: node.namespace.address, port: TRAEFIK_PORTS.private });
   return { urls, gateway };
+}
+
+/** The annotation {@link subscribersCurrent} sets to requeue a Trigger: the time, in ms since the epoch. */
+export const RESOLVE_ANNOTATION = 'captf.io/resolve-subscriber';
+
+/**
+ * Waits until each rendered Trigger that delivers to one of `urls`' Knative Services has that
+ * Service's address as its `status.subscriberUri`. A Trigger resolved while its Service's address
+ * was still http keeps it although Ready: Eventing v0.49.2 tracks a Trigger's subscriber under
+ * its Broker's key (`pkg/reconciler/broker/trigger/trigger.go`, knative/eventing#5374), so the
+ * Service's change requeues no Trigger. A stale one is annotated ({@link RESOLVE_ANNOTATION}),
+ * which does; docs/deploy-knative.md gives users the same `kubectl annotate`.
+ * @throws Error naming the Triggers still stale at the deadline.
+ */
+async function subscribersCurrent(
+  kc: KubeConfig,
+  rendered: readonly KubernetesObject[],
+  urls: Readonly<Record<string, string>>,
+): Promise<void> {
+  const objects = KubernetesObjectApi.makeApiClient(kc);
+  const triggers = rendered.filter((o) => o.kind === 'Trigger' && o.apiVersion === 'eventing.knative.dev/v1');
+  const nudged = new Map<string, number>();
+  let stale: string[] = [];
+  await eventually(
+    "every Trigger to deliver to its Service's address",
+    async () => {
+      stale = [];
+      for (const t of triggers) {
+        const want = subscriberAddress(t, urls);
+        const name = t.metadata!.name!;
+        const got = want ? await subscriberUri(objects, t) : undefined;
+        if (got === want) continue;
+        stale.push(`${name} → ${got ?? 'none'}`);
+        // Once per 10 s at most: the Trigger reconciler needs a moment to write its status.
+        if (Date.now() - (nudged.get(name) ?? 0) < 10_000) continue;
+        nudged.set(name, Date.now());
+        await nudge(objects, t);
+      }
+      return stale.length === 0;
+    },
+    READY_TIMEOUT_MS,
+    1000,
+  ).catch((err: Error) => {
+    throw new Error(`${err.message}; still stale: ${stale.join(', ')}`);
+  });
+}
+
+/** The address of the Knative Service Trigger `t` delivers to, among `urls`; undefined for any other subscriber. */
+function subscriberAddress(t: KubernetesObject, urls: Readonly<Record<string, string>>): string | undefined {
+  const ref = (t as { spec?: { subscriber?: { ref?: { kind?: string; name?: string } } } }).spec?.subscriber?.ref;
+  return ref?.kind === 'Service' ? urls[ref.name ?? ''] : undefined;
+}
+
+/** Trigger `t`'s `status.subscriberUri` as stored. */
+async function subscriberUri(objects: KubernetesObjectApi, t: KubernetesObject): Promise<string | undefined> {
+  const { name, namespace } = t.metadata as { name: string; namespace: string };
+  const got = (await objects.read({ apiVersion: t.apiVersion!, kind: t.kind!, metadata: { name, namespace } })) as {
+    status?: { subscriberUri?: string };
+  };
+  return got.status?.subscriberUri;
+}
+
+/** Sets {@link RESOLVE_ANNOTATION} on Trigger `t` (a merge patch): its reconciler then runs again. */
+async function nudge(objects: KubernetesObjectApi, t: KubernetesObject): Promise<void> {
+  const { name, namespace } = t.metadata as { name: string; namespace: string };
+  await objects.patch(
+    {
+      apiVersion: t.apiVersion,
+      kind: t.kind,
+      metadata: { name, namespace, annotations: { [RESOLVE_ANNOTATION]: String(Date.now()) } },
+    },
+    undefined,
+    undefined,
+    MANAGER,
+    undefined,
+    PatchStrategy.MergePatch,
+  );
 }
 
 /** The API groups of the Knative objects whose Ready condition a start waits for. */
