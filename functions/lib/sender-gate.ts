@@ -54,15 +54,22 @@ export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger)
     try {
       subject = (await tokens.review(token, counter))?.username;
     } catch (err) {
-      const error = `the sender could not be checked: a TokenReview failed (${describeError(err)}); deliver again`;
-      logger.warn('event sender check failed', { error, apiCalls: counter.calls });
-      return sendOutcome(res, { kind: 'retry', error, retryAfterSeconds: largestRetryAfter([retryAfterOf(err)]) });
+      // The caller is not known yet: the API server's words stay in the log.
+      logger.warn('event sender check failed', { error: describeError(err), apiCalls: counter.calls });
+      return sendOutcome(res, {
+        kind: 'retry',
+        error: UNCHECKED,
+        retryAfterSeconds: largestRetryAfter([retryAfterOf(err)]),
+      });
     }
     if (!subject) return refuse(res, 'invalid-token', counter);
     if (!isSender(subject, cfg.senders)) return refuse(res, 'not-a-sender', counter, subject);
     next();
   };
 }
+
+/** The answer to a delivery whose sender could not be checked (a 503): it names nothing. */
+export const UNCHECKED = 'the sender could not be checked; deliver again';
 
 /** A subject as a log line may show it: a ServiceAccount's name, anything else only hashed (SPEC §15). */
 const shown = (subject: string): string =>

@@ -3,7 +3,10 @@
  * prepare (SPEC §5) and the event endpoints (SPEC §12, sender identity). A token is reviewed
  * with a TokenReview naming the endpoint's audience; the answer is reused from a bounded LRU
  * cache keyed by the token's SHA-256, never by the token, for at most the cache time and never
- * past the token's own expiry.
+ * past the token's own expiry. What an anonymous caller can make the API server do is bounded:
+ * a token that cannot be a ServiceAccount token for the audience (not a JWT, another `aud`,
+ * expired by its own claim) is refused without a review, concurrent requests with one token
+ * share one review, and a refusal is remembered for a few seconds only.
  */
 import { createHash } from 'node:crypto';
 import type { KubeConfig } from '@kubernetes/client-node';
@@ -84,15 +87,46 @@ export function reuseFor(token: string, cacheTtlMs: number, nowMs: number): numb
 
 /** The `exp` claim (seconds since the epoch) of a JWT, or undefined when there is none to read. */
 function jwtExpiry(token: string): number | undefined {
-  const payload = token.split('.')[1];
-  if (!payload) return undefined;
+  const exp = jwtClaims(token)?.exp;
+  return typeof exp === 'number' && Number.isFinite(exp) ? exp : undefined;
+}
+
+/** The claims of a JWT (`header.payload.signature`), unverified; undefined when it is none. */
+function jwtClaims(token: string): Record<string, unknown> | undefined {
+  const parts = token.split('.');
+  if (parts.length !== 3 || !parts[1]) return undefined;
   try {
-    const exp = (JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as { exp?: unknown }).exp;
-    return typeof exp === 'number' && Number.isFinite(exp) ? exp : undefined;
+    const claims: unknown = JSON.parse(Buffer.from(parts[1], 'base64url').toString('utf8'));
+    return claims && typeof claims === 'object' && !Array.isArray(claims)
+      ? (claims as Record<string, unknown>)
+      : undefined;
   } catch {
     return undefined;
   }
 }
+
+/**
+ * Whether `token` could be a ServiceAccount token for `audience`, by its own unverified claims:
+ * a JWT whose `aud` (a string or a list) names the audience and whose `exp`, when present, is
+ * still ahead of `nowMs`. Every token the TokenRequest API mints is such a JWT; one that is not
+ * would be refused by the TokenReview anyway, so it is refused without one (an anonymous caller
+ * cannot make the API server work for junk). Never a reason to accept: only the review is.
+ */
+export function mayBeFor(token: string, audience: string, nowMs: number): boolean {
+  const claims = jwtClaims(token);
+  if (!claims) return false;
+  const aud = typeof claims.aud === 'string' ? [claims.aud] : Array.isArray(claims.aud) ? claims.aud : [];
+  if (!aud.includes(audience)) return false;
+  const exp = jwtExpiry(token);
+  return exp === undefined || exp * 1000 > nowMs;
+}
+
+/**
+ * How long a refusal is remembered at most, in ms: long enough to absorb a flood of one bad
+ * token, short enough that a token refused while the API server had not yet seen its new
+ * ServiceAccount works again a moment later.
+ */
+export const REFUSAL_TTL_MS = 5_000;
 
 /** A token cache entry: the reviewed user, or null for a token the API server did not authenticate. */
 type Reviewed = { user: ReviewedUser | null };
@@ -102,6 +136,8 @@ export class TokenReviewer {
   private readonly kc: KubeConfig;
   private readonly cache: LRUCache<string, Reviewed> | undefined;
   private readonly cacheTtlMs: number;
+  /** Reviews under way, by cache key: concurrent requests with one token share one review. */
+  private readonly inFlight = new Map<string, Promise<ReviewedUser | undefined>>();
   /** The audience every reviewed token must be bound to. */
   readonly audience: string;
 
@@ -121,13 +157,23 @@ export class TokenReviewer {
   /**
    * The user `token` authenticates for the audience, or undefined when it does not (unknown,
    * expired, revoked, or minted for another audience). Each review counts on `counter`; a
-   * cached answer makes none.
+   * cached answer, a shared one and a token refused by its claims ({@link mayBeFor}) make none.
    * @throws the API error of a TokenReview that could not be made.
    */
   async review(token: string, counter: CallCounter): Promise<ReviewedUser | undefined> {
+    if (!mayBeFor(token, this.audience, Date.now())) return undefined;
     const key = tokenKey(token);
     const hit = this.cache?.get(key);
     if (hit) return hit.user ?? undefined;
+    const pending = this.inFlight.get(key);
+    if (pending) return pending;
+    const review = this.ask(token, key, counter).finally(() => this.inFlight.delete(key));
+    this.inFlight.set(key, review);
+    return review;
+  }
+
+  /** One TokenReview, its answer cached (a refusal for at most {@link REFUSAL_TTL_MS}). */
+  private async ask(token: string, key: string, counter: CallCounter): Promise<ReviewedUser | undefined> {
     const { authn } = makeClients(this.kc, counter);
     const answer = await authn.createTokenReview({
       body: {
@@ -137,7 +183,7 @@ export class TokenReviewer {
       },
     });
     const user = reviewedUser(answer.status, this.audience);
-    const ttl = user ? reuseFor(token, this.cacheTtlMs, Date.now()) : this.cacheTtlMs;
+    const ttl = user ? reuseFor(token, this.cacheTtlMs, Date.now()) : Math.min(this.cacheTtlMs, REFUSAL_TTL_MS);
     if (ttl > 0) this.cache?.set(key, { user: user ?? null }, { ttl });
     return user;
   }

@@ -20,6 +20,7 @@ import { KEY_EVENT_TYPE } from '../lib/cloudevents.ts';
 import { pageSize, slimConsumer } from '../lib/consumers.ts';
 import { describeError, listAllPages } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { bearerToken } from '../lib/token-review.ts';
 import { consumerObjects, identities } from '../lib/objects.ts';
 import { LABEL_MIRRORED } from '../lib/mirror.ts';
 import { keyString, type MirrorKey, type KeyPlan } from './decide.ts';
@@ -149,14 +150,19 @@ function emptySummary(lists: Lists, keys: number): ResyncSummary {
 
 /**
  * The `Authorization` header for the sink: `Bearer <token>` from `file`, or none when there is
- * no file (Eventing without sender identity). A file that cannot be read is logged (by its
- * error code only) and the events go unsigned: the sink then says what it accepts.
+ * no file (Eventing without sender identity). A file that cannot be read, or whose content is
+ * no b64token, is logged (by its path and error code, never its content) and the events go
+ * unsigned: the sink then says what it accepts.
  */
 async function sinkAuthorization(file: string | undefined, logger: Logger): Promise<string | undefined> {
   if (!file) return undefined;
   try {
     const token = (await readFile(file, 'utf8')).trim();
-    return token ? `Bearer ${token}` : undefined;
+    if (!token) return undefined;
+    // A header the HTTP client would refuse would put the token in its error, and so in a log.
+    if (bearerToken(`Bearer ${token}`) === token) return `Bearer ${token}`;
+    logger.warn('sink token malformed: events go unsigned', { file });
+    return undefined;
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code !== 'ENOENT') logger.warn('sink token unreadable: events go unsigned', { file, code });

@@ -13,7 +13,7 @@ import {
   refusal,
   MAX_EVENT_AUTH_CACHE_SECONDS,
 } from '../../functions/lib/senders.ts';
-import { reuseFor } from '../../functions/lib/token-review.ts';
+import { mayBeFor, reuseFor } from '../../functions/lib/token-review.ts';
 
 const SA = 'system:serviceaccount:captf-system:captf-mirror-sync-ref-add-oidc-eventing.knative.dev-trigger';
 const complete = {
@@ -122,5 +122,32 @@ describe('reuseFor: a verified token is reused for the cache time, never past it
     assert.equal(reuseFor('opaque', 60_000, now), 60_000);
     assert.equal(reuseFor('a.!!!.c', 60_000, now), 60_000);
     assert.equal(reuseFor(jwt({ exp: 'soon' }), 60_000, now), 60_000);
+  });
+});
+
+describe('mayBeFor: a token its own claims rule out costs no TokenReview', () => {
+  const AUD = 'serving.knative.dev/service/captf-system/captf-mirror-sync';
+  const NOW = 1_800_000_000_000;
+  const jwt = (claims: object) =>
+    ['{"alg":"RS256"}', JSON.stringify(claims), 'sig'].map((p) => Buffer.from(p).toString('base64url')).join('.');
+
+  it('lets through a JWT naming the audience, alone or in a list, unexpired or without exp', () => {
+    assert.equal(mayBeFor(jwt({ aud: [AUD], exp: NOW / 1000 + 60 }), AUD, NOW), true);
+    assert.equal(mayBeFor(jwt({ aud: AUD }), AUD, NOW), true);
+    assert.equal(mayBeFor(jwt({ aud: ['other', AUD] }), AUD, NOW), true);
+  });
+
+  it('refuses what is no JWT, names another audience or none, or expired by its own claim', () => {
+    for (const token of [
+      'bm90LWEtdG9rZW4',
+      'a.b',
+      'a.b.c.d',
+      `${Buffer.from('{}').toString('base64url')}.${Buffer.from('[1]').toString('base64url')}.x`,
+      jwt({ aud: ['kubernetes.default.svc'] }),
+      jwt({ aud: `${AUD}x` }),
+      jwt({ sub: 'system:serviceaccount:x:y' }),
+      jwt({ aud: [AUD], exp: NOW / 1000 }),
+    ])
+      assert.equal(mayBeFor(token, AUD, NOW), false, token);
   });
 });
