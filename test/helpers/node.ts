@@ -26,6 +26,7 @@ import { CGROUP_FS, cgroupHierarchies, cgroupRootOf } from '../../scripts/node/c
 import { KUBELET_KERNEL_SETTINGS } from '../../scripts/node/config.ts';
 import { markedProcesses } from '../../scripts/node/namespace.ts';
 import { loadKubeConfig } from '../../functions/lib/kube.ts';
+import { UNSIGNED_EVENTS } from './events.ts';
 
 /**
  * Processes of the node from `dir`: those marked for it or in its cgroups, and those that name
@@ -47,18 +48,40 @@ export function nodeProcesses(dir: string): number[] {
 
 /**
  * Every cgroup folder in every hierarchy (`<hierarchy>/<path>`), leaving out the trees of test
- * nodes other than the one from `dir` (files running beside this one start their own).
+ * nodes other than the one from `dir` (files running beside this one start their own, and a
+ * folder removed while it is walked is simply not there).
  */
 export function cgroupFolders(dir: string): string[] {
   const own = cgroupRootOf(dir);
-  return cgroupHierarchies().flatMap((h) => {
-    const top = `${CGROUP_FS}/${h}`;
-    return readdirSync(top, { recursive: true, withFileTypes: true })
+  const walk = (top: string, path: string): string[] => {
+    let entries;
+    try {
+      entries = readdirSync(join(top, path), { withFileTypes: true });
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return [];
+      throw err;
+    }
+    return entries
       .filter((d) => d.isDirectory())
-      .map((d) => `${d.parentPath}/${d.name}`.slice(top.length + 1))
+      .map((d) => (path ? `${path}/${d.name}` : d.name))
       .filter((p) => !p.startsWith('captf-node-') || p.startsWith(own))
-      .map((p) => `${h}/${p}`);
-  });
+      .flatMap((p) => [p, ...walk(top, p)]);
+  };
+  return cgroupHierarchies().flatMap((h) => walk(`${CGROUP_FS}/${h}`, '').map((p) => `${h}/${p}`));
+}
+
+/**
+ * The cgroup folders of `after` that `before` did not have and that a node could have left:
+ * not those inside a group the host already had at the top of a hierarchy (other than a node's
+ * own `captf-node-*`), where the machine's own agents come and go while a test runs.
+ */
+export function cgroupsLeft(before: readonly string[], after: readonly string[]): string[] {
+  const had = new Set(before);
+  const hostGroup = (c: string) => {
+    const [hierarchy, top, ...rest] = c.split('/');
+    return rest.length > 0 && !top!.startsWith('captf-node-') && had.has(`${hierarchy}/${top}`);
+  };
+  return after.filter((c) => !had.has(c) && !hostGroup(c));
 }
 
 /**
@@ -94,7 +117,16 @@ export async function runProductPod(kubeconfigPath: string, image: string, name:
       metadata: { name },
       spec: {
         securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 },
-        containers: [{ name: 'mirror-sync', image, imagePullPolicy: 'Never', args: ['mirror-sync'] }],
+        containers: [
+          {
+            name: 'mirror-sync',
+            image,
+            imagePullPolicy: 'Never',
+            args: ['mirror-sync'],
+            // No event comes: without this it would not start (the sender check needs its Triggers).
+            env: Object.entries(UNSIGNED_EVENTS).map(([name, value]) => ({ name, value })),
+          },
+        ],
       },
     },
   });
@@ -133,7 +165,10 @@ export function assertNodeRunsAPod(nodeDir: string): void {
   );
 }
 
-/** Waits until nothing of the node from `nodeDir` is left, then compares the host with `before` ({@link hostState}). */
+/**
+ * Waits until nothing of the node from `nodeDir` is left, then compares the host with `before`
+ * ({@link hostState}; cgroups by {@link cgroupsLeft}: none added that a node could have made).
+ */
 export async function assertNodeGone(nodeDir: string, before: ReturnType<typeof hostState>): Promise<void> {
   await eventually(
     'nothing of the node to be left',
@@ -142,7 +177,8 @@ export async function assertNodeGone(nodeDir: string, before: ReturnType<typeof 
     60_000,
     500,
   );
-  assert.deepEqual(hostState(nodeDir), before);
+  const after = hostState(nodeDir);
+  assert.deepEqual({ ...after, cgroups: cgroupsLeft(before.cgroups, after.cgroups) }, { ...before, cgroups: [] });
 }
 
 /**
@@ -218,7 +254,12 @@ export async function nodeWorld(prefix: string, options: Omit<SystemOptions, 'di
   const explained = <T>(wait: Promise<T>): Promise<T> =>
     wait.catch(async (err: unknown) => {
       const report = await nodeReport(system, work, BRIEF).catch((e: unknown) => `no report: ${String(e)}`);
-      if (err instanceof Error) err.message = `${err.message}\n--- the node now\n${report}`;
+      if (err instanceof Error) {
+        // The runner prints the stack, which holds the message as it was when made.
+        const said = err.message;
+        err.message = `${said}\n--- the node now\n${report}`;
+        if (err.stack) err.stack = err.stack.replace(said, err.message);
+      }
       throw err;
     });
   const core = system.kc.makeApiClient(CoreV1Api);

@@ -49,13 +49,17 @@ describe('the test node after its owner is SIGKILLed', () => {
     });
     let stderr = '';
     owner.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-4000)));
-    const started = await new Promise<boolean>((resolve) => {
-      onLines(owner.stdout!, () => resolve(true));
-      owner.once('exit', () => resolve(false));
-    });
-    assert.ok(started, `the node and its pod started:\n${stderr}`);
-    assertNodeRunsAPod(nodeDir);
-    owner.kill('SIGKILL');
+    try {
+      const started = await new Promise<boolean>((resolve) => {
+        onLines(owner.stdout!, () => resolve(true));
+        owner.once('exit', () => resolve(false));
+      });
+      assert.ok(started, `the node and its pod started:\n${stderr}`);
+      assertNodeRunsAPod(nodeDir);
+    } finally {
+      // Also when a check failed: the owner would keep the node, and the file, running.
+      owner.kill('SIGKILL');
+    }
     await assertNodeGone(nodeDir, before);
   });
 });
