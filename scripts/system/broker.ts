@@ -257,3 +257,32 @@ async function pingSourceToken(
     audience,
   });
 }
+
+/**
+ * What Knative's broker-filter logs for each delivery a subscriber answered non-2xx or did not
+ * answer (`pkg/broker/filter/filter_handler.go`, v0.49.2; the channel then retries it).
+ */
+export const FAILED_DELIVERY = 'failed to send event';
+
+/**
+ * The failed deliveries among broker-filter's log `lines`, counted by their error (the zap
+ * line's `error`, addresses elided, at most 160 characters): what a timed-out wait reports.
+ */
+export function failedDeliveries(lines: readonly string[]): { count: number; kinds: Record<string, number> } {
+  const kinds: Record<string, number> = {};
+  let count = 0;
+  for (const line of lines) {
+    if (!line.includes(FAILED_DELIVERY)) continue;
+    count++;
+    let error = line;
+    try {
+      const parsed = JSON.parse(line.slice(line.indexOf('{'))) as { error?: unknown };
+      if (typeof parsed.error === 'string') error = parsed.error;
+    } catch {
+      // not JSON: the line itself
+    }
+    const kind = error.replace(/https?:\/\/\S+/g, '<url>').slice(0, 160);
+    kinds[kind] = (kinds[kind] ?? 0) + 1;
+  }
+  return { count, kinds };
+}

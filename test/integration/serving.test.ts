@@ -15,6 +15,7 @@ import { setGlobalDispatcher } from 'undici';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { podView, SERVICE_LABEL } from '../../scripts/local/scale.ts';
 import { withRevisionAnnotations } from '../../scripts/serving/revision.ts';
+import { failedDeliveries } from '../../scripts/system/broker.ts';
 import { clusterLocalDispatcher } from '../../scripts/system/serving.ts';
 import { identityThroughWebhook } from '../helpers/admission.ts';
 import { assertNoSecret } from '../helpers/logs.ts';
@@ -55,8 +56,14 @@ const SCALE_TO_ZERO = system.rendered
 const url = (service: string) => serving.urls[service]!;
 
 /** Every pod of a Knative Service, Running or Terminating. */
-const podsOf = async (service: string): Promise<V1Pod[]> =>
-  (await core.listNamespacedPod({ namespace: NAMESPACE, labelSelector: `${SERVICE_LABEL}=${service}` })).items;
+const podsOf = async (service: string): Promise<V1Pod[]> => podsLabelled(`${SERVICE_LABEL}=${service}`);
+
+/** Every pod of the manifests' namespace with these labels (a label selector), Running or Terminating. */
+const podsLabelled = async (labelSelector: string): Promise<V1Pod[]> =>
+  (await core.listNamespacedPod({ namespace: NAMESPACE, labelSelector })).items;
+
+/** The label selector of the pods of the manifests' ApiServerSource adapter (Knative's resources/labels.go). */
+const ADAPTER_PODS = 'eventing.knative.dev/sourceName=captf-objects';
 
 /** Waits until a Knative Service has no pod at all (the autoscaler's test windows are 6 s; generous). */
 const atZero = (service: string) =>
@@ -68,18 +75,19 @@ const atZero = (service: string) =>
   );
 
 /**
- * Samples the pods of `services` every 250 ms until `stop()`: the most of each that existed
- * and were not Terminating at once (the autoscaler's decision; whether they got Ready before
- * the burst was over depends on the machine's load), and every pod name seen.
+ * Samples the pods of `groups` (a name → a label selector) every 250 ms until `stop()`: the
+ * most of each that existed and were not Terminating at once (the autoscaler's decision;
+ * whether they got Ready before the burst was over depends on the machine's load), and every
+ * pod name seen, as `<group>/<pod>`.
  */
-function samplePods(services: readonly string[]) {
-  const most = Object.fromEntries(services.map((s) => [s, 0]));
+function samplePods(groups: Readonly<Record<string, string>>) {
+  const most = Object.fromEntries(Object.keys(groups).map((s) => [s, 0]));
   const seen = new Set<string>();
   let running = true;
   const done = (async () => {
     while (running) {
-      for (const s of services) {
-        const pods = (await podsOf(s).catch(() => [])).map(podView);
+      for (const [s, selector] of Object.entries(groups)) {
+        const pods = (await podsLabelled(selector).catch(() => [])).map(podView);
         most[s] = Math.max(most[s]!, pods.filter((p) => !p.terminating).length);
         for (const p of pods) seen.add(`${s}/${p.name}`);
       }
@@ -107,8 +115,8 @@ describe('the manifests on Knative Serving', () => {
     // Cluster-local TLS is on: every address is https, and the Triggers deliver to those.
     for (const [name, address] of Object.entries(serving.urls))
       assert.equal(address, `https://${name}.${NAMESPACE}.svc.cluster.local`);
-    // A Trigger resolved while its Service's address was still http is resolved again when the
-    // address changes (Knative's tracker): the end state is what counts.
+    // A Trigger resolved while its Service's address was still http keeps it (knative/eventing#5374)
+    // until the start nudged it (scripts/system/serving.ts): the end state is what counts.
     let now = '';
     await eventually(
       'every Trigger to deliver to its function over https',
@@ -236,14 +244,23 @@ describe('the manifests on Knative Serving', () => {
     const spread = { 'autoscaling.knative.dev/target': '15', 'autoscaling.knative.dev/max-scale': '4' };
     const mirrorSync = { namespace: NAMESPACE, service: 'captf-mirror-sync', timeoutMs: 300_000 };
     const sample = await withRevisionAnnotations(system.kc, mirrorSync, spread, async () => {
-      const sample = samplePods(['captf-mirror-sync', 'captf-dead-letters']);
+      const sample = samplePods({
+        'captf-mirror-sync': `${SERVICE_LABEL}=captf-mirror-sync`,
+        'captf-dead-letters': `${SERVICE_LABEL}=captf-dead-letters`,
+        // A new adapter pod misses what was made while it started (README, "How soon…").
+        adapter: ADAPTER_PODS,
+      });
       // Read afresh at each access (the kubelet's log of broker-filter's pods).
       const filterFrom = system.broker!.logs.filter.length;
       let owners: string[] = [];
       // What a timeout reports: how far the mirror got and what the data plane gave up on.
-      const state = () =>
-        `${owners.length} owners; pods seen ${JSON.stringify(sample.most)}, ${[...sample.seen].length} names; ` +
-        `broker-filter failed deliveries ${system.broker!.logs.filter.slice(filterFrom).filter((l) => l.includes('failed to send event')).length}`;
+      const state = () => {
+        const failed = failedDeliveries(system.broker!.logs.filter.slice(filterFrom));
+        return (
+          `${owners.length} owners; pods seen ${JSON.stringify(sample.most)}, ${[...sample.seen].join(' ')}; ` +
+          `broker-filter failed deliveries ${failed.count}: ${JSON.stringify(failed.kinds)}`
+        );
+      };
       try {
         const consumers = await createConsumers(w, ns, id, 'burst', N);
         const want = consumers.map((c) => c.metadata.uid).sort();

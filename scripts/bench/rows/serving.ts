@@ -31,6 +31,7 @@ import { prepareCaller } from '../../lib/serviceaccount.ts';
 import { eventually, sleep } from '../../lib/wait.ts';
 import { Service, type IService } from '@kubernetes-models/knative/serving.knative.dev/v1/Service';
 import { revisionReady, withRevisionAnnotations } from '../../serving/revision.ts';
+import { failedDeliveries } from '../../system/broker.ts';
 import { clusterLocalDispatcher } from '../../system/serving.ts';
 import { startSystem, type RunningSystem } from '../../system/system.ts';
 import { REPO_ROOT } from '../../tools/build.ts';
@@ -381,15 +382,9 @@ async function fanIn(s: Served, n: number): Promise<Burst> {
     counts: s.audit.countFor(MIRROR_SYNC_USER, from),
     pods: pods.series[MIRROR_SYNC]!,
     deadLetterPods: Math.max(0, ...pods.series[DEAD_LETTERS]!),
-    failedDeliveries: s.system.broker!.logs.filter.slice(filterFrom).filter((l) => l.includes(FAILED_DELIVERY)).length,
+    failedDeliveries: failedDeliveries(s.system.broker!.logs.filter.slice(filterFrom)).count,
   };
 }
-
-/**
- * What Knative's broker-filter logs for each delivery a subscriber answered non-2xx or did not
- * answer (`pkg/broker/filter/filter_handler.go`, v0.49.2; the channel then retries it).
- */
-const FAILED_DELIVERY = 'failed to send event';
 
 /** The consumers of a burst: `f-0` … `f-<n-1>` in `ns`. */
 const burstOf = (ns: string, n: number) => Array.from({ length: n }, (_, i) => ({ namespace: ns, name: `f-${i}` }));
