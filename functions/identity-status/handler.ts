@@ -54,14 +54,15 @@ export function planFor(requests: readonly EventRequest[]): RefreshPlan {
 }
 
 /**
- * `POST /` handler: CloudEvents in, the refresh's {@link Outcome} out (lib/http.ts maps it).
- * Body of a done or retried refresh:
+ * `POST /` handler: CloudEvents in, the refresh's {@link Outcome} out (lib/http.ts maps it to an
+ * answer that names nothing, and logs the detail under the answer's request id).
+ * Detail of a done or retried refresh:
  * `{ trigger, refreshed, written, gone, failed: [{identity, error}], identities?: RefreshResult[], apiCalls, durationMs }`
  * (`identities` only for identity events, to keep a ping's answer small).
  */
 export function handleEvents(cfg: HandlerConfig): RequestHandler {
   return async (req, res) =>
-    sendEventOutcome(req, res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''));
+    sendEventOutcome(res, await refreshFor(cfg, req.headers, typeof req.body === 'string' ? req.body : ''), cfg.logger);
 }
 
 /** The events of one request split into those to refresh and the reasons the others are unusable. */

@@ -5,6 +5,7 @@
  * (Knative sends it before removing a pod): nothing new accepted, also on kept-alive
  * connections, answers in flight finished, exit within a deadline.
  */
+import { randomUUID } from 'node:crypto';
 import type { Server } from 'node:http';
 import express, {
   type ErrorRequestHandler,
@@ -94,20 +95,49 @@ export function sendOutcome(res: Response, o: Outcome): void {
   res.status(OUTCOME_STATUS[o.kind]).json({ error: o.error, ...(o.reason ? { reason: o.reason } : {}), ...o.body });
 }
 
+/** Header naming the log line that holds an event answer's detail (a random UUID, nothing else). */
+export const EVENT_ANSWER_ID_HEADER = 'x-request-id';
+
+/** Message of the log line with an event answer's detail (see {@link sendEventOutcome}). */
+export const EVENT_ANSWER_LOG = 'event answer';
+
 /**
- * Sends the outcome of a CloudEvents request. A sender that says `Prefer: reply` (Knative's
- * dispatcher always does, on every delivery) reads a 2xx body as a reply event, and the
- * Broker's filter counts a body that is not a CloudEvent as a failed delivery (502, then
- * retries and the dead-letter sink): so that sender gets a `done` as 200 with no body.
- * Everyone else gets {@link sendOutcome}'s JSON. Failures keep their JSON body either way
- * (Knative puts it in `knativeerrordata` when it dead-letters the event).
+ * The body of each event answer that is not a 200 (SPEC §12: an answer to an event never names
+ * objects, outcomes or identities). Constant per kind, so a sender learns only what to do.
  */
-export function sendEventOutcome(req: Request, res: Response, o: Outcome): void {
-  if (o.kind === 'done' && /\breply\b/i.test(req.get('prefer') ?? '')) {
-    res.status(OUTCOME_STATUS.done).end();
+export const EVENT_ANSWERS: Readonly<Record<Exclude<Outcome['kind'], 'done'>, string>> = {
+  'bad-input': 'the request holds no event this function can use; the function log names why',
+  forbidden: 'not allowed',
+  'not-found': 'not found',
+  conflict: 'conflict; deliver again later',
+  unprocessable: 'the events are about objects this function does not handle',
+  retry: 'the work is not finished; deliver again',
+};
+
+/**
+ * Sends the outcome of a CloudEvents request, naming nothing (SPEC §12): a `done` is 200 with an
+ * empty body (also what Knative's dispatcher needs: it sends `Prefer: reply` and reads a 2xx
+ * body as a reply event, counting one that is no CloudEvent as a failed delivery); anything
+ * else is its status with `{error}` from {@link EVENT_ANSWERS}, and a `retry` keeps its
+ * `Retry-After`. What the handler decided (the objects, outcomes and errors) goes to one log
+ * line, {@link EVENT_ANSWER_LOG} at debug level (info when not done), under a random id the
+ * answer carries in {@link EVENT_ANSWER_ID_HEADER}: an operator finds it from a dead letter's
+ * or a sender's record, a test reads it back.
+ */
+export function sendEventOutcome(res: Response, o: Outcome, logger: Logger): void {
+  const requestId = randomUUID();
+  res.set(EVENT_ANSWER_ID_HEADER, requestId);
+  const status = OUTCOME_STATUS[o.kind];
+  if (o.kind === 'done') {
+    logger.debug(EVENT_ANSWER_LOG, { requestId, status, detail: o.body });
+    res.status(status).end();
     return;
   }
-  sendOutcome(res, o);
+  const { kind, retryAfterSeconds, error, reason, body } = o;
+  const detail = { error, ...(reason ? { reason } : {}), ...body };
+  logger.info(EVENT_ANSWER_LOG, { requestId, status, detail });
+  if (kind === 'retry' && retryAfterSeconds !== undefined) res.set('Retry-After', retryAfterHeader(retryAfterSeconds));
+  res.status(status).json({ error: EVENT_ANSWERS[kind] });
 }
 
 /**

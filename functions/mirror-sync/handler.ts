@@ -1,7 +1,8 @@
 /**
  * `POST /` of mirror-sync: CloudEvents in, mirror keys reconciled, one HTTP answer out:
  * 200 when every key's work is done, 503 when something should be retried (Knative delivery
- * retries), 400 for events this function cannot use (with a JSON body saying why).
+ * retries), 400 for events this function cannot use. The answer names nothing; what was decided
+ * goes to the log (lib/http.ts `sendEventOutcome`).
  * A consumer's event maps to mirror keys (keys.ts) — or to nothing, for the echo of our own status
  * write; an identity's or a namespace's event to that name's pass; a ping to the resync. All of
  * it is asked of the scheduler (scheduler.ts: one queue of names, one worker function), which answers once
@@ -196,13 +197,18 @@ export class MirrorSyncHandler {
 
   /**
    * Express handler for `POST /`.
-   * Answers: 200 `{events: [...]}`; 400 `{error}` for a malformed or unusable event (valid
-   * events of a batch are still processed) or a batch over `MAX_BATCH`; 503 `{error, events}`
-   * when a reconcile asks for a retry or an API call failed, with `Retry-After` when the API
-   * server throttled some of the work (the largest wait it asked for, at most 30 s).
+   * Answers: 200 (empty); 400 for a malformed or unusable event (valid events of a batch are
+   * still processed) or a batch over `MAX_BATCH`; 503 when a reconcile asks for a retry or an
+   * API call failed, with `Retry-After` when the API server throttled some of the work (the
+   * largest wait it asked for, at most 30 s). The detail, `{events: [...]}` as {@link answer}
+   * decides it, is logged under the answer's request id, never sent.
    */
   handle = async (req: Request, res: Response): Promise<void> => {
-    sendEventOutcome(req, res, await this.answer(typeof req.body === 'string' ? req.body : '', req.headers));
+    sendEventOutcome(
+      res,
+      await this.answer(typeof req.body === 'string' ? req.body : '', req.headers),
+      this.deps.logger,
+    );
   };
 
   /**

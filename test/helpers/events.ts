@@ -23,6 +23,7 @@ import {
 } from '../../scripts/eventing/dataplane.ts';
 import { KNATIVE_LAYOUT, render } from '../../scripts/tools/kustomize.ts';
 import { admin, controlPlaneDir } from './cluster.ts';
+import { loggedAnswer, type CapturedLog } from './logs.ts';
 
 /**
  * The environment of a function started by a test that posts events itself, unsigned: the
@@ -88,15 +89,23 @@ export function pingEvent(name = 'resync'): CloudEvent<unknown> {
   });
 }
 
+/** A function under test that takes events: where, and its captured log (logs.ts). */
+export interface EventTarget {
+  url: string;
+  log: CapturedLog;
+}
+
 /**
- * POSTs CloudEvents to `url`: one event in `binary` (default) or `structured` mode, or
+ * POSTs CloudEvents to `to`: one event in `binary` (default) or `structured` mode, or
  * several as a `batch` (`application/cloudevents-batch+json`).
+ * @param to a URL, or a function under test: then the answer's `body` and `text` are the detail
+ *   the function logged for it (what it decided; SPEC §12 keeps that out of the answer itself).
  * @param signal aborts the request (a Broker's ingress may hold it while it delivers).
  * @param authorization the `Authorization` header, as a signing sender sends it.
  * @returns status, parsed JSON body (or text) and the answer's headers.
  */
 export async function postEvents(
-  url: string,
+  to: string | EventTarget,
   events: CloudEvent<unknown> | CloudEvent<unknown>[],
   mode: 'binary' | 'structured' | 'batch' = 'binary',
   signal?: AbortSignal,
@@ -115,6 +124,7 @@ export async function postEvents(
     body = typeof msg.body === 'string' ? msg.body : JSON.stringify(msg.body);
   }
   if (authorization !== undefined) headers = { ...headers, authorization };
+  const url = typeof to === 'string' ? to : to.url;
   const res = await fetch(url, { method: 'POST', headers, body, ...(signal ? { signal } : {}) });
   const text = await res.text();
   let parsed: unknown = text;
@@ -123,16 +133,21 @@ export async function postEvents(
   } catch {
     // keep text
   }
-  return { status: res.status, body: parsed, text, headers: res.headers };
+  const sent = { body: parsed, text };
+  if (typeof to === 'string') return { status: res.status, ...sent, headers: res.headers, sent };
+  const detail = await loggedAnswer(to.log, res.headers);
+  return { status: res.status, body: detail, text: JSON.stringify(detail), headers: res.headers, sent };
 }
 
 /** A function's answer to {@link postEvents}. */
 export interface EventAnswer {
   status: number;
-  /** The body parsed as JSON, or its text when it is not JSON. */
+  /** The body parsed as JSON, or its text when it is not JSON; posted to a function under test, the detail it logged. */
   body: unknown;
   text: string;
   headers: Headers;
+  /** What the answer itself carried (the same as `body` and `text` when posted to a URL). */
+  sent: { body: unknown; text: string };
 }
 
 /** One request a {@link startSink} received. */

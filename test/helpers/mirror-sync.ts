@@ -25,20 +25,17 @@ import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { loadKubeConfig, type Clients } from '../../functions/lib/kube.ts';
 import { start } from '../../functions/mirror-sync/index.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
-import { apiServerEvent, postEvents, UNSIGNED_EVENTS, type EventAnswer } from './events.ts';
+import { apiServerEvent, postEvents, UNSIGNED_EVENTS, type EventAnswer, type EventTarget } from './events.ts';
 import { startFaultProxy, type Answer, type FaultProxy } from './fault-proxy.ts';
 import * as fx from './fixtures.ts';
 import { scanLater } from './leaks.ts';
-import { captureLogger } from './logs.ts';
+import { captureLogger, type CapturedLog } from './logs.ts';
 import { manager, postPrepare, type PrepareAnswer } from './prepare.ts';
 import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 
 // ---------------------------------------------------------------------------------------------
 // mirror-sync in this process
 // ---------------------------------------------------------------------------------------------
-
-/** A logger whose lines a test reads (logs.ts). */
-export type CapturedLog = ReturnType<typeof captureLogger>;
 
 /** A mirror-sync running in this process for a test file. */
 export interface MirrorSyncUnderTest {
@@ -216,18 +213,19 @@ export async function prepareManager(
 // ---------------------------------------------------------------------------------------------
 
 /**
- * Delivers events to `url` like a Knative Trigger with a retry policy: re-sends on 5xx up
- * to `retries` times with a short backoff; returns the last answer.
+ * Delivers events to `to` like a Knative Trigger with a retry policy: re-sends on 5xx up
+ * to `retries` times with a short backoff; returns the last answer (events.ts `postEvents`:
+ * from a function under test, with the detail it logged).
  */
 export async function deliver(
-  url: string,
+  to: string | EventTarget,
   events: CloudEvent<unknown> | CloudEvent<unknown>[],
   opts: { retries?: number; mode?: 'binary' | 'structured' | 'batch' } = {},
 ): Promise<EventAnswer> {
-  let last = await postEvents(url, events, opts.mode);
+  let last = await postEvents(to, events, opts.mode);
   for (let i = 0; i < (opts.retries ?? 5) && last.status >= 500; i++) {
     await new Promise((r) => setTimeout(r, 100 * (i + 1)));
-    last = await postEvents(url, events, opts.mode);
+    last = await postEvents(to, events, opts.mode);
   }
   return last;
 }

@@ -18,6 +18,8 @@ import { UNSIGNED_EVENTS } from './events.ts';
 export interface FunctionProcess extends Spawned {
   /** Everything printed so far (stdout + stderr). */
   output(): string;
+  /** Its JSON log lines so far, parsed (other output left out). */
+  entries(): Record<string, unknown>[];
 }
 
 /**
@@ -33,7 +35,15 @@ export async function spawnFunction(name: string, env: NodeJS.ProcessEnv): Promi
     onData: (d) => (out += d.toString()),
   });
   scanLater(`${name} output`, () => out);
-  return { ...fn, output: () => out };
+  const entries = () =>
+    out.split('\n').flatMap((l) => {
+      try {
+        return [JSON.parse(l) as Record<string, unknown>];
+      } catch {
+        return [];
+      }
+    });
+  return { ...fn, output: () => out, entries };
 }
 
 /** The three functions started in this process for a test (admission over plain HTTP). */

@@ -23,7 +23,7 @@ import {
   type TerraformClusterIdentity,
 } from '../../functions/lib/api.ts';
 import { getCondition } from '../../functions/lib/conditions.ts';
-import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { EVENT_ANSWER_ID_HEADER, EVENT_ANSWERS, type FunctionHandle } from '../../functions/lib/http.ts';
 import { apiStatus, METADATA, METADATA_LIST } from '../../functions/lib/kube.ts';
 import { ANNOTATION_IDENTITY, LABEL_MIRRORED, desiredMirror, mirrorName } from '../../functions/lib/mirror.ts';
 import { identities } from '../../functions/lib/objects.ts';
@@ -33,7 +33,7 @@ import { controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import { apiServerEvent, pingEvent, postEvents, UNSIGNED_EVENTS, type EventObject } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { spawnFunction } from '../helpers/process.ts';
-import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
+import { assertNoSecret, captureLogger, loggedAnswer, sentinel } from '../helpers/logs.ts';
 import { scanLater } from '../helpers/leaks.ts';
 
 const w = fx.world('idst');
@@ -48,6 +48,13 @@ scanLater('HTTP answers', () => responses.join('\n'));
 let account: fx.AccountClients;
 let fn: FunctionHandle;
 let url: string;
+/** The function as a test posts events to it: its answers' detail is read from its log. */
+const target = {
+  get url() {
+    return url;
+  },
+  log: cap,
+};
 let src: string; // namespace of readable source Secrets
 let locked: string; // namespace whose Secrets the function may list but not get
 
@@ -99,7 +106,7 @@ async function createMirror(namespace: string, idName: string, source: V1Secret)
 }
 
 async function ping(): Promise<{ status: number; body: Record<string, unknown> }> {
-  const r = await postEvents(url, pingEvent('identity-status'));
+  const r = await postEvents(target, pingEvent('identity-status'));
   responses.push(r.text);
   return { status: r.status, body: r.body as Record<string, unknown> };
 }
@@ -117,7 +124,7 @@ const consumerEvent = () => eventAbout(fx.consumer('c', fx.inNamespace(src)), 'r
 
 /** Posts an event about identity `id`; in `resource` mode it carries the identity as it is now (or as given, when gone). */
 async function identityEvent(id: TerraformClusterIdentity, mode: Mode = 'ref', verb: Verb = 'update') {
-  const r = await postEvents(url, idEvent(mode === 'resource' ? ((await w.read(id)) ?? id) : id, mode, verb));
+  const r = await postEvents(target, idEvent(mode === 'resource' ? ((await w.read(id)) ?? id) : id, mode, verb));
   responses.push(r.text);
   return { status: r.status, body: r.body as Record<string, unknown> };
 }
@@ -482,14 +489,14 @@ const badRequests: [string, () => Promise<{ status: number; text: string }>, num
   ['malformed JSON', () => post({ 'content-type': 'application/cloudevents+json' }, '{"specversion":'), 400, /./],
   ['unknown type', () => postEvent('com.example.nope', {}), 400, /unsupported event type/],
   ['event naming no object', () => postEvent('dev.knative.apiserver.ref.add', { foo: 1 }), 400, /must name the object/],
-  ['event about a consumer', () => postEvents(url, consumerEvent()), 422, /TerraformClusterIdentity/],
+  ['event about a consumer', () => postEvents(target, consumerEvent()), 422, /TerraformClusterIdentity/],
   ['too large', () => post({ 'content-type': 'application/json' }, 'x'.repeat(4 * 1024 * 1024)), 413, /too large/],
 ];
 
 /** POSTs a CloudEvent of `type` carrying `data` to the function. */
 const postEvent = (type: string, data: unknown) =>
   postEvents(
-    url,
+    target,
     new CloudEvent<unknown>({
       specversion: '1.0',
       id: '1',
@@ -500,28 +507,38 @@ const postEvent = (type: string, data: unknown) =>
     }),
   );
 
-/** POSTs `body` with `headers` to the function; returns the status and text of its answer. */
-async function post(headers: Record<string, string>, body: string): Promise<{ status: number; text: string }> {
+/**
+ * POSTs `body` with `headers` to the function; returns the status and text of its answer, or,
+ * for an answer to events, the detail it logged for it.
+ */
+async function post(
+  headers: Record<string, string>,
+  body: string,
+): Promise<{ status: number; text: string; sent: string }> {
   const r = await fetch(url, { method: 'POST', headers, body });
-  return { status: r.status, text: await r.text() };
+  const sent = await r.text();
+  responses.push(sent);
+  if (!r.headers.has(EVENT_ANSWER_ID_HEADER)) return { status: r.status, text: sent, sent };
+  return { status: r.status, text: JSON.stringify(await loggedAnswer(cap, r.headers)), sent };
 }
 
 /** The function's HTTP interface. */
 function httpTests(): void {
   it('answers over HTTP: binary, structured and batch events, healthz, 4xx with a reason, gone identities', async () => {
     const { name, id } = await sourcedIdentity('http');
-    const structured = await postEvents(url, idEvent(id, 'ref', 'add'), 'structured');
+    const structured = await postEvents(target, idEvent(id, 'ref', 'add'), 'structured');
     assert.equal(structured.status, 200, structured.text);
     assert.equal(ready(await reread(id))?.reason, 'SecretFound');
 
     const missing = fx.identity(`missing-${run}`);
     const batch = await postEvents(
-      url,
+      target,
       [idEvent(id, 'ref', 'update'), idEvent(missing, 'resource', 'delete')],
       'batch',
     );
     responses.push(batch.text);
     assert.equal(batch.status, 200, batch.text);
+    assert.equal(batch.sent.text, '', 'a 200 to events has no body (SPEC §12)');
     const body = batch.body as { refreshed: number; gone: number; identities: { identity: string; outcome: string }[] };
     assert.equal(body.refreshed, 1);
     assert.equal(body.gone, 1);
@@ -552,6 +569,7 @@ function httpTests(): void {
     );
     assert.match(mixedBody.error, /batch\[1\]/);
     assert.match(mixedBody.error, /TerraformCluster/);
+    assert.deepEqual(JSON.parse(mixed.sent), { error: EVENT_ANSWERS['bad-input'] }, 'the answer itself names nothing');
 
     // An identity outside the configured selector is out of scope, like a gone one.
     const outside = await w.create(fx.identity(`idst-outside-${run}`, fx.secretRef(src, 'x')));

@@ -120,7 +120,7 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
     const id = await source.newIdentity(fx.allowSelector());
     const name = w.name('global');
     const global = await w.create(fx.consumer(name, fx.ofKind(GLOBAL), fx.identityRef(id)));
-    const r = await deliver(ms.url, consumerEvent(global, 'ref', 'update', KINDS), { retries: 0 });
+    const r = await deliver(ms, consumerEvent(global, 'ref', 'update', KINDS), { retries: 0 });
     assert.equal(r.status, 200, r.text);
     const result = (r.body as { events: { results: { reason: string; retry: boolean }[] }[] }).events[0]!.results;
     assert.deepEqual(result, [
@@ -138,7 +138,7 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
     assert.equal(p.body.reason, 'IdentityNotAllowed');
 
     // Two resyncs: nothing is written to it again and nothing fails about it (no retry loop).
-    for (let i = 0; i < 2; i++) assert.equal((await deliver(ms.url, pingEvent(), { retries: 0 })).status, 200);
+    for (let i = 0; i < 2; i++) assert.equal((await deliver(ms, pingEvent(), { retries: 0 })).status, 200);
     assert.equal((await w.read(global))!.metadata.resourceVersion, obj.metadata.resourceVersion, 'no write');
     const errors = ms.log
       .entries()
@@ -156,7 +156,7 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
       },
     ];
     for (const { ev, want } of cases) {
-      const r = await deliver(ms.url, ev, { retries: 0 });
+      const r = await deliver(ms, ev, { retries: 0 });
       assert.equal(r.status, 400, r.text);
       assert.match(r.text, want);
       assert.ok(
@@ -173,7 +173,7 @@ describe('an input the reconcile cannot act on ends in a visible outcome, once',
     const n = await w.namespace();
     const id = await source.newIdentity(fx.allowList(n));
     await w.create(fx.consumer('in-ns', fx.inNamespace(n), fx.identityRef(id)));
-    const r = await deliver(ms.url, apiServerEvent(fx.namespace(n), 'ref', 'update', 'namespaces'), { retries: 0 });
+    const r = await deliver(ms, apiServerEvent(fx.namespace(n), 'ref', 'update', 'namespaces'), { retries: 0 });
     assert.equal(r.status, 200, r.text);
     // A pass reports the keys it changed: none when another file's resync mirrored it first.
     assert.ok([0, 1].includes(outcomes(r.body).length), r.text);
@@ -212,7 +212,7 @@ describe('a write refused for good says why and is not retried', () => {
       async () => {
         await w.delete(fx.mirrorOf(id, fx.inNamespace(n)));
         // The key's reconcile: once the consumer is decided, its own event is only an echo.
-        const r = await deliver(other.url, keyEvent(n, id), { retries: 0 });
+        const r = await deliver(other, keyEvent(n, id), { retries: 0 });
         const got = await readCondition(w, c, 'CredentialsMirrored');
         return r.status === 200 && got?.reason === 'MirrorFailed' && /403/.test(got.message) ? got : undefined;
       },
@@ -240,7 +240,7 @@ describe('a revocation the API server refuses says so', () => {
     const id = await source.newIdentity(fx.allowList(n));
     const c = await w.create(fx.consumer('kept', fx.inNamespace(n), fx.identityRef(id)));
     const mirror = fx.mirrorOf(id, fx.inNamespace(n));
-    assert.equal((await deliver(ms.url, consumerEvent(c), { retries: 0 })).status, 200);
+    assert.equal((await deliver(ms, consumerEvent(c), { retries: 0 })).status, 200);
     assert.ok(await w.read(mirror));
     // A careless policy that echoes the data of the Secret being deleted.
     w.onCleanup(
@@ -269,7 +269,7 @@ describe('a revocation the API server refuses says so', () => {
     const cond = await eventually(
       'the refused revocation to show',
       async () => {
-        const r = await deliver(ms.url, identityEvent(narrowed), { retries: 0 });
+        const r = await deliver(ms, identityEvent(narrowed), { retries: 0 });
         const got = await readCondition(w, c, 'CredentialsMirrored');
         last = `${r.status} ${r.text} ${JSON.stringify(got)}`;
         return r.status === 200 && got?.reason === 'MirrorFailed' ? got : undefined;

@@ -36,10 +36,9 @@ import {
   newIdentity,
   operatorSource,
   readCondition,
-  type CapturedLog,
   type OperatorSource,
 } from '../helpers/mirror-sync.ts';
-import { captureLogger } from '../helpers/logs.ts';
+import { captureLogger, type CapturedLog } from '../helpers/logs.ts';
 
 const w = fx.world('msk');
 // "zz" namespaces sort late: their consumers are on the last pages of a cluster-wide list.
@@ -322,7 +321,7 @@ describe('the resync is made of lists (SPEC §12)', () => {
     const proxy = await expiringProxy(1);
     try {
       const resync = await instance({ CAPTF_PAGE_SIZE: '2' }, proxy.kubeconfigPath);
-      const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
+      const r = await deliver(resync, pingEvent('captf-resync'), { retries: 0 });
       assert.equal(r.status, 200, r.text);
       assert.equal(proxy.expired(), 1, 'the proxy expired one continue token');
       assert.deepEqual(
@@ -370,7 +369,7 @@ describe('the resync is made of lists (SPEC §12)', () => {
     const proxy = await expiringProxy(1000);
     try {
       const resync = await instance({ CAPTF_PAGE_SIZE: '2' }, proxy.kubeconfigPath);
-      const r = await deliver(resync.url, pingEvent('captf-resync'), { retries: 0 });
+      const r = await deliver(resync, pingEvent('captf-resync'), { retries: 0 });
       assert.ok(r.status >= 500, `${r.status} ${r.text}`);
       assert.ok(proxy.expired() >= 3, 'restarted before giving up');
       assert.deepEqual(
@@ -395,7 +394,7 @@ describe("a namespace's pass (SPEC §7)", () => {
     const cs = await w.create(fx.consumer('stays', fx.inNamespace(n), fx.identityRef(stays)));
     const cr = await w.create(fx.consumer('revoked', fx.inNamespace(n), fx.identityRef(revoked)));
     const plain = await instance();
-    assert.equal((await deliver(plain.url, [consumerEvent(cs), consumerEvent(cr)], { mode: 'batch' })).status, 200);
+    assert.equal((await deliver(plain, [consumerEvent(cs), consumerEvent(cr)], { mode: 'batch' })).status, 200);
     assert.ok(await w.read(fx.mirrorOf(revoked, fx.inNamespace(n))));
     const failing = `/api/v1/namespaces/${source.namespace}/secrets/${own.metadata!.name}`;
     const proxy = await startFaultProxy((method, u) =>

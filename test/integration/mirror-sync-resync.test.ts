@@ -26,7 +26,7 @@ import {
   type MirrorSyncUnderTest,
   type OperatorSource,
 } from '../helpers/mirror-sync.ts';
-import { assertNoSecret, sentinel } from '../helpers/logs.ts';
+import { assertNoSecret, loggedAnswer, sentinel } from '../helpers/logs.ts';
 import { spawnFunction } from '../helpers/process.ts';
 
 const w = fx.world('msr');
@@ -70,7 +70,7 @@ describe('concurrency (SPEC §15)', () => {
     const n = await w.namespace();
     const id = await source.newIdentity(fx.allowList(n));
     const consumers = await createConsumers(w, n, id, 'd', 20);
-    await Promise.all(consumers.map((c) => deliver(ms.url, consumerEvent(c), { retries: 10 })));
+    await Promise.all(consumers.map((c) => deliver(ms, consumerEvent(c), { retries: 10 })));
     const survivor = consumers[0]!;
     const doomed = consumers.slice(1);
     await Promise.all(doomed.map((c) => w.delete(c)));
@@ -117,7 +117,7 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     foreign.metadata.ownerReferences = []; // else Kubernetes' own garbage collector removes it
     foreign.metadata.name = w.name('lookalike');
     const foreignBefore = await w.create(foreign as V1Secret);
-    const r = await deliver(ms.url, pingEvent());
+    const r = await deliver(ms, pingEvent());
     assert.equal(r.status, 200, r.text);
     // The answer carries this resync's summary; its counts cover the whole cluster, where
     // other files work concurrently, so only its presence is checked here.
@@ -152,12 +152,12 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     const m = await w.create(
       fx.consumer('machine-owner', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)),
     );
-    await deliver(ms.url, consumerEvent(m));
+    await deliver(ms, consumerEvent(m));
     const before = (await w.read(mirror))!;
     const narrow = await mirrorSyncUnderTest(w, {
       env: { CAPTF_CONSUMER_KINDS: consumerKindsSetting(TERRAFORM_CLUSTER) },
     });
-    assert.equal((await deliver(narrow.url, pingEvent())).status, 200);
+    assert.equal((await deliver(narrow, pingEvent())).status, 200);
     // The same Secret, not one recreated since: another file's resync reconciling the
     // TerraformMachine at the same time would recreate a mirror the narrow one deleted.
     assert.equal(
@@ -178,7 +178,7 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     w.onCleanup(async () => rmSync(dir, { recursive: true, force: true }));
     const tokenFile = join(dir, 'token');
     const fanout = await mirrorSyncUnderTest(w, { env: { K_SINK: sinkUrl, CAPTF_SINK_TOKEN_FILE: tokenFile } });
-    const r = await deliver(fanout.url, pingEvent());
+    const r = await deliver(fanout, pingEvent());
     assert.equal(r.status, 200, r.text);
     // Two consumers, one key: one event for it.
     const ofKey = () => received.filter((x) => (JSON.parse(x.body) as { namespace?: string }).namespace === n);
@@ -190,7 +190,7 @@ describe('resync on a ping (SPEC §6, §12)', () => {
     // The SinkBinding's token, read at the next resync.
     const token = `sink-token-${sentinel()}`;
     writeFileSync(tokenFile, `${token}\n`);
-    assert.equal((await deliver(fanout.url, pingEvent())).status, 200);
+    assert.equal((await deliver(fanout, pingEvent())).status, 200);
     assert.deepEqual(
       ofKey()
         .slice(1)
@@ -218,9 +218,8 @@ describe('resync on a ping (SPEC §6, §12)', () => {
       ) as Record<string, string>,
       body: x.body,
     });
-    const text = await back.text();
-    assert.equal(back.status, 200, text);
-    assert.deepEqual(outcomes(JSON.parse(text)).sort(), [
+    assert.equal(back.status, 200, await back.text());
+    assert.deepEqual(outcomes(await loggedAnswer(ms.log, back.headers)).sort(), [
       [`${n}/sunk-1`, 'mirrored'],
       [`${n}/sunk-2`, 'mirrored'],
     ]);
@@ -234,7 +233,7 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
     const id = await source.newIdentity(fx.allowList(n));
     await w.create(fx.sourceSecret(mirrorName(id), fx.inNamespace(n)));
     const c = await w.create(fx.consumer('blocked', fx.inNamespace(n), fx.identityRef(id)));
-    assert.equal((await deliver(ms.url, consumerEvent(c))).status, 200);
+    assert.equal((await deliver(ms, consumerEvent(c))).status, 200);
     assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'MirrorFailed');
     // Every request that would change something in the namespace, as this instance sends it.
     const writes: string[] = [];
@@ -244,7 +243,7 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
     });
     try {
       const resyncs = await mirrorSyncUnderTest(w, { kubeconfig: proxy.kubeconfigPath });
-      for (const _ of [1, 2]) assert.equal((await deliver(resyncs.url, pingEvent(), { retries: 0 })).status, 200);
+      for (const _ of [1, 2]) assert.equal((await deliver(resyncs, pingEvent(), { retries: 0 })).status, 200);
       assert.deepEqual(writes, [], 'no create of the mirror, no condition, no Event');
       assert.equal((await readCondition(w, c, 'CredentialsMirrored'))?.reason, 'MirrorFailed');
     } finally {
@@ -279,7 +278,7 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
         kubeconfig: proxy.kubeconfigPath,
         env: { CAPTF_CONCURRENCY: String(concurrency) },
       });
-      assert.equal((await deliver(resyncs.url, pingEvent(), { retries: 0 })).status, 200);
+      assert.equal((await deliver(resyncs, pingEvent(), { retries: 0 })).status, 200);
       assert.ok(
         startedBeforeFirstCreate.size <= concurrency,
         `${startedBeforeFirstCreate.size} keys started before the first create`,
@@ -289,7 +288,7 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
         assert.equal(m?.metadata?.ownerReferences?.length, 5, `the mirror in ${n} has every consumer`);
       }
       recording = true;
-      assert.equal((await deliver(resyncs.url, pingEvent(), { retries: 0 })).status, 200);
+      assert.equal((await deliver(resyncs, pingEvent(), { retries: 0 })).status, 200);
       assert.deepEqual(writes, [], 'the second resync found everything current');
     } finally {
       proxy.close();
@@ -319,8 +318,8 @@ describe('a resync writes nothing that cannot succeed (SPEC §3, §4)', () => {
     try {
       const through = await mirrorSyncUnderTest(w, { kubeconfig: proxy.kubeconfigPath });
       // Another file's resync may have decided the consumer already: then its event is an echo, and the pings decide.
-      assert.equal((await deliver(through.url, consumerEvent(c), { retries: 0 })).status, 200);
-      for (const _ of [1, 2]) assert.equal((await deliver(through.url, pingEvent(), { retries: 0 })).status, 200);
+      assert.equal((await deliver(through, consumerEvent(c), { retries: 0 })).status, 200);
+      for (const _ of [1, 2]) assert.equal((await deliver(through, pingEvent(), { retries: 0 })).status, 200);
       assert.deepEqual(creates, [], 'no create that the API server would refuse');
       const cond = await readCondition(w, c, 'CredentialsMirrored');
       assert.equal(cond?.reason, 'MirrorFailed');
@@ -346,7 +345,7 @@ describe('source-Secret fast path (SPEC §8, opt-in)', () => {
     const id = await newIdentity(w, fx.secretRef(srcNs, name), fx.allowList(n));
     const c = await w.create(fx.consumer('fast', fx.inNamespace(n), fx.identityRef(id)));
     const fast = await mirrorSyncUnderTest(w, { env: { CAPTF_SOURCE_SECRET_EVENTS: 'true' } });
-    await deliver(fast.url, consumerEvent(c));
+    await deliver(fast, consumerEvent(c));
     const updated = await a.core.replaceNamespacedSecret({
       name,
       namespace: srcNs,
@@ -354,7 +353,7 @@ describe('source-Secret fast path (SPEC §8, opt-in)', () => {
     });
     // Resource mode carries the labels; the event itself carries no data we use.
     const r = await deliver(
-      fast.url,
+      fast,
       apiServerEvent(
         { apiVersion: 'v1', kind: 'Secret', metadata: { name, namespace: srcNs, labels: updated.metadata!.labels } },
         'resource',
@@ -431,9 +430,9 @@ describe('configuration', () => {
       fx.consumer('machine', fx.inNamespace(n), fx.identityRef(id), fx.ofKind(TERRAFORM_MACHINE)),
     );
     const c = await w.create(fx.consumer('cluster', fx.inNamespace(n), fx.identityRef(id)));
-    assert.equal((await deliver(only.url, consumerEvent(m))).status, 200);
+    assert.equal((await deliver(only, consumerEvent(m))).status, 200);
     assert.equal(
-      (await deliver(only.url, consumerEvent(c), { retries: 0 })).status,
+      (await deliver(only, consumerEvent(c), { retries: 0 })).status,
       400,
       'TerraformCluster is not configured here',
     );
@@ -461,6 +460,7 @@ describe('the real process (functions/main.ts mirror-sync)', () => {
     const proc = await spawnFunction('mirror-sync', {
       KUBECONFIG: `${controlPlaneDir()}/admin.kubeconfig`,
       CAPTF_CONCURRENCY: '2',
+      LOG_LEVEL: 'debug',
     });
     try {
       assert.equal((await fetch(`http://127.0.0.1:${proc.port}/healthz`)).status, 200);
@@ -469,7 +469,8 @@ describe('the real process (functions/main.ts mirror-sync)', () => {
       proc.child.kill('SIGTERM');
       const r = await pending;
       assert.equal(r.status, 200, r.text);
-      const summary = (r.body as { events: { resync?: { consumers: number } }[] }).events[0]!.resync!;
+      const answer = (await loggedAnswer(proc, r.headers)) as { events: { resync?: { consumers: number } }[] };
+      const summary = answer.events[0]!.resync!;
       assert.ok(summary.consumers >= 15, 'the answer is the finished resync');
       assert.equal(await proc.exited, 0, proc.output());
       assert.match(proc.output(), /"message":"stopped"/);

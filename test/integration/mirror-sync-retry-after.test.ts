@@ -59,11 +59,11 @@ const serverError: Answer = { status: 500, reason: 'InternalError', message: 'et
 describe('a throttled API server: 503 with Retry-After (SPEC §4)', () => {
   it('a 429 with Retry-After: 7 answers 503 with Retry-After: 7; the retry mirrors', async () => {
     const { n, id } = await consumerWithFaultyReads(tooManyRequests('7'));
-    const first = await deliver(ms.url, keyEvent(n, id), { retries: 0 });
+    const first = await deliver(ms, keyEvent(n, id), { retries: 0 });
     assert.equal(first.status, 503, first.text);
     assert.equal(first.headers.get('retry-after'), '7');
     assert.doesNotMatch(first.text, /please try again later/, "the server's words are not repeated");
-    const retry = await deliver(ms.url, keyEvent(n, id), { retries: 0 });
+    const retry = await deliver(ms, keyEvent(n, id), { retries: 0 });
     assert.equal(retry.status, 200, retry.text);
     assert.equal(retry.headers.get('retry-after'), null);
     assert.ok(await w.read(fx.mirrorOf(id, fx.inNamespace(n))), 'mirrored on the retry');
@@ -77,7 +77,7 @@ describe('a throttled API server: 503 with Retry-After (SPEC §4)', () => {
       times: 1,
     };
     ms.fault(rule);
-    const r = await deliver(ms.url, consumerEvent(c), { retries: 0 });
+    const r = await deliver(ms, consumerEvent(c), { retries: 0 });
     // Another file's resync (cluster-wide, same control plane) may have mirrored this consumer
     // first; then this instance has nothing to write and answers 200.
     t.diagnostic(rule.times === 0 ? 'the mirror write was throttled' : 'another resync had mirrored it: no write');
@@ -94,7 +94,7 @@ describe('a throttled API server: 503 with Retry-After (SPEC §4)', () => {
     ];
     const calm = await newConsumer();
     const events = [...throttled, calm].map(({ n, id }) => keyEvent(n, id));
-    const r = await deliver(ms.url, events, { retries: 0, mode: 'batch' });
+    const r = await deliver(ms, events, { retries: 0, mode: 'batch' });
     assert.equal(r.status, 503, r.text);
     assert.equal(r.headers.get('retry-after'), '9');
     assert.ok(await w.read(fx.mirrorOf(calm.id, fx.inNamespace(calm.n))), 'the unthrottled key was mirrored');
@@ -102,11 +102,11 @@ describe('a throttled API server: 503 with Retry-After (SPEC §4)', () => {
 
   it(`a wait longer than ${MAX_RETRY_AFTER_SECONDS} s is capped; an HTTP-date is a wait in whole seconds`, async () => {
     const long = await consumerWithFaultyReads(tooManyRequests('120'));
-    const r = await deliver(ms.url, keyEvent(long.n, long.id), { retries: 0 });
+    const r = await deliver(ms, keyEvent(long.n, long.id), { retries: 0 });
     assert.equal(r.status, 503, r.text);
     assert.equal(r.headers.get('retry-after'), String(MAX_RETRY_AFTER_SECONDS));
     const date = await consumerWithFaultyReads(tooManyRequests(new Date(Date.now() + 20_000).toUTCString()));
-    const d = await deliver(ms.url, keyEvent(date.n, date.id), { retries: 0 });
+    const d = await deliver(ms, keyEvent(date.n, date.id), { retries: 0 });
     assert.equal(d.status, 503, d.text);
     const wait = Number(d.headers.get('retry-after'));
     assert.ok(Number.isInteger(wait) && wait >= 10 && wait <= 20, `Retry-After: ${d.headers.get('retry-after')}`);
@@ -115,7 +115,7 @@ describe('a throttled API server: 503 with Retry-After (SPEC §4)', () => {
   it('a 503 for any other failure carries no Retry-After: a 500, and a 429 without one', async () => {
     for (const answer of [serverError, tooManyRequests()]) {
       const { n, id } = await consumerWithFaultyReads(answer);
-      const r = await deliver(ms.url, keyEvent(n, id), { retries: 0 });
+      const r = await deliver(ms, keyEvent(n, id), { retries: 0 });
       assert.equal(r.status, 503, r.text);
       assert.equal(r.headers.get('retry-after'), null, `after a ${answer.status}`);
     }

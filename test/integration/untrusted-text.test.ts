@@ -26,10 +26,10 @@ import { mirrorName } from '../../functions/lib/mirror.ts';
 import { consumerObjects } from '../../functions/lib/objects.ts';
 import { serviceAccountKubeConfig } from '../../scripts/lib/serviceaccount.ts';
 import { controlPlaneDir, suffix } from '../helpers/cluster.ts';
-import { pingEvent, postEvents, UNSIGNED_EVENTS } from '../helpers/events.ts';
+import { pingEvent, postEvents, UNSIGNED_EVENTS, type EventTarget } from '../helpers/events.ts';
 import { headerEchoPage, startFaultProxy, withServer, type Answer, type FaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
-import { captureLogger } from '../helpers/logs.ts';
+import { captureLogger, type CapturedLog } from '../helpers/logs.ts';
 import { consumerEvent, deliver, keyEvent } from '../helpers/mirror-sync.ts';
 import { scanLater } from '../helpers/leaks.ts';
 
@@ -112,15 +112,23 @@ async function startAs(
   sa: Sa,
   opts: { env?: NodeJS.ProcessEnv; kubeconfig?: KubeConfig } = {},
 ): Promise<{ url: string; lines: string[] }> {
-  const { logger, lines } = captureLogger(`${sa}-${suffix()}`);
+  const log = captureLogger(`${sa}-${suffix()}`);
+  const { logger, lines } = log;
   const kubeconfig = opts.kubeconfig ?? accounts.get(sa)!.kc;
   const fn = await (
     await mod
   ).start({ port: 0, host: '127.0.0.1', kubeconfig, logger, env: { ...UNSIGNED_EVENTS, ...opts.env } });
   running.push(fn);
   logs.set(`${sa}-${fn.port}`, lines);
-  return { url: `http://127.0.0.1:${fn.port}`, lines };
+  const url = `http://127.0.0.1:${fn.port}`;
+  logged.set(url, log);
+  return { url, lines };
 }
+
+/** Each function's captured log, by its URL. */
+const logged = new Map<string, CapturedLog>();
+/** The function at `url` as an event target: what it decided is read from its log. */
+const to = (url: string): EventTarget => ({ url: `${url}/`, log: logged.get(url)! });
 
 /** Remembers an output for the final scan and returns it. */
 function keep<T>(what: T): T {
@@ -184,7 +192,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     const n = await w.namespace();
     const { id, c } = await inUse(n);
     faults.set(`POST /api/v1/namespaces/${n}/secrets`, fault(n));
-    const r = keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 }));
+    const r = keep(await deliver(to(url), consumerEvent(c), { retries: 0 }));
     assert.equal(r.status, 200, r.text);
     const refused = `the API server refused to create mirror Secret ${n}/${mirrorName(id)}: `;
     return { n, id, c, refused, ...(await conditionAndEvents(c)) };
@@ -200,7 +208,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     assert.ok(notes.some((t) => t.includes('HTTP 403 (create secrets')));
     faults.set(`POST /api/v1/namespaces/${n}/secrets`, html(502));
     // The key's reconcile (the consumer, decided, would only echo).
-    const retry = keep(await deliver(`${url}/`, keyEvent(n, id), { retries: 0 }));
+    const retry = keep(await deliver(to(url), keyEvent(n, id), { retries: 0 }));
     assert.equal(retry.status, 503, retry.text);
     assert.match(retry.text, /HTTP 502 \(create secrets in namespace/);
   });
@@ -227,7 +235,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     const n = await w.namespace();
     const { c } = await inUse(n);
     faults.set(`POST /api/v1/namespaces/${n}/secrets`, reset);
-    const r = keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 }));
+    const r = keep(await deliver(to(url), consumerEvent(c), { retries: 0 }));
     assert.equal(r.status, 503, r.text);
     assert.match(r.text, /transport error \(create secrets in namespace [^)]*\): (UND_ERR_SOCKET|ECONNRESET)/);
     const closed = createServer();
@@ -238,7 +246,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     const { url: deadUrl, lines } = await startAs(import('../../functions/mirror-sync/index.ts'), 'captf-mirror-sync', {
       kubeconfig: dead,
     });
-    const d = keep(await deliver(`${deadUrl}/`, consumerEvent(c), { retries: 0 }));
+    const d = keep(await deliver(to(deadUrl), consumerEvent(c), { retries: 0 }));
     assert.equal(d.status, 503, d.text);
     assert.match(
       d.text,
@@ -269,7 +277,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
       reason: 'Forbidden',
       message: `secrets is forbidden: User "${SENTINEL}" cannot create resource "secrets" in API group "" in the namespace "${n}"`,
     }));
-    keep(await deliver(`${fresh}/`, consumerEvent(c), { retries: 0 }));
+    keep(await deliver(to(fresh), consumerEvent(c), { retries: 0 }));
     const { cond } = await conditionAndEvents(c);
     assert.match(cond?.message ?? '', new RegExp(`as "${userOf('captf-mirror-sync')}"\\): refused \\(by a policy`));
     faults.delete('POST /apis/authentication.k8s.io/v1/selfsubjectreviews');
@@ -278,11 +286,11 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
   it('(g) a 200 page instead of the source is no empty Secret: the mirror keeps its copy, the event is retried', async () => {
     const n = await w.namespace();
     const { id, c, source } = await inUse(n);
-    assert.equal(keep(await deliver(`${url}/`, consumerEvent(c), { retries: 0 })).status, 200);
+    assert.equal(keep(await deliver(to(url), consumerEvent(c), { retries: 0 })).status, 200);
     const mirror = fx.mirrorOf(id, fx.inNamespace(n));
     const before = (await w.read(mirror))?.data;
     faults.set(`GET /api/v1/namespaces/${source.namespace}/secrets/${source.name}`, html(200));
-    const r = keep(await deliver(`${url}/`, keyEvent(n, id), { retries: 0 }));
+    const r = keep(await deliver(to(url), keyEvent(n, id), { retries: 0 }));
     assert.equal(r.status, 503, r.text);
     assert.match(r.text, /is not that Secret/);
     assert.deepEqual((await w.read(mirror))?.data, before);
@@ -294,7 +302,7 @@ describe('mirror-sync through a hostile proxy (SPEC §15)', () => {
     const n = await w.namespace();
     const { c } = await inUse(n);
     const { url: nobody } = await startAs(import('../../functions/mirror-sync/index.ts'), 'captf-nobody');
-    const r = keep(await deliver(`${nobody}/`, consumerEvent(c), { retries: 0 }));
+    const r = keep(await deliver(to(nobody), consumerEvent(c), { retries: 0 }));
     assert.equal(r.status, 503, r.text);
     // The sentence as kube-apiserver wrote it (its exact form is checked in the next test).
     const answer = JSON.stringify(r.body);
@@ -365,7 +373,7 @@ describe('identity-status through a hostile proxy (SPEC §15)', () => {
   ] as const) {
     it(`${name}: the ping's answer and log give only what the product knows`, async () => {
       faults.set(list, fault);
-      const r = keep(await postEvents(`${url}/`, pingEvent('captf-identity-status')));
+      const r = keep(await postEvents(to(url), pingEvent('captf-identity-status')));
       assert.ok(r.status >= 500, r.text);
       assert.match(r.text, expect);
       assert.ok(
@@ -380,7 +388,7 @@ describe('identity-status through a hostile proxy (SPEC §15)', () => {
     const n = await w.namespace();
     const { id } = await inUse(n);
     faults.set(`PATCH /apis/${group}/${version}/${plural}/${id}/status`, invalidWithCauses);
-    const r = keep(await postEvents(`${url}/`, pingEvent('captf-identity-status')));
+    const r = keep(await postEvents(to(url), pingEvent('captf-identity-status')));
     assert.match(r.text, new RegExp(`HTTP 422 Invalid \\(patch ${plural}\\.[^)]*/status \\\\"${id}\\\\"`));
     keep(await w.read(fx.identity(id)));
   });
