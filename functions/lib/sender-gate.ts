@@ -4,6 +4,8 @@
  * with one the API server does not authenticate for the function's audience (TokenReview,
  * token-review.ts, cached by hash), or from a subject that is no sender is refused 401 or 403
  * with a body that names nothing; a TokenReview that cannot be made is a 503 (Knative retries).
+ * A sender is one of the configured subjects or one a Ready EventPolicy targeting the function
+ * lets in (event-policies.ts, read only for a verified subject that is not configured).
  * Only a delivery that passes reaches the event handler. Each refusal is one log line that
  * names the sender only when it is a ServiceAccount, and never the token.
  */
@@ -19,15 +21,18 @@ import {
   isSender,
   OFF_WARNING,
   refusal,
+  targetOfAudience,
   type EventAuthConfig,
   type SenderRefusal,
 } from './senders.ts';
 import { bearerToken, sha256, TokenReviewer } from './token-review.ts';
+import { EventPolicySenders } from './event-policies.ts';
 
 /**
  * The sender check of one function's `POST /`. With `off`, a middleware that lets every
  * delivery through, after one warning at start; with `oidc`, the check described above.
- * @param kc the function's own API access (it needs `create` on tokenreviews).
+ * @param kc the function's own API access (it needs `create` on tokenreviews, and `list` on
+ *   eventpolicies in its namespace for senders that policies let in).
  */
 export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger): RequestHandler {
   if (cfg.mode === 'off') {
@@ -35,6 +40,11 @@ export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger)
     return (_req, _res, next) => next();
   }
   const tokens = new TokenReviewer(kc, cfg.audience, cfg.cacheTtlMs, EVENT_AUTH_CACHE_ENTRIES);
+  const target = targetOfAudience(cfg.audience);
+  const policies = target && new EventPolicySenders(kc, target, logger);
+  /** Whether `subject` is a sender: one of the configured ones, or one a Ready EventPolicy lets in. */
+  const mayDeliver = async (subject: string, counter: CallCounter): Promise<boolean> =>
+    isSender(subject, cfg.senders) || (policies !== undefined && isSender(subject, await policies.senders(counter)));
   const refuse = (res: Response, why: SenderRefusal, counter: CallCounter, subject?: string): void => {
     logger.info('event refused', {
       reason: why,
@@ -51,8 +61,10 @@ export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger)
     const token = bearerToken(req.get('authorization'));
     if (!token) return refuse(res, 'no-token', counter);
     let subject: string | undefined;
+    let allowed: boolean;
     try {
       subject = (await tokens.review(token, counter))?.username;
+      allowed = subject !== undefined && (await mayDeliver(subject, counter));
     } catch (err) {
       // The caller is not known yet: the API server's words stay in the log.
       logger.warn('event sender check failed', { error: describeError(err), apiCalls: counter.calls });
@@ -63,7 +75,7 @@ export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger)
       });
     }
     if (!subject) return refuse(res, 'invalid-token', counter);
-    if (!isSender(subject, cfg.senders)) return refuse(res, 'not-a-sender', counter, subject);
+    if (!allowed) return refuse(res, 'not-a-sender', counter, subject);
     next();
   };
 }

@@ -96,6 +96,92 @@ export function isSender(subject: string, senders: readonly string[]): boolean {
   return senders.some((s) => (s.endsWith('*') ? subject.startsWith(s.slice(0, -1)) : subject === s));
 }
 
+/**
+ * What a Knative audience names, `<group>/<kind>/<namespace>/<name>` (knative/eventing
+ * `pkg/auth/audience.go`): the object an EventPolicy must target to apply to this function.
+ */
+export interface PolicyTarget {
+  group: string;
+  kind: string;
+  namespace: string;
+  name: string;
+}
+
+/** The target an audience names, or undefined when it is not Knative's four parts. */
+export function targetOfAudience(audience: string): PolicyTarget | undefined {
+  const parts = audience.split('/');
+  // A group has dots and no slash; "" is the core group, which no Knative audience names.
+  if (parts.length !== 4 || parts.some((p) => p === '')) return undefined;
+  const [group, kind, namespace, name] = parts as [string, string, string, string];
+  return { group, kind, namespace, name };
+}
+
+/** The parts of an `eventing.knative.dev/v1alpha1` EventPolicy this module reads. */
+export interface EventPolicyLike {
+  metadata?: { name?: string; namespace?: string };
+  spec?: {
+    to?: { ref?: { apiVersion?: string; kind?: string; name?: string }; selector?: unknown }[] | null;
+    filters?: unknown[] | null;
+  };
+  status?: { from?: string[] | null; conditions?: { type?: string; status?: string }[] | null };
+}
+
+/** Why an EventPolicy that applies to the function adds no sender. */
+export type PolicySkip = 'not-ready' | 'has-filters';
+
+/**
+ * The senders EventPolicies add for `target` (SPEC §12), by Knative's rules
+ * (knative/eventing `pkg/auth/event_policy.go` GetEventPoliciesForResource, and the
+ * verifier's use of `status.from`): a policy in the target's namespace applies when its
+ * `spec.to` is empty, or names the target by `ref` (name, API group and kind compared without
+ * case); its senders are `status.from`, the subjects Eventing resolved from `spec.from`, and
+ * only once the policy is Ready. Two cases fail closed, adding nobody: a policy that picks
+ * its targets by label `selector` is never taken to apply (the function does not read its
+ * own labels), and one with `spec.filters` (judged on the event, whose body is read only
+ * after the sender is known).
+ * @returns the subjects (a trailing `*` is a prefix, as {@link isSender} takes them) and the
+ *   applying policies that added none, by name, for the log.
+ */
+export function policySenders(
+  policies: readonly EventPolicyLike[],
+  target: PolicyTarget,
+): { senders: string[]; skipped: { name: string; why: PolicySkip }[] } {
+  const senders: string[] = [];
+  const skipped: { name: string; why: PolicySkip }[] = [];
+  for (const p of policies.filter((p) => applies(p, target))) {
+    const why = skipFor(p);
+    if (why) skipped.push({ name: p.metadata?.name ?? '', why });
+    else senders.push(...(p.status?.from ?? []).filter((s) => SUBJECT.test(s) && s !== '*'));
+  }
+  return { senders, skipped };
+}
+
+/** Why an applying policy adds nobody: it has filters, or is not Ready. */
+function skipFor(p: EventPolicyLike): PolicySkip | undefined {
+  if ((p.spec?.filters ?? []).length > 0) return 'has-filters';
+  return isReady(p) ? undefined : 'not-ready';
+}
+
+/** Whether `p` lives in `target`'s namespace and its `spec.to` takes `target` in (empty: every object there). */
+function applies(p: EventPolicyLike, target: PolicyTarget): boolean {
+  if (!same(p.metadata?.namespace ?? target.namespace, target.namespace)) return false;
+  const to = p.spec?.to ?? [];
+  if (to.length === 0) return true;
+  return to.some(
+    ({ ref }) =>
+      ref !== undefined &&
+      same(ref.name, target.name) &&
+      same(ref.kind, target.kind) &&
+      same(groupOf(ref.apiVersion ?? ''), target.group),
+  );
+}
+
+const same = (a: string | undefined, b: string): boolean => a !== undefined && a.toLowerCase() === b.toLowerCase();
+/** The group of an apiVersion (`serving.knative.dev/v1` → `serving.knative.dev`; `v1` → ``). */
+const groupOf = (apiVersion: string): string => (apiVersion.includes('/') ? apiVersion.split('/')[0]! : '');
+const isReady = (p: EventPolicyLike): boolean =>
+  (p.status?.conditions ?? []).some((c) => c.type === 'Ready' && c.status === 'True');
+
 /** Why a delivery was refused: no Bearer token, one the API server did not authenticate for the audience, or a subject that is no sender. */
 export type SenderRefusal = 'no-token' | 'invalid-token' | 'not-a-sender';
 

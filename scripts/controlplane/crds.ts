@@ -87,14 +87,16 @@ export interface CrdSource {
 
 /**
  * The CRDs the manifests use, by module (paths inside the module). Knative Serving's
- * Service; Eventing's ApiServerSource, PingSource, Broker, Trigger; cert-manager's Issuer
+ * Service; Eventing's ApiServerSource, PingSource, Broker, Trigger, EventPolicy; cert-manager's Issuer
  * and Certificate.
  */
 export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
   { module: 'knative.dev/serving', files: ['config/core/300-resources/service.yaml'] },
   {
     module: 'knative.dev/eventing',
-    files: ['apiserversource', 'pingsource', 'broker', 'trigger'].map((n) => `config/core/resources/${n}.yaml`),
+    files: ['apiserversource', 'pingsource', 'broker', 'trigger', 'eventpolicy'].map(
+      (n) => `config/core/resources/${n}.yaml`,
+    ),
   },
   {
     module: 'github.com/cert-manager/cert-manager',

@@ -379,6 +379,41 @@ describe('who may send events (SPEC §12)', () => {
     }
   });
 
+  it("each function's EventPolicy targets it and names exactly its Triggers; the Broker's names exactly the sources", () => {
+    type Ref = { apiVersion: string; kind: string; name: string };
+    type Policy = { metadata: { name: string }; spec: { to: { ref: Ref }[]; from: { ref: Ref }[] } };
+    for (const layout of [base, knative]) {
+      const policies = of<Policy>(layout, 'EventPolicy');
+      const byTarget = (kind: string, name: string) =>
+        policies.filter((p) => p.spec.to.some((t) => t.ref.kind === kind && t.ref.name === name));
+      const named = (p: Policy, kind: string) =>
+        p.spec.from
+          .filter((f) => f.ref.kind === kind)
+          .map((f) => f.ref.name)
+          .sort();
+      for (const fn of ['captf-mirror-sync', 'captf-identity-status']) {
+        const [policy, ...more] = byTarget('Service', fn);
+        assert.ok(policy && more.length === 0, `${fn} has one EventPolicy`);
+        const triggers = of<Trigger>(layout, 'Trigger').filter((t) => t.spec.subscriber.ref.name === fn);
+        assert.deepEqual(named(policy, 'Trigger'), triggers.map((t) => t.metadata.name).sort(), fn);
+        assert.equal(policy.spec.from.length, triggers.length, `${fn}: nothing but its Triggers`);
+      }
+      const broker = of<KubernetesObject>(layout, 'Broker')[0]!.metadata!.name!;
+      const [policy] = byTarget('Broker', broker);
+      assert.ok(policy, 'the Broker has an EventPolicy');
+      assert.deepEqual(
+        named(policy, 'ApiServerSource'),
+        of<KubernetesObject>(layout, 'ApiServerSource').map((o) => o.metadata!.name!),
+      );
+      assert.deepEqual(
+        named(policy, 'PingSource'),
+        of<KubernetesObject>(layout, 'PingSource')
+          .map((o) => o.metadata!.name!)
+          .sort(),
+      );
+    }
+  });
+
   it('components/unsigned-events turns the check off in both event functions and nothing else', async () => {
     const unsigned = await render('manifests/overlays/unsigned-events');
     for (const fn of ['captf-mirror-sync', 'captf-identity-status'])

@@ -22,6 +22,7 @@ import { apiStatus } from '../../functions/lib/kube.ts';
 import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/controlplane/crds.ts';
 import { Broker, type IBroker } from '@kubernetes-models/knative/eventing.knative.dev/v1/Broker';
 import { Trigger, type ITrigger } from '@kubernetes-models/knative/eventing.knative.dev/v1/Trigger';
+import { EventPolicy, type IEventPolicy } from '@kubernetes-models/knative/eventing.knative.dev/v1alpha1/EventPolicy';
 import {
   ApiServerSource,
   type IApiServerSource,
@@ -168,6 +169,7 @@ describe('the rendered manifests against the real CRD schemas', () => {
       'eventing.knative.dev/v1/Trigger': (o) => new Trigger(o as ITrigger),
       'sources.knative.dev/v1/ApiServerSource': (o) => new ApiServerSource(o as IApiServerSource),
       'sources.knative.dev/v1/PingSource': (o) => new PingSource(o as IPingSource),
+      'eventing.knative.dev/v1alpha1/EventPolicy': (o) => new EventPolicy(o as IEventPolicy),
     };
     const seen = new Set<string>();
     for (const shipped of KUSTOMIZATIONS)
@@ -177,7 +179,7 @@ describe('the rendered manifests against the real CRD schemas', () => {
         seen.add(o.kind!);
         assert.doesNotThrow(() => model(o).validate(), `${shipped}: ${o.kind} ${o.metadata?.name}`);
       }
-    assert.deepEqual([...seen].sort(), ['ApiServerSource', 'Broker', 'PingSource', 'Trigger']);
+    assert.deepEqual([...seen].sort(), ['ApiServerSource', 'Broker', 'EventPolicy', 'PingSource', 'Trigger']);
   });
 
   it("one `images` entry in a user's own kustomization over any of them sets every product container", async () => {

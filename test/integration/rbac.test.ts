@@ -128,6 +128,7 @@ const TABLE: [Sa, string, string, string, string, boolean][] = [
   ['captf-mirror-sync', 'create', 'configmaps', '', '', false],
   // prepare's callers (SPEC §5): their token and their permission.
   ['captf-mirror-sync', 'create', 'tokenreviews', 'authentication.k8s.io', '', true],
+  ['captf-identity-status', 'create', 'tokenreviews', 'authentication.k8s.io', '', true],
   ['captf-mirror-sync', 'create', 'subjectaccessreviews', 'authorization.k8s.io', '', true],
   ['captf-mirror-sync', 'create', TCS, INFRA, 'prepare', false],
   // The manager may prepare the shipped consumer kinds and do nothing else this project grants.
@@ -180,6 +181,22 @@ describe('least-privilege RBAC from the rendered manifests', () => {
           `${sa} ${verb} ${group || 'core'}/${resource}${subresource ? `/${subresource}` : ''}: ${got}, expected ${allowed}`,
         );
     }
+    assert.deepEqual(wrong, []);
+  });
+
+  it('the event functions may list EventPolicies in their own namespace only, and nothing more of them (SPEC §12)', async () => {
+    const wrong: string[] = [];
+    for (const sa of ['captf-mirror-sync', 'captf-identity-status'] as const)
+      for (const [verb, namespace, allowed] of [
+        ['list', home, true],
+        ['list', 'anywhere', false],
+        ['get', home, false],
+        ['watch', home, false],
+        ['create', home, false],
+      ] as const) {
+        const got = await can(sa, verb, 'eventpolicies', { group: 'eventing.knative.dev', namespace });
+        if (got !== allowed) wrong.push(`${sa} ${verb} eventpolicies in ${namespace}: ${got}, expected ${allowed}`);
+      }
     assert.deepEqual(wrong, []);
   });
 

@@ -3,7 +3,9 @@
  * identity-status, each with exactly the RBAC the manifests give it and every API request it
  * makes going through a recording proxy, accept a delivery only with a token the API server
  * authenticates (TokenReview) for the function's own audience from one of its senders, as
- * Knative's Broker signs them for a Trigger's OIDC ServiceAccount. Every other delivery is
+ * Knative's Broker signs them for a Trigger's OIDC ServiceAccount, or from a subject a Ready
+ * EventPolicy targeting the function names (its status written here as Eventing's reconciler
+ * would; the node's serving.test has Eventing's own). Every other delivery is
  * refused 401 or 403 with a body that names nothing, and the function makes no API request
  * for it beyond the TokenReview: no reconcile, nothing read. A verified token is reviewed once
  * while cached; a TokenReview that cannot be made is a 503; with the check off the function
@@ -11,22 +13,27 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { CoreV1Api, type KubeConfig } from '@kubernetes/client-node';
+import { CoreV1Api, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { refusal } from '../../functions/lib/senders.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
+import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import { serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { pingEvent, postEvents, type EventAnswer } from '../helpers/events.ts';
 import { startFaultProxy, withServer, type Answer, type FaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
+import { eventually } from '../helpers/cluster.ts';
 import { consumerEvent, operatorSource } from '../helpers/mirror-sync.ts';
 import { assertNoSecret, captureLogger, sentinel } from '../helpers/logs.ts';
 
 const w = fx.world('senders');
 const a = w.clients;
-const MIRROR_SYNC_AUDIENCE = 'serving.knative.dev/service/captf-system/captf-mirror-sync';
-const STATUS_AUDIENCE = 'serving.knative.dev/service/captf-system/captf-identity-status';
+/** Each function's audience, naming it as a Knative Service in its account's namespace (where its EventPolicies live). */
+let MIRROR_SYNC_AUDIENCE: string;
+let STATUS_AUDIENCE: string;
+/** The namespace of mirror-sync's account: its audience names it, its EventPolicies are read there. */
+let mirrorSyncHome: string;
 const SECRET = sentinel();
 const logs = { 'mirror-sync': captureLogger('mirror-sync'), 'identity-status': captureLogger('identity-status') };
 /** Every answer's text and headers, and every token minted: the leak scan's material. */
@@ -44,6 +51,9 @@ let senders: string;
 const token: Record<string, string> = {};
 
 const isTokenReview = (r: string) => /\/tokenreviews(\?|$)/.test(r);
+/** The one other request a refusal may cost: the list of EventPolicies, for a verified stranger. */
+const isPolicyList = (r: string) =>
+  /^GET \/apis\/eventing\.knative\.dev\/v1alpha1\/namespaces\/[^/]+\/eventpolicies$/.test(r);
 
 /** An event about consumer `name` of `tenant`, which mirror-sync would act on (it makes the mirror). */
 const eventAbout = (name: string) =>
@@ -70,14 +80,24 @@ async function mint(name: string, audience?: string): Promise<string> {
   return t;
 }
 
-/** Starts one function with the shipped RBAC of its account, through the proxy, checking senders. */
-async function startWithSenders(fn: keyof typeof url, env: Record<string, string>): Promise<string> {
+/**
+ * Starts one function with the shipped RBAC of its account, through the proxy, checking
+ * senders for the audience of a Knative Service `captf-<fn>` in the account's namespace.
+ * @returns its URL and that audience.
+ */
+async function startWithSenders(
+  fn: keyof typeof url,
+  cacheSeconds: string,
+): Promise<{ url: string; audience: string; home: string }> {
   const account = await w.account(fn === 'mirror-sync' ? 'captf-mirror-sync' : 'captf-identity-status');
+  const home = account.user.split(':')[2]!;
+  const audience = `serving.knative.dev/service/${home}/captf-${fn}`;
   const kubeconfig: KubeConfig = withServer(account.clients.kc, proxy.url);
   const start = fn === 'mirror-sync' ? startMirrorSync : startIdentityStatus;
+  const env = oidc(audience, cacheSeconds);
   const handle = await start({ port: 0, host: '127.0.0.1', kubeconfig, logger: logs[fn].logger, env });
   w.onCleanup(() => handle.close());
-  return `http://127.0.0.1:${handle.port}/`;
+  return { url: `http://127.0.0.1:${handle.port}/`, audience, home };
 }
 
 const oidc = (audience: string, cacheSeconds = '60') => ({
@@ -104,8 +124,10 @@ before(async () => {
   );
   w.onCleanup(async () => proxy.close());
   // mirror-sync reviews every delivery (no cache), so each refusal's requests can be counted.
-  url['mirror-sync'] = await startWithSenders('mirror-sync', oidc(MIRROR_SYNC_AUDIENCE, '0'));
-  url['identity-status'] = await startWithSenders('identity-status', oidc(STATUS_AUDIENCE));
+  const ms = await startWithSenders('mirror-sync', '0');
+  const st = await startWithSenders('identity-status', '60');
+  [url['mirror-sync'], MIRROR_SYNC_AUDIENCE, mirrorSyncHome] = [ms.url, ms.audience, ms.home];
+  [url['identity-status'], STATUS_AUDIENCE] = [st.url, st.audience];
   token.good = await mint('trigger', MIRROR_SYNC_AUDIENCE);
   token.statusGood = await mint('trigger', STATUS_AUDIENCE);
   token.apiServer = await mint('trigger');
@@ -122,8 +144,8 @@ function assertRefused(r: EventAnswer, status: 401 | 403, requests: string[], wh
   assert.equal(r.status, status, `${what}: ${r.text}`);
   assert.deepEqual(r.body, refusal(status === 403 ? 'not-a-sender' : 'invalid-token').body, what);
   assert.ok(
-    requests.every(isTokenReview),
-    `${what}: nothing but a TokenReview was asked of the API server: ${requests.join(', ')}`,
+    requests.every((r) => isTokenReview(r) || (status === 403 && isPolicyList(r))),
+    `${what}: nothing but a TokenReview (and for a verified stranger the EventPolicies) was asked of the API server: ${requests.join(', ')}`,
   );
 }
 
@@ -183,7 +205,7 @@ describe('only their own senders reach the event functions (SPEC §12)', () => {
       const r = await deliver('mirror-sync', eventAbout(name), c.authorization);
       const requests = seen.slice(from);
       assertRefused(r, c.status, requests, c.what);
-      assert.equal(requests.length, c.reviews, `${c.what}: TokenReviews made`);
+      assert.equal(requests.filter(isTokenReview).length, c.reviews, `${c.what}: TokenReviews made`);
       if (c.status === 401) assert.match(r.headers.get('www-authenticate') ?? '', /^Bearer/, c.what);
     }
     // None of those consumers got a mirror: no delivery was handled.
@@ -237,6 +259,48 @@ describe('only their own senders reach the event functions (SPEC §12)', () => {
       Array(8).fill(200),
     );
     assert.equal(seen.slice(from).filter(isTokenReview).length, 1, 'concurrent deliveries share one review');
+  });
+
+  it('an EventPolicy naming the function lets a sender in once Ready, and cuts it off when narrowed', async () => {
+    await installEventingCRDs(a.kc);
+    const stranger = `system:serviceaccount:${senders}:stranger`;
+    const policies = {
+      group: 'eventing.knative.dev',
+      version: 'v1alpha1',
+      namespace: mirrorSyncHome,
+      plural: 'eventpolicies',
+    };
+    const name = w.name('policy');
+    /** The policy's resolved senders and readiness, as Eventing's EventPolicy reconciler writes them. */
+    const resolve = (from: string[], ready: 'True' | 'False') =>
+      a.custom.patchNamespacedCustomObjectStatus(
+        { ...policies, name, body: { status: { from, conditions: [{ type: 'Ready', status: ready }] } } },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      );
+    const created = await a.custom.createNamespacedCustomObject({
+      ...policies,
+      body: {
+        apiVersion: 'eventing.knative.dev/v1alpha1',
+        kind: 'EventPolicy',
+        metadata: { name },
+        spec: {
+          to: [{ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: 'captf-mirror-sync' } }],
+          from: [{ sub: stranger }],
+        },
+      },
+    });
+    w.onCleanup(() => a.custom.deleteNamespacedCustomObject({ ...policies, name }).then(() => undefined));
+    assert.ok(created);
+    const status = async () =>
+      (await deliver('mirror-sync', eventAbout(w.name('p')), `Bearer ${token.stranger}`)).status;
+    // Not resolved yet: nobody is let in.
+    assert.equal(await status(), 403, 'a policy not Ready lets nobody in');
+    await resolve([stranger], 'True');
+    await eventually('the Ready policy to let the stranger in', async () => (await status()) === 200, 20_000);
+    await resolve([`system:serviceaccount:${senders}:someone-else`], 'True');
+    await eventually('the narrowed policy to cut the stranger off', async () => (await status()) === 403, 20_000);
+    const lists = seen.filter(isPolicyList).length;
+    assert.ok(lists >= 1, 'the policies were read');
   });
 
   it('a TokenReview that cannot be made is a 503 Knative retries, with nothing of the server in it', async () => {

@@ -9,7 +9,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { CoreV1Api, CustomObjectsApi, type V1Pod } from '@kubernetes/client-node';
+import { CoreV1Api, CustomObjectsApi, PatchStrategy, setHeaderOptions, type V1Pod } from '@kubernetes/client-node';
 import type { Consumer } from '../../functions/lib/api.ts';
 import { setGlobalDispatcher } from 'undici';
 import { mirrorName } from '../../functions/lib/mirror.ts';
@@ -21,7 +21,7 @@ import { identityThroughWebhook } from '../helpers/admission.ts';
 import { assertNoSecret } from '../helpers/logs.ts';
 import { eventually, suffix } from '../helpers/cluster.ts';
 import * as fx from '../helpers/fixtures.ts';
-import { createConsumers, operatorSource } from '../helpers/mirror-sync.ts';
+import { createConsumers, keyEvent, operatorSource } from '../helpers/mirror-sync.ts';
 import { nodeWorld, podLog } from '../helpers/node.ts';
 import { pingEvent, postEvents } from '../helpers/events.ts';
 import { eventAuthFromEnv, isSender, oidcServiceAccountName, refusal } from '../../functions/lib/senders.ts';
@@ -312,6 +312,13 @@ describe('the manifests on Knative Serving', () => {
 });
 
 describe('sender identity on Knative (SPEC §12)', () => {
+  /** How function `fn` (`captf-…`) checks its senders as shipped. */
+  const config = (fn: string) => {
+    const env = knativeContainer(system.rendered, fn.replace(/^captf-/, '') as FunctionName)?.env ?? [];
+    const c = eventAuthFromEnv(Object.fromEntries(env.map((e) => [e.name, e.value ?? ''])));
+    assert.equal(c.mode, 'oidc', `${fn} checks its senders`);
+    return c as Extract<typeof c, { mode: 'oidc' }>;
+  };
   it("only the functions' own Triggers may send: Knative made exactly the accounts they list, and a forged delivery is refused", async () => {
     const triggers = (await custom.listNamespacedCustomObject({
       group: 'eventing.knative.dev',
@@ -324,12 +331,6 @@ describe('sender identity on Knative (SPEC §12)', () => {
         spec: { subscriber: { ref: { name: string } } };
         status?: { auth?: { serviceAccountName?: string } };
       }[];
-    };
-    const config = (fn: string) => {
-      const env = knativeContainer(system.rendered, fn.replace(/^captf-/, '') as FunctionName)?.env ?? [];
-      const c = eventAuthFromEnv(Object.fromEntries(env.map((e) => [e.name, e.value ?? ''])));
-      assert.equal(c.mode, 'oidc', `${fn} checks its senders`);
-      return c as Extract<typeof c, { mode: 'oidc' }>;
     };
     for (const t of triggers.items) {
       const account = t.status?.auth?.serviceAccountName;
@@ -359,6 +360,72 @@ describe('sender identity on Knative (SPEC §12)', () => {
       const r = await postEvents(url('captf-mirror-sync'), pingEvent('resync'), 'binary', undefined, authorization);
       assert.equal(r.status, status, `${what}: ${r.text}`);
       assert.deepEqual(r.body, refusal(status === 401 ? 'no-token' : 'not-a-sender').body, what);
+    }
+  });
+
+  it('Knative resolves the shipped EventPolicies; one that names another account lets it in, and narrowing it cuts it off', async () => {
+    const policies = {
+      group: 'eventing.knative.dev',
+      version: 'v1alpha1',
+      namespace: NAMESPACE,
+      plural: 'eventpolicies',
+    };
+    type Policy = { status?: { from?: string[]; conditions?: { type: string; status: string }[] } };
+    const readPolicy = async (name: string) =>
+      (await custom.getNamespacedCustomObject({ ...policies, name })) as Policy;
+    const isReady = (p: Policy) =>
+      p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false;
+    // The shipped function policies resolve to exactly the accounts each function lists.
+    for (const fn of ['captf-mirror-sync', 'captf-identity-status']) {
+      const c = config(fn);
+      await eventually(`EventPolicy ${fn} to be Ready with its Triggers' accounts`, async () => {
+        const p = await readPolicy(fn);
+        return (
+          isReady(p) && JSON.stringify([...(p.status?.from ?? [])].sort()) === JSON.stringify([...c.senders].sort())
+        );
+      });
+    }
+    await eventually('EventPolicy captf-broker to be Ready', async () => isReady(await readPolicy('captf-broker')));
+
+    // Another account of the namespace, let in by a policy of its own.
+    const account = `captf-test-sender-${suffix()}`;
+    const subject = `system:serviceaccount:${NAMESPACE}:${account}`;
+    await core.createNamespacedServiceAccount({ namespace: NAMESPACE, body: { metadata: { name: account } } });
+    const name = `captf-test-${suffix()}`;
+    try {
+      const { audience } = config('captf-mirror-sync');
+      const bearer = `Bearer ${await serviceAccountToken(system.kc, { namespace: NAMESPACE, name: account, audience })}`;
+      // A key event for a key that does not exist: the cheapest thing mirror-sync can be asked.
+      const status = async () =>
+        (await postEvents(url('captf-mirror-sync'), keyEvent('captf-none', 'none'), 'binary', undefined, bearer))
+          .status;
+      assert.equal(await status(), 403, 'an account no policy names is refused');
+      const from = (sub: string) => [{ sub }];
+      await custom.createNamespacedCustomObject({
+        ...policies,
+        body: {
+          apiVersion: 'eventing.knative.dev/v1alpha1',
+          kind: 'EventPolicy',
+          metadata: { name },
+          spec: {
+            to: [{ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: 'captf-mirror-sync' } }],
+            from: from(subject),
+          },
+        },
+      });
+      await eventually(
+        'the policy Knative resolved to let the account in',
+        async () => (await status()) === 200,
+        60_000,
+      );
+      await custom.patchNamespacedCustomObject(
+        { ...policies, name, body: { spec: { from: from(`${subject}-not`) } } },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      );
+      await eventually('the narrowed policy to cut the account off', async () => (await status()) === 403, 60_000);
+    } finally {
+      await custom.deleteNamespacedCustomObject({ ...policies, name }).catch(() => undefined);
+      await core.deleteNamespacedServiceAccount({ namespace: NAMESPACE, name: account }).catch(() => undefined);
     }
   });
 });

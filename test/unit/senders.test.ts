@@ -2,7 +2,8 @@
  * The pure decisions of sender identity (SPEC §12, functions/lib/senders.ts): the setting read
  * from the environment (fail closed: `oidc` unless said otherwise, and then complete), subject
  * matching as Knative's EventPolicy does it, refusals that name nothing, the OIDC
- * ServiceAccount names Knative gives Triggers, and how long a verified token is reused.
+ * ServiceAccount names Knative gives Triggers, how long a verified token is reused, and the
+ * senders EventPolicies add.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -10,7 +11,10 @@ import {
   eventAuthFromEnv,
   isSender,
   oidcServiceAccountName,
+  policySenders,
   refusal,
+  targetOfAudience,
+  type EventPolicyLike,
   MAX_EVENT_AUTH_CACHE_SECONDS,
 } from '../../functions/lib/senders.ts';
 import { mayBeFor, reuseFor } from '../../functions/lib/token-review.ts';
@@ -149,5 +153,70 @@ describe('mayBeFor: a token its own claims rule out costs no TokenReview', () =>
       jwt({ aud: [AUD], exp: NOW / 1000 }),
     ])
       assert.equal(mayBeFor(token, AUD, NOW), false, token);
+  });
+});
+
+describe('EventPolicies that let senders in (knative/eventing pkg/auth/event_policy.go)', () => {
+  const target = targetOfAudience(complete.CAPTF_EVENT_AUDIENCE)!;
+  const ready = [{ type: 'Ready', status: 'True' }];
+  const policy = (
+    name: string,
+    spec: EventPolicyLike['spec'],
+    from: string[],
+    conditions = ready,
+  ): EventPolicyLike => ({
+    metadata: { name, namespace: 'captf-system' },
+    spec,
+    status: { from, conditions },
+  });
+  const ksvc = (name: string) => ({ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name } });
+
+  it('reads the target from a Knative audience, and nothing from any other', () => {
+    assert.deepEqual(target, {
+      group: 'serving.knative.dev',
+      kind: 'service',
+      namespace: 'captf-system',
+      name: 'captf-mirror-sync',
+    });
+    for (const a of ['mt-broker-filter', 'a/b/c', 'a/b/c/d/e', 'a//c/d'])
+      assert.equal(targetOfAudience(a), undefined, a);
+  });
+
+  it('takes status.from of Ready policies that name the Service (case aside) or target the whole namespace', () => {
+    const got = policySenders(
+      [
+        policy('named', { to: [ksvc('CAPTF-Mirror-Sync')] }, ['system:serviceaccount:t:a']),
+        policy('everything', {}, ['system:serviceaccount:t:b-*']),
+        policy('other-service', { to: [ksvc('captf-identity-status')] }, ['system:serviceaccount:t:c']),
+        policy('other-group', { to: [{ ref: { apiVersion: 'v1', kind: 'Service', name: 'captf-mirror-sync' } }] }, [
+          'system:serviceaccount:t:d',
+        ]),
+        policy('by-label', { to: [{ selector: { apiVersion: 'serving.knative.dev/v1', kind: 'Service' } }] }, [
+          'system:serviceaccount:t:e',
+        ]),
+        { ...policy('elsewhere', {}, ['system:serviceaccount:t:f']), metadata: { name: 'x', namespace: 'tenant' } },
+      ],
+      target,
+    );
+    assert.deepEqual(got, { senders: ['system:serviceaccount:t:a', 'system:serviceaccount:t:b-*'], skipped: [] });
+    assert.ok(isSender('system:serviceaccount:t:b-1', got.senders));
+  });
+
+  it('adds nobody for a policy not Ready yet, one with filters, or a bare `*`', () => {
+    const got = policySenders(
+      [
+        policy('unresolved', {}, ['system:serviceaccount:t:a'], [{ type: 'Ready', status: 'False' }]),
+        policy('filtered', { filters: [{ exact: { type: 'x' } }] }, ['system:serviceaccount:t:b']),
+        policy('star', {}, ['*']),
+      ],
+      target,
+    );
+    assert.deepEqual(got, {
+      senders: [],
+      skipped: [
+        { name: 'unresolved', why: 'not-ready' },
+        { name: 'filtered', why: 'has-filters' },
+      ],
+    });
   });
 });
