@@ -6,11 +6,13 @@
  * past the token's own expiry. What an anonymous caller can make the API server do is bounded:
  * a token that cannot be a ServiceAccount token for the audience (not a JWT, another `aud`,
  * expired by its own claim) is refused without a review, concurrent requests with one token
- * share one review, and a refusal is remembered for a few seconds only.
+ * share one review, at most a few reviews run at once, and a refusal is remembered for a few
+ * seconds only.
  */
 import { createHash } from 'node:crypto';
 import type { KubeConfig } from '@kubernetes/client-node';
 import { LRUCache } from 'lru-cache';
+import pLimit from 'p-limit';
 import { makeClients, type CallCounter } from './kube.ts';
 
 /** RFC 6750 §2.1: `Bearer` (any case), one or more spaces, a b64token. */
@@ -128,6 +130,13 @@ export function mayBeFor(token: string, audience: string, nowMs: number): boolea
  */
 export const REFUSAL_TTL_MS = 5_000;
 
+/**
+ * TokenReviews one process makes at once, at most: a flood of distinct well-formed forgeries
+ * (each costs a review) waits its turn instead of loading the API server; a cached or shared
+ * answer never waits.
+ */
+export const MAX_REVIEWS_IN_FLIGHT = 8;
+
 /** A token cache entry: the reviewed user, or null for a token the API server did not authenticate. */
 type Reviewed = { user: ReviewedUser | null };
 
@@ -138,6 +147,8 @@ export class TokenReviewer {
   private readonly cacheTtlMs: number;
   /** Reviews under way, by cache key: concurrent requests with one token share one review. */
   private readonly inFlight = new Map<string, Promise<ReviewedUser | undefined>>();
+  /** At most {@link MAX_REVIEWS_IN_FLIGHT} reviews at once. */
+  private readonly limit = pLimit(MAX_REVIEWS_IN_FLIGHT);
   /** The audience every reviewed token must be bound to. */
   readonly audience: string;
 
@@ -167,7 +178,7 @@ export class TokenReviewer {
     if (hit) return hit.user ?? undefined;
     const pending = this.inFlight.get(key);
     if (pending) return pending;
-    const review = this.ask(token, key, counter).finally(() => this.inFlight.delete(key));
+    const review = this.limit(() => this.ask(token, key, counter)).finally(() => this.inFlight.delete(key));
     this.inFlight.set(key, review);
     return review;
   }

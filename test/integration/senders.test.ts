@@ -16,6 +16,7 @@ import { after, before, describe, it } from 'node:test';
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { refusal } from '../../functions/lib/senders.ts';
+import { MAX_REVIEWS_IN_FLIGHT } from '../../functions/lib/token-review.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
@@ -41,7 +42,7 @@ const answers: string[] = [];
 const tokens: string[] = [];
 /** `METHOD path` of every API request either function made through the proxy. */
 const seen: string[] = [];
-let fault: (method: string, path: string) => Answer | undefined = () => undefined;
+let fault: (method: string, path: string) => Answer | undefined | Promise<Answer | undefined> = () => undefined;
 let proxy: FaultProxy;
 const url: Record<'mirror-sync' | 'identity-status', string> = { 'mirror-sync': '', 'identity-status': '' };
 let tenant: string;
@@ -261,48 +262,6 @@ describe('only their own senders reach the event functions (SPEC §12)', () => {
     assert.equal(seen.slice(from).filter(isTokenReview).length, 1, 'concurrent deliveries share one review');
   });
 
-  it('an EventPolicy naming the function lets a sender in once Ready, and cuts it off when narrowed', async () => {
-    await installEventingCRDs(a.kc);
-    const stranger = `system:serviceaccount:${senders}:stranger`;
-    const policies = {
-      group: 'eventing.knative.dev',
-      version: 'v1alpha1',
-      namespace: mirrorSyncHome,
-      plural: 'eventpolicies',
-    };
-    const name = w.name('policy');
-    /** The policy's resolved senders and readiness, as Eventing's EventPolicy reconciler writes them. */
-    const resolve = (from: string[], ready: 'True' | 'False') =>
-      a.custom.patchNamespacedCustomObjectStatus(
-        { ...policies, name, body: { status: { from, conditions: [{ type: 'Ready', status: ready }] } } },
-        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
-      );
-    const created = await a.custom.createNamespacedCustomObject({
-      ...policies,
-      body: {
-        apiVersion: 'eventing.knative.dev/v1alpha1',
-        kind: 'EventPolicy',
-        metadata: { name },
-        spec: {
-          to: [{ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: 'captf-mirror-sync' } }],
-          from: [{ sub: stranger }],
-        },
-      },
-    });
-    w.onCleanup(() => a.custom.deleteNamespacedCustomObject({ ...policies, name }).then(() => undefined));
-    assert.ok(created);
-    const status = async () =>
-      (await deliver('mirror-sync', eventAbout(w.name('p')), `Bearer ${token.stranger}`)).status;
-    // Not resolved yet: nobody is let in.
-    assert.equal(await status(), 403, 'a policy not Ready lets nobody in');
-    await resolve([stranger], 'True');
-    await eventually('the Ready policy to let the stranger in', async () => (await status()) === 200, 20_000);
-    await resolve([`system:serviceaccount:${senders}:someone-else`], 'True');
-    await eventually('the narrowed policy to cut the stranger off', async () => (await status()) === 403, 20_000);
-    const lists = seen.filter(isPolicyList).length;
-    assert.ok(lists >= 1, 'the policies were read');
-  });
-
   it('a TokenReview that cannot be made is a 503 Knative retries, with nothing of the server in it', async () => {
     const said = sentinel();
     fault = (method, path) =>
@@ -348,5 +307,79 @@ describe('only their own senders reach the event functions (SPEC §12)', () => {
       startMirrorSync({ port: 0, host: '127.0.0.1', kubeconfig: a.kc, logger: captureLogger('x').logger, env: {} }),
       /CAPTF_EVENT_AUDIENCE/,
     );
+  });
+});
+
+describe('senders beyond the Triggers, and what strangers cost (SPEC §12)', () => {
+  it('an EventPolicy naming the function lets a sender in once Ready, and cuts it off when narrowed', async () => {
+    await installEventingCRDs(a.kc);
+    const stranger = `system:serviceaccount:${senders}:stranger`;
+    const policies = {
+      group: 'eventing.knative.dev',
+      version: 'v1alpha1',
+      namespace: mirrorSyncHome,
+      plural: 'eventpolicies',
+    };
+    const name = w.name('policy');
+    /** The policy's resolved senders and readiness, as Eventing's EventPolicy reconciler writes them. */
+    const resolve = (from: string[], ready: 'True' | 'False') =>
+      a.custom.patchNamespacedCustomObjectStatus(
+        { ...policies, name, body: { status: { from, conditions: [{ type: 'Ready', status: ready }] } } },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      );
+    const created = await a.custom.createNamespacedCustomObject({
+      ...policies,
+      body: {
+        apiVersion: 'eventing.knative.dev/v1alpha1',
+        kind: 'EventPolicy',
+        metadata: { name },
+        spec: {
+          to: [{ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: 'captf-mirror-sync' } }],
+          from: [{ sub: stranger }],
+        },
+      },
+    });
+    w.onCleanup(() => a.custom.deleteNamespacedCustomObject({ ...policies, name }).then(() => undefined));
+    assert.ok(created);
+    const status = async () =>
+      (await deliver('mirror-sync', eventAbout(w.name('p')), `Bearer ${token.stranger}`)).status;
+    // Not resolved yet: nobody is let in.
+    assert.equal(await status(), 403, 'a policy not Ready lets nobody in');
+    await resolve([stranger], 'True');
+    await eventually('the Ready policy to let the stranger in', async () => (await status()) === 200, 20_000);
+    await resolve([`system:serviceaccount:${senders}:someone-else`], 'True');
+    await eventually('the narrowed policy to cut the stranger off', async () => (await status()) === 403, 20_000);
+    const lists = seen.filter(isPolicyList).length;
+    assert.ok(lists >= 1, 'the policies were read');
+  });
+
+  it('a flood of distinct forged tokens costs one review each, never more than a few at once', async () => {
+    let holding = 0;
+    let most = 0;
+    fault = async (method, path) => {
+      if (method !== 'POST' || !isTokenReview(path)) return undefined;
+      holding++;
+      most = Math.max(most, holding);
+      await new Promise((r) => setTimeout(r, 200));
+      holding--;
+      return undefined;
+    };
+    try {
+      const from = seen.length;
+      const flood = await Promise.all(
+        Array.from({ length: 3 * MAX_REVIEWS_IN_FLIGHT }, (_, i) =>
+          deliver(
+            'mirror-sync',
+            eventAbout(w.name('f')),
+            `Bearer ${forged(MIRROR_SYNC_AUDIENCE, `system:serviceaccount:${senders}:f${i}`)}`,
+          ),
+        ),
+      );
+      assert.deepEqual(new Set(flood.map((r) => r.status)), new Set([401]));
+      assert.equal(seen.slice(from).filter(isTokenReview).length, 3 * MAX_REVIEWS_IN_FLIGHT);
+      assert.ok(most <= MAX_REVIEWS_IN_FLIGHT, `${most} TokenReviews at once`);
+    } finally {
+      fault = () => undefined;
+    }
   });
 });
