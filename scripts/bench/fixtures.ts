@@ -147,6 +147,12 @@ export interface EventRequest {
   body: string;
 }
 
+/** `ev` with the `Authorization` header a sender of the function signs with (system.ts `sign`). */
+export const signedWith = (authorization: string, ev: EventRequest): EventRequest => ({
+  ...ev,
+  headers: { ...ev.headers, authorization },
+});
+
 /** A PingSource tick of the named PingSource (manifests/base/eventing.yaml). */
 export function pingEvent(pingSource: 'captf-resync' | 'captf-identity-status'): EventRequest {
   return {

@@ -84,6 +84,11 @@ export class Front {
   lastActivity = performance.now();
   /** How long a probe of the delivery path is held before its answer. */
   checkHoldMs = 0;
+  /**
+   * The `Authorization` header a forwarded delivery that came without one gets, as the
+   * Broker's filter would have signed it (the adapter sends unsigned on the direct path).
+   */
+  sign: (() => Promise<string>) | undefined;
   private server: Server | undefined;
   /** `http://127.0.0.1:<port>` once started. */
   url = '';
@@ -141,7 +146,7 @@ export class Front {
     this.inFlight++;
     const target = await this.slot(mode.targets);
     try {
-      const status = await forward(`${target}${req.url ?? '/'}`, req, body, res);
+      const status = await forward(`${target}${req.url ?? '/'}`, await this.headersFor(req), body, res);
       this.lastStatus.set(id, status);
       if (status >= 200 && status < 300) this.counts.ok++;
       else this.counts.failed++;
@@ -151,6 +156,14 @@ export class Front {
       this.lastActivity = performance.now();
       this.held.shift()?.();
     }
+  }
+
+  /** What a forwarded request carries: its headers but hop-by-hop ones, signed when it came unsigned. */
+  private async headersFor(req: IncomingMessage): Promise<Record<string, string>> {
+    const headers: Record<string, string> = {};
+    for (const [k, v] of Object.entries(req.headers)) if (typeof v === 'string' && !HOP_BY_HOP.has(k)) headers[k] = v;
+    if (!headers.authorization && this.sign) headers.authorization = await this.sign();
+    return headers;
   }
 
   /** Waits for an instance with a free slot (round-robin among them) and takes the slot. */
@@ -180,12 +193,15 @@ export class Front {
 }
 
 /**
- * Forwards one request to `url` and writes the answer back to `res`.
+ * Forwards one request to `url` with `headers` and writes the answer back to `res`.
  * @returns the function's status, or 0 when it could not be reached (the sender gets 502).
  */
-async function forward(url: string, req: IncomingMessage, body: Buffer, res: ServerResponse): Promise<number> {
-  const headers: Record<string, string> = {};
-  for (const [k, v] of Object.entries(req.headers)) if (typeof v === 'string' && !HOP_BY_HOP.has(k)) headers[k] = v;
+async function forward(
+  url: string,
+  headers: Record<string, string>,
+  body: Buffer,
+  res: ServerResponse,
+): Promise<number> {
   try {
     const answer = await request(url, { method: 'POST', headers, body, dispatcher: patient });
     const out = Buffer.from(await answer.body.arrayBuffer());

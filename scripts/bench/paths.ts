@@ -69,6 +69,8 @@ export interface EventPathsOptions {
   /** Rendered manifests: the Broker and Triggers are applied (PingSources left out), the adapter configured from the ApiServerSource. */
   rendered: readonly KubernetesObject[];
   log: (line: string) => void;
+  /** The `Authorization` header of a delivery to each function (system.ts `sign`): the fronts add it when the sender did not. */
+  sign: (fn: EventTarget) => Promise<string>;
 }
 
 /** What {@link EventPaths.connect} needs once the functions run. */
@@ -109,6 +111,7 @@ export class EventPaths {
    */
   static async start(opts: EventPathsOptions): Promise<EventPaths> {
     const fronts = { 'mirror-sync': await new Front().start(), 'identity-status': await new Front().start() };
+    for (const t of ['mirror-sync', 'identity-status'] as const) fronts[t].sign = () => opts.sign(t);
     const paths = new EventPaths(opts, fronts, await new Front().start());
     try {
       opts.log('starting the Broker data plane (ingress, filter, InMemoryChannel dispatcher, mtping)');

@@ -5,10 +5,11 @@
  * InMemoryChannel with one subscriber per Trigger). Pure functions; scripts/eventing/dataplane.ts writes
  * their results. Each rule cites the upstream code (knative.dev/eventing v0.49.2, and
  * knative.dev/pkg for destination resolution) it follows; only what this project's manifests
- * use is supported (MTChannelBasedBroker on an InMemoryChannel, OIDC and transport encryption
- * off, which are the defaults).
+ * use is supported (MTChannelBasedBroker on an InMemoryChannel, transport encryption off; each
+ * Trigger gets its OIDC identity, so deliveries are signed, while no hop verifies one).
  */
 import type { KubernetesObject } from '@kubernetes/client-node';
+import { oidcServiceAccountName } from '../../functions/lib/senders.ts';
 
 /** A `duckv1.Destination`: a reference and/or a URI. */
 export interface Destination {
@@ -29,7 +30,9 @@ export interface Delivery {
 /** The parts of a Broker the stand-in reads. */
 export type Broker = KubernetesObject & { spec?: { delivery?: Delivery } };
 /** The parts of a Trigger the stand-in reads. */
-export type Trigger = KubernetesObject & { spec: { broker: string; subscriber: Destination; delivery?: Delivery } };
+export type Trigger = KubernetesObject & {
+  spec: { broker: string; subscriber: Destination & { audience?: string }; delivery?: Delivery };
+};
 /** The parts of a PingSource the stand-in reads. */
 export type PingSource = KubernetesObject & { spec: { sink: Destination; schedule: string } };
 
@@ -273,15 +276,53 @@ export function brokerStatus(b: Broker, imc: KubernetesObject, ctx: StatusContex
 
 /**
  * A Trigger's status (trigger.go ReconcileKind): the subscriber's URL (the filter answers 404
- * without it), the dead-letter sink (resolveDeadLetterSink), Ready.
+ * without it) and audience (`spec.subscriber.audience`), the dead-letter sink
+ * (resolveDeadLetterSink), Ready, and the OIDC identity Eventing gives it with
+ * `authentication-oidc` on (pkg/auth/serviceaccount.go SetupOIDCServiceAccount: the account
+ * {@link triggerServiceAccount} makes). The broker filter signs every delivery of a Trigger
+ * that has both (filter_handler.go send, pkg/kncloudevents/event_dispatcher.go createRequest),
+ * whatever the flag says; the local data plane keeps the flag off, so no hop verifies a token
+ * (that would need the API server's OIDC discovery from these processes).
  */
 export function triggerStatus(t: Trigger, b: Broker, ctx: StatusContext): Record<string, unknown> {
   const dls = triggerDeadLetterSinkUri(t, b, ctx.resolveRef);
+  const audience = t.spec.subscriber.audience;
   return {
     ...observed(t),
     subscriberUri: resolveDestination(t.spec.subscriber, ctx.resolveRef),
+    ...(audience ? { subscriberAudience: audience } : {}),
     ...(dls ? { deadLetterSinkUri: dls } : {}),
+    auth: { serviceAccountName: oidcServiceAccountName(t.metadata!.name!) },
     conditions: readyConditions(CONDITIONS.Trigger, ctx.now),
+  };
+}
+
+/**
+ * The OIDC ServiceAccount of a Trigger, as Eventing makes it (pkg/auth/serviceaccount.go
+ * GetOIDCServiceAccountForResource): named by {@link oidcServiceAccountName}, in the Trigger's
+ * namespace, controlled by the Trigger, labelled `eventing.knative.dev/oidc: enabled`.
+ */
+export function triggerServiceAccount(t: Trigger): KubernetesObject {
+  const { name, namespace, uid } = t.metadata as { name: string; namespace: string; uid: string };
+  return {
+    apiVersion: 'v1',
+    kind: 'ServiceAccount',
+    metadata: {
+      name: oidcServiceAccountName(name),
+      namespace,
+      ownerReferences: [
+        {
+          apiVersion: 'eventing.knative.dev/v1',
+          kind: 'Trigger',
+          name,
+          uid,
+          controller: true,
+          blockOwnerDeletion: false,
+        },
+      ],
+      annotations: { description: `Service Account for OIDC Authentication for Trigger "${name}"` },
+      labels: { 'eventing.knative.dev/oidc': 'enabled' },
+    },
   };
 }
 

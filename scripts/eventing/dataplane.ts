@@ -27,6 +27,7 @@ import {
   brokerStatus,
   channelStatus,
   pingSourceStatus,
+  triggerServiceAccount,
   triggerStatus,
   type Broker,
   type DataPlaneAddresses,
@@ -216,7 +217,7 @@ async function applyPingSource(kc: KubeConfig, p: PingSource, schedule: string |
 /**
  * Applies the Broker, Triggers, PingSources and the Broker's InMemoryChannel, then writes what
  * the controllers would (scripts/eventing/controllers.ts), in the order they would: the
- * channel's status, the Broker's, the Triggers', the PingSources'.
+ * channel's status, the Broker's, each Trigger's OIDC ServiceAccount and status, the PingSources'.
  */
 async function applyAndWire(opts: EventingDataPlaneOptions, addresses: DataPlaneAddresses) {
   const { kc } = opts;
@@ -233,7 +234,10 @@ async function applyAndWire(opts: EventingDataPlaneOptions, addresses: DataPlane
   const ctx: StatusContext = { addresses, resolveRef, now: new Date() };
   await writeStatus(kc, channel, channelStatus(channel, ctx));
   await writeStatus(kc, broker, brokerStatus(broker, channel, ctx));
-  for (const t of triggers) await writeStatus(kc, t, triggerStatus(t, broker, ctx));
+  for (const t of triggers) {
+    await apply(kc, triggerServiceAccount(t));
+    await writeStatus(kc, t, triggerStatus(t, broker, ctx));
+  }
   for (const p of pingSources) await writeStatus(kc, p, pingSourceStatus(p, ctx));
   return { broker, triggers, pingSources, channel };
 }

@@ -14,8 +14,8 @@
  * the function's own drain, not Knative's drain sequence.
  *
  * Below the pure part, the steps every user of such pods takes: the manifests' namespace,
- * ServiceAccounts and RBAC applied, a pod created and waited for until Ready, and events signed
- * as the pod's sender check expects them.
+ * ServiceAccounts and RBAC applied, and a pod created and waited for until Ready (events are
+ * signed for its sender check by ../system/senders.ts).
  */
 import {
   CoreV1Api,
@@ -26,11 +26,9 @@ import {
   type V1PodSpec,
   type V1Probe,
 } from '@kubernetes/client-node';
-import { EVENT_AUDIENCE_ENV, EVENT_SENDERS_ENV } from '../../functions/lib/senders.ts';
-import { createOnce, serverSideApply } from '../lib/kube.ts';
-import { serviceAccountToken } from '../lib/serviceaccount.ts';
+import { serverSideApply } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
-import { knativeContainer, knativeService, type FunctionName } from '../system/functions.ts';
+import { knativeService, type FunctionName } from '../system/functions.ts';
 
 /** The port Knative gives a container that names none. */
 const DEFAULT_PORT = 8080;
@@ -124,29 +122,6 @@ const RBAC_KINDS = new Set(['Namespace', 'ServiceAccount', 'ClusterRole', 'Clust
  */
 export async function applyFunctionRbac(kc: KubeConfig, rendered: readonly KubernetesObject[]): Promise<void> {
   for (const o of rendered.filter((x) => RBAC_KINDS.has(x.kind ?? ''))) await serverSideApply(kc, o, 'captf-node');
-}
-
-/**
- * A delivery's `Authorization` header as Knative's Broker signs one, with no Broker, for function `fn` of the
- * rendered manifests: `Bearer <token>` of the first ServiceAccount its Knative Service lists in
- * {@link EVENT_SENDERS_ENV}, for the audience in {@link EVENT_AUDIENCE_ENV}. The account is made
- * when missing (on a cluster with Eventing, the Trigger reconciler makes it).
- * @throws Error when the Service ships no sender check; the API error of a refused TokenRequest.
- */
-export async function shippedSender(
-  kc: KubeConfig,
-  rendered: readonly KubernetesObject[],
-  fn: FunctionName,
-): Promise<string> {
-  const env = new Map((knativeContainer(rendered, fn)?.env ?? []).map((e) => [e.name, e.value ?? '']));
-  const audience = env.get(EVENT_AUDIENCE_ENV);
-  const [, namespace, name] =
-    /^system:serviceaccount:([^:]+):([^:*,]+)(,|$)/.exec(env.get(EVENT_SENDERS_ENV) ?? '') ?? [];
-  if (!audience || !namespace || !name) throw new Error(`${fn} ships no audience or no ServiceAccount sender`);
-  await createOnce(
-    kc.makeApiClient(CoreV1Api).createNamespacedServiceAccount({ namespace, body: { metadata: { name } } }),
-  );
-  return `Bearer ${await serviceAccountToken(kc, { namespace, name, audience })}`;
 }
 
 /**

@@ -5,12 +5,15 @@
  * HTTP (TLS is the same express app behind `https.createServer`); identity-status is scoped by
  * a label no identity carries, so a fuzzed ping refreshes nothing of anyone else's;
  * mirror-sync is never sent a ping (it would resync the whole shared control plane), every
- * other kind of event it is.
+ * other kind of event it is. The event functions take unsigned events, as
+ * components/unsigned-events ships them: the fuzz is aimed at what reads a delivery's body,
+ * which the sender check (test/integration/senders.test.ts) would stop first.
  */
 import { randomBytes } from 'node:crypto';
 import fc from 'fast-check';
 import { ADMISSION_BODY_LIMIT } from '../../functions/admission/index.ts';
 import { DEFAULT_BODY_LIMIT } from '../../functions/lib/http.ts';
+import { EVENT_AUTH_ENV } from '../../functions/lib/senders.ts';
 import type { FunctionName } from '../system/functions.ts';
 import { parse, type Answer, type FuzzTarget } from './fuzz.ts';
 import { hostileReview, knownGoodReview, type FuzzCase } from './hostile.ts';
@@ -43,8 +46,8 @@ const SCOPE = `captf-fuzz/scope=nothing-${randomBytes(4).toString('hex')}`;
 /** The environment each function is fuzzed with (see the file comment). */
 export const FUZZ_ENV: Partial<Record<FunctionName, Record<string, string>>> = {
   admission: { CAPTF_ADMISSION_PLAIN_HTTP: 'true', LOG_LEVEL: 'info' },
-  'mirror-sync': { LOG_LEVEL: 'info' },
-  'identity-status': { CAPTF_STATUS_IDENTITY_SELECTOR: SCOPE, LOG_LEVEL: 'info' },
+  'mirror-sync': { [EVENT_AUTH_ENV]: 'off', LOG_LEVEL: 'info' },
+  'identity-status': { [EVENT_AUTH_ENV]: 'off', CAPTF_STATUS_IDENTITY_SELECTOR: SCOPE, LOG_LEVEL: 'info' },
 };
 
 /** The uid an AdmissionReview body asks to be echoed, when it is a usable one. */

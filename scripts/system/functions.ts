@@ -13,7 +13,6 @@ import { isRunning, spawnFunction, type FunctionProcess } from '../lib/process.t
 import { sleep } from '../lib/wait.ts';
 import type { CertPair } from '../controlplane/pki.ts';
 import { REPO_ROOT } from '../tools/build.ts';
-import { EVENT_AUTH_ENV } from '../../functions/lib/senders.ts';
 
 /** The functions, in start order (functions/main.ts). */
 export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status'] as const;
@@ -76,10 +75,10 @@ export interface EnvInputs {
  * rendered Knative Service's variables (the heap caps of `NODE_OPTIONS` included, so a function
  * here has the memory it has in a pod); for the bundles `NODE_ENV=production`, as in the
  * image; from source, the local mode's `LOG_LEVEL` and `CAPTF_CONSUMER_KINDS` when set.
- * admission serves TLS with `leaf`. The event functions accept unsigned deliveries, as
- * components/unsigned-events has them: this world's Eventing controllers (the stand-in of
- * scripts/eventing/controllers.ts) make no OIDC ServiceAccounts, so its Broker signs nothing
- * (`extra` may turn the check back on).
+ * admission serves TLS with `leaf`. The event functions check their senders as shipped: this
+ * world's Broker signs each delivery as the Trigger's OIDC ServiceAccount (the stand-in of
+ * scripts/eventing/controllers.ts gives Triggers the identity Eventing does), and whoever
+ * posts to them directly signs with system.ts `sign` (`extra` may turn the check off).
  */
 export function functionEnv(name: FunctionName, i: EnvInputs): NodeJS.ProcessEnv {
   const service = Object.fromEntries(
@@ -103,7 +102,7 @@ export function functionEnv(name: FunctionName, i: EnvInputs): NodeJS.ProcessEnv
     KUBECONFIG: i.kubeconfig,
     ...(name === 'admission'
       ? { CAPTF_TLS_CERT_FILE: i.leaf.cert, CAPTF_TLS_KEY_FILE: i.leaf.key, CAPTF_ADMISSION_PLAIN_HTTP: 'false' }
-      : { [EVENT_AUTH_ENV]: 'off' }),
+      : {}),
     ...i.extra,
   };
 }

@@ -257,7 +257,8 @@ const KNATIVE_GROUPS = ['serving.knative.dev', 'eventing.knative.dev', 'sources.
 async function untilReady(api: CustomObjectsApi, o: KubernetesObject): Promise<{ address?: { url?: string } }> {
   const { name, namespace } = o.metadata as { name: string; namespace: string };
   const [group, version] = o.apiVersion!.split('/') as [string, string];
-  const plural = `${o.kind!.toLowerCase()}s`;
+  // Knative's CRDs take the kind's default plural: EventPolicy → eventpolicies.
+  const plural = `${o.kind!.toLowerCase().replace(/y$/, 'ie')}s`;
   let last = '';
   return eventually(
     `${o.kind} ${namespace}/${name} to be Ready (kubectl -n ${namespace} describe ${plural}.${group} ${name})`,

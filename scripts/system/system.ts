@@ -21,6 +21,7 @@ import { DEFAULT_DRAIN_SECONDS } from '../../functions/lib/http.ts';
 import { EventPaths } from '../bench/paths.ts';
 import { startControlPlane, type ControlPlane } from '../controlplane/controlplane.ts';
 import { applyCRDs, EVENTING_CRDS, installCRDs, loadThirdPartyCRDs } from '../controlplane/crds.ts';
+import { shippedSigner, type EventFunction } from './senders.ts';
 import { createWebhookPair } from '../controlplane/pki.ts';
 import { ensureEventingDataPlane, type EventingComponent } from '../eventing/build.ts';
 import { ensureApiServerSourceAdapter } from '../eventing/adapter.ts';
@@ -158,6 +159,12 @@ export interface RunningSystem {
   startFunction(name: FunctionName): Promise<FunctionProcess>;
   /** The environment a function is started with (for callers that spawn their own). */
   functionEnv(name: FunctionName): NodeJS.ProcessEnv;
+  /**
+   * The `Authorization` header of a delivery to an event function, as its Triggers' deliveries
+   * carry it (senders.ts `shippedSigner`): the functions check senders as shipped, so whoever
+   * posts events to them without the Broker signs them with this.
+   */
+  sign(fn: EventFunction): Promise<string>;
   /** The functions' entrypoint (`functions/main.ts`, or the bundle's `main.mjs`). */
   main: string;
   /** PEM of the CA that signed admission's serving certificate. */
@@ -235,6 +242,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     const eventingCRDs = await step(installAllCRDs(s, cluster));
     const users = await step(actors(s, cluster, rendered));
     const tls = await step(createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca'));
+    const sign = shippedSigner(cluster.kc, rendered);
     const env = (name: FunctionName) =>
       functionEnv(name, { build, kubeconfig: users[name], leaf: tls.leaf, rendered, extra: opts.env?.[name] });
     const start = instanceStarter(s, { build, env, caPem: tls.caPem });
@@ -243,7 +251,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     await step(eventingCRDs.installed);
     const served = await step(deployFunctionsOnServing(s, { cluster, serving, rendered, schedules }));
     const events = await step(
-      startEvents(s, { cluster, rendered, functions, users, schedules, ...(served ? { served } : {}) }),
+      startEvents(s, { cluster, rendered, functions, users, schedules, sign, ...(served ? { served } : {}) }),
     );
     const prepareCaller =
       opts.prepareCaller && cluster.controlPlane && (await step(installPrepareCaller(cluster.kc, rendered)));
@@ -261,6 +269,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
       functions,
       startFunction: start,
       functionEnv: env,
+      sign,
       main: build.main,
       webhookCaPem: tls.caPem,
       webhook,
@@ -626,6 +635,8 @@ interface EventsContext {
   schedules: Record<keyof typeof PINGS, string>;
   /** With `serving`: the Knative Services the Triggers deliver to. */
   served?: ServedFunctions | undefined;
+  /** Signs deliveries as the Triggers do ({@link RunningSystem.sign}). */
+  sign: (fn: EventFunction) => Promise<string>;
 }
 
 /** Step 7: the events the options ask for, from the API server and the pings to the functions. */
@@ -638,6 +649,7 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
       kubeconfigPath: cluster.kubeconfigPath,
       rendered,
       log: s.opts.progress,
+      sign: ctx.sign,
     });
     s.cleanups.push(() => paths.stop());
     await paths.connect({ kubeconfig: ctx.users['event-source'], functions: ctx.functions });

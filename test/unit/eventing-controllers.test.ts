@@ -13,6 +13,7 @@ import {
   resolveDestination,
   subscriberDelivery,
   triggerDeadLetterSinkUri,
+  triggerServiceAccount,
   triggerStatus,
   type Broker,
   type Delivery,
@@ -125,6 +126,28 @@ describe('the eventing controllers stand-in', () => {
     ]);
   });
 
+  it("gives a Trigger the OIDC identity Eventing gives it, so the filter signs for the subscriber's audience", () => {
+    const audience = 'serving.knative.dev/service/ns/fn';
+    const t: Trigger = { ...trigger(), spec: { broker: 'captf', subscriber: { ...svc('fn'), audience } } };
+    const ts = triggerStatus(t, broker(), { addresses, resolveRef, now });
+    assert.equal(ts.subscriberAudience, audience);
+    assert.deepEqual(ts.auth, { serviceAccountName: 't-oidc-eventing.knative.dev-trigger' });
+    const sa = triggerServiceAccount(t);
+    assert.equal(sa.metadata!.name, 't-oidc-eventing.knative.dev-trigger');
+    assert.equal(sa.metadata!.namespace, 'ns');
+    assert.deepEqual(sa.metadata!.ownerReferences, [
+      {
+        apiVersion: 'eventing.knative.dev/v1',
+        kind: 'Trigger',
+        name: 't',
+        uid: 't-uid',
+        controller: true,
+        blockOwnerDeletion: false,
+      },
+    ]);
+    assert.equal(sa.metadata!.labels!['eventing.knative.dev/oidc'], 'enabled');
+  });
+
   it('writes the status fields the ingress, filter, dispatcher and mtping read, Ready and every dependent condition True', () => {
     const ctx = { addresses, resolveRef, now };
     const b = broker(brokerDelivery);
@@ -142,6 +165,7 @@ describe('the eventing controllers stand-in', () => {
     const ts = triggerStatus(trigger(), b, ctx);
     assert.equal(ts.subscriberUri, URLS.fn);
     assert.equal(ts.observedGeneration, 3);
+    assert.equal(ts.subscriberAudience, undefined, 'no audience named, none announced');
     const ping: PingSource = {
       apiVersion: 'sources.knative.dev/v1',
       kind: 'PingSource',

@@ -18,7 +18,9 @@ import {
   hasTrue,
   pingEvent,
   postEvent,
+  signedWith,
   type Consumer,
+  type EventRequest,
 } from '../fixtures.ts';
 import type { Figure } from '../report.ts';
 import { bundleEntry } from '../../lib/bundles.ts';
@@ -124,11 +126,7 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
   }
   sys.events.fronts['mirror-sync'].mode = { kind: 'drop' };
 
-  const first: Record<FunctionName, (url: string) => Promise<number>> = {
-    admission: (url) => postTls(`${url}/validate`, sys.webhookCaPem, COLD_START_REVIEW),
-    'mirror-sync': async (url) => (await postEvent(`${url}/`, consumerEvent('terraformmachines', ns, 'm-0'))).status,
-    'identity-status': async (url) => (await postEvent(`${url}/`, pingEvent('captf-identity-status'))).status,
-  };
+  const first = firstRequests(sys, ns);
   const { bare, figure } = await floors(ctx, runs);
   const figures: Figure[] = [figure];
   for (const name of ['admission', 'mirror-sync', 'identity-status'] as const) {
@@ -158,4 +156,19 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
     });
   }
   return figures;
+}
+
+/**
+ * The first request of each function's cold start, as its real sender makes it: an
+ * AdmissionReview over TLS, a consumer event and a ping signed as their Triggers sign them.
+ * @returns each function's request, resolving to its status.
+ */
+function firstRequests(sys: RowContext['sys'], ns: string): Record<FunctionName, (url: string) => Promise<number>> {
+  const signed = async (fn: 'mirror-sync' | 'identity-status', url: string, ev: EventRequest) =>
+    (await postEvent(`${url}/`, signedWith(await sys.sign(fn), ev))).status;
+  return {
+    admission: (url) => postTls(`${url}/validate`, sys.webhookCaPem, COLD_START_REVIEW),
+    'mirror-sync': (url) => signed('mirror-sync', url, consumerEvent('terraformmachines', ns, 'm-0')),
+    'identity-status': (url) => signed('identity-status', url, pingEvent('captf-identity-status')),
+  };
 }

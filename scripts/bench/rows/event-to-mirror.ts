@@ -7,7 +7,15 @@
  * API requests counted.
  */
 import { secretRoundTrip } from '../baselines.ts';
-import { consumerBody, consumerEvent, consumersPath, createNamespaces, mirrorOf, postEvent } from '../fixtures.ts';
+import {
+  consumerBody,
+  consumerEvent,
+  consumersPath,
+  createNamespaces,
+  mirrorOf,
+  postEvent,
+  signedWith,
+} from '../fixtures.ts';
 import { USERS } from '../../system/users.ts';
 import { onPath, type DeliveryPath } from '../paths.ts';
 import type { Figure } from '../report.ts';
@@ -70,7 +78,8 @@ async function echoCost(ctx: RowContext, namespaces: readonly string[]): Promise
   let requests = 0;
   for (const ns of namespaces) {
     const mark = sys.audit.mark();
-    const r = await postEvent(sys.functions['mirror-sync'].url, consumerEvent('terraformmachines', ns, 'm-0'));
+    const event = signedWith(await sys.sign('mirror-sync'), consumerEvent('terraformmachines', ns, 'm-0'));
+    const r = await postEvent(sys.functions['mirror-sync'].url, event);
     const made = sys.audit.countFor(USERS['mirror-sync'], mark).requests;
     if (r.status !== 200 || made > ECHO_MAX_REQUESTS)
       throw new Error(`the echo in ${ns} was not recognised: HTTP ${r.status}, ${made} API requests`);

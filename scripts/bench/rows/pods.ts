@@ -17,7 +17,8 @@ import { CoreV1Api, type KubeConfig, type KubernetesObject, type V1Pod } from '@
 import { containerCgroup } from '../../node/cgroups.ts';
 import { markedProcesses } from '../../node/namespace.ts';
 import type { TestNode } from '../../node/node.ts';
-import { applyFunctionRbac, functionPod, runPod, shippedSender } from '../../node/pods.ts';
+import { applyFunctionRbac, functionPod, runPod } from '../../node/pods.ts';
+import { shippedSender } from '../../system/senders.ts';
 import { loadKubeConfig } from '../../../functions/lib/kube.ts';
 import { eventually } from '../../lib/wait.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName } from '../../system/system.ts';
@@ -33,6 +34,7 @@ import {
   hasTrue,
   pingEvent,
   postEvent,
+  signedWith,
   putSourceSecret,
   type Consumer,
   type EventRequest,
@@ -252,10 +254,7 @@ function firstAnswers(
   ns: string,
   signed: Record<'mirror-sync' | 'identity-status', string>,
 ): Record<FunctionName, (url: string) => Promise<number>> {
-  const as = (fn: keyof typeof signed, ev: EventRequest): EventRequest => ({
-    ...ev,
-    headers: { ...ev.headers, authorization: signed[fn] },
-  });
+  const as = (fn: keyof typeof signed, ev: EventRequest): EventRequest => signedWith(signed[fn], ev);
   return {
     admission: async (url) =>
       (

@@ -18,6 +18,7 @@ import {
   createNamespaces,
   mirrorOf,
   pingEvent,
+  signedWith,
   postEvent,
   putSourceSecret,
   spreadOver,
@@ -29,14 +30,15 @@ import type { RowContext } from './context.ts';
 
 const SOURCE = 'bench-resync-creds';
 
-/** One ping answered 2xx, retried (at most 3 pings) while the answer asks for a retry. */
+/** One ping signed with `authorization`, answered 2xx, retried (at most 3 pings) while the answer asks for a retry. */
 async function pingUntilDone(
   url: string,
   pingSource: 'captf-resync' | 'captf-identity-status',
+  authorization: string,
 ): Promise<{ ms: number; status: number }> {
   let last = { ms: 0, status: 0 };
   for (let i = 0; i < 3; i++) {
-    const r = await postEvent(`${url}/`, pingEvent(pingSource));
+    const r = await postEvent(`${url}/`, signedWith(authorization, pingEvent(pingSource)));
     last = { ms: r.ms, status: r.status };
     if (r.status >= 200 && r.status < 300) return last;
   }
@@ -101,7 +103,7 @@ async function growTo(ctx: RowContext, namespaces: string[], size: number): Prom
     identity: IDENTITY,
   });
   namespaces.push(...added);
-  const first = await pingUntilDone(sys.functions['mirror-sync'].url, 'captf-resync');
+  const first = await pingUntilDone(sys.functions['mirror-sync'].url, 'captf-resync', await sys.sign('mirror-sync'));
   if (first.status !== 200) throw new Error(`the resync that creates the mirrors answered ${first.status}`);
   await ctx.mirrors.until(
     `${namespaces.length} resync mirrors`,
@@ -132,7 +134,8 @@ async function allCurrent(at: AtSize): Promise<Figure[]> {
   const mark = sys.audit.mark();
   const bytes0 = await responseBytes(sys.admin);
   const sampler = samplePeaks({ 'mirror-sync': ms.pid });
-  const current = await postEvent(`${ms.url}/`, pingEvent('captf-resync'));
+  const authorization = await sys.sign('mirror-sync');
+  const current = await postEvent(`${ms.url}/`, signedWith(authorization, pingEvent('captf-resync')));
   const peaks = sampler.stop();
   const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
   const bytes = (await responseBytes(sys.admin)) - bytes0;
@@ -180,6 +183,7 @@ async function rotation(at: AtSize, n: number): Promise<Figure[]> {
   const { sys } = at.ctx;
   const { row, baseline, namespaces } = at;
   const ms = sys.functions['mirror-sync'];
+  const authorization = await sys.sign('mirror-sync');
   const value = `resync-${n}`;
   const want = Buffer.from(value).toString('base64');
   const mark = sys.audit.mark();
@@ -191,7 +195,7 @@ async function rotation(at: AtSize, n: number): Promise<Figure[]> {
     (m) => namespaces.every((ns) => m.get(`${ns}/${mirrorOf(IDENTITY)}`)?.data?.token === want),
     at.ctx.timeoutMs,
   );
-  const rotated = await postEvent(`${ms.url}/`, pingEvent('captf-resync'));
+  const rotated = await postEvent(`${ms.url}/`, signedWith(authorization, pingEvent('captf-resync')));
   const currentMs = (await allNew) - t0;
   const peaks = sampler.stop();
   const counts = sys.audit.countFor(USERS['mirror-sync'], mark);
@@ -224,7 +228,7 @@ async function identityStatusRefresh(at: AtSize): Promise<Figure[]> {
   const status = sys.functions['identity-status'];
   const mark = sys.audit.mark();
   const sampler = samplePeaks({ 'identity-status': status.pid });
-  const refresh = await pingUntilDone(status.url, 'captf-identity-status');
+  const refresh = await pingUntilDone(status.url, 'captf-identity-status', await sys.sign('identity-status'));
   const peaks = sampler.stop();
   const counts = sys.audit.countFor(USERS['identity-status'], mark);
   return [
