@@ -320,3 +320,18 @@ export async function startEventPath(
     throw err;
   }
 }
+
+/** Where EventPolicies of `namespace` live (`eventing.knative.dev/v1alpha1`), for CustomObjectsApi calls. */
+export const eventPolicies = (namespace: string) =>
+  ({ group: 'eventing.knative.dev', version: 'v1alpha1', namespace, plural: 'eventpolicies' }) as const;
+
+/** An EventPolicy `name` aimed at the Knative Service `service` of its namespace, letting `subjects` send. */
+export const eventPolicy = (name: string, service: string, subjects: readonly string[]) => ({
+  apiVersion: 'eventing.knative.dev/v1alpha1',
+  kind: 'EventPolicy',
+  metadata: { name },
+  spec: {
+    to: [{ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: service } }],
+    from: subjects.map((sub) => ({ sub })),
+  },
+});

@@ -21,7 +21,7 @@ import { start as startIdentityStatus } from '../../functions/identity-status/in
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
 import { serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
-import { pingEvent, postEvents, type EventAnswer } from '../helpers/events.ts';
+import { eventPolicies, eventPolicy, pingEvent, postEvents, type EventAnswer } from '../helpers/events.ts';
 import { startFaultProxy, withServer, type Answer, type FaultProxy } from '../helpers/fault-proxy.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { eventually } from '../helpers/cluster.ts';
@@ -314,12 +314,7 @@ describe('senders beyond the Triggers, and what strangers cost (SPEC §12)', () 
   it('an EventPolicy naming the function lets a sender in once Ready, and cuts it off when narrowed', async () => {
     await installEventingCRDs(a.kc);
     const stranger = `system:serviceaccount:${senders}:stranger`;
-    const policies = {
-      group: 'eventing.knative.dev',
-      version: 'v1alpha1',
-      namespace: mirrorSyncHome,
-      plural: 'eventpolicies',
-    };
+    const policies = eventPolicies(mirrorSyncHome);
     const name = w.name('policy');
     /** The policy's resolved senders and readiness, as Eventing's EventPolicy reconciler writes them. */
     const resolve = (from: string[], ready: 'True' | 'False') =>
@@ -329,15 +324,7 @@ describe('senders beyond the Triggers, and what strangers cost (SPEC §12)', () 
       );
     const created = await a.custom.createNamespacedCustomObject({
       ...policies,
-      body: {
-        apiVersion: 'eventing.knative.dev/v1alpha1',
-        kind: 'EventPolicy',
-        metadata: { name },
-        spec: {
-          to: [{ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: 'captf-mirror-sync' } }],
-          from: [{ sub: stranger }],
-        },
-      },
+      body: eventPolicy(name, 'captf-mirror-sync', [stranger]),
     });
     w.onCleanup(() => a.custom.deleteNamespacedCustomObject({ ...policies, name }).then(() => undefined));
     assert.ok(created);

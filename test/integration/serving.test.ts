@@ -23,7 +23,7 @@ import { eventually, suffix } from '../helpers/cluster.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { createConsumers, keyEvent, operatorSource } from '../helpers/mirror-sync.ts';
 import { nodeWorld, podLog } from '../helpers/node.ts';
-import { pingEvent, postEvents } from '../helpers/events.ts';
+import { eventPolicies, eventPolicy, pingEvent, postEvents } from '../helpers/events.ts';
 import { eventAuthFromEnv, isSender, oidcServiceAccountName, refusal } from '../../functions/lib/senders.ts';
 import { serviceAccountToken } from '../../scripts/lib/serviceaccount.ts';
 import { knativeContainer, type FunctionName } from '../../scripts/system/functions.ts';
@@ -364,12 +364,7 @@ describe('sender identity on Knative (SPEC §12)', () => {
   });
 
   it('Knative resolves the shipped EventPolicies; one that names another account lets it in, and narrowing it cuts it off', async () => {
-    const policies = {
-      group: 'eventing.knative.dev',
-      version: 'v1alpha1',
-      namespace: NAMESPACE,
-      plural: 'eventpolicies',
-    };
+    const policies = eventPolicies(NAMESPACE);
     type Policy = { status?: { from?: string[]; conditions?: { type: string; status: string }[] } };
     const readPolicy = async (name: string) =>
       (await custom.getNamespacedCustomObject({ ...policies, name })) as Policy;
@@ -400,18 +395,9 @@ describe('sender identity on Knative (SPEC §12)', () => {
         (await postEvents(url('captf-mirror-sync'), keyEvent('captf-none', 'none'), 'binary', undefined, bearer))
           .status;
       assert.equal(await status(), 403, 'an account no policy names is refused');
-      const from = (sub: string) => [{ sub }];
       await custom.createNamespacedCustomObject({
         ...policies,
-        body: {
-          apiVersion: 'eventing.knative.dev/v1alpha1',
-          kind: 'EventPolicy',
-          metadata: { name },
-          spec: {
-            to: [{ ref: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: 'captf-mirror-sync' } }],
-            from: from(subject),
-          },
-        },
+        body: eventPolicy(name, 'captf-mirror-sync', [subject]),
       });
       await eventually(
         'the policy Knative resolved to let the account in',
@@ -419,7 +405,7 @@ describe('sender identity on Knative (SPEC §12)', () => {
         60_000,
       );
       await custom.patchNamespacedCustomObject(
-        { ...policies, name, body: { spec: { from: from(`${subject}-not`) } } },
+        { ...policies, name, body: { spec: eventPolicy(name, 'captf-mirror-sync', [`${subject}-not`]).spec } },
         setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
       );
       await eventually('the narrowed policy to cut the account off', async () => (await status()) === 403, 60_000);
