@@ -13,6 +13,9 @@ import { policySenders, type EventPolicyLike, type PolicyTarget } from './sender
 /** How long a list of EventPolicies is reused, in ms: how late a narrowed policy may take effect. */
 export const POLICY_TTL_MS = 5_000;
 
+/** How long a failed list is answered again without asking, in ms: a struggling API server is not asked once per stranger's delivery. */
+export const FAILURE_TTL_MS = 1_000;
+
 /** The EventPolicies resource (Knative Eventing 1.15 and later). */
 const POLICIES = { group: 'eventing.knative.dev', version: 'v1alpha1', plural: 'eventpolicies' } as const;
 
@@ -23,6 +26,8 @@ export class EventPolicySenders {
   private readonly logger: Logger;
   private readonly ttlMs: number;
   private last: { at: number; senders: string[] } | undefined;
+  /** The last failed list, answered again for {@link FAILURE_TTL_MS} without asking. */
+  private failed: { at: number; err: unknown } | undefined;
   private pending: Promise<string[]> | undefined;
 
   /**
@@ -41,10 +46,12 @@ export class EventPolicySenders {
    * The subjects the target's Ready EventPolicies let in. No EventPolicy resource (Eventing
    * without it) means none; so does a list the function may not make, which it logs: a sender
    * a policy names is then refused, never let in unchecked. Concurrent callers share one list.
-   * @throws the API error of any other failed list (the delivery is answered 503 and retried).
+   * @throws the API error of any other failed list (the delivery is answered 503 and retried),
+   *   also for {@link FAILURE_TTL_MS} after it without a new list.
    */
   async senders(counter: CallCounter): Promise<string[]> {
     if (this.last && Date.now() - this.last.at < this.ttlMs) return this.last.senders;
+    if (this.failed && Date.now() - this.failed.at < FAILURE_TTL_MS) throw this.failed.err;
     this.pending ??= this.list(counter).finally(() => (this.pending = undefined));
     return this.pending;
   }
@@ -58,7 +65,10 @@ export class EventPolicySenders {
       };
       items = list.items ?? [];
     } catch (err) {
-      if (!isNotFound(err) && !isForbidden(err)) throw err;
+      if (!isNotFound(err) && !isForbidden(err)) {
+        this.failed = { at: Date.now(), err };
+        throw err;
+      }
       if (isForbidden(err))
         this.logger.warn('event policies unreadable', {
           detail: `may not list eventpolicies in ${this.target.namespace}: only the configured senders are let in`,

@@ -137,13 +137,29 @@ export const REFUSAL_TTL_MS = 5_000;
  */
 export const MAX_REVIEWS_IN_FLIGHT = 8;
 
-/** A token cache entry: the reviewed user, or null for a token the API server did not authenticate. */
-type Reviewed = { user: ReviewedUser | null };
+/**
+ * TokenReviews that may wait for a turn, at most: beyond that a review is not queued but
+ * refused as {@link ReviewsBusy} (the caller answers 503 and the sender retries), so a flood
+ * cannot build a backlog that delays the real senders' reviews for long.
+ */
+export const MAX_REVIEWS_WAITING = 64;
+
+/** Thrown when {@link MAX_REVIEWS_WAITING} reviews already wait: nothing was asked of the API server. */
+export class ReviewsBusy extends Error {
+  constructor() {
+    super(`${MAX_REVIEWS_IN_FLIGHT} TokenReviews are under way and ${MAX_REVIEWS_WAITING} wait`);
+  }
+}
+
+/** A token cache entry: the reviewed user. */
+type Reviewed = { user: ReviewedUser };
 
 /** TokenReviews for one audience, with the process's cache of their answers. */
 export class TokenReviewer {
   private readonly kc: KubeConfig;
   private readonly cache: LRUCache<string, Reviewed> | undefined;
+  /** Refused tokens, apart from the answers: a flood of refusals never pushes a sender's answer out. */
+  private readonly refused: LRUCache<string, true> | undefined;
   private readonly cacheTtlMs: number;
   /** Reviews under way, by cache key: concurrent requests with one token share one review. */
   private readonly inFlight = new Map<string, Promise<ReviewedUser | undefined>>();
@@ -163,21 +179,26 @@ export class TokenReviewer {
     this.audience = audience;
     this.cacheTtlMs = cacheTtlMs;
     this.cache = cacheTtlMs > 0 ? new LRUCache<string, Reviewed>({ max: entries, ttl: cacheTtlMs }) : undefined;
+    const refusalTtl = Math.min(cacheTtlMs, REFUSAL_TTL_MS);
+    this.refused = refusalTtl > 0 ? new LRUCache<string, true>({ max: entries, ttl: refusalTtl }) : undefined;
   }
 
   /**
    * The user `token` authenticates for the audience, or undefined when it does not (unknown,
    * expired, revoked, or minted for another audience). Each review counts on `counter`; a
    * cached answer, a shared one and a token refused by its claims ({@link mayBeFor}) make none.
-   * @throws the API error of a TokenReview that could not be made.
+   * @throws the API error of a TokenReview that could not be made; {@link ReviewsBusy} when too
+   *   many reviews already wait.
    */
   async review(token: string, counter: CallCounter): Promise<ReviewedUser | undefined> {
     if (!mayBeFor(token, this.audience, Date.now())) return undefined;
     const key = tokenKey(token);
     const hit = this.cache?.get(key);
-    if (hit) return hit.user ?? undefined;
+    if (hit) return hit.user;
+    if (this.refused?.has(key)) return undefined;
     const pending = this.inFlight.get(key);
     if (pending) return pending;
+    if (this.limit.pendingCount >= MAX_REVIEWS_WAITING) throw new ReviewsBusy();
     const review = this.limit(() => this.ask(token, key, counter)).finally(() => this.inFlight.delete(key));
     this.inFlight.set(key, review);
     return review;
@@ -194,8 +215,12 @@ export class TokenReviewer {
       },
     });
     const user = reviewedUser(answer.status, this.audience);
-    const ttl = user ? reuseFor(token, this.cacheTtlMs, Date.now()) : Math.min(this.cacheTtlMs, REFUSAL_TTL_MS);
-    if (ttl > 0) this.cache?.set(key, { user: user ?? null }, { ttl });
+    if (!user) {
+      this.refused?.set(key, true);
+      return undefined;
+    }
+    const ttl = reuseFor(token, this.cacheTtlMs, Date.now());
+    if (ttl > 0) this.cache?.set(key, { user }, { ttl });
     return user;
   }
 }

@@ -16,7 +16,7 @@ import { after, before, describe, it } from 'node:test';
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { refusal } from '../../functions/lib/senders.ts';
-import { MAX_REVIEWS_IN_FLIGHT } from '../../functions/lib/token-review.ts';
+import { MAX_REVIEWS_IN_FLIGHT, MAX_REVIEWS_WAITING } from '../../functions/lib/token-review.ts';
 import { start as startIdentityStatus } from '../../functions/identity-status/index.ts';
 import { start as startMirrorSync } from '../../functions/mirror-sync/index.ts';
 import { installEventingCRDs } from '../../scripts/controlplane/crds.ts';
@@ -340,30 +340,44 @@ describe('senders beyond the Triggers, and what strangers cost (SPEC §12)', () 
     assert.ok(lists >= 1, 'the policies were read');
   });
 
-  it('a flood of distinct forged tokens costs one review each, never more than a few at once', async () => {
+  it('a flood of distinct forged tokens costs one review each, a few at once, and what cannot wait is a 503 at no cost', async () => {
     let holding = 0;
     let most = 0;
     fault = async (method, path) => {
       if (method !== 'POST' || !isTokenReview(path)) return undefined;
       holding++;
       most = Math.max(most, holding);
-      await new Promise((r) => setTimeout(r, 200));
+      await new Promise((r) => setTimeout(r, 300));
       holding--;
       return undefined;
     };
-    try {
+    const flood = async (count: number) => {
       const from = seen.length;
-      const flood = await Promise.all(
-        Array.from({ length: 3 * MAX_REVIEWS_IN_FLIGHT }, (_, i) =>
+      const answers = await Promise.all(
+        Array.from({ length: count }, (_, i) =>
           deliver(
             'mirror-sync',
             eventAbout(w.name('f')),
-            `Bearer ${forged(MIRROR_SYNC_AUDIENCE, `system:serviceaccount:${senders}:f${i}`)}`,
+            `Bearer ${forged(MIRROR_SYNC_AUDIENCE, `system:serviceaccount:${senders}:f${i}-${from}`)}`,
           ),
         ),
       );
-      assert.deepEqual(new Set(flood.map((r) => r.status)), new Set([401]));
-      assert.equal(seen.slice(from).filter(isTokenReview).length, 3 * MAX_REVIEWS_IN_FLIGHT);
+      return { statuses: answers.map((r) => r.status), reviews: seen.slice(from).filter(isTokenReview).length };
+    };
+    try {
+      const few = await flood(3 * MAX_REVIEWS_IN_FLIGHT);
+      assert.deepEqual(new Set(few.statuses), new Set([401]));
+      assert.equal(few.reviews, 3 * MAX_REVIEWS_IN_FLIGHT);
+      assert.ok(most <= MAX_REVIEWS_IN_FLIGHT, `${most} TokenReviews at once`);
+      // More than may wait: the rest are told to come back, and cost the API server nothing.
+      const many = await flood(MAX_REVIEWS_IN_FLIGHT + MAX_REVIEWS_WAITING + 32);
+      const busy = many.statuses.filter((s) => s === 503).length;
+      assert.deepEqual(
+        many.statuses.filter((s) => s !== 401 && s !== 503),
+        [],
+      );
+      assert.ok(busy > 0, 'some deliveries found the queue full');
+      assert.equal(many.reviews + busy, many.statuses.length, 'a 503 made no TokenReview');
       assert.ok(most <= MAX_REVIEWS_IN_FLIGHT, `${most} TokenReviews at once`);
     } finally {
       fault = () => undefined;
