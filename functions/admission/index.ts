@@ -4,7 +4,9 @@
  * `GET /healthz`. Served over HTTPS with the certificate and key from
  * `$CAPTF_TLS_CERT_FILE`/`$CAPTF_TLS_KEY_FILE` (cert-manager's `tls.crt`/`tls.key`), reloaded
  * without a restart when the files change; or plain HTTP behind Knative's TLS-terminating
- * ingress with `CAPTF_ADMISSION_PLAIN_HTTP=true`. Nothing is done at import time.
+ * ingress with `CAPTF_ADMISSION_PLAIN_HTTP=true`. With `CAPTF_ADMISSION_CLIENT_CA_FILE`, only
+ * a caller presenting a client certificate from that CA gets a review (./callers.ts). Nothing is
+ * done at import time.
  */
 import { createServer as createHttpServer, type Server } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
@@ -25,7 +27,8 @@ import {
 import { consumerKindsFromEnv } from '../lib/consumers.ts';
 import { makeClients } from '../lib/kube.ts';
 import { createLogger } from '../lib/log.ts';
-import { readTlsPair, watchTlsPair } from '../lib/tls.ts';
+import { readTlsPair, serverTlsOptions, watchTlsPair } from '../lib/tls.ts';
+import { callerCheck } from './callers.ts';
 import { validateHandler } from './handler.ts';
 
 /** Where cert-manager's Secret volume puts the serving pair by default. */
@@ -45,24 +48,49 @@ export interface AdmissionConfig {
   keyFile: string;
   /** How often the certificate files are checked for a new pair, in milliseconds. */
   reloadMs: number;
+  /** The CA bundle a caller's client certificate must chain to; absent: callers are not checked. */
+  caFile?: string | undefined;
+  /** Subject CNs a caller's certificate may carry; empty: any the CA signed. */
+  clientNames: string[];
 }
 
 /**
  * Reads the admission configuration.
  * @param env `CAPTF_ADMISSION_PLAIN_HTTP` (`true`/`false`, default false),
  *   `CAPTF_TLS_CERT_FILE` (default `/var/run/captf/tls/tls.crt`), `CAPTF_TLS_KEY_FILE`
- *   (default `/var/run/captf/tls/tls.key`), `CAPTF_TLS_RELOAD_MS` (default 10000).
- * @throws Error naming the variable with a bad value.
+ *   (default `/var/run/captf/tls/tls.key`), `CAPTF_TLS_RELOAD_MS` (default 10000),
+ *   `CAPTF_ADMISSION_CLIENT_CA_FILE` (unset: callers unchecked), `CAPTF_ADMISSION_CLIENT_NAMES`
+ *   (comma-separated subject CNs; unset: any certificate of that CA).
+ * @throws Error naming the variable with a bad value, or a client CA with plain HTTP (behind
+ *   Knative's ingress the function never sees the caller's certificate).
  */
 export function admissionConfigFromEnv(env: NodeJS.ProcessEnv): AdmissionConfig {
   const plain = (env.CAPTF_ADMISSION_PLAIN_HTTP ?? '').trim().toLowerCase();
   if (!['', 'true', 'false'].includes(plain))
     throw new Error(`CAPTF_ADMISSION_PLAIN_HTTP=${plain} must be true or false`);
+  // Set but blank is a mistake, not "off": the check would be off without a word.
+  const caFile = env.CAPTF_ADMISSION_CLIENT_CA_FILE?.trim();
+  if (caFile === '')
+    throw new Error('CAPTF_ADMISSION_CLIENT_CA_FILE is set but blank: name the CA bundle, or unset it');
+  const clientNames = (env.CAPTF_ADMISSION_CLIENT_NAMES ?? '')
+    .split(',')
+    .map((n) => n.trim())
+    .filter((n) => n !== '');
+  if (env.CAPTF_ADMISSION_CLIENT_NAMES !== undefined && clientNames.length === 0)
+    throw new Error('CAPTF_ADMISSION_CLIENT_NAMES is set but names no subject: name one, or unset it');
+  if (clientNames.length > 0 && !caFile)
+    throw new Error('CAPTF_ADMISSION_CLIENT_NAMES needs CAPTF_ADMISSION_CLIENT_CA_FILE: names of which CA?');
+  if (caFile && plain === 'true')
+    throw new Error(
+      'CAPTF_ADMISSION_CLIENT_CA_FILE needs HTTPS: with CAPTF_ADMISSION_PLAIN_HTTP=true the TLS ends before the function and no client certificate reaches it',
+    );
   return {
     plainHttp: plain === 'true',
     certFile: setting(env.CAPTF_TLS_CERT_FILE, `${DEFAULT_TLS_DIR}/tls.crt`),
     keyFile: setting(env.CAPTF_TLS_KEY_FILE, `${DEFAULT_TLS_DIR}/tls.key`),
     reloadMs: reloadMsFromEnv(env),
+    caFile,
+    clientNames,
   };
 }
 
@@ -92,6 +120,11 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   const consumerKinds = consumerKindsFromEnv(env);
 
   const app = createApp();
+  // Before the body is read: a refused caller costs no parsing and no API request.
+  if (cfg.caFile) app.use('/validate', callerCheck(cfg.clientNames, logger));
+  logger.info(cfg.caFile ? 'callers checked by client certificate' : 'callers not checked', {
+    ...(cfg.caFile ? { clientCaFile: cfg.caFile, clientNames: cfg.clientNames.length } : {}),
+  });
   app.post(
     '/validate',
     readBody({ types: JSON_TYPES, limit: ADMISSION_BODY_LIMIT }),
@@ -107,7 +140,7 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     const pair = readTlsPair(cfg);
     // The TLS handshake gets the headers' bound too (Node's default is 120 s).
     const tlsOptions = { ...serverOptions(), handshakeTimeout: SERVER_TIMEOUTS.headersMs };
-    const https = createHttpsServer({ ...tlsOptions, cert: pair.cert, key: pair.key }, app);
+    const https = createHttpsServer({ ...tlsOptions, ...serverTlsOptions(pair) }, app);
     stopWatching = watchTlsPair(https, cfg, pair, logger);
     server = https;
   }

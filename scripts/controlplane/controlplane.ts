@@ -142,6 +142,12 @@ export interface ControlPlane {
   insideKubeconfigPath: string;
   /** PEM of the CA that signed the API server's certificate. */
   caPem: string;
+  /**
+   * Path of the CA that signed the client certificate the API server presents to every
+   * admission webhook (its AdmissionConfiguration's kubeconfig, {@link WEBHOOK_CLIENT_CN}): what
+   * a webhook that checks its callers trusts (admission's `CAPTF_ADMISSION_CLIENT_CA_FILE`).
+   */
+  webhookClientCaPath: string;
   binaries: ControlPlaneBinaries;
   /** Mints a client certificate for `name` in `groups` and writes a kubeconfig; returns its path. */
   userKubeConfig(name: string, groups?: readonly string[]): Promise<string>;
@@ -215,6 +221,10 @@ interface Pki {
   serving: CertPair;
   /** Client certificate of `admin` in `system:masters`. */
   admin: CertPair;
+  /** The CA of the certificate the API server presents to webhooks (its own, not the users' CA). */
+  webhookClientCA: CertPair;
+  /** The API server's client certificate towards webhooks. */
+  webhookClient: CertPair;
   /** PEM of `servingCA`. */
   caPem: string;
 }
@@ -256,6 +266,7 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     ? kubeconfig('inside-admin.kubeconfig', `https://${bind}:${ports.api}`)
     : kubeconfigPath;
   writeAuditPolicy(dir);
+  writeAdmissionConfiguration(dir, pki.webhookClient);
   const components = newComponents(join(dir, 'logs'), node?.spawn ?? spawn);
   try {
     components.start('etcd', binaries.etcd, etcdArgs(dir, ports));
@@ -276,6 +287,7 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     kubeconfigPath,
     insideKubeconfigPath,
     caPem: pki.caPem,
+    webhookClientCaPath: pki.webhookClientCA.cert,
     binaries,
     userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
     stopComponent: (name) => components.stopOne(name),
@@ -335,12 +347,13 @@ function startControllers(
  * `extraSans`) and admin's client certificate.
  */
 async function createPki(pkiDir: string, extraSans: readonly string[]): Promise<Pki> {
-  const [servingCA, clientCA, sa] = await Promise.all([
+  const [servingCA, clientCA, webhookClientCA, sa] = await Promise.all([
     createCA(pkiDir, 'ca', 'captf-local-ca'),
     createCA(pkiDir, 'client-ca', 'captf-local-client-ca'),
+    createCA(pkiDir, 'webhook-client-ca', 'captf-local-webhook-client-ca'),
     createServiceAccountKeys(pkiDir),
   ]);
-  const [serving, admin] = await Promise.all([
+  const [serving, admin, webhookClient] = await Promise.all([
     createLeaf({
       ca: servingCA,
       dir: pkiDir,
@@ -350,8 +363,45 @@ async function createPki(pkiDir: string, extraSans: readonly string[]): Promise<
       usage: 'server',
     }),
     createLeaf({ ca: clientCA, dir: pkiDir, name: 'admin', cn: 'admin', orgs: ['system:masters'], usage: 'client' }),
+    createLeaf({ ca: webhookClientCA, dir: pkiDir, name: 'webhook-client', cn: WEBHOOK_CLIENT_CN, usage: 'client' }),
   ]);
-  return { servingCA, clientCA, sa, serving, admin, caPem: readFileSync(servingCA.cert, 'utf8') };
+  const caPem = readFileSync(servingCA.cert, 'utf8');
+  return { servingCA, clientCA, sa, serving, admin, webhookClientCA, webhookClient, caPem };
+}
+
+/** The subject CN of the client certificate the API server presents to admission webhooks. */
+export const WEBHOOK_CLIENT_CN = 'kube-apiserver-webhook-client';
+
+/** The API server's AdmissionConfiguration, in the state folder. */
+const ADMISSION_CONFIGURATION = 'admission-configuration.yaml';
+
+/**
+ * `<dir>/admission-configuration.yaml` and the kubeconfig it names: the API server presents
+ * `cert` to every validating and mutating webhook (user `*`, any host), as an operator
+ * configures a cluster whose webhooks check their callers (Kubernetes' "Authenticate API
+ * servers" for admission webhooks). A webhook that asks for no certificate is unaffected.
+ */
+function writeAdmissionConfiguration(dir: string, cert: CertPair): void {
+  const b64 = (p: string) => readFileSync(p).toString('base64');
+  const kubeconfig = join(dir, 'webhook-client.kubeconfig');
+  const user = { 'client-certificate-data': b64(cert.cert), 'client-key-data': b64(cert.key) };
+  writeFileSync(kubeconfig, dumpYaml({ apiVersion: 'v1', kind: 'Config', users: [{ name: '*', user }] }));
+  const plugin = (name: string) => ({
+    name,
+    configuration: {
+      apiVersion: 'apiserver.config.k8s.io/v1',
+      kind: 'WebhookAdmissionConfiguration',
+      kubeConfigFile: kubeconfig,
+    },
+  });
+  writeFileSync(
+    join(dir, ADMISSION_CONFIGURATION),
+    dumpYaml({
+      apiVersion: 'apiserver.config.k8s.io/v1',
+      kind: 'AdmissionConfiguration',
+      plugins: [plugin('ValidatingAdmissionWebhook'), plugin('MutatingAdmissionWebhook')],
+    }),
+  );
 }
 
 /** `<dir>/audit-policy.yaml`: every request at Metadata level. */
@@ -472,6 +522,7 @@ function apiServerArgs({ dir, ports, pki, bind, node, auditLogMaxSizeMB = 200 }:
     `--service-account-key-file=${pki.sa.pub}`,
     `--service-account-signing-key-file=${pki.sa.key}`,
     `--audit-policy-file=${join(dir, 'audit-policy.yaml')}`,
+    `--admission-control-config-file=${join(dir, ADMISSION_CONFIGURATION)}`,
     `--audit-log-path=${join(dir, 'logs', 'audit.log')}`,
     `--audit-log-maxsize=${auditLogMaxSizeMB}`,
     ...(node ? forNode : []),

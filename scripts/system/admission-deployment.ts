@@ -2,11 +2,12 @@
  * The entry point's webhook layout on the test node: `manifests/` (admission as a Deployment +
  * Service serving its own TLS) applied as rendered, with the
  * node's image, and the cert-manager stand-in (scripts/certmanager/) issuing the manifests'
- * Certificates and injecting the webhook's `caBundle`. Only what runs without Knative is
+ * Certificates and injecting the webhook's `caBundle`. With `clientCaPem`, also
+ * `components/admission-client-ca` and the ConfigMap it reads, as an operator adds them. Only what runs without Knative is
  * applied: the namespace, RBAC, admission, its certificates and the webhook configuration; the
  * other functions' Knative Services and the Eventing objects need Knative and are left out.
  */
-import { AppsV1Api, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
+import { AppsV1Api, type KubeConfig, type KubernetesObject, type V1ConfigMap } from '@kubernetes/client-node';
 import { startCertManager, type CertManager } from '../certmanager/certmanager.ts';
 import { CERT_MANAGER_CRDS, installThirdPartyCRDs } from '../controlplane/crds.ts';
 import { serverSideApply } from '../lib/kube.ts';
@@ -17,6 +18,10 @@ import { untilWebhookAnswers } from './webhook.ts';
 
 /** The kustomization deployed: the entry point. */
 export const ADMISSION_DEPLOYMENT_OVERLAY = ENTRY_POINT;
+/** The component that makes admission check its callers' client certificates. */
+export const CLIENT_CA_COMPONENT = 'manifests/components/admission-client-ca';
+/** The ConfigMap {@link CLIENT_CA_COMPONENT} mounts (key `ca.crt`), which the operator creates. */
+export const CLIENT_CA_CONFIGMAP = 'captf-admission-client-ca';
 /** API groups whose objects need Knative (left out here). */
 const KNATIVE_GROUPS = /^(serving|eventing|sources|messaging)\.knative\.dev\//;
 /** How long the Deployment may take to be Available (image from the node, two pods; generous). */
@@ -35,18 +40,25 @@ export interface AdmissionDeployment {
  * Applies the fallback overlay's objects that run without Knative and waits until the
  * Deployment is Available, the webhook has its `caBundle` and the API server reaches it.
  * @param o.dir where the overlay and the stand-in's scratch files are written.
+ * @param o.clientCaPem with it, admission answers only callers with a client certificate of this CA.
  * @throws Error naming what was not ready in time (the stand-in is stopped first).
  */
 export async function deployAdmissionDeployment(
   kc: KubeConfig,
-  o: { dir: string; log: (line: string) => void },
+  o: { dir: string; log: (line: string) => void; clientCaPem?: string },
 ): Promise<AdmissionDeployment> {
   await installThirdPartyCRDs(kc, CERT_MANAGER_CRDS);
   const rendered = await renderForNode(ADMISSION_DEPLOYMENT_OVERLAY, {
     dir: o.dir,
     name: 'admission-deployment-overlay',
+    components: o.clientCaPem ? [CLIENT_CA_COMPONENT] : [],
   });
-  const applied = rendered.filter((x) => !KNATIVE_GROUPS.test(x.apiVersion ?? ''));
+  const runnable = rendered.filter((x) => !KNATIVE_GROUPS.test(x.apiVersion ?? ''));
+  // After the namespace, before the Deployment whose pods mount it.
+  const first = runnable.findIndex((x) => x.kind !== 'Namespace');
+  const applied = o.clientCaPem
+    ? [...runnable.slice(0, first), clientCaConfigMap(o.clientCaPem), ...runnable.slice(first)]
+    : runnable;
   const certManager = startCertManager(kc, { dir: `${o.dir}/cert-manager`, log: o.log });
   try {
     for (const x of applied)
@@ -71,4 +83,14 @@ export async function deployAdmissionDeployment(
     throw err;
   }
   return { applied, certManager, stop: () => certManager.stop() };
+}
+
+/** The ConfigMap {@link CLIENT_CA_COMPONENT} reads, holding `pem` as `ca.crt`. */
+function clientCaConfigMap(pem: string): V1ConfigMap & KubernetesObject {
+  return {
+    apiVersion: 'v1',
+    kind: 'ConfigMap',
+    metadata: { name: CLIENT_CA_CONFIGMAP, namespace: 'captf-system' },
+    data: { 'ca.crt': pem },
+  };
 }

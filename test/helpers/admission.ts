@@ -19,7 +19,7 @@ import { apiStatus } from '../../functions/lib/kube.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { registerWebhook } from '../../scripts/system/webhook.ts';
-import { asUser, eventually, suffix } from './cluster.ts';
+import { asUser, eventually, suffix, webhookClientCaPath } from './cluster.ts';
 import * as fx from './fixtures.ts';
 import { captureLogger, sentinel } from './logs.ts';
 
@@ -63,7 +63,12 @@ export async function admissionWebhook(w: fx.World, labelKey: string): Promise<W
     host: '127.0.0.1',
     kubeconfig: account.clients.kc,
     logger: log.logger,
-    env: { CAPTF_TLS_CERT_FILE: leaf.cert, CAPTF_TLS_KEY_FILE: leaf.key },
+    // As an operator configures it: only the API server's webhook client certificate gets a review.
+    env: {
+      CAPTF_TLS_CERT_FILE: leaf.cert,
+      CAPTF_TLS_KEY_FILE: leaf.key,
+      CAPTF_ADMISSION_CLIENT_CA_FILE: webhookClientCaPath(),
+    },
   });
   w.onCleanup(() => fn.close());
   w.onCleanup(() =>

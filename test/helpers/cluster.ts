@@ -15,6 +15,12 @@ export function controlPlaneDir(): string {
   return dir;
 }
 
+/**
+ * The CA of the client certificate the test control plane's API server presents to webhooks
+ * (scripts/controlplane/controlplane.ts `webhookClientCaPath`).
+ */
+export const webhookClientCaPath = (): string => `${controlPlaneDir()}/pki/webhook-client-ca.crt`;
+
 /** Admin (system:masters) clients; every Secret they create carries a planted value (leaks.ts). */
 export function admin(): Clients {
   return plantSentinels(makeClients(loadKubeConfig(`${controlPlaneDir()}/admin.kubeconfig`)));

@@ -1,17 +1,20 @@
 /**
  * The admission server itself: malformed reviews posted directly, the body limit, serving
- * certificate rotation without a restart, plain-HTTP mode, and the start-up time of the real
- * entrypoint (process start → first answered AdmissionReview).
+ * certificate rotation without a restart, plain-HTTP mode, the caller check by client
+ * certificate, and the start-up time of the real entrypoint (process start → first answered
+ * AdmissionReview).
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { copyFileSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { request as httpRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
+import { connect as tlsConnect } from 'node:tls';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { KubeConfig } from '@kubernetes/client-node';
+import { CALLER_REFUSED } from '../../functions/admission/callers.ts';
 import { start } from '../../functions/admission/index.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
 import { REPO_ROOT } from '../../scripts/tools/build.ts';
@@ -27,8 +30,14 @@ interface Answer {
   json: () => Record<string, unknown>;
 }
 
-/** One request on a fresh connection (so a rotated certificate is seen), trusting `ca`. */
-function call(url: string, opts: { method?: string; body?: string | Buffer; ca?: string } = {}): Promise<Answer> {
+/**
+ * One request on a fresh connection (so a rotated certificate is seen), trusting `ca`, and
+ * presenting `client`'s certificate when given.
+ */
+function call(
+  url: string,
+  opts: { method?: string; body?: string | Buffer; ca?: string; client?: CertPair } = {},
+): Promise<Answer> {
   return new Promise((res, rej) => {
     const u = new URL(url);
     const req = (u.protocol === 'https:' ? httpsRequest : httpRequest)(
@@ -37,6 +46,7 @@ function call(url: string, opts: { method?: string; body?: string | Buffer; ca?:
         method: opts.method ?? (opts.body === undefined ? 'GET' : 'POST'),
         agent: false,
         ...(opts.ca ? { ca: opts.ca } : {}),
+        ...(opts.client ? { cert: readFileSync(opts.client.cert), key: readFileSync(opts.client.key) } : {}),
         headers:
           opts.body === undefined
             ? {}
@@ -263,6 +273,140 @@ describe('serving certificate rotation without a restart', () => {
     } finally {
       await fn.close();
     }
+  });
+});
+
+describe("with a client CA, only a caller presenting that CA's certificate gets a review", () => {
+  const cap = captureLogger('admission');
+  let dir: string;
+  let caFile: string;
+  let trust: string;
+  let apiServer: CertPair;
+  let intruder: CertPair;
+  let stranger: CertPair;
+  let strangerCa: CertPair;
+  const started: FunctionHandle[] = [];
+  before(async () => {
+    dir = mkdtempSync(join(pki, 'callers-'));
+    const [clientCa, otherCa] = await Promise.all([
+      createCA(dir, 'client-ca', `captf-test-client-ca-${suffix()}`),
+      createCA(dir, 'other-ca', `captf-test-other-ca-${suffix()}`),
+    ]);
+    strangerCa = otherCa;
+    const client = (ca: CertPair, name: string, cn: string) => createLeaf({ ca, dir, name, cn, usage: 'client' });
+    [apiServer, intruder, stranger] = await Promise.all([
+      client(clientCa, 'apiserver', 'kube-apiserver-webhook-client'),
+      client(clientCa, 'intruder', 'intruder'),
+      client(otherCa, 'stranger', 'kube-apiserver-webhook-client'),
+    ]);
+    caFile = join(dir, 'ca.crt');
+    copyFileSync(clientCa.cert, caFile);
+    trust = readFileSync(ca1.cert, 'utf8');
+  });
+  after(() => Promise.all(started.map((f) => f.close())));
+
+  const startChecking = async (env: Record<string, string> = {}) => {
+    const fn = await start({
+      port: 0,
+      host: '127.0.0.1',
+      kubeconfig: adminKubeConfig(),
+      logger: cap.logger,
+      env: {
+        CAPTF_TLS_CERT_FILE: leaf1.cert,
+        CAPTF_TLS_KEY_FILE: leaf1.key,
+        CAPTF_ADMISSION_CLIENT_CA_FILE: caFile,
+        ...env,
+      },
+    });
+    started.push(fn);
+    return `https://127.0.0.1:${fn.port}`;
+  };
+  /** A CREATE: answering it would take a SubjectAccessReview. */
+  const create = (uid: string) => review({ ...goodRequest(uid), operation: 'CREATE', oldObject: undefined });
+  const refusals = (reason: string) =>
+    cap.lines.filter((l) => l.includes('admission caller refused') && l.includes(`"reason":"${reason}"`)).length;
+  const reviewed = (uid: string) => cap.lines.some((l) => l.includes('"reviewed"') && l.includes(uid));
+
+  it("no certificate and another CA's certificate: 403, one fixed sentence, no review made; the health check stays open", async () => {
+    const url = await startChecking();
+    for (const [client, reason, uid] of [
+      [undefined, 'no client certificate', 'no-cert'],
+      [stranger, 'not signed by the client CA', 'other-ca'],
+    ] as const) {
+      const before = refusals(reason);
+      const r = await call(`${url}/validate`, { ca: trust, body: create(uid), ...(client ? { client } : {}) });
+      assert.equal(r.status, 403, uid);
+      assert.deepEqual(r.json(), { error: CALLER_REFUSED });
+      assert.equal(refusals(reason), before + 1, `one log line saying why (${reason})`);
+      assert.ok(!reviewed(uid), `no review was made for ${uid}`);
+    }
+    assert.equal((await call(`${url}/healthz`, { ca: trust })).status, 200);
+    const ok = await call(`${url}/validate`, { ca: trust, client: apiServer, body: create('api-server') });
+    assert.equal(ok.status, 200);
+    assert.equal((ok.json().response as { uid: string }).uid, 'api-server');
+    assert.ok(reviewed('api-server'));
+  });
+
+  it('with CAPTF_ADMISSION_CLIENT_NAMES, a certificate of the right CA with another subject is refused', async () => {
+    const url = await startChecking({ CAPTF_ADMISSION_CLIENT_NAMES: 'kube-apiserver-webhook-client' });
+    const before = refusals('subject not allowed');
+    const r = await call(`${url}/validate`, { ca: trust, client: intruder, body: review(goodRequest('intruder')) });
+    assert.equal(r.status, 403);
+    assert.equal(refusals('subject not allowed'), before + 1);
+    const ok = await call(`${url}/validate`, { ca: trust, client: apiServer, body: review(goodRequest('named')) });
+    assert.deepEqual(ok.json().response, { uid: 'named', allowed: true });
+  });
+
+  it('a new CA in the file is trusted without a restart, and the old one no longer', async () => {
+    const rotating = join(dir, 'rotating-ca.crt');
+    copyFileSync(caFile, rotating);
+    const url = await startChecking({ CAPTF_ADMISSION_CLIENT_CA_FILE: rotating, CAPTF_TLS_RELOAD_MS: '100' });
+    const status = async (client: CertPair) =>
+      (await call(`${url}/validate`, { ca: trust, client, body: review(goodRequest('rot')) })).status;
+    assert.equal(await status(apiServer), 200);
+    assert.equal(await status(stranger), 403);
+    copyFileSync(strangerCa.cert, rotating);
+    await eventually('the new CA to be trusted', async () => (await status(stranger)) === 200, 10_000);
+    assert.equal(await status(apiServer), 403, 'the old CA is no longer trusted');
+  });
+
+  it("a TLS 1.2 renegotiation is refused: Node would keep the first handshake's verdict for the next certificate", async () => {
+    const url = new URL(await startChecking());
+    const socket = tlsConnect({
+      host: '127.0.0.1',
+      port: Number(url.port),
+      ca: trust,
+      maxVersion: 'TLSv1.2',
+      cert: readFileSync(apiServer.cert),
+      key: readFileSync(apiServer.key),
+    });
+    socket.on('error', () => undefined);
+    await new Promise<void>((res, rej) => {
+      socket.once('secureConnect', res);
+      socket.once('error', rej);
+    });
+    try {
+      const outcome = await new Promise<string>((res) => {
+        const asked = socket.renegotiate({ rejectUnauthorized: false }, (err) => res(err ? 'refused' : 'renegotiated'));
+        if (!asked) res('refused');
+        socket.once('close', () => res('refused'));
+      });
+      assert.equal(outcome, 'refused');
+    } finally {
+      socket.destroy();
+    }
+  });
+
+  it('a CA file that holds no CA certificate stops the start, naming it', async () => {
+    const leafOnly = join(dir, 'leaf-only-ca.crt');
+    copyFileSync(apiServer.cert, leafOnly);
+    await assert.rejects(startChecking({ CAPTF_ADMISSION_CLIENT_CA_FILE: leafOnly }), /holds no CA certificate/);
+    const empty = join(dir, 'empty-ca.crt');
+    copyFileSync(leaf1.key, empty);
+    await assert.rejects(
+      startChecking({ CAPTF_ADMISSION_CLIENT_CA_FILE: empty }),
+      /client CA bundle .*holds no PEM certificate/,
+    );
   });
 });
 

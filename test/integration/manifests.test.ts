@@ -285,3 +285,90 @@ describe('the rendered manifests against the real CRD schemas', () => {
     );
   });
 });
+
+describe("admission's callers (components/admission-client-ca, components/admission-network-policy)", () => {
+  it("admission's caller components, as a user composes them (the CA's ConfigMap, the control plane's range), are valid and fit the Deployment", async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'captf-admission-callers-'));
+    try {
+      const rel = (p: string) => JSON.stringify(relative(dir, join(REPO_ROOT, p)));
+      writeFileSync(join(dir, 'ca.crt'), 'a CA bundle\n');
+      writeFileSync(
+        join(dir, 'kustomization.yaml'),
+        [
+          'apiVersion: kustomize.config.k8s.io/v1beta1',
+          'kind: Kustomization',
+          'resources:',
+          `  - ${rel(ENTRY_POINT)}`,
+          'components:',
+          `  - ${rel('manifests/components/admission-client-ca')}`,
+          `  - ${rel('manifests/components/admission-network-policy')}`,
+          'configMapGenerator:',
+          '  - name: captf-admission-client-ca',
+          '    namespace: captf-system',
+          '    files: [ca.crt]',
+          'patches:',
+          '  - target: { kind: NetworkPolicy, name: captf-admission }',
+          '    patch: |-',
+          '      - op: replace',
+          '        path: /spec/ingress/0/from/0/ipBlock/cidr',
+          '        value: 10.20.0.0/24',
+          '',
+        ].join('\n'),
+      );
+      const objects = await render(dir);
+      type Pod = {
+        metadata: { labels: Record<string, string> };
+        spec: {
+          containers: {
+            env: { name: string; value?: string }[];
+            ports: { name: string; containerPort: number }[];
+            volumeMounts: { name: string; mountPath: string }[];
+          }[];
+          volumes: { name: string; configMap?: { name: string } }[];
+        };
+      };
+      const deployment = objects.find(
+        (o) => o.kind === 'Deployment' && o.metadata?.name === 'captf-admission',
+      ) as unknown as {
+        spec: { template: Pod };
+      };
+      const pod = deployment.spec.template;
+      const c = pod.spec.containers[0]!;
+      const caFile = c.env.find((e) => e.name === 'CAPTF_ADMISSION_CLIENT_CA_FILE')?.value;
+      const mount = c.volumeMounts.find((m) => caFile?.startsWith(`${m.mountPath}/`));
+      assert.ok(mount, `${caFile} lies in a mounted volume`);
+      const configMap = objects.find(
+        (o) => o.kind === 'ConfigMap' && o.metadata?.name?.startsWith('captf-admission-client-ca'),
+      );
+      assert.ok(configMap, 'the generated ConfigMap');
+      assert.equal(
+        pod.spec.volumes.find((v) => v.name === mount.name)?.configMap?.name,
+        configMap.metadata!.name,
+        "the volume names the generated ConfigMap (kustomize's hashed name reaches it)",
+      );
+      const policy = objects.find((o) => o.kind === 'NetworkPolicy') as unknown as {
+        spec: {
+          podSelector: { matchLabels: Record<string, string> };
+          ingress: { from: { ipBlock: { cidr: string } }[]; ports: { port: string | number }[] }[];
+        };
+      };
+      for (const [k, v] of Object.entries(policy.spec.podSelector.matchLabels))
+        assert.equal(pod.metadata.labels[k], v, `the policy selects admission's pods (${k})`);
+      assert.deepEqual(policy.spec.ingress[0]!.from, [{ ipBlock: { cidr: '10.20.0.0/24' } }]);
+      const port = policy.spec.ingress[0]!.ports[0]!.port;
+      assert.ok(
+        c.ports.some((p) => p.name === port),
+        `the policy's port ${port} is a named port of the container`,
+      );
+      const target = await w.namespace();
+      const failures: string[] = [];
+      for (const o of relocate(objects, target))
+        await dryRunApply(o).catch((err: unknown) =>
+          failures.push(`${o.kind}/${o.metadata?.name}: ${untrustedServerMessage(err)}`),
+        );
+      assert.deepEqual(failures, []);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});

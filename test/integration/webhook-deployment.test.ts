@@ -4,10 +4,14 @@
  * ValidatingWebhookConfiguration (a service reference, `caBundle` injected by the cert-manager
  * stand-in from `cert-manager.io/inject-ca-from`). The API server calls it through the Service's
  * ClusterIP; a renewed certificate is served without a restart; with no pod ready, identity
- * writes are refused (`failurePolicy: Fail`). One node for the file, its own control plane; root.
+ * writes are refused (`failurePolicy: Fail`). Deployed with `components/admission-client-ca`
+ * and the control plane's webhook client CA, as an operator whose API server presents a client
+ * certificate to webhooks would: the API server's reviews pass, a review posted straight to a pod
+ * is refused. One node for the file, its own control plane; root.
  */
 import assert from 'node:assert/strict';
-import { rmSync } from 'node:fs';
+import { readFileSync, rmSync } from 'node:fs';
+import { request } from 'node:https';
 import { X509Certificate } from 'node:crypto';
 import { connect } from 'node:tls';
 import { describe, it } from 'node:test';
@@ -20,7 +24,9 @@ import {
   PatchStrategy,
   setHeaderOptions,
 } from '@kubernetes/client-node';
+import { CALLER_REFUSED } from '../../functions/admission/callers.ts';
 import { identities } from '../../functions/lib/objects.ts';
+import { createCA, createLeaf, type CertPair } from '../../scripts/controlplane/pki.ts';
 import { deployAdmissionDeployment } from '../../scripts/system/admission-deployment.ts';
 import { identityThroughWebhook, refusal } from '../helpers/admission.ts';
 import { eventually } from '../helpers/cluster.ts';
@@ -31,13 +37,16 @@ import { nodeWorld } from '../helpers/node.ts';
 const { system, w, work, progress } = await nodeWorld('fallback', { node: true });
 const node = system.node!;
 // A failure here ends the file before its cleanups are registered with the runner: stop the node first.
-const fallback = await deployAdmissionDeployment(system.kc, { dir: work, log: (l) => progress.push(l) }).catch(
-  async (err: unknown) => {
-    await system.stop();
-    rmSync(work, { recursive: true, force: true });
-    throw err;
-  },
-);
+const clientCaPem = readFileSync(system.controlPlane!.webhookClientCaPath, 'utf8');
+const fallback = await deployAdmissionDeployment(system.kc, {
+  dir: work,
+  log: (l) => progress.push(l),
+  clientCaPem,
+}).catch(async (err: unknown) => {
+  await system.stop();
+  rmSync(work, { recursive: true, force: true });
+  throw err;
+});
 w.onCleanup(() => fallback.stop());
 
 const NAMESPACE = 'captf-system';
@@ -114,6 +123,74 @@ describe('the webhook as a Deployment + Service (the fallback path)', () => {
   it('the API server calls it through the Service: a create, a widening update, a refused delete', async () => {
     const walk = await identityThroughWebhook(w);
     assertNoSecret(walk.messages.join('\n'), [walk.planted], 'what the users saw');
+  });
+
+  it("a review posted straight to a pod is refused unless it carries the API server's client certificate", async () => {
+    const pods = await admissionPods();
+    const pod = pods[0]!;
+    const port = await node.forward({ host: pod.status!.podIP!, port: 8443 });
+    const foreignCa = await createCA(work, 'foreign-ca', 'captf-test-foreign-ca');
+    const foreign = await createLeaf({
+      ca: foreignCa,
+      dir: work,
+      name: 'foreign',
+      cn: 'kube-apiserver-webhook-client',
+      usage: 'client',
+    });
+    // The SubjectAccessReview it asks for, had it been answered: may user "mallory" read the Secret?
+    const forged = JSON.stringify({
+      apiVersion: 'admission.k8s.io/v1',
+      kind: 'AdmissionReview',
+      request: {
+        uid: 'forged',
+        operation: 'CREATE',
+        name: 'probe',
+        userInfo: { username: 'mallory' },
+        object: fx.identity('probe', fx.secretRef(NAMESPACE, 'captf-admission-tls'), fx.allowList('x')),
+      },
+    });
+    const post = (client?: CertPair) =>
+      new Promise<{ status: number; body: string }>((resolve, reject) => {
+        const req = request(
+          {
+            host: '127.0.0.1',
+            port,
+            path: '/validate',
+            method: 'POST',
+            servername: `${NAME}.${NAMESPACE}.svc`,
+            rejectUnauthorized: false,
+            agent: false,
+            headers: { 'content-type': 'application/json' },
+            ...(client ? { cert: readFileSync(client.cert), key: readFileSync(client.key) } : {}),
+          },
+          (res) => {
+            let body = '';
+            res.on('data', (d: Buffer) => (body += d.toString()));
+            res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+          },
+        );
+        req.on('error', reject);
+        req.end(forged);
+      });
+    for (const client of [undefined, foreign]) {
+      const r = await post(client);
+      assert.equal(r.status, 403, r.body);
+      assert.deepEqual(JSON.parse(r.body), { error: CALLER_REFUSED });
+    }
+    const log = await eventually(
+      "the pod's log to say why",
+      async () => {
+        const l = await core.readNamespacedPodLog({ namespace: NAMESPACE, name: pod.metadata!.name! });
+        return /admission caller refused.*not signed by the client CA/.test(l) ? l : undefined;
+      },
+      30_000,
+    );
+    assert.match(log, /admission caller refused.*no client certificate/);
+    assert.doesNotMatch(log, /"uid":"forged"/, 'no review was made');
+    // And the API server, presenting its certificate, is still answered.
+    const name = w.name('through-api-server');
+    await identities(w.clients).create(fx.identity(name, fx.secretRef(NAMESPACE, 'none'), fx.allowList('x')));
+    await identities(w.clients).delete({ name });
   });
 
   it('a renewed certificate is served by the running pods, without a restart, and reviews go on', async () => {
