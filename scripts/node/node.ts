@@ -7,8 +7,8 @@
  * server on 127.0.0.1 through the node's forward, so tests, kubectl and a shell never enter
  * the namespace; {@link TestNode.forward} reaches a pod the same way.
  *
- * {@link startNode} reads as its list of steps; each pushes its undo, and a failed start runs
- * them in reverse. The node's own stop (the holder's teardown) is what ends every process,
+ * {@link startNode} reads as its list of named steps (scripts/lib/steps.ts, as the world's
+ * start), each leaving its undo; a failed start and the stop run them in reverse. The node's own stop (the holder's teardown) is what ends every process,
  * container and cgroup, also when this process dies.
  */
 import { execFileSync, type ChildProcess } from 'node:child_process';
@@ -17,6 +17,7 @@ import { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { startControlPlane, userKubeConfig, type ControlPlane } from '../controlplane/controlplane.ts';
 import { buildImage, type BuiltImage } from '../image/build.ts';
 import { stopProcess } from '../lib/process.ts';
+import { Steps } from '../lib/steps.ts';
 import { eventually, firstLine } from '../lib/wait.ts';
 import { nodeBinaries } from './binaries.ts';
 import { startContainerd, type Containerd } from './containerd.ts';
@@ -70,42 +71,42 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
     await buildImage('captf-credentials', { log: opts.log }),
     await buildImage('pause', { log: opts.log }),
   ];
-  const undo: (() => Promise<void>)[] = [];
-  const stop = async () => {
-    for (const u of undo.splice(0).reverse()) await u();
-  };
-  try {
-    opts.log('[node] namespaces');
-    const ns = await startNodeNamespace({ dir: nodeDir });
-    undo.push(async () => {
+  const steps = new Steps({ progress: opts.log, prefix: '[node] ' });
+  const run = steps.run.bind(steps);
+  const stop = () => steps.stop();
+  return steps.attempt(async () => {
+    const ns = await run('namespaces', () => startNodeNamespace({ dir: nodeDir }));
+    steps.defer(async () => {
       await ns.stop();
       await sweepNode(nodeDir);
     });
-    const controlPlane = await startControlPlane({
-      dir: join(dir, 'controlplane'),
-      log: opts.log,
-      node: { spawn: ns.spawn, forward: ns.forward, address: ns.address, scheduler: bin['kube-scheduler']! },
-      ...(opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: opts.auditLogMaxSizeMB } : {}),
-    });
+    const controlPlane = await run('control plane', () =>
+      startControlPlane({
+        dir: join(dir, 'controlplane'),
+        log: opts.log,
+        node: { spawn: ns.spawn, forward: ns.forward, address: ns.address, scheduler: bin['kube-scheduler']! },
+        ...(opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: opts.auditLogMaxSizeMB } : {}),
+      }),
+    );
     // Stopped before the namespace's teardown, in order (scheduler, controller-manager, API
     // server, etcd): all at once, etcd would wait on the API server's connections until SIGKILL.
-    undo.push(() => controlPlane.stop());
-    opts.log('[node] containerd, images');
-    const containerd = await startContainerd(ns, { dir: nodeDir, bin, sandboxImage: pause.ref });
-    for (const i of [pause, image]) await containerd.ctr(['images', 'import', i.path]);
-    opts.log('[node] kubelet, kube-proxy, CoreDNS');
-    const agents = await startNodeAgents(ns, { dir: nodeDir, bin, controlPlane, containerd });
+    steps.defer(() => controlPlane.stop());
+    const containerd = await run('containerd, images', async () => {
+      const c = await startContainerd(ns, { dir: nodeDir, bin, sandboxImage: pause.ref });
+      for (const i of [pause, image]) await c.ctr(['images', 'import', i.path]);
+      return c;
+    });
+    const agents = await run('kubelet, kube-proxy, CoreDNS', () =>
+      startNodeAgents(ns, { dir: nodeDir, bin, controlPlane, containerd }),
+    );
     // First at stop: while their watches are open the API server takes its full grace to exit.
-    undo.push(async () => {
+    steps.defer(async () => {
       for (const agent of agents) await stopProcess(agent);
     });
-    await nodeReady(ns, { kubeconfigPath: controlPlane.kubeconfigPath, dir: nodeDir });
+    await run('Ready', () => nodeReady(ns, { kubeconfigPath: controlPlane.kubeconfigPath, dir: nodeDir }));
     opts.log(`[node] ${NODE_NAME} is Ready at ${ns.address}; API server ${controlPlane.server}`);
     return { controlPlane, namespace: ns, containerd, image, forward: ns.forward, stop };
-  } catch (err) {
-    await stop();
-    throw err;
-  }
+  });
 }
 
 /** @throws Error when `nft` (kube-proxy's nftables mode runs it) is missing. */

@@ -16,6 +16,7 @@ import { startEventingDataPlane, SYSTEM_NAMESPACE } from '../eventing/dataplane.
 import { sourceConfigFor, startApiServerSourceAdapter, type ApiServerSourceSpec } from '../eventing/adapter.ts';
 import { createOnce } from '../lib/kube.ts';
 import { serviceAccountToken } from '../lib/serviceaccount.ts';
+import type { Steps } from '../lib/steps.ts';
 import { sleep } from '../lib/wait.ts';
 import type { TestNode } from '../node/node.ts';
 import { startDeadLetterSink, type DeadLetter } from '../local/dead-letters.ts';
@@ -41,8 +42,8 @@ export interface BrokerContext {
   subscribers: Record<'mirror-sync' | 'identity-status', string>;
   /** The PingSources' schedules. */
   schedules: Record<keyof typeof PINGS, string>;
-  /** Undo actions, run in reverse by the system's stop. */
-  cleanups: (() => Promise<void> | void)[];
+  /** The system's steps, where the undo of what starts here goes. */
+  steps: Pick<Steps, 'defer'>;
   progress: (line: string) => void;
   emit: (component: string, raw: string, p: Printed | undefined) => void;
 }
@@ -77,14 +78,14 @@ export async function startBroker(
     },
     onBuild: ctx.progress,
   });
-  ctx.cleanups.push(() => dp.stop());
+  ctx.steps.defer(() => dp.stop());
   return { url: dp.brokerUrl, logs: dp.logs };
 }
 
 /** A dead-letter sink on this machine that prints each dead letter; stopped with the system. @returns its address. */
 async function localDeadLetterSink(ctx: BrokerContext): Promise<string> {
   const dls = await startDeadLetterSink((d) => emitDeadLetter(ctx, d));
-  ctx.cleanups.push(() => dls.stop());
+  ctx.steps.defer(() => dls.stop());
   return dls.url;
 }
 
@@ -118,7 +119,7 @@ export interface AdapterContext {
   kubeconfigPath: string;
   rendered: readonly KubernetesObject[];
   sink: string;
-  cleanups: (() => Promise<void> | void)[];
+  steps: Pick<Steps, 'defer'>;
   emit: BrokerContext['emit'];
 }
 
@@ -142,7 +143,7 @@ export async function startAdapter(ctx: AdapterContext): Promise<void> {
     namespace: EVENTING_NAMESPACE,
     onLog: (l) => ctx.emit(`adapter ${API_SOURCE}`, l, adapterLine(API_SOURCE, l)),
   });
-  ctx.cleanups.push(() => adapter.stop());
+  ctx.steps.defer(() => adapter.stop());
   // startApiServerSourceAdapter resolves at the first STARTING line, before discovery;
   // the reflectors start after "Starting in … mode".
   const deadline = Date.now() + 30_000;

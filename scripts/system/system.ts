@@ -9,9 +9,9 @@
  * Knative Service is a process on a loopback port; with it, the manifests' Knative Services run
  * on Knative Serving on a real node (./serving.ts) and the Broker's data plane runs there too.
  *
- * {@link startSystem} reads as its list of steps; each step pushes its undo onto one cleanup
- * stack, which `stop()` (and any failed start) runs in reverse. A new part of the world is one
- * more option and one more step.
+ * {@link startSystem} reads as its list of named steps (scripts/lib/steps.ts), each leaving
+ * its undo on one stack, which `stop()` (and any failed or aborted start) runs in reverse. A
+ * new part of the world is one more option and one more step.
  */
 import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -26,6 +26,7 @@ import { createWebhookPair } from '../controlplane/pki.ts';
 import { ensureEventingDataPlane, type EventingComponent } from '../eventing/build.ts';
 import { ensureApiServerSourceAdapter } from '../eventing/adapter.ts';
 import type { FunctionProcess } from '../lib/process.ts';
+import { Steps } from '../lib/steps.ts';
 import { bothSettled, firstLine } from '../lib/wait.ts';
 import { buildImage } from '../image/build.ts';
 import { startNode, type TestNode } from '../node/node.ts';
@@ -191,17 +192,14 @@ export interface RunningSystem {
   stop(): Promise<void>;
 }
 
-/** What the steps share: the options, the cleanup stack, where lines go. */
+/** What the steps share: the options, the steps with their undo stack, where lines go. */
 interface Startup {
   opts: SystemOptions;
-  /** Undo actions of every step so far, run in reverse by `stop()`. */
-  cleanups: (() => Promise<void> | void)[];
+  /** The start's named steps; each one's undo actions, run in reverse by `stop()`. */
+  steps: Steps;
   printer: LogPrinter;
   /** A raw line of `component`, and what to print for it. */
   emit: (component: string, raw: string, p: Printed | undefined) => void;
-  stop(): Promise<void>;
-  /** Whether `stop()` was called. */
-  stopped(): boolean;
 }
 
 /** The cluster the system runs against. */
@@ -227,35 +225,38 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
   const opts = resolvePaths(options);
   const schedules = checkOptions(opts);
   const s = newStartup(opts);
-  // Each step ends by checking for an abort, so a Ctrl-C while starting still runs the cleanups.
-  const step = async <T>(p: Promise<T>): Promise<T> => {
-    const v = await p;
-    opts.signal?.throwIfAborted();
-    return v;
-  };
-  try {
-    await step(buildTools(s));
-    const [rendered, cluster] = await step(bothSettled(renderManifests(s), connectCluster(s)));
-    const { serving, registry } = await step(startOnNode(s, cluster));
+  const run = s.steps.run.bind(s.steps);
+  return s.steps.attempt(async () => {
+    await run('tools', () => buildTools(s));
+    const [rendered, cluster] = await run('control plane and manifests', () =>
+      bothSettled(renderManifests(s), connectCluster(s)),
+    );
+    const { serving, registry } = await run('on the node', () => startOnNode(s, cluster));
     // After the control plane: it wipes the state folder the bundles are built into.
-    const build = await step(buildFunctions(opts.functions ?? 'source', opts.dir));
-    const eventingCRDs = await step(installAllCRDs(s, cluster));
-    const users = await step(actors(s, cluster, rendered));
-    const tls = await step(createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca'));
+    const build = await run('functions build', () => buildFunctions(opts.functions ?? 'source', opts.dir));
+    const eventingCRDs = await run('CRDs', () => installAllCRDs(s, cluster));
+    const users = await run('users', () => actors(s, cluster, rendered));
+    const tls = await run('webhook certificate', () =>
+      createWebhookPair(join(opts.dir, 'webhook-pki'), 'captf-local-webhook-ca'),
+    );
     const sign = shippedSigner(cluster.kc, rendered);
     const env = (name: FunctionName) =>
       functionEnv(name, { build, kubeconfig: users[name], leaf: tls.leaf, rendered, extra: opts.env?.[name] });
     const start = instanceStarter(s, { build, env, caPem: tls.caPem });
-    const functions = await step(startFunctions(s, start));
-    const webhook = await step(registerLocalWebhook(s, cluster, functions, tls.caPem));
-    await step(eventingCRDs.installed);
-    const served = await step(deployFunctionsOnServing(s, { cluster, serving, rendered, schedules }));
-    const events = await step(
+    const functions = await run('functions', () => startFunctions(s, start));
+    const webhook = await run('webhook registration', () => registerLocalWebhook(s, cluster, functions, tls.caPem));
+    await run('Eventing CRDs', () => eventingCRDs.installed);
+    const served = await run('product on Serving', () =>
+      deployFunctionsOnServing(s, { cluster, serving, rendered, schedules }),
+    );
+    const events = await run('events', () =>
       startEvents(s, { cluster, rendered, functions, users, schedules, sign, ...(served ? { served } : {}) }),
     );
-    const prepareCaller =
-      opts.prepareCaller && cluster.controlPlane && (await step(installPrepareCaller(cluster.kc, rendered)));
-    await step(watchForPrinting(s, cluster.kc, served !== undefined));
+    const prepareCaller = await run(
+      'prepare caller',
+      async () => opts.prepareCaller && cluster.controlPlane && installPrepareCaller(cluster.kc, rendered),
+    );
+    await run('printing', () => watchForPrinting(s, cluster.kc, served !== undefined));
     return {
       dir: opts.dir,
       kubeconfigPath: cluster.kubeconfigPath,
@@ -275,20 +276,17 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
       webhook,
       ...events,
       ...(prepareCaller ? { prepareCaller } : {}),
-      stop: s.stop,
+      stop: () => s.steps.stop(),
     };
-  } catch (err) {
-    await s.stop();
-    throw err;
-  }
+  });
 }
 
-/** Step 8: with `print`, lines for the mirrors' changes and, with Serving, the functions' scale. */
+/** With `print`, lines for the mirrors' changes and, with Serving, the functions' scale. */
 async function watchForPrinting(s: Startup, kc: KubeConfig, serving: boolean): Promise<void> {
   const print = s.opts.print;
   if (!print) return;
-  s.cleanups.push(await watchMirrors(kc, (p) => p && print(p)));
-  if (serving) s.cleanups.push(await watchScale(kc, EVENTING_NAMESPACE, print));
+  s.steps.defer(await watchMirrors(kc, (p) => p && print(p)));
+  if (serving) s.steps.defer(await watchScale(kc, EVENTING_NAMESPACE, print));
 }
 
 /** Why a named cluster needs `install` for events. */
@@ -357,30 +355,19 @@ function pingSchedules(pings: SystemOptions['pings']): Record<keyof typeof PINGS
   };
 }
 
-/** The shared state of the steps, with a `stop()` that runs their cleanups once, in reverse. */
+/** The shared state of the steps: their undo stack (one stop for every caller), the printer. */
 function newStartup(opts: SystemOptions): Startup {
-  const cleanups: Startup['cleanups'] = [];
-  // One stop for every caller: a second one (a signal during a stop) waits for the first.
-  let stopping: Promise<void> | undefined;
-  const stop = () =>
-    (stopping ??= (async () => {
-      for (const c of cleanups.splice(0).reverse()) {
-        try {
-          await c();
-        } catch (err) {
-          opts.progress(`while stopping: ${firstLine(err)}`);
-        }
-      }
-    })());
+  // The steps say more themselves (builds, the control plane): their names are not announced.
+  const steps = new Steps({ progress: opts.progress, signal: opts.signal, announce: false });
   const emit: Startup['emit'] = (component, raw, p) => {
     opts.onRawLine?.(component, raw);
     if (p) opts.print?.(p);
   };
-  return { opts, cleanups, printer: new LogPrinter(), emit, stop, stopped: () => stopping !== undefined };
+  return { opts, steps, printer: new LogPrinter(), emit };
 }
 
 /**
- * Step 1: kustomize, and with events Knative's adapter and the Broker's data plane, each built
+ * Kustomize, and with events Knative's adapter and the Broker's data plane, each built
  * when missing (with progress; minutes once, then cached), before anything runs.
  */
 async function buildTools(s: Startup): Promise<void> {
@@ -391,22 +378,22 @@ async function buildTools(s: Startup): Promise<void> {
   await ensureEventingDataPlane(s.opts.progress);
 }
 
-/** Step 2 (beside the control plane): the rendered {@link MANIFESTS}, which only the functions and events need. */
+/** Beside the control plane: the rendered {@link MANIFESTS}, which only the functions and events need. */
 async function renderManifests(s: Startup): Promise<KubernetesObject[]> {
   if (s.opts.serving) return renderForServing(MANIFESTS, s.opts.dir);
   return s.opts.functions ? (await render(MANIFESTS)).filter((o) => o.kind !== 'CustomResourceDefinition') : [];
 }
 
-/** Step 2b: with `serving`, Knative Serving on the node (scripts/serving/). */
+/** With `serving`, Knative Serving on the node (scripts/serving/). */
 async function startKnativeServing(s: Startup, cluster: Cluster): Promise<KnativeServing | undefined> {
   if (!s.opts.serving) return undefined;
   const serving = await startServing(cluster.node!, { dir: join(s.opts.dir, 'node'), log: s.opts.progress });
-  s.cleanups.push(() => serving.stop());
+  s.steps.defer(() => serving.stop());
   if (s.opts.events === 'knative') await installEventing(cluster.node!, s.opts.progress);
   return serving;
 }
 
-/** Step 2b: what runs on the node beside the control plane: Serving (and Eventing), the registry. */
+/** What runs on the node beside the control plane: Serving (and Eventing), the registry. */
 async function startOnNode(
   s: Startup,
   cluster: Cluster,
@@ -416,7 +403,7 @@ async function startOnNode(
 }
 
 /**
- * Step 2c: with `registry`, the node's registry (scripts/node/registry.ts), holding Knative's
+ * With `registry`, the node's registry (scripts/node/registry.ts), holding Knative's
  * `event_display` under the manifests' name for it; Serving is told to use that name as written.
  */
 async function startRegistry(s: Startup, cluster: Cluster): Promise<NodeRegistry | undefined> {
@@ -428,13 +415,13 @@ async function startRegistry(s: Startup, cluster: Cluster): Promise<NodeRegistry
     mirrored: [{ tar: eventDisplay.path, upstream }],
     log: s.opts.progress,
   });
-  s.cleanups.push(() => registry.stop());
+  s.steps.defer(() => registry.stop());
   if (s.opts.serving) await skipTagResolving(cluster.kc, [splitUpstream(upstream).registry]);
   return registry;
 }
 
 /**
- * Step 2 (beside rendering): the control plane, started here (inside a node when asked)
+ * Beside rendering: the control plane, started here (inside a node when asked)
  * unless the options name a cluster.
  */
 async function connectCluster(s: Startup): Promise<Cluster> {
@@ -450,7 +437,7 @@ async function connectCluster(s: Startup): Promise<Cluster> {
       log: s.opts.progress,
       ...(s.opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: s.opts.auditLogMaxSizeMB } : {}),
     });
-    s.cleanups.push(() => node!.stop());
+    s.steps.defer(() => node!.stop());
     controlPlane = node.controlPlane;
     kubeconfigPath = controlPlane.kubeconfigPath;
   } else {
@@ -459,7 +446,7 @@ async function connectCluster(s: Startup): Promise<Cluster> {
       log: s.opts.progress,
       ...(s.opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: s.opts.auditLogMaxSizeMB } : {}),
     });
-    s.cleanups.push(() => cp.stop());
+    s.steps.defer(() => cp.stop());
     controlPlane = cp;
     kubeconfigPath = cp.kubeconfigPath;
   }
@@ -484,7 +471,7 @@ async function connectCluster(s: Startup): Promise<Cluster> {
 }
 
 /**
- * Step 3: the project's CRDs (unless the cluster was named without `install`), then, with
+ * The project's CRDs (unless the cluster was named without `install`), then, with
  * events, Knative Eventing's in the background while the functions start, which do not need
  * them. On a named cluster that runs Knative Eventing's own controller, nothing is installed:
  * it would reconcile the local Broker and rewrite what the stand-in wrote.
@@ -527,7 +514,7 @@ async function refuseRealEventing(kc: KubeConfig): Promise<void> {
     );
 }
 
-/** Step 4: the kubeconfig each part acts with (./users.ts). */
+/** The kubeconfig each part acts with (./users.ts). */
 async function actors(s: Startup, cluster: Cluster, rendered: readonly KubernetesObject[]) {
   if (s.opts.users !== 'service-accounts') {
     const all = [...FUNCTION_NAMES, 'event-source'] as const;
@@ -538,7 +525,7 @@ async function actors(s: Startup, cluster: Cluster, rendered: readonly Kubernete
 }
 
 /**
- * Step 5b: with `serving`, once the Eventing CRDs are in (the manifests hold an
+ * With `serving`, once the Eventing CRDs are in (the manifests hold an
  * ApiServerSource), the rendered manifests on Serving (./serving.ts).
  */
 async function deployFunctionsOnServing(
@@ -572,18 +559,18 @@ function instanceStarter(
       caPem: f.caPem,
       onLine: (l) => s.emit(name, l, s.printer.line(name, l)),
     });
-    if (s.stopped()) {
+    if (s.steps.stopped) {
       await fn.stop();
       throw new Error(`${name} was started after the system stopped`);
     }
     // Its own drain deadline first (it then exits by itself), SIGKILL only after that.
-    s.cleanups.push(() => fn.stop(DEFAULT_DRAIN_SECONDS * 1000 + 5_000));
+    s.steps.defer(() => fn.stop(DEFAULT_DRAIN_SECONDS * 1000 + 5_000));
     return fn;
   };
 }
 
 /**
- * Step 5: the functions, side by side (each spends about a second starting Node and loading
+ * The functions, side by side (each spends about a second starting Node and loading
  * its modules), while Knative Eventing's CRDs are installed.
  * @throws the first function's start error, once every other one is started or failed.
  */
@@ -601,7 +588,7 @@ async function startFunctions(
 }
 
 /**
- * Step 6: the webhook registration, when asked — never for a remote API server: it could not
+ * The webhook registration, when asked — never for a remote API server: it could not
  * reach this machine.
  * @returns whether it was registered.
  */
@@ -622,7 +609,7 @@ async function registerLocalWebhook(
   }
   const unregister = await registerWebhook(cluster.kc, { url, caBundlePem: caPem, name: WEBHOOK_CONFIGURATION });
   // Left behind on a named cluster it would block every identity write (failurePolicy Fail).
-  s.cleanups.push(() => (s.opts.cluster ? unregister() : undefined));
+  s.steps.defer(() => (s.opts.cluster ? unregister() : undefined));
   return true;
 }
 
@@ -639,7 +626,7 @@ interface EventsContext {
   sign: (fn: EventFunction) => Promise<string>;
 }
 
-/** Step 7: the events the options ask for, from the API server and the pings to the functions. */
+/** The events the options ask for, from the API server and the pings to the functions. */
 async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<RunningSystem, 'broker' | 'eventPaths'>> {
   const { cluster, rendered } = ctx;
   if (s.opts.events === 'fronts') {
@@ -651,7 +638,7 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
       log: s.opts.progress,
       sign: ctx.sign,
     });
-    s.cleanups.push(() => paths.stop());
+    s.steps.defer(() => paths.stop());
     await paths.connect({ kubeconfig: ctx.users['event-source'], functions: ctx.functions });
     return { eventPaths: paths };
   }
@@ -667,7 +654,7 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
     rendered,
     subscribers: { 'mirror-sync': url('mirror-sync'), 'identity-status': url('identity-status') },
     schedules: ctx.schedules,
-    cleanups: s.cleanups,
+    steps: s.steps,
     progress: s.opts.progress,
     emit: s.emit,
   });
@@ -676,7 +663,7 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
     kubeconfigPath: ctx.users['event-source'],
     rendered,
     sink: broker.url,
-    cleanups: s.cleanups,
+    steps: s.steps,
     emit: s.emit,
   });
   return {
