@@ -68,7 +68,26 @@ export function admissionConfigFromEnv(env: NodeJS.ProcessEnv): AdmissionConfig 
   const plain = (env.CAPTF_ADMISSION_PLAIN_HTTP ?? '').trim().toLowerCase();
   if (!['', 'true', 'false'].includes(plain))
     throw new Error(`CAPTF_ADMISSION_PLAIN_HTTP=${plain} must be true or false`);
-  // Set but blank is a mistake, not "off": the check would be off without a word.
+  const { caFile, clientNames } = callerCheckFromEnv(env, plain === 'true');
+  return {
+    plainHttp: plain === 'true',
+    certFile: setting(env.CAPTF_TLS_CERT_FILE, `${DEFAULT_TLS_DIR}/tls.crt`),
+    keyFile: setting(env.CAPTF_TLS_KEY_FILE, `${DEFAULT_TLS_DIR}/tls.key`),
+    reloadMs: reloadMsFromEnv(env),
+    caFile,
+    clientNames,
+  };
+}
+
+/**
+ * The caller check's settings (`CAPTF_ADMISSION_CLIENT_CA_FILE`, `CAPTF_ADMISSION_CLIENT_NAMES`).
+ * @throws Error for a variable set but blank (the check would be off, or any name admitted,
+ *   without a word), names without a CA, or a CA with plain HTTP.
+ */
+function callerCheckFromEnv(
+  env: NodeJS.ProcessEnv,
+  plainHttp: boolean,
+): Pick<AdmissionConfig, 'caFile' | 'clientNames'> {
   const caFile = env.CAPTF_ADMISSION_CLIENT_CA_FILE?.trim();
   if (caFile === '')
     throw new Error('CAPTF_ADMISSION_CLIENT_CA_FILE is set but blank: name the CA bundle, or unset it');
@@ -80,18 +99,11 @@ export function admissionConfigFromEnv(env: NodeJS.ProcessEnv): AdmissionConfig 
     throw new Error('CAPTF_ADMISSION_CLIENT_NAMES is set but names no subject: name one, or unset it');
   if (clientNames.length > 0 && !caFile)
     throw new Error('CAPTF_ADMISSION_CLIENT_NAMES needs CAPTF_ADMISSION_CLIENT_CA_FILE: names of which CA?');
-  if (caFile && plain === 'true')
+  if (caFile && plainHttp)
     throw new Error(
       'CAPTF_ADMISSION_CLIENT_CA_FILE needs HTTPS: with CAPTF_ADMISSION_PLAIN_HTTP=true the TLS ends before the function and no client certificate reaches it',
     );
-  return {
-    plainHttp: plain === 'true',
-    certFile: setting(env.CAPTF_TLS_CERT_FILE, `${DEFAULT_TLS_DIR}/tls.crt`),
-    keyFile: setting(env.CAPTF_TLS_KEY_FILE, `${DEFAULT_TLS_DIR}/tls.key`),
-    reloadMs: reloadMsFromEnv(env),
-    caFile,
-    clientNames,
-  };
+  return { caFile, clientNames };
 }
 
 /** A trimmed variable, or the default when unset or blank. */
