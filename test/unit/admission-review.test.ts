@@ -96,12 +96,14 @@ describe('reviewResponse', () => {
 });
 
 describe('admissionConfigFromEnv', () => {
-  it('defaults to cert-manager file names and HTTPS', () => {
+  it('defaults to cert-manager file names and HTTPS, callers unchecked', () => {
     assert.deepEqual(admissionConfigFromEnv({}), {
       plainHttp: false,
       certFile: '/var/run/captf/tls/tls.crt',
       keyFile: '/var/run/captf/tls/tls.key',
       reloadMs: 10_000,
+      caFile: undefined,
+      clientNames: [],
     });
   });
   it('reads the flag and paths', () => {
@@ -111,7 +113,14 @@ describe('admissionConfigFromEnv', () => {
       CAPTF_TLS_KEY_FILE: '/k',
       CAPTF_TLS_RELOAD_MS: '200',
     });
-    assert.deepEqual(c, { plainHttp: true, certFile: '/c', keyFile: '/k', reloadMs: 200 });
+    assert.deepEqual(c, {
+      plainHttp: true,
+      certFile: '/c',
+      keyFile: '/k',
+      reloadMs: 200,
+      caFile: undefined,
+      clientNames: [],
+    });
   });
   it('rejects bad values by name', () => {
     assert.throws(() => admissionConfigFromEnv({ CAPTF_ADMISSION_PLAIN_HTTP: 'yes' }), /CAPTF_ADMISSION_PLAIN_HTTP/);
