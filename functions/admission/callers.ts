@@ -54,11 +54,12 @@ export function peerOf(socket: TLSSocket): Peer {
   const cert = socket.getPeerCertificate();
   const presented = cert !== null && typeof cert === 'object' && Object.keys(cert).length > 0;
   const cn = presented ? cert.subject?.CN : undefined;
-  const error = socket.authorizationError as unknown;
+  const raw = socket.authorizationError as unknown;
+  const authorizationError = raw === null || raw === undefined ? undefined : String(raw);
   return {
     // An error recorded after a success (a later handshake) counts: Node never resets `authorized`.
-    authorized: socket.authorized && !socket.authorizationError,
-    authorizationError: error === null || error === undefined ? undefined : String(error),
+    authorized: socket.authorized && authorizationError === undefined,
+    authorizationError,
     presented,
     commonNames: cn === undefined ? [] : Array.isArray(cn) ? cn : [cn],
   };

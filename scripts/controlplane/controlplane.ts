@@ -287,7 +287,7 @@ export async function startControlPlane(opts: StartOptions): Promise<ControlPlan
     kubeconfigPath,
     insideKubeconfigPath,
     caPem: pki.caPem,
-    webhookClientCaPath: pki.webhookClientCA.cert,
+    webhookClientCaPath: webhookClientCaPath(dir),
     binaries,
     userKubeConfig: (name: string, groups: readonly string[] = []) => userKubeConfig(dir, name, groups),
     stopComponent: (name) => components.stopOne(name),
@@ -350,7 +350,7 @@ async function createPki(pkiDir: string, extraSans: readonly string[]): Promise<
   const [servingCA, clientCA, webhookClientCA, sa] = await Promise.all([
     createCA(pkiDir, 'ca', 'captf-local-ca'),
     createCA(pkiDir, 'client-ca', 'captf-local-client-ca'),
-    createCA(pkiDir, 'webhook-client-ca', 'captf-local-webhook-client-ca'),
+    createCA(pkiDir, WEBHOOK_CLIENT_CA, 'captf-local-webhook-client-ca'),
     createServiceAccountKeys(pkiDir),
   ]);
   const [serving, admin, webhookClient] = await Promise.all([
@@ -371,6 +371,12 @@ async function createPki(pkiDir: string, extraSans: readonly string[]): Promise<
 
 /** The subject CN of the client certificate the API server presents to admission webhooks. */
 export const WEBHOOK_CLIENT_CN = 'kube-apiserver-webhook-client';
+
+/** File base name of the CA of {@link WEBHOOK_CLIENT_CN}'s certificate, in `<dir>/pki`. */
+const WEBHOOK_CLIENT_CA = 'webhook-client-ca';
+
+/** The CA file of the client certificate the control plane in `dir` presents to webhooks. */
+export const webhookClientCaPath = (dir: string): string => join(resolve(dir), 'pki', `${WEBHOOK_CLIENT_CA}.crt`);
 
 /** The API server's AdmissionConfiguration, in the state folder. */
 const ADMISSION_CONFIGURATION = 'admission-configuration.yaml';

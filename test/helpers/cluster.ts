@@ -6,7 +6,7 @@
 import { randomBytes } from 'node:crypto';
 import { loadKubeConfig, makeClients, type Clients } from '../../functions/lib/kube.ts';
 import { plantSentinels } from './leaks.ts';
-import { userKubeConfig } from '../../scripts/controlplane/controlplane.ts';
+import { userKubeConfig, webhookClientCaPath as controlPlaneCaPath } from '../../scripts/controlplane/controlplane.ts';
 
 /** Folder of the running test control plane; throws when tests run outside `npm test`. */
 export function controlPlaneDir(): string {
@@ -19,7 +19,7 @@ export function controlPlaneDir(): string {
  * The CA of the client certificate the test control plane's API server presents to webhooks
  * (scripts/controlplane/controlplane.ts `webhookClientCaPath`).
  */
-export const webhookClientCaPath = (): string => `${controlPlaneDir()}/pki/webhook-client-ca.crt`;
+export const webhookClientCaPath = (): string => controlPlaneCaPath(controlPlaneDir());
 
 /** Admin (system:masters) clients; every Secret they create carries a planted value (leaks.ts). */
 export function admin(): Clients {
