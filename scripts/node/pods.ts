@@ -26,7 +26,7 @@ import {
   type V1PodSpec,
   type V1Probe,
 } from '@kubernetes/client-node';
-import { serverSideApply } from '../lib/kube.ts';
+import { applyAsRendered } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
 import { knativeService, type FunctionName } from '../system/functions.ts';
 
@@ -121,7 +121,7 @@ const RBAC_KINDS = new Set(['Namespace', 'ServiceAccount', 'ClusterRole', 'Clust
  * @throws Error naming the object the API server refused.
  */
 export async function applyFunctionRbac(kc: KubeConfig, rendered: readonly KubernetesObject[]): Promise<void> {
-  for (const o of rendered.filter((x) => RBAC_KINDS.has(x.kind ?? ''))) await serverSideApply(kc, o, 'captf-node');
+  for (const o of rendered.filter((x) => RBAC_KINDS.has(x.kind ?? ''))) await applyAsRendered(kc, o, 'captf-node');
 }
 
 /**

@@ -22,7 +22,7 @@ import {
 import { Agent, buildConnector } from 'undici';
 import { buildImage } from '../image/build.ts';
 import { IMAGES } from '../image/images.ts';
-import { serverSideApply } from '../lib/kube.ts';
+import { applyAsRendered } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
 import type { TestNode } from '../node/node.ts';
 import { TRAEFIK_PORTS } from '../serving/serving.ts';
@@ -148,7 +148,7 @@ export async function deployOnServing(
   for (const x of objectsToApply(rendered, eventing))
     await eventually(
       `applying ${x.kind} ${x.metadata?.name}`,
-      () => serverSideApply(kc, x, MANAGER),
+      () => applyAsRendered(kc, x, MANAGER),
       READY_TIMEOUT_MS,
       1000,
     );

@@ -8,18 +8,12 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { before, describe, it } from 'node:test';
-import { request, type RequestOptions } from 'node:https';
-import {
-  KubernetesObjectApi,
-  ServerConfiguration,
-  createConfiguration,
-  type KubeConfig,
-  type KubernetesObject,
-} from '@kubernetes/client-node';
+import type { KubernetesObject } from '@kubernetes/client-node';
 import { FIELD_MANAGER } from '../../functions/lib/api.ts';
 import { untrustedServerMessage } from '../../functions/lib/api-errors.ts';
 import { apiStatus } from '../../functions/lib/kube.ts';
 import { installThirdPartyCRDs, loadThirdPartyCRDs } from '../../scripts/controlplane/crds.ts';
+import { WireObjects } from '../../scripts/lib/kube.ts';
 import { Broker, type IBroker } from '@kubernetes-models/knative/eventing.knative.dev/v1/Broker';
 import { Trigger, type ITrigger } from '@kubernetes-models/knative/eventing.knative.dev/v1/Trigger';
 import { EventPolicy, type IEventPolicy } from '@kubernetes-models/knative/eventing.knative.dev/v1alpha1/EventPolicy';
@@ -45,66 +39,18 @@ const productImages = (objects: readonly KubernetesObject[]): string[] => [
 const a = w.clients;
 
 /**
- * Sends objects to the API server exactly as rendered (JSON of the plain YAML, no typed
- * model in between that could drop a misspelled field), with `dryRun=All` and
- * `fieldValidation=Strict`. The URL comes from client-node's discovery.
+ * Sends objects to the API server exactly as rendered (no typed model in between that could
+ * drop a misspelled field), with `dryRun=All` and `fieldValidation=Strict`: a create, or for an
+ * object that already exists (a namespace another test made) a server-side apply, as strict.
  */
-class DryRun extends KubernetesObjectApi {
-  readonly #kc: KubeConfig;
-  constructor(kc: KubeConfig) {
-    super(
-      createConfiguration({
-        baseServer: new ServerConfiguration(kc.getCurrentCluster()!.server, {}),
-        authMethods: { default: kc },
-      }),
-    );
-    this.#kc = kc;
-  }
-
-  /** POST (create) or, for an object that already exists, PATCH (server-side apply). */
-  async apply(o: KubernetesObject): Promise<KubernetesObject> {
-    const q = `dryRun=All&fieldValidation=Strict&fieldManager=${FIELD_MANAGER}`;
-    const created = await this.send('POST', `${await this.specUriPath(o, 'create')}?${q}`, o, 'application/json');
-    if (created.status !== 409) return this.result(created);
-    // Already there (e.g. a namespace another test made): server-side apply is as strict.
-    return this.result(
-      await this.send(
-        'PATCH',
-        `${await this.specUriPath(o, 'patch')}?${q}&force=true`,
-        o,
-        'application/apply-patch+yaml',
-      ),
-    );
-  }
-
-  private result(r: { status: number; body: string }): KubernetesObject {
-    if (r.status >= 200 && r.status < 300) return JSON.parse(r.body) as KubernetesObject;
-    throw Object.assign(new Error(`HTTP ${r.status}`), { code: r.status, body: r.body });
-  }
-
-  private async send(
-    method: string,
-    path: string,
-    body: unknown,
-    contentType: string,
-  ): Promise<{ status: number; body: string }> {
-    const url = new URL(path, this.#kc.getCurrentCluster()!.server);
-    const opts: RequestOptions = { method, headers: { 'content-type': contentType, accept: 'application/json' } };
-    await this.#kc.applyToHTTPSOptions(opts);
-    return new Promise((res, rej) => {
-      const req = request(url, opts, (r) => {
-        let text = '';
-        r.on('data', (d: Buffer) => (text += d.toString()));
-        r.on('end', () => res({ status: r.statusCode ?? 0, body: text }));
-      });
-      req.on('error', rej);
-      req.end(JSON.stringify(body));
-    });
-  }
+async function dryRunApply(o: KubernetesObject): Promise<KubernetesObject> {
+  const q = `dryRun=All&fieldValidation=Strict&fieldManager=${FIELD_MANAGER}`;
+  const created = await wire.createAsSpelled(o, q);
+  const r = created.status === 409 ? await wire.applyAsSpelled(o, `${q}&force=true`) : created;
+  if (r.status >= 200 && r.status < 300) return JSON.parse(r.body) as KubernetesObject;
+  throw Object.assign(new Error(`HTTP ${r.status}`), { code: r.status, body: r.body });
 }
-
-const dry = new DryRun(a.kc);
-const dryRunApply = (o: KubernetesObject) => dry.apply(o);
+const wire = new WireObjects(a.kc);
 
 before(async () => {
   await installThirdPartyCRDs(a.kc);
@@ -150,7 +96,7 @@ describe('the rendered manifests against the real CRD schemas', () => {
       assert.deepEqual(failures, []);
       // Dry run: nothing was stored.
       await assert.rejects(
-        dry.read({
+        wire.read({
           apiVersion: 'serving.knative.dev/v1',
           kind: 'Service',
           metadata: { name: 'captf-mirror-sync', namespace: target },
