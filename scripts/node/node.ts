@@ -3,7 +3,8 @@
  * node's namespaces (./namespace.ts), a control plane inside them that binds the node's
  * address (scripts/controlplane, with the controllers and scheduler a node needs), containerd
  * with the product and pause images imported (./containerd.ts), the kubelet and the pod
- * network (./kubelet.ts), kube-proxy and CoreDNS (./services.ts). The host reaches the API
+ * network (./kubelet.ts), kube-proxy and CoreDNS (./services.ts), and on request a NetworkPolicy
+ * firewall (./netpol.ts). The host reaches the API
  * server on 127.0.0.1 through the node's forward, so tests, kubectl and a shell never enter
  * the namespace; {@link TestNode.forward} reaches a pod the same way.
  *
@@ -23,6 +24,7 @@ import { nodeBinaries } from './binaries.ts';
 import { startContainerd, type Containerd } from './containerd.ts';
 import { NODE_NAME, startKubelet } from './kubelet.ts';
 import { checkNodeHost, startNodeNamespace, sweepNode, type NodeNamespace } from './namespace.ts';
+import { checkNetworkPolicyHost, startNetworkPolicies } from './netpol.ts';
 import { HEALTH_PORTS, startCoreDNS, startKubeProxy } from './services.ts';
 
 /** Options of {@link startNode}. */
@@ -33,6 +35,8 @@ export interface NodeOptions {
   log: (line: string) => void;
   /** Size at which the control plane's audit log rotates, in MB. */
   auditLogMaxSizeMB?: number;
+  /** Enforce NetworkPolicy (kube-router's firewall, ./netpol.ts); off by default, as a plain bridge. */
+  networkPolicies?: boolean;
 }
 
 /** A running test node. */
@@ -65,6 +69,7 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
   // Before any build: a user without root or nft learns it now, not after minutes of compiling.
   checkNodeHost();
   checkNftables();
+  if (opts.networkPolicies) checkNetworkPolicyHost();
   opts.log('[node] programs and images (built when missing; the images are staged again each time, about 10 s)');
   const [bin, image, pause] = [
     await nodeBinaries(opts.log),
@@ -104,9 +109,27 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
       for (const agent of agents) await stopProcess(agent);
     });
     await run('Ready', () => nodeReady(ns, { kubeconfigPath: controlPlane.kubeconfigPath, dir: nodeDir }));
+    if (opts.networkPolicies) {
+      const firewall = await run('NetworkPolicy (kube-router)', () =>
+        startNetworkPolicies(ns, {
+          dir: nodeDir,
+          admin: adminOf(controlPlane),
+          controlPlaneDir: controlPlane.dir,
+          log: opts.log,
+        }),
+      );
+      steps.defer(() => stopProcess(firewall));
+    }
     opts.log(`[node] ${NODE_NAME} is Ready at ${ns.address}; API server ${controlPlane.server}`);
     return { controlPlane, namespace: ns, containerd, image, forward: ns.forward, stop };
   });
+}
+
+/** The control plane's admin, as the host reaches it. */
+function adminOf(controlPlane: ControlPlane): KubeConfig {
+  const kc = new KubeConfig();
+  kc.loadFromFile(controlPlane.kubeconfigPath);
+  return kc;
 }
 
 /** @throws Error when `nft` (kube-proxy's nftables mode runs it) is missing. */

@@ -84,6 +84,8 @@ export interface SystemOptions {
    * pods run on its kubelet; the host still reaches the API server on 127.0.0.1. Needs root.
    */
   node?: boolean;
+  /** With `node`: the node enforces NetworkPolicy (scripts/node/netpol.ts). */
+  networkPolicies?: boolean;
   /**
    * Knative Serving on a node (implies `node`): the functions run as the manifests' Knative
    * Services from the product image (./serving.ts), beside Knative Eventing's own installation
@@ -327,6 +329,10 @@ const OPTION_CONFLICTS: readonly [(o: SystemOptions) => boolean, string][] = [
   [(o) => o.product === false && !o.serving, 'product: false leaves Serving empty: add serving'],
   [(o) => !!o.registry && !o.node && !o.serving, 'registry runs on the node: add node or serving'],
   [
+    (o) => !!o.networkPolicies && !o.node && !o.serving,
+    'networkPolicies are enforced on the node: add node or serving',
+  ],
+  [
     (o) => !!o.serving && (!!o.functions || !!o.webhook || o.events !== 'knative'),
     "with serving the functions are Knative Services from the image, events come through Knative Eventing installed beside it, and the webhook is the manifests' own, through Knative: set events: 'knative', leave functions and webhook out",
   ],
@@ -436,6 +442,7 @@ async function connectCluster(s: Startup): Promise<Cluster> {
       dir: s.opts.dir,
       log: s.opts.progress,
       ...(s.opts.auditLogMaxSizeMB !== undefined ? { auditLogMaxSizeMB: s.opts.auditLogMaxSizeMB } : {}),
+      networkPolicies: s.opts.networkPolicies === true,
     });
     s.steps.defer(() => node!.stop());
     controlPlane = node.controlPlane;

@@ -210,7 +210,16 @@ export const SERVING_IMAGE_CACHE_PATCHES: readonly GoSourcePatch[] = [
 
 /** A tool set's name: its key in {@link TOOLS} and its folder under `.cache/`. */
 export type ToolSet =
-  'controlplane' | 'eventing' | 'knative' | 'kustomize' | 'kubectl' | 'imagebuild' | 'node' | 'serving' | 'traefik';
+  | 'controlplane'
+  | 'eventing'
+  | 'knative'
+  | 'kustomize'
+  | 'kubectl'
+  | 'imagebuild'
+  | 'netpol'
+  | 'node'
+  | 'serving'
+  | 'traefik';
 
 /**
  * The tool sets; a set's name is its cache folder under `.cache/`. Knative Eventing 1.22 is
@@ -340,6 +349,17 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
       },
     },
     { module: 'coredns', versionOf: 'github.com/coredns/coredns', binaries: { coredns: 'captf.local/tools/coredns' } },
+  ],
+  /**
+   * kube-router's NetworkPolicy firewall, for a test node that enforces policies
+   * (scripts/node/netpol.ts); a set of its own, so only the node files that ask for it wait on it.
+   */
+  netpol: [
+    {
+      module: 'kube-router',
+      versionOf: 'github.com/cloudnativelabs/kube-router/v2',
+      binaries: { 'kube-router': 'github.com/cloudnativelabs/kube-router/v2/cmd/kube-router' },
+    },
   ],
   /**
    * Knative Serving on the test node (scripts/serving/): its five programs, without the image

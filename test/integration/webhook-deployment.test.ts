@@ -7,7 +7,9 @@
  * writes are refused (`failurePolicy: Fail`). Deployed with `components/admission-client-ca`
  * and the control plane's webhook client CA, as an operator whose API server presents a client
  * certificate to webhooks would: the API server's reviews pass, a review posted straight to a pod
- * is refused. One node for the file, its own control plane; root.
+ * is refused. With `components/admission-network-policy` on a node that enforces NetworkPolicy
+ * (kube-router): a tenant's pod cannot even connect, until the policy goes. One node for the
+ * file, its own control plane; root.
  */
 import assert from 'node:assert/strict';
 import { readFileSync, rmSync } from 'node:fs';
@@ -21,12 +23,14 @@ import {
   CoreV1Api,
   CustomObjectsApi,
   DiscoveryV1Api,
+  NetworkingV1Api,
   PatchStrategy,
   setHeaderOptions,
 } from '@kubernetes/client-node';
 import { CALLER_REFUSED } from '../../functions/admission/callers.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { createCA, createLeaf, type CertPair } from '../../scripts/controlplane/pki.ts';
+import { applyAsRendered } from '../../scripts/lib/kube.ts';
 import { deployAdmissionDeployment } from '../../scripts/system/admission-deployment.ts';
 import { identityThroughWebhook, refusal } from '../helpers/admission.ts';
 import { eventually } from '../helpers/cluster.ts';
@@ -34,14 +38,17 @@ import * as fx from '../helpers/fixtures.ts';
 import { assertNoSecret } from '../helpers/logs.ts';
 import { nodeWorld } from '../helpers/node.ts';
 
-const { system, w, work, progress } = await nodeWorld('fallback', { node: true });
+const { system, w, work, progress } = await nodeWorld('fallback', { node: true, networkPolicies: true });
 const node = system.node!;
 // A failure here ends the file before its cleanups are registered with the runner: stop the node first.
+// The control plane runs inside the node: it connects from the node's own address.
+const POLICY_RANGE = `${node.namespace.address}/32`;
 const clientCaPem = readFileSync(system.controlPlane!.webhookClientCaPath, 'utf8');
 const fallback = await deployAdmissionDeployment(system.kc, {
   dir: work,
   log: (l) => progress.push(l),
   clientCaPem,
+  networkPolicyCidr: POLICY_RANGE,
 }).catch(async (err: unknown) => {
   await system.stop();
   rmSync(work, { recursive: true, force: true });
@@ -96,6 +103,100 @@ const endpoints = async (which: 'ready' | 'all') =>
       .makeApiClient(DiscoveryV1Api)
       .listNamespacedEndpointSlice({ namespace: NAMESPACE, labelSelector: `kubernetes.io/service-name=${NAME}` })
   ).items.flatMap((s) => (s.endpoints ?? []).filter((e) => which === 'all' || e.conditions?.ready));
+
+/** What one TCP connection attempt came to: `connected`, `timeout` (3 s) or the error's code. */
+type Reach = 'connected' | 'timeout' | string;
+
+/** The probe's program (the product image's `node`): one attempt per target, all at once, one JSON line. */
+const PROBE = `const net = require('node:net');
+Promise.all(JSON.parse(process.argv[1]).map((t) => new Promise((done) => {
+  const s = net.connect({ host: t.host, port: t.port, timeout: 3000 });
+  s.on('connect', () => { s.destroy(); done('connected'); });
+  s.on('timeout', () => { s.destroy(); done('timeout'); });
+  s.on('error', (e) => done(e.code));
+}))).then((r) => console.log(JSON.stringify(r)));`;
+
+let probes = 0;
+/**
+ * What a pod in `namespace` (a tenant's, no policy of its own) reaches: a pod of the product
+ * image, non-root, that tries each target once and exits.
+ */
+async function reachFrom(namespace: string, targets: { host: string; port: number }[]): Promise<Reach[]> {
+  const name = `probe-${++probes}`;
+  await core.createNamespacedPod({
+    namespace,
+    body: {
+      metadata: { name },
+      spec: {
+        restartPolicy: 'Never',
+        securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 },
+        containers: [
+          {
+            name: 'probe',
+            image: node.image.ref,
+            imagePullPolicy: 'Never',
+            command: ['node', '-e', PROBE, JSON.stringify(targets)],
+          },
+        ],
+      },
+    },
+  });
+  try {
+    await eventually(
+      `probe ${namespace}/${name} to finish`,
+      async () => (await core.readNamespacedPod({ namespace, name })).status?.phase === 'Succeeded',
+      120_000,
+      500,
+    );
+    return JSON.parse(await core.readNamespacedPodLog({ namespace, name })) as Reach[];
+  } finally {
+    await core.deleteNamespacedPod({ namespace, name, gracePeriodSeconds: 0 });
+  }
+}
+
+/**
+ * With the policy, a pod of a tenant's namespace cannot connect to admission's pod or Service;
+ * with the policy gone it can (the control); back, it cannot, and the API server still can.
+ */
+async function policyKeepsTenantsOut(): Promise<void> {
+  const tenant = await w.namespace();
+  const service = await core.readNamespacedService({ namespace: NAMESPACE, name: NAME });
+  const targets = [
+    { host: (await admissionPods())[0]!.status!.podIP!, port: 8443 },
+    { host: service.spec!.clusterIP!, port: 443 },
+  ];
+  const policy = fallback.applied.find((x) => x.kind === 'NetworkPolicy')!;
+  const networking = system.kc.makeApiClient(NetworkingV1Api);
+  const stored = await networking.readNamespacedNetworkPolicy({ namespace: NAMESPACE, name: NAME });
+  assert.equal(stored.spec?.ingress?.[0]?._from?.[0]?.ipBlock?.cidr, POLICY_RANGE, 'stored with its range');
+  const blocked = await reachFrom(tenant, targets);
+  assert.ok(
+    blocked.every((r) => r !== 'connected'),
+    `no connection with the policy: ${blocked.join(', ')}`,
+  );
+  await networking.deleteNamespacedNetworkPolicy({ namespace: NAMESPACE, name: NAME });
+  try {
+    // The control: the same pod's attempts connect once the policy is gone (kube-router's next sync).
+    await eventually(
+      'connections from the tenant once the policy is gone',
+      async () => (await reachFrom(tenant, targets)).every((r) => r === 'connected'),
+      120_000,
+      1000,
+    );
+  } finally {
+    await applyAsRendered(system.kc, policy, 'kubectl');
+  }
+  await eventually(
+    'no connection once the policy is back',
+    async () => (await reachFrom(tenant, targets)).every((r) => r !== 'connected'),
+    120_000,
+    1000,
+  );
+  // The API server connects from the node (the policy's range), and still gets its reviews answered.
+  const name = w.name('behind-policy');
+  await identities(w.clients).create(fx.identity(name, fx.secretRef(NAMESPACE, 'none'), fx.allowList('x')));
+  await identities(w.clients).delete({ name });
+}
 
 describe('the webhook as a Deployment + Service (the fallback path)', () => {
   it('applies the overlay as rendered: a Deployment, a Service on 443, the webhook by service reference with the injected CA', async () => {
@@ -192,6 +293,9 @@ describe('the webhook as a Deployment + Service (the fallback path)', () => {
     await identities(w.clients).create(fx.identity(name, fx.secretRef(NAMESPACE, 'none'), fx.allowList('x')));
     await identities(w.clients).delete({ name });
   });
+
+  it("with the NetworkPolicy a tenant's pod cannot connect to the webhook, by pod or Service; without it, it can", () =>
+    policyKeepsTenantsOut());
 
   it('a renewed certificate is served by the running pods, without a restart, and reviews go on', async () => {
     const before = await admissionPods();
