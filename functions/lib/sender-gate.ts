@@ -7,12 +7,14 @@
  * A sender is one of the configured subjects or one a Ready EventPolicy targeting the function
  * lets in (event-policies.ts, read only for a verified subject that is not configured).
  * Only a delivery that passes reaches the event handler. Each refusal is one log line that
- * names the sender only when it is a ServiceAccount, and never the token.
+ * names the sender only when it is a ServiceAccount, and never the token, under the random id
+ * the answer carries in `x-request-id`.
  */
+import { randomUUID } from 'node:crypto';
 import type { KubeConfig } from '@kubernetes/client-node';
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import { isServiceAccountUser } from './api-errors.ts';
-import { sendOutcome } from './http.ts';
+import { EVENT_ANSWER_ID_HEADER, sendOutcome } from './http.ts';
 import { describeError, retryAfterOf, type CallCounter } from './kube.ts';
 import type { Logger } from './log.ts';
 import { largestRetryAfter } from './retry-after.ts';
@@ -47,6 +49,7 @@ export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger)
     isSender(subject, cfg.senders) || (policies !== undefined && isSender(subject, await policies.senders(counter)));
   const refuse = (res: Response, why: SenderRefusal, counter: CallCounter, subject?: string): void => {
     logger.info('event refused', {
+      requestId: answerId(res),
       reason: why,
       ...(subject ? { sender: shown(subject) } : {}),
       apiCalls: counter.calls,
@@ -67,7 +70,11 @@ export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger)
       allowed = subject !== undefined && (await mayDeliver(subject, counter));
     } catch (err) {
       // The caller is not known yet: the API server's words stay in the log.
-      logger.warn('event sender check failed', { error: describeError(err), apiCalls: counter.calls });
+      logger.warn('event sender check failed', {
+        requestId: answerId(res),
+        error: describeError(err),
+        apiCalls: counter.calls,
+      });
       return sendOutcome(res, {
         kind: 'retry',
         error: UNCHECKED,
@@ -78,6 +85,16 @@ export function senderGate(kc: KubeConfig, cfg: EventAuthConfig, logger: Logger)
     if (!allowed) return refuse(res, 'not-a-sender', counter, subject);
     next();
   };
+}
+
+/**
+ * Gives the answer a random id in {@link EVENT_ANSWER_ID_HEADER}, as every event answer has, so
+ * a sender's or a dead letter's record finds the log line that says why.
+ */
+function answerId(res: Response): string {
+  const id = randomUUID();
+  res.set(EVENT_ANSWER_ID_HEADER, id);
+  return id;
 }
 
 /** The answer to a delivery whose sender could not be checked (a 503): it names nothing. */

@@ -14,6 +14,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { CoreV1Api, PatchStrategy, setHeaderOptions, type KubeConfig } from '@kubernetes/client-node';
+import { EVENT_ANSWER_ID_HEADER } from '../../functions/lib/http.ts';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { refusal } from '../../functions/lib/senders.ts';
 import { MAX_REVIEWS_IN_FLIGHT, MAX_REVIEWS_WAITING } from '../../functions/lib/token-review.ts';
@@ -39,6 +40,8 @@ const SECRET = sentinel();
 const logs = { 'mirror-sync': captureLogger('mirror-sync'), 'identity-status': captureLogger('identity-status') };
 /** Every answer's text and headers, and every token minted: the leak scan's material. */
 const answers: string[] = [];
+/** The `x-request-id` of each refusal asserted, to find in the functions' logs. */
+const refusalIds: string[] = [];
 const tokens: string[] = [];
 /** `METHOD path` of every API request either function made through the proxy. */
 const seen: string[] = [];
@@ -144,6 +147,7 @@ after(() => {
 function assertRefused(r: EventAnswer, status: 401 | 403, requests: string[], what: string): void {
   assert.equal(r.status, status, `${what}: ${r.text}`);
   assert.deepEqual(r.body, refusal(status === 403 ? 'not-a-sender' : 'invalid-token').body, what);
+  refusalIds.push(r.headers.get(EVENT_ANSWER_ID_HEADER) ?? `${what}: no ${EVENT_ANSWER_ID_HEADER}`);
   assert.ok(
     requests.every((r) => isTokenReview(r) || (status === 403 && isPolicyList(r))),
     `${what}: nothing but a TokenReview (and for a verified stranger the EventPolicies) was asked of the API server: ${requests.join(', ')}`,
@@ -278,8 +282,16 @@ describe('only their own senders reach the event functions (SPEC §12)', () => {
     }
   });
 
-  it('refusals are logged without the token, naming a ServiceAccount sender', () => {
-    const refused = logs['mirror-sync'].lines.filter((l) => l.includes('event refused'));
+  it('refusals are logged without the token, naming a ServiceAccount sender, under the id each answer carried', () => {
+    const refused = [...logs['mirror-sync'].lines, ...logs['identity-status'].lines].filter((l) =>
+      l.includes('event refused'),
+    );
+    assert.ok(refusalIds.length > 0);
+    for (const id of refusalIds)
+      assert.ok(
+        /^[0-9a-f-]{36}$/.test(id) && refused.some((l) => l.includes(`"requestId":"${id}"`)),
+        `a refusal's log line under ${id}`,
+      );
     assert.ok(refused.some((l) => l.includes('no-token')));
     assert.ok(refused.some((l) => l.includes(`system:serviceaccount:${senders}:stranger`)));
   });
