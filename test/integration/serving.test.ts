@@ -104,6 +104,14 @@ function samplePods(groups: Readonly<Record<string, string>>) {
   };
 }
 
+/** How function `fn` (`captf-…`) checks its senders as shipped. */
+const config = (fn: string) => {
+  const env = knativeContainer(system.rendered, fn.replace(/^captf-/, '') as FunctionName)?.env ?? [];
+  const c = eventAuthFromEnv(Object.fromEntries(env.map((e) => [e.name, e.value ?? ''])));
+  assert.equal(c.mode, 'oidc', `${fn} checks its senders`);
+  return c as Extract<typeof c, { mode: 'oidc' }>;
+};
+
 describe('the manifests on Knative Serving', () => {
   it('runs every Knative Service of the manifests, Ready, from the product image', async () => {
     assert.deepEqual(Object.keys(serving.urls).sort(), [
@@ -312,13 +320,6 @@ describe('the manifests on Knative Serving', () => {
 });
 
 describe('sender identity on Knative (SPEC §12)', () => {
-  /** How function `fn` (`captf-…`) checks its senders as shipped. */
-  const config = (fn: string) => {
-    const env = knativeContainer(system.rendered, fn.replace(/^captf-/, '') as FunctionName)?.env ?? [];
-    const c = eventAuthFromEnv(Object.fromEntries(env.map((e) => [e.name, e.value ?? ''])));
-    assert.equal(c.mode, 'oidc', `${fn} checks its senders`);
-    return c as Extract<typeof c, { mode: 'oidc' }>;
-  };
   it("only the functions' own Triggers may send: Knative made exactly the accounts they list, and a forged delivery is refused", async () => {
     const triggers = (await custom.listNamespacedCustomObject({
       group: 'eventing.knative.dev',
@@ -414,4 +415,148 @@ describe('sender identity on Knative (SPEC §12)', () => {
       await core.deleteNamespacedServiceAccount({ namespace: NAMESPACE, name: account }).catch(() => undefined);
     }
   });
+
+  it("bound to the Broker by a SinkBinding, a resync fans out its keys signed with the token Eventing mounts: refused until the Broker's policy names the binding, then a mirror lost without an event comes back", () =>
+    sinkBindingFanOut());
 });
+
+/** The mirror-sync Knative Service as this test reads it. */
+interface MirrorSyncService {
+  metadata: { generation: number };
+  spec: { template: { spec: { containers: { env?: { name: string }[] }[] } } };
+  status?: {
+    observedGeneration?: number;
+    latestReadyRevisionName?: string;
+    latestCreatedRevisionName?: string;
+    conditions?: { type: string; status: string }[];
+  };
+}
+
+/** The log lines of every mirror-sync pod now on the node. */
+const mirrorSyncLogs = async (): Promise<string[]> =>
+  (await podsOf('captf-mirror-sync')).flatMap((p) => podLog(work, p).split('\n'));
+
+/**
+ * docs/deploy-knative.md's SinkBinding on the shipped manifests: Eventing binds `K_SINK` and
+ * mounts a token for the Broker's audience into mirror-sync's new revision; a resync ping then
+ * sends one key event per mirror to the Broker. The shipped `captf-broker` policy refuses them
+ * (403) until it names the binding; then they come back through the key Trigger, and a mirror
+ * deleted behind mirror-sync's back (no event tells it) is made again.
+ */
+async function sinkBindingFanOut(): Promise<void> {
+  const source = await operatorSource(w, fx.data({ AWS_ACCESS_KEY_ID: 'AKIA-fanout' }));
+  const ns = await w.namespace();
+  const id = await source.newIdentity(fx.allowList(ns));
+  const consumer = await w.create(fx.consumer('fan', fx.inNamespace(ns), fx.identityRef(id)));
+  await mirrorOwnedBy(ns, id, consumer, 120_000);
+  const binding = 'captf-mirror-sync-keys';
+  const bindings = { group: 'sources.knative.dev', version: 'v1', namespace: NAMESPACE, plural: 'sinkbindings' };
+  const policies = eventPolicies(NAMESPACE);
+  const shipped = (await custom.getNamespacedCustomObject({ ...policies, name: 'captf-broker' })) as {
+    spec: { from: unknown[] };
+  };
+  await custom.createNamespacedCustomObject({
+    ...bindings,
+    body: {
+      apiVersion: 'sources.knative.dev/v1',
+      kind: 'SinkBinding',
+      metadata: { name: binding },
+      spec: {
+        subject: { apiVersion: 'serving.knative.dev/v1', kind: 'Service', name: 'captf-mirror-sync' },
+        sink: { ref: { apiVersion: 'eventing.knative.dev/v1', kind: 'Broker', name: 'captf' } },
+      },
+    },
+  });
+  try {
+    const revision = await explained(
+      eventually(
+        "mirror-sync's bound revision (K_SINK and the token) Ready, and none of its old pods left",
+        async () => {
+          const s = (await custom.getNamespacedCustomObject({
+            group: 'serving.knative.dev',
+            version: 'v1',
+            namespace: NAMESPACE,
+            plural: 'services',
+            name: 'captf-mirror-sync',
+          })) as MirrorSyncService;
+          const bound = s.spec.template.spec.containers[0]!.env?.some((e) => e.name === 'K_SINK');
+          const st = s.status;
+          const ready =
+            st?.observedGeneration === s.metadata.generation &&
+            st.latestReadyRevisionName === st.latestCreatedRevisionName &&
+            st.conditions?.some((c) => c.type === 'Ready' && c.status === 'True');
+          const old = (await podsOf('captf-mirror-sync')).filter(
+            (p) => p.metadata?.labels?.['serving.knative.dev/revision'] !== st?.latestReadyRevisionName,
+          );
+          return bound && ready && old.length === 0 && st.latestReadyRevisionName;
+        },
+        300_000,
+        1000,
+      ),
+    );
+    const { audience } = config('captf-mirror-sync');
+    const resyncToken = await serviceAccountToken(system.kc, {
+      namespace: NAMESPACE,
+      name: oidcServiceAccountName('captf-mirror-sync-resync'),
+      audience,
+    });
+    const ping = async () => {
+      const r = await postEvents(
+        url('captf-mirror-sync'),
+        pingEvent('captf-resync'),
+        'binary',
+        undefined,
+        `Bearer ${resyncToken}`,
+      );
+      assert.equal(r.status, 200, `the resync ping: ${r.text}`);
+    };
+    // The shipped policy lets only the product's sources send to the Broker.
+    await ping();
+    await explained(
+      eventually(
+        `the Broker to refuse the key events of ${revision}`,
+        async () => (await mirrorSyncLogs()).some((l) => /sink refused resync event.*"status":403/.test(l)),
+        120_000,
+        1000,
+      ),
+    );
+    await custom.patchNamespacedCustomObject(
+      {
+        ...policies,
+        name: 'captf-broker',
+        body: {
+          spec: {
+            from: [
+              ...shipped.spec.from,
+              { ref: { apiVersion: 'sources.knative.dev/v1', kind: 'SinkBinding', name: binding } },
+            ],
+          },
+        },
+      },
+      setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+    );
+    await core.deleteNamespacedSecret({ namespace: ns, name: mirrorName(id) });
+    const sentAll = (l: string) => /"message":"resync"/.test(l) && /"sent":[1-9]/.test(l) && /"failed":0\b/.test(l);
+    await explained(
+      eventually(
+        'a resync whose key events the Broker took (Knative resolves the policy within seconds)',
+        async () => {
+          if (!(await mirrorSyncLogs()).some(sentAll)) await ping();
+          return (await mirrorSyncLogs()).some(sentAll);
+        },
+        120_000,
+        5000,
+      ),
+    );
+    const back = await mirrorOwnedBy(ns, id, consumer, 120_000);
+    assert.equal(Buffer.from(back.data!.AWS_ACCESS_KEY_ID!, 'base64').toString(), 'AKIA-fanout');
+  } finally {
+    await custom.deleteNamespacedCustomObject({ ...bindings, name: binding }).catch(() => undefined);
+    await custom
+      .patchNamespacedCustomObject(
+        { ...policies, name: 'captf-broker', body: { spec: { from: shipped.spec.from } } },
+        setHeaderOptions('Content-Type', PatchStrategy.MergePatch),
+      )
+      .catch(() => undefined);
+  }
+}
