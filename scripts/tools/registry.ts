@@ -218,6 +218,7 @@ export type ToolSet =
   | 'imagebuild'
   | 'netpol'
   | 'node'
+  | 'observability'
   | 'serving'
   | 'traefik';
 
@@ -359,6 +360,17 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
       module: 'kube-router',
       versionOf: 'github.com/cloudnativelabs/kube-router/v2',
       binaries: { 'kube-router': 'github.com/cloudnativelabs/kube-router/v2/cmd/kube-router' },
+    },
+  ],
+  /**
+   * The receivers of the functions' telemetry in the test world (scripts/observability/):
+   * Prometheus 3.16 (`cmd/prometheus`, whose OTLP receiver takes pushed metrics).
+   */
+  observability: [
+    {
+      module: 'prometheus',
+      versionOf: 'github.com/prometheus/prometheus',
+      binaries: { prometheus: 'github.com/prometheus/prometheus/cmd/prometheus' },
     },
   ],
   /**
