@@ -4,10 +4,12 @@
  * <function> is `admission`, `mirror-sync` or `identity-status`. Configuration comes from
  * the environment (docs/configuration.md); exits 2 on an unknown function name or bad
  * configuration. SIGTERM drains: nothing new is accepted, answers in flight finish, then the
- * process exits 0 (1 if the `CAPTF_DRAIN_SECONDS` deadline passed first).
+ * process exits 0 (1 if the `CAPTF_DRAIN_SECONDS` deadline passed first). With an OpenTelemetry
+ * endpoint in `OTEL_*`, metrics are pushed there (lib/telemetry.ts), the last ones on the drain.
  */
 import { apiConnectionsFromEnv, setApiConnections } from './lib/api-pool.ts';
 import { drainMsFromEnv, portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } from './lib/http.ts';
+import { startTelemetry, telemetryFromEnv } from './lib/telemetry.ts';
 
 // Static imports per name so a bundler includes every function, and importing one function
 // loads none of the others' code.
@@ -27,15 +29,23 @@ try {
   // One kept-alive pool per process for every API call (lib/api-pool.ts).
   setApiConnections(apiConnectionsFromEnv(process.env));
   const drainMs = drainMsFromEnv(process.env);
+  // OpenTelemetry is loaded only when an OTEL_* endpoint asks for it (lib/telemetry.ts).
+  const metricsConfig = telemetryFromEnv(process.env, name);
+  const metrics = metricsConfig && (await startTelemetry(metricsConfig));
   // HOST: all interfaces by default, as in a container; local mode binds loopback only.
   const fn = await (await load()).start({ port: portFromEnv(), host: process.env.HOST || undefined });
+  if (metricsConfig)
+    fn.logger.info('metrics pushed over OTLP', {
+      service: metricsConfig.service,
+      intervalMs: metricsConfig.intervalMs,
+    });
   fn.logger.info('listening', {
     function: name,
     port: fn.port,
     scheme: fn.scheme,
     startupMs: Math.round(performance.now()),
   });
-  stopGracefully(fn, drainMs);
+  stopGracefully(fn, drainMs, metrics);
 } catch (err) {
   process.stderr.write(`${name}: cannot start: ${err instanceof Error ? err.message.split('\n')[0] : String(err)}\n`);
   process.exit(2);

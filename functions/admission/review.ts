@@ -11,6 +11,7 @@ import type { ConsumerKind } from '../lib/api.ts';
 import { consumersOfIdentity } from '../lib/consumers.ts';
 import { apiStatus, describeError, ignoreNotFound, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { telemetry } from '../lib/telemetry.ts';
 import {
   consumerCounts,
   deleteDecision,
@@ -107,6 +108,7 @@ export async function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Pr
     const warnings = await warningsFor(plan.notes, deps, trace);
     if (warnings.length > 0) decision = { ...decision, warnings };
   }
+  telemetry().admissionReview(req.operation, decision.allowed);
   deps.logger.info('reviewed', {
     uid: req.uid,
     operation: req.operation,

@@ -24,6 +24,7 @@ import { answersInFlight, refusedWhileDraining } from './connections.ts';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
 import { retryAfterHeader } from './retry-after.ts';
+import { recording, telemetry, type Telemetry } from './telemetry.ts';
 
 // The connection layer (timeouts, idle limit, drain) lives in connections.ts; the functions take it from here.
 export {
@@ -148,6 +149,7 @@ export function sendEventOutcome(res: Response, o: Outcome, logger: Logger): voi
 export function createApp(): Express {
   const app = express();
   app.disable('x-powered-by');
+  app.use(recordAnswers);
   app.use((req, res, next) => {
     if (!refusedWhileDraining(req)) return next();
     res.set('retry-after', '1').status(503).json({ error: 'this instance is stopping; send the request again' });
@@ -157,6 +159,25 @@ export function createApp(): Express {
   });
   return app;
 }
+
+/**
+ * Records each answer's route, method, status and duration once it is sent (./telemetry.ts);
+ * nothing when telemetry is off. The route is express's matched template, so the set is bounded.
+ */
+const recordAnswers: RequestHandler = (req, res, next) => {
+  if (!recording()) return next();
+  const started = performance.now();
+  res.on('finish', () => {
+    const route = (req.route as { path?: unknown } | undefined)?.path;
+    telemetry().httpAnswer(
+      typeof route === 'string' ? route : 'unmatched',
+      req.method,
+      res.statusCode,
+      (performance.now() - started) / 1000,
+    );
+  });
+  next();
+};
 
 /** How long a connection whose body was refused stays half-closed before it is dropped (ms). */
 const LINGER_MS = 2_000;
@@ -309,17 +330,20 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
 /**
  * Stops on SIGTERM or SIGINT (SPEC §13): {@link FunctionHandle.close} with `drainMs` as the
  * deadline, then exits 0 once every connection has closed, or 1 if answers were still in
- * flight at the deadline. A second signal changes nothing.
+ * flight at the deadline, pushing `flush`'s metrics first (at most {@link FLUSH_MS}). A second
+ * signal changes nothing.
  * @param drainMs the drain deadline (ms): Knative's termination grace period is the revision's
  *   `timeoutSeconds`, and the manifests set `CAPTF_DRAIN_SECONDS` to it ({@link drainMsFromEnv}).
  */
-export function stopGracefully(fn: FunctionHandle, drainMs: number): void {
+export function stopGracefully(fn: FunctionHandle, drainMs: number, flush?: Telemetry): void {
   let stopping = false;
   const stop = async (signal: string) => {
     if (stopping) return;
     stopping = true;
     fn.logger.info('stopping', { signal, inFlight: answersInFlight(fn.server), drainSeconds: drainMs / 1000 });
     const drained = await fn.close(drainMs);
+    // What was counted up to the last answer, pushed before the pod goes (bounded: the grace period is shared).
+    await flush?.shutdown(FLUSH_MS);
     if (!drained) {
       fn.logger.warn('answers still in flight at the drain deadline; exiting', {
         inFlight: answersInFlight(fn.server),
@@ -333,6 +357,9 @@ export function stopGracefully(fn: FunctionHandle, drainMs: number): void {
   process.on('SIGTERM', () => void stop('SIGTERM'));
   process.on('SIGINT', () => void stop('SIGINT'));
 }
+
+/** The longest a stop waits for the last metrics push, in ms. */
+export const FLUSH_MS = 5_000;
 
 /** Default drain deadline (s) when `CAPTF_DRAIN_SECONDS` is unset; the manifests always set it. */
 export const DEFAULT_DRAIN_SECONDS = 30;
