@@ -11,6 +11,7 @@
  * `CAPTF_FUZZ_SEED`/`CAPTF_FUZZ_PATH`); once fixed, its counterexample joins `REGRESSIONS`.
  */
 import assert from 'node:assert/strict';
+import { request as httpRequest } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { checkAnswer, describeFigures, fuzz, send } from '../../scripts/soak/fuzz.ts';
 import { Raw, knownGoodReview, type FuzzCase } from '../../scripts/soak/hostile.ts';
@@ -216,12 +217,16 @@ describe('bodies that would fill the heap, at the shipped heap caps (functions/l
 
   it('identity-status: eight bodies of the size limit at once: what does not fit the budget is a 503 to retry, the rest is judged, nothing crashes', async () => {
     const t = target('identity-status');
-    const body = filled('0', t.bodyLimit - 1024);
-    const answers = await Promise.all(
-      Array.from({ length: 8 }, () =>
-        send(t, { method: 'POST', path: '/', headers: { 'content-type': 'application/cloudevents-batch+json' }, body }),
-      ),
-    );
+    const body = filled('0', t.bodyLimit - 1024).bytes;
+    // All eight are in flight together whatever the machine's speed: each waits for its last
+    // byte until one was refused (the budget is reserved from Content-Length, before reading).
+    const held = Array.from({ length: 8 }, () => holdBody(t.url, body));
+    await Promise.race([
+      Promise.any(held.map((h) => h.answer.then((a) => (a.status === 503 ? a : Promise.reject(new Error()))))),
+      new Promise((_, reject) => setTimeout(() => reject(new Error('no body refused within 60 s')), 60_000).unref()),
+    ]);
+    for (const h of held) h.finish();
+    const answers = await Promise.all(held.map((h) => h.answer));
     const statuses = answers.map((a) => a.status);
     assert.ok(
       statuses.every((s) => s === 400 || s === 503),
@@ -232,6 +237,30 @@ describe('bodies that would fill the heap, at the shipped heap caps (functions/l
     assert.equal(t.checkKnownGood(await send(t, t.knownGood(-3)), -3), undefined);
   });
 });
+
+/**
+ * A batch delivery of `body` to `url` with all but its last byte written; `finish` writes it.
+ * `answer` settles with the status and text (a refused body is answered before it is complete),
+ * or status 0 on a connection error.
+ */
+function holdBody(url: string, body: Buffer): { answer: Promise<{ status: number; text: string }>; finish(): void } {
+  const req = httpRequest(new URL('/', url), {
+    method: 'POST',
+    agent: false,
+    headers: { 'content-type': 'application/cloudevents-batch+json', 'content-length': String(body.length) },
+  });
+  const answer = new Promise<{ status: number; text: string }>((resolve) => {
+    req.on('response', (res) => {
+      let text = '';
+      res.on('data', (c: Buffer) => (text += c.toString()));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
+      res.on('error', () => resolve({ status: res.statusCode ?? 0, text }));
+    });
+    req.on('error', () => resolve({ status: 0, text: '' }));
+  });
+  req.write(body.subarray(0, body.length - 1));
+  return { answer, finish: () => req.end(body.subarray(body.length - 1)) };
+}
 
 describe('no crash', () => {
   it('every function process still runs', () => {
