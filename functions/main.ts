@@ -9,7 +9,7 @@
  */
 import { apiConnectionsFromEnv, setApiConnections } from './lib/api-pool.ts';
 import { drainMsFromEnv, portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } from './lib/http.ts';
-import { startTelemetry, telemetryFromEnv } from './lib/telemetry.ts';
+import { startTelemetry, telemetry, telemetryFromEnv } from './lib/telemetry.ts';
 
 // Static imports per name so a bundler includes every function, and importing one function
 // loads none of the others' code.
@@ -39,12 +39,9 @@ try {
       service: metricsConfig.service,
       intervalMs: metricsConfig.intervalMs,
     });
-  fn.logger.info('listening', {
-    function: name,
-    port: fn.port,
-    scheme: fn.scheme,
-    startupMs: Math.round(performance.now()),
-  });
+  const startupMs = performance.now();
+  telemetry().started(startupMs / 1000);
+  fn.logger.info('listening', { function: name, port: fn.port, scheme: fn.scheme, startupMs: Math.round(startupMs) });
   stopGracefully(fn, drainMs, metrics);
 } catch (err) {
   process.stderr.write(`${name}: cannot start: ${err instanceof Error ? err.message.split('\n')[0] : String(err)}\n`);

@@ -74,6 +74,7 @@ export async function checkSecretAccess(clients: Clients, user: UserInfo, secret
     );
     const s = sar.status;
     if (!s) return { error: 'SubjectAccessReview returned no status' };
+    telemetry().accessCheck('SubjectAccessReview', s.allowed && s.denied !== true);
     return {
       status: {
         allowed: s.allowed,

@@ -19,6 +19,13 @@ export const REASON_SECRET_NOT_FOUND = 'SecretNotFound';
 export const REASON_SECRET_UNREADABLE = 'SecretUnreadable';
 /** `Ready=False`: `spec.secretRef.name` has the prefix reserved for mirrors; the identity is inert (SPEC §3, §9). */
 export const REASON_SECRET_IS_MIRROR = 'SecretIsMirror';
+/** Every reason of `Ready` this function writes. */
+export const READY_REASONS: readonly string[] = Object.freeze([
+  REASON_SECRET_FOUND,
+  REASON_SECRET_NOT_FOUND,
+  REASON_SECRET_UNREADABLE,
+  REASON_SECRET_IS_MIRROR,
+]);
 
 /**
  * What a direct GET of the source Secret said: it exists, the API answered 404, or it

@@ -14,6 +14,8 @@ import { BadEventError, PING_EVENT_TYPE, readEventRequests, type EventRequest } 
 import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import { describeError, makeClients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { telemetry } from '../lib/telemetry.ts';
+import { READY_REASONS } from './decide.ts';
 import { refreshAll, refreshNamed, type RefreshDeps, type RefreshResult } from './refresh.ts';
 
 /** Configuration of the handler (from the environment, see index.ts). */
@@ -134,6 +136,21 @@ function summarise(plan: RefreshPlan, results: RefreshResult[], apiCalls: number
 }
 
 /**
+ * Records what a refresh found (lib/telemetry.ts): each refreshed identity's readiness and
+ * namespaces in use, and, after a full refresh, how many identities carry each `Ready` reason.
+ */
+function recordIdentities(plan: RefreshPlan, results: readonly RefreshResult[]): void {
+  // Every reason, counted 0 when no identity has it, so an alert's series always exists.
+  const byReason = new Map(READY_REASONS.map((r) => [r, 0]));
+  for (const r of results) {
+    if (r.outcome !== 'refreshed') continue;
+    telemetry().identity(r.identity, r.ready === 'True', r.namespaces?.length ?? 0);
+    if (r.reason) byReason.set(r.reason, (byReason.get(r.reason) ?? 0) + 1);
+  }
+  if (plan.kind === 'all') telemetry().identitiesByReason(byReason);
+}
+
+/**
  * Decides and runs one request. SPEC §12 batch policy: each event is judged on its own — the
  * good ones of a batch are refreshed even when others are malformed or about other kinds —
  * and the answer is `retry` when a refresh failed, else `bad-input` (400) or `unprocessable`
@@ -152,6 +169,7 @@ export async function refreshFor(
   const results = await runPlan(cfg, plan, counter);
   if (!Array.isArray(results)) return results;
   const summary = summarise(plan, results, counter.calls, t0);
+  recordIdentities(plan, results);
   const { failed } = summary;
   cfg.logger.info('refresh done', { ...summary, failed: failed.length });
   const answer = { ...summary, ...(plan.kind === 'named' ? { identities: results } : {}) };

@@ -34,6 +34,7 @@ import {
   type RequestAttributes,
 } from './api-errors.ts';
 import type { Logger } from './log.ts';
+import { recording, telemetry } from './telemetry.ts';
 
 /**
  * Request options asking the API server for metadata only (`PartialObjectMetadata`, see
@@ -224,13 +225,16 @@ function recordingHttpApi(kc: KubeConfig, server: string): HttpLibrary {
   };
   return wrapHttpLibrary({
     async send(request: RequestContext): Promise<ResponseContext> {
+      const started = performance.now();
       let response: ResponseContext;
       try {
         response = await inner.send(request).toPromise();
       } catch (err) {
+        recordRequest(request, basePath, undefined, started);
         if (typeof err === 'object' && err !== null) rememberRequest(err, attributes(request));
         throw err;
       }
+      recordRequest(request, basePath, response.httpStatusCode, started);
       if (response.httpStatusCode >= 400) {
         const user = response.httpStatusCode === 403 ? await whoAmI(kc) : undefined;
         rememberRequest(response.headers, attributes(request, user));
@@ -238,6 +242,17 @@ function recordingHttpApi(kc: KubeConfig, server: string): HttpLibrary {
       return response;
     },
   });
+}
+
+/**
+ * Records one API request's verb, resource (`<resource>[/<subresource>]`), code and duration
+ * (./telemetry.ts); nothing when telemetry is off. Names and namespaces are left out.
+ */
+function recordRequest(request: RequestContext, basePath: string, status: number | undefined, started: number): void {
+  if (!recording()) return;
+  const r = requestAttributes(request.getHttpMethod(), request.getUrl(), basePath);
+  const resource = r ? (r.subresource ? `${r.resource}/${r.subresource}` : r.resource) : 'other';
+  telemetry().apiRequest(r?.verb ?? 'other', resource, status, (performance.now() - started) / 1000);
 }
 
 /**

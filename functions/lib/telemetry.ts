@@ -2,12 +2,28 @@
  * SPEC §13, telemetry: what the functions count, exported with OpenTelemetry's SDK as OTLP over
  * HTTP (push: a pod that scales to zero may be gone before any scrape) when the environment
  * names an endpoint, and flushed within the SIGTERM drain. With no endpoint set nothing of
- * OpenTelemetry is loaded: the SDK is imported on start only when asked for, and the
- * process records into a no-op, so a cold start does not pay for it.
+ * OpenTelemetry is loaded: the SDK (./telemetry-sdk.ts) is imported on start only when asked
+ * for, and the process records into a no-op, so a cold start does not pay for it.
  *
- * Every attribute is from a bounded set (a route template, a method, a status code, an
- * admission operation and decision): never a name, a Secret, a token or a user.
+ * Every attribute is from a bounded set (a route template, a method, a status code, an outcome,
+ * an API verb and resource): never a Secret, a token or a user. The one name recorded is an
+ * identity's, on identity-status's per-identity gauges: identities are cluster-scoped objects
+ * an operator creates, few, and "which one is not ready" is the question those gauges answer.
+ * docs/observability.md lists every metric.
  */
+
+/** What a CloudEvent asked of mirror-sync (bounded: lib/cloudevents.ts's targets, a key, a ping). */
+export type EventKind = 'ping' | 'key' | 'consumer' | 'identity' | 'namespace' | 'secret' | 'unusable';
+/** How one event ended: its work done, nothing to do (an echo, an unlabelled Secret), retried, or refused. */
+export type EventResult = 'done' | 'skipped' | 'retry' | 'bad';
+/** How one key's reconcile ended: done, retried (5xx), or refused for good (`MirrorFailed`). */
+export type ReconcileResult = 'done' | 'retry' | 'refused';
+/** One mirror request: an owner reference added or removed by merge, a delete for a revocation or for want of users. */
+export type MirrorWriteKind = 'create' | 'update' | 'merge' | 'delete' | 'revoke';
+/** How a mirror request ended (mirror-sync/errors.ts's classes, or `ok`). */
+export type WriteResult = 'ok' | 'conflict' | 'retry' | 'permanent';
+/** The checks the functions ask of the API server. */
+export type AccessCheck = 'SubjectAccessReview' | 'TokenReview';
 
 /** What the functions record. Each call is cheap and never throws. */
 export interface Recorder {
@@ -17,17 +33,70 @@ export interface Recorder {
    * and `http.response.status_code`.
    */
   httpAnswer(route: string, method: string, status: number, seconds: number): void;
+  /**
+   * One API request (`captf.api.request.duration`, seconds) by verb, resource (with its
+   * subresource) and status code; `status` undefined when no answer came (`error.type`).
+   */
+  apiRequest(verb: string, resource: string, status: number | undefined, seconds: number): void;
   /** One admission review decided (`captf.admission.reviews`), by operation and decision. */
   admissionReview(operation: string, allowed: boolean): void;
+  /** One SubjectAccessReview or TokenReview answered (`captf.access.checks`), by verdict. */
+  accessCheck(check: AccessCheck, allowed: boolean): void;
+  /** One event handled by mirror-sync (`captf.events`). */
+  event(kind: EventKind, result: EventResult): void;
+  /**
+   * One key reconciled (`captf.reconciles`), with its duration when it ran on its own
+   * (`captf.reconcile.duration`, seconds; a pass's keys share the pass's time).
+   */
+  reconcile(result: ReconcileResult, seconds?: number): void;
+  /** One mirror request sent (`captf.mirror.writes`). */
+  mirrorWrite(kind: MirrorWriteKind, result: WriteResult): void;
+  /** A consumer's conditions written (`captf.consumer.status.writes`), by the outcome written (decide.ts). */
+  consumerStatus(outcome: string): void;
+  /** A request folded into a name's follow-up run (`captf.queue.coalesced`). */
+  coalesced(): void;
+  /**
+   * identity-status's view of one identity after a refresh (`captf.identity.ready`: 1 when
+   * `Ready=True`; `captf.identity.namespaces`: its `status.namespaces` count).
+   */
+  identity(name: string, ready: boolean, namespaces: number): void;
+  /** A full refresh's count of identities per `Ready` reason (`captf.identities`); absent reasons count 0. */
+  identitiesByReason(counts: ReadonlyMap<string, number>): void;
+  /** The process started and is listening (`captf.process.startup.duration`, seconds). */
+  started(seconds: number): void;
 }
 
-const NOOP: Recorder = { httpAnswer: () => undefined, admissionReview: () => undefined };
+const NOOP: Recorder = {
+  httpAnswer: () => undefined,
+  apiRequest: () => undefined,
+  admissionReview: () => undefined,
+  accessCheck: () => undefined,
+  event: () => undefined,
+  reconcile: () => undefined,
+  mirrorWrite: () => undefined,
+  consumerStatus: () => undefined,
+  coalesced: () => undefined,
+  identity: () => undefined,
+  identitiesByReason: () => undefined,
+  started: () => undefined,
+};
 let recorder: Recorder = NOOP;
 
 /** The process's recorder: a no-op until {@link startTelemetry} found an endpoint. */
 export const telemetry = (): Recorder => recorder;
 /** Whether anything is recorded (a caller may skip preparing what a no-op would drop). */
 export const recording = (): boolean => recorder !== NOOP;
+
+// What `captf.queue.depth` reads at each collection (registered whether or not telemetry is on).
+let queueDepth: (() => number) | undefined;
+
+/**
+ * Registers what `captf.queue.depth` reads at each collection: the names being worked on now
+ * (mirror-sync's one queue). A later registration replaces an earlier one.
+ */
+export function watchQueueDepth(read: () => number): void {
+  queueDepth = read;
+}
 
 /** Telemetry as the environment asks for it. */
 export interface TelemetryConfig {
@@ -65,64 +134,19 @@ export interface Telemetry {
   shutdown(timeoutMs: number): Promise<void>;
 }
 
-/** The admission operations recorded as such; anything else is `other`. */
-const OPERATIONS = new Set(['CREATE', 'UPDATE', 'DELETE', 'CONNECT']);
-/** The methods recorded as such (OpenTelemetry's rule: others are `_OTHER`). */
-const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']);
-/** Buckets of `http.server.request.duration`, in seconds (OpenTelemetry's advice for it). */
-const DURATION_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10];
-
 /**
  * Starts pushing metrics (OTLP/HTTP, JSON) and makes {@link telemetry} record into them.
- * Loads the SDK here, not at import.
+ * Loads the SDK (./telemetry-sdk.ts) here, not at import.
  * @throws what the SDK throws for a malformed exporter setting.
  */
 export async function startTelemetry(cfg: TelemetryConfig): Promise<Telemetry> {
-  const [{ MeterProvider, PeriodicExportingMetricReader }, { OTLPMetricExporter }, { resourceFromAttributes }] =
-    await Promise.all([
-      import('@opentelemetry/sdk-metrics'),
-      import('@opentelemetry/exporter-metrics-otlp-http'),
-      import('@opentelemetry/resources'),
-    ]);
-  const reader = new PeriodicExportingMetricReader({
-    exporter: new OTLPMetricExporter(),
-    exportIntervalMillis: cfg.intervalMs,
-    exportTimeoutMillis: Math.min(cfg.intervalMs, 30_000),
-  });
-  const provider = new MeterProvider({
-    resource: resourceFromAttributes({ 'service.name': cfg.service }),
-    readers: [reader],
-  });
-  const meter = provider.getMeter('captf-credentials');
-  const duration = meter.createHistogram('http.server.request.duration', {
-    unit: 's',
-    description: 'Duration of HTTP server requests.',
-    advice: { explicitBucketBoundaries: DURATION_BUCKETS },
-  });
-  const reviews = meter.createCounter('captf.admission.reviews', {
-    unit: '{review}',
-    description: 'Admission reviews decided, by operation and decision.',
-  });
-  recorder = {
-    httpAnswer: (route, method, status, seconds) =>
-      duration.record(seconds, {
-        'http.route': route,
-        'http.request.method': METHODS.has(method) ? method : '_OTHER',
-        'http.response.status_code': status,
-      }),
-    admissionReview: (operation, allowed) =>
-      reviews.add(1, {
-        'captf.operation': OPERATIONS.has(operation) ? operation : 'other',
-        'captf.decision': allowed ? 'allowed' : 'denied',
-      }),
-  };
+  const { startMetrics } = await import('./telemetry-sdk.ts');
+  const started = await startMetrics(cfg, () => queueDepth?.());
+  recorder = started.recorder;
   return {
     shutdown: async (timeoutMs) => {
       recorder = NOOP;
-      await Promise.race([
-        provider.shutdown().catch(() => undefined),
-        new Promise((resolve) => setTimeout(resolve, timeoutMs).unref()),
-      ]);
+      await started.shutdown(timeoutMs);
     },
   };
 }

@@ -14,6 +14,7 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import { LRUCache } from 'lru-cache';
 import pLimit from 'p-limit';
 import { makeClients, type CallCounter } from './kube.ts';
+import { telemetry } from './telemetry.ts';
 
 /** RFC 6750 §2.1: `Bearer` (any case), one or more spaces, a b64token. */
 const BEARER = /^Bearer +([A-Za-z0-9\-._~+/]+=*)$/i;
@@ -215,6 +216,7 @@ export class TokenReviewer {
       },
     });
     const user = reviewedUser(answer.status, this.audience);
+    telemetry().accessCheck('TokenReview', user !== undefined);
     if (!user) {
       this.refused?.set(key, true);
       return undefined;

@@ -27,6 +27,7 @@ import {
   type Clients,
 } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { telemetry, type MirrorWriteKind } from '../lib/telemetry.ts';
 import { isCurrent, isOurs, mirrorName, type SecretLike } from '../lib/mirror.ts';
 import {
   failedPlan,
@@ -151,6 +152,13 @@ export async function act(ctx: ReconcileContext, plans: readonly KeyPlan[], opts
   return Promise.all(plans.map((p) => opts.limit(() => finish(ctx, steps.get(p)!, revoked, opts))));
 }
 
+/** The kind of mirror request a plan sends, as counted (lib/telemetry.ts); undefined when it sends none. */
+function writeKindOf(plan: KeyPlan): MirrorWriteKind | undefined {
+  const action = plan.mirror.action;
+  if (action === 'delete') return isRevocation(plan) ? 'revoke' : 'delete';
+  return action === 'create' || action === 'update' || action === 'merge' ? action : undefined;
+}
+
 /** A plan that takes credentials away (SPEC §7). */
 const isRevocation = (p: KeyPlan): boolean => p.mirror.action === 'delete' && p.mirror.why !== 'unused';
 
@@ -166,12 +174,15 @@ type Step = Written | ({ step: 'ended' } & Acted);
 
 /** One plan's mirror request, and what follows from how it ended. */
 async function writeStep(ctx: ReconcileContext, plan: KeyPlan): Promise<Step> {
+  const kind = writeKindOf(plan);
   let written: Awaited<ReturnType<typeof writeMirror>>;
   try {
     written = await writeMirror(ctx.clients, plan);
   } catch (err) {
+    if (kind) telemetry().mirrorWrite(kind, classify(err));
     return { step: 'ended', ...(await failedWrite(ctx, plan, err)) };
   }
+  if (kind) telemetry().mirrorWrite(kind, 'ok');
   if (!storedAsWritten(plan, written.stored)) {
     const name = `${plan.key.namespace}/${mirrorName(plan.key.identity)}`;
     const message = `the API server stored mirror Secret ${name} differently from what was written (an admission webhook or policy changed it), so it is not current; exempt the mirror from that mutation`;
@@ -390,11 +401,23 @@ const resultOf = (key: MirrorKey, p: ConsumerPlan): ConsumerResult => ({
   changed: false,
 });
 
-/** Writes one consumer's conditions when they changed; false for a kind this instance does not know. */
-async function writeFor(ctx: ReconcileContext, p: Pick<ConsumerPlan, 'consumer' | 'conditions'>, now: Date) {
+/**
+ * Writes one consumer's conditions when they changed, counting the outcome written
+ * (lib/telemetry.ts); false for a kind this instance does not know.
+ */
+async function writeFor(
+  ctx: ReconcileContext,
+  p: Pick<ConsumerPlan, 'consumer' | 'conditions' | 'outcome'>,
+  now: Date,
+): Promise<boolean> {
   const kind = findConsumerKind(ctx.kinds, p.consumer.apiVersion!, p.consumer.kind!);
   if (!kind) return false;
-  return writeConditions(ctx.clients, { kind, consumer: p.consumer }, p.conditions, { now, logger: ctx.logger });
+  const wrote = await writeConditions(ctx.clients, { kind, consumer: p.consumer }, p.conditions, {
+    now,
+    logger: ctx.logger,
+  });
+  if (wrote) telemetry().consumerStatus(p.outcome);
+  return wrote;
 }
 
 /**

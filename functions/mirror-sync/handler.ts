@@ -14,6 +14,7 @@ import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import type { Consumer } from '../lib/api.ts';
 import { findConsumerKind, scopeMismatch } from '../lib/consumers.ts';
 import { describeError, retryAfterOf } from '../lib/kube.ts';
+import { telemetry, type EventKind, type EventResult } from '../lib/telemetry.ts';
 import { largestRetryAfter, retryAfterHeader } from '../lib/retry-after.ts';
 import { contextOf, settleWithoutKey, type ConsumerResult, type ReconcileContext, type ReconcileDeps } from './act.ts';
 import { keyString } from './decide.ts';
@@ -223,12 +224,14 @@ export class MirrorSyncHandler {
     } catch (err) {
       if (!(err instanceof BadEventError)) throw err;
       this.deps.logger.warn('bad event', { error: err.message });
+      telemetry().event('unusable', 'bad');
       return { kind: 'bad-input', error: err.message };
     }
     const bad = [...read.bad];
     const done: Done[] = [];
-    for (const r of withoutRepeats(read.requests)) {
+    for (const r of countRepeats(read)) {
       const d = await this.settle(r);
+      telemetry().event(eventKind(r), eventResult(d));
       if (typeof d === 'string') bad.push(d);
       else done.push(d);
     }
@@ -270,6 +273,29 @@ function failedWork(
   const asked = wait === undefined ? {} : { retryAfterSeconds: Number(retryAfterHeader(wait)) };
   return { failed: errors.join('; '), ...asked };
 }
+
+/**
+ * A request's events without repeats ({@link withoutRepeats}), having counted the unusable ones
+ * and the repeats (lib/telemetry.ts); the others are counted once handled.
+ */
+function countRepeats(read: ReturnType<typeof readEventRequests>): EventRequest[] {
+  read.bad.forEach(() => telemetry().event('unusable', 'bad'));
+  const unique = withoutRepeats(read.requests);
+  const kept = new Set(unique);
+  for (const r of read.requests) if (!kept.has(r)) telemetry().event(eventKind(r), 'skipped');
+  return unique;
+}
+
+/** What an event asked, as counted (lib/telemetry.ts): a ping, a key, or its object's target. */
+const eventKind = (r: EventRequest): EventKind =>
+  r.type === 'object' ? (r.target === 'other' ? 'unusable' : r.target) : r.type;
+
+/** How an event ended, as counted: a bad event's message, or its work's result. */
+const eventResult = (d: Done | string): EventResult => {
+  if (typeof d === 'string') return 'bad';
+  if (needsRetry(d)) return 'retry';
+  return d.skipped ? 'skipped' : 'done';
+};
 
 /** Whether an event's work must be retried (a result asks for it, or the work failed). */
 const needsRetry = (d: Done): boolean => Boolean(d.results?.some((x) => x.retry) || d.failed);

@@ -13,6 +13,7 @@ import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 import type { Consumer, TerraformClusterIdentity } from '../lib/api.ts';
 import { describeError, ignoreNotFound, METADATA, type Clients } from '../lib/kube.ts';
 import { ANNOTATION_IDENTITY, isOurs, mirrorName } from '../lib/mirror.ts';
+import { telemetry } from '../lib/telemetry.ts';
 import {
   act,
   conditionsChange,
@@ -34,7 +35,7 @@ import {
   type SourceRead,
 } from './decide.ts';
 import { EXISTS, readSource } from './observe.ts';
-import { failedKey, logKey } from './reconcile.ts';
+import { failedKey, logKey, reconcileResult } from './reconcile.ts';
 
 /** What a pass decides from: lists (mirrors listed before the consumers, SPEC §12). */
 export interface Lists {
@@ -218,6 +219,7 @@ async function somethingAt(clients: Clients, key: MirrorKey): Promise<boolean> {
 /** Logs a key the pass acted on itself (a key decided again through the queue logs its own line). */
 function logged(pass: Pass, r: KeyOutcome): KeyOutcome {
   logKey(pass.ctx.logger, { ...r, durationMs: 0, apiCalls: 0 });
+  telemetry().reconcile(reconcileResult(r));
   return r;
 }
 

@@ -29,6 +29,7 @@ import {
   type PrepareTarget,
   type Unauthenticated,
 } from './authorize.ts';
+import { telemetry } from '../lib/telemetry.ts';
 
 /** An authenticated caller, left by {@link PrepareGate.authenticate} in `res.locals.caller`. */
 export interface Caller {
@@ -123,6 +124,7 @@ export class PrepareGate {
     const { authz } = makeClients(this.kc, caller.counter);
     const review = await authz.createSubjectAccessReview({ body: prepareAccessReview(caller.user, attrs) });
     const allowed = review.status?.allowed === true && review.status.denied !== true;
+    telemetry().accessCheck('SubjectAccessReview', allowed);
     this.cache?.set(key, allowed);
     return allowed;
   }

@@ -7,6 +7,7 @@
  * kind of name (a mirror key, an identity's or a namespace's pass, the resync), with one worker
  * function (scheduler.ts).
  */
+import { telemetry } from '../lib/telemetry.ts';
 import type { ConsumerName, Snapshot } from './decide.ts';
 
 /** What a request asks to look at: the consumers it named, or `all`. */
@@ -53,6 +54,8 @@ export class WorkQueue<T, S, R> {
   add(name: string, target: T, scope: Scope = 'all', seed?: S): Promise<R> {
     const slot = this.slots.get(name);
     if (!slot) return this.start(name, this.process({ target, scope, seed }));
+    // Joining a follow-up that already waits: one run will answer both (lib/telemetry.ts).
+    if (slot.next) telemetry().coalesced();
     slot.next ??= this.followUp(target);
     const next = slot.next;
     // The follow-up looks at what its requests named, not the whole key: another instance may be

@@ -7,6 +7,7 @@
 import pLimit from 'p-limit';
 import { retryOnConflict } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
+import { telemetry, type ReconcileResult } from '../lib/telemetry.ts';
 import { mirrorName } from '../lib/mirror.ts';
 import { act, contextOf, failure, type ConsumerResult, type KeyOutcome, type ReconcileDeps } from './act.ts';
 import { decide, keyString, type MirrorKey, type Snapshot } from './decide.ts';
@@ -61,8 +62,15 @@ export async function reconcileKey(
     apiCalls: counter.calls,
   };
   logKey(deps.logger, done, scope);
+  telemetry().reconcile(reconcileResult(done), done.durationMs / 1000);
   return done;
 }
+
+/** How a key's reconcile ended, as counted (lib/telemetry.ts): retried, refused for good, or done. */
+export const reconcileResult = (r: KeyOutcome): ReconcileResult => {
+  if (r.retry) return 'retry';
+  return r.warning ? 'refused' : 'done';
+};
 
 /** The result of a key whose reconcile failed on `err` (an API error): retried, with the wait its answer asked for. */
 export const failedKey = (key: MirrorKey, err: unknown): KeyOutcome => ({

@@ -8,6 +8,7 @@
 import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
 import type { Clients } from '../lib/kube.ts';
+import { watchQueueDepth } from '../lib/telemetry.ts';
 import { contextOf, type ConsumerResult, type KeyOutcome, type ReconcileDeps } from './act.ts';
 import { keyString, type MirrorKey } from './decide.ts';
 import { listsForIdentity, listsForNamespace, type KeyWork } from './keys.ts';
@@ -53,6 +54,8 @@ export class Scheduler {
     this.deps = deps;
     this.cfg = cfg;
     this.queue = new WorkQueue((run) => this.process(run));
+    // The process's one queue: its depth is what an operator watches drain (lib/telemetry.ts).
+    watchQueueDepth(() => this.queue.size);
   }
 
   /**

@@ -1,10 +1,10 @@
 /**
- * SPEC §13, telemetry, through the real path: admission runs as its container does
- * (`node functions/main.ts admission`, as its ServiceAccount on the shared control plane) with
+ * SPEC §13, telemetry, through the real path: each function runs as its container does
+ * (`node functions/main.ts <function>`, as its ServiceAccount on the shared control plane) with
  * OpenTelemetry's standard variables pointing at a real Prometheus's OTLP receiver; a scripted
- * set of requests is made, the function is stopped with SIGTERM (its last push is part of the
- * drain), and PromQL reads back exactly what was done. A planted value in the reviewed object
- * and user appears in no series.
+ * set of requests and events is sent, the function is stopped with SIGTERM (its last push is
+ * part of the drain), and PromQL reads back exactly what was done. A planted value in the
+ * objects' names, the Secret's data and the reviewed user appears in no series.
  */
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -12,10 +12,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startPrometheus, type Prometheus, type Sample } from '../../scripts/observability/prometheus.ts';
+import { IDENTITY_SELECTOR_ENV } from '../../functions/identity-status/index.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
+import { pingEvent } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { sentinel } from '../helpers/logs.ts';
-import { spawnFunction } from '../helpers/process.ts';
+import { consumerEvent, createConsumers, deliver, identityEvent, operatorSource } from '../helpers/mirror-sync.ts';
+import { spawnFunction, type FunctionProcess } from '../helpers/process.ts';
 
 const w = fx.world('telemetry');
 const work = mkdtempSync(join(tmpdir(), 'captf-telemetry-'));
@@ -30,6 +33,31 @@ after(async () => {
   rmSync(work, { recursive: true, force: true });
 });
 
+/** Runs `fn` against a spawned function, stops it with SIGTERM and asserts it exited 0 (its last push done). */
+async function stopAfter(fn: FunctionProcess, work: () => Promise<void>): Promise<void> {
+  try {
+    assert.ok(fn.output().includes('"metrics pushed over OTLP"'), fn.output());
+    await work();
+  } finally {
+    await fn.stop();
+  }
+  assert.equal(await fn.exited, 0, fn.tail().join('\n'));
+}
+
+/** Asserts that no series of `job` holds `planted`. */
+async function assertNothingPlanted(job: string, planted: string): Promise<void> {
+  const everything = await prometheus.query(`{${job}}`);
+  assert.ok(everything.length > 0);
+  const text = JSON.stringify(everything);
+  assert.ok(!text.includes(planted), `no series names the planted value: ${text.slice(0, 500)}`);
+}
+
+/** The environment that points a function at the test's Prometheus as `service`. */
+const otel = (service: string) => ({
+  OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: prometheus.otlpMetricsEndpoint,
+  OTEL_SERVICE_NAME: service,
+});
+
 /** The series of `promql` as `labels → value`, with `labels` the values of `keys` joined by `|`. */
 async function seriesOf(promql: string, keys: readonly string[]): Promise<Record<string, number>> {
   const samples: Sample[] = await prometheus.query(promql);
@@ -37,24 +65,22 @@ async function seriesOf(promql: string, keys: readonly string[]): Promise<Record
 }
 
 describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
-  it('counts exactly the answers and reviews a scripted run made, pushed by the SIGTERM drain, naming nothing', async () => {
+  it('admission: counts exactly the answers and reviews a scripted run made, naming nothing', async () => {
     const planted = sentinel();
     const account = await w.account('captf-admission');
     const service = `captf-admission-${w.name('t')}`;
     const fn = await spawnFunction('admission', {
       KUBECONFIG: account.kubeconfigPath,
       CAPTF_ADMISSION_PLAIN_HTTP: 'true',
-      OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: prometheus.otlpMetricsEndpoint,
-      OTEL_SERVICE_NAME: service,
+      ...otel(service),
     });
-    let exit: number | null;
-    try {
-      assert.ok(fn.output().includes('"metrics pushed over OTLP"'), fn.output());
+    await stopAfter(fn, async () => {
       const base = `http://127.0.0.1:${fn.port}`;
       const post = (path: string, body: string) =>
         fetch(`${base}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
       // A user with no rights names a Secret: a SubjectAccessReview, then a denial (answered 200).
-      const object = fx.identity(`id-${planted}`, fx.secretRef('captf-system', planted), fx.allowList('x'));
+      const lower = planted.toLowerCase();
+      const object = fx.identity(`id-${lower}`, fx.secretRef('captf-system', lower), fx.allowList('x'));
       const review = admissionReview(
         identityRequest('CREATE', object, undefined, { name: object.metadata!.name!, userInfo: { username: planted } }),
       );
@@ -64,17 +90,18 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
       assert.equal((await post('/validate', `{"not a review": "${planted}"`)).status, 400);
       for (let i = 0; i < 2; i++) assert.equal((await fetch(`${base}/healthz`)).status, 200);
       assert.equal((await post(`/${planted}`, '{}')).status, 404);
-    } finally {
-      await fn.stop();
-      exit = await fn.exited;
-    }
-    assert.equal(exit, 0, fn.tail().join('\n'));
+    });
 
     const job = `job="${service}"`;
     assert.deepEqual(
       await seriesOf(`captf_admission_reviews_total{${job}}`, ['captf_operation', 'captf_decision']),
       { 'CREATE|denied': 1 },
       'one review, denied',
+    );
+    assert.deepEqual(
+      await seriesOf(`captf_access_checks_total{${job}}`, ['captf_check', 'captf_decision']),
+      { 'SubjectAccessReview|denied': 1 },
+      'the review asked one SubjectAccessReview',
     );
     assert.deepEqual(
       await seriesOf(`http_server_request_duration_seconds_count{${job}}`, [
@@ -85,9 +112,96 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
       { 'POST|/validate|200': 1, 'POST|/validate|400': 1, 'GET|/healthz|200': 2, 'POST|unmatched|404': 1 },
       'every answer, by route and code',
     );
-    const everything = await prometheus.query(`{${job}}`);
-    assert.ok(everything.length > 0);
-    const text = JSON.stringify(everything);
-    assert.ok(!text.includes(planted), `no series names the planted value: ${text.slice(0, 500)}`);
+    assert.deepEqual(
+      await seriesOf(`captf_api_request_duration_seconds_count{${job}}`, [
+        'captf_verb',
+        'captf_resource',
+        'http_response_status_code',
+      ]),
+      { 'create|subjectaccessreviews|201': 1 },
+      'its one API request',
+    );
+    assert.equal((await seriesOf(`captf_process_startup_duration_seconds_count{${job}}`, []))[''], 1);
+    await assertNothingPlanted(job, planted);
+    await assertNothingPlanted(job, planted.toLowerCase());
+  });
+
+  it('mirror-sync and identity-status: mirrors, revocations, events and identities counted as the run made them', async () => {
+    const planted = sentinel();
+    const run = w.name('run');
+    const source = await operatorSource(w, fx.data({ token: planted }));
+    const [n1, n2] = [await w.namespace(), await w.namespace()];
+    const id = await source.newIdentity(fx.allowList(n1, n2), fx.labels({ 'captf.test/run': run }));
+    const consumers = [
+      ...(await createConsumers(w, n1, id, `c-${planted.toLowerCase()}`, 3)),
+      ...(await createConsumers(w, n2, id, 'd', 2)),
+    ];
+    const mirrorSync = `captf-mirror-sync-${run}`;
+    const ms = await spawnFunction('mirror-sync', {
+      KUBECONFIG: (await w.account('captf-mirror-sync')).kubeconfigPath,
+      ...otel(mirrorSync),
+    });
+    await stopAfter(ms, async () => {
+      const url = `http://127.0.0.1:${ms.port}/`;
+      // One at a time, so each count is what one event did.
+      for (const c of consumers) assert.equal((await deliver(url, consumerEvent(c))).status, 200);
+      // The echo of a decision already written: nothing to do.
+      assert.equal((await deliver(url, consumerEvent(consumers[0]!))).status, 200);
+      // Narrowed to n1: n2's mirror is revoked, its two consumers told so.
+      const narrowed = (await w.read(fx.identity(id)))!;
+      narrowed.spec.allowedNamespaces = { list: [n1] };
+      await w.put(narrowed);
+      assert.equal((await deliver(url, identityEvent(narrowed))).status, 200);
+      const bad = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
+      assert.equal(bad.status, 400);
+    });
+    const msJob = `job="${mirrorSync}"`;
+    assert.deepEqual(
+      await seriesOf(`captf_events_total{${msJob}}`, ['captf_event', 'captf_result']),
+      { 'consumer|done': 5, 'consumer|skipped': 1, 'identity|done': 1, 'unusable|bad': 1 },
+      'every event, by what it asked and how it ended',
+    );
+    assert.deepEqual(
+      await seriesOf(`captf_mirror_writes_total{${msJob}}`, ['captf_write', 'captf_result']),
+      { 'create|ok': 2, 'merge|ok': 3, 'revoke|ok': 1 },
+      "a mirror per namespace, each later consumer's owner reference merged in, then one mirror revoked",
+    );
+    assert.deepEqual(
+      await seriesOf(`captf_consumer_status_writes_total{${msJob}}`, ['captf_outcome']),
+      { mirrored: 5, 'not-allowed': 2 },
+      "five consumers mirrored, then n2's two told they are no longer allowed",
+    );
+    assert.deepEqual(await seriesOf(`captf_reconciles_total{${msJob}}`, ['captf_result']), { done: 6 });
+    assert.deepEqual(await seriesOf(`captf_reconcile_duration_seconds_count{${msJob}}`, ['captf_result']), { done: 5 });
+    assert.deepEqual(await seriesOf(`captf_queue_depth{${msJob}}`, []), { '': 0 }, 'nothing left in the queue');
+    const api = await seriesOf(`captf_api_request_duration_seconds_count{${msJob}}`, [
+      'captf_verb',
+      'captf_resource',
+      'http_response_status_code',
+    ]);
+    assert.equal(api['create|secrets|201'], 2, JSON.stringify(api));
+    assert.equal(api['delete|secrets|200'], 1, JSON.stringify(api));
+    await assertNothingPlanted(msJob, planted.toLowerCase());
+
+    const status = `captf-identity-status-${run}`;
+    const is = await spawnFunction('identity-status', {
+      KUBECONFIG: (await w.account('captf-identity-status')).kubeconfigPath,
+      [IDENTITY_SELECTOR_ENV]: `captf.test/run=${run}`,
+      ...otel(status),
+    });
+    await stopAfter(is, async () => {
+      assert.equal((await deliver(`http://127.0.0.1:${is.port}/`, pingEvent())).status, 200);
+    });
+    const isJob = `job="${status}"`;
+    assert.deepEqual(await seriesOf(`captf_identity_ready{${isJob}}`, ['captf_identity']), { [id]: 1 });
+    // n2's consumers still name it (SPEC §9: namespaces holding a consumer or its mirror).
+    assert.deepEqual(await seriesOf(`captf_identity_namespaces{${isJob}}`, ['captf_identity']), { [id]: 2 });
+    assert.deepEqual(await seriesOf(`captf_identities{${isJob}}`, ['captf_reason']), {
+      SecretFound: 1,
+      SecretNotFound: 0,
+      SecretUnreadable: 0,
+      SecretIsMirror: 0,
+    });
+    await assertNothingPlanted(isJob, planted);
   });
 });
