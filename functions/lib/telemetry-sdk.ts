@@ -5,10 +5,11 @@
  * (`http.server.request.duration`), the `captf.` namespace otherwise; Prometheus's OTLP receiver
  * turns them into `captf_…_total`, `…_seconds_bucket` and so on (docs/observability.md).
  */
+import { randomUUID } from 'node:crypto';
 import type { Attributes, Meter } from '@opentelemetry/api';
 import { MeterProvider, PeriodicExportingMetricReader } from '@opentelemetry/sdk-metrics';
 import { OTLPMetricExporter } from '@opentelemetry/exporter-metrics-otlp-http';
-import { resourceFromAttributes } from '@opentelemetry/resources';
+import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
 import type { Recorder, TelemetryConfig } from './telemetry.ts';
 
 /** The admission operations recorded as such; anything else is `other`. */
@@ -40,7 +41,11 @@ export async function startMetrics(cfg: TelemetryConfig, queueDepth: () => numbe
     exportTimeoutMillis: Math.min(cfg.intervalMs, 30_000),
   });
   const provider = new MeterProvider({
-    resource: resourceFromAttributes({ 'service.name': cfg.service }),
+    // Each process its own instance: pods of one function would otherwise write one series.
+    // OTEL_RESOURCE_ATTRIBUTES adds to it (and wins), as in every OpenTelemetry SDK.
+    resource: resourceFromAttributes({ 'service.name': cfg.service, 'service.instance.id': randomUUID() }).merge(
+      detectResources({ detectors: [envDetector] }),
+    ),
     readers: [reader],
   });
   const recorder = recorderOf(instruments(provider.getMeter('captf-credentials'), queueDepth));

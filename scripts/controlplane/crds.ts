@@ -1,7 +1,7 @@
 /**
  * Installs CRDs with server-side apply and waits until each is Established — used by the test
  * harness and the local mode: the project's own (manifests/crds/), and the real ones of Knative
- * Serving/Eventing and cert-manager, read from the module cache at the versions pinned in
+ * Serving/Eventing, cert-manager and prometheus-operator, read from the module cache at the versions pinned in
  * scripts/tools/go/crds/go.mod, so manifests can be server-side dry-run against them (SPEC §13).
  */
 import { execFile } from 'node:child_process';
@@ -88,7 +88,7 @@ export interface CrdSource {
 /**
  * The CRDs the manifests use, by module (paths inside the module). Knative Serving's
  * Service; Eventing's ApiServerSource, PingSource, Broker, Trigger, EventPolicy; cert-manager's Issuer
- * and Certificate.
+ * and Certificate; prometheus-operator's PrometheusRule (components/observability).
  */
 export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
   { module: 'knative.dev/serving', files: ['config/core/300-resources/service.yaml'] },
@@ -101,6 +101,10 @@ export const THIRD_PARTY_CRDS: readonly CrdSource[] = [
   {
     module: 'github.com/cert-manager/cert-manager',
     files: ['cert-manager.io_issuers.yaml', 'cert-manager.io_certificates.yaml'].map((n) => `deploy/crds/${n}`),
+  },
+  {
+    module: 'github.com/prometheus-operator/prometheus-operator',
+    files: ['example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml'],
   },
 ];
 

@@ -2,7 +2,10 @@
  * A real Prometheus for the functions' metrics (SPEC §13): Prometheus 3 built from its Go module
  * (tool set `observability`), on loopback, taking OTLP pushes on its receiver
  * (`--web.enable-otlp-receiver`, `POST /api/v1/otlp/v1/metrics`) and answering PromQL. It
- * scrapes nothing: everything it holds was pushed.
+ * scrapes nothing: everything it holds was pushed. A counter's first push counts from zero
+ * (`created-timestamp-zero-ingestion`: the OTLP start time becomes a 0 sample), so `increase()`
+ * sees a pod that pushed once. Given rule groups, it evaluates them every second and says which
+ * alerts fire.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, openSync, writeFileSync } from 'node:fs';
@@ -18,6 +21,12 @@ export interface Sample {
   value: number;
 }
 
+/** One alert Prometheus holds (`GET /api/v1/alerts`). */
+export interface Alert {
+  labels: Record<string, string>;
+  state: 'pending' | 'firing' | 'inactive';
+}
+
 /** A running Prometheus. */
 export interface Prometheus {
   /** `http://127.0.0.1:<port>` */
@@ -26,6 +35,8 @@ export interface Prometheus {
   otlpMetricsEndpoint: string;
   /** An instant PromQL query's vector. @throws Error with Prometheus's error text. */
   query(promql: string): Promise<Sample[]>;
+  /** The alerts of its rules that are pending or firing now. */
+  alerts(): Promise<Alert[]>;
   stop(): Promise<void>;
 }
 
@@ -33,15 +44,39 @@ export interface Prometheus {
 const READY_TIMEOUT_MS = 60_000;
 
 /**
+ * Writes the configuration under `dir`: nothing to scrape, rules evaluated every second,
+ * out-of-order pushes accepted (as from several pods of one function).
+ * @returns its path.
+ */
+function writeConfig(dir: string, ruleGroups: readonly unknown[]): string {
+  mkdirSync(dir, { recursive: true });
+  const config = join(dir, 'prometheus.yml');
+  const rules = join(dir, 'rules.yml');
+  // JSON is YAML: the rule file is the groups as given.
+  writeFileSync(rules, JSON.stringify({ groups: ruleGroups }));
+  writeFileSync(
+    config,
+    JSON.stringify({
+      global: { evaluation_interval: '1s' },
+      rule_files: [rules],
+      storage: { tsdb: { out_of_order_time_window: '30m' } },
+    }),
+  );
+  return config;
+}
+
+/**
  * Starts Prometheus with its data, configuration and log under `dir` (built when missing).
  * @throws Error naming its log when it is not ready in time (it is stopped first).
  */
-export async function startPrometheus(o: { dir: string; log?: (line: string) => void }): Promise<Prometheus> {
+export async function startPrometheus(o: {
+  dir: string;
+  /** Rule groups (a PrometheusRule's `spec.groups`), evaluated every second. */
+  ruleGroups?: readonly unknown[];
+  log?: (line: string) => void;
+}): Promise<Prometheus> {
   const bin = await ensureTool('observability', 'prometheus', o.log);
-  mkdirSync(o.dir, { recursive: true });
-  const config = join(o.dir, 'prometheus.yml');
-  // Nothing to scrape; out-of-order pushes accepted, as from several pods of one function.
-  writeFileSync(config, 'global: {}\nstorage:\n  tsdb:\n    out_of_order_time_window: 30m\n');
+  const config = writeConfig(o.dir, o.ruleGroups ?? []);
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
   const logPath = join(o.dir, 'prometheus.log');
@@ -53,6 +88,7 @@ export async function startPrometheus(o: { dir: string; log?: (line: string) => 
       `--storage.tsdb.path=${join(o.dir, 'data')}`,
       `--web.listen-address=127.0.0.1:${port}`,
       '--web.enable-otlp-receiver',
+      '--enable-feature=created-timestamp-zero-ingestion',
     ],
     { stdio: ['ignore', log, log] },
   );
@@ -72,19 +108,22 @@ export async function startPrometheus(o: { dir: string; log?: (line: string) => 
     await stop();
     throw err;
   });
+  /** The `data` of one API answer. @throws Error with Prometheus's error text. */
+  const api = async <T>(path: string): Promise<T> => {
+    const r = await fetch(`${url}${path}`);
+    const body = (await r.json()) as { status: string; error?: string; data?: T };
+    if (body.status !== 'success' || body.data === undefined) throw new Error(`${path}: ${body.error ?? r.status}`);
+    return body.data;
+  };
   return {
     url,
     otlpMetricsEndpoint: `${url}/api/v1/otlp/v1/metrics`,
     query: async (promql) => {
-      const r = await fetch(`${url}/api/v1/query?query=${encodeURIComponent(promql)}`);
-      const body = (await r.json()) as {
-        status: string;
-        error?: string;
-        data?: { result: { metric: Record<string, string>; value: [number, string] }[] };
-      };
-      if (body.status !== 'success') throw new Error(`PromQL ${promql}: ${body.error ?? r.status}`);
-      return (body.data?.result ?? []).map((s) => ({ metric: s.metric, value: Number(s.value[1]) }));
+      type Vector = { result: { metric: Record<string, string>; value: [number, string] }[] };
+      const data = await api<Vector>(`/api/v1/query?query=${encodeURIComponent(promql)}`);
+      return data.result.map((s) => ({ metric: s.metric, value: Number(s.value[1]) }));
     },
+    alerts: async () => (await api<{ alerts: Alert[] }>('/api/v1/alerts')).alerts,
     stop,
   };
 }

@@ -35,7 +35,7 @@ export const KNATIVE_LAYOUT = 'manifests/overlays/knative-cluster-local-tls';
 /**
  * Every kustomization a user may apply, relative to the repository root: the entry point, the
  * overlays that start from it (without CRDs, the source-Secret fast path, `Retry-After` on
- * mirror-sync's Triggers, unsigned events) and the Knative layout.
+ * mirror-sync's Triggers, unsigned events, observability) and the Knative layout.
  */
 export const KUSTOMIZATIONS: readonly string[] = [
   ENTRY_POINT,
@@ -43,6 +43,7 @@ export const KUSTOMIZATIONS: readonly string[] = [
   'manifests/overlays/secret-fast-path',
   'manifests/overlays/retry-after',
   'manifests/overlays/unsigned-events',
+  'manifests/overlays/observability',
   KNATIVE_LAYOUT,
 ];
 

@@ -67,6 +67,7 @@ describe('the rendered manifests against the real CRD schemas', () => {
       'triggers.eventing.knative.dev',
       'issuers.cert-manager.io',
       'certificates.cert-manager.io',
+      'prometheusrules.monitoring.coreos.com',
     ]) {
       assert.ok(
         sources.some((s) => s.startsWith(`${name} ← `)),

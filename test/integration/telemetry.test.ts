@@ -4,16 +4,22 @@
  * OpenTelemetry's standard variables pointing at a real Prometheus's OTLP receiver; a scripted
  * set of requests and events is sent, the function is stopped with SIGTERM (its last push is
  * part of the drain), and PromQL reads back exactly what was done. A planted value in the
- * objects' names, the Secret's data and the reviewed user appears in no series.
+ * objects' names, the Secret's data and the reviewed user appears in no series. Then the shipped
+ * dashboard and alerts (components/observability) are read against what the runs left: no
+ * panel is dead, every alert reads metrics that exist, and the alert for an unreadable source
+ * fires once identity-status cannot read one.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { loadYaml } from '@kubernetes/client-node';
 import { startPrometheus, type Prometheus, type Sample } from '../../scripts/observability/prometheus.ts';
+import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { IDENTITY_SELECTOR_ENV } from '../../functions/identity-status/index.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
+import { eventually } from '../helpers/cluster.ts';
 import { pingEvent } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { sentinel } from '../helpers/logs.ts';
@@ -24,8 +30,24 @@ const w = fx.world('telemetry');
 const work = mkdtempSync(join(tmpdir(), 'captf-telemetry-'));
 let prometheus: Prometheus;
 
+/** What the observability component ships. */
+const COMPONENT = join(REPO_ROOT, 'manifests', 'components', 'observability');
+/** One alerting rule of the shipped PrometheusRule. */
+interface AlertRule {
+  alert: string;
+  expr: string;
+}
+const ruleGroups = (
+  loadYaml(readFileSync(join(COMPONENT, 'prometheus-rules.yaml'), 'utf8')) as {
+    spec: { groups: { name: string; rules: AlertRule[] }[] };
+  }
+).spec.groups;
+const dashboard = JSON.parse(readFileSync(join(COMPONENT, 'dashboard.json'), 'utf8')) as {
+  panels: { title: string; targets?: { expr: string }[] }[];
+};
+
 before(async () => {
-  prometheus = await startPrometheus({ dir: join(work, 'prometheus') });
+  prometheus = await startPrometheus({ dir: join(work, 'prometheus'), ruleGroups });
 });
 
 after(async () => {
@@ -52,10 +74,14 @@ async function assertNothingPlanted(job: string, planted: string): Promise<void>
   assert.ok(!text.includes(planted), `no series names the planted value: ${text.slice(0, 500)}`);
 }
 
-/** The environment that points a function at the test's Prometheus as `service`. */
+/**
+ * The environment that points a function at the test's Prometheus as `service`, pushing every
+ * 200 ms: a few samples per series, so the dashboard's rate() sees these short-lived processes.
+ */
 const otel = (service: string) => ({
   OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: prometheus.otlpMetricsEndpoint,
   OTEL_SERVICE_NAME: service,
+  OTEL_METRIC_EXPORT_INTERVAL: '200',
 });
 
 /** The series of `promql` as `labels → value`, with `labels` the values of `keys` joined by `|`. */
@@ -154,6 +180,8 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
       assert.equal((await deliver(url, identityEvent(narrowed))).status, 200);
       const bad = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
       assert.equal(bad.status, 400);
+      // A Job's prepare without its token: refused before any work.
+      assert.equal((await fetch(`${url}prepare`, { method: 'POST' })).status, 401);
     });
     const msJob = `job="${mirrorSync}"`;
     assert.deepEqual(
@@ -204,4 +232,52 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
     });
     await assertNothingPlanted(isJob, planted);
   });
+  it('the shipped dashboard and alerts: no dead panel, every alert reads metrics that exist, and an unreadable source fires its alert', async () => {
+    const dead: string[] = [];
+    for (const panel of dashboard.panels) {
+      if (!panel.targets) continue;
+      const answers = await Promise.all(
+        panel.targets.map((t) => prometheus.query(t.expr.replaceAll('$__rate_interval', '5m'))),
+      );
+      if (!answers.some((samples) => samples.some((x) => Number.isFinite(x.value)))) dead.push(panel.title);
+    }
+    assert.deepEqual(dead, [], 'every panel shows a number after the runs above');
+    const rules = ruleGroups.flatMap((g) => g.rules);
+    const missing = rules.flatMap((r) => metricNames(r.expr).map((name) => [r.alert, name] as const));
+    for (const [alert, name] of missing)
+      assert.ok((await prometheus.query(`count(${name})`)).length > 0, `${alert} reads ${name}, which exists`);
+    assert.deepEqual(
+      (await prometheus.alerts()).map((a) => a.labels.alertname),
+      [],
+      'nothing fires after a healthy run',
+    );
+
+    // identity-status may no longer get Secrets: the source it reads answers 403.
+    const run = w.name('unreadable');
+    const source = await operatorSource(w, fx.data({ token: 't' }));
+    const id = await source.newIdentity(fx.allowList(source.namespace), fx.labels({ 'captf.test/run': run }));
+    const noGet = await w.account('captf-identity-status', (rules) =>
+      rules.map((r) => (r.resources?.includes('secrets') ? { ...r, verbs: r.verbs.filter((v) => v !== 'get') } : r)),
+    );
+    const is = await spawnFunction('identity-status', {
+      KUBECONFIG: noGet.kubeconfigPath,
+      [IDENTITY_SELECTOR_ENV]: `captf.test/run=${run}`,
+      ...otel(`captf-identity-status-${run}`),
+    });
+    await stopAfter(is, async () => {
+      assert.equal((await deliver(`http://127.0.0.1:${is.port}/`, pingEvent())).status, 200);
+    });
+    await eventually('CaptfIdentitySourceUnreadable to fire', async () =>
+      (await prometheus.alerts()).some(
+        (a) => a.labels.alertname === 'CaptfIdentitySourceUnreadable' && a.state === 'firing',
+      ),
+    );
+    const notReady = (await prometheus.alerts()).find((a) => a.labels.alertname === 'CaptfIdentityNotReady');
+    assert.equal(notReady?.labels.captf_identity, id, 'the identity is named, pending its 10 minutes');
+  });
 });
+
+/** The metric names an expression reads (the product's, and the HTTP server's). */
+const metricNames = (expr: string): string[] => [
+  ...new Set([...expr.matchAll(/\b(captf_[a-z_]+|http_server_[a-z_]+)(?=[{[])/g)].map((m) => m[1]!)),
+];
