@@ -5,7 +5,8 @@
  * the environment (docs/configuration.md); exits 2 on an unknown function name or bad
  * configuration. SIGTERM drains: nothing new is accepted, answers in flight finish, then the
  * process exits 0 (1 if the `CAPTF_DRAIN_SECONDS` deadline passed first). With an OpenTelemetry
- * endpoint in `OTEL_*`, metrics are pushed there (lib/telemetry.ts), the last ones on the drain.
+ * endpoint in `OTEL_*`, metrics and traces are pushed there (lib/telemetry.ts), the last ones on
+ * the drain.
  */
 import { apiConnectionsFromEnv, setApiConnections } from './lib/api-pool.ts';
 import { drainMsFromEnv, portFromEnv, stopGracefully, type FunctionHandle, type StartOptions } from './lib/http.ts';
@@ -30,19 +31,20 @@ try {
   setApiConnections(apiConnectionsFromEnv(process.env));
   const drainMs = drainMsFromEnv(process.env);
   // OpenTelemetry is loaded only when an OTEL_* endpoint asks for it (lib/telemetry.ts).
-  const metricsConfig = telemetryFromEnv(process.env, name);
-  const metrics = metricsConfig && (await startTelemetry(metricsConfig));
+  const otel = telemetryFromEnv(process.env, name);
+  const exporting = otel && (await startTelemetry(otel));
   // HOST: all interfaces by default, as in a container; local mode binds loopback only.
   const fn = await (await load()).start({ port: portFromEnv(), host: process.env.HOST || undefined });
-  if (metricsConfig)
-    fn.logger.info('metrics pushed over OTLP', {
-      service: metricsConfig.service,
-      intervalMs: metricsConfig.intervalMs,
+  if (otel)
+    fn.logger.info('telemetry pushed over OTLP', {
+      service: otel.service,
+      metrics: otel.metrics ?? false,
+      traces: otel.traces ?? false,
     });
   const startupMs = performance.now();
   telemetry().started(startupMs / 1000);
   fn.logger.info('listening', { function: name, port: fn.port, scheme: fn.scheme, startupMs: Math.round(startupMs) });
-  stopGracefully(fn, drainMs, metrics);
+  stopGracefully(fn, drainMs, exporting);
 } catch (err) {
   process.stderr.write(`${name}: cannot start: ${err instanceof Error ? err.message.split('\n')[0] : String(err)}\n`);
   process.exit(2);

@@ -101,7 +101,21 @@ interface Trace {
  * (see {@link warningsFor}); dry runs are reviewed the same way.
  * @returns the decision; never throws (an unexpected error denies).
  */
-export async function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Promise<Decision> {
+export function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Promise<Decision> {
+  const attributes = {
+    'captf.operation': req.operation,
+    'captf.identity': req.name ?? '',
+    'captf.dry_run': Boolean(req.dryRun),
+  };
+  return telemetry().span(`review ${req.operation}`, { attributes }, async (span) => {
+    const decision = await review(req, deps);
+    span.set({ 'captf.decision': decision.allowed ? 'allowed' : 'denied' });
+    return decision;
+  });
+}
+
+/** {@link reviewIdentity} without its span. */
+async function review(req: IdentityRequest, deps: ReviewDeps): Promise<Decision> {
   const plan = planReview(req);
   const trace: Trace = { subjectAccessReview: false, consumerLookup: false, impactLookup: false };
   let decision = await carryOut(plan, req, deps, trace);

@@ -149,7 +149,7 @@ export function sendEventOutcome(res: Response, o: Outcome, logger: Logger): voi
 export function createApp(): Express {
   const app = express();
   app.disable('x-powered-by');
-  app.use(recordAnswers);
+  app.use(observeAnswers);
   app.use((req, res, next) => {
     if (!refusedWhileDraining(req)) return next();
     res.set('retry-after', '1').status(503).json({ error: 'this instance is stopping; send the request again' });
@@ -161,22 +161,33 @@ export function createApp(): Express {
 }
 
 /**
- * Records each answer's route, method, status and duration once it is sent (./telemetry.ts);
- * nothing when telemetry is off. The route is express's matched template, so the set is bounded.
+ * Records each answer (./telemetry.ts): its route, method, status and duration once sent, in a
+ * server span that continues the caller's W3C trace context (a Broker's delivery carries
+ * `traceparent`) and is named after the matched route's template, so the set is bounded; the
+ * raw path is never recorded. Nothing when telemetry is off.
  */
-const recordAnswers: RequestHandler = (req, res, next) => {
+const observeAnswers: RequestHandler = (req, res, next) => {
   if (!recording()) return next();
   const started = performance.now();
-  res.on('finish', () => {
-    const route = (req.route as { path?: unknown } | undefined)?.path;
-    telemetry().httpAnswer(
-      typeof route === 'string' ? route : 'unmatched',
-      req.method,
-      res.statusCode,
-      (performance.now() - started) / 1000,
+  const method = req.method;
+  void telemetry().span(method, { kind: 'server', parent: req.headers }, (span) => {
+    const ended = new Promise<void>((resolve) =>
+      res.on('close', () => {
+        const matched = (req.route as { path?: unknown } | undefined)?.path;
+        const route = typeof matched === 'string' ? matched : 'unmatched';
+        span.rename(`${method} ${route}`);
+        span.set({ 'http.request.method': method, 'http.route': route, 'http.response.status_code': res.statusCode });
+        if (!res.writableFinished) span.fail('the connection closed before the answer was sent');
+        else {
+          if (res.statusCode >= 500) span.fail(`answered ${res.statusCode}`);
+          telemetry().httpAnswer(route, method, res.statusCode, (performance.now() - started) / 1000);
+        }
+        resolve();
+      }),
     );
+    next();
+    return ended;
   });
-  next();
 };
 
 /** How long a connection whose body was refused stays half-closed before it is dropped (ms). */

@@ -214,7 +214,8 @@ async function ownCredentials(kc: KubeConfig): Promise<{ bearer?: string; certPe
 /**
  * client-node's HTTP library with a record of each failed request (api-errors.ts
  * `rememberRequest`): what it asked, parsed from its own method and URL, and for a 403 this
- * process's user, so an error's text can name them without quoting the answer.
+ * process's user, so an error's text can name them without quoting the answer. With telemetry
+ * on, each request is also a span and a count ({@link observed}).
  */
 function recordingHttpApi(kc: KubeConfig, server: string): HttpLibrary {
   const inner = new IsomorphicFetchHttpLibrary();
@@ -223,36 +224,59 @@ function recordingHttpApi(kc: KubeConfig, server: string): HttpLibrary {
     const r = requestAttributes(request.getHttpMethod(), request.getUrl(), basePath);
     return r && { ...r, ...sentBody(request.getBody()), ...(user ? { user } : {}) };
   };
+  const remembering = async (request: RequestContext): Promise<ResponseContext> => {
+    let response: ResponseContext;
+    try {
+      response = await inner.send(request).toPromise();
+    } catch (err) {
+      if (typeof err === 'object' && err !== null) rememberRequest(err, attributes(request));
+      throw err;
+    }
+    if (response.httpStatusCode >= 400) {
+      const user = response.httpStatusCode === 403 ? await whoAmI(kc) : undefined;
+      rememberRequest(response.headers, attributes(request, user));
+    }
+    return response;
+  };
   return wrapHttpLibrary({
-    async send(request: RequestContext): Promise<ResponseContext> {
-      const started = performance.now();
-      let response: ResponseContext;
-      try {
-        response = await inner.send(request).toPromise();
-      } catch (err) {
-        recordRequest(request, basePath, undefined, started);
-        if (typeof err === 'object' && err !== null) rememberRequest(err, attributes(request));
-        throw err;
-      }
-      recordRequest(request, basePath, response.httpStatusCode, started);
-      if (response.httpStatusCode >= 400) {
-        const user = response.httpStatusCode === 403 ? await whoAmI(kc) : undefined;
-        rememberRequest(response.headers, attributes(request, user));
-      }
-      return response;
-    },
+    send: (request) => (recording() ? observed(request, basePath, remembering) : remembering(request)),
   });
 }
 
 /**
- * Records one API request's verb, resource (`<resource>[/<subresource>]`), code and duration
- * (./telemetry.ts); nothing when telemetry is off. Names and namespaces are left out.
+ * Sends one API request in a client span named `<verb> <resource>[/<subresource>]` that passes
+ * its trace context on (`traceparent`), and counts its verb, resource, code and duration
+ * (./telemetry.ts). Names stay in the span; the count holds none.
  */
-function recordRequest(request: RequestContext, basePath: string, status: number | undefined, started: number): void {
-  if (!recording()) return;
+async function observed(
+  request: RequestContext,
+  basePath: string,
+  send: (request: RequestContext) => Promise<ResponseContext>,
+): Promise<ResponseContext> {
   const r = requestAttributes(request.getHttpMethod(), request.getUrl(), basePath);
+  const verb = r?.verb ?? 'other';
   const resource = r ? (r.subresource ? `${r.resource}/${r.subresource}` : r.resource) : 'other';
-  telemetry().apiRequest(r?.verb ?? 'other', resource, status, (performance.now() - started) / 1000);
+  const attributes = {
+    'http.request.method': request.getHttpMethod(),
+    'captf.verb': verb,
+    'captf.resource': resource,
+    ...(r?.namespace ? { 'k8s.namespace.name': r.namespace } : {}),
+    ...(r?.name ? { 'captf.name': r.name } : {}),
+  };
+  const started = performance.now();
+  return telemetry().span(`${verb} ${resource}`, { kind: 'client', attributes }, async (span) => {
+    telemetry().inject((name, value) => request.setHeaderParam(name, value));
+    let status: number | undefined;
+    try {
+      const response = await send(request);
+      status = response.httpStatusCode;
+      span.set({ 'http.response.status_code': status });
+      if (status >= 500) span.fail(`answered ${status}`);
+      return response;
+    } finally {
+      telemetry().apiRequest(verb, resource, status, (performance.now() - started) / 1000);
+    }
+  });
 }
 
 /**

@@ -2,9 +2,10 @@
  * Structured JSON logs (winston), one object per line, for every function. A redaction
  * format drops Secret-shaped fields (`data`, `stringData`, `binaryData`) wherever they
  * appear, as a second line of defence: callers never pass Secret data in the first place
- * (SPEC §15).
+ * (SPEC §15). Under a span (traces on) each line carries its `trace_id` and `span_id`.
  */
 import winston from 'winston';
+import { telemetry } from './telemetry.ts';
 
 /** Field names whose values are never written to a log line. */
 export const REDACTED_KEYS: ReadonlySet<string> = new Set(['data', 'stringData', 'binaryData']);
@@ -25,6 +26,13 @@ const redact = winston.format((info) => {
   return info;
 });
 
+/** The current span's `trace_id` and `span_id` on every line written under one (./telemetry.ts). */
+const traceIds = winston.format((info) => {
+  const ids = telemetry().logIds();
+  if (ids) Object.assign(info, ids);
+  return info;
+});
+
 /** The logger type every function receives (a winston Logger). */
 export type Logger = winston.Logger;
 
@@ -39,7 +47,7 @@ export function createLogger(component: string, opts: { level?: string; stream?:
   return winston.createLogger({
     level: opts.level ?? process.env.LOG_LEVEL ?? 'info',
     defaultMeta: { component },
-    format: winston.format.combine(redact(), winston.format.timestamp(), winston.format.json()),
+    format: winston.format.combine(redact(), traceIds(), winston.format.timestamp(), winston.format.json()),
     transports: [
       opts.stream ? new winston.transports.Stream({ stream: opts.stream }) : new winston.transports.Console(),
     ],

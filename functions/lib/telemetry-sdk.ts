@@ -1,16 +1,15 @@
 /**
  * The OpenTelemetry side of ./telemetry.ts, loaded only when an endpoint is set: one meter
  * provider pushing OTLP/HTTP (JSON) on an interval and on shutdown, and the instruments behind
- * each {@link Recorder} call. Names follow OpenTelemetry's semantic conventions where one exists
+ * each {@link Meters} call. Names follow OpenTelemetry's semantic conventions where one exists
  * (`http.server.request.duration`), the `captf.` namespace otherwise; Prometheus's OTLP receiver
  * turns them into `captf_…_total`, `…_seconds_bucket` and so on (docs/observability.md).
  */
-import { randomUUID } from 'node:crypto';
 import type { Attributes, Meter } from '@opentelemetry/api';
 import { MeterProvider, PeriodicExportingMetricReader } from '@opentelemetry/sdk-metrics';
 import { OTLPMetricExporter } from '@opentelemetry/exporter-metrics-otlp-http';
-import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
-import type { Recorder, TelemetryConfig } from './telemetry.ts';
+import { resourceOf, shutdownWithin, type Pusher } from './otel-shared.ts';
+import type { Meters } from './telemetry.ts';
 
 /** The admission operations recorded as such; anything else is `other`. */
 const OPERATIONS = new Set(['CREATE', 'UPDATE', 'DELETE', 'CONNECT']);
@@ -23,7 +22,7 @@ const STARTUP_BUCKETS = [0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10];
 
 /** A running metrics export and what records into it. */
 export interface Metrics {
-  recorder: Recorder;
+  recorder: Meters;
   /** Pushes what was recorded and stops, within `timeoutMs`. Never throws. */
   shutdown(timeoutMs: number): Promise<void>;
 }
@@ -34,28 +33,24 @@ export interface Metrics {
  * @param queueDepth what `captf.queue.depth` reads at each collection (undefined: no queue in this function).
  * @throws what the SDK throws for a malformed exporter setting.
  */
-export async function startMetrics(cfg: TelemetryConfig, queueDepth: () => number | undefined): Promise<Metrics> {
+export async function startMetrics(
+  cfg: Pusher & { intervalMs: number },
+  queueDepth: () => number | undefined,
+): Promise<Metrics> {
   const reader = new PeriodicExportingMetricReader({
     exporter: new OTLPMetricExporter(),
     exportIntervalMillis: cfg.intervalMs,
     exportTimeoutMillis: Math.min(cfg.intervalMs, 30_000),
   });
   const provider = new MeterProvider({
-    // Each process its own instance: pods of one function would otherwise write one series.
-    // OTEL_RESOURCE_ATTRIBUTES adds to it (and wins), as in every OpenTelemetry SDK.
-    resource: resourceFromAttributes({ 'service.name': cfg.service, 'service.instance.id': randomUUID() }).merge(
-      detectResources({ detectors: [envDetector] }),
-    ),
+    resource: resourceOf(cfg),
     readers: [reader],
   });
   const recorder = recorderOf(instruments(provider.getMeter('captf-credentials'), queueDepth));
   return {
     recorder,
     shutdown: async (timeoutMs) => {
-      await Promise.race([
-        provider.shutdown().catch(() => undefined),
-        new Promise((resolve) => setTimeout(resolve, timeoutMs).unref()),
-      ]);
+      await shutdownWithin(() => provider.shutdown(), timeoutMs);
     },
   };
 }
@@ -98,7 +93,7 @@ function instruments(meter: Meter, queueDepth: () => number | undefined) {
 }
 
 /** The recorder writing to `i`, each attribute from a bounded set (telemetry.ts). */
-function recorderOf(i: Instruments): Recorder {
+function recorderOf(i: Instruments): Meters {
   const reasonsSeen = new Set<string>();
   return {
     httpAnswer: (route, method, status, s) =>

@@ -1,16 +1,19 @@
 /**
- * SPEC §13, telemetry: what the functions count, exported with OpenTelemetry's SDK as OTLP over
- * HTTP (push: a pod that scales to zero may be gone before any scrape) when the environment
- * names an endpoint, and flushed within the SIGTERM drain. With no endpoint set nothing of
- * OpenTelemetry is loaded: the SDK (./telemetry-sdk.ts) is imported on start only when asked
- * for, and the process records into a no-op, so a cold start does not pay for it.
+ * SPEC §13, telemetry: what the functions count and trace, exported with OpenTelemetry's SDK as
+ * OTLP over HTTP (push: a pod that scales to zero may be gone before any scrape) when the
+ * environment names an endpoint, and flushed within the SIGTERM drain. With no endpoint set
+ * nothing of OpenTelemetry is loaded: the SDK (./telemetry-sdk.ts, ./tracing-sdk.ts) is imported
+ * on start only when asked for, and the process records into a no-op, so a cold start does not
+ * pay for it.
  *
- * Every attribute is from a bounded set (a route template, a method, a status code, an outcome,
- * an API verb and resource): never a Secret, a token or a user. The one name recorded is an
- * identity's, on identity-status's per-identity gauges: identities are cluster-scoped objects
- * an operator creates, few, and "which one is not ready" is the question those gauges answer.
- * docs/observability.md lists every metric.
+ * Every metric attribute is from a bounded set (a route template, a method, a status code, an
+ * outcome, an API verb and resource): never a Secret, a token or a user. The one name recorded
+ * is an identity's, on identity-status's per-identity gauges: identities are cluster-scoped
+ * objects an operator creates, few, and "which one is not ready" is the question those gauges
+ * answer. Spans may name objects (a namespace, an identity, an API path's resource), never
+ * Secret data, a token or a user. docs/observability.md lists every metric and span.
  */
+import { randomUUID } from 'node:crypto';
 
 /** What a CloudEvent asked of mirror-sync (bounded: lib/cloudevents.ts's targets, a key, a ping). */
 export type EventKind = 'ping' | 'key' | 'consumer' | 'identity' | 'namespace' | 'secret' | 'unusable';
@@ -25,8 +28,43 @@ export type WriteResult = 'ok' | 'conflict' | 'retry' | 'permanent';
 /** The checks the functions ask of the API server. */
 export type AccessCheck = 'SubjectAccessReview' | 'TokenReview';
 
-/** What the functions record. Each call is cheap and never throws. */
-export interface Recorder {
+/** What a span's attributes may hold: object names and outcomes, never Secret data or a token. */
+export type SpanAttributes = Record<string, string | number | boolean>;
+
+/** The span a {@link Tracing.span} callback runs in. Each call is cheap and never throws. */
+export interface SpanHandle {
+  /** Adds attributes. */
+  set(attributes: SpanAttributes): void;
+  /** Renames it (a server span learns its route once matched). */
+  rename(name: string): void;
+  /** Marks it failed, with a safe description. */
+  fail(description: string): void;
+}
+
+/** How a span starts. */
+export interface SpanOptions {
+  /** `server` for an answered request, `client` for a request sent; default `internal`. */
+  kind?: 'server' | 'client' | 'internal';
+  attributes?: SpanAttributes;
+  /** An incoming request's headers: the span continues their W3C trace context (`traceparent`). */
+  parent?: Record<string, string | string[] | undefined>;
+}
+
+/** Traces (./tracing-sdk.ts). */
+export interface Tracing {
+  /**
+   * Runs `fn` in a new span, a child of the current one (or of `opts.parent`'s context), ended
+   * when `fn` settles; a rejection marks it failed and is passed on.
+   */
+  span<T>(name: string, opts: SpanOptions, fn: (span: SpanHandle) => Promise<T>): Promise<T>;
+  /** The current span's ids, for a log line; undefined outside a span or when off. */
+  logIds(): { trace_id: string; span_id: string } | undefined;
+  /** Writes the current trace context into an outgoing request's headers (`traceparent`). */
+  inject(setHeader: (name: string, value: string) => void): void;
+}
+
+/** What the functions count. Each call is cheap and never throws. */
+export interface Meters {
   /**
    * One HTTP answer, as OpenTelemetry's `http.server.request.duration` (seconds) with
    * `http.route` (the matched route's template, `unmatched` otherwise), `http.request.method`
@@ -66,7 +104,19 @@ export interface Recorder {
   started(seconds: number): void;
 }
 
-const NOOP: Recorder = {
+/** What the functions record: counts and spans. */
+export type Recorder = Meters & Tracing;
+
+const NO_SPAN: SpanHandle = { set: () => undefined, rename: () => undefined, fail: () => undefined };
+/** Traces when off: `fn` runs as it would without them. */
+export const NO_TRACES: Tracing = {
+  span: (_name, _opts, fn) => fn(NO_SPAN),
+  logIds: () => undefined,
+  inject: () => undefined,
+};
+
+/** Metrics when off. */
+export const NO_METERS: Meters = {
   httpAnswer: () => undefined,
   apiRequest: () => undefined,
   admissionReview: () => undefined,
@@ -80,6 +130,7 @@ const NOOP: Recorder = {
   identitiesByReason: () => undefined,
   started: () => undefined,
 };
+const NOOP: Recorder = { ...NO_METERS, ...NO_TRACES };
 let recorder: Recorder = NOOP;
 
 /** The process's recorder: a no-op until {@link startTelemetry} found an endpoint. */
@@ -98,34 +149,75 @@ export function watchQueueDepth(read: () => number): void {
   queueDepth = read;
 }
 
-/** Telemetry as the environment asks for it. */
+/** Telemetry as the environment asks for it: metrics, traces, or both. */
 export interface TelemetryConfig {
   /** `service.name` of the resource: `OTEL_SERVICE_NAME`, or `captf-<function>`. */
   service: string;
-  /** How often metrics are pushed, in ms (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 000). */
-  intervalMs: number;
+  /** Metrics, pushed every `intervalMs` (`OTEL_METRIC_EXPORT_INTERVAL`, default 60 000). */
+  metrics?: { intervalMs: number };
+  /** Traces, sampled as `OTEL_TRACES_SAMPLER` and `…_ARG` say (default `parentbased_always_on`). */
+  traces?: { sampler: Sampler; ratio: number };
 }
+
+/** The samplers of `OTEL_TRACES_SAMPLER` (OpenTelemetry's names). */
+export const SAMPLERS = [
+  'always_on',
+  'always_off',
+  'traceidratio',
+  'parentbased_always_on',
+  'parentbased_always_off',
+  'parentbased_traceidratio',
+] as const;
+/** One of {@link SAMPLERS}. */
+export type Sampler = (typeof SAMPLERS)[number];
 
 /** Default of `OTEL_METRIC_EXPORT_INTERVAL`, in ms (OpenTelemetry's own default). */
 const DEFAULT_INTERVAL_MS = 60_000;
 
 /**
- * Reads OpenTelemetry's standard variables (the exporter itself reads the endpoint, headers
- * and timeout from them). Telemetry is on when `OTEL_EXPORTER_OTLP_ENDPOINT` or
- * `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` is set, unless `OTEL_SDK_DISABLED=true` or
- * `OTEL_METRICS_EXPORTER=none`. Pure.
- * @returns undefined when off.
- * @throws Error naming `OTEL_METRIC_EXPORT_INTERVAL` when it is not a whole number of ms ≥ 100.
+ * Reads OpenTelemetry's standard variables (the exporters themselves read the endpoints,
+ * headers and timeouts from them). Metrics are on when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+ * `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` is set and `OTEL_METRICS_EXPORTER` is not `none`;
+ * traces likewise with `…_TRACES_ENDPOINT` and `OTEL_TRACES_EXPORTER`; neither with
+ * `OTEL_SDK_DISABLED=true`. Pure.
+ * @returns undefined when both are off.
+ * @throws Error naming the variable when `OTEL_METRIC_EXPORT_INTERVAL` is not a whole number of
+ *   ms ≥ 100, `OTEL_TRACES_SAMPLER` is not one of {@link SAMPLERS}, or a ratio sampler's
+ *   `OTEL_TRACES_SAMPLER_ARG` is not a number from 0 to 1.
  */
 export function telemetryFromEnv(env: NodeJS.ProcessEnv, fn: string): TelemetryConfig | undefined {
   const v = (name: string): string => env[name]?.trim() ?? '';
-  const endpoint = v('OTEL_EXPORTER_OTLP_METRICS_ENDPOINT') || v('OTEL_EXPORTER_OTLP_ENDPOINT');
-  if (!endpoint || v('OTEL_SDK_DISABLED') === 'true' || v('OTEL_METRICS_EXPORTER') === 'none') return undefined;
-  const raw = v('OTEL_METRIC_EXPORT_INTERVAL') || String(DEFAULT_INTERVAL_MS);
-  const intervalMs = Number(raw);
-  if (!Number.isInteger(intervalMs) || intervalMs < 100)
+  if (v('OTEL_SDK_DISABLED') === 'true') return undefined;
+  const on = (signal: 'METRICS' | 'TRACES') =>
+    Boolean(v(`OTEL_EXPORTER_OTLP_${signal}_ENDPOINT`) || v('OTEL_EXPORTER_OTLP_ENDPOINT')) &&
+    v(`OTEL_${signal}_EXPORTER`) !== 'none';
+  const metrics = on('METRICS') ? { intervalMs: intervalFrom(v('OTEL_METRIC_EXPORT_INTERVAL')) } : undefined;
+  const traces = on('TRACES') ? samplerFrom(v('OTEL_TRACES_SAMPLER'), v('OTEL_TRACES_SAMPLER_ARG')) : undefined;
+  if (!metrics && !traces) return undefined;
+  return {
+    service: v('OTEL_SERVICE_NAME') || `captf-${fn}`,
+    ...(metrics ? { metrics } : {}),
+    ...(traces ? { traces } : {}),
+  };
+}
+
+/** `OTEL_METRIC_EXPORT_INTERVAL` in ms. @throws Error naming it (see {@link telemetryFromEnv}). */
+function intervalFrom(raw: string): number {
+  const ms = Number(raw || DEFAULT_INTERVAL_MS);
+  if (!Number.isInteger(ms) || ms < 100)
     throw new Error(`OTEL_METRIC_EXPORT_INTERVAL=${raw.slice(0, 20)} must be a whole number of ms, at least 100`);
-  return { service: v('OTEL_SERVICE_NAME') || `captf-${fn}`, intervalMs };
+  return ms;
+}
+
+/** `OTEL_TRACES_SAMPLER` and its argument. @throws Error naming them (see {@link telemetryFromEnv}). */
+function samplerFrom(name: string, arg: string): NonNullable<TelemetryConfig['traces']> {
+  const sampler = (name || 'parentbased_always_on') as Sampler;
+  if (!SAMPLERS.includes(sampler))
+    throw new Error(`OTEL_TRACES_SAMPLER=${name.slice(0, 40)} must be one of ${SAMPLERS.join(', ')}`);
+  const ratio = Number(arg || 1);
+  if (sampler.endsWith('traceidratio') && !(ratio >= 0 && ratio <= 1))
+    throw new Error(`OTEL_TRACES_SAMPLER_ARG=${arg.slice(0, 20)} must be a number from 0 to 1`);
+  return { sampler, ratio };
 }
 
 /** A running export. */
@@ -135,18 +227,22 @@ export interface Telemetry {
 }
 
 /**
- * Starts pushing metrics (OTLP/HTTP, JSON) and makes {@link telemetry} record into them.
- * Loads the SDK (./telemetry-sdk.ts) here, not at import.
+ * Starts pushing what `cfg` turns on and makes {@link telemetry} record into it. Loads the SDK
+ * (./telemetry-sdk.ts for metrics, ./tracing-sdk.ts for traces) here, not at import.
  * @throws what the SDK throws for a malformed exporter setting.
  */
 export async function startTelemetry(cfg: TelemetryConfig): Promise<Telemetry> {
-  const { startMetrics } = await import('./telemetry-sdk.ts');
-  const started = await startMetrics(cfg, () => queueDepth?.());
-  recorder = started.recorder;
+  const who = { service: cfg.service, instance: randomUUID() };
+  const { metrics: m, traces: t } = cfg;
+  const [metrics, traces] = await Promise.all([
+    m && import('./telemetry-sdk.ts').then((sdk) => sdk.startMetrics({ ...who, ...m }, () => queueDepth?.())),
+    t && import('./tracing-sdk.ts').then((sdk) => sdk.startTraces({ ...who, ...t })),
+  ]);
+  recorder = { ...(metrics?.recorder ?? NO_METERS), ...(traces?.tracing ?? NO_TRACES) };
   return {
     shutdown: async (timeoutMs) => {
       recorder = NOOP;
-      await started.shutdown(timeoutMs);
+      await Promise.all([metrics?.shutdown(timeoutMs), traces?.shutdown(timeoutMs)]);
     },
   };
 }

@@ -14,7 +14,7 @@ import { sendEventOutcome, type Outcome } from '../lib/http.ts';
 import type { Consumer } from '../lib/api.ts';
 import { findConsumerKind, scopeMismatch } from '../lib/consumers.ts';
 import { describeError, retryAfterOf } from '../lib/kube.ts';
-import { telemetry, type EventKind, type EventResult } from '../lib/telemetry.ts';
+import { telemetry, type EventKind, type EventResult, type SpanAttributes } from '../lib/telemetry.ts';
 import { largestRetryAfter, retryAfterHeader } from '../lib/retry-after.ts';
 import { contextOf, settleWithoutKey, type ConsumerResult, type ReconcileContext, type ReconcileDeps } from './act.ts';
 import { keyString } from './decide.ts';
@@ -230,8 +230,7 @@ export class MirrorSyncHandler {
     const bad = [...read.bad];
     const done: Done[] = [];
     for (const r of countRepeats(read)) {
-      const d = await this.settle(r);
-      telemetry().event(eventKind(r), eventResult(d));
+      const d = await this.traced(r);
       if (typeof d === 'string') bad.push(d);
       else done.push(d);
     }
@@ -246,6 +245,18 @@ export class MirrorSyncHandler {
       };
     if (bad.length) return { kind: 'bad-input', error: bad.join('; '), body: { events: done } };
     return { kind: 'done', body: { events: done } };
+  }
+
+  /** {@link settle} in a span named after what the event asks, counted by how it ended (lib/telemetry.ts). */
+  private traced(r: EventRequest): Promise<Done | string> {
+    const kind = eventKind(r);
+    return telemetry().span(`event ${kind}`, { attributes: eventAttributes(r) }, async (span) => {
+      const d = await this.settle(r);
+      const result = eventResult(d);
+      telemetry().event(kind, result);
+      span.set({ 'captf.result': result });
+      return d;
+    });
   }
 
   /** One event's work, its failure as `failed`, or the message of a bad event. */
@@ -289,6 +300,16 @@ function countRepeats(read: ReturnType<typeof readEventRequests>): EventRequest[
 /** What an event asked, as counted (lib/telemetry.ts): a ping, a key, or its object's target. */
 const eventKind = (r: EventRequest): EventKind =>
   r.type === 'object' ? (r.target === 'other' ? 'unusable' : r.target) : r.type;
+
+/** A span's attributes for an event: its id and what it names (never its data). */
+function eventAttributes(r: EventRequest): SpanAttributes {
+  const id = { 'cloudevents.event_id': r.id };
+  if (r.type === 'key') return { ...id, 'k8s.namespace.name': r.namespace, 'captf.identity': r.identity };
+  if (r.type !== 'object') return id;
+  const named: SpanAttributes = { ...id, 'captf.object': `${r.ref.kind}/${r.ref.name}`, 'captf.verb': r.verb };
+  if (r.ref.namespace) named['k8s.namespace.name'] = r.ref.namespace;
+  return named;
+}
 
 /** How an event ended, as counted: a bad event's message, or its work's result. */
 const eventResult = (d: Done | string): EventResult => {

@@ -8,14 +8,14 @@
 import pLimit from 'p-limit';
 import type { ConsumerKind } from '../lib/api.ts';
 import type { Clients } from '../lib/kube.ts';
-import { watchQueueDepth } from '../lib/telemetry.ts';
+import { telemetry, watchQueueDepth, type SpanAttributes } from '../lib/telemetry.ts';
 import { contextOf, type ConsumerResult, type KeyOutcome, type ReconcileDeps } from './act.ts';
 import { keyString, type MirrorKey } from './decide.ts';
 import { listsForIdentity, listsForNamespace, type KeyWork } from './keys.ts';
 import type { Seed } from './observe.ts';
 import { reconcilePass, settleKeyless, type Lists } from './pass.ts';
 import { WorkQueue, type Run, type Scope } from './queue.ts';
-import { reconcileKey, type KeyResult } from './reconcile.ts';
+import { reconcileKey, reconcileResult, type KeyResult } from './reconcile.ts';
 import { resync, type ResyncSummary } from './resync.ts';
 
 /** What a pass did: its keys' results, and the consumers without a key it settled. */
@@ -41,6 +41,28 @@ export interface SchedulerConfig {
   sink?: string | undefined;
   /** The token file whose contents sign each event to `sink`, when it exists ({@link SINK_TOKEN_FILE}). */
   sinkTokenFile?: string | undefined;
+}
+
+/** The span of each kind of run. */
+const SPAN_NAMES: Record<Target['kind'], string> = {
+  key: 'reconcile key',
+  identity: 'identity pass',
+  namespace: 'namespace pass',
+  resync: 'resync',
+};
+
+/** What a run's span names: its key, identity or namespace. */
+function targetAttributes(target: Target): SpanAttributes {
+  switch (target.kind) {
+    case 'key':
+      return { 'k8s.namespace.name': target.key.namespace, 'captf.identity': target.key.identity };
+    case 'identity':
+      return { 'captf.identity': target.name };
+    case 'namespace':
+      return { 'k8s.namespace.name': target.name };
+    default:
+      return {};
+  }
 }
 
 /** mirror-sync's work, by name, through one queue; one instance per process. */
@@ -89,8 +111,26 @@ export class Scheduler {
     return this.queue.add('resync', { kind: 'resync' }) as Promise<ResyncSummary>;
   }
 
-  /** The one worker function: processes one run of a name. */
-  private process({ target, scope, seed }: Run<Target, Seed>): Promise<Done> {
+  /** The one worker function: processes one run of a name, in a span named after its kind (lib/telemetry.ts). */
+  private process(run: Run<Target, Seed>): Promise<Done> {
+    const { target } = run;
+    return telemetry().span(SPAN_NAMES[target.kind], { attributes: targetAttributes(target) }, async (span) => {
+      const done = await this.run(run);
+      if (target.kind === 'key') {
+        const r = done as KeyResult;
+        span.set({
+          'captf.result': reconcileResult(r),
+          'captf.mirror_action': r.mirrorAction,
+          'captf.api_calls': r.apiCalls,
+        });
+        if (r.error) span.fail(r.error);
+      }
+      return done;
+    });
+  }
+
+  /** Processes one run of a name. */
+  private run({ target, scope, seed }: Run<Target, Seed>): Promise<Done> {
     switch (target.kind) {
       case 'key':
         return reconcileKey(this.deps, target.key, scope, seed);

@@ -7,13 +7,11 @@
  * sees a pod that pushed once. Given rule groups, it evaluates them every second and says which
  * alerts fire.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, openSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { freePort } from '../lib/ports.ts';
-import { stopProcess } from '../lib/process.ts';
-import { eventually, firstLine } from '../lib/wait.ts';
 import { ensureTool } from '../tools/build.ts';
+import { startReceiver } from './receiver.ts';
 
 /** One sample of an instant query: the series' labels and its value. */
 export interface Sample {
@@ -39,9 +37,6 @@ export interface Prometheus {
   alerts(): Promise<Alert[]>;
   stop(): Promise<void>;
 }
-
-/** How long it may take to answer `/-/ready`, in ms. */
-const READY_TIMEOUT_MS = 60_000;
 
 /**
  * Writes the configuration under `dir`: nothing to scrape, rules evaluated every second,
@@ -79,34 +74,18 @@ export async function startPrometheus(o: {
   const config = writeConfig(o.dir, o.ruleGroups ?? []);
   const port = await freePort();
   const url = `http://127.0.0.1:${port}`;
-  const logPath = join(o.dir, 'prometheus.log');
-  const log = openSync(logPath, 'a');
-  const child: ChildProcess = spawn(
+  const stop = await startReceiver({
+    name: 'prometheus',
     bin,
-    [
+    dir: o.dir,
+    ready: `${url}/-/ready`,
+    args: [
       `--config.file=${config}`,
       `--storage.tsdb.path=${join(o.dir, 'data')}`,
       `--web.listen-address=127.0.0.1:${port}`,
       '--web.enable-otlp-receiver',
       '--enable-feature=created-timestamp-zero-ingestion',
     ],
-    { stdio: ['ignore', log, log] },
-  );
-  const stop = () => stopProcess(child);
-  await eventually(
-    `Prometheus to be ready (its log: ${logPath})`,
-    async () => {
-      if (child.exitCode !== null) throw new Error(`Prometheus exited (${child.exitCode}); its log: ${logPath}`);
-      const r = await fetch(`${url}/-/ready`).catch((e: unknown) => {
-        throw new Error(firstLine(e));
-      });
-      return r.ok;
-    },
-    READY_TIMEOUT_MS,
-    250,
-  ).catch(async (err: unknown) => {
-    await stop();
-    throw err;
   });
   /** The `data` of one API answer. @throws Error with Prometheus's error text. */
   const api = async <T>(path: string): Promise<T> => {

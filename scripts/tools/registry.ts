@@ -364,13 +364,19 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
   ],
   /**
    * The receivers of the functions' telemetry in the test world (scripts/observability/):
-   * Prometheus 3.16 (`cmd/prometheus`, whose OTLP receiver takes pushed metrics).
+   * Prometheus 3.16 (`cmd/prometheus`, whose OTLP receiver takes pushed metrics) and Jaeger v2
+   * (`cmd/jaeger` of module tag v1.75.0: OTLP traces in, its query API out).
    */
   observability: [
     {
       module: 'prometheus',
       versionOf: 'github.com/prometheus/prometheus',
       binaries: { prometheus: 'github.com/prometheus/prometheus/cmd/prometheus' },
+    },
+    {
+      module: 'jaeger',
+      versionOf: 'github.com/jaegertracing/jaeger',
+      binaries: { jaeger: 'github.com/jaegertracing/jaeger/cmd/jaeger' },
     },
   ],
   /**

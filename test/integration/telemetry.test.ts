@@ -58,7 +58,7 @@ after(async () => {
 /** Runs `fn` against a spawned function, stops it with SIGTERM and asserts it exited 0 (its last push done). */
 async function stopAfter(fn: FunctionProcess, work: () => Promise<void>): Promise<void> {
   try {
-    assert.ok(fn.output().includes('"metrics pushed over OTLP"'), fn.output());
+    assert.ok(fn.output().includes('"telemetry pushed over OTLP"'), fn.output());
     await work();
   } finally {
     await fn.stop();

@@ -1,0 +1,109 @@
+/**
+ * The tracing side of ./telemetry.ts, loaded only when a traces endpoint is set: one tracer
+ * provider exporting OTLP/HTTP (JSON) in batches and on shutdown, the active span carried across
+ * `await` by Node's AsyncLocalStorage, and W3C trace context read from an incoming request (the
+ * Broker's dispatcher sends `traceparent`, Knative's `config-observability` decides whether its
+ * own spans are sampled) and written into the API requests made under it.
+ */
+import {
+  context,
+  defaultTextMapGetter,
+  isSpanContextValid,
+  ROOT_CONTEXT,
+  SpanKind,
+  SpanStatusCode,
+  trace,
+  type Span,
+} from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
+import { W3CTraceContextPropagator } from '@opentelemetry/core';
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
+import {
+  AlwaysOffSampler,
+  AlwaysOnSampler,
+  BatchSpanProcessor,
+  ParentBasedSampler,
+  TraceIdRatioBasedSampler,
+  TracerProvider,
+  type Sampler as SdkSampler,
+} from '@opentelemetry/sdk-trace';
+import { resourceOf, shutdownWithin, type Pusher } from './otel-shared.ts';
+import type { Sampler, SpanHandle, SpanOptions, Tracing } from './telemetry.ts';
+
+/** A running trace export and what records into it. */
+export interface Traces {
+  tracing: Tracing;
+  /** Exports what was recorded and stops, within `timeoutMs`. Never throws. */
+  shutdown(timeoutMs: number): Promise<void>;
+}
+
+const KINDS = { server: SpanKind.SERVER, client: SpanKind.CLIENT, internal: SpanKind.INTERNAL } as const;
+
+/**
+ * Starts the export (the exporter reads `OTEL_EXPORTER_OTLP_*` itself) and makes the process's
+ * context follow async work.
+ * @throws what the SDK throws for a malformed exporter setting.
+ */
+export async function startTraces(cfg: Pusher & { sampler: Sampler; ratio: number }): Promise<Traces> {
+  const contextManager = new AsyncLocalStorageContextManager().enable();
+  context.setGlobalContextManager(contextManager);
+  const provider = new TracerProvider({
+    resource: resourceOf(cfg),
+    sampler: samplerOf(cfg.sampler, cfg.ratio),
+    spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter() })],
+  });
+  const tracer = provider.getTracer('captf-credentials');
+  const propagator = new W3CTraceContextPropagator();
+  const tracing: Tracing = {
+    span: (name, opts: SpanOptions, fn) => {
+      const parent = opts.parent
+        ? propagator.extract(ROOT_CONTEXT, opts.parent, defaultTextMapGetter)
+        : context.active();
+      const start = {
+        kind: KINDS[opts.kind ?? 'internal'],
+        ...(opts.attributes ? { attributes: opts.attributes } : {}),
+      };
+      return tracer.startActiveSpan(name, start, parent, async (span) => {
+        try {
+          return await fn(handleOf(span));
+        } catch (err) {
+          // Only the error's class: its message may quote an API server's answer (untrusted).
+          span.setStatus({ code: SpanStatusCode.ERROR, message: err instanceof Error ? err.name : 'error' });
+          throw err;
+        } finally {
+          span.end();
+        }
+      });
+    },
+    logIds: () => {
+      const c = trace.getSpan(context.active())?.spanContext();
+      return c && isSpanContextValid(c) ? { trace_id: c.traceId, span_id: c.spanId } : undefined;
+    },
+    inject: (setHeader) =>
+      propagator.inject(context.active(), undefined, { set: (_carrier, key, value) => setHeader(key, value) }),
+  };
+  return {
+    tracing,
+    shutdown: async (timeoutMs) => {
+      await shutdownWithin(() => provider.shutdown(), timeoutMs);
+      contextManager.disable();
+    },
+  };
+}
+
+/** The span a callback sees. */
+const handleOf = (span: Span): SpanHandle => ({
+  set: (attributes) => span.setAttributes(attributes),
+  rename: (name) => span.updateName(name),
+  fail: (description) => span.setStatus({ code: SpanStatusCode.ERROR, message: description }),
+});
+
+/** The sampler `OTEL_TRACES_SAMPLER` names, as OpenTelemetry's SDKs build it. */
+function samplerOf(name: Sampler, ratio: number): SdkSampler {
+  const root = name.endsWith('always_off')
+    ? new AlwaysOffSampler()
+    : name.endsWith('traceidratio')
+      ? new TraceIdRatioBasedSampler(ratio)
+      : new AlwaysOnSampler();
+  return name.startsWith('parentbased_') ? new ParentBasedSampler({ root }) : root;
+}
