@@ -10,7 +10,7 @@
  *   --quick          every row at tiny sizes (well under two minutes; `npm test` runs it)
  *   --size N         also run the resync row at N consumers (e.g. 10000)
  *   --rows a,b       only these rows: cold-start, resync, event-to-mirror, fan-in, revocation, identity-grant,
- *                    admission, prepare,
+ *                    admission, prepare, telemetry (export on against off: cold start, CPU per consumer),
  *                    pods (the functions as pods on a real node of its own: cold start, container
  *                    memory, the node's footprint; needs root), serving (the manifests on Knative Serving
  *                    on a real node of its own: cold start from zero through the activator, fan-in with
@@ -55,6 +55,7 @@ import { BURST_IDENTITY, fanInRows } from './bench/rows/fan-in.ts';
 import { resyncRows } from './bench/rows/resync.ts';
 import { revocationRow } from './bench/rows/revocation.ts';
 import { grantRows } from './bench/rows/grant.ts';
+import { telemetryRow } from './bench/rows/telemetry.ts';
 
 const { values } = parseArgs({
   options: {
@@ -92,6 +93,7 @@ const sizes = {
   admission: quick ? 20 : 300,
   prepare: quick ? 10 : 100,
   coldStartRuns: quick ? 3 : 10,
+  telemetry: { coldStartRuns: quick ? 2 : 10, burst: quick ? 10 : 200, rounds: quick ? 2 : 6 },
   podRuns: quick ? 1 : 5,
   servingRuns: quick ? 1 : 5,
   servingFanIn: values['serving-fan-in'] ? servingFanIn(values['serving-fan-in']) : quick ? [20] : [200],
@@ -179,6 +181,7 @@ try {
     resync: () => resyncRows(ctx, sizes.resync, results.figures).then(() => []),
     admission: () => admissionRow(ctx, sizes.admission),
     prepare: () => prepareRow(ctx, sizes.prepare),
+    telemetry: () => telemetryRow(ctx, sizes.telemetry),
     pods: () => podRows({ runs: sizes.podRuns, log }),
     serving: () => servingRows({ runs: sizes.servingRuns, fanIn: sizes.servingFanIn, timeoutMs, log }),
   };

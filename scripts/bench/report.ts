@@ -19,6 +19,7 @@ export const ROWS = [
   'identity-grant',
   'admission',
   'prepare',
+  'telemetry',
   'pods',
   'serving',
 ] as const;

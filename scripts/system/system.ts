@@ -115,6 +115,8 @@ export interface SystemOptions {
   users?: 'admin' | 'service-accounts';
   /** Environment added to a function's (e.g. a scope that keeps it off other tests' objects). */
   env?: Partial<Record<FunctionName, Record<string, string>>>;
+  /** With `events: 'broker'`: Knative's `config-observability` for its data plane (where its spans and metrics go). */
+  knativeObservability?: Readonly<Record<string, string>>;
   /**
    * `broker`: the manifests' Broker and sources (./broker.ts); `fronts`: the bench's delivery
    * paths; `knative` (with `serving` only): Knative Eventing's own installation on the node
@@ -158,8 +160,8 @@ export interface RunningSystem {
   rendered: readonly KubernetesObject[];
   /** The first instance of each function; empty when the options ask for none. */
   functions: Record<FunctionName, FunctionProcess>;
-  /** Starts another instance of a function, stopped with the system. */
-  startFunction(name: FunctionName): Promise<FunctionProcess>;
+  /** Starts another instance of a function (its environment plus `extra`), stopped with the system. */
+  startFunction(name: FunctionName, extra?: NodeJS.ProcessEnv): Promise<FunctionProcess>;
   /** The environment a function is started with (for callers that spawn their own). */
   functionEnv(name: FunctionName): NodeJS.ProcessEnv;
   /**
@@ -555,13 +557,13 @@ async function deployFunctionsOnServing(
 function instanceStarter(
   s: Startup,
   f: { build: FunctionsBuild; env: (name: FunctionName) => NodeJS.ProcessEnv; caPem: string },
-): (name: FunctionName) => Promise<FunctionProcess> {
+): (name: FunctionName, extra?: NodeJS.ProcessEnv) => Promise<FunctionProcess> {
   let instance = 0;
-  return async (name) => {
+  return async (name, extra) => {
     const fn = await startFunction({
       name,
       main: f.build.main,
-      env: f.env(name),
+      env: { ...f.env(name), ...extra },
       logFile: join(s.opts.dir, 'logs', `${name}-${instance++}.log`),
       caPem: f.caPem,
       onLine: (l) => s.emit(name, l, s.printer.line(name, l)),
@@ -664,6 +666,7 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
     steps: s.steps,
     progress: s.opts.progress,
     emit: s.emit,
+    ...(s.opts.knativeObservability ? { observability: s.opts.knativeObservability } : {}),
   });
   await startAdapter({
     ...cluster,

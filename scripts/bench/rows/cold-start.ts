@@ -104,8 +104,60 @@ async function floors(ctx: RowContext, runs: number): Promise<{ bare: number[]; 
  * @throws Error when a function does not answer its first request with 2xx.
  */
 export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figure[]> {
+  const first = await coldStartFixture(ctx);
+  const { bare, figure } = await floors(ctx, runs);
+  const figures: Figure[] = [figure];
+  for (const name of ['admission', 'mirror-sync', 'identity-status'] as const) {
+    const samples: number[] = [];
+    for (let i = 0; i < runs; i++) samples.push(await coldStart(ctx, first, { name, label: `${i}` }));
+    figures.push({
+      row: 'cold start',
+      what: `${name}: spawn → first real answer`,
+      unit: 'ms',
+      samples,
+      baseline: { what: 'bare Node HTTP server', samples: bare },
+    });
+  }
+  return figures;
+}
+
+/** Each function's first real request, as {@link coldStart} sends it. */
+export type FirstRequests = Record<FunctionName, (url: string) => Promise<number>>;
+
+/**
+ * One cold start: spawns `run.name`'s bundle with its environment (plus `run.env`; `run.label`
+ * names its log file) and sends its first real request. @returns ms from spawn to that answer.
+ * @throws Error when it is not answered 2xx.
+ */
+export async function coldStart(
+  ctx: RowContext,
+  first: FirstRequests,
+  run: { name: FunctionName; label: string; env?: NodeJS.ProcessEnv },
+): Promise<number> {
+  const { name, label, env = {} } = run;
   const { sys } = ctx;
-  // A mirrored consumer for mirror-sync's first reconcile.
+  const t0 = performance.now();
+  const fn = await spawnFunction({
+    main: sys.main,
+    name,
+    env: { ...sys.functionEnv(name), ...env },
+    logFile: join(sys.dir, 'logs', `cold-${name}-${label}.log`),
+  });
+  try {
+    const status = await first[name](fn.url);
+    if (status < 200 || status > 299) throw new Error(`${name}'s first request answered ${status}`);
+    return performance.now() - t0;
+  } finally {
+    await fn.stop();
+  }
+}
+
+/**
+ * A mirrored consumer for mirror-sync's first reconcile, in a namespace of its own.
+ * @returns each function's first request. @throws Error when it is not mirrored in time.
+ */
+export async function coldStartFixture(ctx: RowContext): Promise<FirstRequests> {
+  const { sys } = ctx;
   const ns = ctx.next('cold');
   await createNamespaces(sys.admin, [ns]);
   sys.events.fronts['mirror-sync'].mode = { kind: 'deliver', targets: [sys.functions['mirror-sync'].url] };
@@ -125,37 +177,7 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
     await new Promise((r) => setTimeout(r, 200));
   }
   sys.events.fronts['mirror-sync'].mode = { kind: 'drop' };
-
-  const first = firstRequests(sys, ns);
-  const { bare, figure } = await floors(ctx, runs);
-  const figures: Figure[] = [figure];
-  for (const name of ['admission', 'mirror-sync', 'identity-status'] as const) {
-    const samples: number[] = [];
-    for (let i = 0; i < runs; i++) {
-      const t0 = performance.now();
-      const fn = await spawnFunction({
-        main: sys.main,
-        name,
-        env: sys.functionEnv(name),
-        logFile: join(sys.dir, 'logs', `cold-${name}-${i}.log`),
-      });
-      try {
-        const status = await first[name](fn.url);
-        if (status < 200 || status > 299) throw new Error(`${name}'s first request answered ${status}`);
-        samples.push(performance.now() - t0);
-      } finally {
-        await fn.stop();
-      }
-    }
-    figures.push({
-      row: 'cold start',
-      what: `${name}: spawn → first real answer`,
-      unit: 'ms',
-      samples,
-      baseline: { what: 'bare Node HTTP server', samples: bare },
-    });
-  }
-  return figures;
+  return firstRequests(sys, ns);
 }
 
 /**
@@ -163,7 +185,7 @@ export async function coldStartRow(ctx: RowContext, runs: number): Promise<Figur
  * AdmissionReview over TLS, a consumer event and a ping signed as their Triggers sign them.
  * @returns each function's request, resolving to its status.
  */
-function firstRequests(sys: RowContext['sys'], ns: string): Record<FunctionName, (url: string) => Promise<number>> {
+function firstRequests(sys: RowContext['sys'], ns: string): FirstRequests {
   const signed = async (fn: 'mirror-sync' | 'identity-status', url: string, ev: EventRequest) =>
     (await postEvent(`${url}/`, signedWith(await sys.sign(fn), ev))).status;
   return {
