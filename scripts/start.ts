@@ -17,6 +17,9 @@
  *   --serving               on a real node (as root) with Knative Serving and Knative Eventing's own
  *                           installation: the manifests' Knative Services from the product image, their
  *                           Broker, Triggers and sources as Knative runs them (docs/deploy-knative.md)
+ *   --observability         also start Prometheus (with the shipped alert rules) and Jaeger on this
+ *                           machine, push the functions' and the Broker data plane's metrics and traces
+ *                           to them, and print where to look (docs/observability.md; not with --serving yet)
  *   --debug                 also print unchanged reconciles and Knative's informational lines
  * `--build-adapter` and `--local-events` (earlier versions) are accepted and ignored with a note.
  */
@@ -26,10 +29,11 @@ import { parseArgs } from 'node:util';
 import { cronSchedule, parseDuration } from './local/events.ts';
 import { stopOnSignal } from './lib/process.ts';
 import { printer } from './local/print.ts';
-import { startSystem, type RunningSystem } from './system/system.ts';
+import { startObservability, type Observability } from './observability/stack.ts';
+import { FUNCTION_NAMES, startSystem, type RunningSystem } from './system/system.ts';
 
 const USAGE =
-  'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--serving] [--debug]\n' +
+  'usage: npm start -- [--dir DIR] [--status 5m] [--resync 10m] [--kubeconfig PATH | --use-current-context] [--install] [--serving] [--observability] [--debug]\n' +
   '  --status/--resync: an interval a PingSource (cron) schedule can express: seconds dividing a minute (sub-minute is for\n' +
   '  local use only), minutes dividing an hour, hours dividing a day. A named cluster needs --install: the Broker is written into it.';
 
@@ -48,6 +52,7 @@ try {
       'local-events': { type: 'boolean', default: false },
       debug: { type: 'boolean', default: false },
       serving: { type: 'boolean', default: false },
+      observability: { type: 'boolean', default: false },
       help: { type: 'boolean', short: 'h', default: false },
     },
   }));
@@ -85,6 +90,12 @@ if (kubeconfig && values.serving) {
   );
   process.exit(2);
 }
+if (values.observability && values.serving) {
+  console.error(
+    `--observability runs with the functions on this machine; on the Serving node their pods cannot reach its receivers yet (docs/observability.md)\n${USAGE}`,
+  );
+  process.exit(2);
+}
 if (kubeconfig && !values.install) {
   console.error(
     `--kubeconfig and --use-current-context need --install: events flow through Knative's Broker, which runs here against that cluster and writes its Broker, Triggers, PingSources and Knative Eventing's CRDs into it\n${USAGE}`,
@@ -107,8 +118,13 @@ const resyncEveryMs = pingInterval('resync', values.resync!);
 
 const progress = (l: string) => console.error(l.startsWith('[') ? l : `[start] ${l}`);
 let system: RunningSystem | undefined;
+let observability: Observability | undefined;
 const signal = stopOnSignal(
-  () => system?.stop().then(() => console.error('stopped.')),
+  async () => {
+    await system?.stop();
+    await observability?.stop();
+    console.error('stopped.');
+  },
   (sig) =>
     console.error(
       `\n${sig}: stopping the adapter, the Broker's data plane, the functions${kubeconfig ? '' : values.serving ? ', Knative Serving, the node and the control plane' : ' and the control plane'}…`,
@@ -116,14 +132,22 @@ const signal = stopOnSignal(
   0,
 );
 
+const dir = values.dir ? resolve(callerDir, values.dir) : kubeconfig ? '.local/start-external' : '.local/start';
 try {
+  if (values.observability) {
+    progress('starting Prometheus and Jaeger (docs/observability.md)');
+    observability = await startObservability({ dir: join(dir, 'observability'), log: progress });
+  }
+  const otel = observability?.functionEnv;
   system = await startSystem({
-    dir: values.dir ? resolve(callerDir, values.dir) : kubeconfig ? '.local/start-external' : '.local/start',
+    dir,
     cluster: kubeconfig ? { kubeconfig, install: values.install ?? false } : undefined,
     ...(values.serving
       ? { serving: true, events: 'knative' as const }
       : { functions: 'source' as const, webhook: true, events: 'broker' as const }),
     pings: { statusEveryMs, resyncEveryMs },
+    ...(otel ? { env: Object.fromEntries(FUNCTION_NAMES.map((n) => [n, otel])) } : {}),
+    ...(observability ? { knativeObservability: observability.knative } : {}),
     prepareCaller: true,
     print: printer(values.debug!),
     progress,
@@ -131,6 +155,7 @@ try {
   });
 } catch (err) {
   // Interrupted while starting: what had started is stopped already.
+  await observability?.stop();
   if (signal.aborted) process.exit(130);
   console.error(`npm start failed: ${(err as Error).message}`);
   process.exit(1);
@@ -189,6 +214,13 @@ ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'clu
       : ''
   }
   users: sign client certificates with ${system.controlPlane.dir}/pki/client-ca.crt and client-ca.key (examples/README.md)`
+      : ''
+  }${
+    observability
+      ? `
+  metrics: Prometheus ${observability.prometheus.url} (the shipped alerts under /alerts; PromQL such as sum by (captf_write, captf_result) (captf_mirror_writes_total))
+  traces: Jaeger ${observability.jaeger.url} (service captf-mirror-sync; the Broker's spans under its own services)
+  dashboard: import manifests/components/observability/dashboard.json into a Grafana that reads ${observability.prometheus.url}`
       : ''
   }
   Ctrl-C stops everything.

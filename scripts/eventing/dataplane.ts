@@ -84,6 +84,17 @@ export interface EventingDataPlaneOptions {
   onBuild?: (line: string) => void;
   /** Added to every process's environment (e.g. `{ GODEBUG: 'netdns=go+2' }`: Go logs each name lookup). */
   env?: Readonly<Record<string, string>>;
+  /**
+   * `config-observability`'s data (knative.dev/pkg/observability: `tracing-protocol`,
+   * `tracing-endpoint`, `metrics-protocol`, …); default empty, upstream's defaults (nothing exported).
+   */
+  observability?: Readonly<Record<string, string>>;
+  /**
+   * Where the processes read their ConfigMaps and keep their Leases (default
+   * {@link SYSTEM_NAMESPACE}): a test that changes `observability` uses one of its own, so the
+   * data planes of other files sharing the control plane keep theirs.
+   */
+  systemNamespace?: string;
 }
 
 /** A running data plane. */
@@ -158,17 +169,27 @@ const ensureNamespace = (kc: KubeConfig, name: string): Promise<void> =>
 export const LOCAL_FEATURES: Readonly<Record<string, string>> = { 'delivery-retryafter': 'enabled' };
 
 /**
- * Creates the system namespace and its three ConfigMaps when missing (`config-logging` and
- * `config-observability` empty: upstream defaults), and applies {@link LOCAL_FEATURES} to
- * `config-features` (its other keys are left as they are).
+ * Creates the system namespace and its three ConfigMaps when missing (`config-logging` empty:
+ * upstream defaults), applies `observability` to `config-observability` and
+ * {@link LOCAL_FEATURES} to `config-features` (their other keys are left as they are).
  */
-async function ensureSystemNamespace(kc: KubeConfig, namespace: string): Promise<void> {
+async function ensureSystemNamespace(
+  kc: KubeConfig,
+  namespace: string,
+  observability: Readonly<Record<string, string>> = {},
+): Promise<void> {
   await ensureNamespace(kc, namespace);
   const core = kc.makeApiClient(CoreV1Api);
-  for (const name of ['config-logging', 'config-observability'])
-    await createOnce(core.createNamespacedConfigMap({ namespace, body: { metadata: { name } } }));
-  const features = { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'config-features', namespace } };
-  await apply(kc, { ...features, data: { ...LOCAL_FEATURES } } as KubernetesObject);
+  await createOnce(core.createNamespacedConfigMap({ namespace, body: { metadata: { name: 'config-logging' } } }));
+  const configMap = (name: string, data: Readonly<Record<string, string>>) =>
+    apply(kc, {
+      apiVersion: 'v1',
+      kind: 'ConfigMap',
+      metadata: { name, namespace },
+      data: { ...data },
+    } as KubernetesObject);
+  await configMap('config-observability', observability);
+  await configMap('config-features', LOCAL_FEATURES);
 }
 
 /** {@link serverSideApply} as the data plane's field manager. */
@@ -333,7 +354,8 @@ function apiServerHost(kc: KubeConfig): string | undefined {
  */
 export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Promise<EventingDataPlane> {
   const bins = await ensureEventingDataPlane(opts.onBuild);
-  await ensureSystemNamespace(opts.kc, SYSTEM_NAMESPACE);
+  const systemNamespace = opts.systemNamespace ?? SYSTEM_NAMESPACE;
+  await ensureSystemNamespace(opts.kc, systemNamespace, opts.observability);
   const ports = await choosePorts();
   const local = (p: number) => `http://127.0.0.1:${p}`;
   const addresses = {
@@ -346,7 +368,7 @@ export async function startEventingDataPlane(opts: EventingDataPlaneOptions): Pr
   const proxy = await startRefusingProxy();
   const env: EnvContext = {
     kubeconfigPath: opts.kubeconfigPath,
-    systemNamespace: SYSTEM_NAMESPACE,
+    systemNamespace,
     ports,
     httpsProxy: proxy.url,
     noProxy: apiServerHost(opts.kc),

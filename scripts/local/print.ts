@@ -237,6 +237,8 @@ const ADAPTER_BENIGN = [/^Sink timeout configuration is invalid/];
 const DATA_PLANE_BENIGN = [
   /^could not initialize provider( after config update)?\. You can ignore this message, when the authentication-oidc feature is disabled/,
   /^secrets "[a-z-]+-server-tls" not found$/,
+  // With --observability: the last push, cut short as the process stops (its spans up to then were sent).
+  /^Error flushing (metrics|traces) \(context canceled\)$/,
 ];
 /** klog's one-letter severities (`E1130 16:45:36.43 …`). */
 const KLOG_LEVELS: Record<string, string> = { I: 'info', W: 'warning', E: 'error', F: 'fatal' };

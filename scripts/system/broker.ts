@@ -46,6 +46,8 @@ export interface BrokerContext {
   steps: Pick<Steps, 'defer'>;
   progress: (line: string) => void;
   emit: (component: string, raw: string, p: Printed | undefined) => void;
+  /** `config-observability`'s data for the data plane (dataplane.ts); default none. */
+  observability?: Readonly<Record<string, string>>;
 }
 
 /**
@@ -77,6 +79,7 @@ export async function startBroker(
       ctx.emit(binary, line, dataPlaneLine(binary, line));
     },
     onBuild: ctx.progress,
+    ...(ctx.observability ? { observability: ctx.observability } : {}),
   });
   ctx.steps.defer(() => dp.stop());
   return { url: dp.brokerUrl, logs: dp.logs };

@@ -289,15 +289,14 @@ export interface EventPath {
  * @param opts.name the adapter's name (unique per run).
  */
 export async function startEventPath(
-  opts: Pick<EventingDataPlaneOptions, 'namespace' | 'sinks' | 'schedules'> & { watch: string[]; name: string },
+  opts: Pick<EventingDataPlaneOptions, 'namespace' | 'sinks' | 'schedules' | 'observability' | 'systemNamespace'> & {
+    watch: string[];
+    name: string;
+  },
 ): Promise<EventPath> {
   const rendered = await render(RENDERED_MANIFESTS);
-  const dp = await startBroker({
-    objects: rendered,
-    namespace: opts.namespace,
-    sinks: opts.sinks,
-    schedules: opts.schedules,
-  });
+  const { watch: _watch, name: _name, ...dataPlane } = opts;
+  const dp = await startBroker({ objects: rendered, ...dataPlane });
   try {
     const objects = rendered.find((o) => o.kind === 'ApiServerSource' && o.metadata?.name === 'captf-objects');
     const config = await sourceConfigFor(admin().kc, objects as unknown as ApiServerSourceSpec);

@@ -14,9 +14,8 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { loadYaml } from '@kubernetes/client-node';
 import { startPrometheus, type Prometheus, type Sample } from '../../scripts/observability/prometheus.ts';
-import { REPO_ROOT } from '../../scripts/tools/build.ts';
+import { OBSERVABILITY_COMPONENT, shippedRuleGroups } from '../../scripts/observability/stack.ts';
 import { IDENTITY_SELECTOR_ENV } from '../../functions/identity-status/index.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
 import { eventually } from '../helpers/cluster.ts';
@@ -30,19 +29,8 @@ const w = fx.world('telemetry');
 const work = mkdtempSync(join(tmpdir(), 'captf-telemetry-'));
 let prometheus: Prometheus;
 
-/** What the observability component ships. */
-const COMPONENT = join(REPO_ROOT, 'manifests', 'components', 'observability');
-/** One alerting rule of the shipped PrometheusRule. */
-interface AlertRule {
-  alert: string;
-  expr: string;
-}
-const ruleGroups = (
-  loadYaml(readFileSync(join(COMPONENT, 'prometheus-rules.yaml'), 'utf8')) as {
-    spec: { groups: { name: string; rules: AlertRule[] }[] };
-  }
-).spec.groups;
-const dashboard = JSON.parse(readFileSync(join(COMPONENT, 'dashboard.json'), 'utf8')) as {
+const ruleGroups = shippedRuleGroups();
+const dashboard = JSON.parse(readFileSync(join(OBSERVABILITY_COMPONENT, 'dashboard.json'), 'utf8')) as {
   panels: { title: string; targets?: { expr: string }[] }[];
 };
 

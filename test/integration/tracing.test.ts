@@ -4,7 +4,10 @@
  * Broker's dispatcher (or an API server) would send it; Jaeger's query API then shows one trace
  * per request that continues it: the answer, the event or review, the key's reconcile, and each
  * API request under them, with the mirror's create and the consumer's status write. The log
- * lines written under it carry the same trace id, and no span holds a planted value.
+ * lines written under it carry the same trace id, and no span holds a planted value. Last, a
+ * consumer's event goes the whole real way (ApiServerSource adapter → Knative's Broker data plane,
+ * its own tracing on through `config-observability` → mirror-sync), and its trace holds Knative's
+ * spans above mirror-sync's.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -15,7 +18,8 @@ import { after, before, describe, it } from 'node:test';
 import { HTTP, type CloudEvent } from 'cloudevents';
 import { startJaeger, type Jaeger, type StoredSpan } from '../../scripts/observability/jaeger.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
-import { eventually } from '../helpers/cluster.ts';
+import { eventually, suffix } from '../helpers/cluster.ts';
+import { startEventPath, startFunctionStandIn } from '../helpers/events.ts';
 import * as fx from '../helpers/fixtures.ts';
 import { sentinel } from '../helpers/logs.ts';
 import { consumerEvent, createConsumers, operatorSource } from '../helpers/mirror-sync.ts';
@@ -184,4 +188,80 @@ describe('traces pushed over OTLP to a real Jaeger (SPEC §13)', () => {
     ]);
     assert.ok(!JSON.stringify(spans).includes(planted), 'no span names the user');
   });
+  it("a consumer's event through Knative's Broker: one trace from Knative's own spans down to mirror-sync's mirror write", async () => {
+    const tenant = await w.namespace();
+    const source = await operatorSource(w, fx.data({ token: 't' }));
+    const id = await source.newIdentity(fx.allowList(tenant));
+    const service = `captf-mirror-sync-${w.name('b')}`;
+    const fn = await spawnTraced('mirror-sync', service, {
+      KUBECONFIG: (await w.account('captf-mirror-sync')).kubeconfigPath,
+    });
+    const others = await startFunctionStandIn();
+    const systemNamespace = `knative-eventing-${suffix()}`;
+    w.onCleanup(() => w.clients.core.deleteNamespace({ name: systemNamespace }).catch(() => undefined));
+    const path = await startEventPath({
+      namespace: await w.namespace(),
+      sinks: {
+        'captf-mirror-sync': `http://127.0.0.1:${fn.port}/`,
+        'captf-identity-status': others.url,
+        'captf-dead-letters': others.url,
+      },
+      schedules: { 'captf-resync': '0 0 1 1 *', 'captf-identity-status': '0 0 1 1 *' },
+      watch: [tenant],
+      name: w.name('adapter'),
+      // Knative's own tracing, on for this data plane only (its own system namespace).
+      observability: {
+        'tracing-protocol': 'http/protobuf',
+        'tracing-endpoint': jaeger.otlpTracesEndpoint,
+        'tracing-sampling-rate': '1',
+      },
+      systemNamespace,
+    });
+    const consumers: string[] = [];
+    try {
+      // The adapter is at-most-once and may still be starting its watches: a consumer more until one is seen.
+      await eventually(
+        'a consumer mirrored through the Broker',
+        async () => {
+          const [c] = await createConsumers(w, tenant, id, `c${consumers.length}`, 1);
+          consumers.push(`${tenant}/${c!.metadata.name}`);
+          await new Promise((r) => setTimeout(r, 1000));
+          return fn.entries().some((e) => e.message === 'reconcile' && consumers.includes(String(e.object)));
+        },
+        90_000,
+      );
+    } finally {
+      // Both flush their spans as they stop.
+      await path.stop();
+      await stop(fn);
+      others.server.close();
+    }
+    const line = fn
+      .entries()
+      .find((e) => e.message === 'reconcile' && consumers.includes(String(e.object)) && e.trace_id);
+    assert.ok(line, `mirror-sync's reconcile line carries a trace id: ${JSON.stringify(fn.entries().slice(-5))}`);
+    // Knative's processes export on their own schedule: wait for mirror-sync's answer under one of their spans.
+    let spans: StoredSpan[] = [];
+    const answerUnderKnative = () =>
+      spans.find(
+        (s) =>
+          s.name === 'POST /' &&
+          s.service === service &&
+          spans.some((p) => p.spanId === s.parentSpanId && !p.service.startsWith('captf-')),
+      );
+    await eventually("mirror-sync's answer under the Broker's delivery span", async () => {
+      spans = await jaeger.trace(String(line.trace_id));
+      return answerUnderKnative() !== undefined;
+    }).catch((err: unknown) => {
+      throw new Error(`${(err as Error).message}: ${shown(spans)}`);
+    });
+    const create = only(spans, 'create secrets');
+    assert.ok(ancestry(spans, create).includes('POST /'), shown(spans));
+  });
 });
+
+/** A trace as `service: name ← parent name` lines, for a failing assertion. */
+function shown(spans: readonly StoredSpan[]): string {
+  const byId = new Map(spans.map((s) => [s.spanId, s]));
+  return spans.map((s) => `${s.service}: ${s.name} ← ${byId.get(s.parentSpanId)?.name ?? '(root)'}`).join('; ');
+}

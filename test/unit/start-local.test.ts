@@ -323,7 +323,7 @@ describe('dataPlaneLine: the Broker data plane speaks up, its start-up noise asi
     assert.equal(dataPlaneLine('mtping', 'I1130 18:51:17.593569 14450 leaderelection.go:258] lease')!.debug, true);
   });
 
-  it('hides only the OIDC and TLS-Secret lines every local start prints', () => {
+  it('hides only the OIDC and TLS-Secret lines every local start prints, and the last export cut short by a stop', () => {
     const oidc =
       'could not initialize provider. You can ignore this message, when the authentication-oidc feature is disabled{error 26 0  could not load Kubernetes OIDC discovery information}';
     const lines = [
@@ -331,12 +331,19 @@ describe('dataPlaneLine: the Broker data plane speaks up, its start-up noise asi
       JSON.stringify({ level: 'error', msg: oidc.replace('provider.', 'provider after config update.') }),
       JSON.stringify({ severity: 'WARNING', message: 'secrets "imc-dispatcher-server-tls" not found' }),
       JSON.stringify({ level: 'warn', msg: 'secrets "mt-broker-filter-server-tls" not found' }),
+      JSON.stringify({ severity: 'ERROR', message: 'Error flushing traces', error: 'context canceled' }),
     ];
     for (const l of lines) assert.equal(dataPlaneLine('imc-dispatcher', l)!.debug, true, l);
     // The same words about something else are not noise.
     const other = JSON.stringify({ severity: 'WARNING', message: 'secrets "captf-dead-letters" not found' });
     assert.equal(dataPlaneLine('imc-dispatcher', other)!.debug, false);
     assert.equal(dataPlaneLine('imc-dispatcher', JSON.stringify({ severity: 'ERROR', message: 'oidc' }))!.debug, false);
+    const refused = JSON.stringify({
+      severity: 'ERROR',
+      message: 'Error flushing traces',
+      error: 'connection refused',
+    });
+    assert.equal(dataPlaneLine('broker-ingress', refused)!.debug, false);
   });
 });
 
