@@ -264,8 +264,8 @@ async function observed(
     ...(r?.name ? { 'captf.name': r.name } : {}),
   };
   const started = performance.now();
-  return telemetry().span(`${verb} ${resource}`, { kind: 'client', attributes }, async (span) => {
-    telemetry().inject((name, value) => request.setHeaderParam(name, value));
+  return telemetry().span(`${verb} ${resource}`, { kind: 'client', attributes, leaf: true }, async (span) => {
+    span.inject((name, value) => request.setHeaderParam(name, value));
     let status: number | undefined;
     try {
       const response = await send(request);

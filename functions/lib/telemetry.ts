@@ -39,6 +39,8 @@ export interface SpanHandle {
   rename(name: string): void;
   /** Marks it failed, with a safe description. */
   fail(description: string): void;
+  /** Writes its trace context into an outgoing request's headers (`traceparent`): the callee continues it. */
+  inject(setHeader: (name: string, value: string) => void): void;
 }
 
 /** How a span starts. */
@@ -48,6 +50,11 @@ export interface SpanOptions {
   attributes?: SpanAttributes;
   /** An incoming request's headers: the span continues their W3C trace context (`traceparent`). */
   parent?: Record<string, string | string[] | undefined>;
+  /**
+   * Nothing of this process is traced under it (an API request): it is not made the current
+   * span, which spares carrying a context across its awaits.
+   */
+  leaf?: boolean;
 }
 
 /** Traces (./tracing-sdk.ts). */
@@ -59,8 +66,6 @@ export interface Tracing {
   span<T>(name: string, opts: SpanOptions, fn: (span: SpanHandle) => Promise<T>): Promise<T>;
   /** The current span's ids, for a log line; undefined outside a span or when off. */
   logIds(): { trace_id: string; span_id: string } | undefined;
-  /** Writes the current trace context into an outgoing request's headers (`traceparent`). */
-  inject(setHeader: (name: string, value: string) => void): void;
 }
 
 /** What the functions count. Each call is cheap and never throws. */
@@ -107,12 +112,16 @@ export interface Meters {
 /** What the functions record: counts and spans. */
 export type Recorder = Meters & Tracing;
 
-const NO_SPAN: SpanHandle = { set: () => undefined, rename: () => undefined, fail: () => undefined };
+const NO_SPAN: SpanHandle = {
+  set: () => undefined,
+  rename: () => undefined,
+  fail: () => undefined,
+  inject: () => undefined,
+};
 /** Traces when off: `fn` runs as it would without them. */
 export const NO_TRACES: Tracing = {
   span: (_name, _opts, fn) => fn(NO_SPAN),
   logIds: () => undefined,
-  inject: () => undefined,
 };
 
 /** Metrics when off. */

@@ -63,24 +63,13 @@ export async function startTraces(cfg: Pusher & { sampler: Sampler; ratio: numbe
         kind: KINDS[opts.kind ?? 'internal'],
         ...(opts.attributes ? { attributes: opts.attributes } : {}),
       };
-      return tracer.startActiveSpan(name, start, parent, async (span) => {
-        try {
-          return await fn(handleOf(span));
-        } catch (err) {
-          // Only the error's class: its message may quote an API server's answer (untrusted).
-          span.setStatus({ code: SpanStatusCode.ERROR, message: err instanceof Error ? err.name : 'error' });
-          throw err;
-        } finally {
-          span.end();
-        }
-      });
+      const run = (span: Span) => settle(span, () => fn(handleOf(span, propagator)));
+      return opts.leaf ? run(tracer.startSpan(name, start, parent)) : tracer.startActiveSpan(name, start, parent, run);
     },
     logIds: () => {
       const c = trace.getSpan(context.active())?.spanContext();
       return c && isSpanContextValid(c) ? { trace_id: c.traceId, span_id: c.spanId } : undefined;
     },
-    inject: (setHeader) =>
-      propagator.inject(context.active(), undefined, { set: (_carrier, key, value) => setHeader(key, value) }),
   };
   return {
     tracing,
@@ -91,11 +80,28 @@ export async function startTraces(cfg: Pusher & { sampler: Sampler; ratio: numbe
   };
 }
 
+/** Runs `work` and ends `span` once it settles; a failure marks the span failed and is passed on. */
+async function settle<T>(span: Span, work: () => Promise<T>): Promise<T> {
+  try {
+    return await work();
+  } catch (err) {
+    // Only the error's class: its message may quote an API server's answer (untrusted).
+    span.setStatus({ code: SpanStatusCode.ERROR, message: err instanceof Error ? err.name : 'error' });
+    throw err;
+  } finally {
+    span.end();
+  }
+}
+
 /** The span a callback sees. */
-const handleOf = (span: Span): SpanHandle => ({
+const handleOf = (span: Span, propagator: W3CTraceContextPropagator): SpanHandle => ({
   set: (attributes) => span.setAttributes(attributes),
   rename: (name) => span.updateName(name),
   fail: (description) => span.setStatus({ code: SpanStatusCode.ERROR, message: description }),
+  inject: (setHeader) =>
+    propagator.inject(trace.setSpan(ROOT_CONTEXT, span), undefined, {
+      set: (_carrier, key, value) => setHeader(key, value),
+    }),
 });
 
 /** The sampler `OTEL_TRACES_SAMPLER` names, as OpenTelemetry's SDKs build it. */
