@@ -136,7 +136,8 @@ const dir = values.dir ? resolve(callerDir, values.dir) : kubeconfig ? '.local/s
 try {
   if (values.observability) {
     progress('starting Prometheus and Jaeger (docs/observability.md)');
-    observability = await startObservability({ dir: join(dir, 'observability'), log: progress });
+    // Beside the state folder, not in it: the control plane wipes that folder as it starts.
+    observability = await startObservability({ dir: `${dir}-observability`, log: progress });
   }
   const otel = observability?.functionEnv;
   system = await startSystem({
@@ -219,7 +220,7 @@ ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'clu
     observability
       ? `
   metrics: Prometheus ${observability.prometheus.url} (the shipped alerts under /alerts; PromQL such as sum by (captf_write, captf_result) (captf_mirror_writes_total))
-  traces: Jaeger ${observability.jaeger.url} (service captf-mirror-sync; the Broker's spans under its own services)
+  traces: Jaeger ${observability.jaeger.url} (service captf-mirror-sync; the Broker's spans under its own services; a trace_id is on each JSON log line in ${join(system.dir, 'logs')})
   dashboard: import manifests/components/observability/dashboard.json into a Grafana that reads ${observability.prometheus.url}`
       : ''
   }
