@@ -11,7 +11,7 @@ import type { ConsumerKind } from '../lib/api.ts';
 import { consumersOfIdentity } from '../lib/consumers.ts';
 import { apiStatus, describeError, ignoreNotFound, type Clients } from '../lib/kube.ts';
 import type { Logger } from '../lib/log.ts';
-import { telemetry } from '../lib/telemetry.ts';
+import { admissionOperation, telemetry } from '../lib/telemetry.ts';
 import {
   consumerCounts,
   deleteDecision,
@@ -102,12 +102,13 @@ interface Trace {
  * @returns the decision; never throws (an unexpected error denies).
  */
 export function reviewIdentity(req: IdentityRequest, deps: ReviewDeps): Promise<Decision> {
+  const operation = admissionOperation(req.operation);
   const attributes = {
-    'captf.operation': req.operation,
+    'captf.operation': operation,
     'captf.identity': req.name ?? '',
     'captf.dry_run': Boolean(req.dryRun),
   };
-  return telemetry().span(`review ${req.operation}`, { attributes }, async (span) => {
+  return telemetry().span(`review ${operation}`, { attributes }, async (span) => {
     const decision = await review(req, deps);
     span.set({ 'captf.decision': decision.allowed ? 'allowed' : 'denied' });
     return decision;

@@ -137,17 +137,22 @@ function summarise(plan: RefreshPlan, results: RefreshResult[], apiCalls: number
 
 /**
  * Records what a refresh found (lib/telemetry.ts): each refreshed identity's readiness and
- * namespaces in use, and, after a full refresh, how many identities carry each `Ready` reason.
+ * namespaces in use, the ones found gone, and after a full refresh how many identities carry
+ * each `Ready` reason (every reason, 0 when none has it, so an alert's series always exists).
  */
 function recordIdentities(plan: RefreshPlan, results: readonly RefreshResult[]): void {
-  // Every reason, counted 0 when no identity has it, so an alert's series always exists.
+  const refreshed = results.filter((r) => r.outcome === 'refreshed');
   const byReason = new Map(READY_REASONS.map((r) => [r, 0]));
-  for (const r of results) {
-    if (r.outcome !== 'refreshed') continue;
-    telemetry().identity(r.identity, r.ready === 'True', r.namespaces?.length ?? 0);
-    if (r.reason) byReason.set(r.reason, (byReason.get(r.reason) ?? 0) + 1);
-  }
-  if (plan.kind === 'all') telemetry().identitiesByReason(byReason);
+  for (const r of refreshed) if (r.reason) byReason.set(r.reason, (byReason.get(r.reason) ?? 0) + 1);
+  telemetry().identities({
+    refreshed: refreshed.map((r) => ({
+      name: r.identity,
+      ready: r.ready === 'True',
+      namespaces: r.namespaces?.length ?? 0,
+    })),
+    gone: results.filter((r) => r.outcome === 'gone').map((r) => r.identity),
+    ...(plan.kind === 'all' ? { full: { byReason } } : {}),
+  });
 }
 
 /**

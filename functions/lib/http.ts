@@ -341,7 +341,9 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
 /**
  * Stops on SIGTERM or SIGINT (SPEC §13): {@link FunctionHandle.close} with `drainMs` as the
  * deadline, then exits 0 once every connection has closed, or 1 if answers were still in
- * flight at the deadline, pushing `flush`'s metrics first (at most {@link FLUSH_MS}). A second
+ * flight at the deadline, pushing `flush`'s telemetry first. The push fits inside the same
+ * deadline (the grace period is all there is): with telemetry on, the drain leaves it up to
+ * {@link FLUSH_MS} (at most a fifth of the deadline), and it gets what is left. A second
  * signal changes nothing.
  * @param drainMs the drain deadline (ms): Knative's termination grace period is the revision's
  *   `timeoutSeconds`, and the manifests set `CAPTF_DRAIN_SECONDS` to it ({@link drainMsFromEnv}).
@@ -352,9 +354,11 @@ export function stopGracefully(fn: FunctionHandle, drainMs: number, flush?: Tele
     if (stopping) return;
     stopping = true;
     fn.logger.info('stopping', { signal, inFlight: answersInFlight(fn.server), drainSeconds: drainMs / 1000 });
-    const drained = await fn.close(drainMs);
-    // What was counted up to the last answer, pushed before the pod goes (bounded: the grace period is shared).
-    await flush?.shutdown(FLUSH_MS);
+    const t0 = performance.now();
+    const reserved = flush ? Math.min(FLUSH_MS, drainMs / 5) : 0;
+    const drained = await fn.close(drainMs - reserved);
+    // What was recorded up to the last answer, pushed before the pod goes, within the deadline.
+    await flush?.shutdown(Math.min(FLUSH_MS, Math.max(0, drainMs - (performance.now() - t0))));
     if (!drained) {
       fn.logger.warn('answers still in flight at the drain deadline; exiting', {
         inFlight: answersInFlight(fn.server),

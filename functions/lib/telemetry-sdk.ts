@@ -5,14 +5,18 @@
  * (`http.server.request.duration`), the `captf.` namespace otherwise; Prometheus's OTLP receiver
  * turns them into `captf_…_total`, `…_seconds_bucket` and so on (docs/observability.md).
  */
-import type { Attributes, Meter } from '@opentelemetry/api';
-import { MeterProvider, PeriodicExportingMetricReader } from '@opentelemetry/sdk-metrics';
+import type { Attributes, Meter, ObservableResult } from '@opentelemetry/api';
+import {
+  AggregationTemporality,
+  InstrumentType,
+  MeterProvider,
+  PeriodicExportingMetricReader,
+  type PushMetricExporter,
+} from '@opentelemetry/sdk-metrics';
 import { OTLPMetricExporter } from '@opentelemetry/exporter-metrics-otlp-http';
 import { resourceOf, shutdownWithin, type Pusher } from './otel-shared.ts';
-import type { Meters } from './telemetry.ts';
+import { admissionOperation, type Meters } from './telemetry.ts';
 
-/** The admission operations recorded as such; anything else is `other`. */
-const OPERATIONS = new Set(['CREATE', 'UPDATE', 'DELETE', 'CONNECT']);
 /** The methods recorded as such (OpenTelemetry's rule: others are `_OTHER`). */
 const METHODS = new Set(['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']);
 /** Buckets of every duration histogram, in seconds (OpenTelemetry's advice for HTTP durations). */
@@ -38,7 +42,7 @@ export async function startMetrics(
   queueDepth: () => number | undefined,
 ): Promise<Metrics> {
   const reader = new PeriodicExportingMetricReader({
-    exporter: new OTLPMetricExporter(),
+    exporter: currentGauges(new OTLPMetricExporter()),
     exportIntervalMillis: cfg.intervalMs,
     exportTimeoutMillis: Math.min(cfg.intervalMs, 30_000),
   });
@@ -46,7 +50,9 @@ export async function startMetrics(
     resource: resourceOf(cfg),
     readers: [reader],
   });
-  const recorder = recorderOf(instruments(provider.getMeter('captf-credentials'), queueDepth));
+  const identities: IdentityGauges = { byName: new Map(), byReason: new Map() };
+  const meter = provider.getMeter('captf-credentials');
+  const recorder = recorderOf(instruments(meter, { queueDepth, identities }), identities);
   return {
     recorder,
     shutdown: async (timeoutMs) => {
@@ -55,21 +61,54 @@ export async function startMetrics(
   };
 }
 
+/**
+ * `exporter`, with every gauge exported as what is observed at that collection only (delta):
+ * an identity deleted since the last refresh leaves no series behind, where cumulative gauges
+ * would report every attribute set ever observed. Counters and histograms stay cumulative, as
+ * Prometheus's OTLP receiver needs them.
+ */
+function currentGauges(exporter: PushMetricExporter): PushMetricExporter {
+  return {
+    export: (metrics, done) => exporter.export(metrics, done),
+    forceFlush: () => exporter.forceFlush(),
+    shutdown: () => exporter.shutdown(),
+    selectAggregationTemporality: (type) =>
+      type === InstrumentType.OBSERVABLE_GAUGE || type === InstrumentType.GAUGE
+        ? AggregationTemporality.DELTA
+        : AggregationTemporality.CUMULATIVE,
+  };
+}
+
+/** What identity-status's gauges read at each collection: its last view of each identity, and of the reasons. */
+interface IdentityGauges {
+  readonly byName: Map<string, { ready: boolean; namespaces: number }>;
+  readonly byReason: Map<string, number>;
+}
+
 /** Every instrument the recorder writes to. */
 type Instruments = ReturnType<typeof instruments>;
 
-/** Creates the instruments; the queue's depth is observed at each collection. */
-function instruments(meter: Meter, queueDepth: () => number | undefined) {
+/** Creates the instruments; the gauges are observed at each collection from `observed`. */
+function instruments(meter: Meter, observed: { queueDepth: () => number | undefined; identities: IdentityGauges }) {
   const seconds = (name: string, description: string, buckets = DURATION_BUCKETS) =>
     meter.createHistogram(name, { unit: 's', description, advice: { explicitBucketBoundaries: buckets } });
   const count = (name: string, unit: string, description: string) => meter.createCounter(name, { unit, description });
-  const gauge = (name: string, unit: string, description: string) => meter.createGauge(name, { unit, description });
-  meter
-    .createObservableGauge('captf.queue.depth', { unit: '{name}', description: 'Names being worked on now.' })
-    .addCallback((r) => {
-      const depth = queueDepth();
-      if (depth !== undefined) r.observe(depth);
-    });
+  const gauge = (name: string, unit: string, description: string, read: (r: ObservableResult) => void) =>
+    meter.createObservableGauge(name, { unit, description }).addCallback(read);
+  const { byName, byReason } = observed.identities;
+  gauge('captf.queue.depth', '{name}', 'Names being worked on now.', (r) => {
+    const depth = observed.queueDepth();
+    if (depth !== undefined) r.observe(depth);
+  });
+  gauge('captf.identity.ready', '', '1 when the identity is Ready=True, else 0.', (r) => {
+    for (const [name, v] of byName) r.observe(v.ready ? 1 : 0, { 'captf.identity': name });
+  });
+  gauge('captf.identity.namespaces', '{namespace}', 'Namespaces in status.namespaces of the identity.', (r) => {
+    for (const [name, v] of byName) r.observe(v.namespaces, { 'captf.identity': name });
+  });
+  gauge('captf.identities', '{identity}', 'Identities by the reason of their Ready condition.', (r) => {
+    for (const [reason, n] of byReason) r.observe(n, { 'captf.reason': reason });
+  });
   return {
     answers: seconds('http.server.request.duration', 'Duration of HTTP server requests.'),
     api: seconds('captf.api.request.duration', 'Requests to the Kubernetes API server, by verb, resource and code.'),
@@ -86,15 +125,11 @@ function instruments(meter: Meter, queueDepth: () => number | undefined) {
     writes: count('captf.mirror.writes', '{request}', 'Requests to mirror Secrets, by kind and result.'),
     statuses: count('captf.consumer.status.writes', '{write}', "Consumers' conditions written, by outcome."),
     coalesced: count('captf.queue.coalesced', '{request}', "Requests folded into a name's follow-up run."),
-    ready: gauge('captf.identity.ready', '', '1 when the identity is Ready=True, else 0.'),
-    namespaces: gauge('captf.identity.namespaces', '{namespace}', 'Namespaces in status.namespaces of the identity.'),
-    byReason: gauge('captf.identities', '{identity}', 'Identities by the reason of their Ready condition.'),
   };
 }
 
-/** The recorder writing to `i`, each attribute from a bounded set (telemetry.ts). */
-function recorderOf(i: Instruments): Meters {
-  const reasonsSeen = new Set<string>();
+/** The recorder writing to `i` and `identities`, each attribute from a bounded set (telemetry.ts). */
+function recorderOf(i: Instruments, identities: IdentityGauges): Meters {
   return {
     httpAnswer: (route, method, status, s) =>
       i.answers.record(s, {
@@ -105,7 +140,7 @@ function recorderOf(i: Instruments): Meters {
     apiRequest: (verb, resource, status, s) => i.api.record(s, apiAttributes(verb, resource, status)),
     admissionReview: (operation, allowed) =>
       i.reviews.add(1, {
-        'captf.operation': OPERATIONS.has(operation) ? operation : 'other',
+        'captf.operation': admissionOperation(operation),
         'captf.decision': verdict(allowed),
       }),
     accessCheck: (check, allowed) => i.checks.add(1, { 'captf.check': check, 'captf.decision': verdict(allowed) }),
@@ -117,13 +152,13 @@ function recorderOf(i: Instruments): Meters {
     mirrorWrite: (kind, result) => i.writes.add(1, { 'captf.write': kind, 'captf.result': result }),
     consumerStatus: (outcome) => i.statuses.add(1, { 'captf.outcome': outcome }),
     coalesced: () => i.coalesced.add(1),
-    identity: (name, isReady, n) => {
-      i.ready.record(isReady ? 1 : 0, { 'captf.identity': name });
-      i.namespaces.record(n, { 'captf.identity': name });
-    },
-    identitiesByReason: (counts) => {
-      for (const r of counts.keys()) reasonsSeen.add(r);
-      for (const r of reasonsSeen) i.byReason.record(counts.get(r) ?? 0, { 'captf.reason': r });
+    identities: (view) => {
+      if (view.full) identities.byName.clear();
+      for (const name of view.gone) identities.byName.delete(name);
+      for (const { name, ready, namespaces } of view.refreshed) identities.byName.set(name, { ready, namespaces });
+      if (!view.full) return;
+      identities.byReason.clear();
+      for (const [reason, n] of view.full.byReason) identities.byReason.set(reason, n);
     },
     started: (s) => i.startup.record(s),
   };

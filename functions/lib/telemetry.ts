@@ -11,7 +11,8 @@
  * is an identity's, on identity-status's per-identity gauges: identities are cluster-scoped
  * objects an operator creates, few, and "which one is not ready" is the question those gauges
  * answer. Spans may name objects (a namespace, an identity, an API path's resource), never
- * Secret data, a token or a user. docs/observability.md lists every metric and span.
+ * Secret data, a token or the requesting user; every value is cut short (./tracing-sdk.ts).
+ * docs/observability.md lists every metric and span.
  */
 import { randomUUID } from 'node:crypto';
 
@@ -99,15 +100,29 @@ export interface Meters {
   /** A request folded into a name's follow-up run (`captf.queue.coalesced`). */
   coalesced(): void;
   /**
-   * identity-status's view of one identity after a refresh (`captf.identity.ready`: 1 when
-   * `Ready=True`; `captf.identity.namespaces`: its `status.namespaces` count).
+   * identity-status's view after a refresh, which its gauges report until the next one:
+   * `captf.identity.ready` (1 when `Ready=True`) and `captf.identity.namespaces` per identity,
+   * and after a full refresh `captf.identities` per `Ready` reason.
    */
-  identity(name: string, ready: boolean, namespaces: number): void;
-  /** A full refresh's count of identities per `Ready` reason (`captf.identities`); absent reasons count 0. */
-  identitiesByReason(counts: ReadonlyMap<string, number>): void;
+  identities(view: IdentityView): void;
   /** The process started and is listening (`captf.process.startup.duration`, seconds). */
   started(seconds: number): void;
 }
+
+/** What one refresh of identity-status saw. */
+export interface IdentityView {
+  /** The identities refreshed: name, whether `Ready=True`, how many namespaces they are used in. */
+  refreshed: readonly { name: string; ready: boolean; namespaces: number }[];
+  /** The identities found gone: their series end. */
+  gone: readonly string[];
+  /** A full refresh: any identity not in `refreshed` is gone too; identities per reason (0 for none). */
+  full?: { byReason: ReadonlyMap<string, number> };
+}
+
+/** The admission operations recorded as such. */
+const OPERATIONS = new Set(['CREATE', 'UPDATE', 'DELETE', 'CONNECT']);
+/** An AdmissionReview's operation as recorded (a metric label, a span name): a known one, or `other`. */
+export const admissionOperation = (operation: string): string => (OPERATIONS.has(operation) ? operation : 'other');
 
 /** What the functions record: counts and spans. */
 export type Recorder = Meters & Tracing;
@@ -135,8 +150,7 @@ export const NO_METERS: Meters = {
   mirrorWrite: () => undefined,
   consumerStatus: () => undefined,
   coalesced: () => undefined,
-  identity: () => undefined,
-  identitiesByReason: () => undefined,
+  identities: () => undefined,
   started: () => undefined,
 };
 const NOOP: Recorder = { ...NO_METERS, ...NO_TRACES };
@@ -188,18 +202,32 @@ const DEFAULT_INTERVAL_MS = 60_000;
  * headers and timeouts from them). Metrics are on when `OTEL_EXPORTER_OTLP_ENDPOINT` or
  * `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` is set and `OTEL_METRICS_EXPORTER` is not `none`;
  * traces likewise with `…_TRACES_ENDPOINT` and `OTEL_TRACES_EXPORTER`; neither with
- * `OTEL_SDK_DISABLED=true`. Pure.
+ * `OTEL_SDK_DISABLED=true` (any case). What the functions cannot do is refused rather than
+ * ignored: another exporter than `otlp`, another protocol than `http/json`. Pure.
  * @returns undefined when both are off.
- * @throws Error naming the variable when `OTEL_METRIC_EXPORT_INTERVAL` is not a whole number of
- *   ms ≥ 100, `OTEL_TRACES_SAMPLER` is not one of {@link SAMPLERS}, or a ratio sampler's
+ * @throws Error naming the variable when an endpoint is not an http(s) URL, an exporter or a
+ *   protocol is not supported, `OTEL_METRIC_EXPORT_INTERVAL` is not a whole number of ms from
+ *   100 to a day, `OTEL_TRACES_SAMPLER` is not one of {@link SAMPLERS}, or a ratio sampler's
  *   `OTEL_TRACES_SAMPLER_ARG` is not a number from 0 to 1.
  */
 export function telemetryFromEnv(env: NodeJS.ProcessEnv, fn: string): TelemetryConfig | undefined {
   const v = (name: string): string => env[name]?.trim() ?? '';
-  if (v('OTEL_SDK_DISABLED') === 'true') return undefined;
-  const on = (signal: 'METRICS' | 'TRACES') =>
-    Boolean(v(`OTEL_EXPORTER_OTLP_${signal}_ENDPOINT`) || v('OTEL_EXPORTER_OTLP_ENDPOINT')) &&
-    v(`OTEL_${signal}_EXPORTER`) !== 'none';
+  if (v('OTEL_SDK_DISABLED').toLowerCase() === 'true') return undefined;
+  const on = (signal: 'METRICS' | 'TRACES'): boolean => {
+    const exporter = v(`OTEL_${signal}_EXPORTER`) || 'otlp';
+    if (exporter === 'none') return false;
+    const endpoint = endpointFrom(env, signal);
+    if (exporter !== 'otlp')
+      throw new Error(`OTEL_${signal}_EXPORTER=${exporter.slice(0, 40)}: only otlp (or none) is supported`);
+    for (const name of [`OTEL_EXPORTER_OTLP_${signal}_PROTOCOL`, 'OTEL_EXPORTER_OTLP_PROTOCOL']) {
+      const protocol = v(name);
+      if (protocol && protocol !== 'http/json')
+        throw new Error(
+          `${name}=${protocol.slice(0, 40)}: only http/json is supported (no gRPC or protobuf is loaded)`,
+        );
+    }
+    return endpoint !== undefined;
+  };
   const metrics = on('METRICS') ? { intervalMs: intervalFrom(v('OTEL_METRIC_EXPORT_INTERVAL')) } : undefined;
   const traces = on('TRACES') ? samplerFrom(v('OTEL_TRACES_SAMPLER'), v('OTEL_TRACES_SAMPLER_ARG')) : undefined;
   if (!metrics && !traces) return undefined;
@@ -210,11 +238,32 @@ export function telemetryFromEnv(env: NodeJS.ProcessEnv, fn: string): TelemetryC
   };
 }
 
+/**
+ * The endpoint a signal is pushed to, its own variable first; undefined when neither is set.
+ * @throws Error naming the variable when it is not an http or https URL.
+ */
+function endpointFrom(env: NodeJS.ProcessEnv, signal: 'METRICS' | 'TRACES'): URL | undefined {
+  for (const name of [`OTEL_EXPORTER_OTLP_${signal}_ENDPOINT`, 'OTEL_EXPORTER_OTLP_ENDPOINT']) {
+    const raw = env[name]?.trim();
+    if (!raw) continue;
+    const url = URL.parse(raw);
+    if (!url || (url.protocol !== 'http:' && url.protocol !== 'https:'))
+      throw new Error(`${name} must be an http or https URL`);
+    return url;
+  }
+  return undefined;
+}
+
+/** The longest `OTEL_METRIC_EXPORT_INTERVAL`, in ms: a day (a timer cannot wait past 2³¹ ms anyway). */
+const MAX_INTERVAL_MS = 86_400_000;
+
 /** `OTEL_METRIC_EXPORT_INTERVAL` in ms. @throws Error naming it (see {@link telemetryFromEnv}). */
 function intervalFrom(raw: string): number {
   const ms = Number(raw || DEFAULT_INTERVAL_MS);
-  if (!Number.isInteger(ms) || ms < 100)
-    throw new Error(`OTEL_METRIC_EXPORT_INTERVAL=${raw.slice(0, 20)} must be a whole number of ms, at least 100`);
+  if (!Number.isInteger(ms) || ms < 100 || ms > MAX_INTERVAL_MS)
+    throw new Error(
+      `OTEL_METRIC_EXPORT_INTERVAL=${raw.slice(0, 20)} must be a whole number of ms from 100 to ${MAX_INTERVAL_MS}`,
+    );
   return ms;
 }
 

@@ -37,6 +37,9 @@ export interface Traces {
   shutdown(timeoutMs: number): Promise<void>;
 }
 
+/** The longest attribute value or status message a span keeps, in characters. */
+const ATTRIBUTE_LENGTH = 256;
+
 const KINDS = { server: SpanKind.SERVER, client: SpanKind.CLIENT, internal: SpanKind.INTERNAL } as const;
 
 /**
@@ -49,6 +52,14 @@ export async function startTraces(cfg: Pusher & { sampler: Sampler; ratio: numbe
   context.setGlobalContextManager(contextManager);
   const provider = new TracerProvider({
     resource: resourceOf(cfg),
+    // A caller chooses some values (an event's id, an object's name): each is cut short, so the
+    // spans waiting for export cannot hold what the body budget keeps out of memory.
+    spanLimits: {
+      attributeValueLengthLimit: ATTRIBUTE_LENGTH,
+      attributeCountLimit: 32,
+      eventCountLimit: 0,
+      linkCountLimit: 0,
+    },
     sampler: samplerOf(cfg.sampler, cfg.ratio),
     spanProcessors: [new BatchSpanProcessor({ exporter: new OTLPTraceExporter() })],
   });
@@ -96,8 +107,9 @@ async function settle<T>(span: Span, work: () => Promise<T>): Promise<T> {
 /** The span a callback sees. */
 const handleOf = (span: Span, propagator: W3CTraceContextPropagator): SpanHandle => ({
   set: (attributes) => span.setAttributes(attributes),
-  rename: (name) => span.updateName(name),
-  fail: (description) => span.setStatus({ code: SpanStatusCode.ERROR, message: description }),
+  rename: (name) => span.updateName(name.slice(0, ATTRIBUTE_LENGTH)),
+  fail: (description) =>
+    span.setStatus({ code: SpanStatusCode.ERROR, message: description.slice(0, ATTRIBUTE_LENGTH) }),
   inject: (setHeader) =>
     propagator.inject(trace.setSpan(ROOT_CONTEXT, span), undefined, {
       set: (_carrier, key, value) => setHeader(key, value),

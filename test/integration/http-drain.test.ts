@@ -12,6 +12,7 @@ import assert from 'node:assert/strict';
 import { Agent, createServer, request, type IncomingHttpHeaders } from 'node:http';
 import { connect } from 'node:net';
 import { after, before, describe, it } from 'node:test';
+import { freePort } from '../../scripts/lib/ports.ts';
 import {
   closeServer,
   createApp,
@@ -419,6 +420,21 @@ describe('the drain deadline', () => {
     assert.ok(warned, fn.tail().join('\n'));
     assert.equal(warned.inFlight, 1);
     assert.equal(warned.drainSeconds, 1);
+    await delivery;
+  });
+
+  it('with telemetry on, the last push fits inside the deadline: a receiver that is down does not hold the stop past it', async () => {
+    const nobody = `http://127.0.0.1:${await freePort()}`;
+    const { fn } = await tapped('mirror-sync', { CAPTF_DRAIN_SECONDS: '2', OTEL_EXPORTER_OTLP_ENDPOINT: nobody });
+    const ns = await w.namespace();
+    const delivery = postEvents(fn.url, consumerEvent(fx.consumer('ghost', fx.inNamespace(ns)))).catch(() => {});
+    await sleep(300);
+    const t0 = performance.now();
+    fn.child.kill('SIGTERM');
+    assert.equal(await fn.exited, 1);
+    // The grace period is the deadline: before, the push's own 5 s came after the 2 s drain.
+    const stoppedMs = performance.now() - t0;
+    assert.ok(stoppedMs < 2_000 + 1_500, `stopped after ${Math.round(stoppedMs)} ms`);
     await delivery;
   });
 });

@@ -14,6 +14,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { startPrometheus, type Prometheus, type Sample } from '../../scripts/observability/prometheus.ts';
 import { OBSERVABILITY_COMPONENT, shippedRuleGroups } from '../../scripts/observability/stack.ts';
 import { IDENTITY_SELECTOR_ENV } from '../../functions/identity-status/index.ts';
@@ -220,7 +221,7 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
     });
     await assertNothingPlanted(isJob, planted);
   });
-  it('the shipped dashboard and alerts: no dead panel, every alert reads metrics that exist, and an unreadable source fires its alert', async () => {
+  it('the shipped dashboard and alerts: no dead panel, every alert reads metrics that exist, and an unreadable source fires its alert until the identity is gone', async () => {
     const dead: string[] = [];
     for (const panel of dashboard.panels) {
       if (!panel.targets) continue;
@@ -252,16 +253,28 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
       [IDENTITY_SELECTOR_ENV]: `captf.test/run=${run}`,
       ...otel(`captf-identity-status-${run}`),
     });
+    let refreshedWithoutIt = 0;
     await stopAfter(is, async () => {
-      assert.equal((await deliver(`http://127.0.0.1:${is.port}/`, pingEvent())).status, 200);
+      const ping = async () => assert.equal((await deliver(`http://127.0.0.1:${is.port}/`, pingEvent())).status, 200);
+      await ping();
+      await eventually('CaptfIdentitySourceUnreadable to fire', async () =>
+        (await prometheus.alerts()).some(
+          (a) => a.labels.alertname === 'CaptfIdentitySourceUnreadable' && a.state === 'firing',
+        ),
+      );
+      const notReady = (await prometheus.alerts()).find((a) => a.labels.alertname === 'CaptfIdentityNotReady');
+      assert.equal(notReady?.labels.captf_identity, id, 'the identity is named, pending its 10 minutes');
+      // Deleted: the next refresh no longer sees it, and its series end (no gauge left at 0 to alert on).
+      await w.delete(fx.identity(id));
+      await ping();
+      refreshedWithoutIt = Date.now() / 1000;
+      await sleep(1_000);
     });
-    await eventually('CaptfIdentitySourceUnreadable to fire', async () =>
-      (await prometheus.alerts()).some(
-        (a) => a.labels.alertname === 'CaptfIdentitySourceUnreadable' && a.state === 'firing',
-      ),
+    const last = await prometheus.query(`timestamp(captf_identity_ready{captf_identity="${id}"})`);
+    assert.ok(
+      last.length === 1 && last[0]!.value <= refreshedWithoutIt,
+      `no sample after the refresh that found it gone: ${JSON.stringify(last)} vs ${refreshedWithoutIt}`,
     );
-    const notReady = (await prometheus.alerts()).find((a) => a.labels.alertname === 'CaptfIdentityNotReady');
-    assert.equal(notReady?.labels.captf_identity, id, 'the identity is named, pending its 10 minutes');
   });
 });
 

@@ -47,8 +47,9 @@ describe('telemetryFromEnv', () => {
     assert.equal(telemetryFromEnv({ ...ENDPOINT, OTEL_METRICS_EXPORTER: 'none' }, 'admission')?.metrics, undefined);
   });
 
-  it('stays off when OpenTelemetry is disabled or both exporters are none', () => {
+  it('stays off when OpenTelemetry is disabled (in any case) or both exporters are none', () => {
     assert.equal(telemetryFromEnv({ ...ENDPOINT, OTEL_SDK_DISABLED: 'true' }, 'admission'), undefined);
+    assert.equal(telemetryFromEnv({ ...ENDPOINT, OTEL_SDK_DISABLED: 'TRUE' }, 'admission'), undefined);
     assert.equal(
       telemetryFromEnv({ ...ENDPOINT, OTEL_METRICS_EXPORTER: 'none', OTEL_TRACES_EXPORTER: 'none' }, 'admission'),
       undefined,
@@ -64,8 +65,26 @@ describe('telemetryFromEnv', () => {
     assert.deepEqual(traces({ OTEL_TRACES_SAMPLER: 'always_off' }), { sampler: 'always_off', ratio: 1 });
   });
 
-  it('refuses an interval that is not a whole number of ms from 100, an unknown sampler, or a ratio outside 0–1', () => {
-    for (const bad of ['0', '99', '1.5', 'soon'])
+  it('refuses what it cannot do instead of exporting nothing: a bad endpoint, another exporter or protocol', () => {
+    const refused = (env: Record<string, string>, pattern: RegExp) =>
+      assert.throws(() => telemetryFromEnv(env, 'admission'), pattern, JSON.stringify(env));
+    refused({ OTEL_EXPORTER_OTLP_ENDPOINT: 'not a url' }, /OTEL_EXPORTER_OTLP_ENDPOINT must be an http or https URL/);
+    refused({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: 'ftp://collector/v1/traces' }, /OTEL_EXPORTER_OTLP_TRACES_ENDPOINT/);
+    refused({ ...ENDPOINT, OTEL_METRICS_EXPORTER: 'prometheus' }, /only otlp/);
+    refused({ ...ENDPOINT, OTEL_EXPORTER_OTLP_PROTOCOL: 'grpc' }, /only http\/json/);
+    refused({ ...ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: 'http/protobuf' }, /OTEL_EXPORTER_OTLP_TRACES_PROTOCOL/);
+    // A signal switched off is not checked further.
+    assert.equal(
+      telemetryFromEnv(
+        { OTEL_EXPORTER_OTLP_ENDPOINT: 'bad', OTEL_METRICS_EXPORTER: 'none', OTEL_TRACES_EXPORTER: 'none' },
+        'x',
+      ),
+      undefined,
+    );
+  });
+
+  it('refuses an interval that is not a whole number of ms from 100 to a day, an unknown sampler, or a ratio outside 0–1', () => {
+    for (const bad of ['0', '99', '1.5', 'soon', '86400001', '3000000000'])
       assert.throws(
         () => telemetryFromEnv({ ...ENDPOINT, OTEL_METRIC_EXPORT_INTERVAL: bad }, 'admission'),
         /OTEL_METRIC_EXPORT_INTERVAL/,
