@@ -28,7 +28,7 @@ import {
   type Sampler as SdkSampler,
 } from '@opentelemetry/sdk-trace';
 import { resourceOf, shutdownWithin, type Pusher } from './otel-shared.ts';
-import type { Sampler, SpanHandle, SpanOptions, Tracing } from './telemetry.ts';
+import type { Sampler, SpanAttributes, SpanHandle, SpanOptions, Tracing } from './telemetry.ts';
 
 /** A running trace export and what records into it. */
 export interface Traces {
@@ -72,7 +72,7 @@ export async function startTraces(cfg: Pusher & { sampler: Sampler; ratio: numbe
         : context.active();
       const start = {
         kind: KINDS[opts.kind ?? 'internal'],
-        ...(opts.attributes ? { attributes: opts.attributes } : {}),
+        ...(opts.attributes ? { attributes: bounded(opts.attributes) } : {}),
       };
       const run = (span: Span) => settle(span, () => fn(handleOf(span, propagator)));
       return opts.leaf ? run(tracer.startSpan(name, start, parent)) : tracer.startActiveSpan(name, start, parent, run);
@@ -91,6 +91,22 @@ export async function startTraces(cfg: Pusher & { sampler: Sampler; ratio: numbe
   };
 }
 
+/**
+ * `text` cut at {@link ATTRIBUTE_LENGTH}, as a string of its own: V8 makes a long slice a view
+ * of the whole string it came from, so a span holding `id.slice(0, 256)` would keep a caller's
+ * 3 MB id alive in the export queue anyway.
+ */
+function cut(text: string): string {
+  return text.length <= ATTRIBUTE_LENGTH ? text : Buffer.from(text.slice(0, ATTRIBUTE_LENGTH)).toString();
+}
+
+/** `attributes` with every string value {@link cut}. */
+function bounded(attributes: SpanAttributes): SpanAttributes {
+  const out: SpanAttributes = {};
+  for (const [k, v] of Object.entries(attributes)) out[k] = typeof v === 'string' ? cut(v) : v;
+  return out;
+}
+
 /** Runs `work` and ends `span` once it settles; a failure marks the span failed and is passed on. */
 async function settle<T>(span: Span, work: () => Promise<T>): Promise<T> {
   try {
@@ -106,10 +122,9 @@ async function settle<T>(span: Span, work: () => Promise<T>): Promise<T> {
 
 /** The span a callback sees. */
 const handleOf = (span: Span, propagator: W3CTraceContextPropagator): SpanHandle => ({
-  set: (attributes) => span.setAttributes(attributes),
-  rename: (name) => span.updateName(name.slice(0, ATTRIBUTE_LENGTH)),
-  fail: (description) =>
-    span.setStatus({ code: SpanStatusCode.ERROR, message: description.slice(0, ATTRIBUTE_LENGTH) }),
+  set: (attributes) => span.setAttributes(bounded(attributes)),
+  rename: (name) => span.updateName(cut(name)),
+  fail: (description) => span.setStatus({ code: SpanStatusCode.ERROR, message: cut(description) }),
   inject: (setHeader) =>
     propagator.inject(trace.setSpan(ROOT_CONTEXT, span), undefined, {
       set: (_carrier, key, value) => setHeader(key, value),
