@@ -4,6 +4,7 @@
  * text in, a parsed request or a reason to refuse out; a decision in, a review out.
  */
 import type { Decision, IdentityRequest, UserInfo } from './decide.ts';
+import { isDns1123Subdomain } from '../lib/allowed-namespaces.ts';
 
 /** The only AdmissionReview version this webhook speaks (register it with `admissionReviewVersions: [v1]`). */
 export const ADMISSION_API_VERSION = 'admission.k8s.io/v1';
@@ -132,7 +133,8 @@ function optionalRequestFields(req: Record<string, unknown>): Partial<IdentityRe
  * @param body the raw request body (text).
  * @returns `ok` with the request; or 400 with a message when it is not JSON, not an
  *   `admission.k8s.io/v1` AdmissionReview, has no `request` or no `request.uid`; or a
- *   denial echoing the uid when `operation` or `userInfo` is missing or malformed (fail closed).
+ *   denial echoing the uid when `operation` or `userInfo` is missing or malformed, or
+ *   `name` is not an object name (fail closed).
  *   Messages never quote the body.
  */
 export function parseReview(body: unknown): ParsedReview {
@@ -156,6 +158,10 @@ export function parseReview(body: unknown): ParsedReview {
   if (typeof req.operation !== 'string' || req.operation === '') return refuse('request.operation is missing');
   const userInfo = readUserInfo(req.userInfo);
   if (typeof userInfo === 'string') return refuse(userInfo);
+  // The API server only names objects this way; anything else never came from it, and is not
+  // carried into lookups, messages or logs.
+  if (typeof req.name === 'string' && req.name !== '' && !isDns1123Subdomain(req.name))
+    return refuse('request.name is not an object name (a DNS-1123 subdomain of at most 253 characters)');
   return { ok: true, request: { uid, operation: req.operation, userInfo, ...optionalRequestFields(req) } };
 }
 

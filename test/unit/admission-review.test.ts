@@ -43,6 +43,14 @@ describe('parseReview: malformed reviews get a 400 or a denial echoing the uid',
       /extra\["k"\] must be a list/,
     ],
     ['missing operation', review({ ...good, operation: undefined }), 'deny', /operation is missing/],
+    // Only a caller other than the API server names an object so; it reaches no lookup and no message.
+    [
+      'a name that is no object name',
+      review({ ...good, operation: 'DELETE', name: 'n'.repeat(254) }),
+      'deny',
+      /request\.name is not an object name/,
+    ],
+    ['a name in capitals', review({ ...good, name: 'AWS' }), 'deny', /request\.name is not an object name/],
   ];
   for (const [name, body, expected, message] of rows) {
     it(name, () => {
