@@ -158,12 +158,18 @@ export function parseReview(body: unknown): ParsedReview {
   if (typeof req.operation !== 'string' || req.operation === '') return refuse('request.operation is missing');
   const userInfo = readUserInfo(req.userInfo);
   if (typeof userInfo === 'string') return refuse(userInfo);
-  // The API server only names objects this way; anything else never came from it, and is not
-  // carried into lookups, messages or logs.
-  if (typeof req.name === 'string' && req.name !== '' && !isDns1123Subdomain(req.name))
+  if (!namedAsTheApiServerNames(req.name))
     return refuse('request.name is not an object name (a DNS-1123 subdomain of at most 253 characters)');
   return { ok: true, request: { uid, operation: req.operation, userInfo, ...optionalRequestFields(req) } };
 }
+
+/**
+ * Whether `name` (a request's `name`) is absent or an object name: the API server only names
+ * objects this way, so anything else never came from it, and is not carried into lookups,
+ * messages or logs.
+ */
+const namedAsTheApiServerNames = (name: unknown): boolean =>
+  typeof name !== 'string' || name === '' || isDns1123Subdomain(name);
 
 /** An `admission.k8s.io/v1` AdmissionReview answer. */
 export interface AdmissionReviewResponse {
