@@ -120,11 +120,13 @@ const progress = (l: string) => console.error(l.startsWith('[') ? l : `[start] $
 let system: RunningSystem | undefined;
 let observability: Observability | undefined;
 const signal = stopOnSignal(
-  async () => {
-    await system?.stop();
-    await observability?.stop();
-    console.error('stopped.');
-  },
+  // While it starts there is nothing to stop yet (undefined): the start is aborted instead.
+  () =>
+    system &&
+    system
+      .stop()
+      .then(() => observability?.stop())
+      .then(() => console.error('stopped.')),
   (sig) =>
     console.error(
       `\n${sig}: stopping the adapter, the Broker's data plane, the functions${kubeconfig ? '' : values.serving ? ', Knative Serving, the node and the control plane' : ' and the control plane'}…`,
