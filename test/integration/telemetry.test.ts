@@ -73,6 +73,9 @@ const otel = (service: string) => ({
   OTEL_METRIC_EXPORT_INTERVAL: '200',
 });
 
+/** The labels an API request's count is keyed by. */
+const API_LABELS = ['captf_verb', 'captf_resource', 'http_response_status_code'] as const;
+
 /** The series of `promql` as `labels → value`, with `labels` the values of `keys` joined by `|`. */
 async function seriesOf(promql: string, keys: readonly string[]): Promise<Record<string, number>> {
   const samples: Sample[] = await prometheus.query(promql);
@@ -128,11 +131,7 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
       'every answer, by route and code',
     );
     assert.deepEqual(
-      await seriesOf(`captf_api_request_duration_seconds_count{${job}}`, [
-        'captf_verb',
-        'captf_resource',
-        'http_response_status_code',
-      ]),
+      await seriesOf(`captf_api_request_duration_seconds_count{${job}}`, API_LABELS),
       { 'create|subjectaccessreviews|201': 1 },
       'its one API request',
     );
@@ -191,11 +190,7 @@ describe('metrics pushed over OTLP to a real Prometheus (SPEC §13)', () => {
     assert.deepEqual(await seriesOf(`captf_reconciles_total{${msJob}}`, ['captf_result']), { done: 6 });
     assert.deepEqual(await seriesOf(`captf_reconcile_duration_seconds_count{${msJob}}`, ['captf_result']), { done: 5 });
     assert.deepEqual(await seriesOf(`captf_queue_depth{${msJob}}`, []), { '': 0 }, 'nothing left in the queue');
-    const api = await seriesOf(`captf_api_request_duration_seconds_count{${msJob}}`, [
-      'captf_verb',
-      'captf_resource',
-      'http_response_status_code',
-    ]);
+    const api = await seriesOf(`captf_api_request_duration_seconds_count{${msJob}}`, API_LABELS);
     assert.equal(api['create|secrets|201'], 2, JSON.stringify(api));
     assert.equal(api['delete|secrets|200'], 1, JSON.stringify(api));
     await assertNothingPlanted(msJob, planted.toLowerCase());
