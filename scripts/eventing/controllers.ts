@@ -15,6 +15,8 @@ import { oidcServiceAccountName } from '../../functions/lib/senders.ts';
 export interface Destination {
   ref?: { apiVersion?: string; kind: string; name: string; namespace?: string };
   uri?: string;
+  /** The audience a delivery to it is signed for (knative.dev/pkg AddressableFromDestinationV1 keeps it). */
+  audience?: string;
 }
 
 /** A `DeliverySpec` (eventing duck v1). */
@@ -140,12 +142,13 @@ export const filterUrl = (a: DataPlaneAddresses, t: KubernetesObject): string =>
  */
 export const chosenDelivery = (t: Trigger, b: Broker): Delivery | undefined => t.spec.delivery ?? b.spec?.delivery;
 
-/**
- * The Trigger's `status.deadLetterSinkUri`: its own sink resolved, or else the Broker's
- * (pkg/reconciler/broker/trigger/trigger.go resolveDeadLetterSink).
- */
+/** The dead-letter sink a Trigger's dead letters go to: its own, or else the Broker's (trigger.go resolveDeadLetterSink). */
+const triggerDeadLetterSink = (t: Trigger, b: Broker): Destination | undefined =>
+  t.spec.delivery?.deadLetterSink ?? b.spec?.delivery?.deadLetterSink;
+
+/** The Trigger's `status.deadLetterSinkUri`: {@link triggerDeadLetterSink} resolved. */
 export function triggerDeadLetterSinkUri(t: Trigger, b: Broker, resolveRef: RefResolver): string | undefined {
-  const dls = t.spec.delivery?.deadLetterSink ?? b.spec?.delivery?.deadLetterSink;
+  const dls = triggerDeadLetterSink(t, b);
   return dls ? resolveDestination(dls, resolveRef) : undefined;
 }
 
@@ -154,13 +157,22 @@ export function triggerDeadLetterSinkUri(t: Trigger, b: Broker, resolveRef: RefR
  * or else the channel's (= the Broker's) (pkg/reconciler/subscription/subscription.go
  * resolveDeadLetterSink); retry, backoff and timeouts come from the Subscription's delivery
  * only (deliverySpec). So a Trigger with its own delivery but no sink still dead-letters to
- * the Broker's sink, with its own retry settings.
+ * the Broker's sink, with its own retry settings. A sink of the chosen delivery is the filter's
+ * `…/dls` path, as the Trigger reconciler sets it with `authentication-oidc` (trigger.go
+ * subscribeToBrokerChannel): the filter then sends the dead letter on to the Trigger's sink,
+ * signed as the Trigger for the sink's audience (filter_handler.go handleDispatchToDLSRequest).
  */
-export function subscriberDelivery(t: Trigger, b: Broker, resolveRef: RefResolver): Delivery | undefined {
+export function subscriberDelivery(
+  t: Trigger,
+  b: Broker,
+  { addresses, resolveRef }: { addresses: DataPlaneAddresses; resolveRef: RefResolver },
+): Delivery | undefined {
   const chosen = chosenDelivery(t, b);
   if (!chosen) return undefined;
-  const dls = chosen.deadLetterSink ?? b.spec?.delivery?.deadLetterSink;
-  const out: Delivery = dls ? { deadLetterSink: { uri: resolveDestination(dls, resolveRef) } } : {};
+  const uri = chosen.deadLetterSink
+    ? `${filterUrl(addresses, t)}/dls`
+    : b.spec?.delivery?.deadLetterSink && resolveDestination(b.spec.delivery.deadLetterSink, resolveRef);
+  const out: Delivery = uri ? { deadLetterSink: { uri } } : {};
   for (const k of ['retry', 'backoffPolicy', 'backoffDelay', 'timeout', 'retryAfterMax'] as const)
     if (chosen[k] !== undefined) Object.assign(out, { [k]: chosen[k] });
   return Object.keys(out).length ? out : undefined;
@@ -177,7 +189,7 @@ export function channelSubscriber(
   b: Broker,
   { addresses, resolveRef }: { addresses: DataPlaneAddresses; resolveRef: RefResolver },
 ): Record<string, unknown> {
-  const delivery = subscriberDelivery(t, b, resolveRef);
+  const delivery = subscriberDelivery(t, b, { addresses, resolveRef });
   return {
     uid: t.metadata!.uid,
     generation: t.metadata!.generation ?? 1,
@@ -270,6 +282,7 @@ export function brokerStatus(b: Broker, imc: KubernetesObject, ctx: StatusContex
     },
     address: { name: 'http', url: brokerAddress(ctx.addresses, b) },
     ...(dls ? { deadLetterSinkUri: resolveDestination(dls, ctx.resolveRef) } : {}),
+    ...(dls?.audience ? { deadLetterSinkAudience: dls.audience } : {}),
     conditions: readyConditions(CONDITIONS.Broker, ctx.now),
   };
 }
@@ -285,13 +298,14 @@ export function brokerStatus(b: Broker, imc: KubernetesObject, ctx: StatusContex
  * (that would need the API server's OIDC discovery from these processes).
  */
 export function triggerStatus(t: Trigger, b: Broker, ctx: StatusContext): Record<string, unknown> {
-  const dls = triggerDeadLetterSinkUri(t, b, ctx.resolveRef);
+  const dls = triggerDeadLetterSink(t, b);
   const audience = t.spec.subscriber.audience;
   return {
     ...observed(t),
     subscriberUri: resolveDestination(t.spec.subscriber, ctx.resolveRef),
     ...(audience ? { subscriberAudience: audience } : {}),
-    ...(dls ? { deadLetterSinkUri: dls } : {}),
+    ...(dls ? { deadLetterSinkUri: resolveDestination(dls, ctx.resolveRef) } : {}),
+    ...(dls?.audience ? { deadLetterSinkAudience: dls.audience } : {}),
     auth: { serviceAccountName: oidcServiceAccountName(t.metadata!.name!) },
     conditions: readyConditions(CONDITIONS.Trigger, ctx.now),
   };

@@ -40,6 +40,8 @@ const addresses = {
   dispatcher: 'http://127.0.0.1:4000',
 };
 const now = new Date('2026-01-02T03:04:05.678Z');
+/** The filter's URL for Trigger `t` below. */
+const FILTER_T = 'http://127.0.0.1:3000/triggers/ns/t/t-uid';
 
 const broker = (delivery?: Delivery, annotations?: Record<string, string>): Broker => ({
   apiVersion: 'eventing.knative.dev/v1',
@@ -61,9 +63,9 @@ const brokerDelivery: Delivery = {
 };
 
 describe('the eventing controllers stand-in', () => {
-  it("gives a Trigger without delivery the Broker's, its dead-letter sink resolved to a URI", () => {
-    assert.deepEqual(subscriberDelivery(trigger(), broker(brokerDelivery), resolveRef), {
-      deadLetterSink: { uri: URLS.bdls },
+  it("gives a Trigger without delivery the Broker's, its dead-letter sink the filter's path for the Trigger", () => {
+    assert.deepEqual(subscriberDelivery(trigger(), broker(brokerDelivery), { addresses, resolveRef }), {
+      deadLetterSink: { uri: `${FILTER_T}/dls` },
       retry: 2,
       backoffPolicy: 'linear',
       backoffDelay: 'PT2S',
@@ -73,20 +75,24 @@ describe('the eventing controllers stand-in', () => {
 
   it("keeps a Trigger's own delivery whole, and falls back to the Broker's sink only for the sink", () => {
     const own: Delivery = { retry: 5, backoffPolicy: 'exponential', backoffDelay: 'PT1S', timeout: 'PT10S' };
-    assert.deepEqual(subscriberDelivery(trigger(own), broker(brokerDelivery), resolveRef), {
+    assert.deepEqual(subscriberDelivery(trigger(own), broker(brokerDelivery), { addresses, resolveRef }), {
       deadLetterSink: { uri: URLS.bdls },
       ...own,
     });
-    const withSink = { ...own, deadLetterSink: svc('dls') };
+    const withSink = { ...own, deadLetterSink: { ...svc('dls'), audience: 'dls-audience' } };
     assert.equal(
-      subscriberDelivery(trigger(withSink), broker(brokerDelivery), resolveRef)?.deadLetterSink?.uri,
-      URLS.dls,
+      subscriberDelivery(trigger(withSink), broker(brokerDelivery), { addresses, resolveRef })?.deadLetterSink?.uri,
+      `${FILTER_T}/dls`,
+      'the filter sends it on, signed as the Trigger',
     );
     assert.equal(triggerDeadLetterSinkUri(trigger(withSink), broker(brokerDelivery), resolveRef), URLS.dls);
+    const ts = triggerStatus(trigger(withSink), broker(brokerDelivery), { addresses, resolveRef, now });
+    assert.equal(ts.deadLetterSinkUri, URLS.dls);
+    assert.equal(ts.deadLetterSinkAudience, 'dls-audience', 'the audience the filter signs the dead letter for');
   });
 
   it('gives no delivery when neither the Trigger nor the Broker has one', () => {
-    assert.equal(subscriberDelivery(trigger(), broker(), resolveRef), undefined);
+    assert.equal(subscriberDelivery(trigger(), broker(), { addresses, resolveRef }), undefined);
     assert.equal(triggerDeadLetterSinkUri(trigger(), broker(), resolveRef), undefined);
     assert.equal('delivery' in channelSubscriber(trigger(), broker(), { addresses, resolveRef }), false);
   });
@@ -121,7 +127,12 @@ describe('the eventing controllers stand-in', () => {
         generation: 3,
         subscriberUri: 'http://127.0.0.1:3000/triggers/ns/t/t-uid',
         replyUri: 'http://127.0.0.1:2000/ns/captf',
-        delivery: { deadLetterSink: { uri: URLS.bdls }, retry: 2, backoffPolicy: 'linear', backoffDelay: 'PT2S' },
+        delivery: {
+          deadLetterSink: { uri: `${FILTER_T}/dls` },
+          retry: 2,
+          backoffPolicy: 'linear',
+          backoffDelay: 'PT2S',
+        },
       },
     ]);
   });
