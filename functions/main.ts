@@ -1,7 +1,7 @@
 /**
  * Entry point of every function, in the container and locally:
  * `node functions/main.ts <function>` (or `npm run function -- <function>`), where
- * <function> is `admission`, `mirror-sync` or `identity-status`. Configuration comes from
+ * <function> is `admission`, `mirror-sync`, `identity-status` or `dead-letters`. Configuration comes from
  * the environment (docs/configuration.md); exits 2 on an unknown function name or bad
  * configuration. SIGTERM drains: nothing new is accepted, answers in flight finish, then the
  * process exits 0 (1 if the `CAPTF_DRAIN_SECONDS` deadline passed first). With an OpenTelemetry
@@ -18,6 +18,7 @@ const FUNCTIONS: Record<string, () => Promise<{ start(opts: StartOptions): Promi
   'mirror-sync': () => import('./mirror-sync/index.ts'),
   admission: () => import('./admission/index.ts'),
   'identity-status': () => import('./identity-status/index.ts'),
+  'dead-letters': () => import('./dead-letters/index.ts'),
 };
 
 const name = process.argv[2] ?? '';

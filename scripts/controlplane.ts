@@ -6,8 +6,7 @@
  *   with the product image imported; the kubeconfig still names 127.0.0.1.
  * - `--serving` (root): a cluster to install the product into as the README says: the node with
  *   Knative Serving, Knative Eventing's own installation, cert-manager's stand-in and a registry
- *   (`localhost:<port>` from here and from the node; Knative's `event_display` mirrored into it,
- *   since the node has no way out), and nothing of the project's, CRDs included.
+ *   (`localhost:<port>` from here and from the node), and nothing of the project's, CRDs included.
  */
 import { parseArgs } from 'node:util';
 import { stopOnSignal } from './lib/process.ts';

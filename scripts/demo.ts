@@ -99,7 +99,7 @@ process.exit(failed === 0 ? 0 : 1);
 /** The walkthrough: each step a named function below, stopping at the first that fails. */
 async function run(): Promise<void> {
   const ok = await step(
-    "start a fresh control plane, the CRDs, the three functions, the webhook, and Knative's adapter and Broker",
+    "start a fresh control plane, the CRDs, the four functions, the webhook, and Knative's adapter and Broker",
     startTheSystem,
   );
   if (!ok || !system) return;

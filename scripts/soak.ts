@@ -26,7 +26,7 @@ import { FUZZ_ENV, fuzzTargets, newTallies, tallyLine, type LogTally } from './s
 import { FUNCTION_NAMES, startSystem, type FunctionName, type RunningSystem } from './system/system.ts';
 import { REPO_ROOT } from './tools/build.ts';
 
-/** Cases per function by default (three functions: ≥ 10 000 in all). */
+/** Cases per function by default (four functions: ≥ 16 000 in all). */
 export const DEFAULT_CASES = 4_000;
 
 interface Options {

@@ -1,7 +1,7 @@
 /**
  * `npm start [-- options]`: the whole system on this machine (SPEC §14). Builds what is
  * missing (the control plane, Knative's ApiServerSource adapter and Broker data plane), starts
- * an embedded control plane, installs the CRDs, runs the three functions from the container's
+ * an embedded control plane, installs the CRDs, runs the four functions from the container's
  * entrypoint and wires them as Knative does, every event through Knative's real Broker
  * (./system/system.ts), then prints one line per thing that happens until Ctrl-C, which stops
  * everything it started.
@@ -205,9 +205,9 @@ ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')})
   console.log(`
 ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'cluster'} ${system.server}
   export KUBECONFIG=${system.kubeconfigPath}
-  functions: admission ${f.admission.url}/validate (webhook ${system.webhook ? 'registered' : 'NOT registered'}), mirror-sync ${f['mirror-sync'].url}, identity-status ${f['identity-status'].url}
+  functions: admission ${f.admission.url}/validate (webhook ${system.webhook ? 'registered' : 'NOT registered'}), mirror-sync ${f['mirror-sync'].url}, identity-status ${f['identity-status'].url}, dead-letters ${f['dead-letters'].url}
   events: Knative's ApiServerSource adapter → Broker captf (ingress, filter, in-memory channel) → Triggers; pings: mtping, status every ${values.status} (${broker.schedules.status}), resync every ${values.resync} (${broker.schedules.resync})
-  broker: ${broker.url} (dead letters print as dead-letter lines)${
+  broker: ${broker.url} (dead letters print as dead-letters lines)${
     system.controlPlane
       ? `
   try: kubectl apply -f examples/ && kubectl get terraformclusters -A${

@@ -5,16 +5,11 @@
  * its senders only: lib/sender-gate.ts),
  * `GET /healthz`. Start with `npm run function -- identity-status`.
  */
-import { createServer } from 'node:http';
 import { consumerKindsFromEnv } from '../lib/consumers.ts';
 import {
-  closeServer,
   createApp,
   readEvents,
-  errorHandler,
-  limitIdleConnections,
-  listen,
-  serverOptions,
+  servePlain,
   startSettings,
   type FunctionHandle,
   type StartOptions,
@@ -66,9 +61,5 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     readEvents(),
     handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }),
   );
-  app.use(errorHandler(logger));
-  const server = createServer(serverOptions(), app);
-  limitIdleConnections(server);
-  const port = await listen(server, wanted, opts.host);
-  return { server, port, scheme: 'http', logger, close: (deadlineMs) => closeServer(server, deadlineMs) };
+  return servePlain(app, logger, wanted, opts.host);
 }

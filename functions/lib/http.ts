@@ -6,7 +6,7 @@
  * connections, answers in flight finished, exit within a deadline.
  */
 import { randomUUID } from 'node:crypto';
-import type { Server } from 'node:http';
+import { createServer, type Server } from 'node:http';
 import express, {
   type ErrorRequestHandler,
   type Express,
@@ -20,7 +20,13 @@ import type { KubeConfig } from '@kubernetes/client-node';
 import { describeError } from './api-errors.ts';
 import { PING_EVENT_TYPE } from './cloudevents.ts';
 import { countJsonContainers, MAX_JSON_CONTAINERS, processBodyBudget, type BodyBudget } from './body-memory.ts';
-import { answersInFlight, refusedWhileDraining } from './connections.ts';
+import {
+  answersInFlight,
+  closeServer,
+  limitIdleConnections,
+  refusedWhileDraining,
+  serverOptions,
+} from './connections.ts';
 import { loadKubeConfig } from './kube.ts';
 import type { Logger } from './log.ts';
 import { retryAfterHeader } from './retry-after.ts';
@@ -458,4 +464,18 @@ export function listen(server: Server, port: number, host = '0.0.0.0'): Promise<
       res(typeof addr === 'object' && addr ? addr.port : port);
     });
   });
+}
+
+/**
+ * Serves `app` over plain HTTP as the event functions do: {@link errorHandler} last, the
+ * connection limits of ./connections.ts, bound to `port` (0 = any free) on `host`.
+ * @returns the running function; `close()` drains it ({@link closeServer}).
+ * @throws the listen error (e.g. EADDRINUSE).
+ */
+export async function servePlain(app: Express, logger: Logger, port: number, host?: string): Promise<FunctionHandle> {
+  app.use(errorHandler(logger));
+  const server = createServer(serverOptions(), app);
+  limitIdleConnections(server);
+  const bound = await listen(server, port, host);
+  return { server, port: bound, scheme: 'http', logger, close: (deadlineMs) => closeServer(server, deadlineMs) };
 }

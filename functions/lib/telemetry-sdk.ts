@@ -125,6 +125,11 @@ function instruments(meter: Meter, observed: { queueDepth: () => number | undefi
     writes: count('captf.mirror.writes', '{request}', 'Requests to mirror Secrets, by kind and result.'),
     statuses: count('captf.consumer.status.writes', '{write}', "Consumers' conditions written, by outcome."),
     coalesced: count('captf.queue.coalesced', '{request}', "Requests folded into a name's follow-up run."),
+    deadLetters: count(
+      'captf.dead_letters',
+      '{event}',
+      'Events the Broker gave up on, by the function they were for, type and last HTTP status.',
+    ),
   };
 }
 
@@ -161,6 +166,8 @@ function recorderOf(i: Instruments, identities: IdentityGauges): Meters {
       for (const [reason, n] of view.full.byReason) identities.byReason.set(reason, n);
     },
     started: (s) => i.startup.record(s),
+    deadLetter: ({ target, type, code }) =>
+      i.deadLetters.add(1, { 'captf.function': target, 'captf.event_type': type, 'captf.code': code }),
   };
 }
 

@@ -107,6 +107,11 @@ export interface Meters {
   identities(view: IdentityView): void;
   /** The process started and is listening (`captf.process.startup.duration`, seconds). */
   started(seconds: number): void;
+  /**
+   * One dead letter taken (`captf.dead_letters`), by the function it was for, its event type and
+   * Knative's last HTTP status; each label from a bounded set (dead-letters/describe.ts).
+   */
+  deadLetter(labels: { target: string; type: string; code: string }): void;
 }
 
 /** What one refresh of identity-status saw. */
@@ -152,6 +157,7 @@ export const NO_METERS: Meters = {
   coalesced: () => undefined,
   identities: () => undefined,
   started: () => undefined,
+  deadLetter: () => undefined,
 };
 const NOOP: Recorder = { ...NO_METERS, ...NO_TRACES };
 let recorder: Recorder = NOOP;

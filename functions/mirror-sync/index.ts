@@ -4,19 +4,14 @@
  * manager before a Job starts (its caller authenticated and authorized first: prepare-gate.ts),
  * `GET /healthz`. Started by `functions/main.ts mirror-sync`.
  */
-import { createServer } from 'node:http';
 import { discoverConsumerKinds, kindName, setPageSizeFromEnv } from '../lib/consumers.ts';
 import {
-  closeServer,
   createApp,
   JSON_TYPES,
   readBody,
   readEvents,
-  errorHandler,
-  limitIdleConnections,
-  listen,
   sendOutcome,
-  serverOptions,
+  servePlain,
   startSettings,
   type FunctionHandle,
   type StartOptions,
@@ -89,9 +84,5 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
     const body = typeof req.body === 'string' ? req.body : '';
     sendOutcome(res, await prepare(deps, scheduler, body, (kind, r) => gate.authorize(caller, kind, r)));
   });
-  app.use(errorHandler(logger));
-  const server = createServer(serverOptions(), app);
-  limitIdleConnections(server);
-  const port = await listen(server, wanted, opts.host);
-  return { server, port, scheme: 'http', logger, close: (deadlineMs) => closeServer(server, deadlineMs) };
+  return servePlain(app, logger, wanted, opts.host);
 }

@@ -67,7 +67,7 @@ export interface ImageDefinition {
 const NODE_DIR = join(REPO_ROOT, 'node_modules', 'node');
 const readJson = (file: string) => JSON.parse(readFileSync(file, 'utf8')) as { version: string };
 
-/** The pinned Knative versions: Eventing (the dead-letter sink) and Serving. */
+/** The pinned Knative versions: Eventing and Serving. */
 const [EVENTING_VERSION, SERVING_VERSION] = [TOOLS.knative[0]!, TOOLS.serving[0]!].map((t) => pinnedVersion(t));
 
 /** The version of the `node` devDependency, whose binary the product image runs. */
@@ -197,7 +197,6 @@ export const SERVING_PROGRAMS = ['activator', 'autoscaler', 'controller', 'queue
 export type ImageName =
   | 'captf-credentials'
   | 'pause'
-  | 'event-display'
   | 'apiserver-receive-adapter'
   | `serving-${(typeof SERVING_PROGRAMS)[number]}`
   | keyof typeof EVENTING_PROGRAMS;
@@ -210,7 +209,7 @@ const VERSION = readJson(join(REPO_ROOT, 'package.json')).version;
 /**
  * Every image. Names are `ko.local/…` with a fixed tag: Knative Serving resolves no digest for
  * that registry, and a node with `imagePullPolicy: IfNotPresent` uses the imported image.
- * Knative's own (Serving's programs, the dead-letter sink's event_display) carry the version
+ * Knative's own (Serving's and Eventing's programs) carry the version
  * of the module they are built from.
  */
 export const IMAGES: Readonly<Record<ImageName, ImageDefinition>> = {
@@ -221,7 +220,6 @@ export const IMAGES: Readonly<Record<ImageName, ImageDefinition>> = {
     config: { Entrypoint: ['/pause'], User: '65535:65535', WorkingDir: '/' },
     stage: stagePause,
   },
-  'event-display': goProgramImage('knative', 'event_display', `ko.local/event-display:${EVENTING_VERSION}`),
   'apiserver-receive-adapter': goProgramImage(
     'knative',
     'apiserver_receive_adapter',

@@ -16,8 +16,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { freePort } from './ports.ts';
 
-/** The functions `dist/main.mjs` serves (functions/main.ts). */
-export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status'] as const;
+/** The functions `dist/main.mjs` serves (functions/main.ts), in the order a system starts them. */
+export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status', 'dead-letters'] as const;
 
 /** A kubeconfig naming a server that is never asked: a function starts with it and answers /healthz. */
 export const PLACEHOLDER_KUBECONFIG = `apiVersion: v1

@@ -85,6 +85,22 @@ function otherLine(component: string, j: Json, { level, message }: { level: stri
 }
 
 /**
+ * A dead letter (functions/dead-letters) as a warning line: the event's type and object, which
+ * Trigger gave up on which function, with Knative's `knativeerrorcode` and the function's own `error`.
+ */
+function deadLetter(component: string, j: Json): Printed {
+  const by = j.trigger ? ` by Trigger ${str(j.trigger)}` : '';
+  const target = str(j.for) !== 'other' ? str(j.for) : str(j.destination);
+  const why = j.error ? `: ${str(j.error)}` : '';
+  return {
+    debug: false,
+    component,
+    subject: str(j.about),
+    text: `warn: ${str(j.type)} given up${by}${target && ` to ${target}`} (knativeerrorcode=${str(j.code) || 'none'})${why}`,
+  };
+}
+
+/**
  * Reads the log lines of the functions and remembers, per consumer, the last outcome seen,
  * so a line is printed only when it changed.
  */
@@ -114,6 +130,8 @@ export class LogPrinter {
         return { debug: true, component, subject: 'resync', text: summary(j, RESYNC_FIELDS) };
       case 'refresh done':
         return { debug: true, component, subject: 'refresh', text: summary(j, REFRESH_FIELDS) };
+      case 'dead letter':
+        return deadLetter(component, j);
       default:
         return otherLine(component, j, { level, message });
     }
@@ -278,26 +296,6 @@ export function adapterLine(name: string, raw: string): Printed | undefined {
  */
 export function dataPlaneLine(binary: string, raw: string): Printed | undefined {
   return knativeLine({ component: 'events', subject: binary }, raw, DATA_PLANE_BENIGN);
-}
-
-/**
- * A dead letter as a warning line: the event's type and object, which Trigger gave up on
- * which function, with Knative's `knativeerrorcode` and the function's own `error`.
- * @param destination the failed subscriber's name (the function), or its URL.
- */
-export function deadLetterLine(
-  d: { type: string; about: string; code: string; trigger?: string; error?: string },
-  destination: string | undefined,
-): Printed {
-  const by = d.trigger ? ` by Trigger ${d.trigger}` : '';
-  const to = destination ? ` to ${destination}` : '';
-  const why = d.error ? `: ${d.error}` : '';
-  return {
-    debug: false,
-    component: 'dead-letter',
-    subject: d.about,
-    text: `warn: ${d.type} given up${by}${to} (knativeerrorcode=${d.code || 'none'})${why}`,
-  };
 }
 
 /** The level (lower case) and text of one Knative line: zap JSON, klog, or plain text (info). */

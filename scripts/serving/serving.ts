@@ -212,23 +212,3 @@ async function servingReady(kc: KubeConfig, t: { traefik: ChildProcess; log: str
       500,
     );
 }
-
-/** Serving's own list of registries whose tags it does not resolve (`config-deployment`'s default). */
-const SKIPPED_BY_DEFAULT = ['kind.local', 'ko.local', 'dev.local'];
-
-/**
- * Has Serving use the images of `registries` as written instead of asking those registries for
- * a tag's digest (`config-deployment`'s `registries-skipping-tag-resolving`, read by Serving's
- * controller as it changes), as an air-gapped cluster whose nodes pull such images from a
- * mirror is set up. Applied under a manager of its own, so Serving's other settings stay.
- */
-export async function skipTagResolving(kc: KubeConfig, registries: readonly string[]): Promise<void> {
-  const list = [...SKIPPED_BY_DEFAULT, ...registries].join(',');
-  const patch = {
-    apiVersion: 'v1',
-    kind: 'ConfigMap',
-    metadata: { name: 'config-deployment', namespace: SERVING_NAMESPACE },
-    data: { 'registries-skipping-tag-resolving': list },
-  };
-  await serverSideApply(kc, patch, 'captf-air-gap');
-}

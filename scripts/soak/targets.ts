@@ -1,5 +1,5 @@
 /**
- * The three functions as fuzz targets: each with the arbitraries and checks that fit it, and
+ * The functions as fuzz targets: each with the arbitraries and checks that fit it, and
  * what each prints tallied. The soak and the hostile-input test start the functions with the
  * one system starter (scripts/system/system.ts) and {@link FUZZ_ENV}: admission serves plain
  * HTTP (TLS is the same express app behind `https.createServer`); identity-status is scoped by
@@ -28,7 +28,7 @@ export interface LogTally {
 /** Empty tallies, one per function. */
 export function newTallies(): Record<FunctionName, LogTally> {
   const tally = () => ({ levels: {}, errors: [] });
-  return { admission: tally(), 'mirror-sync': tally(), 'identity-status': tally() };
+  return { admission: tally(), 'mirror-sync': tally(), 'identity-status': tally(), 'dead-letters': tally() };
 }
 
 /** Counts one output line of a function by level, keeping error messages. */
@@ -48,6 +48,7 @@ export const FUZZ_ENV: Partial<Record<FunctionName, Record<string, string>>> = {
   admission: { CAPTF_ADMISSION_PLAIN_HTTP: 'true', LOG_LEVEL: 'info' },
   'mirror-sync': { [EVENT_AUTH_ENV]: 'off', LOG_LEVEL: 'info' },
   'identity-status': { [EVENT_AUTH_ENV]: 'off', CAPTF_STATUS_IDENTITY_SELECTOR: SCOPE, LOG_LEVEL: 'info' },
+  'dead-letters': { [EVENT_AUTH_ENV]: 'off', LOG_LEVEL: 'info' },
 };
 
 /** The uid an AdmissionReview body asks to be echoed, when it is a usable one. */
@@ -86,7 +87,8 @@ const expect2xx = (a: Answer): string | undefined =>
   a.status >= 200 && a.status < 300 ? undefined : `HTTP ${a.status} ${a.error ?? ''} ${a.text.slice(0, 200)}`;
 
 /**
- * The fuzz targets of the three running functions.
+ * The fuzz targets of the running functions. dead-letters takes whatever mirror-sync would be
+ * sent (a dead letter is such an event): anything readable is 202, nothing is a 5xx.
  * @param urls each function's base URL (admission's plain HTTP, {@link FUZZ_ENV}).
  * @param authorization `Bearer <token>` of a caller allowed to prepare.
  */
@@ -122,6 +124,17 @@ export function fuzzTargets(urls: Record<FunctionName, string>, authorization: s
         { arbitrary: wellFormedEvents('identity-status'), weight: 3 },
       ),
       knownGood: (i) => knownGoodEvent('identity-status', `good-${i}`),
+      checkKnownGood: expect2xx,
+    },
+    {
+      name: 'dead-letters',
+      url: urls['dead-letters'],
+      bodyLimit: DEFAULT_BODY_LIMIT,
+      cases: fc.oneof(
+        { arbitrary: hostileEvents('mirror-sync'), weight: 6 },
+        { arbitrary: wellFormedEvents('mirror-sync'), weight: 3 },
+      ),
+      knownGood: (i) => knownGoodEvent('mirror-sync', `good-${i}`),
       checkKnownGood: expect2xx,
     },
   ];

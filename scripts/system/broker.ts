@@ -3,8 +3,8 @@
  * Triggers and PingSources on Knative Eventing's own data plane (scripts/eventing/: ingress,
  * in-memory channel, filter, mtping), fed by Knative's ApiServerSource adapter configured from
  * the rendered `captf-objects` ApiServerSource, with the Triggers' retries, back-off and
- * dead-letter sink (scripts/local/dead-letters.ts). The Knative Services the Triggers name
- * resolve to the functions on their loopback ports. Nothing here delivers, retries or
+ * dead-letter sink. The Knative Services the Triggers and their dead-letter sink name resolve
+ * to the functions on their loopback ports. Nothing here delivers, retries or
  * schedules an event itself.
  */
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
@@ -19,9 +19,8 @@ import { serviceAccountToken } from '../lib/serviceaccount.ts';
 import type { Steps } from '../lib/steps.ts';
 import { sleep } from '../lib/wait.ts';
 import type { TestNode } from '../node/node.ts';
-import { startDeadLetterSink, type DeadLetter } from '../local/dead-letters.ts';
 import { pingMessage, waitForWatchCaches, watchPaths } from '../local/events.ts';
-import { adapterLine, dataPlaneLine, deadLetterLine, formatLine, type Printed } from '../local/print.ts';
+import { adapterLine, dataPlaneLine, type Printed } from '../local/print.ts';
 
 /** PingSource names, as in the manifests (manifests/base/eventing.yaml). */
 export const PINGS = { status: 'captf-identity-status', resync: 'captf-resync' } as const;
@@ -38,8 +37,8 @@ export interface BrokerContext {
   /** The admin kubeconfig file (the data plane's processes). */
   kubeconfigPath: string;
   rendered: readonly KubernetesObject[];
-  /** The functions the Triggers deliver to, by name. */
-  subscribers: Record<'mirror-sync' | 'identity-status', string>;
+  /** The functions the Triggers deliver to, and their dead-letter sink, by name. */
+  subscribers: Record<'mirror-sync' | 'identity-status' | 'dead-letters', string>;
   /** The PingSources' schedules. */
   schedules: Record<keyof typeof PINGS, string>;
   /** The system's steps, where the undo of what starts here goes. */
@@ -51,8 +50,8 @@ export interface BrokerContext {
 }
 
 /**
- * The dead-letter sink, then the Broker's data plane with the rendered Broker, Triggers and
- * PingSources, the Knative Services they name resolved to the functions and the sink. The data
+ * The Broker's data plane with the rendered Broker, Triggers and
+ * PingSources, the Knative Services they name resolved to the functions. The data
  * plane's warnings and errors are printed (known start-up noise aside: print.ts dataPlaneLine),
  * the rest is debug.
  * @returns the Broker's address where the data plane runs (`url`) and from this machine (`hostUrl`),
@@ -62,7 +61,6 @@ export async function startBroker(
   ctx: BrokerContext,
 ): Promise<{ url: string; logs: Record<EventingComponent, string[]> }> {
   await createNamespaceAsApplied(ctx.kc, ctx.rendered);
-  const deadLetters = await localDeadLetterSink(ctx);
   ctx.progress("starting Knative's Broker data plane: broker-ingress, broker-filter, imc-dispatcher, mtping");
   const dp = await startEventingDataPlane({
     kubeconfigPath: ctx.kubeconfigPath,
@@ -71,7 +69,7 @@ export async function startBroker(
     sinks: {
       'captf-mirror-sync': ctx.subscribers['mirror-sync'],
       'captf-identity-status': ctx.subscribers['identity-status'],
-      'captf-dead-letters': deadLetters,
+      'captf-dead-letters': ctx.subscribers['dead-letters'],
     },
     schedules: { [PINGS.status]: ctx.schedules.status, [PINGS.resync]: ctx.schedules.resync },
     onLog: (component, line) => {
@@ -83,20 +81,6 @@ export async function startBroker(
   });
   ctx.steps.defer(() => dp.stop());
   return { url: dp.brokerUrl, logs: dp.logs };
-}
-
-/** A dead-letter sink on this machine that prints each dead letter; stopped with the system. @returns its address. */
-async function localDeadLetterSink(ctx: BrokerContext): Promise<string> {
-  const dls = await startDeadLetterSink((d) => emitDeadLetter(ctx, d));
-  ctx.steps.defer(() => dls.stop());
-  return dls.url;
-}
-
-/** Prints a dead letter, naming the function it did not reach. */
-function emitDeadLetter(ctx: BrokerContext, d: DeadLetter): void {
-  const fn = Object.entries(ctx.subscribers).find(([, url]) => d.destination?.startsWith(url))?.[0];
-  const line = deadLetterLine(d, fn ?? d.destination);
-  ctx.emit('dead-letter', formatLine(line), line);
 }
 
 /**

@@ -1,5 +1,5 @@
 /**
- * The three functions as processes of the container's entrypoint, started by the system
+ * The functions as processes of the container's entrypoint, started by the system
  * (./system.ts): from source (`node functions/main.ts <name>`, as `npm start` runs them) or as
  * the production bundle (`node dist/main.mjs <name>`, as the image does, with no compile cache:
  * the image ships none), on free loopback ports, each with the environment its rendered Knative Service sets
@@ -13,9 +13,9 @@ import { isRunning, spawnFunction, type FunctionProcess } from '../lib/process.t
 import { sleep } from '../lib/wait.ts';
 import type { CertPair } from '../controlplane/pki.ts';
 import { REPO_ROOT } from '../tools/build.ts';
+import { FUNCTION_NAMES } from '../lib/warm-compile-cache.ts';
 
-/** The functions, in start order (functions/main.ts). */
-export const FUNCTION_NAMES = ['admission', 'mirror-sync', 'identity-status'] as const;
+export { FUNCTION_NAMES };
 /** One of {@link FUNCTION_NAMES}. */
 export type FunctionName = (typeof FUNCTION_NAMES)[number];
 
@@ -145,7 +145,7 @@ export interface StartFunctionOptions {
  * @throws Error with its last output lines when it exits or does not become healthy.
  */
 export async function startFunction(opts: StartFunctionOptions): Promise<FunctionProcess> {
-  // Generous: three functions and Knative's processes start at once, on two cores shared with tests.
+  // Generous: four functions and Knative's processes start at once, on two cores shared with tests.
   const fn = await spawnFunction({ ...opts, listenTimeoutMs: 90_000 });
   try {
     await waitHealthy(fn, fn.scheme === 'https' ? opts.caPem : undefined);

@@ -11,7 +11,7 @@ import { serviceAccountToken } from '../lib/serviceaccount.ts';
 import { knativeContainer, type FunctionName } from './functions.ts';
 
 /** The functions that take events. */
-export type EventFunction = Extract<FunctionName, 'mirror-sync' | 'identity-status'>;
+export type EventFunction = Extract<FunctionName, 'mirror-sync' | 'identity-status' | 'dead-letters'>;
 
 /**
  * A delivery's `Authorization` header as Knative's Broker signs one, with no Broker, for function `fn` of the

@@ -2,7 +2,7 @@
  * The functions as a cluster runs them: the rendered manifests' Knative Services on Knative
  * Serving on the test node (scripts/serving/), from the images the node imported. The manifests
  * are applied as `kubectl apply -k` would apply them, through a kustomize overlay that changes
- * only the two image references (the product's and the dead-letter sink's) and adds the
+ * only the product's image reference and adds the
  * component that has the webhook's certificate issued by Knative's cluster-local issuer, so the
  * API server reaches admission through Traefik over TLS (docs/deploy-knative.md). The Broker,
  * its Triggers and sources are applied with them, for Knative Eventing's own installation on
@@ -20,7 +20,6 @@ import {
   type KubernetesObject,
 } from '@kubernetes/client-node';
 import { Agent, buildConnector } from 'undici';
-import { buildImage } from '../image/build.ts';
 import { IMAGES } from '../image/images.ts';
 import { applyAsRendered } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
@@ -30,26 +29,19 @@ import { REPO_ROOT } from '../tools/build.ts';
 import { render } from '../tools/kustomize.ts';
 import { untilWebhookAnswers } from './webhook.ts';
 
-/** The image names the manifests use (the product's is renamed nowhere: a user's `images` entry sets it). */
-export const SHIPPED_IMAGES = {
-  product: 'captf-credentials',
-  deadLetters: 'gcr.io/knative-releases/knative.dev/eventing/cmd/event_display',
-} as const;
+/** The image name the manifests use (renamed nowhere: a user's `images` entry sets it). */
+export const SHIPPED_IMAGES = { product: 'captf-credentials' } as const;
 
 /** Field manager of the applied manifests (what `kubectl apply --server-side` would use). */
 const MANAGER = 'kubectl';
 
 /**
- * A test overlay's kustomization: `base` with `components`, and the two image references the
- * node has. Pure.
+ * A test overlay's kustomization: `base` with `components`, and the product image the node
+ * has. Pure.
  * @param base the kustomization rendered, relative to the overlay's folder.
  * @param components components added, relative to the overlay's folder.
  */
-export function nodeOverlay(
-  base: string,
-  images: { product: string; deadLetters: string },
-  components: readonly string[] = [],
-): string {
+export function nodeOverlay(base: string, images: { product: string }, components: readonly string[] = []): string {
   // Scalars as JSON strings (valid YAML): a folder may hold `#` or `: `.
   const q = (v: string) => JSON.stringify(v);
   const image = (name: string, ref: string) => {
@@ -61,7 +53,7 @@ export function nodeOverlay(
     'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n' +
     `resources:\n  - ${q(base)}\n` +
     (components.length ? `components:\n${components.map((c) => `  - ${q(c)}\n`).join('')}` : '') +
-    `images:\n${image(SHIPPED_IMAGES.product, images.product)}${image(SHIPPED_IMAGES.deadLetters, images.deadLetters)}`
+    `images:\n${image(SHIPPED_IMAGES.product, images.product)}`
   );
 }
 
@@ -86,7 +78,7 @@ export async function renderForNode(
 ): Promise<KubernetesObject[]> {
   const overlay = join(o.dir, o.name);
   mkdirSync(overlay, { recursive: true });
-  const images = { product: IMAGES['captf-credentials'].ref, deadLetters: IMAGES['event-display'].ref };
+  const images = { product: IMAGES['captf-credentials'].ref };
   const rel = (p: string) => relative(overlay, join(REPO_ROOT, p));
   writeFileSync(
     join(overlay, 'kustomization.yaml'),
@@ -129,7 +121,7 @@ export function objectsToApply(
 }
 
 /**
- * Imports the dead-letter sink's image, applies the rendered objects ({@link objectsToApply})
+ * Applies the rendered objects ({@link objectsToApply})
  * and waits until the API server reaches the webhook and for every Knative object among them
  * (Services, then the Broker, Triggers and sources) to be Ready. Knative's webhooks may still
  * be starting: an apply one refuses is retried until the deadline.
@@ -140,12 +132,9 @@ export async function deployOnServing(
   kc: KubeConfig,
   node: TestNode,
   rendered: readonly KubernetesObject[],
-  o: { log: (line: string) => void; eventing: { schedules: Readonly<Record<string, string>> } },
+  o: { eventing: { schedules: Readonly<Record<string, string>> } },
 ): Promise<ServedFunctions> {
-  const { log, eventing } = o;
-  // The node has the product's image; the dead-letter sink's is imported here.
-  await node.containerd.ctr(['images', 'import', (await buildImage('event-display', { log })).path]);
-  for (const x of objectsToApply(rendered, eventing))
+  for (const x of objectsToApply(rendered, o.eventing))
     await eventually(
       `applying ${x.kind} ${x.metadata?.name}`,
       () => applyAsRendered(kc, x, MANAGER),

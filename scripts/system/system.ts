@@ -1,7 +1,7 @@
 /**
  * The one way to start the world on this machine (SPEC §14), for `npm start`, the demo, the
  * bench, the soak and the tests: a control plane (started here, or a cluster the caller named)
- * with the CRDs, then, as the options ask, the three functions (from source or as the
+ * with the CRDs, then, as the options ask, the four functions (from source or as the
  * production bundles, as admin or each as the least-privileged user of its ServiceAccount),
  * the admission webhook's registration, and events: the manifests' Broker, Triggers and
  * PingSources on Knative's own data plane fed by Knative's ApiServerSource adapter (./broker.ts),
@@ -28,11 +28,10 @@ import { ensureApiServerSourceAdapter } from '../eventing/adapter.ts';
 import type { FunctionProcess } from '../lib/process.ts';
 import { Steps } from '../lib/steps.ts';
 import { bothSettled, firstLine } from '../lib/wait.ts';
-import { buildImage } from '../image/build.ts';
 import { startNode, type TestNode } from '../node/node.ts';
-import { splitUpstream, startNodeRegistry, type NodeRegistry } from '../node/registry.ts';
+import { startNodeRegistry, type NodeRegistry } from '../node/registry.ts';
 import { installEventing } from '../eventing/install.ts';
-import { skipTagResolving, startServing, type KnativeServing } from '../serving/serving.ts';
+import { startServing, type KnativeServing } from '../serving/serving.ts';
 import { cronSchedule } from '../local/events.ts';
 import { watchMirrors } from '../local/mirrors.ts';
 import { watchScale } from '../local/scale.ts';
@@ -50,7 +49,7 @@ import {
 } from './functions.ts';
 import { installPrepareCaller, serviceAccountUsers, type Actor } from './users.ts';
 import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
-import { deployOnServing, renderForServing, SHIPPED_IMAGES, type ServedFunctions } from './serving.ts';
+import { deployOnServing, renderForServing, type ServedFunctions } from './serving.ts';
 
 export { FUNCTION_NAMES, type FunctionName } from './functions.ts';
 export { PINGS } from './broker.ts';
@@ -410,21 +409,11 @@ async function startOnNode(
   return { serving, registry: await startRegistry(s, cluster) };
 }
 
-/**
- * With `registry`, the node's registry (scripts/node/registry.ts), holding Knative's
- * `event_display` under the manifests' name for it; Serving is told to use that name as written.
- */
+/** With `registry`, the node's registry (scripts/node/registry.ts), empty: a user pushes the product's image to it. */
 async function startRegistry(s: Startup, cluster: Cluster): Promise<NodeRegistry | undefined> {
   if (!s.opts.registry) return undefined;
-  const upstream = `${SHIPPED_IMAGES.deadLetters}:latest`;
-  const eventDisplay = await buildImage('event-display', { log: s.opts.progress });
-  const registry = await startNodeRegistry(cluster.node!, {
-    dir: join(s.opts.dir, 'registry'),
-    mirrored: [{ tar: eventDisplay.path, upstream }],
-    log: s.opts.progress,
-  });
+  const registry = await startNodeRegistry(cluster.node!, { dir: join(s.opts.dir, 'registry'), log: s.opts.progress });
   s.steps.defer(() => registry.stop());
-  if (s.opts.serving) await skipTagResolving(cluster.kc, [splitUpstream(upstream).registry]);
   return registry;
 }
 
@@ -549,7 +538,7 @@ async function deployFunctionsOnServing(
   if (!o.serving || s.opts.product === false) return undefined;
   const byName = Object.entries(PINGS).map(([which, name]) => [name, o.schedules[which as keyof typeof PINGS]]);
   const eventing = { schedules: Object.fromEntries(byName) };
-  const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, { log: s.opts.progress, eventing });
+  const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, { eventing });
   return { ...served, sources: o.serving.sources, caPem: o.serving.caPem };
 }
 
@@ -661,7 +650,11 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
   const broker = await startBroker({
     ...cluster,
     rendered,
-    subscribers: { 'mirror-sync': url('mirror-sync'), 'identity-status': url('identity-status') },
+    subscribers: {
+      'mirror-sync': url('mirror-sync'),
+      'identity-status': url('identity-status'),
+      'dead-letters': url('dead-letters'),
+    },
     schedules: ctx.schedules,
     steps: s.steps,
     progress: s.opts.progress,

@@ -23,6 +23,7 @@ export const USERS: Record<Actor, string> = {
   admission: 'captf:admission',
   'mirror-sync': 'captf:mirror-sync',
   'identity-status': 'captf:identity-status',
+  'dead-letters': 'captf:dead-letters',
   'event-source': 'captf:event-source',
 };
 
@@ -31,6 +32,7 @@ const SERVICE_ACCOUNTS: Record<Actor, string> = {
   admission: 'captf-admission',
   'mirror-sync': 'captf-mirror-sync',
   'identity-status': 'captf-identity-status',
+  'dead-letters': 'captf-dead-letters',
   'event-source': 'captf-event-sources',
 };
 

@@ -255,15 +255,13 @@ export const TOOLS: Readonly<Record<ToolSet, readonly GoTool[]>> = {
       patches: [IMC_DISPATCHER_PORTS_PATCH],
     },
   ],
-  /** Knative's ApiServerSource receive adapter (scripts/eventing/adapter.ts), and event_display. */
+  /** Knative's ApiServerSource receive adapter (scripts/eventing/adapter.ts) and Eventing's programs. */
   knative: [
     {
       module: 'knative',
       versionOf: EVENTING,
       binaries: {
         apiserver_receive_adapter: `${EVENTING}/cmd/apiserver_receive_adapter`,
-        // The dead-letter sink of the manifests (image event-display, scripts/image/images.ts).
-        event_display: `${EVENTING}/cmd/event_display`,
         // Eventing's own installation on the test node, each program an image as ko builds it
         // (scripts/eventing/install.ts); unpatched, since each runs in a pod of its own.
         ...Object.fromEntries(Object.entries(EVENTING_PROGRAMS).map(([name, cmd]) => [name, `${EVENTING}/cmd/${cmd}`])),

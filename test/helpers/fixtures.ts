@@ -368,7 +368,8 @@ export function rows<R extends Row>(table: readonly R[], check: (row: R) => unkn
 type Built = TerraformClusterIdentity | Consumer | V1Secret | V1Namespace;
 
 /** A function's (or the event source's) ServiceAccount in the rendered manifests. */
-export type Account = 'captf-admission' | 'captf-mirror-sync' | 'captf-identity-status' | 'captf-event-sources';
+export type Account =
+  'captf-admission' | 'captf-mirror-sync' | 'captf-identity-status' | 'captf-dead-letters' | 'captf-event-sources';
 
 /** A client acting as one of the manifests' ServiceAccounts. */
 export interface AccountClients {

@@ -336,6 +336,7 @@ describe('the Knative Services', () => {
     }>(knative, 'Service').filter((s) => s.spec.template.spec.containers[0]!.args?.length);
     assert.deepEqual(services.map((s) => s.spec.template.spec.containers[0]!.args![0]).sort(), [
       'admission',
+      'dead-letters',
       'identity-status',
       'mirror-sync',
     ]);
@@ -376,6 +377,38 @@ describe('who may send events (SPEC §12)', () => {
       }
       const audiences = triggers.map((t) => t.spec.subscriber.audience);
       assert.ok(!audiences.includes(DEFAULT_PREPARE_AUDIENCE), "no Trigger's token is good for prepare");
+    }
+  });
+
+  it('dead-letters takes dead letters signed as any Trigger, for the audience every dead-letter sink sets, and nothing else', () => {
+    for (const layout of [base, knative]) {
+      const config = eventAuthFromEnv(envOf(layout, 'captf-dead-letters'));
+      assert.equal(config.mode, 'oidc', 'dead-letters verifies its senders as shipped');
+      if (config.mode !== 'oidc') continue;
+      type WithSink = {
+        metadata: { name: string; namespace: string };
+        spec: { delivery?: { deadLetterSink?: { ref?: { name: string }; audience?: string } } };
+      };
+      const triggers = of<WithSink>(layout, 'Trigger');
+      for (const o of [...triggers, ...of<WithSink>(layout, 'Broker')]) {
+        const sink = o.spec.delivery?.deadLetterSink;
+        assert.equal(sink?.ref?.name, 'captf-dead-letters', o.metadata.name);
+        assert.equal(
+          sink?.audience,
+          config.audience,
+          `${o.metadata.name}: Knative signs its dead letters for dead-letters`,
+        );
+      }
+      const want = triggers.map(
+        (t) => `system:serviceaccount:${t.metadata.namespace}:${oidcServiceAccountName(t.metadata.name)}`,
+      );
+      assert.deepEqual(
+        [...config.senders].sort(),
+        want.sort(),
+        "its senders are exactly the Triggers' ServiceAccounts",
+      );
+      const audiences = of<Trigger>(layout, 'Trigger').map((t) => t.spec.subscriber.audience);
+      assert.ok(!audiences.includes(config.audience), "no function's delivery token is good for dead-letters");
     }
   });
 

@@ -218,26 +218,26 @@ describe('the manifests on Knative Serving', () => {
     assert.ok(walk.firstReviewMs < 30_000, `the first review from zero took ${walk.firstReviewMs} ms`);
     assertNoSecret(walk.messages.join('\n'), [walk.planted], 'what the users saw');
 
-    // The dead-letter sink: a CloudEvent as the dispatcher would send one.
-    const dead = await fetch(url('captf-dead-letters'), {
-      method: 'POST',
-      headers: {
-        'content-type': 'application/json',
-        'ce-specversion': '1.0',
-        'ce-id': suffix(),
-        'ce-source': 'captf/serving-test',
-        'ce-type': 'io.captf.test.dead-letter',
-      },
-      body: '{}',
-    });
-    assert.ok(dead.ok, `the dead-letter sink answered ${dead.status}`);
-    // The sink is a third-party program: its pod carries no API token.
+    // dead-letters: a dead letter as the Broker's filter sends one, signed as a Trigger; unsigned, refused.
+    const letterId = `dead-${suffix()}`;
+    const letter = {
+      'content-type': 'application/json',
+      'ce-specversion': '1.0',
+      'ce-id': letterId,
+      'ce-source': 'captf/serving-test',
+      'ce-type': 'io.captf.test.dead-letter',
+      'ce-knativeerrorcode': '500',
+    };
+    const post = (headers: Record<string, string>) =>
+      fetch(url('captf-dead-letters'), { method: 'POST', headers, body: '{}' });
+    assert.equal((await post(letter)).status, 401, 'an unsigned dead letter is refused');
+    const dead = await post({ ...letter, authorization: await system.sign('dead-letters') });
+    assert.equal(dead.status, 202, 'a signed dead letter is taken');
     const sinks = await podsOf('captf-dead-letters');
     assert.ok(sinks.length > 0, 'the sink that answered has a pod');
-    for (const pod of sinks) {
-      const mounts = pod.spec!.containers.flatMap((c) => c.volumeMounts ?? []).map((m) => m.mountPath);
-      assert.ok(!mounts.some((m) => m.includes('serviceaccount')), `no token mounted: ${mounts.join(' ')}`);
-    }
+    await eventually('the dead letter in its pod log', async () =>
+      sinks.some((p) => podLog(work, p).includes(letterId)),
+    );
   });
 
   it('a burst of consumers on several mirror-sync pods ends with one owner reference each, every consumer mirrored, no dead letter', async () => {

@@ -4,9 +4,10 @@
  * the examples it applies:
  * - `system.ping()` POSTs the same CloudEvent a PingSource tick sends (compared with a real
  *   mtping tick, header for header and byte for byte, both as the Broker delivered them);
- * - the dead-letter sink reads Knative's real dead letters: the event, the Trigger, the
- *   function and its answer, Knative's error code — after the retries for a 5xx, at once for a
- *   400;
+ * - dead-letters (the real function, with the sender check it ships) takes Knative's real dead
+ *   letters, signed by the filter as the Trigger that gave up, and logs the event, the Trigger,
+ *   the function and its answer, Knative's error code — after the retries for a 5xx, at once
+ *   for a 400;
  * - every document in examples/ is accepted by the API server's CRD schemas.
  *
  * The data plane runs the rendered Broker, Triggers and PingSources moved into this file's
@@ -26,11 +27,20 @@ import { IDENTITY_RESOURCE, TERRAFORM_CLUSTER } from '../../functions/lib/api.ts
 import { PING_EVENT_TYPE } from '../../functions/lib/cloudevents.ts';
 import type { Delivery, EventingDataPlane } from '../../scripts/eventing/dataplane.ts';
 import { render } from '../../scripts/tools/kustomize.ts';
-import { startDeadLetterSink, type DeadLetter, type DeadLetterSink } from '../../scripts/local/dead-letters.ts';
+import { start as startDeadLetters } from '../../functions/dead-letters/index.ts';
+import type { FunctionHandle } from '../../functions/lib/http.ts';
+import { loadKubeConfig } from '../../functions/lib/kube.ts';
+import {
+  EVENT_AUDIENCE_ENV,
+  EVENT_AUTH_ENV,
+  EVENT_SENDERS_ENV,
+  oidcServiceAccountName,
+} from '../../functions/lib/senders.ts';
 import { pingMessage } from '../../scripts/local/events.ts';
 import { EXAMPLES_DIR, applyExamples } from '../../scripts/local/examples.ts';
 import { builtKubectlPath } from '../../scripts/tools/build.ts';
 import { MANIFESTS as EVENTING_MANIFESTS } from '../../scripts/system/system.ts';
+import { knativeContainer } from '../../scripts/system/functions.ts';
 import { controlPlaneDir, eventually, suffix } from '../helpers/cluster.ts';
 import {
   apiServerEvent,
@@ -39,6 +49,7 @@ import {
   startFunctionStandIn,
   type ReceivedEvent,
 } from '../helpers/events.ts';
+import { captureLogger } from '../helpers/logs.ts';
 import * as fx from '../helpers/fixtures.ts';
 
 const w = fx.world('start-events');
@@ -46,8 +57,10 @@ const a = w.clients;
 
 let namespace: string;
 let dp: EventingDataPlane;
-let dls: DeadLetterSink;
-const letters: DeadLetter[] = [];
+let dls: FunctionHandle;
+const dlsLog = captureLogger('dead-letters');
+/** What dead-letters logged of each dead letter. */
+const letters = () => dlsLog.entries().filter((e) => e.message === 'dead letter');
 const fns = {} as Record<'mirror-sync' | 'identity-status', Awaited<ReturnType<typeof startFunctionStandIn>>>;
 
 /** The test's copy of the rendered objects (see the file comment). */
@@ -63,15 +76,29 @@ before(async () => {
   // Knative, which sends `Prefer: reply`).
   fns['mirror-sync'] = await startFunctionStandIn(200);
   fns['identity-status'] = await startFunctionStandIn(200);
-  dls = await startDeadLetterSink((d) => letters.push(d));
   namespace = await w.namespace();
+  // As shipped, but its senders are the Triggers in this file's namespace.
+  const rendered = await render(EVENTING_MANIFESTS);
+  const shipped = knativeContainer(rendered, 'dead-letters')!.env!;
+  const audience = shipped.find((e) => e.name === EVENT_AUDIENCE_ENV)!.value!;
+  dls = await startDeadLetters({
+    port: 0,
+    host: '127.0.0.1',
+    kubeconfig: loadKubeConfig(`${controlPlaneDir()}/admin.kubeconfig`),
+    logger: dlsLog.logger,
+    env: {
+      [EVENT_AUTH_ENV]: 'oidc',
+      [EVENT_AUDIENCE_ENV]: audience,
+      [EVENT_SENDERS_ENV]: `system:serviceaccount:${namespace}:${oidcServiceAccountName('captf-mirror-sync-ref-add')}`,
+    },
+  });
   dp = await startBroker({
-    objects: testObjects(await render(EVENTING_MANIFESTS)),
+    objects: testObjects(rendered),
     namespace,
     sinks: {
       'captf-mirror-sync': fns['mirror-sync'].url,
       'captf-identity-status': fns['identity-status'].url,
-      'captf-dead-letters': dls.url,
+      'captf-dead-letters': `http://127.0.0.1:${dls.port}/`,
     },
     schedules: { 'captf-resync': '* * * * * *' },
   });
@@ -79,7 +106,7 @@ before(async () => {
 
 after(async () => {
   await dp?.stop();
-  await dls?.stop();
+  await dls?.close();
   for (const f of Object.values(fns)) f.server.close();
 });
 
@@ -131,28 +158,39 @@ describe("what npm start sends and receives around Knative's Broker", () => {
     assert.equal(fns['mirror-sync'].release(), 1, 'and it was still held when the sender got its answer');
   });
 
-  it('the dead-letter sink reads what Knative gives up on: after the retries for a 5xx, at once for a 400', async () => {
+  it('dead-letters takes what Knative gives up on, signed as the Trigger: after the retries for a 5xx, at once for a 400', async () => {
     const tc = (id: string) =>
       apiServerEvent(fx.consumer('prod', fx.inNamespace('team-a')), 'ref', 'add', TERRAFORM_CLUSTER.plural).cloneWith({
         id,
       });
     for (const id of ['fail-1', 'bad-1']) assert.equal((await postEvents(dp.brokerUrl, tc(id))).status, 202, id);
     // Delivered in the background (the manifests' async handler): the 400's letter comes first.
-    await eventually('both dead letters', async () => letters.length >= 2);
+    await eventually('both dead letters', async () => letters().length >= 2);
     const attempts = (id: string) => fns['mirror-sync'].received.filter((h) => h.headers['ce-id'] === id).length;
     assert.equal(attempts('fail-1'), 2, 'the first try and the one retry of the test copy');
     assert.equal(attempts('bad-1'), 1, 'a 400 is not retried');
-    assert.equal(letters.length, 2);
-    const byCode = (code: string) => letters.find((l) => l.code === code)!;
-    for (const [letter, code, error] of [
-      [byCode('500'), '500', 'the API server is unavailable'],
-      [byCode('400'), '400', 'not an event this function takes'],
+    assert.equal(letters().length, 2);
+    assert.deepEqual(
+      dlsLog.entries().filter((e) => e.message === 'event refused'),
+      [],
+      'each dead letter came signed by one of its senders',
+    );
+    const shown = ['id', 'type', 'about', 'code', 'trigger', 'for', 'destination', 'error'] as const;
+    const byCode = (code: string) => {
+      const l = letters().find((e) => e.code === code)!;
+      return Object.fromEntries(shown.filter((k) => k in l).map((k) => [k, l[k]]));
+    };
+    for (const [letter, id, code, error] of [
+      [byCode('500'), 'fail-1', '500', 'the API server is unavailable'],
+      [byCode('400'), 'bad-1', '400', 'not an event this function takes'],
     ] as const) {
       assert.deepEqual(letter, {
+        id,
         type: 'dev.knative.apiserver.ref.add',
         about: 'TerraformCluster team-a/prod',
         code,
         trigger: 'captf-mirror-sync-ref-add',
+        for: 'mirror-sync',
         destination: fns['mirror-sync'].url,
         error,
       });

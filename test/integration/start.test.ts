@@ -272,7 +272,7 @@ describe("npm start prints what Knative's processes report", () => {
     await eventually(
       'the dead letter of the namespace event',
       async () =>
-        /dead-letter\s+Namespace nobody-listens\s+warn: dev\.knative\.apiserver\.ref\.add given up by Trigger captf-mirror-sync-ref-add to mirror-sync \(knativeerrorcode=\d+\)/.test(
+        /dead-letters\s+Namespace nobody-listens\s+warn: dev\.knative\.apiserver\.ref\.add given up by Trigger captf-mirror-sync-ref-add to mirror-sync \(knativeerrorcode=\d+\)/.test(
           run.output(),
         ),
       90_000,

@@ -165,9 +165,7 @@ describe('the overlay of the manifests', () => {
     (r) => assert.throws(() => splitImageRef(r.ref), /repository:tag/),
   );
   it('quotes every scalar it writes, so a folder name cannot end the line', () => {
-    const text = nodeOverlay('../a #b/manifests', { product: 'ko.local/p:1', deadLetters: 'ko.local/d:2' }, [
-      '../c: d',
-    ]);
+    const text = nodeOverlay('../a #b/manifests', { product: 'ko.local/p:1' }, ['../c: d']);
     assert.match(text, /^resources:\n {2}- "\.\.\/a #b\/manifests"$/m);
     assert.match(text, /^components:\n {2}- "\.\.\/c: d"$/m);
     assert.match(text, /newName: "ko\.local\/p"\n {4}newTag: "1"/);

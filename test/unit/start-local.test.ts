@@ -1,6 +1,6 @@
 /**
  * The pure parts of the local mode (scripts/local/): the ping it sends to the Broker,
- * durations and the PingSource schedules made of them, dead letters, the readable lines made
+ * durations and the PingSource schedules made of them, the readable lines made
  * from the functions' JSON logs and Knative's, and mirror change lines.
  */
 import assert from 'node:assert/strict';
@@ -8,13 +8,11 @@ import { describe, it } from 'node:test';
 import { TERRAFORM_CLUSTER } from '../../functions/lib/api.ts';
 import { classifyEvent, parseCloudEvents } from '../../functions/lib/cloudevents.ts';
 import { consumerKindsFromEnv } from '../../functions/lib/consumers.ts';
-import { attributesOf, describeDeadLetter } from '../../scripts/local/dead-letters.ts';
 import { cronSchedule, parseDuration, pingMessage, watchPaths } from '../../scripts/local/events.ts';
 import {
   LogPrinter,
   adapterLine,
   dataPlaneLine,
-  deadLetterLine,
   describeMirrorChange,
   formatLine,
   type MirrorView,
@@ -344,72 +342,5 @@ describe('dataPlaneLine: the Broker data plane speaks up, its start-up noise asi
       error: 'connection refused',
     });
     assert.equal(dataPlaneLine('broker-ingress', refused)!.debug, false);
-  });
-});
-
-describe('dead letters: what the cluster’s dead-letter service would show', () => {
-  const b64 = (s: string) => Buffer.from(s).toString('base64');
-  it('reads the local form: the filter names the Trigger, wraps the subscriber and its answer', () => {
-    const d = describeDeadLetter({
-      type: 'dev.knative.apiserver.ref.add',
-      kind: 'TerraformCluster',
-      namespace: 'team-a',
-      name: 'prod',
-      knativeerrorcode: '500',
-      knativeerrordest: 'http://127.0.0.1:34637/triggers/captf-system/captf-mirror-sync-ref-add/2ad4390b',
-      knativeerrordata: b64(
-        JSON.stringify({ errdestination: 'http://127.0.0.1:41811/', errresponsebody: b64('{"error":"boom"}') }),
-      ),
-    });
-    assert.deepEqual(d, {
-      type: 'dev.knative.apiserver.ref.add',
-      about: 'TerraformCluster team-a/prod',
-      code: '500',
-      trigger: 'captf-mirror-sync-ref-add',
-      destination: 'http://127.0.0.1:41811/',
-      error: 'boom',
-    });
-    const line = deadLetterLine(d, 'mirror-sync');
-    assert.deepEqual(
-      [line.debug, line.component, line.subject],
-      [false, 'dead-letter', 'TerraformCluster team-a/prod'],
-    );
-    assert.equal(
-      line.text,
-      'warn: dev.knative.apiserver.ref.add given up by Trigger captf-mirror-sync-ref-add to mirror-sync (knativeerrorcode=500): boom',
-    );
-  });
-
-  it("reads the cluster form, a ping, and what is missing; prints only the answer's error field", () => {
-    const d = describeDeadLetter({
-      type: 'dev.knative.sources.ping',
-      source: '/apis/v1/namespaces/captf-system/pingsources/captf-resync',
-      knativeerrorcode: '503',
-      knativeerrordest: 'http://captf-mirror-sync.captf-system.svc.cluster.local',
-      knativeerrordata: b64(JSON.stringify({ error: 'API server unavailable', token: 'PLANTED' })),
-    });
-    assert.deepEqual(d, {
-      type: 'dev.knative.sources.ping',
-      about: '/apis/v1/namespaces/captf-system/pingsources/captf-resync',
-      code: '503',
-      destination: 'http://captf-mirror-sync.captf-system.svc.cluster.local',
-      error: 'API server unavailable',
-    });
-    assert.doesNotMatch(formatLine(deadLetterLine(d, d.destination)), /PLANTED/);
-    const bare = describeDeadLetter({ type: 'io.captf.mirror-sync.key', subject: 'team-a/aws-prod' });
-    assert.deepEqual(bare, { type: 'io.captf.mirror-sync.key', about: 'team-a/aws-prod', code: '' });
-    assert.match(deadLetterLine(bare, undefined).text, /given up \(knativeerrorcode=none\)$/);
-  });
-
-  it('takes the attributes from binary-mode headers or a structured body', () => {
-    assert.deepEqual(attributesOf({ 'ce-type': 't', 'ce-knativeerrorcode': '502', host: 'h' }, '{}'), {
-      type: 't',
-      knativeerrorcode: '502',
-    });
-    assert.deepEqual(attributesOf({ 'content-type': 'application/cloudevents+json' }, '{"type":"t","source":"s"}'), {
-      type: 't',
-      source: 's',
-    });
-    assert.deepEqual(attributesOf({ 'content-type': 'application/cloudevents+json' }, 'not json'), {});
   });
 });

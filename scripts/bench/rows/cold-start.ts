@@ -26,6 +26,7 @@ import type { Figure } from '../report.ts';
 import { bundleEntry } from '../../lib/bundles.ts';
 import { spawnFunction } from '../../lib/process.ts';
 import type { FunctionName } from '../../system/functions.ts';
+import type { EventFunction } from '../../system/senders.ts';
 import type { RowContext } from './context.ts';
 import { BURST_IDENTITY } from './fan-in.ts';
 
@@ -186,11 +187,13 @@ export async function coldStartFixture(ctx: RowContext): Promise<FirstRequests> 
  * @returns each function's request, resolving to its status.
  */
 function firstRequests(sys: RowContext['sys'], ns: string): FirstRequests {
-  const signed = async (fn: 'mirror-sync' | 'identity-status', url: string, ev: EventRequest) =>
+  const signed = async (fn: EventFunction, url: string, ev: EventRequest) =>
     (await postEvent(`${url}/`, signedWith(await sys.sign(fn), ev))).status;
   return {
     admission: (url) => postTls(`${url}/validate`, sys.webhookCaPem, COLD_START_REVIEW),
     'mirror-sync': (url) => signed('mirror-sync', url, consumerEvent('terraformmachines', ns, 'm-0')),
     'identity-status': (url) => signed('identity-status', url, pingEvent('captf-identity-status')),
+    // What the Broker gives up on is an event like any other: a ping will do.
+    'dead-letters': (url) => signed('dead-letters', url, pingEvent('captf-resync')),
   };
 }

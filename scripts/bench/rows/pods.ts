@@ -18,7 +18,7 @@ import { containerCgroup } from '../../node/cgroups.ts';
 import { markedProcesses } from '../../node/namespace.ts';
 import type { TestNode } from '../../node/node.ts';
 import { applyFunctionRbac, functionPod, runPod } from '../../node/pods.ts';
-import { shippedSender } from '../../system/senders.ts';
+import { shippedSender, type EventFunction } from '../../system/senders.ts';
 import { loadKubeConfig } from '../../../functions/lib/kube.ts';
 import { eventually } from '../../lib/wait.ts';
 import { FUNCTION_NAMES, startSystem, type FunctionName } from '../../system/system.ts';
@@ -71,6 +71,7 @@ export async function podRows(o: PodRowOptions): Promise<Figure[]> {
     const signed = {
       'mirror-sync': await shippedSender(system.kc, rendered, 'mirror-sync'),
       'identity-status': await shippedSender(system.kc, rendered, 'identity-status'),
+      'dead-letters': await shippedSender(system.kc, rendered, 'dead-letters'),
     };
     const answers = (ns: string) => firstAnswers(ns, signed);
     const ns = await mirroredConsumer(node, rendered, answers);
@@ -191,7 +192,7 @@ async function mirroredConsumer(
   }
 }
 
-/** The node's footprint while the three functions' pods run (so their shims count), then the pods go. */
+/** The node's footprint while the functions' pods run (so their shims count), then the pods go. */
 async function footprintWithFunctions(
   kc: KubeConfig,
   node: TestNode,
@@ -252,7 +253,7 @@ const CONTROL_PLANE_PROGRAMS = ['etcd', 'kube-apiserver', 'kube-controller-manag
  */
 function firstAnswers(
   ns: string,
-  signed: Record<'mirror-sync' | 'identity-status', string>,
+  signed: Record<EventFunction, string>,
 ): Record<FunctionName, (url: string) => Promise<number>> {
   const as = (fn: keyof typeof signed, ev: EventRequest): EventRequest => signedWith(signed[fn], ev);
   return {
@@ -268,5 +269,6 @@ function firstAnswers(
       (await postEvent(`${url}/`, as('mirror-sync', consumerEvent('terraformmachines', ns, 'm-0')))).status,
     'identity-status': async (url) =>
       (await postEvent(`${url}/`, as('identity-status', pingEvent('captf-identity-status')))).status,
+    'dead-letters': async (url) => (await postEvent(`${url}/`, as('dead-letters', pingEvent('captf-resync')))).status,
   };
 }
