@@ -196,7 +196,7 @@ const observeAnswers: RequestHandler = (req, res, next) => {
   });
 };
 
-/** How long a connection whose body was refused stays half-closed before it is dropped (ms). */
+/** How long a connection whose body was refused stays half-closed, taking in what is still sent, before it is dropped (ms). */
 const LINGER_MS = 2_000;
 
 /** Content types of an AdmissionReview or a prepare request. */
@@ -257,7 +257,7 @@ export function readBody(opts: {
     const declared = Number(req.headers['content-length']);
     const size = Number.isSafeInteger(declared) && declared >= 0 ? Math.min(declared, limit) : limit;
     if (!budget.take(size)) {
-      stopReading(req, res);
+      stopReading(req, res, size);
       res.set('retry-after', '1');
       throw new HttpError(503, 'too many large request bodies at once; send it again shortly');
     }
@@ -272,7 +272,8 @@ export function readBody(opts: {
         next();
       },
       (err: { type?: string }) => {
-        stopReading(req, res);
+        // Past the limit or broken: what is left of it is not read at all.
+        stopReading(req, res, 0);
         next(err);
       },
     );
@@ -289,16 +290,28 @@ function unreadable(req: Request): string | undefined {
 }
 
 /**
- * Reads no more of a refused body. After the answer the connection is half-closed (the sender
- * sees the answer and the end before anything else) and dropped a moment later; closing it at
- * once could reset it before the sender has read the answer.
+ * Reads no more of a refused body until its answer is out. Then the connection is half-closed
+ * (the sender sees the answer and the end before anything else) and dropped a moment later
+ * ({@link LINGER_MS}). A body refused only for want of room (`drop` > 0: its size, within the
+ * limit) is taken in and dropped meanwhile, up to `drop` bytes: left unread, those bytes would
+ * turn the close into a reset, and a reset makes the sender's kernel drop the answer before
+ * the sender has read it. A body past the limit is never read further.
  */
-function stopReading(req: Request, res: Response): void {
+function stopReading(req: Request, res: Response, drop: number): void {
   req.socket.pause();
   res.on('finish', () => {
     req.socket.end();
     req.socket.pause();
     setTimeout(() => req.socket.destroy(), LINGER_MS).unref();
+    if (drop <= 0) return;
+    let left = drop;
+    // Node has dumped the unread request by now (flowing, no consumer): this only counts.
+    req.on('data', (chunk: Buffer) => {
+      left -= chunk.length;
+      if (left < 0) req.socket.destroy();
+    });
+    req.resume();
+    req.socket.resume();
   });
 }
 
