@@ -37,13 +37,46 @@ export interface DeadLetter {
 export const MAX_SHOWN = 300;
 /** Longest `error` shown. */
 const MAX_ERROR = 200;
+/**
+ * Longest `knativeerrordata` decoded, in characters: only the failed answer's short `error`
+ * is shown, and a longer one would be parsed whole for it.
+ */
+export const MAX_ERROR_DATA = 16 * 1024;
+/** HTTP statuses counted as themselves; any other is its class (`4xx`), or `none`. */
+const KNOWN_CODES: ReadonlySet<string> = new Set([
+  '400',
+  '401',
+  '403',
+  '404',
+  '408',
+  '409',
+  '413',
+  '415',
+  '422',
+  '429',
+  '500',
+  '502',
+  '503',
+  '504',
+]);
+/** Control characters and direction overrides: a log reader's terminal must not act on them. */
+const UNPRINTABLE = /[\p{Cc}\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/gu;
 /** Event types counted as themselves; any other is `other` (a metric label from a bounded set). */
 const KNOWN_TYPES: ReadonlySet<string> = new Set([...APISERVER_EVENT_TYPES, PING_EVENT_TYPE, KEY_EVENT_TYPE]);
 
-// Fresh copies: a short slice of a long string would keep the whole one alive in a log buffer.
-const cut = (s: string, max = MAX_SHOWN): string => (s.length > max ? Buffer.from(s.slice(0, max)).toString() : s);
+// A fresh copy (a short slice of a long string would keep the whole one alive in a log
+// buffer), with what a terminal would act on replaced.
+const cut = (s: string, max = MAX_SHOWN): string =>
+  Buffer.from(s.slice(0, max)).toString().replace(UNPRINTABLE, '\uFFFD');
 const str = (v: unknown): string => (typeof v === 'string' ? v : '');
-const fromBase64 = (v: unknown): string => (typeof v === 'string' ? Buffer.from(v, 'base64').toString('utf8') : '');
+const fromBase64 = (v: unknown): string =>
+  typeof v === 'string' && v.length <= MAX_ERROR_DATA ? Buffer.from(v, 'base64').toString('utf8') : '';
+
+/** A status as a metric label: a known one, else its class, else `none`. */
+export function codeLabel(code: string): string {
+  if (KNOWN_CODES.has(code)) return code;
+  return /^[1-5]\d\d$/.test(code) ? `${code[0]}xx` : 'none';
+}
 
 /** A JSON object parsed from `text`, or undefined when it is not one. */
 function jsonObject(text: string): Record<string, unknown> | undefined {
@@ -104,7 +137,7 @@ export function describeDeadLetter(attrs: Record<string, unknown>): DeadLetter {
     labels: {
       target: targetOf(failure.trigger, failure.destination),
       type: KNOWN_TYPES.has(type) ? type : 'other',
-      code: /^[1-5]\d\d$/.test(code) ? code : 'none',
+      code: codeLabel(code),
     },
   };
 }

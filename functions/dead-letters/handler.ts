@@ -1,30 +1,30 @@
 /**
- * HTTP adapter of dead-letters: each delivery is one dead letter (or a batch of them), taken
- * whatever its content: a dead letter that cannot be read as a CloudEvent is still one, and is
- * counted as such. Each is one `dead letter` log line at warn level (what, about which object,
+ * HTTP adapter of dead-letters: each delivery is one dead letter (or a batch of them): a dead
+ * letter that cannot be read as a CloudEvent is still one, and is counted as such. Each is one `dead letter` log line at warn level (what, about which object,
  * where it failed and why, never its data) and one count in `captf.dead_letters`; the answer
  * is 202 with no body. Nothing is retried here: the resync repairs what the event was about.
  */
-import { HTTP } from 'cloudevents';
+import { BadEventError, readCloudEvents } from '../lib/cloudevents.ts';
 import type { RequestHandler } from 'express';
 import type { Logger } from '../lib/log.ts';
 import { telemetry } from '../lib/telemetry.ts';
 import { describeDeadLetter, type DeadLetter } from './describe.ts';
 
 /**
- * The attributes of each CloudEvent in a delivery (binary, structured or batch mode), or one
- * empty set when the delivery is no CloudEvent (its headers and body are not read further).
+ * The attributes of each CloudEvent in a delivery (binary, structured, or a batch of at most
+ * `MAX_BATCH`), read as the event functions read theirs (lib/cloudevents.ts), with one empty
+ * set for each event that is not readable and one for a delivery that is no CloudEvent at all.
  */
 export function lettersOf(
   headers: Record<string, string | string[] | undefined>,
   body: string,
 ): Record<string, unknown>[] {
   try {
-    const parsed = HTTP.toEvent({ headers, body });
-    const events = Array.isArray(parsed) ? parsed : [parsed];
-    return events.length ? events.map((e) => ({ ...e })) : [{}];
-  } catch {
-    return [{}];
+    const { events, errors } = readCloudEvents(headers, body);
+    return [...events.map((e) => ({ ...e })), ...errors.map(() => ({}))];
+  } catch (err) {
+    if (err instanceof BadEventError) return [{}];
+    throw err;
   }
 }
 

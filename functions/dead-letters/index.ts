@@ -8,8 +8,7 @@
  */
 import {
   createApp,
-  EVENT_TYPES,
-  readBody,
+  readEvents,
   servePlain,
   startSettings,
   type FunctionHandle,
@@ -35,8 +34,8 @@ export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
   app.post(
     '/',
     senderGate(kc, senders, logger),
-    // A dead letter is taken whatever its content type: it is the event as its source sent it.
-    readBody({ types: EVENT_TYPES, anyType: () => true }),
+    // Read as every event function reads its events: their types, size and JSON limits.
+    readEvents(),
     takeDeadLetters(logger),
   );
   return servePlain(app, logger, wanted, opts.host);

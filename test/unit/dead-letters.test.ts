@@ -6,7 +6,14 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { HTTP, CloudEvent } from 'cloudevents';
-import { describeDeadLetter, MAX_SHOWN, targetOf } from '../../functions/dead-letters/describe.ts';
+import {
+  codeLabel,
+  describeDeadLetter,
+  MAX_ERROR_DATA,
+  MAX_SHOWN,
+  targetOf,
+} from '../../functions/dead-letters/describe.ts';
+import { MAX_BATCH } from '../../functions/lib/cloudevents.ts';
 import { lettersOf } from '../../functions/dead-letters/handler.ts';
 import { formatLine, LogPrinter } from '../../scripts/local/print.ts';
 
@@ -57,6 +64,31 @@ describe('describeDeadLetter', () => {
     assert.deepEqual(describeDeadLetter({}).labels, { target: 'other', type: 'other', code: 'none' });
   });
 
+  it('keeps the code label to a short list, and control characters out of every field', () => {
+    assert.deepEqual(['500', '429', '418', '599', '200', '999', ''].map(codeLabel), [
+      '500',
+      '429',
+      '4xx',
+      '5xx',
+      '2xx',
+      'none',
+      'none',
+    ]);
+    const d = describeDeadLetter({
+      type: 't',
+      kind: 'Namespace',
+      name: 'n\u202e\u001b[31m',
+      knativeerrordata: b64(JSON.stringify({ error: 'boom\r\n\u001b[1A\u001b[2Kforged' })),
+    });
+    assert.equal(d.about, 'Namespace n\ufffd\ufffd[31m');
+    assert.equal(d.error, 'boom\ufffd\ufffd\ufffd[1A\ufffd[2Kforged');
+  });
+
+  it('does not decode an error payload longer than it would show', () => {
+    const long = b64(JSON.stringify({ error: 'e', pad: 'x'.repeat(MAX_ERROR_DATA) }));
+    assert.equal(describeDeadLetter({ knativeerrordata: long }).error, undefined);
+  });
+
   it('names the function by its Trigger or its Service host, never by a look-alike', () => {
     assert.equal(targetOf('captf-identity-status-refresh', undefined), 'identity-status');
     assert.equal(targetOf(undefined, 'https://captf-mirror-sync.captf-system.svc.cluster.local/'), 'mirror-sync');
@@ -83,9 +115,24 @@ describe('lettersOf: a delivery as dead letters', () => {
     }
   });
 
-  it('takes a delivery that is no CloudEvent as one letter it cannot read', () => {
+  it('takes a delivery that is no CloudEvent as one letter it cannot read, as the event functions would refuse it', () => {
     assert.deepEqual(lettersOf({ 'content-type': 'text/plain' }, 'hello'), [{}]);
     assert.deepEqual(lettersOf({ 'content-type': 'application/cloudevents+json' }, '{'), [{}]);
+    // A JSON string as a structured event: the SDK would make each character an attribute.
+    const structured = { 'content-type': 'application/cloudevents+json' };
+    assert.deepEqual(lettersOf(structured, JSON.stringify('a'.repeat(100_000))), [{}]);
+    const attrs = Object.fromEntries(Array.from({ length: 1000 }, (_, i) => [`x${i}`, 'v']));
+    assert.deepEqual(
+      lettersOf(structured, JSON.stringify({ ...JSON.parse(String(HTTP.structured(event).body)), ...attrs })),
+      [{}],
+    );
+    const batch = (n: number) =>
+      JSON.stringify(
+        Array.from({ length: n }, (_, i) => ({ specversion: '1.0', id: `b${i}`, source: 's', type: 't' })),
+      );
+    const ce = { 'content-type': 'application/cloudevents-batch+json' };
+    assert.equal(lettersOf(ce, batch(MAX_BATCH)).length, MAX_BATCH);
+    assert.deepEqual(lettersOf(ce, batch(MAX_BATCH + 1)), [{}], 'a batch past the limit is one unreadable letter');
   });
 });
 
