@@ -27,11 +27,30 @@ export function shippedRuleGroups(): { name: string; rules: AlertRule[] }[] {
   return rule.spec.groups;
 }
 
+/** The component's patch (the first one, on the Knative Services): JSON-patch operations adding env entries. */
+interface ComponentPatch {
+  patches: { patch: string }[];
+}
+
+/**
+ * The telemetry settings the shipped component gives every function (its interval and
+ * sampler), without its endpoint: what a run here adds its own receivers' addresses to.
+ */
+export function shippedTelemetryEnv(): Record<string, string> {
+  const kustomization = loadYaml(readFileSync(join(OBSERVABILITY_COMPONENT, 'kustomization.yaml'), 'utf8'));
+  const ops = loadYaml((kustomization as ComponentPatch).patches[0]!.patch) as {
+    value: { name: string; value: string };
+  }[];
+  return Object.fromEntries(
+    ops.map((o) => [o.value.name, o.value.value]).filter(([name]) => name !== 'OTEL_EXPORTER_OTLP_ENDPOINT'),
+  );
+}
+
 /** A running pair of receivers. */
 export interface Observability {
   prometheus: Prometheus;
   jaeger: Jaeger;
-  /** Each function's environment: both signals pushed here, at the shipped component's interval. */
+  /** Each function's environment: both signals pushed here, with the shipped component's interval and sampler. */
   functionEnv: Record<string, string>;
   /** Knative's `config-observability` for its own processes: traces and metrics, every span sampled. */
   knative: Record<string, string>;
@@ -61,7 +80,7 @@ export async function startObservability(o: { dir: string; log?: (line: string) 
     functionEnv: {
       OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: prometheus.otlpMetricsEndpoint,
       OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: jaeger.otlpTracesEndpoint,
-      OTEL_METRIC_EXPORT_INTERVAL: '15000',
+      ...shippedTelemetryEnv(),
     },
     knative: {
       'tracing-protocol': 'http/protobuf',

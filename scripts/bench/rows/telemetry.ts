@@ -1,18 +1,21 @@
 /**
  * Row "telemetry": what exporting metrics and traces costs (SPEC §13, docs/observability.md),
  * beside the same work with telemetry off, in the same run and interleaved, with both pushed
- * to a real Prometheus and Jaeger (tool set `observability`) at the shipped component's
- * interval:
+ * to a real Prometheus and Jaeger (tool set `observability`) with the shipped component's
+ * interval and sampler:
  * - cold start, export on: each function's bundle spawned with OTLP endpoints set → its first
  *   real answer; baseline: the same spawn with none set (OpenTelemetry never loaded);
- * - mirror-sync CPU time per consumer over a fan-in burst on an instance that exports;
- *   baseline: the same burst on the system's instance (export off). Both instances first take a
- *   small burst (not counted: the fresh instance would otherwise pay its warm-up alone), then the
- *   bursts go off, on, on, off, … so that a drift over the row falls on both alike.
+ * - mirror-sync CPU time per consumer over a fan-in burst on an instance that exports as
+ *   shipped, and on one that samples every trace (what a caller that samples all asks for);
+ *   baseline: the same burst on the system's instance (export off). Each instance first takes a
+ *   small burst (not counted: a fresh instance would otherwise pay its warm-up alone), then the
+ *   bursts go round the instances, the order turned each round, so that a drift over the row
+ *   falls on all alike.
  */
 import { join } from 'node:path';
 import { startJaeger } from '../../observability/jaeger.ts';
 import { startPrometheus } from '../../observability/prometheus.ts';
+import { shippedTelemetryEnv } from '../../observability/stack.ts';
 import type { Figure } from '../report.ts';
 import { coldStart, coldStartFixture } from './cold-start.ts';
 import { burst, type RowContext } from './context.ts';
@@ -20,9 +23,6 @@ import { BURST_IDENTITY } from './fan-in.ts';
 
 /** Consumers of the burst each instance takes before the measured ones. */
 const WARM_UP_CONSUMERS = 20;
-
-/** The metrics interval of components/observability, in ms. */
-const SHIPPED_INTERVAL_MS = '15000';
 
 /**
  * @param sizes cold starts per function and setting; consumers per burst; burst pairs.
@@ -40,9 +40,9 @@ export async function telemetryRow(
       const otel = {
         OTEL_EXPORTER_OTLP_METRICS_ENDPOINT: prometheus.otlpMetricsEndpoint,
         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: jaeger.otlpTracesEndpoint,
-        OTEL_METRIC_EXPORT_INTERVAL: SHIPPED_INTERVAL_MS,
+        ...shippedTelemetryEnv(),
       };
-      const figures = [...(await coldStarts(ctx, sizes.coldStartRuns, otel)), await burstCpu(ctx, sizes, otel)];
+      const figures = [...(await coldStarts(ctx, sizes.coldStartRuns, otel)), ...(await burstCpu(ctx, sizes, otel))];
       // An export that failed would cost nothing: the figures count only if it arrived.
       if (!(await prometheus.query('sum(captf_events_total)')).length)
         throw new Error('no mirror-sync metrics reached Prometheus');
@@ -77,14 +77,15 @@ async function coldStarts(ctx: RowContext, runs: number, otel: NodeJS.ProcessEnv
   return figures;
 }
 
-/** mirror-sync's CPU per consumer over fan-in bursts, on an exporting instance and on the system's. */
+/** mirror-sync's CPU per consumer over fan-in bursts: exporting as shipped, every trace sampled, and the system's (off). */
 async function burstCpu(
   ctx: RowContext,
   sizes: { burst: number; rounds: number },
   otel: NodeJS.ProcessEnv,
-): Promise<Figure> {
+): Promise<Figure[]> {
   const quiet = ctx.sys.functions['mirror-sync'];
-  const exporting = await ctx.sys.startFunction('mirror-sync', otel);
+  const shipped = await ctx.sys.startFunction('mirror-sync', otel);
+  const sampled = await ctx.sys.startFunction('mirror-sync', { ...otel, OTEL_TRACES_SAMPLER: 'parentbased_always_on' });
   try {
     const cpuPerConsumer = async (target: typeof quiet, n: number) => {
       const r = await burst(ctx, {
@@ -96,28 +97,29 @@ async function burstCpu(
       });
       return r.cpuMs['mirror-sync']! / r.consumers;
     };
-    for (const target of [quiet, exporting]) await cpuPerConsumer(target, WARM_UP_CONSUMERS);
-    const on: number[] = [];
-    const off: number[] = [];
+    const instances = [
+      { label: 'export off', target: quiet, samples: [] as number[] },
+      { label: 'export on, shipped sampler', target: shipped, samples: [] as number[] },
+      { label: 'export on, every trace sampled', target: sampled, samples: [] as number[] },
+    ];
+    for (const { target } of instances) await cpuPerConsumer(target, WARM_UP_CONSUMERS);
     for (let i = 0; i < sizes.rounds; i++) {
-      const pair = [
-        ['off', quiet, off],
-        ['on', exporting, on],
-      ] as const;
-      for (const [label, target, into] of i % 2 ? [...pair].reverse() : pair) {
-        ctx.log(`telemetry: ${sizes.burst} consumers on the instance with export ${label}`);
-        into.push(await cpuPerConsumer(target, sizes.burst));
+      const turn = i % instances.length;
+      for (const x of [...instances.slice(turn), ...instances.slice(0, turn)]) {
+        ctx.log(`telemetry: ${sizes.burst} consumers on the instance with ${x.label}`);
+        x.samples.push(await cpuPerConsumer(x.target, sizes.burst));
       }
     }
-    return {
+    const [off, ...on] = instances;
+    return on.map((x) => ({
       row: 'telemetry',
-      what: `mirror-sync CPU time per consumer, fan-in N=${sizes.burst}, export on`,
+      what: `mirror-sync CPU time per consumer, fan-in N=${sizes.burst}, ${x.label}`,
       unit: 'ms',
-      samples: on,
-      baseline: { what: 'export off', samples: off },
-    };
+      samples: x.samples,
+      baseline: { what: off!.label, samples: off!.samples },
+    }));
   } finally {
-    // Its drain pushes what it counted last.
-    await exporting.stop();
+    // Their drains push what they counted last.
+    await Promise.all([shipped.stop(), sampled.stop()]);
   }
 }
