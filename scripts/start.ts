@@ -17,9 +17,9 @@
  *   --serving               on a real node (as root) with Knative Serving and Knative Eventing's own
  *                           installation: the manifests' Knative Services from the product image, their
  *                           Broker, Triggers and sources as Knative runs them (docs/deploy-knative.md)
- *   --observability         also start Prometheus (with the shipped alert rules) and Jaeger on this
- *                           machine, push the functions' and the Broker data plane's metrics and traces
- *                           to them, and print where to look (docs/observability.md; not with --serving yet)
+ *   --observability         also start Prometheus (with the shipped alert rules) and Jaeger (on this
+ *                           machine; with --serving inside the node), push the functions' and Knative's
+ *                           own metrics and traces to them, and print where to look (docs/observability.md)
  *   --debug                 also print unchanged reconciles and Knative's informational lines
  * `--build-adapter` and `--local-events` (earlier versions) are accepted and ignored with a note.
  */
@@ -90,12 +90,6 @@ if (kubeconfig && values.serving) {
   );
   process.exit(2);
 }
-if (values.observability && values.serving) {
-  console.error(
-    `--observability runs with the functions on this machine; on the Serving node their pods cannot reach its receivers yet (docs/observability.md)\n${USAGE}`,
-  );
-  process.exit(2);
-}
 if (kubeconfig && !values.install) {
   console.error(
     `--kubeconfig and --use-current-context need --install: events flow through Knative's Broker, which runs here against that cluster and writes its Broker, Triggers, PingSources and Knative Eventing's CRDs into it\n${USAGE}`,
@@ -136,7 +130,8 @@ const signal = stopOnSignal(
 
 const dir = values.dir ? resolve(callerDir, values.dir) : kubeconfig ? '.local/start-external' : '.local/start';
 try {
-  if (values.observability) {
+  // With --serving the system starts them inside the node, where the pods reach them.
+  if (values.observability && !values.serving) {
     progress('starting Prometheus and Jaeger (docs/observability.md)');
     // Beside the state folder, not in it: the control plane wipes that folder as it starts.
     observability = await startObservability({ dir: `${dir}-observability`, log: progress });
@@ -146,7 +141,7 @@ try {
     dir,
     cluster: kubeconfig ? { kubeconfig, install: values.install ?? false } : undefined,
     ...(values.serving
-      ? { serving: true, events: 'knative' as const }
+      ? { serving: true, events: 'knative' as const, observability: values.observability ?? false }
       : { functions: 'source' as const, webhook: true, events: 'broker' as const }),
     pings: { statusEveryMs, resyncEveryMs },
     ...(otel ? { env: Object.fromEntries(FUNCTION_NAMES.map((n) => [n, otel])) } : {}),
@@ -198,7 +193,7 @@ ready in ${seconds}s — a node with Knative Serving (${svc.sources.join(', ')})
       : ''
   }
   users: sign client certificates with ${system.controlPlane!.dir}/pki/client-ca.crt and client-ca.key (examples/README.md: set D=${system.controlPlane!.dir})
-  try: kubectl apply -f examples/ && kubectl get pods -n captf-system -w
+  try: kubectl apply -f examples/ && kubectl get pods -n captf-system -w${receiversLines(system.observability, `kubectl logs -n captf-system -l serving.knative.dev/service=captf-mirror-sync -c mirror-sync`)}
   Ctrl-C stops everything.
 `);
 } else
@@ -218,13 +213,15 @@ ready in ${seconds}s — ${system.controlPlane ? 'embedded control plane' : 'clu
   }
   users: sign client certificates with ${system.controlPlane.dir}/pki/client-ca.crt and client-ca.key (examples/README.md)`
       : ''
-  }${
-    observability
-      ? `
-  metrics: Prometheus ${observability.prometheus.url} (the shipped alerts under /alerts; PromQL such as sum by (captf_write, captf_result) (captf_mirror_writes_total))
-  traces: Jaeger ${observability.jaeger.url} (service captf-mirror-sync; the Broker's spans under its own services; a trace_id is on each JSON log line in ${join(system.dir, 'logs')})
-  dashboard: import manifests/components/observability/dashboard.json into a Grafana that reads ${observability.prometheus.url}`
-      : ''
-  }
+  }${receiversLines(observability, join(system.dir, 'logs'))}
   Ctrl-C stops everything.
 `);
+
+/** The banner's lines about the receivers, when they run; `logs` says where the JSON log lines are. */
+function receiversLines(o: Observability | undefined, logs: string): string {
+  if (!o) return '';
+  return `
+  metrics: Prometheus ${o.prometheus.url} (the shipped alerts under /alerts; PromQL such as sum by (captf_write, captf_result) (captf_mirror_writes_total))
+  traces: Jaeger ${o.jaeger.url} (service captf-mirror-sync; Knative's spans under its own services; a trace_id is on each JSON log line: ${logs})
+  dashboard: import manifests/components/observability/dashboard.json into a Grafana that reads ${o.prometheus.url}`;
+}

@@ -28,7 +28,14 @@ import {
   type Sampler as SdkSampler,
 } from '@opentelemetry/sdk-trace';
 import { resourceOf, shutdownWithin, type Pusher } from './otel-shared.ts';
-import type { Sampler, SpanAttributes, SpanHandle, SpanOptions, Tracing } from './telemetry.ts';
+import {
+  NO_TRACES,
+  type Sampler,
+  type SpanAttributes,
+  type SpanHandle,
+  type SpanOptions,
+  type Tracing,
+} from './telemetry.ts';
 
 /** A running trace export and what records into it. */
 export interface Traces {
@@ -67,6 +74,9 @@ export async function startTraces(cfg: Pusher & { sampler: Sampler; ratio: numbe
   const propagator = new W3CTraceContextPropagator();
   const tracing: Tracing = {
     span: (name, opts: SpanOptions, fn) => {
+      // Under a span the sampler dropped, every sampler drops the children too (the same trace
+      // id, or the parent's choice): none is made, and no context is switched for it.
+      if (!opts.parent && droppedHere()) return NO_TRACES.span(name, opts, fn);
       const parent = opts.parent
         ? propagator.extract(ROOT_CONTEXT, opts.parent, defaultTextMapGetter)
         : context.active();
@@ -105,6 +115,12 @@ function bounded(attributes: SpanAttributes): SpanAttributes {
   const out: SpanAttributes = {};
   for (const [k, v] of Object.entries(attributes)) out[k] = typeof v === 'string' ? cut(v) : v;
   return out;
+}
+
+/** Whether the active span is one the sampler dropped (a valid trace, not recorded). */
+function droppedHere(): boolean {
+  const current = trace.getSpan(context.active());
+  return current !== undefined && !current.isRecording() && isSpanContextValid(current.spanContext());
 }
 
 /** Runs `work` and ends `span` once it settles; a failure marks the span failed and is passed on. */

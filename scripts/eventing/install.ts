@@ -24,6 +24,7 @@ import { serverSideApply } from '../lib/kube.ts';
 import { eventually } from '../lib/wait.ts';
 import type { TestNode } from '../node/node.ts';
 import { REPO_ROOT } from '../tools/build.ts';
+import { withObservabilityConfig } from '../observability/stack.ts';
 import { EVENTING_PROGRAMS } from '../tools/registry.ts';
 import { LOCAL_FEATURES, SYSTEM_NAMESPACE } from './dataplane.ts';
 
@@ -150,16 +151,23 @@ const AVAILABLE_TIMEOUT_MS = 300_000;
 
 /**
  * Installs Knative Eventing on `node`: builds and imports its images when missing, applies its
- * objects and waits until every Deployment of {@link EVENTING_DEPLOYMENTS} is Available.
+ * objects (with `observability` merged into its `config-observability`, read as its components
+ * start) and waits until every Deployment of {@link EVENTING_DEPLOYMENTS} is Available.
  * @throws Error naming the first Deployment that is not.
  */
-export async function installEventing(node: TestNode, log: (line: string) => void): Promise<void> {
+export async function installEventing(
+  node: TestNode,
+  log: (line: string) => void,
+  observability?: Readonly<Record<string, string>>,
+): Promise<void> {
   log('[eventing] programs and images (built when missing)');
   for (const image of new Set(Object.values(IMAGE_OF_CMD))) {
     const built = await buildImage(image, { log });
     await node.containerd.ctr(['images', 'import', built.path]);
   }
-  const { objects, source } = await loadEventingObjects();
+  const loaded = await loadEventingObjects();
+  const { source } = loaded;
+  const objects = withObservabilityConfig(loaded.objects, observability);
   const kc = new KubeConfig();
   kc.loadFromFile(node.controlPlane.kubeconfigPath);
   log(`[eventing] applying ${objects.length} objects from ${source}`);

@@ -6,9 +6,8 @@
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort } from '../lib/ports.ts';
 import { ensureTool } from '../tools/build.ts';
-import { startReceiver } from './receiver.ts';
+import { ON_THIS_MACHINE, startReceiver, type ReceiverPlace } from './receiver.ts';
 
 /** One span as Jaeger's query API answers it (OTLP JSON), with its service. */
 export interface StoredSpan {
@@ -27,7 +26,7 @@ export interface StoredSpan {
 
 /** A running Jaeger. */
 export interface Jaeger {
-  /** Where a function pushes: set as `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`. */
+  /** Where a function pushes (from where it runs): set as `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`. */
   otlpTracesEndpoint: string;
   /** The query API and UI: `http://127.0.0.1:<port>`. */
   url: string;
@@ -40,10 +39,17 @@ export interface Jaeger {
  * Starts Jaeger with its configuration and log under `dir` (built when missing).
  * @throws Error naming its log when it is not ready in time (it is stopped first).
  */
-export async function startJaeger(o: { dir: string; log?: (line: string) => void }): Promise<Jaeger> {
+export async function startJaeger(o: {
+  dir: string;
+  log?: (line: string) => void;
+  /** Where it runs (default: this machine's loopback). */
+  place?: ReceiverPlace;
+}): Promise<Jaeger> {
   const bin = await ensureTool('observability', 'jaeger', o.log);
   mkdirSync(o.dir, { recursive: true });
-  const [otlp, query, grpc, health] = await Promise.all([freePort(), freePort(), freePort(), freePort()]);
+  const place = o.place ?? ON_THIS_MACHINE;
+  const [otlp, query, grpc, health] = [await place.port(), await place.port(), await place.port(), await place.port()];
+  const at = (port: number) => `${place.bind}:${port}`;
   const config = join(o.dir, 'jaeger.yaml');
   // JSON is YAML; the collector-style configuration of cmd/jaeger/config.yaml, trimmed.
   writeFileSync(
@@ -57,13 +63,13 @@ export async function startJaeger(o: { dir: string; log?: (line: string) => void
       extensions: {
         jaeger_query: {
           storage: { traces: 'memory' },
-          http: { endpoint: `127.0.0.1:${query}` },
-          grpc: { endpoint: `127.0.0.1:${grpc}` },
+          http: { endpoint: at(query) },
+          grpc: { endpoint: at(grpc) },
         },
         jaeger_storage: { backends: { memory: { memory: { max_traces: 100_000 } } } },
-        healthcheckv2: { use_v2: true, http: { endpoint: `127.0.0.1:${health}` } },
+        healthcheckv2: { use_v2: true, http: { endpoint: at(health) } },
       },
-      receivers: { otlp: { protocols: { http: { endpoint: `127.0.0.1:${otlp}` } } } },
+      receivers: { otlp: { protocols: { http: { endpoint: at(otlp) } } } },
       processors: { batch: {} },
       exporters: { jaeger_storage_exporter: { trace_storage: 'memory' } },
     }),
@@ -74,10 +80,11 @@ export async function startJaeger(o: { dir: string; log?: (line: string) => void
     bin,
     dir: o.dir,
     args: ['--config', config],
+    place,
     ready: `http://127.0.0.1:${health}/status`,
   });
   return {
-    otlpTracesEndpoint: `http://127.0.0.1:${otlp}/v1/traces`,
+    otlpTracesEndpoint: `http://${place.senders}:${otlp}/v1/traces`,
     url,
     trace: async (traceId) => {
       const r = await fetch(`${url}/api/v3/traces/${traceId}`);

@@ -9,9 +9,8 @@
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort } from '../lib/ports.ts';
 import { ensureTool } from '../tools/build.ts';
-import { startReceiver } from './receiver.ts';
+import { ON_THIS_MACHINE, startReceiver, type ReceiverPlace } from './receiver.ts';
 
 /** One sample of an instant query: the series' labels and its value. */
 export interface Sample {
@@ -29,7 +28,7 @@ export interface Alert {
 export interface Prometheus {
   /** `http://127.0.0.1:<port>` */
   url: string;
-  /** Where a function pushes: set as `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`. */
+  /** Where a function pushes (from where it runs): set as `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`. */
   otlpMetricsEndpoint: string;
   /** An instant PromQL query's vector. @throws Error with Prometheus's error text. */
   query(promql: string): Promise<Sample[]>;
@@ -69,20 +68,24 @@ export async function startPrometheus(o: {
   /** Rule groups (a PrometheusRule's `spec.groups`), evaluated every second. */
   ruleGroups?: readonly unknown[];
   log?: (line: string) => void;
+  /** Where it runs (default: this machine's loopback). */
+  place?: ReceiverPlace;
 }): Promise<Prometheus> {
   const bin = await ensureTool('observability', 'prometheus', o.log);
   const config = writeConfig(o.dir, o.ruleGroups ?? []);
-  const port = await freePort();
+  const place = o.place ?? ON_THIS_MACHINE;
+  const port = await place.port();
   const url = `http://127.0.0.1:${port}`;
   const stop = await startReceiver({
     name: 'prometheus',
     bin,
     dir: o.dir,
     ready: `${url}/-/ready`,
+    place,
     args: [
       `--config.file=${config}`,
       `--storage.tsdb.path=${join(o.dir, 'data')}`,
-      `--web.listen-address=127.0.0.1:${port}`,
+      `--web.listen-address=${place.bind}:${port}`,
       '--web.enable-otlp-receiver',
       '--enable-feature=created-timestamp-zero-ingestion',
     ],
@@ -96,7 +99,7 @@ export async function startPrometheus(o: {
   };
   return {
     url,
-    otlpMetricsEndpoint: `${url}/api/v1/otlp/v1/metrics`,
+    otlpMetricsEndpoint: `http://${place.senders}:${port}/api/v1/otlp/v1/metrics`,
     query: async (promql) => {
       type Vector = { result: { metric: Record<string, string>; value: [number, string] }[] };
       const data = await api<Vector>(`/api/v1/query?query=${encodeURIComponent(promql)}`);

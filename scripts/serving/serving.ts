@@ -33,6 +33,7 @@ import { stopProcess } from '../lib/process.ts';
 import { eventually } from '../lib/wait.ts';
 import type { TestNode } from '../node/node.ts';
 import { ensureTool } from '../tools/build.ts';
+import { withObservabilityConfig } from '../observability/stack.ts';
 import { loadServingObjects, SERVING_NAMESPACE, TEST_AUTOSCALER } from './manifests.ts';
 import { CLUSTER_LOCAL_CA, clusterLocalIssuers, trustBundle } from './tls.ts';
 
@@ -60,6 +61,8 @@ export interface ServingOptions {
   /** The node's folder (Traefik's log goes to `traefik/` under it). */
   dir: string;
   log: (line: string) => void;
+  /** Merged into Serving's `config-observability` before its components start. */
+  observability?: Readonly<Record<string, string>>;
 }
 
 /**
@@ -78,7 +81,9 @@ export async function startServing(node: TestNode, opts: ServingOptions): Promis
     const image = await buildImage(`serving-${p}`, { log: opts.log });
     await node.containerd.ctr(['images', 'import', image.path]);
   }
-  const { objects, sources } = await loadServingObjects(TEST_AUTOSCALER);
+  const loaded = await loadServingObjects(TEST_AUTOSCALER);
+  const { sources } = loaded;
+  const objects = withObservabilityConfig(loaded.objects, opts.observability);
   const kc = new KubeConfig();
   kc.loadFromFile(node.controlPlane.kubeconfigPath);
   const certManager = startCertManager(kc, { dir: join(opts.dir, 'cert-manager'), log: opts.log });

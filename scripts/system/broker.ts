@@ -149,7 +149,22 @@ export async function startAdapter(ctx: AdapterContext): Promise<void> {
  * @throws Error when the Broker does not answer 2xx.
  */
 export async function ping(brokerUrl: string, which: keyof typeof PINGS, authorization?: string): Promise<void> {
-  const msg = pingMessage(PINGS[which], EVENTING_NAMESPACE);
+  const status = await sendToBroker(brokerUrl, pingMessage(PINGS[which], EVENTING_NAMESPACE), authorization);
+  if (status < 200 || status > 299) throw new Error(`the Broker answered HTTP ${status} to the ${PINGS[which]} ping`);
+}
+
+/** A binary-mode CloudEvent: its headers (`ce-*`, `content-type`) and body. */
+export interface EventMessage {
+  headers: Record<string, string>;
+  body: string;
+}
+
+/**
+ * POSTs one CloudEvent to the Broker, which routes it by the Triggers.
+ * @param authorization the `Authorization` header a Broker with sender identity needs.
+ * @returns the Broker's status.
+ */
+export async function sendToBroker(brokerUrl: string, msg: EventMessage, authorization?: string): Promise<number> {
   // Generous for a serial channel, which answers after the fan-out, retries included (31 s, or
   // 62 s when the dead-letter sink fails too).
   const res = await fetch(brokerUrl, {
@@ -159,7 +174,7 @@ export async function ping(brokerUrl: string, which: keyof typeof PINGS, authori
     signal: AbortSignal.timeout(120_000),
   });
   await res.arrayBuffer();
-  if (!res.ok) throw new Error(`the Broker answered HTTP ${res.status} to the ${PINGS[which]} ping`);
+  return res.status;
 }
 
 /** The Deployment of Knative's installation that runs each data-plane component (scripts/eventing/install.ts). */
@@ -195,7 +210,12 @@ function deploymentLog(podLogs: string, namespace: string, deployment: string): 
 export async function installedBroker(
   node: TestNode,
   o: { kc: KubeConfig; rendered: readonly KubernetesObject[]; podLogs: string },
-): Promise<{ url: string; ping(which: keyof typeof PINGS): Promise<void>; logs: Record<EventingComponent, string[]> }> {
+): Promise<{
+  url: string;
+  ping(which: keyof typeof PINGS): Promise<void>;
+  send(msg: EventMessage): Promise<number>;
+  logs: Record<EventingComponent, string[]>;
+}> {
   const svc = await o.kc
     .makeApiClient(CoreV1Api)
     .readNamespacedService({ namespace: SYSTEM_NAMESPACE, name: 'broker-ingress' });
@@ -210,13 +230,14 @@ export async function installedBroker(
       enumerable: true,
       get: () => deploymentLog(o.podLogs, SYSTEM_NAMESPACE, deployment),
     });
-  const signed = async (which: keyof typeof PINGS) =>
-    ping(
-      url,
-      which,
-      `Bearer ${await pingSourceToken(o.kc, broker as { name: string; namespace: string }, PINGS[which])}`,
-    );
-  return { url, ping: signed, logs };
+  const signedAs = async (which: keyof typeof PINGS) =>
+    `Bearer ${await pingSourceToken(o.kc, broker as { name: string; namespace: string }, PINGS[which])}`;
+  return {
+    url,
+    ping: async (which) => ping(url, which, await signedAs(which)),
+    send: async (msg) => sendToBroker(url, msg, await signedAs('resync')),
+    logs,
+  };
 }
 
 /**

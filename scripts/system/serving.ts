@@ -97,6 +97,27 @@ export const CLUSTER_LOCAL_TLS_COMPONENT = 'manifests/components/knative-cluster
 export const renderForServing = (manifests: string, dir: string): Promise<KubernetesObject[]> =>
   renderForNode(manifests, { dir, name: 'serving-overlay', components: [CLUSTER_LOCAL_TLS_COMPONENT] });
 
+/**
+ * `rendered` with `env` set on the first container of every Knative Service (an entry of the
+ * same name replaced, the others kept in order). Pure.
+ */
+export function withFunctionEnv(
+  rendered: readonly KubernetesObject[],
+  env: Readonly<Record<string, string>>,
+): KubernetesObject[] {
+  const added = Object.entries(env).map(([name, value]) => ({ name, value }));
+  if (!added.length) return [...rendered];
+  return rendered.map((o) => {
+    if (o.kind !== 'Service' || !o.apiVersion?.startsWith('serving.knative.dev/')) return o;
+    const copy = structuredClone(o) as KubernetesObject & {
+      spec: { template: { spec: { containers: { env?: { name: string; value?: string }[] }[] } } };
+    };
+    const container = copy.spec.template.spec.containers[0]!;
+    container.env = [...(container.env ?? []).filter((e) => !(e.name in env)), ...added];
+    return copy;
+  });
+}
+
 /** The Knative Services as Serving reports them. */
 export interface ServedFunctions {
   /** Knative Service name → its cluster-local address (`http://<name>.<namespace>.svc.cluster.local`). */

@@ -37,7 +37,16 @@ import { watchMirrors } from '../local/mirrors.ts';
 import { watchScale } from '../local/scale.ts';
 import { LogPrinter, type Printed } from '../local/print.ts';
 import { ensureKustomize, render } from '../tools/kustomize.ts';
-import { EVENTING_NAMESPACE, installedBroker, PINGS, ping, startAdapter, startBroker } from './broker.ts';
+import {
+  EVENTING_NAMESPACE,
+  installedBroker,
+  PINGS,
+  ping,
+  sendToBroker,
+  startAdapter,
+  startBroker,
+  type EventMessage,
+} from './broker.ts';
 import {
   FUNCTION_NAMES,
   buildFunctions,
@@ -49,7 +58,8 @@ import {
 } from './functions.ts';
 import { installPrepareCaller, serviceAccountUsers, type Actor } from './users.ts';
 import { WEBHOOK_CONFIGURATION, registerWebhook } from './webhook.ts';
-import { deployOnServing, renderForServing, type ServedFunctions } from './serving.ts';
+import { deployOnServing, renderForServing, withFunctionEnv, type ServedFunctions } from './serving.ts';
+import { startObservability, type Observability } from '../observability/stack.ts';
 
 export { FUNCTION_NAMES, type FunctionName } from './functions.ts';
 export { PINGS } from './broker.ts';
@@ -98,12 +108,15 @@ export interface SystemOptions {
    * stand-in, and none of the project's objects, CRDs included.
    */
   product?: boolean;
-  /**
-   * A registry on the node (scripts/node/registry.ts), `localhost:<port>` from this machine and
-   * from the node, with Knative's `event_display` under the name the manifests give it; with
-   * `serving`, Serving does not resolve that registry's tags (the node has no way out).
-   */
+  /** A registry on the node (scripts/node/registry.ts), `localhost:<port>` from this machine and from the node. */
   registry?: boolean;
+  /**
+   * With `serving`: Prometheus and Jaeger inside the node (scripts/observability/stack.ts),
+   * with Knative Serving's and Eventing's `config-observability` pointed at them before their
+   * components start, and the functions' pods with the shipped component's settings pushing
+   * there; {@link RunningSystem.observability} reaches both from this machine.
+   */
+  observability?: boolean;
   /** Run the functions from source or as the production bundles; absent: no functions. */
   functions?: FunctionsFrom;
   /**
@@ -184,6 +197,11 @@ export interface RunningSystem {
     schedules: Record<keyof typeof PINGS, string>;
     /** {@link ping}: a PingSource tick's CloudEvent through the Broker. @throws Error on a non-2xx. */
     ping(which: keyof typeof PINGS): Promise<void>;
+    /**
+     * {@link sendToBroker}: any CloudEvent through the Broker, sent as the resync PingSource
+     * sends (the Broker takes events from its sources only). @returns the Broker's status.
+     */
+    send(msg: EventMessage): Promise<number>;
     /** The data plane's output so far, one array of lines per component (live: it grows). */
     logs: Readonly<Record<EventingComponent, readonly string[]>>;
   };
@@ -191,6 +209,8 @@ export interface RunningSystem {
   eventPaths?: EventPaths;
   /** The ServiceAccount playing the provider's manager, allowed to call prepare. */
   prepareCaller?: { namespace: string; name: string };
+  /** With `observability`: the receivers inside the node, reached from this machine. */
+  observability?: Observability;
   /** Stops everything this call started, in reverse order; idempotent. */
   stop(): Promise<void>;
 }
@@ -234,7 +254,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     const [rendered, cluster] = await run('control plane and manifests', () =>
       bothSettled(renderManifests(s), connectCluster(s)),
     );
-    const { serving, registry } = await run('on the node', () => startOnNode(s, cluster));
+    const { serving, registry, observability } = await run('on the node', () => startOnNode(s, cluster));
     // After the control plane: it wipes the state folder the bundles are built into.
     const build = await run('functions build', () => buildFunctions(opts.functions ?? 'source', opts.dir));
     const eventingCRDs = await run('CRDs', () => installAllCRDs(s, cluster));
@@ -250,7 +270,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
     const webhook = await run('webhook registration', () => registerLocalWebhook(s, cluster, functions, tls.caPem));
     await run('Eventing CRDs', () => eventingCRDs.installed);
     const served = await run('product on Serving', () =>
-      deployFunctionsOnServing(s, { cluster, serving, rendered, schedules }),
+      deployFunctionsOnServing(s, { cluster, serving, rendered, schedules, observability }),
     );
     const events = await run('events', () =>
       startEvents(s, { cluster, rendered, functions, users, schedules, sign, ...(served ? { served } : {}) }),
@@ -279,6 +299,7 @@ export async function startSystem(options: SystemOptions): Promise<RunningSystem
       webhook,
       ...events,
       ...(prepareCaller ? { prepareCaller } : {}),
+      ...(observability ? { observability } : {}),
       stop: () => s.steps.stop(),
     };
   });
@@ -329,6 +350,7 @@ const OPTION_CONFLICTS: readonly [(o: SystemOptions) => boolean, string][] = [
   ],
   [(o) => o.product === false && !o.serving, 'product: false leaves Serving empty: add serving'],
   [(o) => !!o.registry && !o.node && !o.serving, 'registry runs on the node: add node or serving'],
+  [(o) => !!o.observability && !o.serving, 'observability runs inside the Serving node: add serving'],
   [
     (o) => !!o.networkPolicies && !o.node && !o.serving,
     'networkPolicies are enforced on the node: add node or serving',
@@ -391,22 +413,51 @@ async function renderManifests(s: Startup): Promise<KubernetesObject[]> {
   return s.opts.functions ? (await render(MANIFESTS)).filter((o) => o.kind !== 'CustomResourceDefinition') : [];
 }
 
-/** With `serving`, Knative Serving on the node (scripts/serving/). */
-async function startKnativeServing(s: Startup, cluster: Cluster): Promise<KnativeServing | undefined> {
+/**
+ * With `serving`, Knative Serving on the node (scripts/serving/), and Eventing with `events:
+ * 'knative'`; each with `knative` in its `config-observability` (read as they start).
+ */
+async function startKnativeServing(
+  s: Startup,
+  cluster: Cluster,
+  knative: Readonly<Record<string, string>> | undefined,
+): Promise<KnativeServing | undefined> {
   if (!s.opts.serving) return undefined;
-  const serving = await startServing(cluster.node!, { dir: join(s.opts.dir, 'node'), log: s.opts.progress });
+  const serving = await startServing(cluster.node!, {
+    dir: join(s.opts.dir, 'node'),
+    log: s.opts.progress,
+    ...(knative ? { observability: knative } : {}),
+  });
   s.steps.defer(() => serving.stop());
-  if (s.opts.events === 'knative') await installEventing(cluster.node!, s.opts.progress);
+  if (s.opts.events === 'knative') await installEventing(cluster.node!, s.opts.progress, knative);
   return serving;
 }
 
-/** What runs on the node beside the control plane: Serving (and Eventing), the registry. */
+/** With `observability`, Prometheus and Jaeger inside the node, stopped with it. */
+async function startNodeObservability(s: Startup, cluster: Cluster): Promise<Observability | undefined> {
+  if (!s.opts.observability) return undefined;
+  s.opts.progress('starting Prometheus and Jaeger inside the node (docs/observability.md)');
+  const observability = await startObservability({
+    dir: join(s.opts.dir, 'observability'),
+    log: s.opts.progress,
+    node: cluster.node!,
+  });
+  s.steps.defer(() => observability.stop());
+  return observability;
+}
+
+/** What runs on the node beside the control plane: the receivers, Serving (and Eventing), the registry. */
 async function startOnNode(
   s: Startup,
   cluster: Cluster,
-): Promise<{ serving: KnativeServing | undefined; registry: NodeRegistry | undefined }> {
-  const serving = await startKnativeServing(s, cluster);
-  return { serving, registry: await startRegistry(s, cluster) };
+): Promise<{
+  serving: KnativeServing | undefined;
+  registry: NodeRegistry | undefined;
+  observability: Observability | undefined;
+}> {
+  const observability = await startNodeObservability(s, cluster);
+  const serving = await startKnativeServing(s, cluster, observability?.knative);
+  return { serving, registry: await startRegistry(s, cluster), observability };
 }
 
 /** With `registry`, the node's registry (scripts/node/registry.ts), empty: a user pushes the product's image to it. */
@@ -533,12 +584,21 @@ async function deployFunctionsOnServing(
     serving: KnativeServing | undefined;
     rendered: readonly KubernetesObject[];
     schedules: Record<keyof typeof PINGS, string>;
+    /** The receivers its functions push to (their settings added to every function's container). */
+    observability: Observability | undefined;
   },
 ): Promise<RunningSystem['serving']> {
   if (!o.serving || s.opts.product === false) return undefined;
   const byName = Object.entries(PINGS).map(([which, name]) => [name, o.schedules[which as keyof typeof PINGS]]);
   const eventing = { schedules: Object.fromEntries(byName) };
-  const served = await deployOnServing(o.cluster.kc, o.cluster.node!, o.rendered, { eventing });
+  const served = await deployOnServing(
+    o.cluster.kc,
+    o.cluster.node!,
+    withFunctionEnv(o.rendered, o.observability?.functionEnv ?? {}),
+    {
+      eventing,
+    },
+  );
   return { ...served, sources: o.serving.sources, caPem: o.serving.caPem };
 }
 
@@ -670,6 +730,12 @@ async function startEvents(s: Startup, ctx: EventsContext): Promise<Pick<Running
     emit: s.emit,
   });
   return {
-    broker: { url: broker.url, schedules: ctx.schedules, ping: (which) => ping(broker.url, which), logs: broker.logs },
+    broker: {
+      url: broker.url,
+      schedules: ctx.schedules,
+      ping: (which) => ping(broker.url, which),
+      send: (msg) => sendToBroker(broker.url, msg),
+      logs: broker.logs,
+    },
   };
 }

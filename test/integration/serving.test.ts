@@ -14,6 +14,7 @@ import type { Consumer } from '../../functions/lib/api.ts';
 import { setGlobalDispatcher } from 'undici';
 import { mirrorName } from '../../functions/lib/mirror.ts';
 import { podView, SERVICE_LABEL } from '../../scripts/local/scale.ts';
+import type { StoredSpan } from '../../scripts/observability/jaeger.ts';
 import { withRevisionAnnotations } from '../../scripts/serving/revision.ts';
 import { failedDeliveries } from '../../scripts/system/broker.ts';
 import { clusterLocalDispatcher } from '../../scripts/system/serving.ts';
@@ -36,6 +37,8 @@ const { system, w, work, explained, mirrorOwnedBy } = await nodeWorld('serving',
   serving: true,
   events: 'knative',
   pings: { statusEveryMs: DAY_MS, resyncEveryMs: DAY_MS },
+  // Prometheus and Jaeger inside the node: the pods push as a cluster's would.
+  observability: true,
 });
 const serving = system.serving!;
 // This process's fetch reaches `*.svc.cluster.local` through Traefik, as a pod would.
@@ -161,6 +164,9 @@ describe('the manifests on Knative Serving', () => {
       'a mirror-sync pod was started for the event (the Service was at zero before)',
     );
   });
+
+  it("the pods push to Prometheus and Jaeger inside the node: mirror-sync's counts, Knative's own, and a consumer's trace from Knative's spans down to mirror-sync's mirror write", () =>
+    telemetryOnTheNode());
 
   it("after idle, each function at min-scale 0 has no pod, and a prepare (over https), a ping, the API server's reviews (through Knative) or a dead letter cold-starts it", async () => {
     // Set up while functions may still run; then every Service is left to reach zero. Two
@@ -418,6 +424,38 @@ describe('sender identity on Knative (SPEC §12)', () => {
 
   it("bound to the Broker by a SinkBinding, a resync fans out its keys signed with the token Eventing mounts: refused until the Broker's policy names the binding, then a mirror lost without an event comes back", () =>
     sinkBindingFanOut());
+
+  it('an event its function refuses is dead-lettered by Knative, signed as the Trigger that gave up: dead-letters takes it and names it', async () => {
+    const id = `refused-${suffix()}`;
+    // An ApiServerSource-shaped event about an object mirror-sync does not handle: a 4xx, which
+    // Knative dead-letters at once.
+    const sent = await system.broker!.send({
+      headers: {
+        'content-type': 'application/json',
+        'ce-specversion': '1.0',
+        'ce-id': id,
+        'ce-source': 'captf/serving-test',
+        'ce-type': 'dev.knative.apiserver.ref.add',
+      },
+      body: JSON.stringify({ apiVersion: 'v1', kind: 'ConfigMap', namespace: 'default', name: 'not-a-consumer' }),
+    });
+    assert.equal(sent, 202, 'the Broker took it');
+    const logged = async () => (await podsOf('captf-dead-letters')).flatMap((p) => podLog(work, p).split('\n'));
+    const line = await eventually(
+      'the dead letter in the dead-letters log',
+      async () => (await logged()).find((l) => l.includes(id)),
+      120_000,
+    );
+    const letter = JSON.parse(line.slice(line.indexOf('{'))) as Record<string, string>;
+    assert.equal(letter.message, 'dead letter', line);
+    assert.equal(letter.for, 'mirror-sync', line);
+    assert.match(letter.code!, /^4/, line);
+    assert.deepEqual(
+      (await logged()).filter((l) => l.includes('event refused')),
+      [],
+      "Knative's filter signed it as a Trigger the function lists",
+    );
+  });
 });
 
 /** The mirror-sync Knative Service as this test reads it. */
@@ -559,4 +597,55 @@ async function sinkBindingFanOut(): Promise<void> {
       )
       .catch(() => undefined);
   }
+}
+
+/**
+ * The node's receivers after a consumer's event: its trace in Jaeger, from Knative's spans (the
+ * Broker's and Serving's, with `tracing-sampling-rate` 1) down to mirror-sync's mirror write, and
+ * the counts mirror-sync's pods and Knative's components pushed to Prometheus.
+ */
+async function telemetryOnTheNode(): Promise<void> {
+  const o = system.observability!;
+  const source = await operatorSource(w, fx.data({ token: 'observed' }));
+  const ns = await w.namespace();
+  const id = await source.newIdentity(fx.allowList(ns));
+  const consumer = await w.create(fx.consumer('traced', fx.inNamespace(ns), fx.identityRef(id)));
+  await mirrorOwnedBy(ns, id, consumer, 120_000);
+  const object = `${ns}/${consumer.metadata!.name}`;
+  // Read while the pod is there: its log goes with it.
+  const lines = (await mirrorSyncLogs()).map((l) => l.slice(l.indexOf('{')));
+  const reconciled = lines
+    .map((l) => (l.startsWith('{') ? (JSON.parse(l) as Record<string, unknown>) : {}))
+    .find((e) => e.message === 'reconcile' && e.object === object && e.trace_id);
+  assert.ok(reconciled, `mirror-sync's reconcile line of ${object} carries a trace id`);
+  let spans: StoredSpan[] = [];
+  const answer = () => spans.find((s) => s.name === 'POST /' && s.service === 'captf-mirror-sync');
+  const underKnative = () => {
+    const byId = new Map(spans.map((s) => [s.spanId, s]));
+    for (let s = answer(); s; s = byId.get(s.parentSpanId)) if (!s.service.startsWith('captf-')) return true;
+    return false;
+  };
+  await explained(
+    eventually(
+      "mirror-sync's answer under Knative's spans in Jaeger",
+      async () => {
+        spans = await o.jaeger.trace(String(reconciled.trace_id));
+        return underKnative() && spans.some((s) => s.name === 'create secrets');
+      },
+      120_000,
+      1000,
+    ),
+  ).catch((err: unknown) => {
+    const services = [...new Set(spans.map((s) => `${s.service}: ${s.name}`))].join('; ');
+    throw new Error(`${(err as Error).message}\nspans: ${services}`);
+  });
+  // A pod pushes every 15 s and once more as it stops.
+  await eventually(
+    "mirror-sync's and Knative's own metrics in Prometheus",
+    async () =>
+      ((await o.prometheus.query('sum(captf_events_total{job="captf-mirror-sync"})'))[0]?.value ?? 0) > 0 &&
+      ((await o.prometheus.query('count({job!~"captf-.*"})'))[0]?.value ?? 0) > 0,
+    120_000,
+    1000,
+  );
 }

@@ -40,10 +40,10 @@ after(async () => {
 });
 
 /** A caller's span: a fresh trace id and span id, and the `traceparent` header naming them (sampled). */
-function callerSpan(): { traceId: string; spanId: string; traceparent: string } {
+function callerSpan(sampled = true): { traceId: string; spanId: string; traceparent: string } {
   const traceId = randomBytes(16).toString('hex');
   const spanId = randomBytes(8).toString('hex');
-  return { traceId, spanId, traceparent: `00-${traceId}-${spanId}-01` };
+  return { traceId, spanId, traceparent: `00-${traceId}-${spanId}-${sampled ? '01' : '00'}` };
 }
 
 /** Spawns `fn` exporting traces only, to the test's Jaeger, as `service`. */
@@ -88,24 +88,30 @@ describe('traces pushed over OTLP to a real Jaeger (SPEC §13)', () => {
     const source = await operatorSource(w, fx.data({ token: planted }));
     const n = await w.namespace();
     const id = await source.newIdentity(fx.allowList(n));
-    const [consumer, second] = await createConsumers(w, n, id, 'c', 2);
+    const [consumer, second, third] = await createConsumers(w, n, id, 'c', 3);
     const service = `captf-mirror-sync-${w.name('t')}`;
     const fn = await spawnTraced('mirror-sync', service, {
       KUBECONFIG: (await w.account('captf-mirror-sync')).kubeconfigPath,
     });
     const event = callerSpan();
     const prepare = callerSpan();
+    const unsampled = callerSpan(false);
     const caller = await manager(w);
     try {
       assert.ok(fn.output().includes('"telemetry pushed over OTLP"'), fn.output());
       const url = `http://127.0.0.1:${fn.port}/`;
-      const message = HTTP.binary(consumerEvent(consumer!) as CloudEvent<unknown>);
-      const answer = await fetch(url, {
-        method: 'POST',
-        headers: { ...(message.headers as Record<string, string>), traceparent: event.traceparent },
-        body: message.body as string,
-      });
-      assert.equal(answer.status, 200);
+      for (const [c, span] of [
+        [consumer!, event],
+        [third!, unsampled],
+      ] as const) {
+        const message = HTTP.binary(consumerEvent(c) as CloudEvent<unknown>);
+        const answer = await fetch(url, {
+          method: 'POST',
+          headers: { ...(message.headers as Record<string, string>), traceparent: span.traceparent },
+          body: message.body as string,
+        });
+        assert.equal(answer.status, 200);
+      }
       const prepared = await fetch(`${url}prepare`, {
         method: 'POST',
         headers: {
@@ -150,6 +156,9 @@ describe('traces pushed over OTLP to a real Jaeger (SPEC §13)', () => {
       logged.some((e) => e.message === 'reconcile'),
       `a reconcile line carries the event's trace id: ${JSON.stringify(fn.entries().slice(-5))}`,
     );
+    // A caller that did not sample: nothing of its trace is exported, its log lines still name it.
+    assert.deepEqual(await jaeger.trace(unsampled.traceId), [], 'an unsampled trace exports no span');
+    assert.ok(fn.entries().some((e) => e.message === 'reconcile' && e.trace_id === unsampled.traceId));
     const text = JSON.stringify([...spans, ...prepareSpans]);
     assert.ok(!text.includes(planted), 'no span holds the Secret data');
     assert.ok(!text.includes(caller.authorization.slice(7, 40)), 'no span holds the token');
