@@ -12,7 +12,8 @@ import { traefikService, TRAEFIK_PORTS } from '../../scripts/serving/serving.ts'
 import { CLUSTER_LOCAL_ISSUER } from '../../scripts/serving/tls.ts';
 import { eventingObjects } from '../../scripts/eventing/install.ts';
 import { LOCAL_FEATURES } from '../../scripts/eventing/dataplane.ts';
-import { nodeOverlay, objectsToApply, splitImageRef } from '../../scripts/system/serving.ts';
+import { nodeOverlay, objectsToApply, splitImageRef, withFunctionEnv } from '../../scripts/system/serving.ts';
+import { withObservabilityConfig } from '../../scripts/observability/stack.ts';
 import { startSystem, type SystemOptions } from '../../scripts/system/system.ts';
 import * as fx from '../helpers/fixtures.ts';
 
@@ -139,6 +140,45 @@ describe('the rendered objects applied on the node', () => {
       'the input is unchanged',
     );
   });
+
+  it("with the receivers inside the node: every function's container gets their settings, a same-named entry replaced", () => {
+    const service = (name: string) => ({
+      apiVersion: 'serving.knative.dev/v1',
+      kind: 'Service',
+      metadata: { name },
+      spec: {
+        template: {
+          spec: {
+            containers: [
+              {
+                env: [
+                  { name: 'A', value: '1' },
+                  { name: 'B', value: 'old' },
+                ],
+              },
+            ],
+          },
+        },
+      },
+    });
+    const objects = [...rendered, service('captf-x')] as KubernetesObject[];
+    const out = withFunctionEnv(objects, { B: 'new', C: '3' });
+    assert.deepEqual((out.at(-1) as ReturnType<typeof service>).spec.template.spec.containers[0]!.env, [
+      { name: 'A', value: '1' },
+      { name: 'B', value: 'new' },
+      { name: 'C', value: '3' },
+    ]);
+    assert.deepEqual(out.slice(0, -1), rendered, 'nothing else changes');
+    assert.equal((objects.at(-1) as ReturnType<typeof service>).spec.template.spec.containers[0]!.env.length, 2);
+    const configs = [
+      { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'config-observability' }, data: { keep: 'k' } },
+      { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'config-features' }, data: {} },
+    ] as KubernetesObject[];
+    assert.deepEqual(
+      withObservabilityConfig(configs, { 'tracing-sampling-rate': '1' }).map((c) => (c as { data: unknown }).data),
+      [{ keep: 'k', 'tracing-sampling-rate': '1' }, {}],
+    );
+  });
 });
 
 describe('the overlay of the manifests', () => {
@@ -231,6 +271,7 @@ describe('the system options that need Serving or a node', () => {
     await refused({ product: false }, /product: false leaves Serving empty: add serving/);
     await refused({ events: 'knative' }, /installs Knative Eventing on the node Serving runs on: add serving/);
     await refused({ registry: true }, /registry runs on the node: add node or serving/);
+    await refused({ observability: true }, /observability runs inside the Serving node: add serving/);
     await refused({ serving: true, events: 'knative', functions: 'source' }, /leave functions and webhook out/);
     await refused({ serving: true, events: 'broker' }, /set events: 'knative'/);
   });
