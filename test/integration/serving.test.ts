@@ -612,12 +612,13 @@ async function telemetryOnTheNode(): Promise<void> {
   const consumer = await w.create(fx.consumer('traced', fx.inNamespace(ns), fx.identityRef(id)));
   await mirrorOwnedBy(ns, id, consumer, 120_000);
   const object = `${ns}/${consumer.metadata!.name}`;
-  // Read while the pod is there: its log goes with it.
-  const lines = (await mirrorSyncLogs()).map((l) => l.slice(l.indexOf('{')));
-  const reconciled = lines
-    .map((l) => (l.startsWith('{') ? (JSON.parse(l) as Record<string, unknown>) : {}))
-    .find((e) => e.message === 'reconcile' && e.object === object && e.trace_id);
-  assert.ok(reconciled, `mirror-sync's reconcile line of ${object} carries a trace id`);
+  // Read while the pod is there (its log goes with it); the line comes after the mirror write.
+  const reconciled = await eventually(`mirror-sync's reconcile line of ${object}`, async () =>
+    (await mirrorSyncLogs())
+      .map((l) => l.slice(l.indexOf('{')))
+      .map((l) => (l.startsWith('{') ? (JSON.parse(l) as Record<string, unknown>) : {}))
+      .find((e) => e.message === 'reconcile' && e.object === object && e.trace_id),
+  );
   let spans: StoredSpan[] = [];
   const answer = () => spans.find((s) => s.name === 'POST /' && s.service === 'captf-mirror-sync');
   const underKnative = () => {
@@ -639,12 +640,16 @@ async function telemetryOnTheNode(): Promise<void> {
     const services = [...new Set(spans.map((s) => `${s.service}: ${s.name}`))].join('; ');
     throw new Error(`${(err as Error).message}\nspans: ${services}`);
   });
-  // A pod pushes every 15 s and once more as it stops.
+  // A pod pushes every 15 s and once more as it stops; Serving's activator and Eventing's filter too.
   await eventually(
     "mirror-sync's and Knative's own metrics in Prometheus",
-    async () =>
-      ((await o.prometheus.query('sum(captf_events_total{job="captf-mirror-sync"})'))[0]?.value ?? 0) > 0 &&
-      ((await o.prometheus.query('count({job!~"captf-.*"})'))[0]?.value ?? 0) > 0,
+    async () => {
+      const events = await o.prometheus.query('sum(captf_events_total{job="captf-mirror-sync"})');
+      const jobs = (await o.prometheus.query('count by (job) ({__name__=~".+", job=~"activator|broker.filter"})')).map(
+        (x) => x.metric.job,
+      );
+      return (events[0]?.value ?? 0) > 0 && jobs.includes('activator') && jobs.includes('broker.filter');
+    },
     120_000,
     1000,
   );

@@ -170,10 +170,10 @@ describe('the rendered objects applied on the node', () => {
     ]);
     assert.deepEqual(out.slice(0, -1), rendered, 'nothing else changes');
     assert.equal((objects.at(-1) as ReturnType<typeof service>).spec.template.spec.containers[0]!.env.length, 2);
-    const configs = [
+    const configs: (KubernetesObject & { data: Record<string, string> })[] = [
       { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'config-observability' }, data: { keep: 'k' } },
       { apiVersion: 'v1', kind: 'ConfigMap', metadata: { name: 'config-features' }, data: {} },
-    ] as KubernetesObject[];
+    ];
     assert.deepEqual(
       withObservabilityConfig(configs, { 'tracing-sampling-rate': '1' }).map((c) => (c as { data: unknown }).data),
       [{ keep: 'k', 'tracing-sampling-rate': '1' }, {}],
