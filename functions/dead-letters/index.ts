@@ -6,17 +6,8 @@
  * signs each dead letter as the Trigger that gave up), `GET /healthz`. Started by
  * `functions/main.ts dead-letters`.
  */
-import {
-  createApp,
-  readEvents,
-  servePlain,
-  startSettings,
-  type FunctionHandle,
-  type StartOptions,
-} from '../lib/http.ts';
-import { createLogger } from '../lib/log.ts';
-import { senderGate } from '../lib/sender-gate.ts';
-import { eventAuthFromEnv } from '../lib/senders.ts';
+import { startEventFunction } from '../lib/event-function.ts';
+import type { FunctionHandle, StartOptions } from '../lib/http.ts';
 import { takeDeadLetters } from './handler.ts';
 
 /**
@@ -26,17 +17,6 @@ import { takeDeadLetters } from './handler.ts';
  * @returns the running function.
  * @throws Error on bad configuration or a listen error.
  */
-export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
-  const { port: wanted, kubeconfig: kc, env } = startSettings(opts);
-  const logger = opts.logger ?? createLogger('dead-letters');
-  const senders = eventAuthFromEnv(env);
-  const app = createApp();
-  app.post(
-    '/',
-    senderGate(kc, senders, logger),
-    // Read as every event function reads its events: their types, size and JSON limits.
-    readEvents(),
-    takeDeadLetters(logger),
-  );
-  return servePlain(app, logger, wanted, opts.host);
+export function start(opts: StartOptions = {}): Promise<FunctionHandle> {
+  return startEventFunction('dead-letters', opts, ({ logger }) => takeDeadLetters(logger));
 }

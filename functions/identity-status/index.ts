@@ -6,17 +6,8 @@
  * `GET /healthz`. Start with `npm run function -- identity-status`.
  */
 import { consumerKindsFromEnv } from '../lib/consumers.ts';
-import {
-  createApp,
-  readEvents,
-  servePlain,
-  startSettings,
-  type FunctionHandle,
-  type StartOptions,
-} from '../lib/http.ts';
-import { createLogger } from '../lib/log.ts';
-import { senderGate } from '../lib/sender-gate.ts';
-import { eventAuthFromEnv } from '../lib/senders.ts';
+import { startEventFunction } from '../lib/event-function.ts';
+import type { FunctionHandle, StartOptions } from '../lib/http.ts';
 import { handleEvents } from './handler.ts';
 
 /** Env: how many identities a ping refreshes at once (1–64, default 8). */
@@ -48,18 +39,8 @@ export function statusConfigFromEnv(env: NodeJS.ProcessEnv): {
  * @returns the running function; `close()` waits for in-flight refreshes.
  * @throws Error on bad configuration (no kubeconfig, malformed env) or a listen error.
  */
-export async function start(opts: StartOptions = {}): Promise<FunctionHandle> {
-  const { port: wanted, kubeconfig: kc, env } = startSettings(opts);
-  const logger = opts.logger ?? createLogger('identity-status');
-  const { concurrency, identitySelector } = statusConfigFromEnv(env);
-  const senders = eventAuthFromEnv(env);
-  const app = createApp();
-  app.post(
-    '/',
-    // SPEC §12: only the function's own senders reach the handler; their body is read after.
-    senderGate(kc, senders, logger),
-    readEvents(),
-    handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), concurrency, identitySelector, logger }),
+export function start(opts: StartOptions = {}): Promise<FunctionHandle> {
+  return startEventFunction('identity-status', opts, ({ kc, env, logger }) =>
+    handleEvents({ kc, consumerKinds: consumerKindsFromEnv(env), ...statusConfigFromEnv(env), logger }),
   );
-  return servePlain(app, logger, wanted, opts.host);
 }

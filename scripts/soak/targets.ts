@@ -86,6 +86,16 @@ const expectAllowed = (a: Answer, i: number): string | undefined => {
 const expect2xx = (a: Answer): string | undefined =>
   a.status >= 200 && a.status < 300 ? undefined : `HTTP ${a.status} ${a.error ?? ''} ${a.text.slice(0, 200)}`;
 
+/** An event function that takes what `as` would be sent, hostile or well formed; never a 5xx, and a known good event 2xx. */
+const eventTarget = (name: FunctionName, url: string, as: 'mirror-sync' | 'identity-status'): FuzzTarget => ({
+  name,
+  url,
+  bodyLimit: DEFAULT_BODY_LIMIT,
+  cases: fc.oneof({ arbitrary: hostileEvents(as), weight: 6 }, { arbitrary: wellFormedEvents(as), weight: 3 }),
+  knownGood: (i) => knownGoodEvent(as, `good-${i}`),
+  checkKnownGood: expect2xx,
+});
+
 /**
  * The fuzz targets of the running functions. dead-letters takes whatever mirror-sync would be
  * sent (a dead letter is such an event): anything readable is 202, nothing is a 5xx.
@@ -115,27 +125,7 @@ export function fuzzTargets(urls: Record<FunctionName, string>, authorization: s
       knownGood: (i) => knownGoodEvent('mirror-sync', `good-${i}`),
       checkKnownGood: expect2xx,
     },
-    {
-      name: 'identity-status',
-      url: urls['identity-status'],
-      bodyLimit: DEFAULT_BODY_LIMIT,
-      cases: fc.oneof(
-        { arbitrary: hostileEvents('identity-status'), weight: 6 },
-        { arbitrary: wellFormedEvents('identity-status'), weight: 3 },
-      ),
-      knownGood: (i) => knownGoodEvent('identity-status', `good-${i}`),
-      checkKnownGood: expect2xx,
-    },
-    {
-      name: 'dead-letters',
-      url: urls['dead-letters'],
-      bodyLimit: DEFAULT_BODY_LIMIT,
-      cases: fc.oneof(
-        { arbitrary: hostileEvents('mirror-sync'), weight: 6 },
-        { arbitrary: wellFormedEvents('mirror-sync'), weight: 3 },
-      ),
-      knownGood: (i) => knownGoodEvent('mirror-sync', `good-${i}`),
-      checkKnownGood: expect2xx,
-    },
+    eventTarget('identity-status', urls['identity-status'], 'identity-status'),
+    eventTarget('dead-letters', urls['dead-letters'], 'mirror-sync'),
   ];
 }
