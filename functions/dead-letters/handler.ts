@@ -1,8 +1,9 @@
 /**
- * HTTP adapter of dead-letters: each delivery is one dead letter (or a batch of them): a dead
- * letter that cannot be read as a CloudEvent is still one, and is counted as such. Each is one `dead letter` log line at warn level (what, about which object,
- * where it failed and why, never its data) and one count in `captf.dead_letters`; the answer
- * is 202 with no body. Nothing is retried here: the resync repairs what the event was about.
+ * HTTP adapter of dead-letters: each delivery is one dead letter (or a batch of them); one that
+ * cannot be read as a CloudEvent is still one, and is counted as such. Each is one `dead letter`
+ * log line at warn level (what, about which object, where it failed and why, never its data)
+ * and one count in `captf.dead_letters`; the answer is 202 with no body. Nothing is retried
+ * here: the resync repairs what the event was about.
  */
 import { BadEventError, readCloudEvents } from '../lib/cloudevents.ts';
 import type { RequestHandler } from 'express';
