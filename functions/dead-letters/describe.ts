@@ -9,6 +9,7 @@
  * `{"errdestination": <subscriber URL>, "errresponsebody": <base64 of the answer>}`. Both are read.
  */
 import { APISERVER_EVENT_TYPES, KEY_EVENT_TYPE, PING_EVENT_TYPE } from '../lib/cloudevents.ts';
+import { jsonObject } from '../lib/json.ts';
 
 /** The functions a dead letter can be for; `other` for any other destination. */
 export const DEAD_LETTER_TARGETS = ['mirror-sync', 'identity-status', 'other'] as const;
@@ -78,16 +79,6 @@ export function codeLabel(code: string): string {
   return /^[1-5]\d\d$/.test(code) ? `${code[0]}xx` : 'none';
 }
 
-/** A JSON object parsed from `text`, or undefined when it is not one. */
-function jsonObject(text: string): Record<string, unknown> | undefined {
-  try {
-    const v: unknown = JSON.parse(text);
-    return v !== null && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, unknown>) : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
 /** The object an event is about, from the ApiServerSource extensions when present. */
 function aboutOf(attrs: Record<string, unknown>): string {
   const [kind, namespace, name] = [str(attrs.kind), str(attrs.namespace), str(attrs.name)];
@@ -95,12 +86,16 @@ function aboutOf(attrs: Record<string, unknown>): string {
   return str(attrs.subject) || str(attrs.source);
 }
 
+/** Each function a dead letter can name, and its Service's name inside a URL. */
+const FUNCTION_NAMES = (['mirror-sync', 'identity-status'] as const).map((target) => ({
+  target,
+  host: new RegExp(`(^|[/.])captf-${target}([-./:]|$)`),
+}));
+
 /** The function a Trigger's name or a subscriber's URL points at (the manifests' `captf-<function>…` names). */
 export function targetOf(trigger: string | undefined, destination: string | undefined): DeadLetterTarget {
-  for (const t of ['mirror-sync', 'identity-status'] as const) {
-    const named = new RegExp(`(^|[/.])captf-${t}([-./:]|$)`);
-    if (trigger?.startsWith(`captf-${t}-`) || (destination && named.test(destination))) return t;
-  }
+  for (const { target, host } of FUNCTION_NAMES)
+    if (trigger?.startsWith(`captf-${target}-`) || (destination && host.test(destination))) return target;
   return 'other';
 }
 

@@ -5,6 +5,7 @@
  * as it was) become debug lines. Only named fields are printed, never whole log objects, so
  * nothing the functions did not choose to say can appear.
  */
+import { jsonObject } from '../../functions/lib/json.ts';
 
 /** One printable line; `debug` lines are shown only with `--debug`. */
 export interface Printed {
@@ -41,16 +42,6 @@ const RESYNC_FIELDS = [
 ];
 /** The summary fields of identity-status's `refresh done` line, in print order. */
 const REFRESH_FIELDS = ['trigger', 'refreshed', 'written', 'gone', 'failed', 'durationMs'];
-
-/** `text` parsed when it is a JSON object; undefined for plain text (e.g. a crash message) or other JSON. */
-export function jsonObject(text: string): Json | undefined {
-  try {
-    const parsed: unknown = JSON.parse(text);
-    return typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed) ? (parsed as Json) : undefined;
-  } catch {
-    return undefined;
-  }
-}
 
 /** identity-status wrote (or found unchanged) an identity's status; unchanged ones are debug. */
 function identityRefreshed(component: string, j: Json): Printed {
