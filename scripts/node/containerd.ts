@@ -12,7 +12,7 @@
  * keeps containers at or above containerd's.
  */
 import type { ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, openSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { NodeNamespace } from './namespace.ts';
 
@@ -98,8 +98,10 @@ export async function startContainerd(ns: NodeNamespace, o: ContainerdOptions): 
   const log = openSync(join(root, 'containerd.log'), 'a');
   // The shim finds runc through PATH as well as through BinaryName.
   const env = { ...process.env, PATH: `${dirname(o.bin.runc!)}:${process.env.PATH ?? ''}` };
-  const child = ns.spawn(o.bin.containerd!, ['--config', configFile], { stdio: ['ignore', log, log], env });
   const socket = join(root, 'containerd.sock');
+  // A restart after a SIGKILL finds the old socket: waiting for it must wait for the new one.
+  rmSync(socket, { force: true });
+  const child = ns.spawn(o.bin.containerd!, ['--config', configFile], { stdio: ['ignore', log, log], env });
   for (let i = 0; i < 300 && !existsSync(socket); i++) {
     if (child.exitCode !== null) break;
     await new Promise((r) => setTimeout(r, 100));

@@ -48,9 +48,19 @@ export interface TestNode {
   image: BuiltImage;
   /** A 127.0.0.1 port reaching `target` inside the node (a pod's IP and port). */
   forward(target: { host: string; port: number }): Promise<number>;
+  /**
+   * Fault injection: stops one of the node's agents (SIGTERM, then SIGKILL after 10 s) and
+   * starts it again with the same configuration and state, as a service manager restarts it.
+   * Running containers stay (their shims outlive containerd); resolves once containerd's
+   * socket is back, or at once for the kubelet (its Node's readiness is the caller's to wait for).
+   */
+  restart(agent: NodeAgent): Promise<void>;
   /** Stops every process, container, mount and cgroup of the node and its control plane. */
   stop(): Promise<void>;
 }
+
+/** The node's agents {@link TestNode.restart} restarts. */
+export type NodeAgent = 'kubelet' | 'containerd';
 
 /** How long the node may take to become Ready once its kubelet starts, in ms (generous). */
 const READY_TIMEOUT_MS = 120_000;
@@ -96,8 +106,9 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
     // Stopped before the namespace's teardown, in order (scheduler, controller-manager, API
     // server, etcd): all at once, etcd would wait on the API server's connections until SIGKILL.
     steps.defer(() => controlPlane.stop());
+    const runtime = () => startContainerd(ns, { dir: nodeDir, bin, sandboxImage: pause.ref });
     const containerd = await run('containerd, images', async () => {
-      const c = await startContainerd(ns, { dir: nodeDir, bin, sandboxImage: pause.ref });
+      const c = await runtime();
       for (const i of [pause, image]) await c.ctr(['images', 'import', i.path]);
       return c;
     });
@@ -106,7 +117,7 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
     );
     // First at stop: while their watches are open the API server takes its full grace to exit.
     steps.defer(async () => {
-      for (const agent of agents) await stopProcess(agent);
+      for (const agent of agents.processes) await stopProcess(agent);
     });
     await run('Ready', () => nodeReady(ns, { kubeconfigPath: controlPlane.kubeconfigPath, dir: nodeDir }));
     if (opts.networkPolicies) {
@@ -121,8 +132,29 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
       steps.defer(() => stopProcess(firewall));
     }
     opts.log(`[node] ${NODE_NAME} is Ready at ${ns.address}; API server ${controlPlane.server}`);
-    return { controlPlane, namespace: ns, containerd, image, forward: ns.forward, stop };
+    const restart = restarter(agents, runtime, containerd);
+    return { controlPlane, namespace: ns, containerd, image, forward: ns.forward, restart, stop };
   });
+}
+
+/**
+ * {@link TestNode.restart}: the kubelet (the first of `agents`' processes) or containerd,
+ * stopped and started again in place, so the node's stop ends the new process.
+ */
+function restarter(
+  agents: { processes: ChildProcess[]; startKubelet: () => ChildProcess },
+  startAgain: () => Promise<Containerd>,
+  containerd: Containerd,
+): (agent: NodeAgent) => Promise<void> {
+  return async (agent) => {
+    if (agent === 'kubelet') {
+      await stopProcess(agents.processes[0]!);
+      agents.processes[0] = agents.startKubelet();
+      return;
+    }
+    await stopProcess(containerd.process);
+    containerd.process = (await startAgain()).process;
+  };
 }
 
 /** The control plane's admin, as the host reaches it. */
@@ -141,24 +173,28 @@ function checkNftables(): void {
   }
 }
 
-/** The kubelet, kube-proxy and CoreDNS, each as its own user (the roles a cluster gives them); returns their processes. */
+/**
+ * The kubelet, kube-proxy and CoreDNS, each as its own user (the roles a cluster gives them);
+ * returns their processes (the kubelet's first) and how to start the kubelet again.
+ */
 async function startNodeAgents(
   ns: NodeNamespace,
   o: { dir: string; bin: Record<string, string>; controlPlane: ControlPlane; containerd: Containerd },
-): Promise<ChildProcess[]> {
+): Promise<{ processes: ChildProcess[]; startKubelet: () => ChildProcess }> {
   const cpDir = o.controlPlane.dir;
   // The Node authorizer and NodeRestriction know a kubelet by this name and group.
   const kubeletUser = await userKubeConfig(cpDir, `system:node:${NODE_NAME}`, ['system:nodes'], 'inside');
   // Bound to system:node-proxier by the API server's bootstrap policy.
   const proxyUser = await userKubeConfig(cpDir, 'system:kube-proxy', [], 'inside');
-  const kubelet = startKubelet(ns, {
-    dir: o.dir,
-    bin: o.bin.kubelet!,
-    kubeconfig: kubeletUser,
-    runtime: o.containerd.socket,
-    clientCA: join(cpDir, 'pki', 'client-ca.crt'),
-    cniConfDir: o.containerd.cniConfDir,
-  });
+  const kubelet = () =>
+    startKubelet(ns, {
+      dir: o.dir,
+      bin: o.bin.kubelet!,
+      kubeconfig: kubeletUser,
+      runtime: o.containerd.socket,
+      clientCA: join(cpDir, 'pki', 'client-ca.crt'),
+      cniConfDir: o.containerd.cniConfDir,
+    });
   const proxy = startKubeProxy(ns, { dir: o.dir, bin: o.bin['kube-proxy']!, kubeconfig: proxyUser });
   const dns = startCoreDNS(ns, {
     dir: o.dir,
@@ -166,7 +202,7 @@ async function startNodeAgents(
     kubeconfig: o.controlPlane.insideKubeconfigPath,
     context: 'admin@captf-local',
   });
-  return [kubelet, proxy, dns];
+  return { processes: [kubelet(), proxy, dns], startKubelet: kubelet };
 }
 
 /** Waits for the Node to be Ready without taints, and kube-proxy and CoreDNS to be healthy. */
