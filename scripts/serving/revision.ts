@@ -13,38 +13,59 @@ export interface ServiceRef {
   service: string;
 }
 
-const MERGE_PATCH = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
+const JSON_PATCH = setHeaderOptions('Content-Type', PatchStrategy.JsonPatch);
 const SERVICES = { group: 'serving.knative.dev', version: 'v1', plural: 'services' } as const;
 
+/** A Knative Service's revision template (`spec.template`). */
+export type RevisionTemplate = NonNullable<NonNullable<KnativeService['spec']>['template']>;
+
 /**
- * Runs `fn` with `service`'s revision template carrying `annotations` (a null value removes one),
- * then puts the previous values back. Each change waits until Knative has made the new revision
- * and it is Ready.
+ * Runs `fn` with `service`'s revision template changed by `change` (given a copy of the current
+ * one), then puts the previous template back whole. Each change waits until Knative has made
+ * the new revision and it is Ready.
  * @param timeoutMs bound on each wait for a Ready revision.
- * @throws Error when a revision does not get Ready in time; the old values are put back even when `fn` throws.
+ * @throws Error when a revision does not get Ready in time; the old template is put back even then, and when `fn` throws.
  */
-export async function withRevisionAnnotations<T>(
+export async function withRevisionTemplate<T>(
   kc: KubeConfig,
   { namespace, service, timeoutMs }: ServiceRef & { timeoutMs: number },
-  annotations: Readonly<Record<string, string | null>>,
+  change: (template: RevisionTemplate) => RevisionTemplate,
   fn: () => Promise<T>,
 ): Promise<T> {
   const api = kc.makeApiClient(CustomObjectsApi);
   const ref = { ...SERVICES, namespace, name: service };
-  const before = (await api.getNamespacedCustomObject(ref)) as KnativeService;
-  const had = before.spec?.template?.metadata?.annotations ?? {};
-  const was = Object.fromEntries(Object.keys(annotations).map((k) => [k, had[k] ?? null]));
-  const set = async (values: Record<string, string | null>) => {
-    const body = { spec: { template: { metadata: { annotations: values } } } };
-    const after = (await api.patchNamespacedCustomObject({ ...ref, body }, MERGE_PATCH)) as KnativeService;
+  const before = ((await api.getNamespacedCustomObject(ref)) as KnativeService).spec?.template ?? {};
+  // Replaced whole (a JSON patch): a merge patch could not take back what the change added.
+  const set = async (template: RevisionTemplate) => {
+    const body = [{ op: 'replace', path: '/spec/template', value: template }];
+    const after = (await api.patchNamespacedCustomObject({ ...ref, body }, JSON_PATCH)) as KnativeService;
     await revisionReady(kc, { namespace, service }, after.metadata?.generation ?? 0, timeoutMs);
   };
-  await set({ ...annotations });
   try {
+    await set(change(structuredClone(before)));
     return await fn();
   } finally {
-    await set(was);
+    await set(before);
   }
+}
+
+/**
+ * {@link withRevisionTemplate} with the template carrying `annotations` (a null value removes one).
+ */
+export function withRevisionAnnotations<T>(
+  kc: KubeConfig,
+  ref: ServiceRef & { timeoutMs: number },
+  annotations: Readonly<Record<string, string | null>>,
+  fn: () => Promise<T>,
+): Promise<T> {
+  const annotate = (t: RevisionTemplate): RevisionTemplate => {
+    const had: Record<string, string> = { ...t.metadata?.annotations };
+    for (const [k, v] of Object.entries(annotations))
+      if (v === null) delete had[k];
+      else had[k] = v;
+    return { ...t, metadata: { ...t.metadata, annotations: had } };
+  };
+  return withRevisionTemplate(kc, ref, annotate, fn);
 }
 
 /**
