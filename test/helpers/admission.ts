@@ -15,7 +15,7 @@ import type { IdentityRequest } from '../../functions/admission/decide.ts';
 import { start } from '../../functions/admission/index.ts';
 import { IDENTITY_RESOURCE, type TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import type { FunctionHandle } from '../../functions/lib/http.ts';
-import { apiStatus } from '../../functions/lib/kube.ts';
+import { apiStatus, type Clients } from '../../functions/lib/kube.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { createWebhookPair } from '../../scripts/controlplane/pki.ts';
 import { registerWebhook } from '../../scripts/system/webhook.ts';
@@ -291,15 +291,27 @@ export interface WebhookWalk {
   firstReviewMs: number;
 }
 
+/** What {@link webhookUsers} made. */
+export interface WebhookUsers {
+  /** Where the source Secret `creds` (holding `planted`) is; two more namespaces for allow lists. */
+  secretsNs: string;
+  consumerNs: string;
+  otherNs: string;
+  planted: string;
+  /** A user who may edit identities and get `creds`, and one who may edit identities only. */
+  reader: Clients;
+  nobody: Clients;
+  /** How the webhook's refusal of `nobody` begins. */
+  mayNot: RegExp;
+}
+
 /**
- * An identity's life through the webhook the cluster has registered, whichever way the API
- * server reaches it (SPEC §10): its create and a widening update refused for a user who may not
- * get the source Secret and allowed for one who may (each refusal in the webhook's words, so
- * the webhook, not RBAC, decided), and its delete refused while a consumer uses it, allowed
- * once that is gone. A webhook that is not called fails the refusals; one that cannot be
- * reached fails the allowed steps.
+ * Two minted users in a group that may edit identities: `reader-…` may also get the source
+ * Secret `creds` (holding a planted value) in a fresh namespace, `nobody-…` may not; and two
+ * more fresh namespaces. The webhook must allow the first's identities naming `creds` and
+ * refuse the second's (SPEC §10).
  */
-export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> {
+export async function webhookUsers(w: fx.World): Promise<WebhookUsers> {
   const [secretsNs, consumerNs, otherNs] = await Promise.all([w.namespace(), w.namespace(), w.namespace()]);
   const planted = sentinel();
   await w.create(fx.sourceSecret('creds', fx.inNamespace(secretsNs), fx.data({ token: planted })));
@@ -318,6 +330,20 @@ export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> 
     ),
   ]);
   const [reader, nobody] = await Promise.all([asUser(`reader-${sfx}`, [editors]), asUser(`nobody-${sfx}`, [editors])]);
+  const mayNot = new RegExp(`denied the request: user "nobody-${sfx}" may not`);
+  return { secretsNs, consumerNs, otherNs, planted, reader, nobody, mayNot };
+}
+
+/**
+ * An identity's life through the webhook the cluster has registered, whichever way the API
+ * server reaches it (SPEC §10): its create and a widening update refused for a user who may not
+ * get the source Secret and allowed for one who may (each refusal in the webhook's words, so
+ * the webhook, not RBAC, decided), and its delete refused while a consumer uses it, allowed
+ * once that is gone. A webhook that is not called fails the refusals; one that cannot be
+ * reached fails the allowed steps.
+ */
+export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> {
+  const { secretsNs, consumerNs, otherNs, planted, reader, nobody, mayNot } = await webhookUsers(w);
   const messages: string[] = [];
   const refused = async (p: Promise<unknown>, want: RegExp) => {
     const r = await refusal(p);
@@ -326,7 +352,6 @@ export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> 
   };
   const name = w.name('via');
   const o = fx.identity(name, fx.secretRef(secretsNs, 'creds'), fx.allowList(consumerNs));
-  const mayNot = new RegExp(`denied the request: user "nobody-${sfx}" may not`);
   const t0 = Date.now();
   await refused(identities(nobody).create(o), mayNot);
   const firstReviewMs = Date.now() - t0;

@@ -53,15 +53,18 @@ export interface PrepareAnswer {
  * `POST <base>/prepare` with `body` (an object is sent as JSON, a string as is).
  * @param auth the caller (its token goes in `Authorization: Bearer`), a raw `Authorization`
  *   header value, or undefined for none.
+ * @param signal aborts the request (the promise then rejects).
  */
 export async function postPrepare(
   base: string,
   body: unknown,
   auth: PrepareCaller | string | undefined,
+  signal?: AbortSignal,
 ): Promise<PrepareAnswer> {
   const authorization = typeof auth === 'string' ? auth : auth?.authorization;
   const res = await fetch(`${base.replace(/\/$/, '')}/prepare`, {
     method: 'POST',
+    ...(signal ? { signal } : {}),
     headers: { 'content-type': 'application/json', ...(authorization ? { authorization } : {}) },
     body: typeof body === 'string' ? body : JSON.stringify(body),
   });
