@@ -458,16 +458,22 @@ export const podLog = (work: string, pod: V1Pod): string =>
 
 /**
  * Stops a system started with a node in `work` (its state folder) and checks the stop left no
- * cgroup of the node and failed at nothing (`progress` holds the system's progress lines); the
+ * cgroup or process of the node (a container, a shim) and failed at nothing (`progress` holds the system's progress lines); the
  * folder goes in any case.
  */
 export async function stopNodeSystem(system: { stop(): Promise<void> }, work: string, progress: readonly string[]) {
   try {
     await system.stop();
-    const root = cgroupRootOf(join(work, 'node'));
-    const left = cgroupFolders(join(work, 'node')).filter((f) => f.split('/')[1] === root);
+    const nodeDir = join(work, 'node');
+    const root = cgroupRootOf(nodeDir);
+    const left = cgroupFolders(nodeDir).filter((f) => f.split('/')[1] === root);
     const failed = progress.filter((l) => l.startsWith('while stopping'));
-    assert.deepEqual({ left, failed }, { left: [], failed: [] }, 'the stop removed every cgroup and failed at nothing');
+    const processes = nodeProcesses(nodeDir);
+    assert.deepEqual(
+      { left, failed, processes },
+      { left: [], failed: [], processes: [] },
+      'the stop removed every cgroup and process of the node and failed at nothing',
+    );
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
