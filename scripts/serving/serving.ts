@@ -179,6 +179,10 @@ function startTraefik(node: TestNode, o: { dir: string; bin: string }): ChildPro
     o.bin,
     [
       '--log.level=INFO',
+      // Who answered what, and how long it took: what a failed delivery's status came from.
+      '--accesslog=true',
+      '--accesslog.format=json',
+      `--accesslog.filepath=${join(base, 'access.log')}`,
       '--experimental.knative=true',
       '--providers.knative=true',
       '--providers.knative.privateEntrypoints=private',
