@@ -7,6 +7,9 @@
  *    admission-privilege) at soak size through `scripts/test.ts` — the churn storm for
  *    `--churn-seconds` (default 120) — with their figures gathered from the tests' diagnostics.
  * `--skip-suites` runs the fuzz only.
+ * `--serving` runs instead the fault suite on the Serving node (test/integration/serving-faults)
+ * at soak size: `--changes N` consumer changes per burst (default 600), each scenario
+ * `--rounds R` times in a row (default 3); it prints each scenario's times to converge. Root.
  *
  * Starts a control plane of its own in `.local/soak-<pid>` (as `npm test` does), or uses
  * `--kubeconfig PATH`. Options: `--cases N` per function, `--seed S` and `--path P` to replay
@@ -37,6 +40,14 @@ interface Options {
   kubeconfig?: string | undefined;
   churnSeconds: number;
   skipSuites: boolean;
+  serving?: { changes: number; rounds: number } | undefined;
+}
+
+/** `value` of option `--name` as a positive integer. @throws Error saying what is wrong otherwise. */
+function positive(name: string, value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} ${value} must be a positive integer`);
+  return n;
 }
 
 function options(argv: string[]): Options {
@@ -50,18 +61,24 @@ function options(argv: string[]): Options {
       kubeconfig: { type: 'string' },
       'churn-seconds': { type: 'string' },
       'skip-suites': { type: 'boolean' },
+      serving: { type: 'boolean' },
+      changes: { type: 'string' },
+      rounds: { type: 'string' },
     },
   });
-  const cases = Number(values.cases ?? DEFAULT_CASES);
-  if (!Number.isInteger(cases) || cases < 1) throw new Error(`--cases ${values.cases} must be a positive integer`);
+  const serving = {
+    changes: positive('changes', values.changes ?? '600'),
+    rounds: positive('rounds', values.rounds ?? '3'),
+  };
   return {
-    cases,
+    cases: positive('cases', values.cases ?? String(DEFAULT_CASES)),
     seed: values.seed === undefined ? undefined : Number(values.seed),
     path: values.path,
     only: values.only,
     kubeconfig: values.kubeconfig,
     churnSeconds: Number(values['churn-seconds'] ?? 120),
     skipSuites: values['skip-suites'] ?? false,
+    serving: values.serving ? serving : undefined,
   };
 }
 
@@ -143,23 +160,48 @@ async function runSuites(churnSeconds: number): Promise<boolean> {
     'test/integration/admission-privilege.test.ts',
   ];
   console.error(`[soak] storm (${churnSeconds} s), faults and privilege suites…`);
+  // A pace the Broker and the chaos proxy's delayed and failed deliveries drain (as fast as
+  // possible, a 2-minute storm leaves a backlog of thousands of events).
+  const { code, text } = await testFiles(files, { CAPTF_CHURN_SECONDS: String(churnSeconds), CAPTF_CHURN_RATE: '6' });
+  console.log(suiteFigures(text));
+  // What failed, so a soak failure can be read without running the suites again.
+  if (code !== 0) console.log(failureLines(text));
+  return code === 0;
+}
+
+/**
+ * The fault suite on the Serving node at soak size (one node; every round of a scenario is its
+ * own test, with the runner's per-test bound raised to 30 minutes); prints the times to converge.
+ */
+async function runServingFaults(o: { changes: number; rounds: number }): Promise<boolean> {
+  console.error(`[soak] faults on the Serving node: ${o.changes} changes per burst, ${o.rounds} rounds each…`);
+  const { code, text } = await testFiles(['test/integration/serving-faults.test.ts', '--test-timeout=1800000'], {
+    CAPTF_FAULT_CHANGES: String(o.changes),
+    CAPTF_FAULT_ROUNDS: String(o.rounds),
+  });
+  console.log(
+    text
+      .split('\n')
+      .filter((l) => /time to converge|ℹ (pass|fail) /.test(l))
+      .join('\n'),
+  );
+  if (code !== 0) console.log(failureLines(text));
+  return code === 0;
+}
+
+/** Runs test files (and runner flags) through scripts/test.ts with `env` added; its exit code and stdout. */
+async function testFiles(args: string[], env: Record<string, string>): Promise<{ code: number; text: string }> {
   const out: string[] = [];
   const code = await new Promise<number>((resolve) => {
-    const child = spawn(process.execPath, [join(REPO_ROOT, 'scripts', 'test.ts'), ...files], {
+    const child = spawn(process.execPath, [join(REPO_ROOT, 'scripts', 'test.ts'), ...args], {
       cwd: REPO_ROOT,
-      // A pace the Broker and the chaos proxy's delayed and failed deliveries drain (as fast as
-      // possible, a 2-minute storm leaves a backlog of thousands of events).
-      env: { ...process.env, CAPTF_CHURN_SECONDS: String(churnSeconds), CAPTF_CHURN_RATE: '6' },
+      env: { ...process.env, ...env },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     child.stdout.on('data', (d: Buffer) => out.push(d.toString()));
     child.on('close', (c) => resolve(c ?? 1));
   });
-  const text = out.join('');
-  console.log(suiteFigures(text));
-  // What failed, so a soak failure can be read without running the suites again.
-  if (code !== 0) console.log(failureLines(text));
-  return code === 0;
+  return { code, text: out.join('') };
 }
 
 /** The failing tests and their first error lines from node:test's spec output. */
@@ -201,6 +243,7 @@ try {
   console.error(`soak: ${(err as Error).message}`);
   process.exit(2);
 }
+if (opts.serving) process.exit((await runServingFaults(opts.serving)) ? 0 : 1);
 const crashes: string[] = [];
 process.on('unhandledRejection', (e) => crashes.push(String(e)));
 const ok = await fuzzAll(opts);
