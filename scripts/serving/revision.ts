@@ -21,8 +21,9 @@ export type RevisionTemplate = NonNullable<NonNullable<KnativeService['spec']>['
 
 /**
  * Runs `fn` with `service`'s revision template changed by `change` (given a copy of the current
- * one), then puts the previous template back whole. Each change waits until Knative has made
- * the new revision and it is Ready.
+ * one), then puts the previous template back whole. `fn` may put it back sooner, by calling the
+ * `restore` it is given (resolves once that revision is Ready; later calls do nothing). Each
+ * change waits until Knative has made the new revision and it is Ready.
  * @param timeoutMs bound on each wait for a Ready revision.
  * @throws Error when a revision does not get Ready in time; the old template is put back even then, and when `fn` throws.
  */
@@ -30,7 +31,7 @@ export async function withRevisionTemplate<T>(
   kc: KubeConfig,
   { namespace, service, timeoutMs }: ServiceRef & { timeoutMs: number },
   change: (template: RevisionTemplate) => RevisionTemplate,
-  fn: () => Promise<T>,
+  fn: (restore: () => Promise<void>) => Promise<T>,
 ): Promise<T> {
   const api = kc.makeApiClient(CustomObjectsApi);
   const ref = { ...SERVICES, namespace, name: service };
@@ -41,11 +42,20 @@ export async function withRevisionTemplate<T>(
     const after = (await api.patchNamespacedCustomObject({ ...ref, body }, JSON_PATCH)) as KnativeService;
     await revisionReady(kc, { namespace, service }, after.metadata?.generation ?? 0, timeoutMs);
   };
+  let restored: Promise<void> | undefined;
+  // Retried: a failed put-back would leave every later user of the Service with the change.
+  const restore = () =>
+    (restored ??= eventually(
+      `${service}'s template put back`,
+      () => set(before).then(() => true),
+      timeoutMs,
+      1000,
+    ).then(() => undefined));
   try {
     await set(change(structuredClone(before)));
-    return await fn();
+    return await fn(restore);
   } finally {
-    await set(before);
+    await restore();
   }
 }
 

@@ -13,7 +13,7 @@ import { identities } from '../../functions/lib/objects.ts';
 import { CGROUP_FS } from '../../scripts/node/cgroups.ts';
 import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
 import { sleep } from '../../scripts/lib/wait.ts';
-import { webhookUsers } from './admission.ts';
+import { refusal, type WebhookUsers } from './admission.ts';
 import { eventually } from './cluster.ts';
 import * as fx from './fixtures.ts';
 import { invariantViolations } from './invariant.ts';
@@ -32,8 +32,11 @@ export interface BurstWorld {
   revoked: string;
   /** A consumer of {@link narrowed} in {@link revoked}, made before the burst: what the provider prepares. */
   watcher: Consumer;
-  /** The middle of a burst: the narrowing, then a rotation of another identity's source. */
-  middle(): Promise<void>;
+  /**
+   * The middle of a burst: the narrowing, then a rotation of another identity's source;
+   * `narrowed` is called as soon as the narrowing is stored.
+   */
+  middle(narrowed: () => void): Promise<void>;
 }
 
 /**
@@ -51,8 +54,9 @@ export async function burstWorld(w: fx.World): Promise<BurstWorld> {
   const rotated = await newIdentity(w, ref('creds-b'), fx.allowList(n0, n1));
   const other = await newIdentity(w, ref('creds-c'), fx.allowList(n2, n3));
   const watcher = await w.create(fx.consumer('watch', fx.inNamespace(n3), fx.identityRef(narrowed)));
-  const middle = async () => {
+  const middle = async (onNarrowed: () => void) => {
     await retried('the narrowing', () => w.put(fx.identity(narrowed, ref('creds-a'), fx.allowList(n0, n1, n2))));
+    onNarrowed();
     await retried('the rotation', async () => {
       const s = await w.clients.core.readNamespacedSecret({ namespace: sources!, name: 'creds-b' });
       s.data = { key: Buffer.from('creds-b-2').toString('base64') };
@@ -97,7 +101,8 @@ export interface BurstTimes {
  * `changes` consumer changes in `b`'s namespaces, `parallel` at a time: four of five create a
  * consumer for the next key in turn (TerraformClusters and TerraformMachines), the fifth deletes
  * the one made four changes before. Each write is {@link retried}. `points` (the middle, the
- * faults) start where they say.
+ * faults) start where they say; while a blocking one runs, no worker takes a new change (the
+ * changes already sent go on). A failed change stops the burst.
  * @returns when the last change and each point ended (a point's failure fails the burst).
  */
 export async function runBurst(
@@ -121,15 +126,26 @@ export async function runBurst(
     await entry.promise;
   };
   let next = 0;
+  let gate: Promise<unknown> = Promise.resolve();
+  let failed = false;
+  const start = (p: BurstPoint) => {
+    const ended = p.run().then(() => Date.now());
+    ended.catch(() => undefined); // awaited with the rest at the end
+    started[points.indexOf(p)] = ended;
+    if (p.blocking) gate = ended;
+  };
   const worker = async () => {
-    for (let j = next++; j < o.changes; j = next++) {
+    for (;;) {
+      await gate;
+      const j = next++;
+      if (j >= o.changes || failed) return;
       if (j % 5 !== 4) made.set(j, Promise.withResolvers<Consumer>());
-      for (const p of points.filter((p) => Math.floor(p.at * o.changes) === j)) {
-        const ended = p.run().then(() => Date.now());
-        started[points.indexOf(p)] = ended;
-        if (p.blocking) await ended;
-      }
-      await change(j);
+      points.filter((p) => Math.floor(p.at * o.changes) === j).forEach(start);
+      await gate;
+      await change(j).catch((err: unknown) => {
+        failed = true;
+        throw err;
+      });
     }
   };
   await Promise.all(Array.from({ length: o.parallel }, worker));
@@ -151,9 +167,11 @@ function createdOnce(w: fx.World, c: Consumer): Promise<Consumer> {
   );
 }
 
-/** The prepare answers a provider polling {@link pollPrepare} got, by when each was sent. */
+/** The prepare answers a provider polling {@link pollPrepare} got, by status (0: no answer in time). */
 export interface PrepareLog {
-  /** Answers to requests sent after the narrowing was written, by status (0: no answer). */
+  /** Answers to requests sent before the narrowing was stored (200s show the poller works). */
+  beforeNarrowing: Record<number, number>;
+  /** Answers to requests sent after it. */
   afterNarrowing: Record<number, number>;
   /** How many requests in all. */
   sent: number;
@@ -170,7 +188,7 @@ const PREPARES_IN_FLIGHT = 8;
  * marks the moment the narrowing was stored, after which no request sent may be answered 200.
  */
 export function pollPrepare(url: string, caller: PrepareCaller, b: BurstWorld) {
-  const log: PrepareLog = { afterNarrowing: {}, sent: 0 };
+  const log: PrepareLog = { beforeNarrowing: {}, afterNarrowing: {}, sent: 0 };
   const inFlight = new Set<Promise<void>>();
   let narrowedAt = Infinity;
   const ask = async () => {
@@ -179,7 +197,8 @@ export function pollPrepare(url: string, caller: PrepareCaller, b: BurstWorld) {
     const status = await postPrepare(url, prepareTarget(b.watcher), caller, AbortSignal.timeout(PREPARE_TIMEOUT_MS))
       .then((r) => r.status)
       .catch(() => 0);
-    if (sentAt > narrowedAt) log.afterNarrowing[status] = (log.afterNarrowing[status] ?? 0) + 1;
+    const tally = sentAt > narrowedAt ? log.afterNarrowing : log.beforeNarrowing;
+    tally[status] = (tally[status] ?? 0) + 1;
   };
   const timer = setInterval(() => {
     if (inFlight.size >= PREPARES_IN_FLIGHT) return;
@@ -187,6 +206,8 @@ export function pollPrepare(url: string, caller: PrepareCaller, b: BurstWorld) {
     inFlight.add(p);
   }, 500);
   return {
+    /** The answers so far (live). */
+    log,
     narrowed: () => (narrowedAt = Date.now()),
     stop: async (): Promise<PrepareLog> => {
       clearInterval(timer);
@@ -196,11 +217,14 @@ export function pollPrepare(url: string, caller: PrepareCaller, b: BurstWorld) {
   };
 }
 
+/** How long the invariant must go on holding once it holds, in ms. */
+const HOLD_MS = 5000;
+
 /**
  * Waits until the mirror invariant (./invariant.ts: one owner reference per consumer, conditions
  * true to the state, no mirror where its identity does not allow it, data current) holds in
- * `namespaces`, checking every 2 s.
- * @returns milliseconds from `since` until it held.
+ * `namespaces` and still holds {@link HOLD_MS} later, checking every 2 s.
+ * @returns milliseconds from `since` until it held (the first of the two checks).
  * @throws Error after `timeoutMs` with the first violations.
  */
 export async function convergence(
@@ -210,10 +234,16 @@ export async function convergence(
   timeoutMs: number,
 ): Promise<number> {
   let last: string[] = [];
+  let heldAt = 0;
   try {
     await eventually(
       'the mirror invariant to hold',
       async () => {
+        last = await invariantViolations(w.clients, namespaces);
+        if (last.length) return false;
+        heldAt = Date.now();
+        // And still, a moment later: no late write undid it.
+        await sleep(HOLD_MS);
         last = await invariantViolations(w.clients, namespaces);
         return last.length === 0;
       },
@@ -225,7 +255,7 @@ export async function convergence(
       cause: err,
     });
   }
-  return Date.now() - since;
+  return heldAt - since;
 }
 
 /** The host PIDs of every process in the containers of `pod` but its sandbox's (`/pause`). */
@@ -293,40 +323,55 @@ export function memoryOf(pid: number): ContainerMemory | undefined {
 
 /** What {@link reviewsWhileKilled} saw. */
 export interface KilledReviews {
-  /** Creates by the user who may not get the source, and how many of those identities exist now (must be 0). */
-  refusedSent: number;
+  /** The creates of the user who may not get the source: refused by the webhook, failed closed (it could not be called), otherwise. */
+  refused: { byWebhook: number; failedClosed: number; otherwise: string[] };
+  /** Those of that user's identities that exist now (must be none). */
   wronglyAdmitted: string[];
-  /** Creates by the user who may: admitted, and refused (failed closed while admission was down). */
+  /** The creates of the user who may: admitted, and failed closed while admission was down. */
   allowed: number;
   failedClosed: number;
 }
 
+/** How the API server says it could not call a webhook whose failure policy is Fail. */
+const WEBHOOK_FAILED = /failed calling webhook/;
+
 /**
- * Identity creates through the webhook by a user who may get the source Secret and one who may
- * not, four at a time for `forMs`, with `kill` run once reviews are flowing; then every
- * identity the second user asked for is looked up (as admin). The allowed ones are deleted.
+ * Identity creates through the webhook by `u.reader` (who may get the source Secret) and
+ * `u.nobody` (who may not), four at a time for `forMs`, with `kill` run a quarter of the way
+ * in; then every identity `nobody` asked for is looked up (as admin). The allowed ones are
+ * deleted.
  */
-export async function reviewsWhileKilled(w: fx.World, kill: () => Promise<unknown>, forMs: number) {
-  const u = await webhookUsers(w);
-  const out: KilledReviews = { refusedSent: 0, wronglyAdmitted: [], allowed: 0, failedClosed: 0 };
+export async function reviewsWhileKilled(
+  w: fx.World,
+  u: WebhookUsers,
+  kill: () => Promise<unknown>,
+  forMs: number,
+): Promise<KilledReviews> {
+  const out: KilledReviews = {
+    refused: { byWebhook: 0, failedClosed: 0, otherwise: [] },
+    wronglyAdmitted: [],
+    allowed: 0,
+    failedClosed: 0,
+  };
   const asked: string[] = [];
   const made: string[] = [];
   const until = Date.now() + forMs;
+  const create = (as: typeof u.reader, name: string) =>
+    identities(as).create(fx.identity(name, fx.secretRef(u.secretsNs, 'creds'), fx.allowList(u.consumerNs)));
   const review = async (i: number) => {
     while (Date.now() < until) {
       const name = w.name(`rv${i}`);
-      const o = fx.identity(name, fx.secretRef(u.secretsNs, 'creds'), fx.allowList(u.consumerNs));
       if (i % 2) {
-        out.refusedSent++;
         asked.push(name);
-        await identities(u.nobody)
-          .create(o)
-          .catch(() => undefined);
+        const said = (await refusal(create(u.nobody, name))).message;
+        if (u.mayNot.test(said)) out.refused.byWebhook++;
+        else if (WEBHOOK_FAILED.test(said)) out.refused.failedClosed++;
+        else out.refused.otherwise.push(said.slice(0, 200));
       } else {
-        const ok = await identities(u.reader)
-          .create(o)
-          .then(() => made.push(name))
-          .catch(() => undefined);
+        const ok = await create(u.reader, name).then(
+          () => made.push(name),
+          () => undefined,
+        );
         if (ok) out.allowed++;
         else out.failedClosed++;
       }
