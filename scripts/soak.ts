@@ -181,8 +181,9 @@ async function runServingFaults(o: { changes: number; rounds: number }): Promise
   });
   console.log(
     text
+      // Each test's result and figures (its diagnostics), then the summary.
       .split('\n')
-      .filter((l) => /time to converge|ℹ (pass|fail) /.test(l))
+      .filter((l) => /time to converge|^\s*(✔|✖|ℹ)/.test(l))
       .join('\n'),
   );
   if (code !== 0) console.log(failureLines(text));

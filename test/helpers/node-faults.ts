@@ -330,6 +330,8 @@ export interface KilledReviews {
   /** The creates of the user who may: admitted, and failed closed while admission was down. */
   allowed: number;
   failedClosed: number;
+  /** How each review that was sent before the kill and answered after it ended (`denied`, `admitted`, `failed`). */
+  inFlight: string[];
 }
 
 /** How the API server says it could not call a webhook whose failure policy is Fail. */
@@ -338,13 +340,13 @@ const WEBHOOK_FAILED = /failed calling webhook/;
 /**
  * Identity creates through the webhook by `u.reader` (who may get the source Secret) and
  * `u.nobody` (who may not), four at a time for `forMs`, with `kill` run a quarter of the way
- * in; then every identity `nobody` asked for is looked up (as admin). The allowed ones are
- * deleted.
+ * in (it calls back with the moment it killed); then every identity `nobody` asked for is
+ * looked up (as admin). The allowed ones are deleted.
  */
 export async function reviewsWhileKilled(
   w: fx.World,
   u: WebhookUsers,
-  kill: () => Promise<unknown>,
+  kill: (killed: (at: number) => void) => Promise<unknown>,
   forMs: number,
 ): Promise<KilledReviews> {
   const out: KilledReviews = {
@@ -352,7 +354,10 @@ export async function reviewsWhileKilled(
     wronglyAdmitted: [],
     allowed: 0,
     failedClosed: 0,
+    inFlight: [],
   };
+  let killedAt = Infinity;
+  const spans: { from: number; to: number; how: string }[] = [];
   const asked: string[] = [];
   const made: string[] = [];
   const until = Date.now() + forMs;
@@ -361,10 +366,13 @@ export async function reviewsWhileKilled(
   const review = async (i: number) => {
     while (Date.now() < until) {
       const name = w.name(`rv${i}`);
+      const from = Date.now();
+      let how: string;
       if (i % 2) {
         asked.push(name);
         const said = (await refusal(create(u.nobody, name))).message;
-        if (u.mayNot.test(said)) out.refused.byWebhook++;
+        how = u.mayNot.test(said) ? 'denied' : 'failed';
+        if (how === 'denied') out.refused.byWebhook++;
         else if (WEBHOOK_FAILED.test(said)) out.refused.failedClosed++;
         else out.refused.otherwise.push(said.slice(0, 200));
       } else {
@@ -372,12 +380,16 @@ export async function reviewsWhileKilled(
           () => made.push(name),
           () => undefined,
         );
+        how = ok ? 'admitted' : 'failed';
         if (ok) out.allowed++;
         else out.failedClosed++;
       }
+      spans.push({ from, to: Date.now(), how });
     }
   };
-  await Promise.all([...[0, 1, 2, 3].map(review), sleep(forMs / 4).then(kill)]);
+  const killing = sleep(forMs / 4).then(() => kill((at) => (killedAt = at)));
+  await Promise.all([...[0, 1, 2, 3].map(review), killing]);
+  out.inFlight = spans.filter((r) => r.from < killedAt && r.to > killedAt).map((r) => r.how);
   for (const name of asked) if (await w.read(fx.identity(name))) out.wronglyAdmitted.push(name);
   for (const name of made) await identities(w.clients).delete({ name });
   return out;

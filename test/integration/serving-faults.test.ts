@@ -96,7 +96,11 @@ const restarts = (pods: V1Pod[]) =>
  * SIGKILLs the containers of every pod `find` returns (waiting for one to exist), then waits
  * until the kubelet has restarted them and they are Ready again.
  */
-async function killAndRecover(what: string, find: () => Promise<V1Pod[]>): Promise<void> {
+async function killAndRecover(
+  what: string,
+  find: () => Promise<V1Pod[]>,
+  killed: (at: number) => void = () => undefined,
+): Promise<void> {
   const pods = await eventually(
     `a pod of ${what} to kill`,
     async () => {
@@ -107,6 +111,7 @@ async function killAndRecover(what: string, find: () => Promise<V1Pod[]>): Promi
   );
   const before = restarts(pods);
   assert.ok(sigkillPods(pods) > 0, `processes of ${what} killed`);
+  killed(Date.now());
   await explained(
     eventually(
       `${what} restarted and Ready again`,
@@ -205,7 +210,8 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
       const users = await webhookUsers(w);
       const memory = sampleMemory();
       const reviewing = async () => {
-        const kill = () => killAndRecover('admission', () => servicePods('captf-admission'));
+        const kill = (killed: (at: number) => void) =>
+          killAndRecover('admission', () => servicePods('captf-admission'), killed);
         reviews = await reviewsWhileKilled(w, users, kill, 15_000);
       };
       await burstUnder(t, 'pods killed', () => [
@@ -221,7 +227,7 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
       const { refused } = reviews;
       assert.deepEqual(refused.otherwise, [], 'every refusal came from the webhook, or from its failing closed');
       assert.ok(refused.byWebhook > 0 && reviews.allowed > 0, 'the webhook decided for both users');
-      assert.ok(refused.failedClosed + reviews.failedClosed > 0, 'some reviews were in flight when admission died');
+      assert.ok(reviews.inFlight.length > 0, 'some reviews were in flight when admission died');
     },
   );
 
@@ -253,6 +259,7 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
     async (t) => {
       const leases = system.kc.makeApiClient(CoordinationV1Api);
       let survived: string[] = [];
+      let restarted: string[] = [];
       const agents = async () => {
         const before = await containerIds();
         await system.node!.restart('containerd');
@@ -268,9 +275,13 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
           500,
         );
         const after = await containerIds();
+        const pods = new Set(after.values());
         survived = [...before].filter(([id, pod]) => after.get(id) === pod).map(([, pod]) => pod);
-        const gone = [...before].filter(([id]) => !after.has(id)).map(([, pod]) => pod);
-        t.diagnostic(`containers running on through the restarts: ${survived.length}; not: ${gone.join(' ')}`);
+        // A pod Knative scaled away meanwhile is gone for another reason.
+        restarted = [...before].filter(([id, pod]) => !after.has(id) && pods.has(pod)).map(([, pod]) => pod);
+        t.diagnostic(
+          `containers running on through the restarts: ${survived.length}; restarted: ${restarted.join(' ')}`,
+        );
       };
       const apiServer = async () => {
         await system.controlPlane!.stopComponent('kube-apiserver');
@@ -284,7 +295,8 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
         { at: 0.25, run: agents },
         { at: 0.6, run: apiServer },
       ]);
-      assert.ok(survived.length > 0, "the pods' containers ran on through containerd's and the kubelet's restarts");
+      assert.ok(survived.length > 0, 'containers were compared');
+      assert.deepEqual(restarted, [], "every pod's containers ran on through containerd's and the kubelet's restarts");
     },
   );
 
