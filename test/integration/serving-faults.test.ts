@@ -93,24 +93,27 @@ const restarts = (pods: V1Pod[]) =>
   pods.flatMap((p) => p.status?.containerStatuses ?? []).reduce((n, c) => n + c.restartCount, 0);
 
 /**
- * SIGKILLs the containers of every pod `find` returns (waiting for one to exist), then waits
- * until the kubelet has restarted them and they are Ready again.
+ * SIGKILLs the containers of every pod `find` returns whose containers all run (waiting until
+ * one does), tells `killed` when, then waits until the kubelet has restarted them and they are
+ * Ready again.
  */
 async function killAndRecover(
   what: string,
   find: () => Promise<V1Pod[]>,
   killed: (at: number) => void = () => undefined,
 ): Promise<void> {
-  const pods = await eventually(
-    `a pod of ${what} to kill`,
+  let pods: V1Pod[] = [];
+  let before = 0;
+  // A pod still starting has no process to kill yet: only pods whose containers all run.
+  await eventually(
+    `a running pod of ${what} to kill`,
     async () => {
-      const found = await find();
-      return found.length > 0 && found;
+      pods = (await find()).filter((p) => p.status?.containerStatuses?.every((c) => c.state?.running));
+      before = restarts(pods);
+      return pods.length > 0 && sigkillPods(pods) > 0;
     },
     120_000,
   );
-  const before = restarts(pods);
-  assert.ok(sigkillPods(pods) > 0, `processes of ${what} killed`);
   killed(Date.now());
   await explained(
     eventually(
