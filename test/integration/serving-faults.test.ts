@@ -304,7 +304,7 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
   );
 
   rounds(
-    'Knative scales mirror-sync in between waves, the resync off: no delivery cut, none answered 2xx without its work done',
+    'Knative scales mirror-sync in between waves, the resync off: no delivery cut, every mirror exact without a resync',
     async (t) => {
       const spread = { 'autoscaling.knative.dev/target': '15', 'autoscaling.knative.dev/max-scale': '4' };
       const scaledIn = new Set<string>();
