@@ -25,6 +25,7 @@ import {
   closeServer,
   limitIdleConnections,
   refusedWhileDraining,
+  SERVER_TIMEOUTS,
   serverOptions,
 } from './connections.ts';
 import { loadKubeConfig } from './kube.ts';
@@ -293,22 +294,31 @@ function unreadable(req: Request): string | undefined {
  * Reads no more of a refused body until its answer is out. Then the connection is half-closed
  * (the sender sees the answer and the end before anything else) and dropped a moment later
  * ({@link LINGER_MS}). A body refused only for want of room (`drop` > 0: its size, within the
- * limit) is taken in and dropped meanwhile, up to `drop` bytes: left unread, those bytes would
- * turn the close into a reset, and a reset makes the sender's kernel drop the answer before
- * the sender has read it. A body past the limit is never read further.
+ * limit) is taken in and dropped meanwhile, up to `drop` bytes, and the connection stays until
+ * the last of them came (then {@link LINGER_MS}) or within the server's own bounds (none came
+ * for `idleMs`, or `requestMs` passed, SERVER_TIMEOUTS): closed with bytes still to come, the
+ * close would turn into a reset, and a reset makes the sender's kernel drop the answer before
+ * the sender has read it (a busy sender reads late). A body past the limit is never read further.
  */
 function stopReading(req: Request, res: Response, drop: number): void {
   req.socket.pause();
   res.on('finish', () => {
     req.socket.end();
     req.socket.pause();
-    setTimeout(() => req.socket.destroy(), LINGER_MS).unref();
-    if (drop <= 0) return;
+    const hangUp = () => req.socket.destroy();
+    if (drop <= 0) {
+      setTimeout(hangUp, LINGER_MS).unref();
+      return;
+    }
+    setTimeout(hangUp, SERVER_TIMEOUTS.requestMs).unref();
+    let idle = setTimeout(hangUp, SERVER_TIMEOUTS.idleMs).unref();
     let left = drop;
     // Node has dumped the unread request by now (flowing, no consumer): this only counts.
     req.on('data', (chunk: Buffer) => {
       left -= chunk.length;
-      if (left < 0) req.socket.destroy();
+      clearTimeout(idle);
+      if (left < 0) hangUp();
+      else idle = setTimeout(hangUp, left === 0 ? LINGER_MS : SERVER_TIMEOUTS.idleMs).unref();
     });
     req.resume();
     req.socket.resume();

@@ -6,11 +6,25 @@
  * token is answered first (SPEC §5).
  */
 import assert from 'node:assert/strict';
-import { request } from 'node:http';
+import { createServer, request } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { ADMISSION_BODY_LIMIT } from '../../functions/admission/index.ts';
-import { DEFAULT_BODY_LIMIT, type FunctionHandle } from '../../functions/lib/http.ts';
+import { BodyBudget } from '../../functions/lib/body-memory.ts';
+import {
+  closeServer,
+  createApp,
+  DEFAULT_BODY_LIMIT,
+  errorHandler,
+  JSON_TYPES,
+  limitIdleConnections,
+  listen,
+  readBody,
+  serverOptions,
+  type FunctionHandle,
+} from '../../functions/lib/http.ts';
+import { eventually, sleep } from '../../scripts/lib/wait.ts';
+import { captureLogger } from '../helpers/logs.ts';
 import { admissionReview, identityRequest } from '../helpers/admission.ts';
 import { startInProcess } from '../helpers/process.ts';
 import * as fx from '../helpers/fixtures.ts';
@@ -236,6 +250,48 @@ describe('request bodies on every endpoint', () => {
     for (const fn of [admission, mirrorSync, identityStatus]) {
       const r = await fetch(`http://127.0.0.1:${fn.port}/healthz`);
       assert.equal(r.status, 200);
+    }
+  });
+});
+
+describe('a body refused for want of room (the budget of bodies in flight)', () => {
+  it('a sender that reads late and sends the rest of its body seconds after the answer still reads its 503: the connection is closed after the last byte, not reset under it', async () => {
+    const budget = new BodyBudget(1024);
+    const app = createApp();
+    app.post('/', readBody({ types: JSON_TYPES, budget }), (req, res) => void res.json({ read: String(req.body).length }));
+    app.use(errorHandler(captureLogger('bodies').logger));
+    const server = createServer(serverOptions(), app);
+    limitIdleConnections(server);
+    const port = await listen(server, 0, '127.0.0.1');
+    const head = (length: number) =>
+      `POST / HTTP/1.1\r\nHost: fn\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n`;
+    const holder = connect(port, '127.0.0.1');
+    try {
+      // The one body that always proceeds holds the budget, incomplete.
+      holder.on('error', () => undefined);
+      holder.write(head(4096) + ' '.repeat(100));
+      await eventually('the first body to hold the budget', async () => budget.reserved > 0, 10_000, 20);
+      // The second is refused at its headers; its sender goes on sending without reading, as a busy one does.
+      const size = 4 * 1024 * 1024;
+      const late = connect(port, '127.0.0.1');
+      late.pause();
+      let text = '';
+      let failed = '';
+      late.on('data', (d: Buffer) => (text += d.toString('latin1')));
+      late.on('error', (e: NodeJS.ErrnoException) => (failed = e.code ?? e.message));
+      const closed = new Promise((resolve) => late.on('close', resolve));
+      late.write(head(size) + ' '.repeat(size / 2));
+      // Longer than the server lingers after an answer when nothing more is coming.
+      await sleep(3_500);
+      late.write(' '.repeat(size / 2));
+      late.resume();
+      await closed;
+      assert.equal(failed, '', 'no reset while the body was still being sent');
+      assert.match(text, /^HTTP\/1\.1 503 /);
+      assert.match(text, /send it again shortly/);
+    } finally {
+      holder.destroy();
+      await closeServer(server);
     }
   });
 });
