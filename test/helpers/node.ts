@@ -359,6 +359,9 @@ const KNATIVE_KINDS = [
 const REPORTED_LOGS = ['captf-system', 'knative-eventing', 'knative-serving'];
 /** How many of a pod's last log lines are shown. */
 const LOG_LINES = 15;
+
+/** How many of a stuck pod's Warning Events, and of the kubelet's lines about it, {@link nodeReport} shows (the last ones). */
+const WARNINGS_PER_POD = 4;
 /** How far back {@link nodeReport}'s `only` looks in a pod's log, in lines. */
 const SEARCHED_LINES = 2000;
 
@@ -380,6 +383,7 @@ export async function nodeReport(
   const pods = (await core.listPodForAllNamespaces()).items;
   if (pods.length === 0) out.push('no pods');
   out.push(...pods.map(podLine));
+  out.push(...(await stuckPodWarnings(core, pods, work)));
   for (const kind of KNATIVE_KINDS) {
     const [group, version, plural] = kind.split('/') as [string, string, string];
     const items = (
@@ -398,6 +402,32 @@ export async function nodeReport(
   for (const p of pods.filter((p) => REPORTED_LOGS.includes(p.metadata!.namespace!)))
     out.push(...logExcerpt(work, p, opts));
   return out.join('\n');
+}
+
+/**
+ * Why pods not all ready (or terminating) are stuck: their last Warning Events (the kubelet's
+ * FailedMount, FailedCreatePodSandBox, BackOff…) and the kubelet's last error and warning lines
+ * naming them, a few of each per pod.
+ */
+async function stuckPodWarnings(core: CoreV1Api, pods: V1Pod[], work: string): Promise<string[]> {
+  const stuck = pods.filter(
+    (p) => p.metadata?.deletionTimestamp || !(p.status?.containerStatuses ?? [{ ready: false }]).every((c) => c.ready),
+  );
+  const kubelet = stuck.length ? readTree(join(work, 'node/kubelet/kubelet.log')).split('\n') : [];
+  const out: string[] = [];
+  for (const p of stuck) {
+    const { namespace, name } = p.metadata as { namespace: string; name: string };
+    const events = (
+      await core
+        .listNamespacedEvent({ namespace, fieldSelector: `involvedObject.name=${name},type=Warning` })
+        .catch(() => ({ items: [] }))
+    ).items;
+    for (const e of events.slice(-WARNINGS_PER_POD))
+      out.push(`  warning ${name}: ${e.reason} ×${e.count ?? 1}: ${(e.message ?? '').slice(0, 300)}`);
+    const said = kubelet.filter((l) => /^[EW]\d{4} /.test(l) && l.includes(`${namespace}/${name}`));
+    for (const l of said.slice(-WARNINGS_PER_POD)) out.push(`  kubelet ${name}: ${l.slice(0, 400)}`);
+  }
+  return out;
 }
 
 /** One pod as {@link nodeReport} shows it: phase, readiness, restarts, why a container waits or ended. */
