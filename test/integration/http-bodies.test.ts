@@ -258,7 +258,11 @@ describe('a body refused for want of room (the budget of bodies in flight)', () 
   it('a sender that reads late and sends the rest of its body seconds after the answer still reads its 503: the connection is closed after the last byte, not reset under it', async () => {
     const budget = new BodyBudget(1024);
     const app = createApp();
-    app.post('/', readBody({ types: JSON_TYPES, budget }), (req, res) => void res.json({ read: String(req.body).length }));
+    app.post(
+      '/',
+      readBody({ types: JSON_TYPES, budget }),
+      (req, res) => void res.json({ read: String(req.body).length }),
+    );
     app.use(errorHandler(captureLogger('bodies').logger));
     const server = createServer(serverOptions(), app);
     limitIdleConnections(server);
