@@ -508,7 +508,7 @@ async function sinkBindingFanOut(): Promise<void> {
   try {
     const revision = await explained(
       eventually(
-        "mirror-sync's bound revision (K_SINK and the token) Ready, and none of its old pods left",
+        "mirror-sync's bound revision (K_SINK and the token) Ready, and none of its old pods serving",
         async () => {
           const s = (await custom.getNamespacedCustomObject({
             group: 'serving.knative.dev',
@@ -523,8 +523,11 @@ async function sinkBindingFanOut(): Promise<void> {
             st?.observedGeneration === s.metadata.generation &&
             st.latestReadyRevisionName === st.latestCreatedRevisionName &&
             st.conditions?.some((c) => c.type === 'Ready' && c.status === 'True');
+          // A terminating pod takes no new request, and may drain for up to timeoutSeconds.
           const old = (await podsOf('captf-mirror-sync')).filter(
-            (p) => p.metadata?.labels?.['serving.knative.dev/revision'] !== st?.latestReadyRevisionName,
+            (p) =>
+              p.metadata?.labels?.['serving.knative.dev/revision'] !== st?.latestReadyRevisionName &&
+              !p.metadata?.deletionTimestamp,
           );
           return bound && ready && old.length === 0 && st.latestReadyRevisionName;
         },
