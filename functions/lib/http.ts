@@ -150,12 +150,16 @@ export function sendEventOutcome(res: Response, o: Outcome, logger: Logger): voi
 
 /**
  * Creates an express app with `GET /healthz`; each route reads its body with {@link readBody}.
+ * A request behind a refused body on the same connection is not run (the connection is closing).
  * A request that reaches a draining server (connections.ts `closeServer`) is answered 503 with
  * `Connection: close` and `Retry-After: 1` before any route runs: the sender retries elsewhere.
  */
 export function createApp(): Express {
   const app = express();
   app.disable('x-powered-by');
+  // A request sent behind a refused body, on a connection already half-closed ({@link stopReading}):
+  // no answer could go out, so it is not run.
+  app.use((req, res, next) => (ENDING.has(req.socket) ? void res.destroy() : next()));
   app.use(observeAnswers);
   app.use((req, res, next) => {
     if (!refusedWhileDraining(req)) return next();
@@ -199,6 +203,8 @@ const observeAnswers: RequestHandler = (req, res, next) => {
 
 /** How long a connection whose body was refused stays half-closed, taking in what is still sent, before it is dropped (ms). */
 const LINGER_MS = 2_000;
+/** Connections {@link stopReading} ends: a request behind the refused one on them is not run. */
+const ENDING = new WeakSet<object>();
 
 /** Content types of an AdmissionReview or a prepare request. */
 export const JSON_TYPES: readonly string[] = ['application/json'];
@@ -291,35 +297,40 @@ function unreadable(req: Request): string | undefined {
 }
 
 /**
- * Reads no more of a refused body until its answer is out. Then the connection is half-closed
+ * Ends a connection whose body was refused. Once the answer is out the connection is half-closed
  * (the sender sees the answer and the end before anything else) and dropped a moment later
  * ({@link LINGER_MS}). A body refused only for want of room (`drop` > 0: its size, within the
- * limit) is taken in and dropped meanwhile, up to `drop` bytes, and the connection stays until
- * the last of them came (then {@link LINGER_MS}) or within the server's own bounds (none came
- * for `idleMs`, or `requestMs` passed, SERVER_TIMEOUTS): closed with bytes still to come, the
- * close would turn into a reset, and a reset makes the sender's kernel drop the answer before
- * the sender has read it (a busy sender reads late). A body past the limit is never read further.
+ * limit) is taken in and thrown away (Node dumps a request nobody reads), and the connection
+ * stays until the body has ended (then {@link LINGER_MS}), or within the server's own bounds:
+ * `idleMs` without a byte (the socket's timeout, limitIdleConnections), `requestMs` in all
+ * (SERVER_TIMEOUTS). Closed while bytes are still coming, the close would turn into a reset,
+ * and a reset makes the sender's kernel drop the answer before the sender has read it (a busy
+ * sender reads late). A body past the limit is never read further, and nothing after a body is
+ * read.
  */
 function stopReading(req: Request, res: Response, drop: number): void {
+  ENDING.add(req.socket);
+  // Node ends the answer to a `Connection: close` request by destroying the socket once it is
+  // written: with body bytes unread, that is the reset. Only a half-close, then; the rest is ours.
+  req.socket.destroySoon = () => void req.socket.end();
   req.socket.pause();
+  let timer: NodeJS.Timeout | undefined;
+  const hangUpIn = (ms: number) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => req.socket.destroy(), ms).unref();
+  };
+  req.socket.once('close', () => clearTimeout(timer));
   res.on('finish', () => {
     req.socket.end();
     req.socket.pause();
-    const hangUp = () => req.socket.destroy();
-    if (drop <= 0) {
-      setTimeout(hangUp, LINGER_MS).unref();
-      return;
-    }
-    setTimeout(hangUp, SERVER_TIMEOUTS.requestMs).unref();
-    let idle = setTimeout(hangUp, SERVER_TIMEOUTS.idleMs).unref();
-    let left = drop;
-    // Node has dumped the unread request by now (flowing, no consumer): this only counts.
-    req.on('data', (chunk: Buffer) => {
-      left -= chunk.length;
-      clearTimeout(idle);
-      if (left < 0) hangUp();
-      else idle = setTimeout(hangUp, left === 0 ? LINGER_MS : SERVER_TIMEOUTS.idleMs).unref();
+    if (drop <= 0 || req.complete) return hangUpIn(LINGER_MS);
+    req.once('end', () => {
+      req.socket.pause();
+      hangUpIn(LINGER_MS);
     });
+    // Node set its keep-alive timeout when the answer finished: the idle bound applies instead.
+    req.socket.setTimeout(SERVER_TIMEOUTS.idleMs);
+    hangUpIn(SERVER_TIMEOUTS.requestMs);
     req.resume();
     req.socket.resume();
   });

@@ -6,7 +6,7 @@
  * token is answered first (SPEC §5).
  */
 import assert from 'node:assert/strict';
-import { createServer, request } from 'node:http';
+import { createServer, request, type Server } from 'node:http';
 import { connect, type Socket } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { ADMISSION_BODY_LIMIT } from '../../functions/admission/index.ts';
@@ -255,47 +255,74 @@ describe('request bodies on every endpoint', () => {
 });
 
 describe('a body refused for want of room (the budget of bodies in flight)', () => {
-  it('a sender that reads late and sends the rest of its body seconds after the answer still reads its 503: the connection is closed after the last byte, not reset under it', async () => {
-    const budget = new BodyBudget(1024);
+  let server: Server;
+  let port: number;
+  let holder: Socket;
+  let counted = 0;
+  const budget = new BodyBudget(1024);
+  const head = (length: number, path = '/', connection = 'keep-alive') =>
+    `POST ${path} HTTP/1.1\r\nHost: fn\r\nConnection: ${connection}\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n`;
+
+  before(async () => {
     const app = createApp();
     app.post(
       '/',
       readBody({ types: JSON_TYPES, budget }),
       (req, res) => void res.json({ read: String(req.body).length }),
     );
+    app.post('/count', (_req, res) => void res.json({ counted: ++counted }));
     app.use(errorHandler(captureLogger('bodies').logger));
-    const server = createServer(serverOptions(), app);
+    server = createServer(serverOptions(), app);
     limitIdleConnections(server);
-    const port = await listen(server, 0, '127.0.0.1');
-    const head = (length: number) =>
-      `POST / HTTP/1.1\r\nHost: fn\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n`;
-    const holder = connect(port, '127.0.0.1');
-    try {
-      // The one body that always proceeds holds the budget, incomplete.
-      holder.on('error', () => undefined);
-      holder.write(head(4096) + ' '.repeat(100));
-      await eventually('the first body to hold the budget', async () => budget.reserved > 0, 10_000, 20);
-      // The second is refused at its headers; its sender goes on sending without reading, as a busy one does.
-      const size = 2 * 1024 * 1024; // within the limit: the whole body is taken in, then the connection closes
-      const late = connect(port, '127.0.0.1');
-      late.pause();
-      let text = '';
-      let failed = '';
-      late.on('data', (d: Buffer) => (text += d.toString('latin1')));
-      late.on('error', (e: NodeJS.ErrnoException) => (failed = e.code ?? e.message));
-      const closed = new Promise((resolve) => late.on('close', resolve));
-      late.write(head(size) + ' '.repeat(size / 2));
-      // Longer than the server lingers after an answer when nothing more is coming.
-      await sleep(3_500);
-      late.write(' '.repeat(size / 2));
-      late.resume();
-      await closed;
-      assert.equal(failed, '', 'no reset while the body was still being sent');
-      assert.match(text, /^HTTP\/1\.1 503 /);
-      assert.match(text, /send it again shortly/);
-    } finally {
-      holder.destroy();
-      await closeServer(server);
+    port = await listen(server, 0, '127.0.0.1');
+    // The one body that always proceeds holds the budget, incomplete, for the whole suite.
+    holder = connect(port, '127.0.0.1');
+    holder.on('error', () => undefined);
+    holder.write(head(4096) + ' '.repeat(100));
+    await eventually('the first body to hold the budget', async () => budget.reserved > 0, 10_000, 20);
+  });
+  after(async () => {
+    holder.destroy();
+    await closeServer(server);
+  });
+
+  /** Sends `first`, waits `pauseMs` without reading, sends `rest`; what came back and how the connection ended. */
+  async function refused(first: string, pauseMs: number, rest: string): Promise<{ text: string; failed: string }> {
+    const s = connect(port, '127.0.0.1');
+    s.pause();
+    let text = '';
+    let failed = '';
+    s.on('data', (d: Buffer) => (text += d.toString('latin1')));
+    s.on('error', (e: NodeJS.ErrnoException) => (failed = e.code ?? e.message));
+    const closed = new Promise((resolve) => s.on('close', resolve));
+    s.write(first);
+    await sleep(pauseMs);
+    s.write(rest);
+    s.resume();
+    await closed;
+    return { text, failed };
+  }
+
+  it("a sender that reads late and sends the rest of its body seconds after the answer (past Node's keep-alive timeout) still reads its 503, kept alive or not: the connection ends after the body, not under it", async () => {
+    const size = 2 * 1024 * 1024; // within the limit: the whole body is taken in
+    const results = await Promise.all(
+      ['keep-alive', 'close'].map(async (connection) => ({
+        connection,
+        ...(await refused(head(size, '/', connection) + ' '.repeat(size / 2), 7_000, ' '.repeat(size / 2))),
+      })),
+    );
+    for (const r of results) {
+      assert.equal(r.failed, '', `Connection: ${r.connection}: no reset while the body was still being sent`);
+      assert.match(r.text, /^HTTP\/1\.1 503 /, `Connection: ${r.connection}`);
+      assert.match(r.text, /send it again shortly/);
     }
+  });
+
+  it('a request sent behind a refused body on the same connection is not run', async () => {
+    const body = ' '.repeat(2048);
+    const r = await refused(head(body.length) + body, 0, head(2, '/count') + '{}');
+    assert.match(r.text, /^HTTP\/1\.1 503 /);
+    assert.doesNotMatch(r.text, /counted/);
+    assert.equal(counted, 0, 'the second request ran');
   });
 });
