@@ -8,7 +8,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { V1Pod } from '@kubernetes/client-node';
-import type { Consumer } from '../../functions/lib/api.ts';
+import type { Consumer, TerraformClusterIdentity } from '../../functions/lib/api.ts';
 import { identities } from '../../functions/lib/objects.ts';
 import { CGROUP_FS } from '../../scripts/node/cgroups.ts';
 import type { PrepareCaller } from '../../scripts/lib/serviceaccount.ts';
@@ -17,7 +17,7 @@ import { refusal, type WebhookUsers } from './admission.ts';
 import { eventually } from './cluster.ts';
 import * as fx from './fixtures.ts';
 import { invariantViolations } from './invariant.ts';
-import { alternatingKinds, newIdentity } from './mirror-sync.ts';
+import { alternatingKinds } from './mirror-sync.ts';
 import { postPrepare, prepareTarget } from './prepare.ts';
 
 /** What one burst works on. */
@@ -47,13 +47,16 @@ export interface BurstWorld {
 export async function burstWorld(w: fx.World): Promise<BurstWorld> {
   const [sources, ...namespaces] = await Promise.all([0, 1, 2, 3, 4].map(() => w.namespace()));
   const [n0, n1, n2, n3] = namespaces as [string, string, string, string];
+  // Retried like the burst's writes: the webhook may still be coming back from the last fault.
   for (const name of ['creds-a', 'creds-b', 'creds-c'])
-    await w.create(fx.sourceSecret(name, fx.inNamespace(sources!), fx.data({ key: `${name}-1` })));
+    await createdOnce(w, fx.sourceSecret(name, fx.inNamespace(sources!), fx.data({ key: `${name}-1` })));
   const ref = (name: string) => fx.secretRef(sources!, name);
-  const narrowed = await newIdentity(w, ref('creds-a'), fx.allowList(n0, n1, n2, n3));
-  const rotated = await newIdentity(w, ref('creds-b'), fx.allowList(n0, n1));
-  const other = await newIdentity(w, ref('creds-c'), fx.allowList(n2, n3));
-  const watcher = await w.create(fx.consumer('watch', fx.inNamespace(n3), fx.identityRef(narrowed)));
+  const identity = async (...mods: fx.Modifier<TerraformClusterIdentity>[]) =>
+    (await createdOnce(w, fx.identity(w.name('id'), ...mods))).metadata.name!;
+  const narrowed = await identity(ref('creds-a'), fx.allowList(n0, n1, n2, n3));
+  const rotated = await identity(ref('creds-b'), fx.allowList(n0, n1));
+  const other = await identity(ref('creds-c'), fx.allowList(n2, n3));
+  const watcher = await createdOnce(w, fx.consumer('watch', fx.inNamespace(n3), fx.identityRef(narrowed)));
   const middle = async (onNarrowed: () => void) => {
     await retried('the narrowing', () => w.put(fx.identity(narrowed, ref('creds-a'), fx.allowList(n0, n1, n2))));
     onNarrowed();
@@ -154,9 +157,9 @@ export async function runBurst(
 }
 
 /** Creates `c` through the world, retried; an AlreadyExists after a lost answer is the create that went through. */
-function createdOnce(w: fx.World, c: Consumer): Promise<Consumer> {
+function createdOnce<T extends Parameters<fx.World['create']>[0]>(w: fx.World, c: T): Promise<T> {
   return eventually(
-    `creating ${c.metadata.namespace}/${c.metadata.name}`,
+    `creating ${[c.metadata?.namespace, c.metadata?.name].filter(Boolean).join('/')}`,
     () =>
       w.create(c).catch(async (err: unknown) => {
         if (statusOf(err) === 409) return w.read(c);
