@@ -201,7 +201,7 @@ const observeAnswers: RequestHandler = (req, res, next) => {
   });
 };
 
-/** How long a connection whose body was refused stays half-closed, taking in what is still sent, before it is dropped (ms). */
+/** How long a connection whose body was refused stays half-closed after the answer, or after the body it took in ended, before it is dropped (ms). */
 const LINGER_MS = 2_000;
 /** Connections {@link stopReading} ends: a request behind the refused one on them is not run. */
 const ENDING = new WeakSet<object>();
