@@ -21,9 +21,12 @@ export function cgroupHierarchies(): string[] {
     .sort();
 }
 
+/** How every node's cgroup root is named at the top of a hierarchy. */
+export const NODE_ROOT_PREFIX = 'captf-node-';
+
 /** The node's cgroup root, one per folder. */
 export const cgroupRootOf = (dir: string): string =>
-  `captf-node-${createHash('sha256').update(dir).digest('hex').slice(0, 10)}`;
+  `${NODE_ROOT_PREFIX}${createHash('sha256').update(dir).digest('hex').slice(0, 10)}`;
 
 /**
  * The node's root folder and every folder under it in one hierarchy, deepest first ([] when

@@ -9,27 +9,33 @@
  * however it dies; either way the holder stops every process inside, removes the node's
  * cgroups and exits, and the namespaces with their mounts go with it. If the holder itself
  * was killed, the next start from the same folder kills what is left (processes carrying the
- * folder in {@link NODE_MARKER}) and removes the folder's cgroups. One node per folder at a
- * time: a second start while the first runs is refused; nodes from other folders run side by
- * side (each namespace has its own copy of the same address).
+ * folder in {@link NODE_MARKER}) and removes the folder's cgroups; every start, and `npm run
+ * sweep`, also sweeps what nodes of other folders left once nothing owns them (./sweep.ts).
+ * One node per folder at a time: a second start while the first runs is refused; nodes from
+ * other folders run side by side (each namespace has its own copy of the same address).
  */
 import { execFileSync, spawn, type ChildProcess, type SpawnOptions } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, rmSync } from 'node:fs';
 import type { AddressInfo, Server } from 'node:net';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { tryLock } from '../lib/lock.ts';
 import { onLines } from '../lib/process.ts';
-import { REPO_ROOT } from '../tools/build.ts';
-import { cgroupHierarchies, cgroupProcesses, cgroupRootOf, removeCgroupsPatiently } from './cgroups.ts';
+import { cgroupHierarchies, cgroupRootOf } from './cgroups.ts';
 import { NODE_NETWORK, NODE_RESOLV_CONF, type HolderConfig } from './config.ts';
 import { hostForward, type Target } from './forward.ts';
+import {
+  forgetOwner,
+  HOLDER_SCRIPT,
+  holderOf,
+  NODE_MARKER,
+  recordOwner,
+  sweepNode,
+  sweepNodes,
+  withSweepLock,
+} from './sweep.ts';
 
 export { cgroupHierarchies, cgroupRootOf } from './cgroups.ts';
-
-/** Environment variable marking every process started in a node: its folder. */
-export const NODE_MARKER = 'CAPTF_NODE_DIR';
-
-const HOLDER = join(REPO_ROOT, 'scripts', 'node', 'holder.ts');
+export { holderOf, markedProcesses, NODE_MARKER, sweepNode, sweepNodes } from './sweep.ts';
 
 /** Options of {@link startNodeNamespace}. */
 export interface NodeNamespaceOptions {
@@ -39,6 +45,8 @@ export interface NodeNamespaceOptions {
   forwards?: readonly number[];
   /** Grace between SIGTERM and SIGKILL for processes inside at stop (ms, default 10 s). */
   graceMs?: number;
+  /** Where to say what the start swept of other folders' nodes (default: nowhere). */
+  log?: (line: string) => void;
 }
 
 /** A running node namespace. */
@@ -74,37 +82,44 @@ export interface NodeNamespace {
  *   that a node from the same folder runs.
  */
 export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<NodeNamespace> {
-  const { dir } = opts;
+  // Absolute: a sweep from another working directory must find the same folder.
+  const dir = resolve(opts.dir);
   checkNodeHost();
   mkdirSync(dir, { recursive: true });
   const socket = join(dir, 'forward.sock');
   if (Buffer.byteLength(socket) > MAX_SOCKET_PATH)
     throw new Error(`the test node's folder ${dir} is too long: its socket path must fit ${MAX_SOCKET_PATH} bytes`);
-  const release = takeStartLock(dir);
-  let holder: ChildProcess;
-  let exited: Promise<void>;
-  let ready: { pid: number };
-  try {
-    refuseSecond(dir);
-    await sweepNode(dir);
-    // A fresh folder: what a stopped or swept node left (containerd's and the kubelet's state) is stale.
-    for (const entry of readdirSync(dir)) if (entry !== START_LOCK) rmSync(join(dir, entry), { recursive: true });
-    const config: HolderConfig = {
-      ...NODE_NETWORK,
-      cgroupRoot: cgroupRootOf(dir),
-      cgroupHierarchies: cgroupHierarchies(),
-      socket,
-      graceMs: opts.graceMs ?? 10_000,
-      resolvConf: NODE_RESOLV_CONF,
-    };
-    holder = spawnHolder(config, dir);
-    // Listened for at once: the holder may end (be killed) before stop() is called.
-    exited = new Promise<void>((r) => holder.once('exit', () => r()));
-    ready = await holderReady(holder);
-    writeFileSync(join(dir, 'holder.pid'), `${ready.pid}\n`);
-  } finally {
-    release();
-  }
+  // Under the machine-wide lock until the node is owned: a sweep never sees it half-started.
+  const { holder, exited, ready } = await withSweepLock(async () => {
+    const release = takeStartLock(dir);
+    try {
+      refuseSecond(dir);
+      await sweepNode(dir);
+      // What nodes of other folders left once nothing owns them: a stop cut short (a crash, a
+      // second Ctrl-C) would otherwise stay until someone ran the sweep by hand.
+      const others = await sweepNodes(true);
+      if (others.swept.length) opts.log?.(`swept what earlier nodes left: ${others.swept.join(', ')}`);
+      for (const failed of others.failed) opts.log?.(`could not sweep ${failed}`);
+      // A fresh folder: what a stopped or swept node left (containerd's and the kubelet's state) is stale.
+      for (const entry of readdirSync(dir)) if (entry !== START_LOCK) rmSync(join(dir, entry), { recursive: true });
+      const config: HolderConfig = {
+        ...NODE_NETWORK,
+        cgroupRoot: cgroupRootOf(dir),
+        cgroupHierarchies: cgroupHierarchies(),
+        socket,
+        graceMs: opts.graceMs ?? 10_000,
+        resolvConf: NODE_RESOLV_CONF,
+      };
+      const holder = spawnHolder(config, dir);
+      // Listened for at once: the holder may end (be killed) before stop() is called.
+      const exited = new Promise<void>((r) => holder.once('exit', () => r()));
+      const ready = await holderReady(holder);
+      recordOwner(dir);
+      return { holder, exited, ready };
+    } finally {
+      release();
+    }
+  });
   const servers: Server[] = [];
   const address = NODE_NETWORK.address.split('/')[0]!;
   const forward = forwarder(socket, servers);
@@ -128,7 +143,7 @@ export async function startNodeNamespace(opts: NodeNamespaceOptions): Promise<No
       for (const s of servers) s.close();
       holder.stdin?.end();
       await exited;
-      rmSync(join(dir, 'holder.pid'), { force: true });
+      forgetOwner(dir);
     },
   };
 }
@@ -172,7 +187,7 @@ function spawnHolder(config: HolderConfig, dir: string): ChildProcess {
       '--fork',
       '--kill-child=SIGTERM',
       process.execPath,
-      HOLDER,
+      HOLDER_SCRIPT,
       JSON.stringify(config),
     ],
     // A group of its own, like the node's programs: it ends when its stdin does (the starter's stop or death).
@@ -230,52 +245,9 @@ function takeStartLock(dir: string): () => void {
 
 /** @throws Error when a node from `dir` still runs. */
 function refuseSecond(dir: string): void {
-  const file = join(dir, 'holder.pid');
-  if (!existsSync(file)) return;
-  const pid = Number(readFileSync(file, 'utf8').trim());
-  if (Number.isInteger(pid) && pid > 0 && existsSync(`/proc/${pid}`) && markedWith(pid, dir))
+  const pid = holderOf(dir);
+  if (pid)
     throw new Error(`a test node from ${dir} is already running (holder PID ${pid}); stop it or use another folder`);
-}
-
-/** Whether process `pid` carries `dir` in its {@link NODE_MARKER}. */
-function markedWith(pid: number, dir: string): boolean {
-  try {
-    return readFileSync(`/proc/${pid}/environ`, 'utf8').split('\0').includes(`${NODE_MARKER}=${dir}`);
-  } catch {
-    return false;
-  }
-}
-
-/**
- * PIDs of the processes (other than this one) of the node from `dir`: those started for it
- * (marked), and those in its cgroups (containers, which carry their own environment).
- */
-export function markedProcesses(dir: string): number[] {
-  const marked = readdirSync('/proc')
-    .map(Number)
-    .filter((pid) => Number.isInteger(pid) && pid !== process.pid && markedWith(pid, dir));
-  const contained = cgroupProcesses(cgroupRootOf(dir), cgroupHierarchies());
-  return [...new Set([...marked, ...contained])].filter((pid) => pid !== process.pid);
-}
-
-/** Kills what a holder that was killed itself left of a node from `dir`, and removes its cgroups. */
-export async function sweepNode(dir: string): Promise<void> {
-  // Again and again: what is killed may have forked meanwhile (a shim, a container's init).
-  // A cgroup can only be removed once the processes in it have exited.
-  for (let i = 0; i < 50; i++) {
-    const left = markedProcesses(dir);
-    if (!left.length) break;
-    for (const pid of left) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // Gone meanwhile.
-      }
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  const left = await removeCgroupsPatiently(cgroupRootOf(dir), cgroupHierarchies());
-  if (left.length) throw new Error(`the test node's cgroups could not be removed: ${left.join(', ')}`);
 }
 
 /** Waits for the holder's first line: ready with its PID, or the setup step that failed. */

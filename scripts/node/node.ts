@@ -90,7 +90,7 @@ export async function startNode(opts: NodeOptions): Promise<TestNode> {
   const run = steps.run.bind(steps);
   const stop = () => steps.stop();
   return steps.attempt(async () => {
-    const ns = await run('namespaces', () => startNodeNamespace({ dir: nodeDir }));
+    const ns = await run('namespaces', () => startNodeNamespace({ dir: nodeDir, log: (l) => opts.log(`[node] ${l}`) }));
     steps.defer(async () => {
       await ns.stop();
       await sweepNode(nodeDir);

@@ -7,16 +7,27 @@
  * refused; one from another folder runs beside it. Needs root (namespaces, cgroups): without it the node's start fails saying so.
  */
 import assert from 'node:assert/strict';
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { execFile, spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { createConnection } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
+import { promisify } from 'node:util';
 import { onLines } from '../../scripts/lib/process.ts';
 import {
   cgroupHierarchies,
   cgroupRootOf,
+  holderOf,
   markedProcesses,
   startNodeNamespace,
   sweepNode,
@@ -26,6 +37,7 @@ import { REPO_ROOT } from '../../scripts/tools/build.ts';
 import { eventually } from '../helpers/cluster.ts';
 import { hostShared } from '../helpers/node.ts';
 
+const execFileAsync = promisify(execFile);
 const work = mkdtempSync(join(tmpdir(), 'captf-node-test-'));
 after(async () => {
   // A failed test may leave a node behind: its processes would keep this file from ending.
@@ -138,6 +150,56 @@ describe("the test node's namespaces", () => {
     assert.deepEqual(leftOf(dir), { processes: [], cgroups: [] });
   });
 
+  it("a node nothing owns any more (its holder and owner killed) is swept by another folder's start, and by npm run sweep", async () => {
+    // One left with its marked processes and a contained one: found by the folder it names.
+    const named = await orphan(join(work, 'orphan-named'));
+    const runningDir = join(work, 'swept-by-start');
+    const running = await startNodeNamespace({ dir: runningDir, forwards: [8080], graceMs: 2000 });
+    let ownedNs: NodeNamespace | undefined;
+    try {
+      serveInside(running);
+      // Asserted as end states: a node file starting beside this one may have swept first.
+      assert.deepEqual(leftOf(named.dir), { processes: [], cgroups: [] });
+      await named.contained.gone;
+      // One left with only a process in its cgroups, as containers whose shims died are: found by its root.
+      const rootOnly = await orphan(join(work, 'orphan-root'));
+      const contained = rootOnly.contained.child.pid!;
+      for (const pid of markedProcesses(rootOnly.dir)) if (pid !== contained) process.kill(pid, 'SIGKILL');
+      await eventually('only the contained process to be left', async () =>
+        markedProcesses(rootOnly.dir).every((pid) => pid === contained),
+      );
+      // And one whose holder was killed while its owner, this process, lives: it must be left alone.
+      const ownedDir = join(work, 'holder-killed-owner-lives');
+      const owned = (ownedNs = await startNodeNamespace({ dir: ownedDir, forwards: [8080], graceMs: 2000 }));
+      serveInside(owned);
+      await throughForward(owned.forwarded.get(8080)!);
+      process.kill(owned.pid, 'SIGKILL');
+      await eventually('the holder to be gone', async () => !existsSync(`/proc/${owned.pid}`));
+      const ownedLeft = leftOf(ownedDir).processes;
+      assert.ok(ownedLeft.length >= 2, 'what ran inside outlives the killed holder');
+
+      const sweep = await execFileAsync('npm', ['run', '-s', 'sweep'], { cwd: REPO_ROOT }).catch(
+        (err: { code?: number; stdout?: string; stderr?: string }) => err,
+      );
+      // Another run's leftovers may fail the sweep as a whole; none of this file's may.
+      assert.doesNotMatch(String(sweep.stderr), new RegExp(`could not sweep ${work}`), String(sweep.stderr));
+      assert.deepEqual(leftOf(rootOnly.dir), { processes: [], cgroups: [] });
+      await rootOnly.contained.gone;
+      assert.match(String(sweep.stdout), new RegExp(`left running: the node from ${runningDir} `));
+      assert.match(String(sweep.stdout), new RegExp(`left running: the node from ${ownedDir} `));
+      assert.deepEqual(
+        ownedLeft.filter((pid) => existsSync(`/proc/${pid}`)),
+        ownedLeft,
+        "an owned node's processes are untouched",
+      );
+      await throughForward(running.forwarded.get(8080)!);
+    } finally {
+      // This side's forwards too: they would keep the file from ending.
+      await ownedNs?.stop();
+      await running.stop();
+    }
+  });
+
   it('a second node from the same folder is refused; one from another folder runs beside it', async () => {
     const dir = join(work, 'one');
     const ns = await startNodeNamespace({ dir, forwards: [8080], graceMs: 2000 });
@@ -195,6 +257,49 @@ describe("the test node's namespaces", () => {
     }
   });
 });
+
+/**
+ * Leaves a node from `dir` that nothing owns: a process starts it and a server and a sleeper
+ * inside, an unmarked sleeper of this file is put in its cgroups (as a container would be),
+ * then its holder and the process that started it are SIGKILLed.
+ * @returns the folder, and the contained sleeper with a promise of its end.
+ */
+async function orphan(dir: string): Promise<{ dir: string; contained: { child: ChildProcess; gone: Promise<void> } }> {
+  const owner = spawn(
+    process.execPath,
+    [
+      '--input-type=module',
+      '-e',
+      `const { startNodeNamespace } = await import(${JSON.stringify(join(REPO_ROOT, 'scripts/node/namespace.ts'))});
+       const ns = await startNodeNamespace({ dir: ${JSON.stringify(dir)}, graceMs: 2000 });
+       ns.spawn(process.execPath, ['-e', ${JSON.stringify(WEB_SERVER)}, ns.address], { stdio: 'ignore' });
+       ns.spawn('sleep', ['3600'], { stdio: 'ignore' });
+       console.log(JSON.stringify({ holder: ns.pid }));
+       setInterval(() => {}, 1 << 30);`,
+    ],
+    { stdio: ['ignore', 'pipe', 'inherit'] },
+  );
+  const started = await new Promise<{ holder?: number }>((resolve) => {
+    onLines(owner.stdout!, (l) => resolve(JSON.parse(l) as { holder: number }));
+    owner.once('exit', () => resolve({}));
+  });
+  assert.ok(started.holder, `the node from ${dir} started`);
+  // A child of this file, so its end is seen here (reaped, not a zombie in /proc).
+  const child = spawn('sleep', ['3600'], { stdio: 'ignore' });
+  const gone = new Promise<void>((r) => child.once('exit', () => r()));
+  // A leaf of its own: a v2 cgroup with controllers for its children takes no process itself.
+  const hierarchy = cgroupHierarchies().includes('memory') ? 'memory' : '';
+  const leaf = join('/sys/fs/cgroup', hierarchy, cgroupRootOf(dir), 'contained');
+  mkdirSync(leaf);
+  writeFileSync(join(leaf, 'cgroup.procs'), String(child.pid));
+  process.kill(started.holder, 'SIGKILL');
+  owner.kill('SIGKILL');
+  await eventually(
+    'the holder (and the unshare that forked it) and its owner to be gone',
+    async () => holderOf(dir) === undefined && !existsSync(`/proc/${owner.pid}`),
+  );
+  return { dir, contained: { child, gone } };
+}
 
 /** Writes `text` to the Unix socket, ends this side, and resolves with everything read until it closes. */
 function exchange(socket: string, text: string): Promise<string> {
