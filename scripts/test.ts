@@ -9,7 +9,7 @@
  * Extra arguments are passed to `node --test` (e.g. `npm test -- --test-name-pattern=mirror`).
  * Exit code: node --test's.
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { globSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
@@ -27,8 +27,15 @@ const flags = extra.filter((a) => a.startsWith('-'));
 
 const t0 = Date.now();
 let system: RunningSystem | undefined;
+let runner: ChildProcess | undefined;
+let stopping: Promise<void> | undefined;
 const signal = stopOnSignal(
-  () => system?.stop().then(() => rmSync(dir, { recursive: true, force: true })),
+  () => {
+    // A signal sent to this process alone (not to the group) must end the files too: their
+    // nodes' holders tear down when the files are gone.
+    runner?.kill('SIGTERM');
+    return (stopping = system?.stop().then(() => rmSync(dir, { recursive: true, force: true })));
+  },
   (sig) => console.error(`${sig}: stopping the control plane`),
 );
 system = await startSystem({ dir, progress: (l) => console.error(l), signal }).catch((err: unknown) => {
@@ -42,7 +49,7 @@ try {
     `[test] control plane ready in ${Math.round((Date.now() - t0) / 1000)}s (${cp.binaries.origin}): ${cp.server}`,
   );
   code = await new Promise<number>((res) => {
-    const child = spawn(
+    const child = (runner = spawn(
       process.execPath,
       ['--test', '--test-reporter=spec', '--test-concurrency=3', '--test-timeout=600000', ...flags, ...files],
       {
@@ -56,7 +63,7 @@ try {
           CAPTF_TEST_SENTINEL: `CAPTFLEAK${randomBytes(6).toString('hex')}`,
         },
       },
-    );
+    ));
     child.on('close', (c) => res(c ?? 1));
   });
 } finally {
@@ -65,4 +72,7 @@ try {
     rmSync(dir, { recursive: true, force: true });
   }
 }
+// Interrupted, the runner's child (in the same group) may end first: the stop the signal
+// began must finish, and it exits when it has.
+await stopping;
 process.exit(code);

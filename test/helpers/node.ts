@@ -24,7 +24,7 @@ import { operatorSource } from './mirror-sync.ts';
 import type { Condition, Consumer } from '../../functions/lib/api.ts';
 import { CGROUP_FS, cgroupHierarchies, cgroupRootOf } from '../../scripts/node/cgroups.ts';
 import { KUBELET_KERNEL_SETTINGS } from '../../scripts/node/config.ts';
-import { markedProcesses } from '../../scripts/node/namespace.ts';
+import { holderOf, markedProcesses } from '../../scripts/node/namespace.ts';
 import { loadKubeConfig } from '../../functions/lib/kube.ts';
 import { UNSIGNED_EVENTS } from './events.ts';
 
@@ -141,8 +141,9 @@ export async function runProductPod(kubeconfigPath: string, image: string, name:
 /**
  * Asserts the node from `nodeDir` runs its programs and a pod's container, and that its pod
  * cgroups exist: what a "nothing is left" check must see before, so that it could see it after.
+ * @returns its holder's PID (for {@link assertNodeGone}).
  */
-export function assertNodeRunsAPod(nodeDir: string): void {
+export function assertNodeRunsAPod(nodeDir: string): number {
   const programs = nodeProcesses(nodeDir).map((pid) => {
     try {
       return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
@@ -163,19 +164,35 @@ export function assertNodeRunsAPod(nodeDir: string): void {
     cgroupFolders(nodeDir).some((c) => c.startsWith(`memory/${cgroupRootOf(nodeDir)}/kubepods/`)),
     "the pod's cgroups are among the folders compared",
   );
+  const holder = holderOf(nodeDir);
+  assert.ok(holder, 'the node has a live holder');
+  return holder;
 }
 
 /**
- * Waits until nothing of the node from `nodeDir` is left, then compares the host with `before`
- * ({@link hostState}; cgroups by {@link cgroupsLeft}: none added that a node could have made).
+ * Waits until the node's holder (`holder`, its PID) has exited, then until nothing of the node
+ * from `nodeDir` is left, and compares the host with `before` ({@link hostState}; cgroups by
+ * {@link cgroupsLeft}: none added that a node could have made). The second wait is short: what
+ * the holder's teardown left would otherwise be swept by the next node start of a file running
+ * beside this one, and a broken teardown would pass.
  */
-export async function assertNodeGone(nodeDir: string, before: ReturnType<typeof hostState>): Promise<void> {
+export async function assertNodeGone(
+  nodeDir: string,
+  before: ReturnType<typeof hostState>,
+  holder: number,
+): Promise<void> {
   await eventually(
-    'nothing of the node to be left',
+    'the holder to have torn the node down and exited',
+    async () => !existsSync(`/proc/${holder}`),
+    120_000,
+    250,
+  );
+  await eventually(
+    'nothing of the node to be left once its holder has exited',
     async () =>
       nodeProcesses(nodeDir).length === 0 && !cgroupFolders(nodeDir).some((c) => c.includes(cgroupRootOf(nodeDir))),
-    60_000,
-    500,
+    5_000,
+    100,
   );
   const after = hostState(nodeDir);
   assert.deepEqual({ ...after, cgroups: cgroupsLeft(before.cgroups, after.cgroups) }, { ...before, cgroups: [] });
