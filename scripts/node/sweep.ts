@@ -91,7 +91,7 @@ export function forgetOwner(dir: string): void {
 }
 
 /** Whether process `pid` carries `dir` in its {@link NODE_MARKER}. */
-export function markedWith(pid: number, dir: string): boolean {
+function markedWith(pid: number, dir: string): boolean {
   return markerOf(pid) === dir;
 }
 
