@@ -363,9 +363,17 @@ export async function identityThroughWebhook(w: fx.World): Promise<WebhookWalk> 
   );
 
   const widen = async (c: typeof reader) => {
-    const stored = await identities(c).get({ name });
-    stored.spec.allowedNamespaces = { list: [consumerNs, otherNs] };
-    return identities(c).replace(stored);
+    // identity-status may write the identity's status between the read and the write: that
+    // conflict (409) is the API server's precondition, not a decision, so it is read again.
+    for (let attempt = 1; ; attempt++) {
+      const stored = await identities(c).get({ name });
+      stored.spec.allowedNamespaces = { list: [consumerNs, otherNs] };
+      try {
+        return await identities(c).replace(stored);
+      } catch (err) {
+        if (attempt >= 5 || apiStatus(err) !== 409) throw err;
+      }
+    }
   };
   await refused(widen(nobody), mayNot);
   await widen(reader);
