@@ -21,7 +21,7 @@ const { values } = parseArgs({
 });
 let system: RunningSystem | undefined;
 const signal = stopOnSignal(
-  () => system?.stop(),
+  () => system?.stop().then(() => console.error('stopped.')),
   (sig) => console.error(`${sig}: stopping the control plane…`),
   0,
 );
