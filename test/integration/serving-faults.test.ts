@@ -138,7 +138,11 @@ async function burstUnder(
   t: TestContext,
   scenario: string,
   points: (b: BurstWorld) => BurstPoint[],
-): Promise<{ failed: ReturnType<typeof failedDeliveries> }> {
+): Promise<{
+  failed: ReturnType<typeof failedDeliveries>;
+  /** The failed deliveries to one Knative Service (by its host name in the error). */
+  failedTo: (service: string) => ReturnType<typeof failedDeliveries>;
+}> {
   const b = await burstWorld(w);
   const from = Date.now();
   const accessFrom = gatewayAnswers().length;
@@ -146,7 +150,9 @@ async function burstUnder(
   let log;
   let ms;
   // By the kubelet's timestamp on each line: the log is read afresh from every filter pod's files.
-  const failed = () => failedDeliveries(system.broker!.logs.filter.filter((l) => Date.parse(l.split(' ')[0]!) >= from));
+  const lines = () => system.broker!.logs.filter.filter((l) => Date.parse(l.split(' ')[0]!) >= from);
+  const failed = () => failedDeliveries(lines());
+  const failedTo = (service: string) => failedDeliveries(lines().filter((l) => l.includes(`//${service}.`)));
   try {
     // The poller works, and the watcher is mirrored, before anything breaks.
     await explained(
@@ -162,7 +168,7 @@ async function burstUnder(
     ms = await explained(convergence(w, b.namespaces, since, BOUND_MS + 60_000));
     (converged[scenario] ??= []).push(ms);
     t.diagnostic(`${scenario}: converged ${(ms / 1000).toFixed(1)} s after the fault and burst ended`);
-    return { failed: failed() };
+    return { failed: failed(), failedTo };
   } finally {
     log = await poll.stop();
     t.diagnostic(`${scenario}: broker-filter failed deliveries ${JSON.stringify(failed())}`);
@@ -237,10 +243,16 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
   rounds(
     'mirror-sync OOM-killed at a lowered limit: the limit put back, the retries and the resync mend every consumer',
     async (t) => {
-      const mib = oomLimit();
-      const died = await burstAtLimit(t, mib);
-      t.diagnostic(`OOM-killed at ${mib} MiB: ${died.join(' ')}`);
-      assert.ok(died.length > 0, `a mirror-sync container was OOM-killed under the burst at ${mib} MiB`);
+      // Lowered until it happens under a burst: how much the first burst needed varies with
+      // what ran beside it (once 76 MiB was enough for a whole burst on one pod).
+      const tried: number[] = [];
+      let died: string[] = [];
+      for (let mib = oomLimit(); died.length === 0 && tried.length < OOM_TRIES; mib -= OOM_STEP_MIB) {
+        tried.push(mib);
+        died = await burstAtLimit(t, mib);
+        t.diagnostic(`OOM-killed at ${mib} MiB: ${died.join(' ') || 'none'}`);
+      }
+      assert.ok(died.length > 0, `a mirror-sync container was OOM-killed under a burst at ${tried.join(', ')} MiB`);
     },
   );
 
@@ -330,9 +342,11 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
       );
       t.diagnostic(`scaled in during the pauses: ${[...scaledIn].join(' ')}`);
       assert.ok(scaledIn.size > 0, 'Knative scaled mirror-sync in during the burst');
-      // 429 and 503 ask for a retry; a 502, a 504 or a broken connection is a delivery cut.
-      const cut = Object.keys(seen.failed.kinds).filter((k) => !/got (429|503)$/.test(k));
-      assert.deepEqual(cut, [], 'no delivery was cut');
+      // 429 and 503 ask for a retry; a 502, a 504 or a broken connection is a delivery cut. Only
+      // mirror-sync's count: the dead letters of an earlier scenario's failures may still be on
+      // their way to the dead-letter sink.
+      const cut = Object.keys(seen.failedTo('captf-mirror-sync').kinds).filter((k) => !/got (429|503)$/.test(k));
+      assert.deepEqual(cut, [], 'no delivery to mirror-sync was cut');
     },
   );
 });
@@ -397,8 +411,12 @@ function sampleMemory() {
   return { stop: () => ((running = false), done) };
 }
 
+/** How many bursts the OOM scenario tries, each at a limit {@link OOM_STEP_MIB} lower, until a kill. */
+const OOM_TRIES = 3;
+const OOM_STEP_MIB = 8;
+
 /**
- * The limit (MiB) the OOM scenario gives mirror-sync: 40 % of the way from what it mostly used in
+ * The limit (MiB) the OOM scenario first gives mirror-sync: 40 % of the way from what it mostly used in
  * the first burst (the lower quartile) to the most it used (`CAPTF_OOM_LIMIT_MIB` names one
  * instead). Enough to start and take a few events, not the whole burst on one pod.
  */
