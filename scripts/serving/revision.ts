@@ -21,9 +21,10 @@ export type RevisionTemplate = NonNullable<NonNullable<KnativeService['spec']>['
 
 /**
  * Runs `fn` with `service`'s revision template changed by `change` (given a copy of the current
- * one), then puts the previous template back whole. `fn` may put it back sooner, by calling the
- * `restore` it is given (resolves once that revision is Ready; later calls do nothing). Each
- * change waits until Knative has made the new revision and it is Ready.
+ * one), then puts the previous template back whole. `fn` is given the changed template's
+ * revision (its name: the pods' `serving.knative.dev/revision` label), and may put the old
+ * template back sooner by calling `restore` (resolves once that revision is Ready; later calls
+ * do nothing). Each change waits until Knative has made the new revision and it is Ready.
  * @param timeoutMs bound on each wait for a Ready revision.
  * @throws Error when a revision does not get Ready in time; the old template is put back even then, and when `fn` throws.
  */
@@ -31,7 +32,7 @@ export async function withRevisionTemplate<T>(
   kc: KubeConfig,
   { namespace, service, timeoutMs }: ServiceRef & { timeoutMs: number },
   change: (template: RevisionTemplate) => RevisionTemplate,
-  fn: (restore: () => Promise<void>) => Promise<T>,
+  fn: (restore: () => Promise<void>, revision: string) => Promise<T>,
 ): Promise<T> {
   const api = kc.makeApiClient(CustomObjectsApi);
   const ref = { ...SERVICES, namespace, name: service };
@@ -40,7 +41,7 @@ export async function withRevisionTemplate<T>(
   const set = async (template: RevisionTemplate) => {
     const body = [{ op: 'replace', path: '/spec/template', value: template }];
     const after = (await api.patchNamespacedCustomObject({ ...ref, body }, JSON_PATCH)) as KnativeService;
-    await revisionReady(kc, { namespace, service }, after.metadata?.generation ?? 0, timeoutMs);
+    return revisionReady(kc, { namespace, service }, after.metadata?.generation ?? 0, timeoutMs);
   };
   let restored: Promise<void> | undefined;
   // Retried: a failed put-back would leave every later user of the Service with the change.
@@ -52,21 +53,22 @@ export async function withRevisionTemplate<T>(
       1000,
     ).then(() => undefined));
   try {
-    await set(change(structuredClone(before)));
-    return await fn(restore);
+    const revision = await set(change(structuredClone(before)));
+    return await fn(restore, revision);
   } finally {
     await restore();
   }
 }
 
 /**
- * {@link withRevisionTemplate} with the template carrying `annotations` (a null value removes one).
+ * {@link withRevisionTemplate} with the template carrying `annotations` (a null value removes one);
+ * `fn` is given that template's revision.
  */
 export function withRevisionAnnotations<T>(
   kc: KubeConfig,
   ref: ServiceRef & { timeoutMs: number },
   annotations: Readonly<Record<string, string | null>>,
-  fn: () => Promise<T>,
+  fn: (revision: string) => Promise<T>,
 ): Promise<T> {
   const annotate = (t: RevisionTemplate): RevisionTemplate => {
     const had: Record<string, string> = { ...t.metadata?.annotations };
@@ -75,32 +77,37 @@ export function withRevisionAnnotations<T>(
       else had[k] = v;
     return { ...t, metadata: { ...t.metadata, annotations: had } };
   };
-  return withRevisionTemplate(kc, ref, annotate, fn);
+  return withRevisionTemplate(kc, ref, annotate, (_restore, revision) => fn(revision));
 }
 
 /**
  * Waits until the Knative Service has observed `generation` and its latest revision is Ready.
+ * @returns that revision's name.
  * @throws Error after `timeoutMs`.
  */
-export function revisionReady(
+export async function revisionReady(
   kc: KubeConfig,
   { namespace, service }: ServiceRef,
   generation: number,
   timeoutMs: number,
-): Promise<unknown> {
+): Promise<string> {
   const api = kc.makeApiClient(CustomObjectsApi);
-  return eventually(
+  let revision = '';
+  await eventually(
     `Knative Service ${namespace}/${service} to be Ready at generation ${generation}`,
     async () => {
       const st = ((await api.getNamespacedCustomObject({ ...SERVICES, namespace, name: service })) as KnativeService)
         .status;
+      // '' never equals an absent latestCreatedRevisionName.
+      revision = st?.latestReadyRevisionName ?? '';
       return (
         (st?.observedGeneration ?? 0) >= generation &&
-        st?.latestCreatedRevisionName === st?.latestReadyRevisionName &&
+        st?.latestCreatedRevisionName === revision &&
         st?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')
       );
     },
     timeoutMs,
     500,
   );
+  return revision;
 }

@@ -152,7 +152,6 @@ async function burstUnder(
   // By the kubelet's timestamp on each line: the log is read afresh from every filter pod's files.
   const lines = () => system.broker!.logs.filter.filter((l) => Date.parse(l.split(' ')[0]!) >= from);
   const failed = () => failedDeliveries(lines());
-  const failedTo = (service: string) => failedDeliveries(lines().filter((l) => l.includes(`//${service}.`)));
   try {
     // The poller works, and the watcher is mirrored, before anything breaks.
     await explained(
@@ -168,11 +167,18 @@ async function burstUnder(
     ms = await explained(convergence(w, b.namespaces, since, BOUND_MS + 60_000));
     (converged[scenario] ??= []).push(ms);
     t.diagnostic(`${scenario}: converged ${(ms / 1000).toFixed(1)} s after the fault and burst ended`);
-    return { failed: failed(), failedTo };
+    // Taken now: what the Service's later changes (a revision put back) meet is not the burst's.
+    const atEnd = lines();
+    return {
+      failed: failedDeliveries(atEnd),
+      failedTo: (service) => failedDeliveries(atEnd.filter((l) => l.includes(`//${service}.`))),
+    };
   } finally {
     log = await poll.stop();
     t.diagnostic(`${scenario}: broker-filter failed deliveries ${JSON.stringify(failed())}`);
-    t.diagnostic(`${scenario}: the gateway's 5xx ${JSON.stringify(fiveHundreds(gatewayAnswers().slice(accessFrom)))}`);
+    t.diagnostic(
+      `${scenario}: the gateway's 4xx and 5xx ${JSON.stringify(failedAnswers(gatewayAnswers().slice(accessFrom)))}`,
+    );
     t.diagnostic(
       `${scenario}: prepare ${log.sent} requests; before the narrowing ${JSON.stringify(log.beforeNarrowing)}, after ${JSON.stringify(log.afterNarrowing)}`,
     );
@@ -327,38 +333,67 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
   rounds(
     'Knative scales mirror-sync in between waves, the resync off: no delivery cut, every mirror exact without a resync',
     async (t) => {
-      const spread = { 'autoscaling.knative.dev/target': '15', 'autoscaling.knative.dev/max-scale': '4' };
-      const scaledIn = new Set<string>();
-      // Each pause lasts until the scale-in has taken pods down, while the wave before it is
-      // still being delivered: the pods seen Terminating meanwhile are Knative's scale-in.
-      const pause = { blocking: true, run: () => watchScaleIn(25_000, scaledIn) };
+      // A low target spreads the burst's deliveries over several pods, for Knative to take back.
+      const spread = { 'autoscaling.knative.dev/target': '2', 'autoscaling.knative.dev/max-scale': '4' };
+      let pods: RevisionPods | undefined;
       const seen = await withResyncOff(() =>
-        withRevisionAnnotations(system.kc, mirrorSyncRef, spread, () =>
-          burstUnder(t, 'scale-in', () => [
+        withRevisionAnnotations(system.kc, mirrorSyncRef, spread, async (revision) => {
+          // Only this revision's pods count: an earlier revision's are taken down meanwhile too.
+          pods = watchRevisionPods(revision);
+          // Each pause lasts until the scale-in has taken pods down, while the wave before it
+          // is still being delivered.
+          const pause = { blocking: true, run: () => pods!.pause(25_000) };
+          return burstUnder(t, 'scale-in', () => [
             { at: 0.33, ...pause },
             { at: 0.66, ...pause },
-          ]),
-        ),
+          ]).finally(() => pods!.stop());
+        }),
       );
-      t.diagnostic(`scaled in during the pauses: ${[...scaledIn].join(' ')}`);
-      assert.ok(scaledIn.size > 0, 'Knative scaled mirror-sync in during the burst');
-      // 429 and 503 ask for a retry; a 502, a 504 or a broken connection is a delivery cut. Only
-      // mirror-sync's count: the dead letters of an earlier scenario's failures may still be on
-      // their way to the dead-letter sink.
-      const cut = Object.keys(seen.failedTo('captf-mirror-sync').kinds).filter((k) => !/got (429|503)$/.test(k));
+      const { revision, peak, scaledIn } = await pods!.stop();
+      t.diagnostic(`${revision}: at most ${peak} pods; taken down during the pauses: ${scaledIn.join(' ')}`);
+      assert.ok(scaledIn.length > 0, `Knative scaled ${revision} in during the burst`);
+      // 429 and 503 ask for a retry, and a 404 is the routing's answer before the request reaches
+      // a pod (Knative retries it: a revision becoming ready); mirror-sync answers neither to an
+      // event when it has done its work. A 502, a 504 or a broken connection is a delivery cut.
+      // Only mirror-sync's count: the dead letters of an earlier scenario's failures may still be
+      // on their way to the dead-letter sink.
+      const cut = Object.keys(seen.failedTo('captf-mirror-sync').kinds).filter((k) => !/got (404|429|503)$/.test(k));
       assert.deepEqual(cut, [], 'no delivery to mirror-sync was cut');
     },
   );
 });
 
-/** Adds the names of mirror-sync's pods seen Terminating within the next `ms` to `seen`. */
-async function watchScaleIn(ms: number, seen: Set<string>): Promise<void> {
-  const until = Date.now() + ms;
-  while (Date.now() < until) {
-    for (const p of await podsLabelled(`${SERVICE_LABEL}=captf-mirror-sync`))
-      if (p.metadata?.deletionTimestamp) seen.add(p.metadata.name!);
-    await sleep(250);
-  }
+/** What {@link watchRevisionPods} saw of one revision's pods. */
+interface RevisionPods {
+  /** Resolves after `ms`; pods seen Terminating meanwhile count as scaled in. */
+  pause: (ms: number) => Promise<void>;
+  /** Stops watching (once; later calls return the same). */
+  stop: () => Promise<{ revision: string; peak: number; scaledIn: string[] }>;
+}
+
+/**
+ * Watches revision `revision` of mirror-sync every 250 ms: the most pods it had that were not
+ * Terminating, and which of its pods were seen Terminating during a pause.
+ */
+function watchRevisionPods(revision: string): RevisionPods {
+  let peak = 0;
+  let pausedUntil = 0;
+  const scaledIn = new Set<string>();
+  let running = true;
+  const done = (async () => {
+    while (running) {
+      const all = await podsLabelled(`serving.knative.dev/revision=${revision}`);
+      peak = Math.max(peak, all.filter((p) => !p.metadata?.deletionTimestamp).length);
+      if (Date.now() < pausedUntil)
+        for (const p of all) if (p.metadata?.deletionTimestamp) scaledIn.add(p.metadata.name!);
+      await sleep(250);
+    }
+  })();
+  let stopped: ReturnType<RevisionPods['stop']> | undefined;
+  return {
+    pause: (ms) => ((pausedUntil = Date.now() + ms), sleep(ms)),
+    stop: () => (stopped ??= ((running = false), done.then(() => ({ revision, peak, scaledIn: [...scaledIn] })))),
+  };
 }
 
 /** The pods of the manifests' namespace with these labels, Terminating ones too. */
@@ -381,17 +416,18 @@ function gatewayAnswers(): Record<string, unknown>[] {
 }
 
 /**
- * The gateway's 5xx answers by status, what the backend said (`origin` 0: the gateway's own) and
- * which service, with how many took 30 s or more.
+ * The gateway's 4xx and 5xx answers by status, what the backend said (`origin` 0: the gateway's
+ * own), which service (none: no route matched the host) and when the first was sent, with how
+ * many took 30 s or more.
  */
-function fiveHundreds(answers: Record<string, unknown>[]): Record<string, number> {
-  const out: Record<string, number> = {};
-  for (const a of answers.filter((a) => Number(a.DownstreamStatus) >= 500)) {
+function failedAnswers(answers: Record<string, unknown>[]): Record<string, string> {
+  const out: Record<string, { n: number; first: unknown }> = {};
+  for (const a of answers.filter((a) => Number(a.DownstreamStatus) >= 400)) {
     const slow = Number(a.Duration) >= 30e9 ? ' ≥30s' : '';
-    const k = `${String(a.DownstreamStatus)} origin ${String(a.OriginStatus)} ${String(a.ServiceName)}${slow}`;
-    out[k] = (out[k] ?? 0) + 1;
+    const k = `${String(a.DownstreamStatus)} origin ${String(a.OriginStatus ?? 0)} ${String(a.RequestHost)} ${String(a.ServiceName ?? 'no route')}${slow}`;
+    (out[k] ??= { n: 0, first: a.StartUTC }).n++;
   }
-  return out;
+  return Object.fromEntries(Object.entries(out).map(([k, { n, first }]) => [k, `${n} from ${String(first)}`]));
 }
 
 /** Samples mirror-sync's containers' anonymous memory into {@link rssSamples} every 500 ms until `stop`. */
