@@ -11,7 +11,7 @@
  * the functions mid-test.
  */
 import type { ChildProcess } from 'node:child_process';
-import { mkdirSync, openSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, openSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { dumpYaml } from '@kubernetes/client-node';
 import { CLUSTER_DNS } from './config.ts';
@@ -22,6 +22,23 @@ export const NODE_NAME = 'captf-node';
 
 /** The pods' addresses (one node, one range; the CNI bridge is their gateway). */
 export const POD_CIDR = '10.244.0.0/24';
+
+/**
+ * Every line the kubelet logged so far for the pods of `deployment` in `namespace` (all
+ * containers, all restarts; each line starts with the kubelet's RFC 3339 time), read from its
+ * pod-log folder `podLogs` ({@link KubeletPaths}). A deleted pod's lines go when the kubelet
+ * removes its folder.
+ */
+export function deploymentLog(podLogs: string, namespace: string, deployment: string): string[] {
+  if (!existsSync(podLogs)) return [];
+  return readdirSync(podLogs)
+    .filter((pod) => pod.startsWith(`${namespace}_${deployment}-`))
+    .flatMap((pod) =>
+      readdirSync(join(podLogs, pod), { recursive: true, withFileTypes: true })
+        .filter((f) => f.isFile())
+        .flatMap((f) => readFileSync(join(f.parentPath, f.name), 'utf8').split('\n').filter(Boolean)),
+    );
+}
 
 /** The kubelet's folders and files under the node's folder. */
 export interface KubeletPaths {

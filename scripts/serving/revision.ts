@@ -82,7 +82,7 @@ export function withRevisionAnnotations<T>(
 
 /**
  * Waits until the Knative Service has observed `generation` and its latest revision is Ready.
- * @returns that revision's name.
+ * @returns that revision's name (a later generation's, should another change come first).
  * @throws Error after `timeoutMs`.
  */
 export async function revisionReady(

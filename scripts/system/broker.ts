@@ -7,8 +7,6 @@
  * to the functions on their loopback ports. Nothing here delivers, retries or
  * schedules an event itself.
  */
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { CoreV1Api, CustomObjectsApi, type KubeConfig, type KubernetesObject } from '@kubernetes/client-node';
 import { oidcServiceAccountName } from '../../functions/lib/senders.ts';
 import { EVENTING_BINARIES, type EventingComponent } from '../eventing/build.ts';
@@ -18,6 +16,7 @@ import { createOnce } from '../lib/kube.ts';
 import { serviceAccountToken } from '../lib/serviceaccount.ts';
 import type { Steps } from '../lib/steps.ts';
 import { sleep } from '../lib/wait.ts';
+import { deploymentLog } from '../node/kubelet.ts';
 import type { TestNode } from '../node/node.ts';
 import { pingMessage, waitForWatchCaches, watchPaths } from '../local/events.ts';
 import { adapterLine, dataPlaneLine, type Printed } from '../local/print.ts';
@@ -184,18 +183,6 @@ const INSTALLED_DEPLOYMENTS: Readonly<Record<EventingComponent, string>> = {
   dispatcher: 'imc-dispatcher',
   mtping: 'pingsource-mt-adapter',
 };
-
-/** Every line the kubelet logged so far for the pods of `deployment` in `namespace` (all containers, all restarts). */
-function deploymentLog(podLogs: string, namespace: string, deployment: string): string[] {
-  if (!existsSync(podLogs)) return [];
-  return readdirSync(podLogs)
-    .filter((pod) => pod.startsWith(`${namespace}_${deployment}-`))
-    .flatMap((pod) =>
-      readdirSync(join(podLogs, pod), { recursive: true, withFileTypes: true })
-        .filter((f) => f.isFile())
-        .flatMap((f) => readFileSync(join(f.parentPath, f.name), 'utf8').split('\n').filter(Boolean)),
-    );
-}
 
 /**
  * The manifests' Broker as Knative Eventing's own installation on the node runs it: its address

@@ -25,7 +25,7 @@ import {
   type V1Pod,
 } from '@kubernetes/client-node';
 import { setGlobalDispatcher } from 'undici';
-import { NODE_NAME } from '../../scripts/node/kubelet.ts';
+import { deploymentLog, NODE_NAME } from '../../scripts/node/kubelet.ts';
 import { SERVICE_LABEL } from '../../scripts/local/scale.ts';
 import {
   withRevisionAnnotations,
@@ -142,6 +142,10 @@ async function burstUnder(
   failed: ReturnType<typeof failedDeliveries>;
   /** The failed deliveries to one Knative Service (by its host name in the error). */
   failedTo: (service: string) => ReturnType<typeof failedDeliveries>;
+  /** The gateway's answers from the burst's start to its convergence. */
+  answers: Record<string, unknown>[];
+  /** The activator's {@link ACTIVATOR_MISS} lines meanwhile. */
+  activatorMisses: string[];
 }> {
   const b = await burstWorld(w);
   const from = Date.now();
@@ -152,6 +156,7 @@ async function burstUnder(
   // By the kubelet's timestamp on each line: the log is read afresh from every filter pod's files.
   const lines = () => system.broker!.logs.filter.filter((l) => Date.parse(l.split(' ')[0]!) >= from);
   const failed = () => failedDeliveries(lines());
+  const misses = () => activatorMisses().filter((l) => Date.parse(l.split(' ')[0]!) >= from);
   try {
     // The poller works, and the watcher is mirrored, before anything breaks.
     await explained(
@@ -172,12 +177,18 @@ async function burstUnder(
     return {
       failed: failedDeliveries(atEnd),
       failedTo: (service) => failedDeliveries(atEnd.filter((l) => l.includes(`//${service}.`))),
+      answers: gatewayAnswers().slice(accessFrom),
+      activatorMisses: misses(),
     };
   } finally {
     log = await poll.stop();
     t.diagnostic(`${scenario}: broker-filter failed deliveries ${JSON.stringify(failed())}`);
     t.diagnostic(
       `${scenario}: the gateway's 4xx and 5xx ${JSON.stringify(failedAnswers(gatewayAnswers().slice(accessFrom)))}`,
+    );
+    const missed = misses();
+    t.diagnostic(
+      `${scenario}: the activator missed a revision ${missed.length} times${missed[0] ? `, first: ${missed[0].slice(0, 400)}` : ''}`,
     );
     t.diagnostic(
       `${scenario}: prepare ${log.sent} requests; before the narrowing ${JSON.stringify(log.beforeNarrowing)}, after ${JSON.stringify(log.afterNarrowing)}`,
@@ -340,8 +351,8 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
         withRevisionAnnotations(system.kc, mirrorSyncRef, spread, async (revision) => {
           // Only this revision's pods count: an earlier revision's are taken down meanwhile too.
           pods = watchRevisionPods(revision);
-          // Each pause lasts until the scale-in has taken pods down, while the wave before it
-          // is still being delivered.
+          // 25 s: the autoscaler's 6 s window sees the load gone and takes pods down, while the
+          // wave before the pause is still being delivered.
           const pause = { blocking: true, run: () => pods!.pause(25_000) };
           return burstUnder(t, 'scale-in', () => [
             { at: 0.33, ...pause },
@@ -350,22 +361,31 @@ describe(`faults on the Serving node during a burst of ${CHANGES} consumer chang
         }),
       );
       const { revision, peak, scaledIn } = await pods!.stop();
-      t.diagnostic(`${revision}: at most ${peak} pods; taken down during the pauses: ${scaledIn.join(' ')}`);
-      assert.ok(scaledIn.length > 0, `Knative scaled ${revision} in during the burst`);
-      // 429 and 503 ask for a retry, and a 404 is the routing's answer before the request reaches
-      // a pod (Knative retries it: a revision becoming ready); mirror-sync answers neither to an
-      // event when it has done its work. A 502, a 504 or a broken connection is a delivery cut.
-      // Only mirror-sync's count: the dead letters of an earlier scenario's failures may still be
-      // on their way to the dead-letter sink.
+      t.diagnostic(`${revision}: at most ${peak} pods; deleted during the pauses: ${scaledIn.join(' ')}`);
+      assert.ok(peak >= 2, `the burst spread over several pods of ${revision}`);
+      assert.ok(scaledIn.length > 0, `Knative scaled ${revision} in during a pause`);
+      // 429 and 503 ask for a retry; a 502, a 504 or a broken connection is a delivery cut.
+      // A 404 is the activator's when the revision is not in its cache (yet): no pod had the
+      // request, and Knative retries it. mirror-sync never answers an event 404, and the
+      // watcher's prepare has no reason to: every 404 to mirror-sync must be a miss the
+      // activator logged. Only mirror-sync's count: the dead letters of an earlier scenario's
+      // failures may still be on their way to the dead-letter sink.
       const cut = Object.keys(seen.failedTo('captf-mirror-sync').kinds).filter((k) => !/got (404|429|503)$/.test(k));
       assert.deepEqual(cut, [], 'no delivery to mirror-sync was cut');
+      const notFound = seen.answers.filter(
+        (a) => Number(a.DownstreamStatus) === 404 && String(a.RequestHost).startsWith('captf-mirror-sync.'),
+      );
+      assert.ok(
+        notFound.length <= seen.activatorMisses.length,
+        `every 404 to mirror-sync (${notFound.length}) is a revision the activator missed (${seen.activatorMisses.length})`,
+      );
     },
   );
 });
 
 /** What {@link watchRevisionPods} saw of one revision's pods. */
 interface RevisionPods {
-  /** Resolves after `ms`; pods seen Terminating meanwhile count as scaled in. */
+  /** Resolves after `ms`; a pod whose deletion Knative asks for meanwhile counts as scaled in. */
   pause: (ms: number) => Promise<void>;
   /** Stops watching (once; later calls return the same). */
   stop: () => Promise<{ revision: string; peak: number; scaledIn: string[] }>;
@@ -373,32 +393,57 @@ interface RevisionPods {
 
 /**
  * Watches revision `revision` of mirror-sync every 250 ms: the most pods it had that were not
- * Terminating, and which of its pods were seen Terminating during a pause.
+ * Terminating, and which of its pods were deleted during a pause ({@link deletionRequestedAt}:
+ * a pod still draining from a deletion before the pause does not count).
  */
 function watchRevisionPods(revision: string): RevisionPods {
   let peak = 0;
-  let pausedUntil = 0;
+  const pauses: { from: number; until: number }[] = [];
   const scaledIn = new Set<string>();
   let running = true;
   const done = (async () => {
     while (running) {
       const all = await podsLabelled(`serving.knative.dev/revision=${revision}`);
       peak = Math.max(peak, all.filter((p) => !p.metadata?.deletionTimestamp).length);
-      if (Date.now() < pausedUntil)
-        for (const p of all) if (p.metadata?.deletionTimestamp) scaledIn.add(p.metadata.name!);
+      for (const p of all) {
+        const at = deletionRequestedAt(p);
+        if (pauses.some(({ from, until }) => at >= Math.floor(from / 1000) * 1000 && at <= until))
+          scaledIn.add(p.metadata!.name!);
+      }
       await sleep(250);
     }
   })();
   let stopped: ReturnType<RevisionPods['stop']> | undefined;
   return {
-    pause: (ms) => ((pausedUntil = Date.now() + ms), sleep(ms)),
+    pause: (ms) => (pauses.push({ from: Date.now(), until: Date.now() + ms }), sleep(ms)),
     stop: () => (stopped ??= ((running = false), done.then(() => ({ revision, peak, scaledIn: [...scaledIn] })))),
   };
 }
 
+/**
+ * When `pod`'s deletion was asked for, in ms since the epoch (whole seconds), or NaN when it
+ * was not: its `deletionTimestamp` is that moment plus the grace period it was given.
+ */
+const deletionRequestedAt = (pod: V1Pod): number =>
+  pod.metadata?.deletionTimestamp
+    ? new Date(pod.metadata.deletionTimestamp).getTime() - (pod.metadata.deletionGracePeriodSeconds ?? 0) * 1000
+    : NaN;
+
 /** The pods of the manifests' namespace with these labels, Terminating ones too. */
 const podsLabelled = async (labelSelector: string): Promise<V1Pod[]> =>
   (await core.listNamespacedPod({ namespace: NAMESPACE, labelSelector }).catch(() => ({ items: [] }))).items;
+
+/**
+ * What Knative's activator logs when a request names a revision its cache does not hold; it
+ * answers 404 (`pkg/activator/handler/context_handler.go`, v0.49.1).
+ */
+const ACTIVATOR_MISS = 'Error while getting revision';
+
+/** The activator's {@link ACTIVATOR_MISS} lines so far, as the kubelet logged them. */
+const activatorMisses = (): string[] =>
+  deploymentLog(join(work, 'node', 'kubelet', 'pod-logs'), 'knative-serving', 'activator').filter((l) =>
+    l.includes(ACTIVATOR_MISS),
+  );
 
 /** Traefik's access log on the node so far, one parsed line per request it answered. */
 function gatewayAnswers(): Record<string, unknown>[] {
@@ -479,18 +524,6 @@ const withMemory =
     };
   };
 
-/** mirror-sync's Ready revision now. */
-async function latestRevision(): Promise<string> {
-  const service = (await custom.getNamespacedCustomObject({
-    group: 'serving.knative.dev',
-    version: 'v1',
-    namespace: NAMESPACE,
-    plural: 'services',
-    name: 'captf-mirror-sync',
-  })) as { status?: { latestReadyRevisionName?: string } };
-  return service.status!.latestReadyRevisionName!;
-}
-
 /**
  * One burst with mirror-sync at `mib` ({@link withMemory}). The fault lasts until a container of
  * that revision was OOM-killed, then what an operator does: the limit is put back, and the fault
@@ -501,8 +534,8 @@ async function burstAtLimit(t: TestContext, mib: number): Promise<string[]> {
   let killed: string[] = [];
   // Below what it needs at rest the revision never gets Ready: found out in 2 minutes, not 5.
   const ref = { ...mirrorSyncRef, timeoutMs: 120_000 };
-  return withRevisionTemplate(system.kc, ref, withMemory(mib), async (restore) => {
-    const lowered = `serving.knative.dev/revision=${await latestRevision()}`;
+  return withRevisionTemplate(system.kc, ref, withMemory(mib), async (restore, revision) => {
+    const lowered = `serving.knative.dev/revision=${revision}`;
     const untilKilledThenRaised = async () => {
       const deadline = Date.now() + 180_000;
       while (Date.now() < deadline && killed.length === 0) {
